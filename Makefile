@@ -1,0 +1,26 @@
+# The two commands of the README: `make demo` (the product working) and `make test` (the suite).
+PY := .venv/bin/python
+
+.PHONY: demo test bootstrap lint typecheck pytest bench
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+demo: bootstrap
+	$(PY) scripts/demo.py
+
+test: bootstrap lint typecheck pytest
+
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck:
+	$(PY) scripts/typecheck.py
+
+pytest:
+	$(PY) -m pytest -q -rs
+
+bench: bootstrap
+	$(PY) bench/api.py
+	$(PY) bench/humaneval.py

@@ -1,0 +1,533 @@
+"""No-op step over HTTP: palaestra beside OpenEnv's own server, same load generator, same run.
+
+DESIGN §10: steps/s at 64 clients ≥ 1.5× OpenEnv's HTTP routes; p50 ≤ 1 ms at 1 client.
+
+Both servers run as subprocesses (one uvicorn worker each, log level warning, access log
+off, uvloop + httptools). This process is the load generator: raw asyncio keep-alive
+HTTP/1.1 connections with pre-built request bytes (an `asyncio.Protocol`, much cheaper
+than an HTTP client library), so as little CPU as possible goes to the generator.
+
+    .venv/bin/python bench/api.py            # 3 rounds, 5 s a phase
+    .venv/bin/python bench/api.py --quick    # 1 round, 2 s a phase
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+ROOT = Path(__file__).resolve().parent.parent
+OPENENV_VERSION = "0.10.0"
+ECHO_TASK = "palaestra/echo:say-birch"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- tiny HTTP/1.1 client ---------------------------------------------------------------------
+class HTTPError(RuntimeError):
+    pass
+
+
+class Conn(asyncio.Protocol):
+    """One keep-alive connection; one request in flight at a time."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.episode = ""  # palaestra: the episode this connection steps
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(HTTPError(f"connection lost: {exc}"))
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.waiter is None:
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(self.buf[:end]).lower()
+        at = head.find(b"\r\ncontent-length:")
+        if at < 0:
+            self.waiter.set_exception(HTTPError(f"no content-length in {head[:300]!r}"))
+            self.waiter = None
+            return
+        stop = head.find(b"\r\n", at + 2)
+        length = int(head[at + 17 : stop if stop >= 0 else len(head)])
+        total = end + 4 + length
+        if len(self.buf) < total:
+            return
+        status = int(head[9:12])
+        body = bytes(self.buf[end + 4 : total])
+        del self.buf[:total]
+        waiter, self.waiter = self.waiter, None
+        waiter.set_result((status, body))
+
+    async def request(self, data: bytes) -> tuple[int, bytes]:
+        assert self.transport is not None
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return await self.waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def connect(port: int) -> Conn:
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(Conn, "127.0.0.1", port)
+    sock = conn.transport.get_extra_info("socket") if conn.transport else None
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def post(path: str, body: Any, port: int) -> bytes:
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+def delete(path: str, port: int) -> bytes:
+    return f"DELETE {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n\r\n".encode()
+
+
+async def checked(conn: Conn, data: bytes, ok: tuple[int, ...] = (200,)) -> bytes:
+    status, body = await conn.request(data)
+    if status not in ok:
+        raise HTTPError(f"HTTP {status}: {body[:300]!r}")
+    return body
+
+
+# -- the two servers --------------------------------------------------------------------------
+@dataclass
+class Target:
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    async def open_client(self) -> tuple[Conn, bytes]:
+        """A connection and the pre-built bytes of one no-op step on it."""
+        raise NotImplementedError
+
+    async def close_client(self, conn: Conn) -> None:
+        conn.close()
+
+    def cpu_s(self) -> float:
+        """CPU time (user + system, all threads) the server process has used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Palaestra(Target):
+    async def open_client(self) -> tuple[Conn, bytes]:
+        conn = await connect(self.port)
+        reset = {"task": ECHO_TASK, "options": {"max_steps": 1_000_000_000}}
+        body = json.loads(await checked(conn, post("/v1/episodes", reset, self.port)))
+        episode = body["episode_id"]
+        step = post(
+            f"/v1/episodes/{episode}/step",
+            {"action": {"tool": "echo", "arguments": {"text": "hi"}}},
+            self.port,
+        )
+        reply = json.loads(await checked(conn, step))
+        if reply["observation"]["text"] != "hi" or reply["terminated"] or reply["truncated"]:
+            raise HTTPError(f"unexpected palaestra step reply: {reply}")
+        conn.episode = episode
+        return conn, step
+
+    async def close_client(self, conn: Conn) -> None:
+        await checked(conn, delete(f"/v1/episodes/{conn.episode}", self.port), ok=(200, 204))
+        conn.close()
+
+
+class OpenEnv(Target):
+    async def open_client(self) -> tuple[Conn, bytes]:
+        conn = await connect(self.port)
+        await checked(conn, post("/reset", {}, self.port))
+        step = post("/step", {"action": {"message": "hi"}}, self.port)
+        reply = json.loads(await checked(conn, step))
+        if reply["observation"]["echoed_message"] != "hi":
+            raise HTTPError(f"unexpected OpenEnv step reply: {reply}")
+        return conn, step
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_ready(proc: subprocess.Popen[bytes], port: int, path: str, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    request = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}; log:\n{log.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(request)
+                if s.recv(64).startswith(b"HTTP/1.1 200"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"server on port {port} not ready after 60 s; log:\n{log.read_text()}")
+
+
+def openenv_venv() -> Path:
+    cache = os.environ.get("PALAESTRA_CACHE")
+    venv = Path(cache) / "openenv-venv" if cache else ROOT / "bench" / ".openenv" / "venv"
+    py = venv / "bin" / "python"
+    need = ["openenv", "uvloop", "httptools"]
+    probe = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in %r))"
+    if py.exists() and subprocess.run([py, "-c", probe % need]).returncode == 0:
+        return venv
+    print(f"installing openenv=={OPENENV_VERSION} into {venv} ...", file=sys.stderr, flush=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    if not py.exists():
+        subprocess.run([shutil.which("python3") or sys.executable, "-m", "venv", venv], check=True)
+    log = venv / "pip-install.log"
+    with log.open("wb") as out:
+        # uvloop + httptools (uvicorn[standard]) so both servers use the same HTTP stack.
+        rc = subprocess.run(
+            [py, "-m", "pip", "install", f"openenv=={OPENENV_VERSION}", "uvloop", "httptools"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        ).returncode
+    if rc != 0:
+        raise SystemExit(f"pip install openenv failed; see {log}")
+    return venv
+
+
+@contextlib.contextmanager
+def servers(workdir: Path) -> Iterator[tuple[Palaestra, OpenEnv]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        # palaestra: its own CLI (uvicorn, log level warning, access log off).
+        p_port, p_log = free_port(), workdir / "palaestra.log"
+        palaestra_bin = ROOT / ".venv" / "bin" / "palaestra"
+        cmd = [
+            str(palaestra_bin) if palaestra_bin.exists() else "palaestra",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(p_port),
+            "--data-dir",
+            str(workdir / "palaestra-data"),
+            "--log-level",
+            "warning",
+        ]
+        with p_log.open("wb") as out:
+            p_proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=out)
+        procs.append(p_proc)
+
+        # OpenEnv: its echo_env template, rendered by its CLI, served by uvicorn.
+        venv = openenv_venv()
+        render = workdir / "openenv"
+        subprocess.run(
+            [venv / "bin" / "openenv", "init", "echo_env", "--output-dir", render],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        o_port, o_log = free_port(), workdir / "openenv.log"
+        cmd = [
+            str(venv / "bin" / "uvicorn"),
+            "server.app:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(o_port),
+            "--workers",
+            "1",
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+        ]
+        with o_log.open("wb") as out:
+            o_proc = subprocess.Popen(
+                cmd, cwd=render / "echo_env", env=env, stdout=out, stderr=out
+            )
+        procs.append(o_proc)
+
+        wait_ready(p_proc, p_port, "/readyz", p_log)
+        wait_ready(o_proc, o_port, "/health", o_log)
+        yield (
+            Palaestra("palaestra", p_port, p_proc, p_log),
+            OpenEnv("OpenEnv", o_port, o_proc, o_log),
+        )
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+# -- measurement ------------------------------------------------------------------------------
+@dataclass
+class Round:
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    steps_1: int
+    steps_per_s_64: float
+    p50_ms_64: float
+    p99_ms_64: float
+    server_cpu_us_per_step_64: float
+    generator_cpu_us_per_step_64: float
+
+
+@dataclass
+class Result:
+    name: str
+    rounds: list[Round] = field(default_factory=list)
+
+    def median(self, key: str) -> float:
+        return statistics.median(getattr(r, key) for r in self.rounds)
+
+
+def pct(sorted_ns: list[int], q: float) -> float:
+    index = min(len(sorted_ns) - 1, max(0, round(q * (len(sorted_ns) - 1))))
+    return sorted_ns[index] / 1e6
+
+
+async def one_client(target: Target, warmup: float, duration: float) -> tuple[list[int], int]:
+    conn, step = await target.open_client()
+    clock = time.perf_counter_ns
+    try:
+        end = clock() + int(warmup * 1e9)
+        while clock() < end:
+            await checked(conn, step)
+        latencies: list[int] = []
+        end = clock() + int(duration * 1e9)
+        while True:
+            t0 = clock()
+            status, body = await conn.request(step)
+            t1 = clock()
+            if status != 200:
+                raise HTTPError(f"HTTP {status}: {body[:300]!r}")
+            latencies.append(t1 - t0)
+            if t1 >= end:
+                break
+        return latencies, len(latencies)
+    finally:
+        await target.close_client(conn)
+
+
+async def many_clients(
+    target: Target, clients: int, warmup: float, duration: float
+) -> tuple[float, list[int], float, float]:
+    opened = await asyncio.gather(*(target.open_client() for _ in range(clients)))
+    clock = time.perf_counter_ns
+    done = 0
+    recording = False
+    stop = False
+    latencies: list[int] = []
+
+    async def worker(conn: Conn, step: bytes) -> None:
+        nonlocal done
+        while not stop:
+            t0 = clock()
+            status, body = await conn.request(step)
+            if status != 200:
+                raise HTTPError(f"HTTP {status}: {body[:300]!r}")
+            done += 1
+            if recording:
+                latencies.append(clock() - t0)
+
+    tasks = [asyncio.create_task(worker(c, s)) for c, s in opened]
+    try:
+        await asyncio.sleep(warmup)
+        for task in tasks:
+            if task.done():
+                task.result()
+        recording = True
+        n0, t0, cpu0, gen0 = done, clock(), target.cpu_s(), time.process_time()
+        await asyncio.sleep(duration)
+        n1, t1, cpu1, gen1 = done, clock(), target.cpu_s(), time.process_time()
+        recording = False
+        stop = True
+        await asyncio.gather(*tasks)
+    finally:
+        stop = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(target.close_client(c) for c, _ in opened))
+    steps = n1 - n0
+    rate = steps / ((t1 - t0) / 1e9)
+    return rate, latencies, (cpu1 - cpu0) / steps * 1e6, (gen1 - gen0) / steps * 1e6
+
+
+async def measure(target: Target, clients: int, warmup: float, duration: float) -> Round:
+    gc.collect()
+    gc.disable()
+    try:
+        lat, n = await one_client(target, warmup, duration)
+        lat.sort()
+        rate, lat64, server_us, gen_us = await many_clients(target, clients, warmup, duration)
+        lat64.sort()
+    finally:
+        gc.enable()
+    return Round(
+        p50_ms=pct(lat, 0.50),
+        p99_ms=pct(lat, 0.99),
+        mean_ms=sum(lat) / len(lat) / 1e6,
+        steps_1=n,
+        steps_per_s_64=rate,
+        p50_ms_64=pct(lat64, 0.50),
+        p99_ms_64=pct(lat64, 0.99),
+        server_cpu_us_per_step_64=server_us,
+        generator_cpu_us_per_step_64=gen_us,
+    )
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="palaestra-bench-api-") as tmp, servers(
+        Path(tmp)
+    ) as (pal, oe):
+        results = {t.name: Result(t.name) for t in (pal, oe)}
+        for i in range(args.rounds):
+            order: list[Target] = [pal, oe] if i % 2 == 0 else [oe, pal]
+            for target in order:
+                r = await measure(target, args.clients, args.warmup, args.duration)
+                results[target.name].rounds.append(r)
+                print(
+                    f"round {i + 1}/{args.rounds} {target.name:9s} p50 {r.p50_ms:.3f} ms  "
+                    f"p99 {r.p99_ms:.3f} ms  {r.steps_per_s_64:,.0f} steps/s at {args.clients}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return report(results[pal.name], results[oe.name], args)
+
+
+def report(pal: Result, oe: Result, args: argparse.Namespace) -> dict[str, Any]:
+    c = args.clients
+    rows = []
+    for res in (pal, oe):
+        rows.append(
+            f"| {res.name:9s} | {res.median('p50_ms'):10.3f} | {res.median('p99_ms'):10.3f} "
+            f"| {res.median('steps_per_s_64'):14,.0f} | {res.median('p50_ms_64'):11.2f} "
+            f"| {res.median('server_cpu_us_per_step_64'):13.0f} "
+            f"| {res.median('generator_cpu_us_per_step_64'):10.0f} |"
+        )
+    ratio = pal.median("steps_per_s_64") / oe.median("steps_per_s_64")
+    p50 = pal.median("p50_ms")
+    print()
+    print(
+        f"No-op step over HTTP (loopback); medians of {args.rounds} round(s), "
+        f"{args.duration:g} s a phase, {os.cpu_count()} CPUs"
+    )
+    print()
+    print(
+        f"| server    | p50 ms (1) | p99 ms (1) | steps/s ({c:>2d} cl) | p50 ms ({c}) "
+        "| server µs/step | gen µs/step |"
+    )
+    print("| --------- | ---------- | ---------- | -------------- | ----------- "
+          "| ------------- | ---------- |")
+    for row in rows:
+        print(row)
+    print()
+    ok_ratio = "PASS" if ratio >= 1.5 else "MISS"
+    ok_p50 = "PASS" if p50 <= 1.0 else "MISS"
+    print(f"steps/s ratio palaestra/OpenEnv at {c} clients: {ratio:.2f}x  (target >= 1.5x: {ok_ratio})")
+    print(f"palaestra p50 at 1 client: {p50:.3f} ms  (target <= 1 ms: {ok_p50})")
+    print(
+        "(server/gen µs/step: CPU time the server process / this load generator spent per step "
+        f"in the {c}-client phase)"
+    )
+    return {
+        "bench": "api",
+        "clients": c,
+        "rounds": args.rounds,
+        "duration_s": args.duration,
+        "cpus": os.cpu_count(),
+        "openenv_version": OPENENV_VERSION,
+        "ratio_steps_per_s": round(ratio, 3),
+        "target_ratio": 1.5,
+        "target_p50_ms": 1.0,
+        "pass_ratio": ratio >= 1.5,
+        "pass_p50": p50 <= 1.0,
+        "servers": {
+            res.name: {
+                "p50_ms": round(res.median("p50_ms"), 4),
+                "p99_ms": round(res.median("p99_ms"), 4),
+                "steps_per_s": round(res.median("steps_per_s_64"), 1),
+                "p50_ms_at_clients": round(res.median("p50_ms_64"), 4),
+                "p99_ms_at_clients": round(res.median("p99_ms_64"), 4),
+                "server_cpu_us_per_step": round(res.median("server_cpu_us_per_step_64"), 1),
+                "generator_cpu_us_per_step": round(res.median("generator_cpu_us_per_step_64"), 1),
+                "rounds": [
+                    {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(r).items()}
+                    for r in res.rounds
+                ],
+            }
+            for res in (pal, oe)
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 round, 2 s a phase")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3; quick 1)")
+    parser.add_argument("--duration", type=float, default=None, help="s a phase (5; quick 2)")
+    parser.add_argument("--warmup", type=float, default=None, help="s before each phase (1; 0.5)")
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.duration = args.duration or (2.0 if args.quick else 5.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0)
+    try:
+        import uvloop
+    except ImportError:
+        figures, loop_name = asyncio.run(run(args)), "asyncio"
+    else:
+        figures, loop_name = uvloop.run(run(args)), "uvloop"
+    figures["generator_loop"] = loop_name
+    line = json.dumps(figures, separators=(",", ":"))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

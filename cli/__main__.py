@@ -1,0 +1,3 @@
+from palaestra.cli.main import main
+
+main()

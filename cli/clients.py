@@ -1,0 +1,33 @@
+"""How CLI commands reach a server: over HTTP with `--url`, else an embedded one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from palaestra.sdk.client import AsyncClient
+from palaestra.sdk.http import AsyncHTTPClient
+from palaestra.server.config import Settings, load_settings
+from palaestra.server.inprocess import AsyncInProcessClient
+from palaestra.server.runtime import build_manager
+
+
+def settings_for(data_dir: Path | None) -> Settings:
+    return load_settings({"data_dir": data_dir})
+
+
+@asynccontextmanager
+async def open_client(
+    url: str | None, token: str | None, data_dir: Path | None
+) -> AsyncIterator[AsyncClient]:
+    if url:
+        async with AsyncHTTPClient(url, token=token) as http:
+            yield http
+        return
+    manager = build_manager(settings_for(data_dir))
+    await manager.start()
+    try:
+        yield AsyncInProcessClient(manager)
+    finally:
+        await manager.shutdown()

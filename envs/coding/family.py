@@ -1,0 +1,168 @@
+"""The `coding` family: write a Python function, try it, submit; hidden tests decide.
+
+Public fields: `prompt` (signature and docstring), `entry_point`. Private fields:
+`tests` (HumanEval's `check(candidate)` code) and `solution` (the canonical body).
+The agent works in `/work`; its answer is `solution.py` there. Verification copies
+only that file into a fresh sandbox, stages the hidden tests, and runs them.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+
+from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
+from palaestra.envs.coding.examples import DOCTEST_RUNNER, docstring_examples
+from palaestra.sandbox import ExecResult, SandboxSpec
+from palaestra.sdk.errors import InvalidActionError
+from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.sdk.task import Task
+from palaestra.verifiers import python_tests
+from pydantic import Field
+
+SOLUTION = "solution.py"
+PYTHON = python_tests.PYTHON
+
+
+class WriteFileArgs(ToolArgs):
+    path: str = Field(min_length=1, max_length=255, description="a path relative to /work")
+    content: str = Field(max_length=1_000_000)
+
+
+class RunPythonArgs(ToolArgs):
+    code: str | None = Field(default=None, max_length=200_000, description="Python source to run")
+    path: str | None = Field(default=None, max_length=255, description="or a file in /work to run")
+    timeout: float = Field(default=10.0, gt=0, le=60)
+
+
+TOOLS = (
+    Tool("write_file", "Write a text file in the working directory /work.", WriteFileArgs),
+    Tool(
+        "run_python",
+        "Run Python code (or a file) in the sandbox; returns exit code and output.",
+        RunPythonArgs,
+    ),
+    Tool("run_tests", "Run the public examples from the docstring against solution.py.", NoArgs),
+    Tool("submit", "End the episode: solution.py is graded by hidden tests.", NoArgs),
+)
+
+
+def _workspace_path(path: str) -> str:
+    clean = posixpath.normpath(path.lstrip("/") if path.startswith("/work/") else path)
+    if clean.startswith("/") or clean == ".." or clean.startswith("../") or clean == ".":
+        raise InvalidActionError(f"path {path!r} must name a file inside /work")
+    return clean
+
+
+def _format(result: ExecResult) -> Observation:
+    parts = [f"exit code: {result.exit_code}"]
+    if result.timed_out:
+        parts.append("(timed out: every process was killed)")
+    if result.truncated:
+        parts.append("(output truncated)")
+    text = " ".join(parts)
+    if result.stdout:
+        text += f"\n--- stdout ---\n{result.stdout}"
+    if result.stderr:
+        text += f"\n--- stderr ---\n{result.stderr}"
+    data = {
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "truncated": result.truncated,
+    }
+    return Observation(text=text, data=data)
+
+
+class CodingFamily(Family):
+    name = "coding"
+    description = "Function-level Python tasks graded by hidden unit tests."
+    version = "0.1.0"
+    tools = TOOLS
+
+    def sandbox_spec(self, task: Task) -> SandboxSpec:
+        return SandboxSpec(workspace_mb=32, memory_mb=1024, default_timeout_s=10.0)
+
+    async def reset(self, ctx: EpisodeContext) -> Observation:
+        prompt = ctx.task.public["prompt"]
+        entry = ctx.task.public["entry_point"]
+        text = (
+            f"Implement the Python function `{entry}`.\n\n```python\n{prompt}```\n\n"
+            f"Write the complete function (signature included, with any imports it needs) "
+            f"to {SOLUTION} with write_file. You may try it with run_python and run_tests "
+            f"(the docstring's examples). Call submit when done: hidden tests grade {SOLUTION}."
+        )
+        return Observation(text=text, data={"entry_point": entry, "solution_path": SOLUTION})
+
+    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+        sandbox = ctx.sandbox
+        assert sandbox is not None
+        if isinstance(args, WriteFileArgs):
+            path = _workspace_path(args.path)
+            await sandbox.write_file(path, args.content)
+            return StepOutcome(Observation(text=f"wrote {len(args.content)} characters to {path}"))
+        if isinstance(args, RunPythonArgs):
+            if (args.code is None) == (args.path is None):
+                raise InvalidActionError("run_python needs exactly one of `code` or `path`")
+            argv = (
+                [PYTHON, "-c", args.code]
+                if args.code is not None
+                else [PYTHON, _workspace_path(args.path or "")]
+            )
+            return StepOutcome(_format(await sandbox.exec(argv, timeout=args.timeout)))
+        if tool.name == "run_tests":
+            examples = docstring_examples(ctx.task.public["prompt"], ctx.task.public["entry_point"])
+            if not examples:
+                return StepOutcome(
+                    Observation(
+                        text="The docstring has no examples in doctest form; use run_python."
+                    )
+                )
+            result = await sandbox.exec([PYTHON, "-c", DOCTEST_RUNNER], stdin=examples, timeout=20)
+            return StepOutcome(_format(result))
+        if tool.name == "submit":
+            return StepOutcome(Observation(text="Submitted; grading solution.py."), done=True)
+        raise InvalidActionError(f"tool {tool.name!r} is not handled")  # pragma: no cover
+
+    async def verify(self, ctx: EpisodeContext) -> Verdict:
+        started = time.perf_counter()
+        info = VerifierInfo(name="python-hidden-tests", version=python_tests.VERSION)
+        assert ctx.sandbox is not None
+        try:
+            solution = await ctx.sandbox.read_file(SOLUTION)
+        except FileNotFoundError:
+            return Verdict(
+                reward=0.0,
+                passed=False,
+                components={"tests_passed": 0.0},
+                feedback=f"no {SOLUTION} was written",
+                verifier=info,
+                task_digest=ctx.task.digest,
+                duration_s=time.perf_counter() - started,
+            )
+        plan = python_tests.split_tests(ctx.task.private["tests"])
+        async with await ctx.new_sandbox(self.sandbox_spec(ctx.task)) as fresh:
+            await fresh.write_file(SOLUTION, solution)
+            run = await python_tests.run_python_tests(
+                fresh,
+                solution_path=SOLUTION,
+                plan=plan,
+                entry_point=ctx.task.public["entry_point"],
+                context=ctx.task.public["prompt"],
+            )
+        fraction = run.passed / run.total
+        return Verdict(
+            reward=fraction,
+            passed=run.passed == run.total,
+            components={"tests_passed": fraction},
+            feedback=run.summary(),
+            verifier=info,
+            task_digest=ctx.task.digest,
+            duration_s=time.perf_counter() - started,
+        )
+
+    def oracle(self, task: Task) -> list[Action]:
+        source = task.public["prompt"] + task.private["solution"]
+        return [
+            Action(tool="write_file", arguments={"path": SOLUTION, "content": source}),
+            Action(tool="submit", arguments={}),
+        ]

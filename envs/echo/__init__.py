@@ -1,0 +1,59 @@
+"""The `echo` family: the smallest complete family, with no sandbox.
+
+`echo` returns its text (the no-op step the API benchmark drives); `submit` ends the
+episode and the verifier compares the answer with the private one, exactly.
+"""
+
+from __future__ import annotations
+
+import time
+
+from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
+from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.sdk.task import Task
+from pydantic import Field
+
+
+class EchoArgs(ToolArgs):
+    text: str = Field(default="", max_length=100_000)
+
+
+class SubmitArgs(ToolArgs):
+    answer: str = Field(default="", max_length=100_000)
+
+
+class EchoFamily(Family):
+    name = "echo"
+    description = "Echo text back; submit an exact answer. For API benchmarks and as an example."
+    version = "0.1.0"
+    tools = (
+        Tool("echo", "Return the given text unchanged.", EchoArgs),
+        Tool("submit", "End the episode with an answer.", SubmitArgs),
+    )
+
+    async def reset(self, ctx: EpisodeContext) -> Observation:
+        return Observation(text=str(ctx.task.public.get("instruction", "")))
+
+    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+        if isinstance(args, SubmitArgs):
+            ctx.state["answer"] = args.answer
+            return StepOutcome(Observation(text="submitted"), done=True)
+        assert isinstance(args, EchoArgs)
+        return StepOutcome(Observation(text=args.text))
+
+    async def verify(self, ctx: EpisodeContext) -> Verdict:
+        started = time.perf_counter()
+        answer = ctx.state.get("answer")
+        correct = answer is not None and answer.strip() == str(ctx.task.private["answer"]).strip()
+        return Verdict(
+            reward=1.0 if correct else 0.0,
+            passed=correct,
+            components={"exact_match": 1.0 if correct else 0.0},
+            feedback="correct" if correct else "incorrect" if answer is not None else "no answer",
+            verifier=VerifierInfo(name="exact-match", version="1.0.0"),
+            task_digest=ctx.task.digest,
+            duration_s=time.perf_counter() - started,
+        )
+
+    def oracle(self, task: Task) -> list[Action]:
+        return [Action(tool="submit", arguments={"answer": str(task.private["answer"])})]

@@ -1,0 +1,29 @@
+"""palaestra.sandbox: the sandbox interface and its backends (DESIGN §5)."""
+
+from palaestra.sandbox.base import (
+    DEFAULT_MAX_OUTPUT,
+    Backend,
+    ExecResult,
+    Sandbox,
+    SandboxCreateError,
+    SandboxDeadError,
+    SandboxError,
+    SandboxPathError,
+    SandboxSpec,
+    ShellResult,
+    ShellSession,
+)
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT",
+    "Backend",
+    "ExecResult",
+    "Sandbox",
+    "SandboxCreateError",
+    "SandboxDeadError",
+    "SandboxError",
+    "SandboxPathError",
+    "SandboxSpec",
+    "ShellResult",
+    "ShellSession",
+]

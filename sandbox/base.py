@@ -1,0 +1,172 @@
+"""The sandbox interface (DESIGN §5): what every backend gives, whatever isolates it.
+
+A non-zero exit, a timeout, an OOM kill or truncated output is *data* in an
+`ExecResult`; only infrastructure faults (the sandbox could not start, died, or a
+backend bug) raise `SandboxError`, and those void the episode.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
+
+DEFAULT_MAX_OUTPUT = 64 * 1024
+
+
+class SandboxError(Exception):
+    """An infrastructure fault: the episode it happens in ends `void`, never with reward 0."""
+
+
+class SandboxCreateError(SandboxError):
+    """The backend could not create the sandbox."""
+
+
+class SandboxDeadError(SandboxError):
+    """The sandbox is closed or died; nothing more can run in it."""
+
+
+class SandboxPathError(SandboxError, ValueError):
+    """A path escapes the workspace or names something that is not a regular file."""
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox should look like; equal specs may share a warm pool.
+
+    `image` None means the host's system directories, read-only.
+    """
+
+    image: str | None = None
+    workdir: str = "/work"
+    workspace_mb: int = 64
+    memory_mb: int = 1024
+    cpus: float = 1.0
+    pids: int = 256
+    network: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+    default_timeout_s: float = 30.0
+
+
+@dataclass
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    oom_killed: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.oom_killed
+
+
+@dataclass
+class ShellResult:
+    """One command's result in a persistent shell session."""
+
+    output: str
+    exit_code: int
+    cwd: str
+    timed_out: bool = False
+    truncated: bool = False
+    restarted: bool = False
+    duration_s: float = 0.0
+
+
+class ShellSession(abc.ABC):
+    """A long-lived shell inside a sandbox: state (cwd, variables) survives between runs."""
+
+    @abc.abstractmethod
+    async def run(self, cmd: str, timeout: float | None = None) -> ShellResult: ...
+
+    @abc.abstractmethod
+    async def interrupt(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class Sandbox(abc.ABC):
+    """One isolated place where untrusted code runs. `close()` is idempotent."""
+
+    spec: SandboxSpec
+    id: str
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> ExecResult:
+        """Run `cmd` (argv, or a string for `/bin/sh -c`).
+
+        Returns once every process it started is dead."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str) -> bytes:
+        """Read a regular file; relative paths are under the workdir. Raises FileNotFoundError."""
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None: ...
+
+    @abc.abstractmethod
+    async def upload_tar(self, data: bytes, dest: str | None = None) -> None: ...
+
+    @abc.abstractmethod
+    async def download_tar(self, path: str | None = None) -> bytes: ...
+
+    async def shell(self) -> ShellSession:
+        raise SandboxError(f"{type(self).__name__} has no persistent shell yet")
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def alive(self) -> bool: ...
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.shield(self.close())
+
+
+class Backend(abc.ABC):
+    """Creates sandboxes of one kind (bwrap, docker, e2b)."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    @property
+    def live_count(self) -> int:
+        """Sandboxes created and not yet closed (for metrics)."""
+        return 0
+
+    async def aclose(self) -> None:
+        """Release backend-wide resources (pools, clients)."""
+
+
+@dataclass
+class BackendInfo:
+    name: str
+    available: bool
+    reason: str = ""
+    details: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,785 @@
+"""The `bwrap` backend (DESIGN §5): Linux namespaces via bubblewrap, no daemon.
+
+Each sandbox owns a host directory ``<runtime_root>/<id>/`` holding
+
+* ``ws/``  -- the workspace, a size-limited tmpfs when we run as root (a plain
+  directory otherwise), bound read-write at ``spec.workdir`` inside;
+* ``etc/`` -- a synthetic ``passwd``, ``group`` and ``hosts``, bound read-only.
+
+Every `exec` is one ``bwrap`` invocation with all namespaces unshared (network:
+loopback only), a read-only ``/usr`` (plus the ``/bin``, ``/lib``... symlinks and
+a handful of ``/etc`` files), a fresh ``/proc``, ``/dev`` and ``/tmp``, and a cleared
+environment.  Nothing else of the host -- its environment, ``/root``, ``/home``,
+the repository, the pack store, the server's data -- is mounted.
+
+The sandboxed code runs as uid/gid 1000.  When the server runs as root, bwrap
+itself is started as host uid/gid ``host_uid`` (default 1000), so the sandboxed
+processes are unprivileged on the host too (with bwrap started as root, uid 1000
+inside would map to host uid 0 and pass owner-permission checks on root-owned
+files).  Workspace files written from the host are chowned to that uid.
+
+Because of ``--unshare-pid`` and ``--die-with-parent``, when the sandboxed command
+exits (or bwrap is SIGKILLed on timeout) every process it started dies with its
+pid namespace: no untrusted code runs between two `exec` calls.
+
+Results:
+
+* timeout: ``timed_out=True``, ``exit_code=-9`` (we SIGKILL it; -9 cannot be
+  confused with an exit status the program chose, which is 0..255);
+* death by a signal: ``exit_code = 128 + signal`` (as bwrap reports it);
+* ``oom_killed`` is best effort: set when the command died of SIGKILL that was not
+  our timeout (exit code 137), or when its stderr ends with a Python ``MemoryError``
+  (``RLIMIT_AS`` = ``spec.memory_mb`` makes allocation fail rather than the kernel
+  OOM-kill until cgroups come).
+
+Resource limits until cgroups arrive: ``RLIMIT_AS`` = memory_mb, ``RLIMIT_FSIZE`` =
+workspace_mb, ``RLIMIT_CORE`` = 0, ``RLIMIT_NOFILE`` = 1024, set by wrapping bwrap in
+util-linux ``prlimit`` (about +1 ms per exec) or, where it is missing, by a ``preexec_fn``
+(about the same cost, but not thread-safe: the server uses threads for file I/O).
+``spec.cpus`` and ``spec.pids`` are not enforced yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import functools
+import io
+import json
+import os
+import posixpath
+import resource
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from palaestra.sandbox.base import (
+    DEFAULT_MAX_OUTPUT,
+    Backend,
+    ExecResult,
+    Sandbox,
+    SandboxCreateError,
+    SandboxDeadError,
+    SandboxError,
+    SandboxPathError,
+    SandboxSpec,
+)
+
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+TIMEOUT_EXIT_CODE = -9
+# After a SIGKILL, how long we wait for bwrap to be reaped and its pipes to close.
+KILL_GRACE_S = 0.9
+_CHUNK = 64 * 1024
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+LimitMode = Literal["auto", "preexec", "prlimit", "none"]
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _bwrap_path() -> str | None:
+    return shutil.which("bwrap") or (
+        "/usr/bin/bwrap" if os.access("/usr/bin/bwrap", os.X_OK) else None
+    )
+
+
+@functools.cache
+def bwrap_available() -> tuple[bool, str]:
+    """Whether bwrap is installed and can create the namespaces we need (cached)."""
+    path = _bwrap_path()
+    if path is None:
+        return False, "bwrap not found on PATH"
+    argv = [path, "--ro-bind", "/usr", "/usr", *_usr_symlinks(), "--unshare-all"]
+    argv += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
+    argv += ["--die-with-parent", "--", "/usr/bin/true"]
+    kwargs: dict[str, Any] = {}
+    if _is_root():
+        kwargs = {"user": SANDBOX_UID, "group": SANDBOX_GID, "extra_groups": []}
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=10, check=False, cwd="/", **kwargs)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"bwrap probe failed: {e}"
+    if proc.returncode != 0:
+        return (
+            False,
+            f"bwrap probe exited {proc.returncode}: {proc.stderr.decode(errors='replace')}",
+        )
+    return True, path
+
+
+def _usr_symlinks() -> list[str]:
+    """Mirror the host's /bin, /lib, /lib64, /sbin (symlinks into /usr on merged-/usr hosts)."""
+    out: list[str] = []
+    for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
+        host = f"/{name}"
+        if os.path.islink(host):
+            out += ["--symlink", os.readlink(host), host]
+        elif os.path.isdir(host):
+            out += ["--ro-bind", host, host]
+    return out
+
+
+def _etc_args() -> list[str]:
+    """Only the /etc files programs need (never the whole /etc)."""
+    out: list[str] = []
+    for p in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/ssl/certs", "/etc/ca-certificates"):
+        if os.path.exists(p):
+            out += ["--ro-bind", p, p]
+    lt = "/etc/localtime"
+    if os.path.islink(lt):
+        out += ["--symlink", os.readlink(lt), lt]
+    elif os.path.isfile(lt):
+        out += ["--ro-bind", lt, lt]
+    return out
+
+
+def _make_preexec(limits: list[tuple[int, int]]) -> Callable[[], None]:
+    def preexec() -> None:
+        for res, val in limits:
+            resource.setrlimit(res, (val, val))
+
+    return preexec
+
+
+class BwrapBackend(Backend):
+    """Creates `BwrapSandbox`es. `runtime_dir` defaults to /run/palaestra/sandboxes as root."""
+
+    name = "bwrap"
+
+    def __init__(
+        self,
+        runtime_dir: Path | None = None,
+        *,
+        host_uid: int = SANDBOX_UID,
+        limits: LimitMode = "auto",
+    ) -> None:
+        if runtime_dir is None:
+            if _is_root():
+                runtime_dir = Path("/run/palaestra/sandboxes")
+            else:
+                runtime_dir = Path(tempfile.gettempdir()) / f"palaestra-{os.getuid()}" / "sandboxes"
+        self.runtime_dir = runtime_dir
+        self.host_uid = host_uid
+        self.limits: LimitMode = limits
+        self._live: set[BwrapSandbox] = set()
+
+    @staticmethod
+    def available() -> tuple[bool, str]:
+        return bwrap_available()
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live)
+
+    async def create(self, spec: SandboxSpec) -> BwrapSandbox:
+        if spec.image is not None:
+            raise SandboxCreateError("the bwrap backend does not support images yet")
+        if spec.network:
+            raise SandboxCreateError("the bwrap backend has no network support")
+        ok, why = await asyncio.to_thread(bwrap_available)
+        if not ok:
+            raise SandboxCreateError(why)
+        box = BwrapSandbox(
+            spec,
+            bwrap=why,
+            runtime_dir=self.runtime_dir,
+            host_uid=self.host_uid,
+            limits=self.limits,
+            on_close=self._live.discard,
+        )
+        try:
+            await box._setup()
+        except BaseException:
+            await asyncio.shield(box.close())
+            raise
+        self._live.add(box)
+        return box
+
+    async def aclose(self) -> None:
+        boxes = list(self._live)
+        await asyncio.gather(*(b.close() for b in boxes), return_exceptions=True)
+        self._live.clear()
+
+
+class BwrapSandbox(Sandbox):
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        *,
+        bwrap: str = "/usr/bin/bwrap",
+        runtime_dir: Path | None = None,
+        host_uid: int = SANDBOX_UID,
+        limits: LimitMode = "auto",
+        on_close: Callable[[BwrapSandbox], None] | None = None,
+    ) -> None:
+        if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) == "/":
+            raise SandboxCreateError(f"workdir must be an absolute path below /: {spec.workdir!r}")
+        self.spec = spec
+        self.id = secrets.token_hex(8)
+        self._bwrap = bwrap
+        if runtime_dir is None:
+            runtime_dir = BwrapBackend().runtime_dir
+        self.root = runtime_dir / self.id
+        self.workspace = self.root / "ws"
+        self._etc = self.root / "etc"
+        self._workdir = posixpath.normpath(spec.workdir)
+        self._as_root = _is_root()
+        # Host uid the sandboxed code runs as (None: whatever we are).
+        self._host_uid: int | None = host_uid if self._as_root else None
+        if limits == "auto":
+            limits = "prlimit" if shutil.which("prlimit") else "preexec"
+        self._limits: LimitMode = limits
+        self._on_close = on_close
+        self._mounted = False
+        self.mount_error = ""
+        self.tmpfs = False  # whether the workspace is a size-limited tmpfs
+        self._closed = False
+        self._procs: set[asyncio.subprocess.Process] = set()
+        self._static_args: list[str] = []
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def _setup(self) -> None:
+        try:
+            self.root.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+            self.root.mkdir(mode=0o711)
+            os.chmod(self.root, 0o711)
+            self.workspace.mkdir(mode=0o700)
+            self._etc.mkdir(mode=0o755)
+            os.chmod(self._etc, 0o755)
+        except OSError as e:
+            raise SandboxCreateError(f"cannot create sandbox dir {self.root}: {e}") from e
+        if self._as_root:
+            mb = self.spec.workspace_mb
+            opts = f"size={mb}m,nr_inodes={max(8192, mb * 256)}"
+            opts += f",mode=0755,uid={self._host_uid},gid={self._host_uid}"
+            rc, err = await _run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(self.workspace)])
+            self._mounted = self.tmpfs = rc == 0
+            self.mount_error = err if rc else ""
+        if not self.tmpfs:
+            if self._host_uid is not None:
+                os.chown(self.workspace, self._host_uid, self._host_uid)
+                os.chmod(self.workspace, 0o755)
+            else:
+                os.chmod(self.workspace, 0o777)
+        wd = self._workdir
+        (self._etc / "passwd").write_text(
+            "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+            f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{wd}:/bin/sh\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        )
+        (self._etc / "group").write_text(f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n")
+        (self._etc / "hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n")
+        for f in ("passwd", "group", "hosts"):
+            os.chmod(self._etc / f, 0o644)
+        self._static_args = self._build_static_args()
+
+    def _build_static_args(self) -> list[str]:
+        a = [self._bwrap, "--ro-bind", "/usr", "/usr", *_usr_symlinks(), *_etc_args()]
+        for f in ("passwd", "group", "hosts"):
+            a += ["--ro-bind", str(self._etc / f), f"/etc/{f}"]
+        a += ["--proc", "/proc", "--dev", "/dev"]
+        a += ["--size", str(self.spec.workspace_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        a += ["--bind", str(self.workspace), self._workdir]
+        a += ["--unshare-all", "--unshare-user", "--disable-userns"]
+        a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
+        a += ["--die-with-parent", "--new-session", "--clearenv"]
+        return a
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for proc in list(self._procs):
+            _killpg(proc)
+        if self._mounted:
+            rc, _ = await _run(["umount", str(self.workspace)])
+            if rc != 0:
+                await _run(["umount", "-l", str(self.workspace)])
+            self._mounted = False
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        if self._on_close is not None:
+            self._on_close(self)
+
+    # ---- exec ------------------------------------------------------------------------------
+
+    def _sandbox_path(self, path: str) -> str:
+        """An absolute in-sandbox path (relative ones are under the workdir)."""
+        return posixpath.normpath(posixpath.join(self._workdir, path))
+
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> ExecResult:
+        if self._closed:
+            raise SandboxDeadError(f"sandbox {self.id} is closed")
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if not argv:
+            raise ValueError("empty command")
+        if timeout is None:
+            timeout = self.spec.default_timeout_s
+        full_env = {
+            "PATH": BASE_PATH,
+            "HOME": self._workdir,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        full_env.update(dict(self.spec.env))
+        full_env.update(env or {})
+        args = list(self._static_args)
+        for k, v in full_env.items():
+            args += ["--setenv", k, v]
+        args += ["--chdir", self._sandbox_path(cwd or ".")]
+
+        status_r, status_w = os.pipe()
+        args += ["--json-status-fd", str(status_w), "--", *argv]
+        kwargs: dict[str, Any] = {}
+        rl = [
+            (resource.RLIMIT_AS, self.spec.memory_mb * 1024 * 1024),
+            (resource.RLIMIT_FSIZE, self.spec.workspace_mb * 1024 * 1024),
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_NOFILE, 1024),
+        ]
+        if self._limits == "preexec":
+            kwargs["preexec_fn"] = _make_preexec(rl)
+        elif self._limits == "prlimit":
+            names = {
+                resource.RLIMIT_AS: "as",
+                resource.RLIMIT_FSIZE: "fsize",
+                resource.RLIMIT_CORE: "core",
+                resource.RLIMIT_NOFILE: "nofile",
+            }
+            args = ["prlimit", *(f"--{names[r]}={v}" for r, v in rl), *args]
+        if self._host_uid is not None:
+            # setpriv, not subprocess's user=/group=: uvloop's subprocess_exec lacks them.
+            uid = str(self._host_uid)
+            args = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *args]
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        start = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=subprocess.DEVNULL if data is None else subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(status_w,),
+                start_new_session=True,
+                cwd="/",
+                **kwargs,
+            )
+        except OSError as e:
+            os.close(status_r)
+            raise SandboxError(f"cannot start bwrap: {e}") from e
+        finally:
+            os.close(status_w)
+        self._procs.add(proc)
+        try:
+            return await self._supervise(proc, data, timeout, max_output, status_r, start)
+        finally:
+            if proc.returncode is None:
+                _killpg(proc)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE_S)
+            self._procs.discard(proc)
+            os.close(status_r)
+
+    async def _supervise(
+        self,
+        proc: asyncio.subprocess.Process,
+        data: bytes | None,
+        timeout: float,
+        max_output: int,
+        status_r: int,
+        start: float,
+    ) -> ExecResult:
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = bytearray(), bytearray()
+        truncated = [False]
+
+        async def drain(stream: asyncio.StreamReader, buf: bytearray) -> None:
+            while chunk := await stream.read(_CHUNK):
+                room = max_output - len(buf)
+                if len(chunk) > room:
+                    truncated[0] = True
+                    if room > 0:
+                        buf += chunk[:room]
+                else:
+                    buf += chunk
+
+        async def feed() -> None:
+            if proc.stdin is None:
+                return
+            try:
+                if data:
+                    proc.stdin.write(data)
+                    await proc.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                proc.stdin.close()
+
+        tasks = [
+            asyncio.ensure_future(drain(proc.stdout, out)),
+            asyncio.ensure_future(drain(proc.stderr, err)),
+            asyncio.ensure_future(feed()),
+            asyncio.ensure_future(proc.wait()),
+        ]
+        timed_out = False
+        try:
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            if pending:
+                timed_out = True
+                _killpg(proc)
+                _, pending = await asyncio.wait(pending, timeout=KILL_GRACE_S)
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    await asyncio.wait(pending, timeout=0.05)
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                exc = t.exception()
+                if not isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+                    raise SandboxError(f"exec supervision failed: {exc!r}") from exc
+        duration = time.monotonic() - start
+        stdout = out.decode("utf-8", errors="replace")
+        stderr = err.decode("utf-8", errors="replace")
+        if timed_out:
+            return ExecResult(
+                TIMEOUT_EXIT_CODE, stdout, stderr, True, False, truncated[0], duration
+            )
+        if self._closed:
+            raise SandboxDeadError(f"sandbox {self.id} was closed during exec")
+
+        status = _read_status(status_r)
+        rc = proc.returncode
+        assert rc is not None
+        if "exit-code" in status:
+            code = int(status["exit-code"])
+        elif rc < 0:
+            # bwrap itself was killed (not by us): count as an OOM-style kill.
+            code = 128 - rc
+        elif stderr.startswith("bwrap: execvp"):
+            # The command does not exist / is not executable: data, like a shell's 127.
+            code = 127
+        elif stderr.startswith("bwrap: Can't chdir"):
+            # The caller's cwd does not exist: data, like a failed `cd`.
+            code = 1
+        else:
+            raise SandboxError(f"bwrap failed to set up the sandbox (rc={rc}): {stderr[:2000]}")
+        oom = code == 128 + signal.SIGKILL or _memory_error(stderr)
+        return ExecResult(code, stdout, stderr, False, oom, truncated[0], duration)
+
+    # ---- files -----------------------------------------------------------------------------
+
+    def _parts(self, path: str) -> list[str]:
+        """The workspace-relative components of `path`; SandboxPathError if it escapes."""
+        if "\0" in path:
+            raise SandboxPathError(f"NUL in path {path!r}")
+        norm = posixpath.normpath(posixpath.join(self._workdir, path))
+        if norm == self._workdir:
+            return []
+        if not norm.startswith(self._workdir + "/"):
+            raise SandboxPathError(f"path {path!r} is outside the workspace {self._workdir}")
+        return norm[len(self._workdir) + 1 :].split("/")
+
+    def _chown(self, name: str, dir_fd: int) -> None:
+        if self._host_uid is not None:
+            os.chown(name, self._host_uid, self._host_uid, dir_fd=dir_fd, follow_symlinks=False)
+
+    def _open_dir(self, parts: list[str], create: bool = False) -> int:
+        """Walk `parts` from the workspace root without following any symlink."""
+        fd = os.open(self.workspace, _DIR_FLAGS)
+        try:
+            for part in parts:
+                try:
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        self._chown(part, fd)
+                        if self._host_uid is None:
+                            os.chmod(part, 0o777, dir_fd=fd, follow_symlinks=False)
+                    nfd = _open_at(part, _DIR_FLAGS, fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise SandboxPathError(f"{part!r} is a symlink or not a directory") from e
+                    raise
+                os.close(fd)
+                fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise SandboxDeadError(f"sandbox {self.id} is closed")
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_alive()
+        return await asyncio.to_thread(self._read_sync, path)
+
+    def _read_sync(self, path: str) -> bytes:
+        parts = self._parts(path)
+        if not parts:
+            raise SandboxPathError(f"{path!r} is a directory")
+        dfd = self._open_dir(parts[:-1])
+        try:
+            fd = _open_at(
+                parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dfd
+            )
+        finally:
+            os.close(dfd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SandboxPathError(f"{path!r} is not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        self._check_alive()
+        raw = data.encode() if isinstance(data, str) else data
+        await asyncio.to_thread(self._write_sync, self._parts(path), raw, mode)
+
+    def _write_sync(self, parts: list[str], data: bytes, mode: int) -> None:
+        if not parts:
+            raise SandboxPathError("cannot write to the workdir itself")
+        mode &= 0o777
+        if self._host_uid is None:
+            mode |= 0o666  # the sandbox uid maps to us, but be permissive anyway
+        dfd = self._open_dir(parts[:-1], create=True)
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            fd = _open_at(parts[-1], flags, dfd, mode)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise SandboxPathError(f"{'/'.join(parts)!r} is not a regular file")
+            with os.fdopen(fd, "wb") as f:
+                os.ftruncate(fd, 0)
+                os.fchmod(fd, mode)
+                if self._host_uid is not None:
+                    os.fchown(fd, self._host_uid, self._host_uid)
+                f.write(data)
+        finally:
+            os.close(dfd)
+
+    async def upload_tar(self, data: bytes, dest: str | None = None) -> None:
+        self._check_alive()
+        await asyncio.to_thread(self._upload_sync, data, self._parts(dest or "."))
+
+    def _upload_sync(self, data: bytes, dest: list[str]) -> None:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+            for m in tf:
+                name = posixpath.normpath(m.name)
+                if name == ".":
+                    continue
+                if name.startswith("/") or name == ".." or name.startswith("../"):
+                    raise SandboxPathError(f"tar member {m.name!r} escapes the destination")
+                parts = dest + name.split("/")
+                if m.isdir():
+                    self._close(self._open_dir(parts, create=True))
+                elif m.isreg():
+                    f = tf.extractfile(m)
+                    assert f is not None
+                    self._write_sync(parts, f.read(), (m.mode & 0o777) | 0o600)
+                elif m.issym():
+                    target = m.linkname
+                    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+                    if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
+                        raise SandboxPathError(f"tar symlink {m.name!r} -> {target!r} escapes")
+                    dfd = self._open_dir(parts[:-1], create=True)
+                    try:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(parts[-1], dir_fd=dfd)
+                        os.symlink(target, parts[-1], dir_fd=dfd)
+                        self._chown(parts[-1], dfd)
+                    finally:
+                        os.close(dfd)
+                else:
+                    raise SandboxPathError(
+                        f"tar member {m.name!r}: unsupported type (links/devices)"
+                    )
+
+    @staticmethod
+    def _close(fd: int) -> None:
+        os.close(fd)
+
+    async def download_tar(self, path: str | None = None) -> bytes:
+        self._check_alive()
+        return await asyncio.to_thread(self._download_sync, self._parts(path or "."))
+
+    def _download_sync(self, parts: list[str]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            if not parts:
+                fd = self._open_dir([])
+                try:
+                    for item in _walk(fd, ""):
+                        _add(tf, *item)
+                finally:
+                    os.close(fd)
+            else:
+                dfd = self._open_dir(parts[:-1])
+                try:
+                    st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        fd = self._open_dir(parts)
+                        try:
+                            _add(tf, parts[-1], st, None, None)
+                            for item in _walk(fd, parts[-1]):
+                                _add(tf, *item)
+                        finally:
+                            os.close(fd)
+                    else:
+                        _add(tf, *_entry(dfd, parts[-1], parts[-1], st))
+                finally:
+                    os.close(dfd)
+        return buf.getvalue()
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def _open_at(name: str, flags: int, dir_fd: int, mode: int = 0o644) -> int:
+    try:
+        return os.open(name, flags, mode, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.ENOTDIR):
+            raise SandboxPathError(f"{name!r} is a symlink or not a regular file") from e
+        raise
+
+
+_Entry = tuple[str, os.stat_result, bytes | None, str | None]
+
+
+def _entry(dfd: int, name: str, arcname: str, st: os.stat_result) -> _Entry:
+    if stat.S_ISLNK(st.st_mode):
+        return arcname, st, None, os.readlink(name, dir_fd=dfd)
+    if stat.S_ISREG(st.st_mode):
+        fd = _open_at(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dfd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SandboxPathError(f"{name!r} is not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            return arcname, os.fstat(fd), f.read(), None
+    return arcname, st, None, None
+
+
+def _walk(dfd: int, prefix: str) -> Iterator[_Entry]:
+    """Entries below the directory `dfd`, never following symlinks."""
+    for name in sorted(os.listdir(dfd)):
+        arc = f"{prefix}/{name}" if prefix else name
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                yield arc, st, None, None
+                yield from _walk(sub, arc)
+            finally:
+                os.close(sub)
+        elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            try:
+                yield _entry(dfd, name, arc, st)
+            except (OSError, SandboxPathError):
+                continue
+
+
+def _add(
+    tf: tarfile.TarFile, arc: str, st: os.stat_result, data: bytes | None, link: str | None
+) -> None:
+    ti = tarfile.TarInfo(arc)
+    ti.mtime = int(st.st_mtime)
+    ti.mode = stat.S_IMODE(st.st_mode)
+    if link is not None:
+        ti.type = tarfile.SYMTYPE
+        ti.linkname = link
+        tf.addfile(ti)
+    elif data is not None:
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+    elif stat.S_ISDIR(st.st_mode):
+        ti.type = tarfile.DIRTYPE
+        tf.addfile(ti)
+
+
+def _read_status(fd: int) -> dict[str, Any]:
+    """Merge the JSON documents bwrap wrote to --json-status-fd (all writers are gone now)."""
+    os.set_blocking(fd, False)
+    raw = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 65536):
+            raw += chunk
+    merged: dict[str, Any] = {}
+    dec = json.JSONDecoder()
+    text, i = raw.decode(errors="replace"), 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text):
+            break
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        if isinstance(obj, dict):
+            merged.update(obj)
+    return merged
+
+
+def _memory_error(stderr: str) -> bool:
+    tail = stderr.rstrip().rsplit("\n", 1)[-1]
+    return tail.startswith("MemoryError") or tail.endswith("MemoryError")
+
+
+def _killpg(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def _run(argv: list[str]) -> tuple[int, str]:
+    try:
+        p = await asyncio.create_subprocess_exec(
+            *argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+    except OSError as e:
+        return 127, str(e)
+    _, err = await p.communicate()
+    return p.returncode or 0, err.decode(errors="replace")

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install what palaestra needs on a fresh Debian/Ubuntu machine: bubblewrap, a venv, the package.
+# Idempotent and quick when nothing changed (the venv is rebuilt only when pyproject.toml changes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+command -v prlimit >/dev/null 2>&1 || need_apt+=(util-linux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: please install ${need_apt[*]} (needs root: apt-get install ${need_apt[*]})" >&2
+    exit 1
+  fi
+  echo "bootstrap: apt-get install ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PYTHON="${PYTHON:-}"
+if [ -z "$PYTHON" ]; then
+  for candidate in python3.11 python3.12 python3.13 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+      PYTHON="$candidate"; break
+    fi
+  done
+fi
+[ -n "$PYTHON" ] || { echo "bootstrap: Python >= 3.11 is required" >&2; exit 1; }
+
+stamp=.venv/.palaestra-installed
+want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: creating .venv with $PYTHON and installing palaestra[dev]"
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c 'import palaestra.server, palaestra.sdk' # fails loudly if the install did
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,297 @@
+"""HTTP clients (httpx) for the wire API: typed exceptions, retries of what is retryable.
+
+A step without a `request_id` gets one here, so that retrying it after a lost
+response can never step the episode twice (the server replays the stored result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import httpx
+from palaestra.sdk.client import ActionLike, as_action, reset_request
+from palaestra.sdk.errors import PalaestraError, TransportError, error_from_response
+from palaestra.sdk.models import (
+    EpisodeState,
+    FamilyInfo,
+    PackInfo,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+    TaskList,
+    Verdict,
+)
+from pydantic import BaseModel, TypeAdapter
+
+M = TypeVar("M", bound=BaseModel)
+_FAMILIES = TypeAdapter(list[FamilyInfo])
+_PACKS = TypeAdapter(list[PackInfo])
+
+
+class RetryPolicy:
+    """Exponential backoff with jitter; honours `Retry-After` on 429/503."""
+
+    def __init__(self, attempts: int = 4, base_s: float = 0.1, max_s: float = 5.0) -> None:
+        self.attempts = attempts
+        self.base_s = base_s
+        self.max_s = max_s
+
+    def delay(self, attempt: int, error: PalaestraError) -> float:
+        if error.retry_after is not None:
+            return min(error.retry_after, self.max_s)
+        backoff: float = min(self.max_s, self.base_s * 2**attempt)
+        return backoff * (0.5 + random.random() / 2)
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = response.text
+    raise error_from_response(response.status_code, body, response.headers.get("retry-after"))
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _task_params(
+    pack: str | None,
+    split: str | None,
+    family: str | None,
+    domain: str | None,
+    limit: int,
+    offset: int,
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
+    for key, value in (("pack", pack), ("split", split), ("family", family), ("domain", domain)):
+        if value is not None:
+            params[key] = value
+    return params
+
+
+def _step_body(action: ActionLike, request_id: str | None) -> dict[str, Any]:
+    request = StepRequest(action=as_action(action), request_id=request_id or uuid.uuid4().hex)
+    return request.model_dump(mode="json")
+
+
+class HTTPClient:
+    """Synchronous client: `HTTPClient("http://127.0.0.1:8000")`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 120.0,
+        retry: RetryPolicy | None = None,
+        max_connections: int = 64,
+        http: httpx.Client | None = None,
+    ) -> None:
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._http = http or httpx.Client(
+            base_url=base_url, timeout=timeout, headers=_headers(token), limits=limits
+        )
+        self._retry = retry or RetryPolicy()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for attempt in range(self._retry.attempts):
+            try:
+                response = self._http.request(method, path, **kwargs)
+                _raise_for(response)
+                return response
+            except httpx.TransportError as exc:
+                error: PalaestraError = TransportError(f"{method} {path}: {exc!r}")
+            except PalaestraError as exc:
+                error = exc
+            if not error.retryable or attempt + 1 >= self._retry.attempts:
+                raise error
+            time.sleep(self._retry.delay(attempt, error))
+        raise AssertionError("unreachable")
+
+    def _get(self, path: str, model: type[M], params: Mapping[str, Any] | None = None) -> M:
+        return model.model_validate_json(self._request("GET", path, params=params).content)
+
+    def reset(
+        self,
+        task: str | None = None,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> ResetResponse:
+        body = reset_request(
+            task,
+            pack=pack,
+            split=split,
+            domain=domain,
+            seed=seed,
+            episode_id=episode_id,
+            options=options,
+        )
+        response = self._request("POST", "/v1/episodes", json=body.model_dump(mode="json"))
+        return ResetResponse.model_validate_json(response.content)
+
+    def step(
+        self, episode_id: str, action: ActionLike, *, request_id: str | None = None
+    ) -> StepResponse:
+        path = f"/v1/episodes/{episode_id}/step"
+        response = self._request("POST", path, json=_step_body(action, request_id))
+        return StepResponse.model_validate_json(response.content)
+
+    def verify(self, episode_id: str) -> Verdict:
+        response = self._request("POST", f"/v1/episodes/{episode_id}/verify")
+        return Verdict.model_validate_json(response.content)
+
+    def state(self, episode_id: str) -> EpisodeState:
+        return self._get(f"/v1/episodes/{episode_id}", EpisodeState)
+
+    def close(self, episode_id: str) -> None:
+        self._request("DELETE", f"/v1/episodes/{episode_id}")
+
+    def families(self) -> list[FamilyInfo]:
+        return _FAMILIES.validate_json(self._request("GET", "/v1/families").content)
+
+    def packs(self) -> list[PackInfo]:
+        return _PACKS.validate_json(self._request("GET", "/v1/packs").content)
+
+    def tasks(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> TaskList:
+        params = _task_params(pack, split, family, domain, limit, offset)
+        return self._get("/v1/tasks", TaskList, params)
+
+    def close_connection(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> HTTPClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+
+class AsyncHTTPClient:
+    """Asynchronous client; one connection pool shared by all concurrent calls."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 120.0,
+        retry: RetryPolicy | None = None,
+        max_connections: int = 256,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._http = http or httpx.AsyncClient(
+            base_url=base_url, timeout=timeout, headers=_headers(token), limits=limits
+        )
+        self._retry = retry or RetryPolicy()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for attempt in range(self._retry.attempts):
+            try:
+                response = await self._http.request(method, path, **kwargs)
+                _raise_for(response)
+                return response
+            except httpx.TransportError as exc:
+                error: PalaestraError = TransportError(f"{method} {path}: {exc!r}")
+            except PalaestraError as exc:
+                error = exc
+            if not error.retryable or attempt + 1 >= self._retry.attempts:
+                raise error
+            await asyncio.sleep(self._retry.delay(attempt, error))
+        raise AssertionError("unreachable")
+
+    async def reset(
+        self,
+        task: str | None = None,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> ResetResponse:
+        body = reset_request(
+            task,
+            pack=pack,
+            split=split,
+            domain=domain,
+            seed=seed,
+            episode_id=episode_id,
+            options=options,
+        )
+        response = await self._request("POST", "/v1/episodes", json=body.model_dump(mode="json"))
+        return ResetResponse.model_validate_json(response.content)
+
+    async def step(
+        self, episode_id: str, action: ActionLike, *, request_id: str | None = None
+    ) -> StepResponse:
+        path = f"/v1/episodes/{episode_id}/step"
+        response = await self._request("POST", path, json=_step_body(action, request_id))
+        return StepResponse.model_validate_json(response.content)
+
+    async def verify(self, episode_id: str) -> Verdict:
+        response = await self._request("POST", f"/v1/episodes/{episode_id}/verify")
+        return Verdict.model_validate_json(response.content)
+
+    async def state(self, episode_id: str) -> EpisodeState:
+        response = await self._request("GET", f"/v1/episodes/{episode_id}")
+        return EpisodeState.model_validate_json(response.content)
+
+    async def close(self, episode_id: str) -> None:
+        await self._request("DELETE", f"/v1/episodes/{episode_id}")
+
+    async def families(self) -> list[FamilyInfo]:
+        return _FAMILIES.validate_json((await self._request("GET", "/v1/families")).content)
+
+    async def packs(self) -> list[PackInfo]:
+        return _PACKS.validate_json((await self._request("GET", "/v1/packs")).content)
+
+    async def tasks(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> TaskList:
+        params = _task_params(pack, split, family, domain, limit, offset)
+        response = await self._request("GET", "/v1/tasks", params=params)
+        return TaskList.model_validate_json(response.content)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncHTTPClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._http.aclose()

@@ -1,0 +1,54 @@
+"""A task as the server holds it: public fields the agent may see, private ones it never does."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.sdk.models import TaskInfo
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True)
+class Task:
+    """One verifiable problem. `ref` is `org/name@version:id`; `digest` covers every field."""
+
+    id: str
+    family: str
+    domain: str
+    split: str
+    pack: str
+    version: str
+    public: dict[str, Any]
+    private: dict[str, Any] = field(repr=False)
+    difficulty: str = ""
+    sealed: bool = False
+    digest: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.pack}@{self.version}:{self.id}"
+
+    @staticmethod
+    def compute_digest(
+        family: str, domain: str, public: dict[str, Any], private: dict[str, Any]
+    ) -> str:
+        body = canonical_json(
+            {"family": family, "domain": domain, "public": public, "private": private}
+        )
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
+    def info(self) -> TaskInfo:
+        return TaskInfo(
+            id=self.ref,
+            family=self.family,
+            domain=self.domain,
+            split=self.split,
+            difficulty=self.difficulty,
+            public=self.public,
+        )

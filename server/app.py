@@ -1,0 +1,192 @@
+"""The FastAPI app over the episode manager (DESIGN §3): routes, JSON errors, OpenAPI.
+
+Hot routes answer with pre-serialized JSON (`model_dump_json`), so a step costs one
+validation of the request and one serialization of the reply.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from palaestra.sdk.errors import PalaestraError
+from palaestra.sdk.models import (
+    EpisodeState,
+    ErrorResponse,
+    FamilyInfo,
+    PackInfo,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+    TaskList,
+    Verdict,
+)
+from palaestra.server.config import Settings
+from palaestra.server.manager import EpisodeManager
+from palaestra.server.runtime import build_manager
+from pydantic import BaseModel
+
+import palaestra
+
+log = logging.getLogger("palaestra.server")
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 422, 429, 503)
+}
+
+
+def _json(model: BaseModel, status: int = 200) -> Response:
+    return Response(
+        content=model.model_dump_json(), media_type="application/json", status_code=status
+    )
+
+
+def _error(
+    status: int,
+    code: str,
+    message: str,
+    retryable: bool = False,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "retryable": retryable}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "malformed request: " + "; ".join(parts)
+
+
+def create_app(settings: Settings | None = None, manager: EpisodeManager | None = None) -> FastAPI:
+    """The app; with no `manager` it builds one from `settings` at start-up."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = manager or build_manager(settings)
+        app.state.manager = owned
+        await owned.start()
+        try:
+            yield
+        finally:
+            await owned.shutdown()
+
+    app = FastAPI(
+        title="palaestra",
+        version=palaestra.__version__,
+        lifespan=lifespan,
+        description="Reset, step and verify over sandboxed task environments.",
+    )
+
+    def mgr(request: Request) -> EpisodeManager:
+        manager_: EpisodeManager = request.app.state.manager
+        return manager_
+
+    @app.exception_handler(PalaestraError)
+    async def palaestra_error(request: Request, exc: PalaestraError) -> JSONResponse:
+        headers = {"Retry-After": f"{exc.retry_after:g}"} if exc.retry_after is not None else None
+        return _error(exc.status or 500, exc.code, exc.message, exc.retryable, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, "invalid_request", _validation_message(exc))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error(500, "internal", f"internal error ({type(exc).__name__}); this is a bug")
+
+    @app.post("/v1/episodes", response_model=ResetResponse, responses=ERRORS, tags=["episodes"])
+    async def reset(body: ResetRequest, request: Request) -> Response:
+        return _json(await mgr(request).reset(body))
+
+    @app.post(
+        "/v1/episodes/{episode_id}/step",
+        response_model=StepResponse,
+        responses=ERRORS,
+        tags=["episodes"],
+    )
+    async def step(episode_id: str, body: StepRequest, request: Request) -> Response:
+        return _json(await mgr(request).step(episode_id, body))
+
+    @app.post(
+        "/v1/episodes/{episode_id}/verify",
+        response_model=Verdict,
+        responses=ERRORS,
+        tags=["episodes"],
+    )
+    async def verify(episode_id: str, request: Request) -> Response:
+        return _json(await mgr(request).verify(episode_id))
+
+    @app.get(
+        "/v1/episodes/{episode_id}",
+        response_model=EpisodeState,
+        responses=ERRORS,
+        tags=["episodes"],
+    )
+    async def state(episode_id: str, request: Request) -> Response:
+        return _json(await mgr(request).state(episode_id))
+
+    @app.delete("/v1/episodes/{episode_id}", status_code=204, responses=ERRORS, tags=["episodes"])
+    async def close(episode_id: str, request: Request) -> Response:
+        await mgr(request).close(episode_id)
+        return Response(status_code=204)
+
+    @app.get("/v1/families", response_model=list[FamilyInfo], tags=["discovery"])
+    async def families(request: Request) -> list[FamilyInfo]:
+        return mgr(request).family_infos()
+
+    @app.get("/v1/packs", response_model=list[PackInfo], tags=["discovery"])
+    async def packs(request: Request) -> list[PackInfo]:
+        return mgr(request).pack_infos()
+
+    @app.get(
+        "/v1/packs/{org}/{name}", response_model=PackInfo, responses=ERRORS, tags=["discovery"]
+    )
+    async def pack(org: str, name: str, request: Request) -> PackInfo:
+        return mgr(request).pack_info(f"{org}/{name}")
+
+    @app.get("/v1/tasks", response_model=TaskList, tags=["discovery"])
+    async def tasks(
+        request: Request,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+        limit: int = Query(default=1000, ge=1, le=10000),
+        offset: int = Query(default=0, ge=0),
+    ) -> Response:
+        return _json(
+            mgr(request).task_list(
+                pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
+            )
+        )
+
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"])
+    async def readyz(request: Request) -> JSONResponse:
+        manager_ = mgr(request)
+        problems = {"packs": manager_.packs.errors} if manager_.packs.errors else {}
+        if not manager_.ready:
+            return _error(503, "not_ready", "the episode manager is not running", True)
+        return JSONResponse({"status": "ready", "pack_errors": problems})
+
+    @app.get("/metrics", tags=["operations"])
+    async def metrics(request: Request) -> Response:
+        return Response(
+            mgr(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
+
+    return app

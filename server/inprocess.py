@@ -1,0 +1,208 @@
+"""In-process clients: the client interface over an embedded manager, no HTTP.
+
+`AsyncInProcessClient` runs on the caller's event loop. `InProcessClient` is the
+synchronous one: it owns an embedded server on a private event-loop thread, for
+scripts, notebooks and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from palaestra.sdk.client import ActionLike, as_action, reset_request
+from palaestra.sdk.errors import InvalidActionError
+from palaestra.sdk.models import (
+    Action,
+    EpisodeState,
+    FamilyInfo,
+    PackInfo,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+    TaskList,
+    Verdict,
+)
+from palaestra.server.config import Settings
+from palaestra.server.manager import EpisodeManager
+from palaestra.server.runtime import build_manager
+from pydantic import ValidationError
+
+T = TypeVar("T")
+
+
+def _action(action: ActionLike) -> Action:
+    try:
+        return as_action(action)
+    except ValidationError as exc:
+        raise InvalidActionError(f"malformed action: {exc.errors()[0]['msg']}") from None
+
+
+class AsyncInProcessClient:
+    """The `AsyncClient` interface straight onto an `EpisodeManager`."""
+
+    def __init__(self, manager: EpisodeManager) -> None:
+        self.manager = manager
+
+    async def reset(
+        self,
+        task: str | None = None,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> ResetResponse:
+        return await self.manager.reset(
+            reset_request(
+                task,
+                pack=pack,
+                split=split,
+                domain=domain,
+                seed=seed,
+                episode_id=episode_id,
+                options=options,
+            )
+        )
+
+    async def step(
+        self, episode_id: str, action: ActionLike, *, request_id: str | None = None
+    ) -> StepResponse:
+        request = StepRequest(action=_action(action), request_id=request_id)
+        return await self.manager.step(episode_id, request)
+
+    async def verify(self, episode_id: str) -> Verdict:
+        return await self.manager.verify(episode_id)
+
+    async def state(self, episode_id: str) -> EpisodeState:
+        return await self.manager.state(episode_id)
+
+    async def close(self, episode_id: str) -> None:
+        await self.manager.close(episode_id)
+
+    async def families(self) -> list[FamilyInfo]:
+        return self.manager.family_infos()
+
+    async def packs(self) -> list[PackInfo]:
+        return self.manager.pack_infos()
+
+    async def tasks(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> TaskList:
+        return self.manager.task_list(
+            pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
+        )
+
+
+class InProcessClient:
+    """The synchronous `Client` interface over an embedded server on its own loop thread.
+
+    Use as a context manager: `with InProcessClient(settings) as client: ...`.
+    """
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="palaestra-embedded", daemon=True
+        )
+        self._thread.start()
+        self.manager = self._call(self._start(settings or Settings()))
+        self._async = AsyncInProcessClient(self.manager)
+        self._closed = False
+
+    @staticmethod
+    async def _start(settings: Settings) -> EpisodeManager:
+        manager = await asyncio.to_thread(build_manager, settings)
+        await manager.start()
+        return manager
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result()
+
+    def reset(
+        self,
+        task: str | None = None,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> ResetResponse:
+        return self._call(
+            self._async.reset(
+                task,
+                pack=pack,
+                split=split,
+                domain=domain,
+                seed=seed,
+                episode_id=episode_id,
+                options=options,
+            )
+        )
+
+    def step(
+        self, episode_id: str, action: ActionLike, *, request_id: str | None = None
+    ) -> StepResponse:
+        return self._call(self._async.step(episode_id, action, request_id=request_id))
+
+    def verify(self, episode_id: str) -> Verdict:
+        return self._call(self._async.verify(episode_id))
+
+    def state(self, episode_id: str) -> EpisodeState:
+        return self._call(self._async.state(episode_id))
+
+    def close(self, episode_id: str) -> None:
+        self._call(self._async.close(episode_id))
+
+    def families(self) -> list[FamilyInfo]:
+        return self._call(self._async.families())
+
+    def packs(self) -> list[PackInfo]:
+        return self._call(self._async.packs())
+
+    def tasks(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> TaskList:
+        return self._call(
+            self._async.tasks(
+                pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
+            )
+        )
+
+    def shutdown(self) -> None:
+        """Void live episodes, free their sandboxes, flush the store, stop the loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._call(self.manager.shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> InProcessClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,523 @@
+"""The episode manager: live episodes, their sandboxes, limits, and what gets stored.
+
+Every route of the wire API and the in-process clients end here. Rules it keeps:
+- a step with a `request_id` seen before returns the stored result; it never steps twice;
+- a malformed action is refused (422) and the episode goes on;
+- an infrastructure fault (sandbox died, verifier or family crashed) ends the episode
+  `void`, never with reward 0;
+- the verdict's reward arrives with the step that ends the episode;
+- idle episodes expire after a TTL and their sandboxes are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.envs.base import EpisodeContext, Family
+from palaestra.sandbox import Backend, Sandbox, SandboxError, SandboxSpec
+from palaestra.sdk.errors import (
+    CapacityError,
+    ConflictError,
+    InvalidActionError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnavailableError,
+)
+from palaestra.sdk.models import (
+    Action,
+    EpisodeState,
+    EpisodeStatus,
+    FamilyInfo,
+    Limits,
+    Observation,
+    PackInfo,
+    ResetRequest,
+    ResetResponse,
+    StepRecord,
+    StepRequest,
+    StepResponse,
+    TaskList,
+    Verdict,
+    VerifierInfo,
+)
+from palaestra.sdk.task import Task
+from palaestra.server.config import Settings
+from palaestra.server.families import FamilyRegistry
+from palaestra.server.metrics import Metrics
+from palaestra.server.packs import PackRegistry
+from palaestra.server.store import Store
+
+log = logging.getLogger("palaestra.episodes")
+
+ORACLE_TOOL = "oracle"
+ENDED_CACHE = 4096
+REPLAY_CACHE = 256
+
+
+@dataclass
+class Episode:
+    task: Task
+    family: Family
+    ctx: EpisodeContext
+    limits: Limits
+    state: EpisodeState
+    started: float
+    last_active: float
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    replies: OrderedDict[str, StepResponse] = field(default_factory=OrderedDict)
+    oracle: list[Action] | None = None
+
+    @property
+    def id(self) -> str:
+        return self.state.episode_id
+
+
+def _void_verdict(task: Task, reason: str, duration: float) -> Verdict:
+    return Verdict(
+        reward=0.0,
+        passed=False,
+        status="void",
+        feedback=reason,
+        verifier=VerifierInfo(name="none", version="0"),
+        task_digest=task.digest,
+        duration_s=duration,
+    )
+
+
+class EpisodeManager:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        families: FamilyRegistry,
+        packs: PackRegistry,
+        backend: Backend | None,
+        store: Store,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.families = families
+        self.packs = packs
+        self.backend = backend
+        self.store = store
+        self.metrics = metrics or Metrics()
+        self._live: dict[str, Episode] = {}
+        self._ended: OrderedDict[str, Episode] = OrderedDict()
+        self._pending = 0
+        self._reaper: asyncio.Task[None] | None = None
+        self.metrics.bind_live(self._live_by_status, self._live_sandboxes)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        voided = await asyncio.to_thread(
+            self.store.mark_unfinished, EpisodeStatus.VOID.value, "server restarted", time.time()
+        )
+        if voided:
+            log.warning("marked %d episodes left active by a previous server as void", voided)
+        self._reaper = asyncio.create_task(self._reap_forever(), name="palaestra-reaper")
+
+    async def shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for episode in list(self._live.values()):
+            await self._end(episode, EpisodeStatus.VOID, reason="server shut down")
+        if self.backend is not None:
+            await self.backend.aclose()
+        await asyncio.to_thread(self.store.close)
+
+    @property
+    def ready(self) -> bool:
+        return self._reaper is not None and not self._reaper.done()
+
+    def _live_sandboxes(self) -> int:
+        return self.backend.live_count if self.backend is not None else 0
+
+    def _live_by_status(self) -> dict[str, int]:
+        return {EpisodeStatus.ACTIVE.value: len(self._live)}
+
+    # -- discovery ------------------------------------------------------------------------
+    def family_infos(self) -> list[FamilyInfo]:
+        return [
+            FamilyInfo(name=f.name, description=f.description, tools=f.tool_specs())
+            for f in self.families.all()
+        ]
+
+    def pack_infos(self) -> list[PackInfo]:
+        return [p.info() for p in self.packs.all()]
+
+    def pack_info(self, name: str) -> PackInfo:
+        return self.packs.get(name).info()
+
+    def task_list(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> TaskList:
+        tasks = self.packs.select(pack=pack, split=split, family=family, domain=domain)
+        return TaskList(tasks=[t.info() for t in tasks[offset : offset + limit]], total=len(tasks))
+
+    # -- episodes -------------------------------------------------------------------------
+    async def reset(self, request: ResetRequest) -> ResetResponse:
+        if len(self._live) + self._pending >= self.settings.max_episodes:
+            raise CapacityError(
+                f"the server holds its limit of {self.settings.max_episodes} live episodes; "
+                "close finished episodes or retry later",
+                retry_after=1.0,
+            )
+        if request.task:
+            task = self.packs.resolve(request.task)
+        else:
+            rng = random.Random(request.seed)
+            task = self.packs.sample(
+                rng, pack=request.pack, split=request.split, domain=request.domain
+            )
+        episode_id = request.episode_id or uuid.uuid4().hex
+        if episode_id in self._live or episode_id in self._ended:
+            raise ConflictError(
+                f"episode id {episode_id!r} is already in use", code="episode_exists"
+            )
+        wants_oracle = bool(request.options.get("oracle"))
+        if wants_oracle and not self.settings.allow_oracle:
+            raise PermissionDeniedError("this server does not allow oracle-driven episodes")
+        family = self.families.get(task.family)
+        limits = self._limits(request.options)
+        self._pending += 1
+        try:
+            sandbox = await self._new_sandbox_or_none(family.sandbox_spec(task))
+            ctx = EpisodeContext(
+                episode_id=episode_id,
+                task=task,
+                seed=request.seed,
+                options=request.options,
+                sandbox=sandbox,
+                new_sandbox=self._new_sandbox,
+            )
+            try:
+                observation = await family.reset(ctx)
+            except SandboxError as exc:
+                await self._free(sandbox)
+                raise UnavailableError(
+                    f"the sandbox failed while starting the episode: {exc}", code="sandbox_failed"
+                ) from None
+        finally:
+            self._pending -= 1
+        now = time.time()
+        state = EpisodeState(
+            episode_id=episode_id,
+            task=task.ref,
+            family=task.family,
+            domain=task.domain,
+            split=task.split,
+            status=EpisodeStatus.ACTIVE,
+            step_count=0,
+            created_at=now,
+            updated_at=now,
+        )
+        mono = time.monotonic()
+        episode = Episode(
+            task=task,
+            family=family,
+            ctx=ctx,
+            limits=limits,
+            state=state,
+            started=mono,
+            last_active=mono,
+            oracle=family.oracle(task) if wants_oracle else None,
+        )
+        self._live[episode_id] = episode
+        self.store.create_episode(state, task.digest, task.sealed)
+        self.metrics.episodes_started.labels(family=task.family).inc()
+        log.info("episode started", extra={"episode_id": episode_id, "task_digest": task.digest})
+        info: dict[str, Any] = {
+            "task": task.ref,
+            "task_digest": task.digest,
+            "family": task.family,
+            "domain": task.domain,
+            "split": task.split,
+            "difficulty": task.difficulty,
+        }
+        return ResetResponse(
+            episode_id=episode_id,
+            observation=observation,
+            tools=family.tool_specs(),
+            limits=limits,
+            info=info,
+        )
+
+    def _limits(self, options: dict[str, Any]) -> Limits:
+        try:
+            return Limits(
+                max_steps=int(options.get("max_steps", self.settings.max_steps)),
+                max_wall_s=float(options.get("max_wall_s", self.settings.max_wall_s)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise InvalidActionError(
+                f"options.max_steps / max_wall_s must be numbers: {exc}"
+            ) from None
+
+    async def step(self, episode_id: str, request: StepRequest) -> StepResponse:
+        episode = self._find(episode_id)
+        if episode is None:
+            return await self._replay_or_refuse(episode_id, request.request_id)
+        async with episode.lock:
+            if request.request_id and request.request_id in episode.replies:
+                return episode.replies[request.request_id]
+            if episode.state.status is not EpisodeStatus.ACTIVE:
+                status = episode.state.status.value
+                raise ConflictError(f"episode {episode_id} has ended ({status}); start a new one")
+            started = time.perf_counter()
+            episode.last_active = time.monotonic()
+            action, recorded = self._resolve_action(episode, request.action)
+            tool, args = episode.family.parse_action(action)
+            reply = await self._run_step(episode, tool, args)
+            duration = time.perf_counter() - started
+            self.metrics.step_seconds.labels(family=episode.task.family).observe(duration)
+            record = StepRecord(
+                index=episode.state.step_count,
+                request_id=request.request_id,
+                action=recorded,
+                observation=reply.observation,
+                reward=reply.reward,
+                terminated=reply.terminated,
+                truncated=reply.truncated,
+                info=reply.info,
+                duration_s=duration,
+                at=time.time(),
+            )
+            episode.state.step_count += 1
+            episode.state.trajectory.append(record)
+            episode.state.updated_at = record.at
+            self.store.add_step(episode.id, record)
+            if request.request_id:
+                episode.replies[request.request_id] = reply
+                if len(episode.replies) > REPLAY_CACHE:
+                    episode.replies.popitem(last=False)
+            if reply.terminated or reply.truncated:
+                self.store.update_episode(episode.state)
+            return reply
+
+    def _resolve_action(self, episode: Episode, action: Action) -> tuple[Action, Action]:
+        """The action to run and the one to record (an oracle's answer on a sealed split is not)."""
+        if action.tool != ORACLE_TOOL or episode.oracle is None:
+            return action, action
+        if not episode.oracle:
+            raise InvalidActionError("the oracle has no actions left for this episode")
+        real = episode.oracle.pop(0)
+        shown = Action(tool=real.tool, arguments={"oracle": True}) if episode.task.sealed else real
+        return real, shown
+
+    async def _run_step(self, episode: Episode, tool: Any, args: Any) -> StepResponse:
+        if time.monotonic() - episode.started > episode.limits.max_wall_s:
+            text = f"wall-time limit of {episode.limits.max_wall_s:g} s reached"
+            return await self._finish(episode, Observation(text=text), truncated=True)
+        try:
+            outcome = await episode.family.step(episode.ctx, tool, args)
+        except InvalidActionError:
+            raise
+        except SandboxError as exc:
+            return await self._void(episode, f"sandbox failed: {exc}")
+        except Exception as exc:
+            log.exception(
+                "family %s crashed in step", episode.family.name, extra={"episode_id": episode.id}
+            )
+            return await self._void(episode, f"the environment crashed ({type(exc).__name__})")
+        if outcome.done:
+            return await self._finish(
+                episode, outcome.observation, terminated=True, info=outcome.info
+            )
+        if episode.state.step_count + 1 >= episode.limits.max_steps:
+            obs = outcome.observation.model_copy()
+            obs.text += f"\n[step limit of {episode.limits.max_steps} reached]"
+            return await self._finish(episode, obs, truncated=True, info=outcome.info)
+        return StepResponse(observation=outcome.observation, info=outcome.info)
+
+    async def _finish(
+        self,
+        episode: Episode,
+        observation: Observation,
+        *,
+        terminated: bool = False,
+        truncated: bool = False,
+        info: dict[str, Any] | None = None,
+    ) -> StepResponse:
+        verdict = await self._verify(episode)
+        out = dict(info or {})
+        out.update(status=episode.state.status.value, verdict=verdict.model_dump(mode="json"))
+        return StepResponse(
+            observation=observation,
+            reward=verdict.reward,
+            terminated=terminated,
+            truncated=truncated,
+            info=out,
+        )
+
+    async def _void(self, episode: Episode, reason: str) -> StepResponse:
+        await self._end(episode, EpisodeStatus.VOID, reason=reason)
+        verdict = _void_verdict(episode.task, reason, 0.0)
+        episode.state.verdict = verdict
+        self.store.put_verdict(episode.id, verdict)
+        return StepResponse(
+            observation=Observation(text=f"episode void: {reason}"),
+            terminated=True,
+            info={
+                "status": "void",
+                "void_reason": reason,
+                "verdict": verdict.model_dump(mode="json"),
+            },
+        )
+
+    async def _verify(self, episode: Episode) -> Verdict:
+        """Verify once; the verdict is cached on the episode and stored."""
+        if episode.state.verdict is not None:
+            return episode.state.verdict
+        started = time.perf_counter()
+        try:
+            verdict = await episode.family.verify(episode.ctx)
+            status = EpisodeStatus.DONE if verdict.status == "ok" else EpisodeStatus.VOID
+            reason = None if status is EpisodeStatus.DONE else verdict.feedback
+        except Exception as exc:
+            kind = "sandbox failed" if isinstance(exc, SandboxError) else "verifier crashed"
+            log.exception("%s while verifying", kind, extra={"episode_id": episode.id})
+            reason = f"{kind} ({type(exc).__name__})"
+            verdict = _void_verdict(episode.task, reason, time.perf_counter() - started)
+            status = EpisodeStatus.VOID
+        self.metrics.verify_seconds.labels(family=episode.task.family).observe(
+            time.perf_counter() - started
+        )
+        episode.state.timings["verify_s"] = round(time.perf_counter() - started, 6)
+        episode.state.verdict = verdict
+        self.store.put_verdict(episode.id, verdict)
+        await self._end(episode, status, reason=reason)
+        return verdict
+
+    async def _end(
+        self, episode: Episode, status: EpisodeStatus, reason: str | None = None
+    ) -> None:
+        if episode.state.status is not EpisodeStatus.ACTIVE:
+            return
+        now = time.time()
+        episode.state.status = status
+        episode.state.ended_at = now
+        episode.state.updated_at = now
+        episode.state.void_reason = reason if status is EpisodeStatus.VOID else None
+        episode.state.timings["wall_s"] = round(time.monotonic() - episode.started, 6)
+        self._live.pop(episode.id, None)
+        self._ended[episode.id] = episode
+        if len(self._ended) > ENDED_CACHE:
+            self._ended.popitem(last=False)
+        self.metrics.episodes_ended.labels(status=status.value).inc()
+        self.store.update_episode(episode.state)
+        sandbox, episode.ctx.sandbox = episode.ctx.sandbox, None
+        await self._free(sandbox)
+        log.info(
+            "episode ended: %s",
+            status.value,
+            extra={"episode_id": episode.id, "task_digest": episode.task.digest},
+        )
+
+    async def verify(self, episode_id: str) -> Verdict:
+        """Verify now (ending the episode if it is still active), or return the stored verdict."""
+        episode = self._find(episode_id)
+        if episode is None:
+            stored = await self._load(episode_id)
+            if stored.verdict is None:
+                raise ConflictError(
+                    f"episode {episode_id} ended ({stored.status.value}) unverified"
+                )
+            return stored.verdict
+        async with episode.lock:
+            if episode.state.verdict is not None:
+                return episode.state.verdict
+            if episode.state.status is not EpisodeStatus.ACTIVE:
+                raise ConflictError(
+                    f"episode {episode_id} ended ({episode.state.status.value}) unverified"
+                )
+            verdict = await self._verify(episode)
+            self.store.update_episode(episode.state)
+            return verdict
+
+    async def state(self, episode_id: str) -> EpisodeState:
+        episode = self._find(episode_id)
+        if episode is not None:
+            return episode.state.model_copy()
+        return await self._load(episode_id)
+
+    async def close(self, episode_id: str) -> None:
+        episode = self._find(episode_id)
+        if episode is None:
+            await self._load(episode_id)  # 404 if it never existed; closing twice is fine
+            return
+        async with episode.lock:
+            await self._end(episode, EpisodeStatus.CLOSED)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _find(self, episode_id: str) -> Episode | None:
+        return self._live.get(episode_id) or self._ended.get(episode_id)
+
+    async def _load(self, episode_id: str) -> EpisodeState:
+        await self.store.aflush()
+        state = await asyncio.to_thread(self.store.load_episode, episode_id)
+        if state is None:
+            raise NotFoundError(f"unknown episode {episode_id!r}")
+        return state
+
+    async def _replay_or_refuse(self, episode_id: str, request_id: str | None) -> StepResponse:
+        if request_id:
+            await self.store.aflush()
+            stored = await asyncio.to_thread(self.store.find_step, episode_id, request_id)
+            if stored is not None:
+                return stored
+        state = await self._load(episode_id)
+        raise ConflictError(
+            f"episode {episode_id} has ended ({state.status.value}); start a new one"
+        )
+
+    async def _new_sandbox(self, spec: SandboxSpec) -> Sandbox:
+        if self.backend is None:
+            raise SandboxError("this server has no sandbox backend")
+        return await self.backend.create(spec)
+
+    async def _new_sandbox_or_none(self, spec: SandboxSpec | None) -> Sandbox | None:
+        if spec is None:
+            return None
+        try:
+            return await self._new_sandbox(spec)
+        except SandboxError as exc:
+            raise UnavailableError(
+                f"no sandbox could be created: {exc}", code="sandbox_failed"
+            ) from None
+
+    async def _free(self, sandbox: Sandbox | None) -> None:
+        if sandbox is not None:
+            try:
+                await sandbox.close()
+            except Exception:
+                log.exception("closing a sandbox failed")
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reaper_interval_s)
+            await self.reap()
+
+    async def reap(self) -> int:
+        """Expire idle episodes; returns how many."""
+        deadline = time.monotonic() - self.settings.idle_ttl_s
+        idle = [e for e in self._live.values() if e.last_active < deadline and not e.lock.locked()]
+        for episode in idle:
+            await self._end(episode, EpisodeStatus.EXPIRED, reason="idle TTL")
+        return len(idle)

@@ -1,0 +1,35 @@
+"""Building a server from settings: backend, store, packs, families, manager."""
+
+from __future__ import annotations
+
+from palaestra.sandbox import Backend
+from palaestra.server.config import Settings
+from palaestra.server.families import FamilyRegistry
+from palaestra.server.manager import EpisodeManager
+from palaestra.server.metrics import Metrics
+from palaestra.server.packs import PackRegistry
+from palaestra.server.store import Store
+
+
+def make_backend(name: str) -> Backend:
+    if name == "bwrap":
+        from palaestra.sandbox.bwrap import BwrapBackend
+
+        return BwrapBackend()
+    raise ValueError(f"unknown sandbox backend {name!r}; this version has: bwrap")
+
+
+def build_manager(settings: Settings, *, backend: Backend | None = None) -> EpisodeManager:
+    """A manager on the embedded defaults; call `await manager.start()` inside the event loop."""
+    families = FamilyRegistry.discover()
+    packs = PackRegistry()
+    packs.load_dirs(settings.packs_dirs, [f.name for f in families.all()])
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return EpisodeManager(
+        settings,
+        families=families,
+        packs=packs,
+        backend=backend or make_backend(settings.sandbox),
+        store=Store(settings.db_path),
+        metrics=Metrics(),
+    )

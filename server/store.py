@@ -1,0 +1,238 @@
+"""SQLite store of episodes, every step of every trajectory, and every verdict.
+
+Writes go through one writer thread that batches them into transactions, so the
+event loop never waits on the disk; `flush()` waits until everything queued is
+committed (on shutdown, and before a read that must see the latest writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from palaestra.sdk.models import EpisodeState, StepRecord, StepResponse, Verdict
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    id TEXT PRIMARY KEY,
+    task TEXT NOT NULL,
+    task_digest TEXT NOT NULL,
+    family TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    split TEXT NOT NULL,
+    sealed INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    step_count INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    ended_at REAL,
+    void_reason TEXT,
+    timings TEXT NOT NULL DEFAULT '{}',
+    info TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS steps (
+    episode_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    request_id TEXT,
+    record TEXT NOT NULL,
+    PRIMARY KEY (episode_id, idx)
+);
+CREATE INDEX IF NOT EXISTS steps_request ON steps (episode_id, request_id);
+CREATE TABLE IF NOT EXISTS verdicts (
+    episode_id TEXT PRIMARY KEY,
+    verdict TEXT NOT NULL
+);
+"""
+
+_Write = tuple[str, tuple[Any, ...]]
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.executescript(SCHEMA)
+        self._queue: queue.SimpleQueue[_Write | threading.Event | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(
+            target=self._write_loop, name="palaestra-store", daemon=True
+        )
+        self._writer.start()
+        self._closed = False
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
+
+    def _write_loop(self) -> None:
+        db = self._connect()
+        try:
+            while True:
+                item = self._queue.get()
+                batch: list[_Write] = []
+                events: list[threading.Event] = []
+                stop = False
+                while True:
+                    if item is None:
+                        stop = True
+                    elif isinstance(item, threading.Event):
+                        events.append(item)
+                    else:
+                        batch.append(item)
+                    if len(batch) >= 1000:
+                        break
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                if batch:
+                    with db:
+                        for sql, params in batch:
+                            db.execute(sql, params)
+                for event in events:
+                    event.set()
+                if stop:
+                    return
+        finally:
+            db.close()
+
+    def _put(self, sql: str, params: tuple[Any, ...]) -> None:
+        self._queue.put((sql, params))
+
+    # -- writes (queued) ------------------------------------------------------------------
+    def create_episode(self, state: EpisodeState, task_digest: str, sealed: bool) -> None:
+        self._put(
+            "INSERT INTO episodes (id, task, task_digest, family, domain, split, sealed, status,"
+            " step_count, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                state.episode_id,
+                state.task,
+                task_digest,
+                state.family,
+                state.domain,
+                state.split,
+                int(sealed),
+                state.status.value,
+                0,
+                state.created_at,
+                state.updated_at,
+            ),
+        )
+
+    def add_step(self, episode_id: str, record: StepRecord) -> None:
+        self._put(
+            "INSERT OR REPLACE INTO steps (episode_id, idx, request_id, record) VALUES (?,?,?,?)",
+            (episode_id, record.index, record.request_id, record.model_dump_json()),
+        )
+
+    def update_episode(self, state: EpisodeState) -> None:
+        self._put(
+            "UPDATE episodes SET status=?, step_count=?, updated_at=?, ended_at=?, void_reason=?,"
+            " timings=? WHERE id=?",
+            (
+                state.status.value,
+                state.step_count,
+                state.updated_at,
+                state.ended_at,
+                state.void_reason,
+                json.dumps(state.timings),
+                state.episode_id,
+            ),
+        )
+
+    def put_verdict(self, episode_id: str, verdict: Verdict) -> None:
+        self._put(
+            "INSERT OR REPLACE INTO verdicts (episode_id, verdict) VALUES (?,?)",
+            (episode_id, verdict.model_dump_json()),
+        )
+
+    def flush(self) -> None:
+        event = threading.Event()
+        self._queue.put(event)
+        event.wait()
+
+    async def aflush(self) -> None:
+        await asyncio.to_thread(self.flush)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._writer.join()
+
+    # -- reads (blocking; call through asyncio.to_thread from the server) ---------------
+    def load_episode(self, episode_id: str, with_trajectory: bool = True) -> EpisodeState | None:
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT id, task, family, domain, split, status, step_count, created_at,"
+                " updated_at, ended_at, void_reason, timings FROM episodes WHERE id=?",
+                (episode_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            verdict_row = db.execute(
+                "SELECT verdict FROM verdicts WHERE episode_id=?", (episode_id,)
+            ).fetchone()
+            steps = (
+                db.execute(
+                    "SELECT record FROM steps WHERE episode_id=? ORDER BY idx", (episode_id,)
+                ).fetchall()
+                if with_trajectory
+                else []
+            )
+        return EpisodeState(
+            episode_id=row[0],
+            task=row[1],
+            family=row[2],
+            domain=row[3],
+            split=row[4],
+            status=row[5],
+            step_count=row[6],
+            created_at=row[7],
+            updated_at=row[8],
+            ended_at=row[9],
+            void_reason=row[10],
+            timings=json.loads(row[11]),
+            verdict=Verdict.model_validate_json(verdict_row[0]) if verdict_row else None,
+            trajectory=[StepRecord.model_validate_json(s[0]) for s in steps],
+        )
+
+    def find_step(self, episode_id: str, request_id: str) -> StepResponse | None:
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT record FROM steps WHERE episode_id=? AND request_id=?",
+                (episode_id, request_id),
+            ).fetchone()
+        if row is None:
+            return None
+        record = StepRecord.model_validate_json(row[0])
+        return StepResponse(
+            observation=record.observation,
+            reward=record.reward,
+            terminated=record.terminated,
+            truncated=record.truncated,
+            info=record.info,
+        )
+
+    def count_by_status(self) -> dict[str, int]:
+        with self._connect() as db:
+            return dict(
+                db.execute("SELECT status, COUNT(*) FROM episodes GROUP BY status").fetchall()
+            )
+
+    def mark_unfinished(self, status: str, reason: str, now: float) -> int:
+        """At start-up: episodes left `active` by a previous process can never resume."""
+        with self._connect() as db:
+            cur = db.execute(
+                "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?"
+                " WHERE status='active'",
+                (status, reason, now, now),
+            )
+            return cur.rowcount
