@@ -67,12 +67,15 @@ class Conn(asyncio.Protocol):
             return
         head = bytes(self.buf[:end]).lower()
         at = head.find(b"\r\ncontent-length:")
-        if at < 0:
+        if at >= 0:
+            stop = head.find(b"\r\n", at + 2)
+            length = int(head[at + 17 : stop if stop >= 0 else len(head)])
+        elif head[9:12] in (b"204", b"304"):
+            length = 0
+        else:
             self.waiter.set_exception(HTTPError(f"no content-length in {head[:300]!r}"))
             self.waiter = None
             return
-        stop = head.find(b"\r\n", at + 2)
-        length = int(head[at + 17 : stop if stop >= 0 else len(head)])
         total = end + 4 + length
         if len(self.buf) < total:
             return

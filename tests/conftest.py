@@ -1,0 +1,122 @@
+"""Shared fixtures: settings on a temporary data dir, an embedded manager, a real server process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from palaestra.sdk.http import HTTPClient
+from palaestra.server.config import Settings
+from palaestra.server.inprocess import InProcessClient
+from palaestra.server.manager import EpisodeManager
+from palaestra.server.runtime import build_manager
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data")
+
+
+@pytest.fixture
+async def manager(settings: Settings) -> AsyncIterator[EpisodeManager]:
+    built = build_manager(settings)
+    await built.start()
+    try:
+        yield built
+    finally:
+        await built.shutdown()
+
+
+@pytest.fixture
+def inproc(settings: Settings) -> Iterator[InProcessClient]:
+    with InProcessClient(settings) as client:
+        yield client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    """`palaestra serve` in a subprocess on loopback; restartable on the same data dir."""
+
+    def __init__(
+        self, data_dir: Path, extra_env: dict[str, str] | None = None, args: list[str] | None = None
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **(extra_env or {})}
+        self.args = args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = data_dir.parent / f"server-{self.port}.log"
+
+    def start(self) -> ServerProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    str(BIN / "palaestra"),
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--data-dir",
+                    str(self.data_dir),
+                    *self.args,
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server not ready: {self.log.read_text()}")
+
+    def stop(self, sig: int = signal.SIGINT) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(tmp_path / "server-data").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def http(server: ServerProcess) -> Iterator[HTTPClient]:
+    with HTTPClient(server.url) as client:
+        yield client
