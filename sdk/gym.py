@@ -12,11 +12,10 @@ a step: the observation says what was wrong, the reward is 0 and the episode goe
 from __future__ import annotations
 
 import json
-from typing import Any, SupportsFloat
+from typing import Any, ClassVar, SupportsFloat
 
 import gymnasium as gym
 from gymnasium import spaces
-
 from palaestra.sdk.client import Client
 from palaestra.sdk.errors import InvalidActionError
 
@@ -31,7 +30,7 @@ class AnyText(spaces.Text):
 
 
 class PalaestraEnv(gym.Env[str, str]):
-    metadata = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
 
     def __init__(
         self,
