@@ -12,7 +12,7 @@ a step: the observation says what was wrong, the reward is 0 and the episode goe
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, SupportsFloat
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 from gymnasium import spaces
@@ -30,7 +30,7 @@ class AnyText(spaces.Text):
 
 
 class PalaestraEnv(gym.Env[str, str]):
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"]}  # noqa: RUF012  (Gymnasium declares it so)
 
     def __init__(
         self,
