@@ -279,9 +279,7 @@ def servers(workdir: Path) -> Iterator[tuple[Palaestra, OpenEnv]]:
             "httptools",
         ]
         with o_log.open("wb") as out:
-            o_proc = subprocess.Popen(
-                cmd, cwd=render / "echo_env", env=env, stdout=out, stderr=out
-            )
+            o_proc = subprocess.Popen(cmd, cwd=render / "echo_env", env=env, stdout=out, stderr=out)
         procs.append(o_proc)
 
         wait_ready(p_proc, p_port, "/readyz", p_log)
@@ -422,9 +420,10 @@ async def measure(target: Target, clients: int, warmup: float, duration: float) 
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="palaestra-bench-api-") as tmp, servers(
-        Path(tmp)
-    ) as (pal, oe):
+    with (
+        tempfile.TemporaryDirectory(prefix="palaestra-bench-api-") as tmp,
+        servers(Path(tmp)) as (pal, oe),
+    ):
         results = {t.name: Result(t.name) for t in (pal, oe)}
         for i in range(args.rounds):
             order: list[Target] = [pal, oe] if i % 2 == 0 else [oe, pal]
@@ -462,14 +461,18 @@ def report(pal: Result, oe: Result, args: argparse.Namespace) -> dict[str, Any]:
         f"| server    | p50 ms (1) | p99 ms (1) | steps/s ({c:>2d} cl) | p50 ms ({c}) "
         "| server µs/step | gen µs/step |"
     )
-    print("| --------- | ---------- | ---------- | -------------- | ----------- "
-          "| ------------- | ---------- |")
+    print(
+        "| --------- | ---------- | ---------- | -------------- | ----------- "
+        "| ------------- | ---------- |"
+    )
     for row in rows:
         print(row)
     print()
     ok_ratio = "PASS" if ratio >= 1.5 else "MISS"
     ok_p50 = "PASS" if p50 <= 1.0 else "MISS"
-    print(f"steps/s ratio palaestra/OpenEnv at {c} clients: {ratio:.2f}x  (target >= 1.5x: {ok_ratio})")
+    print(
+        f"steps/s ratio palaestra/OpenEnv at {c} clients: {ratio:.2f}x  (target >= 1.5x: {ok_ratio})"
+    )
     print(f"palaestra p50 at 1 client: {p50:.3f} ms  (target <= 1 ms: {ok_p50})")
     print(
         "(server/gen µs/step: CPU time the server process / this load generator spent per step "
