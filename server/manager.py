@@ -74,6 +74,7 @@ class Episode:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     replies: OrderedDict[str, StepResponse] = field(default_factory=OrderedDict)
     oracle: list[Action] | None = None
+    step_timer: Any = None  # the family's step-latency histogram child, looked up once
 
     @property
     def id(self) -> str:
@@ -230,6 +231,7 @@ class EpisodeManager:
         )
         mono = time.monotonic()
         episode = Episode(
+            step_timer=self.metrics.step_seconds.labels(family=task.family),
             task=task,
             family=family,
             ctx=ctx,
@@ -241,6 +243,7 @@ class EpisodeManager:
         )
         self._live[episode_id] = episode
         self.store.create_episode(state, task.digest, task.sealed)
+        await self.store.aflush()  # an episode a client was told of survives a crash
         self.metrics.episodes_started.labels(family=task.family).inc()
         log.info("episode started", extra={"episode_id": episode_id, "task_digest": task.digest})
         info: dict[str, Any] = {
@@ -286,7 +289,7 @@ class EpisodeManager:
             tool, args = episode.family.parse_action(action)
             reply = await self._run_step(episode, tool, args)
             duration = time.perf_counter() - started
-            self.metrics.step_seconds.labels(family=episode.task.family).observe(duration)
+            episode.step_timer.observe(duration)
             record = StepRecord(
                 index=episode.state.step_count,
                 request_id=request.request_id,
@@ -309,6 +312,8 @@ class EpisodeManager:
                     episode.replies.popitem(last=False)
             if reply.terminated or reply.truncated:
                 self.store.update_episode(episode.state)
+                # The client learns that the episode ended only once it is on disk.
+                await self.store.aflush()
             return reply
 
     def _resolve_action(self, episode: Episode, action: Action) -> tuple[Action, Action]:
@@ -449,6 +454,7 @@ class EpisodeManager:
                 )
             verdict = await self._verify(episode)
             self.store.update_episode(episode.state)
+            await self.store.aflush()
             return verdict
 
     async def state(self, episode_id: str) -> EpisodeState:

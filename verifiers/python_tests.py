@@ -22,32 +22,135 @@ from palaestra.sandbox import Sandbox
 VERSION = "1.0.0"
 PYTHON = "/usr/bin/python3"
 
-# The runner is passed with `python3 -I -S -c`, so nothing the agent wrote is on its path.
-RUNNER = r"""
-import builtins, io, os, signal, sys
+# Plain-data codec shared by the runner and the worker: tagged JSON, exact for every
+# builtin scalar (ints in hex, floats as float.hex, so inf/nan/-0.0 survive).
+CODEC = r"""
+import json as _json, struct as _struct
+_TAGS = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+_TYPES = {v: k for k, v in _TAGS.items()}
+def enc(v, depth=0):
+    t = type(v)
+    if depth > 50:
+        raise TypeError("nested too deep")
+    if v is None:
+        return ["n"]
+    if t is bool:
+        return ["b", v]
+    if t is int:
+        return ["i", format(v, "x")]
+    if t is float:
+        return ["f", v.hex()]
+    if t is complex:
+        return ["c", v.real.hex(), v.imag.hex()]
+    if t is str:
+        return ["s", v]
+    if t is bytes:
+        return ["y", v.hex()]
+    if t in _TAGS:
+        return [_TAGS[t], [enc(x, depth + 1) for x in v]]
+    if t is dict:
+        return ["d", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
+    raise TypeError("not plain data: " + t.__name__)
+def dec(x, depth=0):
+    if depth > 52 or type(x) is not list or not x or type(x[0]) is not str:
+        raise ValueError("malformed value")
+    tag, rest = x[0], x[1:]
+    if tag == "n" and not rest:
+        return None
+    if tag == "b" and len(rest) == 1 and type(rest[0]) is bool:
+        return rest[0]
+    if tag in ("i", "f", "s", "y") and len(rest) == 1 and type(rest[0]) is str:
+        s = rest[0]
+        return int(s, 16) if tag == "i" else float.fromhex(s) if tag == "f" else (
+            s if tag == "s" else bytes.fromhex(s))
+    if tag == "c" and len(rest) == 2 and all(type(s) is str for s in rest):
+        return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
+    if tag in _TYPES and len(rest) == 1 and type(rest[0]) is list:
+        return _TYPES[tag](dec(i, depth + 1) for i in rest[0])
+    if tag == "d" and len(rest) == 1 and type(rest[0]) is list:
+        return {dec(p[0], depth + 1): dec(p[1], depth + 1) for p in rest[0]
+                if type(p) is list and len(p) == 2}
+    raise ValueError("malformed value")
+def send(fd, msg):
+    data = _json.dumps(msg).encode()
+    data = _struct.pack(">Q", len(data)) + data
+    while data:
+        data = data[os.write(fd, data):]
+def recv(fd, limit=1 << 26):
+    def exact(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = os.read(fd, min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("the other side closed the pipe")
+            buf += chunk
+        return buf
+    (n,) = _struct.unpack(">Q", exact(8))
+    if n > limit:
+        raise ValueError("message too large")
+    return _json.loads(exact(n))
+"""
+
+# The worker: a separate, fresh interpreter that loads the untrusted solution and answers
+# calls with plain data over a pipe. It never sees the tests, the nonce or the runner's stdout.
+WORKER = (
+    "import os, sys\n"
+    + CODEC
+    + r"""
 def main():
-    import json
-    cfg = json.loads(sys.stdin.read())
-    os.close(0)
-    nonce, out = cfg["nonce"], os.write
+    rfd, wfd, path, entry = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    ns = {"__name__": "solution"}
+    try:
+        exec(compile(open(path, encoding="utf-8").read(), "solution.py", "exec"), ns)
+        fn = ns.get(entry)
+        ok = callable(fn)
+    except BaseException:
+        ok = False
+    send(wfd, ["loaded" if ok else "noload"])
+    if not ok:
+        os._exit(0)
+    while True:
+        try:
+            msg = recv(rfd)
+        except EOFError:
+            os._exit(0)
+        try:
+            value = fn(*dec(msg[0]), **dec(msg[1]))
+        except BaseException as exc:
+            send(wfd, ["raise", type(exc).__name__])
+            continue
+        try:
+            send(wfd, ["ok", enc(value)])
+        except TypeError:
+            send(wfd, ["bad"])
+main()
+"""
+)
+
+# The runner is passed with `python3 -I -S -c`, so nothing the agent wrote is on its path. It
+# runs only trusted code (the prompt, the tests); `candidate` is a proxy into the worker.
+RUNNER = (
+    "import builtins, io, os, signal, subprocess, sys\n"
+    + CODEC
+    + "WORKER = "
+    + repr(WORKER)
+    + r"""
+def main():
+    cfg = _json.loads(sys.stdin.read())
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # fd 0 stays taken: pipes are never fd 0
+    import ctypes
+    # Not dumpable: the worker (same uid) can neither trace us nor open /proc/<us>/{mem,fd}.
+    if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:
+        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
+    nonce = cfg["nonce"]
     clean = dict(builtins.__dict__)
-    scalars = (int, float, complex, str, bytes, bool, type(None))
-    def plain(v, depth=0):
-        t = type(v)
-        if depth > 50:
-            return False
-        if t in (list, tuple, set, frozenset):
-            return all(plain(x, depth + 1) for x in v)
-        if t is dict:
-            return all(plain(k, depth + 1) and plain(x, depth + 1) for k, x in v.items())
-        return t in scalars
     class Timeout(BaseException):
         pass
     def on_alarm(signum, frame):
         raise Timeout()
+    signal.signal(signal.SIGALRM, on_alarm)
     real_out, real_err = sys.stdout, sys.stderr
     def guarded(seconds, code, ns):
-        signal.signal(signal.SIGALRM, on_alarm)
         sys.stdout = sys.stderr = io.StringIO()
         signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
@@ -65,23 +168,63 @@ def main():
     steps = [(kind, compile(code, "<test>", "exec")) for kind, code in cfg["steps"]]
     preamble = compile(cfg["preamble"], "<tests>", "exec")
     n_tests = sum(1 for kind, _ in steps if kind == "test")
-    try:
-        source = open(cfg["solution"], encoding="utf-8").read()
-        solution = compile(source, "solution.py", "exec")
-    except BaseException:
-        out(1, ("\n" + nonce + " L" + "E" * n_tests + "\n").encode())
-        os._exit(0)
-    ns = {"__name__": "solution", "__builtins__": dict(clean)}
-    loaded = guarded(cfg["load_timeout"], solution, ns)
-    fn = ns.get(cfg["entry_point"])
-    if loaded != "P" or not callable(fn):
-        out(1, ("\n" + nonce + " L" + "E" * n_tests + "\n").encode())
-        os._exit(0)
+    worker = {"proc": None, "busy": False}
+    def stop():
+        proc = worker["proc"]
+        if proc is not None:
+            for fd in (worker["to"], worker["from"]):
+                os.close(fd)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+        worker["proc"], worker["busy"] = None, False
+    def spawn():
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", WORKER, str(r1), str(w2), cfg["solution"],
+             cfg["entry_point"]],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(r1, w2), start_new_session=True,
+        )
+        os.close(r1)
+        os.close(w2)
+        worker.update(proc=proc, to=w1, busy=True)
+        worker["from"] = r2
+        signal.setitimer(signal.ITIMER_REAL, cfg["load_timeout"])
+        try:
+            loaded = recv(r2, 64) == ["loaded"]
+        except BaseException:
+            loaded = False
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        worker["busy"] = False
+        if not loaded:
+            stop()
+        return loaded
     def candidate(*args, **kwargs):
-        value = fn(*args, **kwargs)
-        if not plain(value):
-            raise TypeError("the solution returned something that is not plain data")
-        return value
+        if worker["busy"]:
+            stop()  # a call was cut short (timeout): that worker's state is unknown
+        if worker["proc"] is None and not spawn():
+            raise RuntimeError("the solution did not load")
+        request = [enc(list(args)), enc(kwargs)]
+        worker["busy"] = True
+        send(worker["to"], request)
+        reply = recv(worker["from"])
+        worker["busy"] = False
+        if reply[:1] == ["ok"] and len(reply) == 2:
+            return dec(reply[1])
+        if reply[:1] == ["raise"] and len(reply) == 2 and type(reply[1]) is str:
+            kind = clean.get(reply[1])
+            if isinstance(kind, type) and issubclass(kind, Exception):
+                raise kind("raised by the solution")
+            raise RuntimeError("the solution raised " + reply[1][:100])
+        raise TypeError("the solution returned something that is not plain data")
+    if not spawn():
+        os.write(1, ("\n" + nonce + " L" + "E" * n_tests + "\n").encode())
+        os._exit(0)
     tests = {"__name__": "__check__", "__builtins__": dict(clean)}
     exec(compile(cfg["context"], "<prompt>", "exec"), tests)
     exec(preamble, tests)
@@ -92,10 +235,12 @@ def main():
         result = guarded(cfg["test_timeout"], code, tests)
         if kind == "test":
             letters.append(result)
-    out(1, ("\n" + nonce + " R" + "".join(letters) + "\n").encode())
+    stop()
+    os.write(1, ("\n" + nonce + " R" + "".join(letters) + "\n").encode())
     os._exit(0)
 main()
 """
+)
 
 
 class TestSplitError(ValueError):
