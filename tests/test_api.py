@@ -376,7 +376,10 @@ def test_replayed_request_id_raw(server: ServerProcess, http: HTTPClient) -> Non
     episode = http.reset(HE_TRAIN).episode_id
     url = f"{server.url}/v1/episodes/{episode}/step"
     body = {
-        "action": {"tool": "run_python", "arguments": {"code": "import random; print(random.random())"}},
+        "action": {
+            "tool": "run_python",
+            "arguments": {"code": "import random; print(random.random())"},
+        },
         "request_id": "same",
     }
     first = httpx.post(url, json=body)

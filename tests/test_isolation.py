@@ -200,8 +200,7 @@ def test_exec_timeout_kills_children(agent: Agent) -> None:
     _, data = agent.run(code, timeout=1)
     assert data["timed_out"] is True and time.monotonic() - started < 3.0
     text, _ = agent.run(
-        "import os\n"
-        "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+        "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
     )
     # A fresh pid namespace each exec: the sleeper is gone (only this exec's processes show).
     pids = json.loads(text.split("--- stdout ---\n", 1)[1])

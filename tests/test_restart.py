@@ -66,7 +66,8 @@ def test_restart_after_graceful_stop(tmp_path: Path) -> None:
                 request_id="a-0",
             )
             written = client.step(
-                active, {"tool": "run_python", "arguments": {"code": "print(6 * 7)"}},
+                active,
+                {"tool": "run_python", "arguments": {"code": "print(6 * 7)"}},
                 request_id="a-1",
             )
             assert "42" in written.observation.text
@@ -84,9 +85,7 @@ def test_restart_after_graceful_stop(tmp_path: Path) -> None:
                 assert after.verdict.passed and after.verdict.reward == 1.0
                 assert after.step_count == before.step_count == len(after.trajectory)
                 assert stored_view(after) == stored_view(before), episode
-                assert [r.action for r in after.trajectory] == [
-                    r.action for r in before.trajectory
-                ]
+                assert [r.action for r in after.trajectory] == [r.action for r in before.trajectory]
                 assert [r.observation for r in after.trajectory] == [
                     r.observation for r in before.trajectory
                 ]

@@ -4,9 +4,16 @@ The test code (HumanEval's shape: `def check(candidate): assert ...`) is split i
 individual test cases, one per top-level statement of `check` that asserts something
 about `candidate`, so the reward can be the fraction passed. The runner reads its
 configuration — including a per-run nonce — from stdin before any untrusted code runs,
-and reports one letter per test on a line that starts with the nonce: the solution can
-print whatever it likes, it cannot forge that line. Return values must be plain builtin
-data, so an object whose `__eq__` always says True passes nothing.
+and reports one letter per test on a line that starts with the nonce.
+
+The untrusted solution never runs in the runner's process: a separate worker interpreter
+(fresh memory, stdout/stderr to /dev/null, no nonce, no tests) loads it and answers each
+`candidate(...)` call over a pipe with plain builtin data (tagged JSON). The assertions,
+the prompt's helpers and the stdlib modules the tests use all live in the runner, which is
+made non-dumpable so the worker cannot read its memory or open its stdout through /proc.
+So the solution cannot forge the report (frames, gc, /proc), patch what the tests call
+(builtins, `math`), redefine the prompt's helpers, or return an object whose `__eq__`
+always says True: it can only choose return values.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from dataclasses import dataclass
 
 from palaestra.sandbox import Sandbox
 
-VERSION = "1.0.0"
+VERSION = "1.1.0"
 PYTHON = "/usr/bin/python3"
 
 # Plain-data codec shared by the runner and the worker: tagged JSON, exact for every
