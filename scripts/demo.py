@@ -50,8 +50,16 @@ def main() -> int:
     reports = ROOT / "reports"
     print(f"palaestra demo: serving on {url} with data in {data_dir}")
     server = subprocess.Popen(
-        [str(BIN / "palaestra"), "serve", "--port", str(port), "--data-dir", str(data_dir),
-         "--log-level", "warning"],
+        [
+            str(BIN / "palaestra"),
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--log-level",
+            "warning",
+        ],
         cwd=ROOT,
     )
     try:
@@ -59,8 +67,22 @@ def main() -> int:
         for policy in ("oracle", "null"):
             out = reports / f"demo-{policy}.json"
             code = subprocess.call(
-                [str(BIN / "palaestra"), "eval", "--url", url, "--pack", PACK, "--split", "heldout",
-                 "--policy", policy, "--concurrency", "4", "--out", str(out)],
+                [
+                    str(BIN / "palaestra"),
+                    "eval",
+                    "--url",
+                    url,
+                    "--pack",
+                    PACK,
+                    "--split",
+                    "heldout",
+                    "--policy",
+                    policy,
+                    "--concurrency",
+                    "4",
+                    "--out",
+                    str(out),
+                ],
                 cwd=ROOT,
             )
             if code != 0:
