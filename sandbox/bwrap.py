@@ -147,6 +147,33 @@ def _etc_args() -> list[str]:
     return out
 
 
+def write_etc_files(etc: Path, workdir: str) -> None:
+    """The synthetic /etc/passwd, group and hosts bound read-only into every sandbox."""
+    (etc / "passwd").write_text(
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{workdir}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    (etc / "group").write_text(f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n")
+    (etc / "hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n")
+    for f in ("passwd", "group", "hosts"):
+        os.chmod(etc / f, 0o644)
+
+
+async def drain_capped(stream: asyncio.StreamReader, buf: bytearray, max_output: int) -> bool:
+    """Read `stream` to EOF, keeping its first `max_output` bytes; True if any were dropped."""
+    truncated = False
+    while chunk := await stream.read(_CHUNK):
+        room = max_output - len(buf)
+        if len(chunk) > room:
+            truncated = True
+            if room > 0:
+                buf += chunk[:room]
+        else:
+            buf += chunk
+    return truncated
+
+
 def _make_preexec(limits: list[tuple[int, int]]) -> Callable[[], None]:
     def preexec() -> None:
         for res, val in limits:
@@ -276,16 +303,7 @@ class BwrapSandbox(Sandbox):
                 os.chmod(self.workspace, 0o755)
             else:
                 os.chmod(self.workspace, 0o777)
-        wd = self._workdir
-        (self._etc / "passwd").write_text(
-            "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-            f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{wd}:/bin/sh\n"
-            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-        )
-        (self._etc / "group").write_text(f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n")
-        (self._etc / "hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n")
-        for f in ("passwd", "group", "hosts"):
-            os.chmod(self._etc / f, 0o644)
+        write_etc_files(self._etc, self._workdir)
         self._static_args = self._build_static_args()
 
     def _build_static_args(self) -> list[str]:
@@ -424,14 +442,8 @@ class BwrapSandbox(Sandbox):
         truncated = [False]
 
         async def drain(stream: asyncio.StreamReader, buf: bytearray) -> None:
-            while chunk := await stream.read(_CHUNK):
-                room = max_output - len(buf)
-                if len(chunk) > room:
-                    truncated[0] = True
-                    if room > 0:
-                        buf += chunk[:room]
-                else:
-                    buf += chunk
+            if await drain_capped(stream, buf, max_output):
+                truncated[0] = True
 
         async def feed() -> None:
             if proc.stdin is None:

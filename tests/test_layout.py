@@ -1,0 +1,55 @@
+"""DESIGN §2's dependency direction, checked on the source: sdk ← sandbox ← verifiers ← envs ← server ← cli."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLOWED = {
+    "sdk": {"sdk"},
+    "sandbox": {"sdk", "sandbox"},
+    "verifiers": {"sdk", "sandbox", "verifiers"},
+    "envs": {"sdk", "sandbox", "verifiers", "envs"},
+    "server": {"sdk", "sandbox", "verifiers", "envs", "server"},
+    "cli": {"sdk", "sandbox", "verifiers", "envs", "server", "cli"},
+}
+
+
+def imported_subpackages(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "palaestra" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_dependency_direction(folder: str) -> None:
+    bad = {
+        f"{path.relative_to(ROOT)} imports palaestra.{sub}"
+        for path in (ROOT / folder).rglob("*.py")
+        for sub in imported_subpackages(path) - ALLOWED[folder]
+    }
+    assert not bad, sorted(bad)
+
+
+def test_every_subpackage_is_mapped() -> None:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = set(config["packages"])
+    for folder in ALLOWED:
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            name = ".".join(["palaestra", folder, *rel.parts])
+            assert name in packages, f"{name} is missing from pyproject's packages"
