@@ -1,4 +1,4 @@
-"""DESIGN §2's dependency direction, checked on the source: sdk ← sandbox ← verifiers ← envs ← server ← cli."""
+"""DESIGN §2: sdk ← sandbox ← verifiers ← envs ← server ← cli, checked on the source."""
 
 from __future__ import annotations
 
