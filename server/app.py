@@ -28,9 +28,10 @@ from palaestra.sdk.models import (
     Verdict,
 )
 from palaestra.server.config import Settings
+from palaestra.server.fastpath import StepFastPath, step_reply, validation_message
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 import palaestra
 
@@ -67,11 +68,7 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for error in exc.errors()[:5]:
-        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
-    return "malformed request: " + "; ".join(parts)
+    return validation_message(list(exc.errors()))
 
 
 def create_app(settings: Settings | None = None, manager: EpisodeManager | None = None) -> FastAPI:
@@ -94,6 +91,8 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
         lifespan=lifespan,
         description="Reset, step and verify over sandboxed task environments.",
     )
+
+    app.add_middleware(StepFastPath)
 
     def mgr(request: Request) -> EpisodeManager:
         manager_: EpisodeManager = request.app.state.manager
@@ -125,13 +124,11 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
         openapi_extra=_body_schema(StepRequest),
     )
     async def step(episode_id: str, request: Request) -> Response:
-        # The trainer's hot path: the body is parsed by pydantic-core straight from bytes,
-        # skipping FastAPI's body dependency; the schema is still in the OpenAPI document.
-        try:
-            body = StepRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise RequestValidationError(exc.errors()) from None
-        return _json(await mgr(request).step(episode_id, body))
+        # Served by StepFastPath in front of the app; this route documents it (OpenAPI)
+        # and serves callers that mount the bare router. Both go through step_reply.
+        status, body, headers = await step_reply(mgr(request), episode_id, await request.body())
+        extra = {k.decode(): v.decode() for k, v in headers}
+        return Response(body, status_code=status, media_type="application/json", headers=extra)
 
     @app.post(
         "/v1/episodes/{episode_id}/verify",
