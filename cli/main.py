@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +27,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
+# Tables stay readable when the output is a pipe or a CI log (Rich would assume 80 columns).
+console = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
 
 Url = Annotated[
