@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from palaestra.sandbox import Sandbox, SandboxSpec
+from palaestra.sandbox.forkserver import PythonRunner
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Observation, ToolSpec, Verdict
 from palaestra.sdk.task import Task
@@ -63,6 +64,8 @@ class EpisodeContext:
     sandbox: Sandbox | None
     new_sandbox: SandboxFactory
     state: dict[str, Any] = field(default_factory=dict)
+    # One-shot fresh Python sandboxes (`PythonForkServer.run`), when the server has them.
+    run_python: PythonRunner | None = None
 
 
 class Family(abc.ABC):

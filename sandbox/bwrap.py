@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import functools
 import io
@@ -183,7 +184,7 @@ def _make_preexec(limits: list[tuple[int, int]]) -> Callable[[], None]:
 
 
 class BwrapBackend(Backend):
-    """Creates `BwrapSandbox`es. `runtime_dir` defaults to /run/palaestra/sandboxes as root."""
+    """Creates `BwrapSandbox`es, by default under /run/palaestra/sandboxes/<pid>/ as root."""
 
     name = "bwrap"
 
@@ -195,10 +196,10 @@ class BwrapBackend(Backend):
         limits: LimitMode = "auto",
     ) -> None:
         if runtime_dir is None:
-            if _is_root():
-                runtime_dir = Path("/run/palaestra/sandboxes")
-            else:
-                runtime_dir = Path(tempfile.gettempdir()) / f"palaestra-{os.getuid()}" / "sandboxes"
+            # One folder per server process, so a server can reap what a dead one left behind.
+            base = default_runtime_base()
+            reap_stale(base)
+            runtime_dir = base / str(os.getpid())
         self.runtime_dir = runtime_dir
         self.host_uid = host_uid
         self.limits: LimitMode = limits
@@ -259,7 +260,7 @@ class BwrapSandbox(Sandbox):
         self.id = secrets.token_hex(8)
         self._bwrap = bwrap
         if runtime_dir is None:
-            runtime_dir = BwrapBackend().runtime_dir
+            runtime_dir = default_runtime_base() / str(os.getpid())
         self.root = runtime_dir / self.id
         self.workspace = self.root / "ws"
         self._etc = self.root / "etc"
@@ -294,9 +295,8 @@ class BwrapSandbox(Sandbox):
             mb = self.spec.workspace_mb
             opts = f"size={mb}m,nr_inodes={max(8192, mb * 256)}"
             opts += f",mode=0755,uid={self._host_uid},gid={self._host_uid}"
-            rc, err = await _run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(self.workspace)])
-            self._mounted = self.tmpfs = rc == 0
-            self.mount_error = err if rc else ""
+            self.mount_error = _mount_tmpfs(self.workspace, opts)
+            self._mounted = self.tmpfs = not self.mount_error
         if not self.tmpfs:
             if self._host_uid is not None:
                 os.chown(self.workspace, self._host_uid, self._host_uid)
@@ -329,9 +329,7 @@ class BwrapSandbox(Sandbox):
         for proc in list(self._procs):
             _killpg(proc)
         if self._mounted:
-            rc, _ = await _run(["umount", str(self.workspace)])
-            if rc != 0:
-                await _run(["umount", "-l", str(self.workspace)])
+            _unmount(self.workspace)
             self._mounted = False
         await asyncio.to_thread(shutil.rmtree, self.root, True)
         if self._on_close is not None:
@@ -789,12 +787,53 @@ def _killpg(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-async def _run(argv: list[str]) -> tuple[int, str]:
+def default_runtime_base() -> Path:
+    if _is_root():
+        return Path("/run/palaestra/sandboxes")
+    return Path(tempfile.gettempdir()) / f"palaestra-{os.getuid()}" / "sandboxes"
+
+
+def reap_stale(base: Path) -> int:
+    """Unmount and remove the sandbox folders of server processes that are gone (kill -9).
+
+    Folders are named by the pid of the process that owns them; returns how many were reaped.
+    """
     try:
-        p = await asyncio.create_subprocess_exec(
-            *argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-    except OSError as e:
-        return 127, str(e)
-    _, err = await p.communicate()
-    return p.returncode or 0, err.decode(errors="replace")
+        entries = [p for p in base.iterdir() if p.name.isdigit()]
+    except OSError:
+        return 0
+    stale = [p for p in entries if not Path(f"/proc/{p.name}").exists()]
+    if not stale:
+        return 0
+    try:
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        mounts = []
+    for folder in stale:
+        prefix = str(folder) + "/"
+        for target in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
+            _unmount(Path(target))
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(stale)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_tmpfs(target: Path, options: str) -> str:
+    """mount(2) a tmpfs (a syscall, not a `mount` process: ~2 ms less a sandbox). "" on success."""
+    flags = 0x2 | 0x4  # MS_NOSUID | MS_NODEV (not MS_NOEXEC: the agent runs programs it writes)
+    rc = _libc().mount(b"tmpfs", os.fsencode(target), b"tmpfs", flags, options.encode())
+    if rc != 0:
+        err = ctypes.get_errno()
+        return f"mount tmpfs on {target}: {os.strerror(err)}"
+    return ""
+
+
+def _unmount(target: Path) -> None:
+    """umount2(2), falling back to a lazy detach if the mount is still busy."""
+    path = os.fsencode(target)
+    if _libc().umount2(path, 0) != 0:
+        _libc().umount2(path, 2)  # MNT_DETACH

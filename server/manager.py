@@ -23,6 +23,7 @@ from typing import Any
 
 from palaestra.envs.base import EpisodeContext, Family
 from palaestra.sandbox import Backend, Sandbox, SandboxError, SandboxSpec
+from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sdk.errors import (
     CapacityError,
     ConflictError,
@@ -103,8 +104,10 @@ class EpisodeManager:
         backend: Backend | None,
         store: Store,
         metrics: Metrics | None = None,
+        fork_server: PythonForkServer | None = None,
     ) -> None:
         self.settings = settings
+        self.fork_server = fork_server
         self.families = families
         self.packs = packs
         self.backend = backend
@@ -132,6 +135,8 @@ class EpisodeManager:
                 await self._reaper
         for episode in list(self._live.values()):
             await self._end(episode, EpisodeStatus.VOID, reason="server shut down")
+        if self.fork_server is not None:
+            await self.fork_server.aclose()
         if self.backend is not None:
             await self.backend.aclose()
         await asyncio.to_thread(self.store.close)
@@ -207,6 +212,7 @@ class EpisodeManager:
                 options=request.options,
                 sandbox=sandbox,
                 new_sandbox=self._new_sandbox,
+                run_python=self.fork_server.run if self.fork_server is not None else None,
             )
             try:
                 observation = await family.reset(ctx)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 from palaestra.sandbox import Backend
+from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.manager import EpisodeManager
@@ -25,11 +28,25 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     packs = PackRegistry()
     packs.load_dirs(settings.packs_dirs, [f.name for f in families.all()])
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    fork_server = None
+    if backend is None:
+        backend = make_backend(settings.sandbox)
+        fork_server = make_fork_server(settings.sandbox)
     return EpisodeManager(
         settings,
         families=families,
         packs=packs,
-        backend=backend or make_backend(settings.sandbox),
+        backend=backend,
         store=Store(settings.db_path),
         metrics=Metrics(),
+        fork_server=fork_server,
     )
+
+
+def make_fork_server(backend_name: str) -> PythonForkServer | None:
+    """One-shot Python sandboxes beside the bwrap backend (PALAESTRA_FORKSERVER=0: none).
+
+    It starts at the first run; where it cannot, callers fall back to the backend."""
+    if backend_name != "bwrap" or os.environ.get("PALAESTRA_FORKSERVER", "1") == "0":
+        return None
+    return PythonForkServer()

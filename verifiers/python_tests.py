@@ -6,9 +6,11 @@ about `candidate`, so the reward can be the fraction passed. The runner reads it
 configuration — including a per-run nonce — from stdin before any untrusted code runs,
 and reports one letter per test on a line that starts with the nonce.
 
-The untrusted solution never runs in the runner's process: a separate worker interpreter
-(fresh memory, stdout/stderr to /dev/null, no nonce, no tests) loads it and answers each
-`candidate(...)` call over a pipe with plain builtin data (tagged JSON). The assertions,
+The untrusted solution never runs in the runner's process: a worker process (stdout and
+stderr to /dev/null, no nonce, no tests) loads it and answers each `candidate(...)` call over
+a socket with plain builtin data (tagged JSON). Workers are forked from a template that the
+runner forks before it reads its configuration, so their memory never held the tests or the
+nonce, and a worker costs a fork rather than a fresh interpreter. The assertions,
 the prompt's helpers and the stdlib modules the tests use all live in the runner, which is
 made non-dumpable so the worker cannot read its memory or open its stdout through /proc.
 So the solution cannot forge the report (frames, gc, /proc), patch what the tests call
@@ -25,8 +27,9 @@ import time
 from dataclasses import dataclass
 
 from palaestra.sandbox import Sandbox
+from palaestra.sandbox.forkserver import PythonRunner
 
-VERSION = "1.1.0"
+VERSION = "1.2.0"
 PYTHON = "/usr/bin/python3"
 
 # Plain-data codec shared by the runner and the worker: tagged JSON, exact for every
@@ -98,14 +101,11 @@ def recv(fd, limit=1 << 26):
     return _json.loads(exact(n))
 """
 
-# The worker: a separate, fresh interpreter that loads the untrusted solution and answers
-# calls with plain data over a pipe. It never sees the tests, the nonce or the runner's stdout.
-WORKER = (
-    "import os, sys\n"
-    + CODEC
-    + r"""
-def main():
-    rfd, wfd, path, entry = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+# The worker side, run in processes forked from a template (see RUNNER): it loads the untrusted
+# solution and answers calls with plain data over a socket. It never sees the tests, the nonce
+# or the runner's stdout.
+WORKER = r"""
+def worker_main(fd, path, entry):
     ns = {"__name__": "solution"}
     try:
         exec(compile(open(path, encoding="utf-8").read(), "solution.py", "exec"), ns)
@@ -113,40 +113,70 @@ def main():
         ok = callable(fn)
     except BaseException:
         ok = False
-    send(wfd, ["loaded" if ok else "noload"])
+    send(fd, ["loaded" if ok else "noload"])
     if not ok:
         os._exit(0)
     while True:
         try:
-            msg = recv(rfd)
-        except EOFError:
+            msg = recv(fd)
+        except BaseException:
             os._exit(0)
         try:
             value = fn(*dec(msg[0]), **dec(msg[1]))
         except BaseException as exc:
-            send(wfd, ["raise", type(exc).__name__])
+            send(fd, ["raise", type(exc).__name__])
             continue
         try:
-            send(wfd, ["ok", enc(value)])
+            send(fd, ["ok", enc(value)])
         except TypeError:
-            send(wfd, ["bad"])
-main()
+            send(fd, ["bad"])
+def template_main(ctl):
+    # Forked before the runner read its config: this process holds no tests and no nonce, so
+    # neither do the workers forked from it (a fork costs far less than a fresh interpreter).
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    while True:
+        try:
+            request = ctl.recv(1 << 16)
+        except OSError:
+            os._exit(0)
+        if not request:
+            os._exit(0)
+        path, entry = _json.loads(request)
+        mine, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            ctl.close()
+            mine.close()
+            os.setsid()
+            worker_main(theirs.detach(), path, entry)
+            os._exit(0)
+        theirs.close()
+        socket.send_fds(ctl, [_json.dumps(pid).encode()], [mine.fileno()])
+        mine.close()
 """
-)
 
-# The runner is passed with `python3 -I -S -c`, so nothing the agent wrote is on its path. It
-# runs only trusted code (the prompt, the tests); `candidate` is a proxy into the worker.
+# The runner is passed with `python3 -I -S -c` (or run by the fork server as such), so nothing
+# the agent wrote is on its path. It runs only trusted code (the prompt, the tests);
+# `candidate` is a proxy into a worker process.
 RUNNER = (
-    "import builtins, io, os, signal, subprocess, sys\n"
+    "import builtins, io, os, signal, socket, sys\n"
     + CODEC
-    + "WORKER = "
-    + repr(WORKER)
+    + WORKER
     + r"""
 def main():
+    ctl, ctl_template = socket.socketpair()
+    if os.fork() == 0:
+        ctl.close()
+        template_main(ctl_template)
+        os._exit(0)
+    ctl_template.close()
     cfg = _json.loads(sys.stdin.read())
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # fd 0 stays taken: pipes are never fd 0
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # fd 0 stays taken: sockets are never fd 0
     import ctypes
-    # Not dumpable: the worker (same uid) can neither trace us nor open /proc/<us>/{mem,fd}.
+    # Not dumpable: workers (same uid) can neither trace us nor open /proc/<us>/{mem,fd}.
     if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:
         raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
     nonce = cfg["nonce"]
@@ -175,34 +205,25 @@ def main():
     steps = [(kind, compile(code, "<test>", "exec")) for kind, code in cfg["steps"]]
     preamble = compile(cfg["preamble"], "<tests>", "exec")
     n_tests = sum(1 for kind, _ in steps if kind == "test")
-    worker = {"proc": None, "busy": False}
+    worker = {"pid": None, "fd": None, "busy": False}
     def stop():
-        proc = worker["proc"]
-        if proc is not None:
-            for fd in (worker["to"], worker["from"]):
-                os.close(fd)
+        if worker["pid"] is not None:
+            os.close(worker["fd"])
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(worker["pid"], signal.SIGKILL)
             except OSError:
                 pass
-            proc.wait()
-        worker["proc"], worker["busy"] = None, False
+        worker.update(pid=None, fd=None, busy=False)
     def spawn():
-        r1, w1 = os.pipe()
-        r2, w2 = os.pipe()
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", WORKER, str(r1), str(w2), cfg["solution"],
-             cfg["entry_point"]],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            pass_fds=(r1, w2), start_new_session=True,
-        )
-        os.close(r1)
-        os.close(w2)
-        worker.update(proc=proc, to=w1, busy=True)
-        worker["from"] = r2
         signal.setitimer(signal.ITIMER_REAL, cfg["load_timeout"])
+        loaded = False
         try:
-            loaded = recv(r2, 64) == ["loaded"]
+            ctl.send(_json.dumps([cfg["solution"], cfg["entry_point"]]).encode())
+            msg, fds, _, _ = socket.recv_fds(ctl, 64, 1)
+            if len(fds) != 1:
+                raise OSError("the worker template did not answer")
+            worker.update(pid=int(_json.loads(msg)), fd=fds[0], busy=True)
+            loaded = recv(fds[0], 64) == ["loaded"]
         except BaseException:
             loaded = False
         finally:
@@ -214,12 +235,12 @@ def main():
     def candidate(*args, **kwargs):
         if worker["busy"]:
             stop()  # a call was cut short (timeout): that worker's state is unknown
-        if worker["proc"] is None and not spawn():
+        if worker["pid"] is None and not spawn():
             raise RuntimeError("the solution did not load")
         request = [enc(list(args)), enc(kwargs)]
         worker["busy"] = True
-        send(worker["to"], request)
-        reply = recv(worker["from"])
+        send(worker["fd"], request)
+        reply = recv(worker["fd"])
         worker["busy"] = False
         if reply[:1] == ["ok"] and len(reply) == 2:
             return dec(reply[1])
@@ -323,7 +344,7 @@ class TestRun:
 
 
 async def run_python_tests(
-    sandbox: Sandbox,
+    sandbox: Sandbox | None,
     *,
     solution_path: str,
     plan: TestPlan,
@@ -332,8 +353,16 @@ async def run_python_tests(
     test_timeout: float = 6.0,
     load_timeout: float = 6.0,
     total_timeout: float = 60.0,
+    run_python: PythonRunner | None = None,
+    solution: bytes | None = None,
+    memory_mb: int = 1024,
+    workspace_mb: int = 64,
 ) -> TestRun:
     """Run `plan` against the solution already written at `solution_path` in `sandbox`.
+
+    Or, with `run_python` (a `PythonForkServer.run`) and `solution` (its bytes) instead of a
+    sandbox, in a fresh one-shot sandbox whose /work holds only `solution_path`; that raises
+    `ForkServerUnavailable` where the fork server cannot run.
 
     `context` is trusted public code the tests may call (HumanEval's prompt: helpers such as
     `encode_shift`); it runs in the tests' namespace, so a solution cannot redefine it.
@@ -350,12 +379,27 @@ async def run_python_tests(
         "load_timeout": load_timeout,
     }
     started = time.perf_counter()
-    result = await sandbox.exec(
-        [PYTHON, "-I", "-S", "-c", RUNNER],
-        stdin=json.dumps(config),
-        timeout=total_timeout,
-        max_output=1 << 20,
-    )
+    if run_python is not None:
+        if solution is None:
+            raise ValueError("run_python needs the solution's bytes")
+        result = await run_python(
+            RUNNER,
+            files={solution_path: solution},
+            stdin=json.dumps(config).encode(),
+            timeout=total_timeout,
+            max_output=1 << 20,
+            memory_mb=memory_mb,
+            workspace_mb=workspace_mb,
+        )
+    else:
+        if sandbox is None:
+            raise ValueError("run_python_tests needs a sandbox or run_python")
+        result = await sandbox.exec(
+            [PYTHON, "-I", "-S", "-c", RUNNER],
+            stdin=json.dumps(config),
+            timeout=total_timeout,
+            max_output=1 << 20,
+        )
     duration = time.perf_counter() - started
     for line in reversed(result.stdout.splitlines()):
         head, _, body = line.partition(" ")

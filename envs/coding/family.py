@@ -14,6 +14,7 @@ import time
 from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
 from palaestra.envs.coding.examples import DOCTEST_RUNNER, docstring_examples
 from palaestra.sandbox import ExecResult, SandboxSpec
+from palaestra.sandbox.forkserver import ForkServerUnavailable
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
 from palaestra.sdk.task import Task
@@ -140,15 +141,33 @@ class CodingFamily(Family):
                 duration_s=time.perf_counter() - started,
             )
         plan = python_tests.split_tests(ctx.task.private["tests"])
-        async with await ctx.new_sandbox(self.sandbox_spec(ctx.task)) as fresh:
-            await fresh.write_file(SOLUTION, solution)
-            run = await python_tests.run_python_tests(
-                fresh,
-                solution_path=SOLUTION,
-                plan=plan,
-                entry_point=ctx.task.public["entry_point"],
-                context=ctx.task.public["prompt"],
-            )
+        spec = self.sandbox_spec(ctx.task)
+        run: python_tests.TestRun | None = None
+        if ctx.run_python is not None:
+            try:
+                run = await python_tests.run_python_tests(
+                    None,
+                    solution_path=SOLUTION,
+                    plan=plan,
+                    entry_point=ctx.task.public["entry_point"],
+                    context=ctx.task.public["prompt"],
+                    run_python=ctx.run_python,
+                    solution=solution,
+                    memory_mb=spec.memory_mb,
+                    workspace_mb=spec.workspace_mb,
+                )
+            except ForkServerUnavailable:
+                run = None  # logged once by the fork server; use a bwrap sandbox
+        if run is None:
+            async with await ctx.new_sandbox(spec) as fresh:
+                await fresh.write_file(SOLUTION, solution)
+                run = await python_tests.run_python_tests(
+                    fresh,
+                    solution_path=SOLUTION,
+                    plan=plan,
+                    entry_point=ctx.task.public["entry_point"],
+                    context=ctx.task.public["prompt"],
+                )
         fraction = run.passed / run.total
         return Verdict(
             reward=fraction,

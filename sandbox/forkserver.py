@@ -1,0 +1,865 @@
+"""One-shot Python sandboxes forked from a zygote (a fork server).
+
+Why: a fresh ``bwrap … python3 -I -S -c CODE`` costs ≈ 15 ms of CPU (the
+``setpriv → prlimit → bwrap`` chain, a fresh interpreter, namespace set-up); verifying a
+HumanEval task runs one such program.  Forking an interpreter that is already running
+costs a fraction of that.
+
+Design
+------
+* **The jail.**  One long-lived ``/usr/bin/python3 -I -S`` process, the *zygote*, runs
+  inside a bwrap jail built like the bwrap backend's (read-only ``/usr``, the same ``/etc``
+  subset and synthetic passwd, every namespace unshared: no network, cleared environment,
+  uid/gid 1000, started through ``setpriv`` as host uid 1000 when we are root), but
+  *without* ``--disable-userns``: its children need one more user namespace.  The jail's
+  root, ``/dev`` and everything else are read-only; ``/work`` and ``/tmp`` are empty
+  directories that every child covers with its own tmpfs.
+* **The zygote never sees task data.**  It pre-imports what programs commonly need and
+  waits on a ``SOCK_SEQPACKET`` control socket.  Per run, the server sends it a small JSON
+  control message (run id, timeout, memory and workspace limits) plus three file
+  descriptors by ``SCM_RIGHTS``: a sealed memfd holding the files and then the program's
+  stdin, and the write ends of fresh stdout/stderr pipes.  The program's source is the
+  first file of that memfd.  The zygote forks and closes its copies at once; only the
+  child reads the memfd.  So no child can find another task's data in memory it
+  inherited from the zygote.
+* **The child** (``C``) ``unshare``\\ s user, mount, pid, ipc, uts and network namespaces,
+  maps uid/gid 1000 to itself (``setgroups`` denied), makes every mount private and mounts
+  fresh tmpfs on ``/work`` (``workspace_mb``), ``/tmp`` and ``/dev/shm`` and a fresh devpts
+  instance, then forks the *grandchild* (``G``), pid 1 of the new pid namespace, with
+  ``PR_SET_PDEATHSIG = SIGKILL``.  ``G`` mounts a fresh ``/proc``, brings up loopback,
+  sets ``user.max_user_namespaces = 0`` in its own user namespace (no further namespaces
+  can be created below it), unpacks the files into ``/work``, sets rlimits (AS =
+  ``memory_mb``, FSIZE = ``workspace_mb``, CORE 0, NOFILE 1024, NPROC), drops every
+  capability (bounding set, ambient set, ``capset`` to empty, ``PR_SET_NO_NEW_PRIVS``),
+  closes every descriptor but 0/1/2 and runs the program as ``__main__`` of a fresh
+  module (``sys.argv == ["-c"]``), with the exit status ``python3 -c`` would give.
+* **Timeouts.**  The zygote (single-threaded: ``select`` over the control socket and a
+  SIGCHLD wake-up pipe, a heap of deadlines) SIGKILLs ``C`` on its deadline; ``G`` dies
+  of its parent-death signal, and with it (pid 1) the whole pid namespace.  The zygote
+  reports ``{exit code, timed out}``; the server returns once that report arrived and
+  both output pipes reached EOF (bounded wait), so every process is dead by timeout + 1 s.
+  A run whose awaiting task is cancelled is killed the same way.
+* **Failures.**  If the zygote dies, runs in flight raise `SandboxError` and the next run
+  starts a new one.  If it cannot start at all (no bwrap, no nested user namespaces),
+  `run` raises `ForkServerUnavailable` so callers can fall back to a bwrap sandbox.
+
+Isolation, per run: its own user/mount/pid/ipc/uts/net namespaces, so it sees only its own
+processes, its own empty ``/work``, ``/tmp`` and ``/dev/shm``, no network but its own
+loopback, no host path outside ``/usr`` and a few ``/etc`` files; uid 1000 with no
+capabilities, on the host as well (host uid 1000 when the server runs as root).
+
+Residual risks / differences from a bwrap exec:
+
+* All runs share one kernel view of the jail's (read-only) root and ``/dev`` device nodes
+  and the host uid 1000: ``RLIMIT_NPROC`` counts every process of that uid, so a fork
+  bomb in one run can make ``fork`` fail in concurrent runs until its timeout (no cgroups
+  yet, as for the bwrap backend; ``cpus``/``pids`` are not enforced).
+* The program runs as pid 1 of its namespace: signals it sends itself without a handler
+  installed (``SIGTERM``, ``SIGINT``…) are ignored, unlike in ``python3 -c``.
+* The interpreter state is a fork of the zygote's: modules it pre-imported are already in
+  ``sys.modules`` (harmless, but a program can observe it), and the zygote's own code and
+  control parameters of other runs (ids, limits) are in memory; no task data is.
+* A kernel bug in nested user namespaces is the main escape risk, as for bwrap itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import posixpath
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from palaestra.sandbox.base import ExecResult, SandboxError, SandboxPathError
+from palaestra.sandbox.bwrap import (
+    BASE_PATH,
+    KILL_GRACE_S,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    TIMEOUT_EXIT_CODE,
+    _etc_args,
+    _is_root,
+    _memory_error,
+    _usr_symlinks,
+    bwrap_available,
+    drain_capped,
+    write_etc_files,
+)
+
+log = logging.getLogger("palaestra.sandbox.forkserver")
+
+PYTHON = "/usr/bin/python3"
+WORKDIR = "/work"
+START_TIMEOUT_S = 15.0
+# How long past a run's own timeout we wait for the zygote's report before calling it hung.
+REPORT_SLACK_S = 5.0
+
+# What `run` looks like, for callers that only need "run this Python program somewhere fresh".
+PythonRunner = Callable[..., Awaitable[ExecResult]]
+
+
+class ForkServerUnavailable(SandboxError):
+    """The fork server cannot start here (no bwrap, no nested user namespaces…)."""
+
+
+# The zygote: runs inside the bwrap jail as `python3 -I -S -c ZYGOTE <ctl fd>`. It never reads
+# task data: it forks on control messages and closes the descriptors it was handed.
+ZYGOTE = r'''
+import builtins, ctypes, errno, heapq, io, json, os, select, signal, socket, struct, sys, time
+import traceback, types
+# Pre-imported for the programs it forks (the hidden-test runner uses these).
+import ast, atexit, base64, collections, copy, fcntl, functools, itertools, math, random, re
+import resource, string, subprocess, threading, typing
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                       ctypes.c_char_p)
+libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                       ctypes.c_ulong)
+libc.unshare.argtypes = (ctypes.c_int,)
+libc.sethostname.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
+libc.capset.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+
+NEWNS, NEWUTS, NEWIPC = 0x00020000, 0x04000000, 0x08000000
+NEWUSER, NEWPID, NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 0x4000, 1 << 18
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 1, 24, 36
+PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
+UID = GID = 1000
+ENCODING = sys.stdout.encoding or "utf-8"
+
+
+def check(rc, what):
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, what + ": " + os.strerror(e))
+
+
+def put(path, text):
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def mount(src, target, fstype, flags, data=None):
+    check(libc.mount(src, target, fstype, flags, data), "mount " + target.decode())
+
+
+def read_exact(fd, n):
+    parts = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("the run's data ended early")
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def loopback_up():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        req = struct.pack("16sh22x", b"lo", 0)
+        flags = struct.unpack("16sh22x", fcntl.ioctl(s, 0x8913, req))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sh22x", b"lo", flags | 1))  # SIOCSIFFLAGS, UP
+    finally:
+        s.close()
+
+
+def drop_capabilities():
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if ctypes.get_errno() == errno.EINVAL:
+                break
+            check(-1, "PR_CAPBSET_DROP")
+    check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient caps")
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()
+    check(libc.capset(header, data), "capset")
+
+
+def exit_status(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except BaseException:
+        pass
+    return 1
+
+
+def run_program(code):
+    """What `python3 -I -S -c code` does, in this (forked) interpreter."""
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding=ENCODING)
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), encoding=ENCODING)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding=ENCODING,
+        errors="backslashreplace", line_buffering=True)
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.argv = ["-c"]
+    sys.orig_argv = [sys.executable, "-I", "-S", "-c", code]
+    try:
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+        status = 0
+    except SystemExit as e:
+        status = exit_status(e.code)
+    except BaseException:
+        status = 1
+        try:
+            sys.excepthook(*sys.exc_info())
+        except BaseException:
+            pass
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    except SystemExit as e:
+        status = exit_status(e.code)
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            if stream is sys.stdout and status == 0:
+                status = 120
+    os._exit(status)
+
+
+def grandchild(req, data_fd, out_fd, err_fd, status_w, lifeline):
+    """pid 1 of the run's pid namespace: finish the jail, unpack the files, run the program."""
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    if select.select([lifeline], [], [], 0)[0]:
+        os._exit(255)  # the parent died before PDEATHSIG was armed
+    os.close(lifeline)
+    mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if req.get("net_ns"):
+        loopback_up()
+    # No nested user namespaces below this one (needs CAP_SYS_RESOURCE here, which we still
+    # hold until drop_capabilities below).
+    put("/proc/sys/user/max_user_namespaces", "0")
+    (n,) = struct.unpack(">I", read_exact(data_fd, 4))
+    header = json.loads(read_exact(data_fd, n))
+    code = None
+    for name, size in header["files"]:
+        data = read_exact(data_fd, size)
+        if name is None:
+            code = data.decode("utf-8", "surrogateescape")
+            continue
+        path = "/work/" + name
+        parent = os.path.dirname(path)
+        if parent != "/work":
+            os.makedirs(parent, 0o755, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    os.dup2(data_fd, 0)  # what is left of it is the program's stdin
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    mem, ws = req["memory_mb"] << 20, req["workspace_mb"] << 20
+    for res, val in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, ws),
+                     (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 1024),
+                     (resource.RLIMIT_NPROC, req["nproc"])):
+        resource.setrlimit(res, (val, val))
+    drop_capabilities()
+    os.chdir("/work")
+    os.write(status_w, b"1")
+    os.closerange(3, 1 << 20)
+    run_program(code)
+
+
+def child(req, fds, status_w, own_fds):
+    """The run's first process: new namespaces and mounts, then pid 1 below it."""
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in own_fds:
+            os.close(fd)
+        data_fd, out_fd, err_fd = fds
+        flags = NEWUSER | NEWNS | NEWPID | NEWIPC | NEWUTS | (NEWNET if req.get("net_ns") else 0)
+        check(libc.unshare(flags), "unshare")
+        put("/proc/self/setgroups", "deny")
+        put("/proc/self/uid_map", "%d %d 1" % (UID, UID))
+        put("/proc/self/gid_map", "%d %d 1" % (GID, GID))
+        mount(None, b"/", None, MS_REC | MS_PRIVATE)
+        mb = int(req["workspace_mb"])
+        inodes = max(8192, mb * 256)
+        for target, mode in ((b"/work", b"0755"), (b"/tmp", b"1777"), (b"/dev/shm", b"1777")):
+            opts = b"size=%dm,nr_inodes=%d,mode=%s" % (mb, inodes, mode)
+            mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
+        try:
+            mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC,
+                  b"newinstance,ptmxmode=0666,mode=0620")
+        except OSError:
+            mount(b"tmpfs", b"/dev/pts", b"tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, b"size=4k")
+        check(libc.sethostname(b"sandbox", 7), "sethostname")
+        lifeline_r, lifeline_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(lifeline_w)
+                grandchild(req, data_fd, out_fd, err_fd, status_w, lifeline_r)
+            except BaseException as e:
+                try:
+                    os.write(status_w, ("E" + repr(e))[:4000].encode())
+                finally:
+                    os._exit(255)
+        for fd in (lifeline_r, data_fd, out_fd, err_fd, status_w):
+            os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+    except BaseException as e:
+        try:
+            os.write(status_w, ("E" + repr(e))[:4000].encode())
+        finally:
+            os._exit(255)
+
+
+def main():
+    ctl = socket.socket(fileno=int(sys.argv[1]))
+    check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(wake_w)
+    os.set_blocking(ctl.fileno(), False)
+    children = {}  # pid -> [run id, deadline, status fd, timed out]
+    by_id = {}
+    heap = []
+
+    def reply(msg):
+        data = json.dumps(msg).encode()
+        while True:
+            try:
+                ctl.send(data)
+                return
+            except BlockingIOError:
+                select.select([], [ctl], [])
+
+    def kill(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def spawn(req, fds):
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            reply({"id": req.get("id"), "code": 255, "timed_out": False,
+                   "setup_error": "expected 3 descriptors"})
+            return
+        status_r, status_w = os.pipe()
+        own = [ctl.fileno(), wake_r, wake_w, status_r] + [c[2] for c in children.values()]
+        pid = os.fork()
+        if pid == 0:
+            child(req, fds, status_w, own)
+        os.close(status_w)
+        for fd in fds:
+            os.close(fd)
+        deadline = time.monotonic() + float(req["timeout"])
+        children[pid] = [req["id"], deadline, status_r, False]
+        by_id[req["id"]] = pid
+        heapq.heappush(heap, (deadline, pid))
+
+    def reap():
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            entry = children.pop(pid, None)
+            if entry is None:
+                continue  # an orphan re-parented to us (we are a subreaper)
+            run_id, _, status_r, timed_out = entry
+            by_id.pop(run_id, None)
+            os.set_blocking(status_r, False)
+            try:
+                note = os.read(status_r, 8192)
+            except OSError:
+                note = b""
+            os.close(status_r)
+            code = os.waitstatus_to_exitcode(status)
+            msg = {"id": run_id, "code": code if code >= 0 else 128 - code,
+                   "timed_out": timed_out, "setup_error": None}
+            if not note.startswith(b"1") and not timed_out:
+                msg["setup_error"] = note[1:].decode("utf-8", "replace") or (
+                    "the run died before its program started (exit %d)" % code)
+            reply(msg)
+
+    reply({"ready": True, "pid": os.getpid()})
+    while True:
+        now = time.monotonic()
+        while heap and (heap[0][1] not in children or heap[0][0] <= now):
+            deadline, pid = heapq.heappop(heap)
+            entry = children.get(pid)
+            if entry is not None and entry[1] == deadline and not entry[3]:
+                entry[3] = True
+                kill(pid)
+        timeout = max(0.0, heap[0][0] - now) if heap else None
+        ready = select.select([ctl, wake_r], [], [], timeout)[0]
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        if ctl in ready:
+            while True:
+                try:
+                    msg, fds, _, _ = socket.recv_fds(ctl, 65536, 8)
+                except BlockingIOError:
+                    break
+                if not msg:
+                    for pid in list(children):
+                        kill(pid)
+                    os._exit(0)
+                req = json.loads(msg)
+                if "kill" in req:
+                    for fd in fds:
+                        os.close(fd)
+                    pid = by_id.get(req["kill"])
+                    if pid is not None and not children[pid][3]:
+                        children[pid][3] = True
+                        kill(pid)
+                    continue
+                spawn(req, fds)
+        reap()
+
+
+main()
+'''
+
+
+def _payload(code: str, files: Mapping[str, bytes], stdin: bytes) -> bytes:
+    """The run's memfd: a header, the program, the files, then the program's stdin."""
+    names: list[str | None] = [None]
+    blobs = [code.encode("utf-8", "surrogateescape")]
+    for name, data in files.items():
+        names.append(_check_name(name))
+        blobs.append(bytes(data))
+    header = json.dumps({"files": [[n, len(b)] for n, b in zip(names, blobs, strict=True)]})
+    raw = header.encode()
+    return b"".join([struct.pack(">I", len(raw)), raw, *blobs, stdin])
+
+
+def _check_name(name: str) -> str:
+    norm = posixpath.normpath(name)
+    if norm.startswith(WORKDIR + "/"):
+        norm = norm[len(WORKDIR) + 1 :]
+    if (
+        "\0" in name
+        or not name
+        or norm.startswith("/")
+        or norm in (".", "..")
+        or norm.startswith("../")
+    ):
+        raise SandboxPathError(f"file name {name!r} must be a relative path inside {WORKDIR}")
+    return norm
+
+
+def _protocol_factory(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
+    return lambda: asyncio.StreamReaderProtocol(reader)
+
+
+def _sealed_memfd(data: bytes) -> int:
+    fd = os.memfd_create("palaestra-run", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class PythonForkServer:
+    """Fresh, one-shot Python sandboxes forked from a jailed zygote (see the module docstring).
+
+    One per server process; started lazily by the first `run`, restarted if it dies.
+    """
+
+    def __init__(
+        self,
+        runtime_dir: Path | None = None,
+        *,
+        host_uid: int = SANDBOX_UID,
+        net_ns: bool = True,
+        nproc: int = 4096,
+    ) -> None:
+        if runtime_dir is None:
+            if _is_root():
+                runtime_dir = Path("/run/palaestra")
+            else:
+                runtime_dir = Path(tempfile.gettempdir()) / f"palaestra-{os.getuid()}"
+        self.runtime_dir = runtime_dir
+        self._host_uid: int | None = host_uid if _is_root() else None
+        self.net_ns = net_ns
+        self.nproc = nproc
+        self._proc: asyncio.subprocess.Process | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_id = 0
+        self._stderr: collections.deque[bytes] = collections.deque(maxlen=64)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._etc_root: Path | None = None
+        self._started_once = False
+        self.unavailable: str | None = None  # why it can never start here
+        self.starts = 0
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        return self._sock is not None and self._proc is not None and self._proc.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        """The host pid of the jail's outermost process (setpriv/bwrap), for tests."""
+        return self._proc.pid if self._proc is not None else None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the zygote now (idempotent). Raises ForkServerUnavailable."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._abandon("the event loop changed")
+            self._loop, self._lock = loop, asyncio.Lock()
+        assert self._lock is not None
+        async with self._lock:
+            if self.alive:
+                return
+            if self.unavailable is not None:
+                raise ForkServerUnavailable(self.unavailable)
+            try:
+                await self._spawn()
+            except ForkServerUnavailable as exc:
+                self._abandon(str(exc))
+                if not self._started_once:
+                    self.unavailable = str(exc)
+                    log.warning("python fork server unavailable, using bwrap sandboxes: %s", exc)
+                raise
+            self._started_once = True
+
+    def _bwrap_argv(self, bwrap: str, etc: Path, fd: int) -> list[str]:
+        a = [bwrap, "--ro-bind", "/usr", "/usr", *_usr_symlinks(), *_etc_args()]
+        for f in ("passwd", "group", "hosts"):
+            a += ["--ro-bind", str(etc / f), f"/etc/{f}"]
+        a += ["--proc", "/proc", "--dev", "/dev", "--dir", "/dev/shm", "--remount-ro", "/dev"]
+        a += ["--dir", WORKDIR, "--dir", "/tmp", "--remount-ro", "/"]
+        a += ["--unshare-all", "--unshare-user"]
+        a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
+        a += ["--die-with-parent", "--new-session", "--clearenv"]
+        env = {"PATH": BASE_PATH, "HOME": WORKDIR, "LANG": "C.UTF-8"}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        for k, v in env.items():
+            a += ["--setenv", k, v]
+        a += ["--chdir", "/", "--", PYTHON, "-I", "-S", "-c", ZYGOTE, str(fd)]
+        if self._host_uid is not None:
+            uid = str(self._host_uid)
+            a = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *a]
+        return a
+
+    async def _spawn(self) -> None:
+        ok, why = await asyncio.to_thread(bwrap_available)
+        if not ok:
+            raise ForkServerUnavailable(why)
+        try:
+            self.runtime_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+            root = Path(tempfile.mkdtemp(prefix="forkserver-", dir=self.runtime_dir))
+            os.chmod(root, 0o711)
+            etc = root / "etc"
+            etc.mkdir(mode=0o755)
+            write_etc_files(etc, WORKDIR)
+        except OSError as e:
+            raise ForkServerUnavailable(f"cannot create the fork server's files: {e}") from e
+        self._etc_root = root
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self._bwrap_argv(why, etc, theirs.fileno()),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                cwd="/",
+                env={"PATH": BASE_PATH},
+            )
+        except OSError as e:
+            ours.close()
+            raise ForkServerUnavailable(f"cannot start bwrap: {e}") from e
+        finally:
+            theirs.close()
+        self.starts += 1
+        self._stderr.clear()
+        self._tasks = [asyncio.ensure_future(self._pump_stderr(self._proc))]
+        ours.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            hello = await asyncio.wait_for(loop.sock_recv(ours, 4096), START_TIMEOUT_S)
+        except (TimeoutError, OSError) as e:
+            ours.close()
+            raise ForkServerUnavailable(f"the zygote did not start: {e!r} {self._errtail()}") from e
+        if not hello:
+            ours.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._proc.wait(), 2.0)
+            await asyncio.sleep(0)
+            raise ForkServerUnavailable(f"the zygote exited at start: {self._errtail()}")
+        self._sock = ours
+        loop.add_reader(ours.fileno(), self._on_readable)
+        self._tasks.append(asyncio.ensure_future(self._watch(self._proc)))
+        # Probe: one trivial run proves nested namespaces work here.
+        try:
+            probe = await self._run_started(
+                "import os\nassert os.getcwd() == '/work'",
+                files={},
+                stdin=b"",
+                timeout=10.0,
+                max_output=4096,
+                memory_mb=256,
+                workspace_mb=1,
+            )
+        except SandboxError as e:
+            raise ForkServerUnavailable(f"the fork server's probe run failed: {e}") from e
+        if probe.exit_code != 0:
+            raise ForkServerUnavailable(
+                f"the fork server's probe run exited {probe.exit_code}: {probe.stderr[-2000:]}"
+            )
+
+    def _errtail(self) -> str:
+        return b"".join(self._stderr).decode(errors="replace")[-2000:]
+
+    async def _pump_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        while chunk := await proc.stderr.read(4096):
+            self._stderr.append(chunk)
+
+    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
+        rc = await proc.wait()
+        if proc is self._proc:
+            self._abandon(f"the fork server exited ({rc}): {self._errtail()}")
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        while True:
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._abandon(f"the fork server's socket failed: {e}")
+                return
+            if not data:
+                self._abandon(f"the fork server hung up: {self._errtail()}")
+                return
+            msg = json.loads(data)
+            fut = self._pending.pop(msg.get("id", -1), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    def _abandon(self, reason: str) -> None:
+        """Forget the current zygote (killing it) and fail every run in flight."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(Exception):
+                if self._loop is not None and not self._loop.is_closed():
+                    self._loop.remove_reader(sock.fileno())
+            sock.close()
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for task in self._tasks:
+            if not task.done() and task is not asyncio.current_task():
+                with contextlib.suppress(RuntimeError):
+                    task.cancel()
+        self._tasks = []
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done() and not fut.get_loop().is_closed():
+                fut.set_exception(SandboxError(f"the Python fork server died: {reason}"))
+        if self._etc_root is not None:
+            shutil.rmtree(self._etc_root, ignore_errors=True)
+            self._etc_root = None
+
+    async def aclose(self) -> None:
+        self._closed = True
+        proc = self._proc
+        self._abandon("closed")
+        if proc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(proc.wait(), 2.0)
+
+    # ---- runs ------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        code: str,
+        *,
+        files: Mapping[str, bytes],
+        stdin: bytes,
+        timeout: float,
+        max_output: int,
+        memory_mb: int,
+        workspace_mb: int,
+    ) -> ExecResult:
+        """Run `code` as `python3 -I -S -c code` in a fresh sandbox whose /work holds `files`.
+
+        Timeouts, exit codes and truncation are data; faults raise SandboxError
+        (ForkServerUnavailable when it cannot start here at all)."""
+        if self._closed:
+            raise SandboxError("the Python fork server is closed")
+        if not self.alive or self._loop is not asyncio.get_running_loop():
+            await self.start()
+        return await self._run_started(
+            code,
+            files=files,
+            stdin=stdin,
+            timeout=timeout,
+            max_output=max_output,
+            memory_mb=memory_mb,
+            workspace_mb=workspace_mb,
+        )
+
+    async def _run_started(
+        self,
+        code: str,
+        *,
+        files: Mapping[str, bytes],
+        stdin: bytes,
+        timeout: float,
+        max_output: int,
+        memory_mb: int,
+        workspace_mb: int,
+    ) -> ExecResult:
+        sock = self._sock
+        if sock is None:
+            raise SandboxError("the Python fork server is not running")
+        loop = asyncio.get_running_loop()
+        memfd = _sealed_memfd(_payload(code, files, stdin))
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self._next_id += 1
+        run_id = self._next_id
+        request = {
+            "id": run_id,
+            "timeout": max(0.001, float(timeout)),
+            "memory_mb": int(memory_mb),
+            "workspace_mb": int(workspace_mb),
+            "nproc": self.nproc,
+            "net_ns": self.net_ns,
+        }
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._pending[run_id] = fut
+        start = time.monotonic()
+        out_reader, err_reader = asyncio.StreamReader(), asyncio.StreamReader()
+        transports: list[asyncio.BaseTransport] = []
+        try:
+            try:
+                await self._send(sock, json.dumps(request).encode(), [memfd, out_w, err_w])
+            finally:
+                for fd in (memfd, out_w, err_w):
+                    os.close(fd)
+            for fd, reader in ((out_r, out_reader), (err_r, err_reader)):
+                pipe = os.fdopen(fd, "rb", buffering=0)
+                if fd == out_r:
+                    out_r = -1
+                else:
+                    err_r = -1
+                transport, _ = await loop.connect_read_pipe(_protocol_factory(reader), pipe)
+                transports.append(transport)
+            out, err = bytearray(), bytearray()
+            drains = [
+                asyncio.ensure_future(drain_capped(out_reader, out, max_output)),
+                asyncio.ensure_future(drain_capped(err_reader, err, max_output)),
+            ]
+            try:
+                try:
+                    report = await asyncio.wait_for(
+                        asyncio.shield(fut), float(timeout) + REPORT_SLACK_S
+                    )
+                except TimeoutError:
+                    self._abandon("it did not report a run past its deadline")
+                    raise SandboxError("the Python fork server hung") from None
+                except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        await self._send(sock, json.dumps({"kill": run_id}).encode(), [])
+                    raise
+                done, _ = await asyncio.wait(drains, timeout=KILL_GRACE_S)
+                truncated = any(t.result() for t in done)
+            finally:
+                for t in drains:
+                    t.cancel()
+        finally:
+            self._pending.pop(run_id, None)
+            for tr in transports:
+                tr.close()
+            for fd in (out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
+        duration = time.monotonic() - start
+        stdout = out.decode("utf-8", errors="replace")
+        stderr = err.decode("utf-8", errors="replace")
+        if report.get("timed_out"):
+            return ExecResult(TIMEOUT_EXIT_CODE, stdout, stderr, True, False, truncated, duration)
+        if report.get("setup_error"):
+            raise SandboxError(f"the fork server could not set up the run: {report['setup_error']}")
+        code_ = int(report["code"])
+        oom = code_ == 128 + signal.SIGKILL or _memory_error(stderr)
+        return ExecResult(code_, stdout, stderr, False, oom, truncated, duration)
+
+    async def _send(self, sock: socket.socket, data: bytes, fds: list[int]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                socket.send_fds(sock, [data], fds)
+                return
+            except BlockingIOError:
+                ready: asyncio.Future[None] = loop.create_future()
+                loop.add_writer(sock.fileno(), ready.set_result, None)
+                try:
+                    await ready
+                finally:
+                    loop.remove_writer(sock.fileno())
+            except OSError as e:
+                self._abandon(f"sending to it failed: {e}")
+                raise SandboxError(f"the Python fork server died: {e}") from e
