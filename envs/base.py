@@ -9,6 +9,7 @@ Schema is what trainers see and a malformed action is refused with a 422.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -38,9 +39,15 @@ class Tool:
     args: type[ToolArgs] = NoArgs
 
     def spec(self) -> ToolSpec:
-        schema = self.args.model_json_schema()
-        schema.pop("title", None)
-        return ToolSpec(name=self.name, description=self.description, parameters=schema)
+        return _tool_spec(self.name, self.description, self.args)
+
+
+@functools.cache
+def _tool_spec(name: str, description: str, args: type[ToolArgs]) -> ToolSpec:
+    """Built once per tool: JSON Schema generation costs more than a whole no-op step."""
+    schema = args.model_json_schema()
+    schema.pop("title", None)
+    return ToolSpec(name=name, description=description, parameters=schema)
 
 
 @dataclass

@@ -328,10 +328,8 @@ class BwrapSandbox(Sandbox):
         self._closed = True
         for proc in list(self._procs):
             _killpg(proc)
-        if self._mounted:
-            _unmount(self.workspace)
-            self._mounted = False
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        mounted, self._mounted = self._mounted, False
+        await asyncio.to_thread(_remove, self.root, self.workspace if mounted else None)
         if self._on_close is not None:
             self._on_close(self)
 
@@ -830,6 +828,12 @@ def _mount_tmpfs(target: Path, options: str) -> str:
         err = ctypes.get_errno()
         return f"mount tmpfs on {target}: {os.strerror(err)}"
     return ""
+
+
+def _remove(root: Path, mount: Path | None) -> None:
+    if mount is not None:
+        _unmount(mount)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _unmount(target: Path) -> None:

@@ -21,6 +21,7 @@ always says True: it can only choose return values.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import secrets
 import time
@@ -278,15 +279,16 @@ class TestSplitError(ValueError):
 @dataclass(frozen=True)
 class TestPlan:
     preamble: str
-    steps: list[tuple[str, str]]  # ("setup" | "test", source)
+    steps: tuple[tuple[str, str], ...]  # ("setup" | "test", source)
 
     @property
     def n_tests(self) -> int:
         return sum(1 for kind, _ in self.steps if kind == "test")
 
 
+@functools.lru_cache(maxsize=4096)
 def split_tests(test_code: str, check_name: str = "check") -> TestPlan:
-    """Split `def check(candidate): ...` into setup statements and individual tests."""
+    """Split `def check(candidate): ...` into setup statements and individual tests (cached)."""
     module = ast.parse(test_code)
     check: ast.FunctionDef | None = None
     preamble: list[ast.stmt] = []
@@ -306,7 +308,8 @@ def split_tests(test_code: str, check_name: str = "check") -> TestPlan:
         steps.append(("test" if asserts and uses_candidate else "setup", ast.unparse(stmt)))
     if not any(kind == "test" for kind, _ in steps):
         raise TestSplitError("check(candidate) asserts nothing about candidate")
-    return TestPlan(preamble=ast.unparse(ast.Module(body=preamble, type_ignores=[])), steps=steps)
+    preamble_source = ast.unparse(ast.Module(body=preamble, type_ignores=[]))
+    return TestPlan(preamble=preamble_source, steps=tuple(steps))
 
 
 @dataclass(frozen=True)
