@@ -9,6 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+import palaestra
 from palaestra.cli.clients import open_client
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
@@ -16,11 +21,6 @@ from palaestra.sdk.evaluation import Attempt, build_report, run_eval
 from palaestra.sdk.models import Action, StepResponse
 from palaestra.sdk.policies import ChatPolicy, NullPolicy, OraclePolicy, Policy
 from palaestra.server.config import load_settings
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
-
-import palaestra
 
 app = typer.Typer(
     help="palaestra: sandboxed environments and verifiers for LLM post-training.",
@@ -51,6 +51,7 @@ def serve(
 ) -> None:
     """Run the HTTP server on the embedded defaults (bwrap, SQLite, built-in packs)."""
     import uvicorn
+
     from palaestra.server.app import create_app
     from palaestra.server.logs import configure_logging
 

@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from palaestra.sandbox import Sandbox, SandboxSpec
 from palaestra.sandbox.forkserver import PythonRunner
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Observation, ToolSpec, Verdict
 from palaestra.sdk.task import Task
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class ToolArgs(BaseModel):

@@ -1,10 +1,11 @@
 """The `bwrap` backend (DESIGN §5): Linux namespaces via bubblewrap, no daemon.
 
-Each sandbox owns a host directory ``<runtime_root>/<id>/`` holding
-
-* ``ws/``  -- the workspace, a size-limited tmpfs when we run as root (a plain
-  directory otherwise), bound read-write at ``spec.workdir`` inside;
-* ``etc/`` -- a synthetic ``passwd``, ``group`` and ``hosts``, bound read-only.
+Each sandbox owns a host directory ``<runtime_root>/<id>/`` holding ``ws/``, the
+workspace: a size-limited tmpfs when we run as root (a plain directory otherwise),
+bound read-write at ``spec.workdir`` inside. A synthetic ``passwd``, ``group`` and
+``hosts``, the same for every sandbox with that workdir, are written once to
+``<runtime_root>/etc-<hash>/`` and bound read-only. The runtime root is one folder
+per server process, so a server reaps the folders and mounts a killed one left.
 
 Every `exec` is one ``bwrap`` invocation with all namespaces unshared (network:
 loopback only), a read-only ``/usr`` (plus the ``/bin``, ``/lib``... symlinks and
@@ -46,6 +47,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import io
 import json
 import os
@@ -263,8 +265,10 @@ class BwrapSandbox(Sandbox):
             runtime_dir = default_runtime_base() / str(os.getpid())
         self.root = runtime_dir / self.id
         self.workspace = self.root / "ws"
-        self._etc = self.root / "etc"
         self._workdir = posixpath.normpath(spec.workdir)
+        # The synthetic /etc files depend only on the workdir: written once, shared read-only.
+        tag = hashlib.sha256(self._workdir.encode()).hexdigest()[:12]
+        self._etc = runtime_dir / f"etc-{tag}"
         self._as_root = _is_root()
         # Host uid the sandboxed code runs as (None: whatever we are).
         self._host_uid: int | None = host_uid if self._as_root else None
@@ -287,8 +291,10 @@ class BwrapSandbox(Sandbox):
             self.root.mkdir(mode=0o711)
             os.chmod(self.root, 0o711)
             self.workspace.mkdir(mode=0o700)
-            self._etc.mkdir(mode=0o755)
-            os.chmod(self._etc, 0o755)
+            if not (self._etc / "hosts").exists():
+                self._etc.mkdir(mode=0o755, exist_ok=True)
+                os.chmod(self._etc, 0o755)
+                write_etc_files(self._etc, self._workdir)
         except OSError as e:
             raise SandboxCreateError(f"cannot create sandbox dir {self.root}: {e}") from e
         if self._as_root:
@@ -303,7 +309,6 @@ class BwrapSandbox(Sandbox):
                 os.chmod(self.workspace, 0o755)
             else:
                 os.chmod(self.workspace, 0o777)
-        write_etc_files(self._etc, self._workdir)
         self._static_args = self._build_static_args()
 
     def _build_static_args(self) -> list[str]:

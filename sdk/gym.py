@@ -16,6 +16,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 from gymnasium import spaces
+
 from palaestra.sdk.client import Client
 from palaestra.sdk.errors import InvalidActionError
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, TypeAdapter
+
 from palaestra.sdk.client import ActionLike, as_action, reset_request
 from palaestra.sdk.errors import PalaestraError, TransportError, error_from_response
 from palaestra.sdk.models import (
@@ -26,7 +28,6 @@ from palaestra.sdk.models import (
     TaskList,
     Verdict,
 )
-from pydantic import BaseModel, TypeAdapter
 
 M = TypeVar("M", bound=BaseModel)
 _FAMILIES = TypeAdapter(list[FamilyInfo])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+
 from palaestra.sdk.models import Action, Observation, ResetResponse, StepResponse, ToolSpec
 
 

@@ -14,6 +14,9 @@ from typing import Any
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+import palaestra
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import (
     EpisodeState,
@@ -31,9 +34,6 @@ from palaestra.server.config import Settings
 from palaestra.server.fastpath import StepFastPath, step_reply, validation_message
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
-from pydantic import BaseModel
-
-import palaestra
 
 log = logging.getLogger("palaestra.server")
 

@@ -15,11 +15,12 @@ import logging
 import re
 from typing import Any
 
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import StepRequest
 from palaestra.server.manager import EpisodeManager
-from pydantic import ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger("palaestra.server")
 

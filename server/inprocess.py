@@ -13,6 +13,8 @@ from collections.abc import Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
 from palaestra.sdk.client import ActionLike, as_action, reset_request
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import (
@@ -29,7 +31,6 @@ from palaestra.sdk.models import (
 from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
-from pydantic import ValidationError
 
 T = TypeVar("T")
 

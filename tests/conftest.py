@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from palaestra.sdk.http import HTTPClient
 from palaestra.server.config import Settings
 from palaestra.server.inprocess import InProcessClient

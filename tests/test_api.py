@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ServerProcess
+
 from palaestra.sdk.client import Client
 from palaestra.sdk.errors import (
     BadRequestError,

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+
 from palaestra.sdk.evaluation import run_eval
 from palaestra.sdk.policies import ChatPolicy
 from palaestra.server.inprocess import AsyncInProcessClient

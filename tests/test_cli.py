@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ServerProcess
+
 from palaestra.sdk.evaluation import pass_at_k
 
 CLI = str(Path(sys.executable).parent / "palaestra")

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ServerProcess
+
 from palaestra.envs.base import EpisodeContext, StepOutcome, Tool, ToolArgs
 from palaestra.envs.echo import EchoFamily
 from palaestra.sandbox import Backend, Sandbox, SandboxCreateError, SandboxSpec

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from palaestra.sandbox import ExecResult, SandboxError, SandboxPathError
 from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
 

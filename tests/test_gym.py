@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import ServerProcess
 from gymnasium.utils.env_checker import check_env
+
 from palaestra.sdk.client import Client
 from palaestra.sdk.gym import PalaestraEnv
 from palaestra.sdk.http import HTTPClient

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+
 from palaestra.envs.coding.examples import docstring_examples
 from palaestra.sdk.evaluation import run_eval
 from palaestra.sdk.models import StepResponse, TaskInfo

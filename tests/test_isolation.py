@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ServerProcess
+
 from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.sdk.http import HTTPClient
 

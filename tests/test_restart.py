@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ServerProcess
+
 from palaestra.sdk.errors import ConflictError
 from palaestra.sdk.http import HTTPClient
 from palaestra.sdk.models import EpisodeState, StepResponse

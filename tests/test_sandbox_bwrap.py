@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from palaestra.sandbox import bwrap as bwrap_mod
 from palaestra.sandbox.base import (
     SandboxCreateError,

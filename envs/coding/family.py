@@ -11,6 +11,8 @@ from __future__ import annotations
 import posixpath
 import time
 
+from pydantic import Field
+
 from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
 from palaestra.envs.coding.examples import DOCTEST_RUNNER, docstring_examples
 from palaestra.sandbox import ExecResult, SandboxSpec
@@ -19,7 +21,6 @@ from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
 from palaestra.sdk.task import Task
 from palaestra.verifiers import python_tests
-from pydantic import Field
 
 SOLUTION = "solution.py"
 PYTHON = python_tests.PYTHON

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 
+from pydantic import Field
+
 from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
 from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
 from palaestra.sdk.task import Task
-from pydantic import Field
 
 
 class EchoArgs(ToolArgs):
