@@ -1,0 +1,157 @@
+"""The HTTP clients retry what is retryable, and a retried step never steps twice."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ServerProcess, free_port
+
+from palaestra.sdk.errors import CapacityError, TransportError
+from palaestra.sdk.http import AsyncHTTPClient, HTTPClient, RetryPolicy
+
+ECHO = "palaestra/echo:say-birch"
+
+
+class DropFirstResponse:
+    """A loopback TCP proxy that forwards requests but drops the first step's response.
+
+    It models a response lost on the way back (a reset connection): the server has
+    stepped, the client never heard, so the client retries the same request.
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = free_port()
+        self.dropped = 0
+        self._transports: list[asyncio.BaseTransport] = []
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> DropFirstResponse:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        )
+        self._ready.set()
+        self._loop.run_forever()
+        server.close()
+        for transport in self._transports:
+            transport.abort()
+        self._loop.run_until_complete(asyncio.sleep(0.05))  # let the aborts finish
+        self._loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._transports += [writer.transport, up_w.transport]
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length)
+                up_w.write(head + body)
+                await up_w.drain()
+                reply_head = await up_r.readuntil(b"\r\n\r\n")
+                size = 0
+                for line in reply_head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        size = int(line.split(b":")[1])
+                reply = reply_head + await up_r.readexactly(size)
+                if b"/step " in head.split(b"\r\n")[0] and self.dropped == 0:
+                    self.dropped += 1
+                    writer.transport.abort()  # the server stepped; the client hears nothing
+                    return
+                writer.write(reply)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            up_w.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(tmp_path_factory.mktemp("http-client") / "data").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_lost_step_response_is_retried_without_stepping_twice(server: ServerProcess) -> None:
+    with DropFirstResponse(server.port) as proxy:
+        with HTTPClient(
+            f"http://127.0.0.1:{proxy.port}", retry=RetryPolicy(attempts=3, base_s=0.01)
+        ) as client:
+            episode = client.reset(ECHO)
+            reply = client.step(episode.episode_id, {"tool": "echo", "arguments": {"text": "x"}})
+            assert reply.observation.text == "x"
+            state = client.state(episode.episode_id)
+        assert proxy.dropped == 1
+        assert state.step_count == 1  # retried with the same request_id: replayed, not re-run
+        assert len(state.trajectory) == 1
+
+
+async def test_async_client_lost_response_is_retried(server: ServerProcess) -> None:
+    with DropFirstResponse(server.port) as proxy:
+        async with AsyncHTTPClient(
+            f"http://127.0.0.1:{proxy.port}", retry=RetryPolicy(attempts=3, base_s=0.01)
+        ) as client:
+            episode = await client.reset(ECHO)
+            await client.step(episode.episode_id, {"tool": "echo", "arguments": {"text": "y"}})
+            state = await client.state(episode.episode_id)
+        assert proxy.dropped == 1
+        assert state.step_count == 1
+
+
+def test_capacity_is_retried_after_retry_after(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "data", args=["--max-episodes", "1"]).start()
+    try:
+        with (
+            HTTPClient(server.url, retry=RetryPolicy(attempts=1)) as once,
+            HTTPClient(server.url, retry=RetryPolicy(attempts=6, max_s=0.5)) as patient,
+        ):
+            held = once.reset(ECHO)
+            with pytest.raises(CapacityError) as refused:
+                once.reset(ECHO)
+            assert refused.value.retry_after is not None
+            assert refused.value.retryable
+            timer = threading.Timer(0.4, once.close, args=(held.episode_id,))
+            timer.start()
+            started = time.monotonic()
+            second = patient.reset(ECHO)  # 429s until the timer frees the place
+            assert time.monotonic() - started >= 0.3
+            assert second.episode_id != held.episode_id
+            timer.join()
+    finally:
+        server.stop()
+
+
+def test_unreachable_server_raises_transport_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        with HTTPClient(
+            f"http://127.0.0.1:{port}", retry=RetryPolicy(attempts=2, base_s=0.01)
+        ) as client, pytest.raises(TransportError) as failed:
+            client.reset(ECHO)
+    assert failed.value.retryable
+    assert "POST /v1/episodes" in failed.value.message
