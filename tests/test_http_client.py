@@ -149,9 +149,12 @@ def test_unreachable_server_raises_transport_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connections are refused
-        with HTTPClient(
-            f"http://127.0.0.1:{port}", retry=RetryPolicy(attempts=2, base_s=0.01)
-        ) as client, pytest.raises(TransportError) as failed:
+        with (
+            HTTPClient(
+                f"http://127.0.0.1:{port}", retry=RetryPolicy(attempts=2, base_s=0.01)
+            ) as client,
+            pytest.raises(TransportError) as failed,
+        ):
             client.reset(ECHO)
     assert failed.value.retryable
     assert "POST /v1/episodes" in failed.value.message
