@@ -8,8 +8,10 @@ from palaestra.sandbox.base import (
     SandboxCreateError,
     SandboxDeadError,
     SandboxError,
+    SandboxGone,
     SandboxPathError,
     SandboxSpec,
+    SandboxSpecError,
     ShellResult,
     ShellSession,
 )
@@ -22,8 +24,10 @@ __all__ = [
     "SandboxCreateError",
     "SandboxDeadError",
     "SandboxError",
+    "SandboxGone",
     "SandboxPathError",
     "SandboxSpec",
+    "SandboxSpecError",
     "ShellResult",
     "ShellSession",
 ]

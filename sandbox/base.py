@@ -24,8 +24,15 @@ class SandboxCreateError(SandboxError):
     """The backend could not create the sandbox."""
 
 
-class SandboxDeadError(SandboxError):
-    """The sandbox is closed or died; nothing more can run in it."""
+class SandboxGone(SandboxError):
+    """The sandbox is closed or died (an exec killed it); nothing more can run in it."""
+
+
+SandboxDeadError = SandboxGone  # the earlier name
+
+
+class SandboxSpecError(SandboxCreateError):
+    """The spec asks for more than the host allows; the message names the limit."""
 
 
 class SandboxPathError(SandboxError, ValueError):
@@ -67,12 +74,18 @@ class ExecResult:
 
 @dataclass
 class ShellResult:
-    """One command's result in a persistent shell session."""
+    """One command's result in a persistent shell session.
+
+    `timed_out` covers both limits; `idle_timed_out` says it was the idle-output one.
+    `restarted` says the shell had died (`exit`, `exec`, killed) and a fresh one now runs:
+    its cwd and variables are back to the start.
+    """
 
     output: str
     exit_code: int
     cwd: str
     timed_out: bool = False
+    idle_timed_out: bool = False
     truncated: bool = False
     restarted: bool = False
     duration_s: float = 0.0
@@ -82,7 +95,15 @@ class ShellSession(abc.ABC):
     """A long-lived shell inside a sandbox: state (cwd, variables) survives between runs."""
 
     @abc.abstractmethod
-    async def run(self, cmd: str, timeout: float | None = None) -> ShellResult: ...
+    async def run(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> ShellResult:
+        """Run `cmd` in the shell; on a timeout, interrupt then kill its foreground group."""
 
     @abc.abstractmethod
     async def interrupt(self) -> None: ...
