@@ -15,6 +15,7 @@ from rich.table import Table
 
 import palaestra
 from palaestra.cli.clients import open_client
+from palaestra.cli.images import images_app
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.evaluation import Attempt, build_report, run_eval
@@ -27,6 +28,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.add_typer(images_app, name="images")
 # Tables stay readable when the output is a pipe or a CI log (Rich would assume 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)

@@ -23,21 +23,67 @@ Because of ``--unshare-pid`` and ``--die-with-parent``, when the sandboxed comma
 exits (or bwrap is SIGKILLed on timeout) every process it started dies with its
 pid namespace: no untrusted code runs between two `exec` calls.
 
+Hardening (each exec):
+
+* ``--unshare-all --disable-userns --die-with-parent --new-session --clearenv``, uid 1000
+  with every capability dropped (``--cap-drop ALL``), an explicit environment: a fixed
+  base (PATH, HOME, LANG, PYTHONDONTWRITEBYTECODE) plus ``spec.env`` and the exec's
+  ``env``, whose names must match ``[A-Za-z_][A-Za-z0-9_]*`` and must not start with
+  ``LD_`` (loader variables), values without NUL (`check_env`);
+* a seccomp filter (`palaestra.sandbox.seccomp`) handed to ``bwrap --seccomp`` through a
+  pipe: ptrace, process_vm_*, bpf, perf_event_open, userfaultfd, keyrings, the mount
+  APIs, kexec and kernel modules fail with EPERM, ``ioctl(TIOCSTI/TIOCLINUX)`` too, foreign
+  architectures (i386/x32 calls) are refused;
+* one cgroup per sandbox (`palaestra.sandbox.cgroups`, v2 or v1):
+  ``memory`` = ``spec.memory_mb`` (swap included), ``pids`` = ``spec.pids`` (threads
+  count), CPU quota = ``spec.cpus``.  Every exec is started as ``/bin/sh -c 'echo $$ >
+  <cgroup>/cgroup.procs…; ulimit …; exec setpriv … bwrap …'``: the shell puts *itself*
+  into the cgroup before it execs anything, so no process of the sandbox ever runs
+  outside it (no pid-after-spawn race) and the shell's ``ulimit`` replaces the
+  ``prlimit`` exec, so the chain stays three execs long (sh → setpriv → bwrap).  A
+  timed-out exec (the only one in flight in its sandbox) and `close` kill everything left
+  in the cgroup; ``oom_killed`` is exact (the cgroup's oom_kill counter rose during the
+  exec).  Where cgroups are unusable (not mounted, not writable, v2 controllers not
+  delegable) the backend degrades to rlimits only and says why once, in the log and in
+  ``BwrapBackend.cgroup_status``;
+* rlimits: ``RLIMIT_FSIZE`` = workspace_mb, ``RLIMIT_CORE`` = 0, ``RLIMIT_NOFILE`` = 1024,
+  and ``RLIMIT_AS`` = memory_mb only without a memory cgroup (an address-space limit
+  breaks runtimes that reserve more than they use: the JVM, Go, some BLAS builds).
+
+Spec checks (`check_spec`, `SandboxSpecError` naming the limit): memory_mb in
+[MIN_MEMORY_MB, host RAM], cpus in (0, host CPUs], pids in [MIN_PIDS, MAX_PIDS],
+workspace_mb in [1, min(MAX_WORKSPACE_MB, host RAM)], default_timeout_s > 0, a valid env,
+no network, an image that exists.
+
+Images: ``spec.image`` None binds the host's ``/usr`` (and a few ``/etc`` files)
+read-only; an absolute path names an extracted rootfs, and a bare name resolves to
+``$PALAESTRA_IMAGES_DIR/<name>/rootfs`` (default ``${PALAESTRA_CACHE:-~/.cache/palaestra}
+/images``).  Every top-level entry of the rootfs (but ``/proc``, ``/dev``, ``/sys``,
+``/tmp``, ``/run`` and the one holding the workdir) is bound read-only (its symlinks
+recreated), then the synthetic passwd/group/hosts over the image's where it has them.
+
+"An exec that kills the sandbox": each exec is its own set of namespaces, so an exec can
+only kill the *sandbox* by destroying what persists between execs -- the workspace mount
+or the cgroup.  After each exec (and before one) the workspace must still be the same
+filesystem and the cgroup must still exist; if not, the sandbox is closed and
+`SandboxGone` raised.  OOM kills and timeouts leave it usable.
+
 Results:
 
 * timeout: ``timed_out=True``, ``exit_code=-9`` (we SIGKILL it; -9 cannot be
   confused with an exit status the program chose, which is 0..255);
 * death by a signal: ``exit_code = 128 + signal`` (as bwrap reports it);
-* ``oom_killed`` is best effort: set when the command died of SIGKILL that was not
-  our timeout (exit code 137), or when its stderr ends with a Python ``MemoryError``
-  (``RLIMIT_AS`` = ``spec.memory_mb`` makes allocation fail rather than the kernel
-  OOM-kill until cgroups come).
+* ``oom_killed``: with a memory cgroup, the kernel OOM-killed a process of this sandbox
+  during the exec (concurrent execs in one sandbox share the counter); without one, best
+  effort: a SIGKILL that was not our timeout (exit 137) or a trailing Python
+  ``MemoryError`` (``RLIMIT_AS`` makes allocation fail).
 
-Resource limits until cgroups arrive: ``RLIMIT_AS`` = memory_mb, ``RLIMIT_FSIZE`` =
-workspace_mb, ``RLIMIT_CORE`` = 0, ``RLIMIT_NOFILE`` = 1024, set by wrapping bwrap in
-util-linux ``prlimit`` (about +1 ms per exec) or, where it is missing, by a ``preexec_fn``
-(about the same cost, but not thread-safe: the server uses threads for file I/O).
-``spec.cpus`` and ``spec.pids`` are not enforced yet.
+Without the shell launcher (``limits="prlimit"`` / ``"preexec"``), rlimits are set by util-linux
+``prlimit`` (about +1 ms per exec) or a ``preexec_fn`` (not thread-safe); the cgroup is
+then still joined by a shell in front.
+
+A new backend reaps what dead servers left (`reap_stale`): sandbox folders and their
+mounts, and the processes still running in their cgroups, and the cgroups.
 """
 
 from __future__ import annotations
@@ -50,10 +96,13 @@ import functools
 import hashlib
 import io
 import json
+import logging
 import os
 import posixpath
+import re
 import resource
 import secrets
+import shlex
 import shutil
 import signal
 import stat
@@ -65,6 +114,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from palaestra.sandbox import cgroups as cgroups_mod
+from palaestra.sandbox import seccomp
 from palaestra.sandbox.base import (
     DEFAULT_MAX_OUTPUT,
     Backend,
@@ -73,21 +124,42 @@ from palaestra.sandbox.base import (
     SandboxCreateError,
     SandboxDeadError,
     SandboxError,
+    SandboxGone,
     SandboxPathError,
     SandboxSpec,
+    SandboxSpecError,
 )
+from palaestra.sandbox.cgroups import Cgroup, CgroupManager
+from palaestra.sandbox.shell import BashSession, LocalShellProcess, prepare_shell_binary
+
+log = logging.getLogger("palaestra.sandbox.bwrap")
 
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 TIMEOUT_EXIT_CODE = -9
+# Where the persistent shell's execute-only bash is bound inside (read-only).
+SHELL_BINARY = "/run/palaestra/bash"
 # After a SIGKILL, how long we wait for bwrap to be reaped and its pipes to close.
 KILL_GRACE_S = 0.9
 _CHUNK = 64 * 1024
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-LimitMode = Literal["auto", "preexec", "prlimit", "none"]
+LimitMode = Literal["auto", "shell", "preexec", "prlimit", "none"]
+CgroupMode = Literal["auto", "off"]
+
+# Spec bounds (check_spec); the host's RAM and CPU count bound memory_mb and cpus too.
+MIN_MEMORY_MB = 16
+MIN_PIDS = 4  # bwrap itself uses two: its outer process and the namespace's init
+MAX_PIDS = 65536
+MAX_WORKSPACE_MB = 16384  # a tmpfs: RAM (or swap), charged to whoever writes it
+NOFILE = 1024
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+MAX_ENV_BYTES = 256 * 1024
+# Marker the launcher shell prints when it cannot join the sandbox's cgroup.
+_JOIN_FAILED = "palaestra: cannot join the sandbox cgroup"
+_LAUNCH_FAILED = 125
 
 
 def _is_root() -> bool:
@@ -185,6 +257,234 @@ def _make_preexec(limits: list[tuple[int, int]]) -> Callable[[], None]:
     return preexec
 
 
+# ---- spec and environment checks -----------------------------------------------------------
+
+
+@functools.cache
+def host_memory_mb() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // (1 << 20)
+
+
+def host_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_env(env: dict[str, str] | tuple[tuple[str, str], ...], what: str = "env") -> None:
+    """The environment allow-list rule; raises ValueError naming the offending variable.
+
+    Names match ``[A-Za-z_][A-Za-z0-9_]*`` and do not start with ``LD_`` (LD_PRELOAD,
+    LD_LIBRARY_PATH, LD_AUDIT…: never needed by a task, and a way to hijack the programs
+    the server itself runs in the sandbox, such as a verifier's test runner); values hold
+    no NUL; all of it fits in MAX_ENV_BYTES."""
+    items = env.items() if isinstance(env, dict) else env
+    total = 0
+    for k, v in items:
+        if not isinstance(k, str) or not ENV_NAME.match(k):
+            raise ValueError(f"{what}: variable name {k!r} must match [A-Za-z_][A-Za-z0-9_]*")
+        if k.startswith("LD_"):
+            raise ValueError(f"{what}: loader variable {k} is not allowed in a sandbox")
+        if not isinstance(v, str) or "\0" in v:
+            raise ValueError(f"{what}: the value of {k} must be a string without NUL")
+        total += len(k) + len(v) + 2
+    if total > MAX_ENV_BYTES:
+        raise ValueError(f"{what}: {total} bytes, over the limit of {MAX_ENV_BYTES}")
+
+
+def images_dir() -> Path:
+    explicit = os.environ.get("PALAESTRA_IMAGES_DIR")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("PALAESTRA_CACHE") or str(Path.home() / ".cache" / "palaestra")
+    return Path(cache) / "images"
+
+
+_IMAGE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+
+
+def resolve_image(image: str) -> Path:
+    """The rootfs directory `image` names (an absolute path, or a name under `images_dir`)."""
+    if image.startswith("/"):
+        root = Path(image)
+    elif _IMAGE_NAME.match(image):
+        root = images_dir() / image / "rootfs"
+    else:
+        raise SandboxSpecError(
+            f"image {image!r}: the bwrap backend takes a rootfs directory path or an image"
+            f" name under {images_dir()} ([a-z0-9._-]), not a registry reference"
+        )
+    if not root.is_dir():
+        raise SandboxSpecError(f"image {image!r}: no rootfs directory at {root}")
+    if not (root / "usr").is_dir():
+        raise SandboxSpecError(f"image {image!r}: {root} has no usr/, not a rootfs")
+    return root
+
+
+def check_spec(spec: SandboxSpec) -> None:
+    """Raise SandboxSpecError, naming the limit, if this host cannot give `spec`."""
+    if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) == "/":
+        raise SandboxSpecError(f"workdir must be an absolute path below /: {spec.workdir!r}")
+    if spec.network:
+        raise SandboxSpecError("network=True: the bwrap backend has no network support")
+    mem = host_memory_mb()
+    if not MIN_MEMORY_MB <= spec.memory_mb <= mem:
+        raise SandboxSpecError(
+            f"memory_mb={spec.memory_mb}: must be between {MIN_MEMORY_MB} and the host's"
+            f" RAM ({mem} MB)"
+        )
+    cpus = host_cpus()
+    if not 0 < spec.cpus <= cpus:
+        raise SandboxSpecError(f"cpus={spec.cpus}: must be > 0 and at most the host's {cpus}")
+    if not MIN_PIDS <= spec.pids <= MAX_PIDS:
+        raise SandboxSpecError(
+            f"pids={spec.pids}: must be between {MIN_PIDS} (bwrap itself needs 2) and {MAX_PIDS}"
+        )
+    ws_max = min(MAX_WORKSPACE_MB, mem)
+    if not 1 <= spec.workspace_mb <= ws_max:
+        raise SandboxSpecError(
+            f"workspace_mb={spec.workspace_mb}: must be between 1 and {ws_max}"
+            f" (MAX_WORKSPACE_MB={MAX_WORKSPACE_MB}, host RAM {mem} MB)"
+        )
+    if not spec.default_timeout_s > 0:
+        raise SandboxSpecError(f"default_timeout_s={spec.default_timeout_s}: must be > 0")
+    try:
+        check_env(spec.env, "spec.env")
+    except ValueError as e:
+        raise SandboxSpecError(str(e)) from e
+    if spec.image is not None:
+        resolve_image(spec.image)
+
+
+# ---- cgroups, seccomp, launcher -------------------------------------------------------------
+
+_logged: set[str] = set()
+
+
+def _log_once(level: int, msg: str) -> None:
+    if msg not in _logged:
+        _logged.add(msg)
+        log.log(level, msg)
+
+
+@functools.cache
+def _cgroup_manager() -> tuple[CgroupManager | None, str]:
+    """This process's cgroup manager (detected once: it creates palaestra/<pid>/)."""
+    if not _is_root():
+        return None, "cgroups unused: not running as root"
+    return cgroups_mod.detect()
+
+
+@functools.cache
+def _shell_ulimit_ok() -> bool:
+    """Whether /bin/sh's ulimit sets both limits in POSIX units (dash, bash --posix, ash)."""
+    script = "ulimit -f 2048 && ulimit -v 1048576 && ulimit -n 64 && exec cat /proc/self/limits"
+    try:
+        out = subprocess.run(
+            ["/bin/sh", "-c", script], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    want = {"Max file size": "1048576", "Max address space": "1073741824", "Max open files": "64"}
+    seen = 0
+    for line in out.splitlines():
+        for key, val in want.items():
+            if line.startswith(key):
+                if line[len(key) :].split()[:2] != [val, val]:
+                    return False
+                seen += 1
+    return seen == len(want)
+
+
+def _launcher_script(procs_files: list[Path], ulimits: list[tuple[str, int]]) -> str:
+    """The shell that joins the cgroup, sets rlimits, then execs its arguments."""
+    s = ""
+    if procs_files:
+        joins = " && ".join(f"echo $$ >{shlex.quote(str(f))}" for f in procs_files)
+        fail = f"{{ echo '{_JOIN_FAILED}' >&2; exit {_LAUNCH_FAILED}; }}"
+        s += f"{{ {joins}; }} 2>/dev/null || {fail}; "
+    if ulimits:
+        sets = " && ".join(f"ulimit -{flag} {val}" for flag, val in ulimits)
+        s += f"{sets} || exit {_LAUNCH_FAILED}; "
+    return s + 'exec "$@"'
+
+
+def _image_args(root: Path, workdir: str) -> list[str]:
+    """Bind a rootfs's top-level entries read-only (never those we mount ourselves)."""
+    top = workdir.strip("/").split("/")[0]
+    skip = {"proc", "dev", "sys", "tmp", "run", top}
+    out: list[str] = []
+    for name in sorted(os.listdir(root)):
+        if name in skip:
+            continue
+        host = root / name
+        if host.is_symlink():
+            out += ["--symlink", os.readlink(host), f"/{name}"]
+        elif host.is_dir():
+            out += ["--ro-bind", str(host), f"/{name}"]
+    return out
+
+
+def _reachable(path: Path, uid: int) -> bool:
+    """Whether `uid` (no supplementary groups) can traverse every directory down to `path`."""
+    p = path
+    while True:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return False
+        if st.st_uid == uid:
+            ok = st.st_mode & 0o100
+        elif st.st_gid == uid:
+            ok = st.st_mode & 0o010
+        else:
+            ok = st.st_mode & 0o001
+        if not ok:
+            return False
+        if p.parent == p:
+            return True
+        p = p.parent
+
+
+def _image_source(image: Path, runtime_dir: Path, host_uid: int | None) -> Path:
+    """Where bwrap (running as `host_uid`) can reach the rootfs `image`.
+
+    If some directory above it is closed to that uid (an image cached under /root), the
+    rootfs is bind-mounted read-only (not recursively) once per server at
+    ``<runtime_dir>/img-<hash>``, a folder the collector unmounts when the server is gone."""
+    if host_uid is None or _reachable(image, host_uid):
+        return image
+    tag = hashlib.sha256(os.fsencode(image)).hexdigest()[:12]
+    target = runtime_dir / f"img-{tag}"
+    if str(target) in _mounted_images:
+        return target
+    target.mkdir(mode=0o755, parents=True, exist_ok=True)
+    os.chmod(runtime_dir, 0o711)
+    libc = _libc()
+    ms_bind, ms_remount, ms_ro, ms_nosuid, ms_nodev = 0x1000, 0x20, 0x1, 0x2, 0x4
+    src, dst = os.fsencode(image), os.fsencode(target)
+    if libc.mount(src, dst, None, ms_bind, None) != 0:
+        err = ctypes.get_errno()
+        raise SandboxCreateError(f"cannot bind the image {image}: {os.strerror(err)}")
+    flags = ms_bind | ms_remount | ms_ro | ms_nosuid | ms_nodev
+    if libc.mount(None, dst, None, flags, None) != 0:
+        err = ctypes.get_errno()
+        _unmount(target)
+        raise SandboxCreateError(f"cannot make the image bind read-only: {os.strerror(err)}")
+    _mounted_images.add(str(target))
+    return target
+
+
+_mounted_images: set[str] = set()
+
+
 class BwrapBackend(Backend):
     """Creates `BwrapSandbox`es, by default under /run/palaestra/sandboxes/<pid>/ as root."""
 
@@ -196,12 +496,36 @@ class BwrapBackend(Backend):
         *,
         host_uid: int = SANDBOX_UID,
         limits: LimitMode = "auto",
+        cgroups: CgroupMode | CgroupManager = "auto",
+        seccomp_filter: bool = True,
     ) -> None:
+        if isinstance(cgroups, CgroupManager):
+            self.cgroups: CgroupManager | None = cgroups
+            self.cgroup_status = cgroups.describe()
+        elif cgroups == "off":
+            self.cgroups, self.cgroup_status = None, "cgroups off (rlimits only): cgroups='off'"
+        else:
+            self.cgroups, why = _cgroup_manager()
+            self.cgroup_status = (
+                why if self.cgroups else f"cgroups unavailable (rlimits only): {why}"
+            )
         if runtime_dir is None:
             # One folder per server process, so a server can reap what a dead one left behind.
             base = default_runtime_base()
-            reap_stale(base)
+            reap_stale(base, cgroups=self.cgroups is not None or _is_root())
             runtime_dir = base / str(os.getpid())
+        _log_once(logging.INFO if self.cgroups else logging.WARNING, f"bwrap: {self.cgroup_status}")
+        self.seccomp = seccomp_filter
+        if not seccomp_filter:
+            self.seccomp_status = "seccomp off: seccomp_filter=False"
+        else:
+            try:
+                seccomp.filter_bytes()
+                self.seccomp_status = f"seccomp: {len(seccomp.DENIED)} syscalls denied"
+            except seccomp.SeccompUnsupported as e:
+                self.seccomp = False
+                self.seccomp_status = f"seccomp unavailable: {e}"
+                _log_once(logging.WARNING, f"bwrap: {self.seccomp_status}")
         self.runtime_dir = runtime_dir
         self.host_uid = host_uid
         self.limits: LimitMode = limits
@@ -216,10 +540,7 @@ class BwrapBackend(Backend):
         return len(self._live)
 
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
-        if spec.image is not None:
-            raise SandboxCreateError("the bwrap backend does not support images yet")
-        if spec.network:
-            raise SandboxCreateError("the bwrap backend has no network support")
+        check_spec(spec)
         ok, why = await asyncio.to_thread(bwrap_available)
         if not ok:
             raise SandboxCreateError(why)
@@ -230,6 +551,8 @@ class BwrapBackend(Backend):
             host_uid=self.host_uid,
             limits=self.limits,
             on_close=self._live.discard,
+            cgroups=self.cgroups,
+            seccomp_filter=self.seccomp,
         )
         try:
             await box._setup()
@@ -255,10 +578,21 @@ class BwrapSandbox(Sandbox):
         host_uid: int = SANDBOX_UID,
         limits: LimitMode = "auto",
         on_close: Callable[[BwrapSandbox], None] | None = None,
+        cgroups: CgroupManager | None = None,
+        seccomp_filter: bool = True,
     ) -> None:
         if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) == "/":
-            raise SandboxCreateError(f"workdir must be an absolute path below /: {spec.workdir!r}")
+            raise SandboxSpecError(f"workdir must be an absolute path below /: {spec.workdir!r}")
         self.spec = spec
+        self._image = resolve_image(spec.image) if spec.image is not None else None
+        self._cgroups = cgroups
+        self.cgroup: Cgroup | None = None
+        self._seccomp = seccomp_filter
+        self._launcher: str | None = None
+        self._ws_dev: int | None = None
+        # Execs (and other users, such as a persistent shell) running in the cgroup now: a
+        # timed-out exec kills the whole cgroup only when it is the only one.
+        self.cgroup_users = 0
         self.id = secrets.token_hex(8)
         self._bwrap = bwrap
         if runtime_dir is None:
@@ -273,7 +607,10 @@ class BwrapSandbox(Sandbox):
         # Host uid the sandboxed code runs as (None: whatever we are).
         self._host_uid: int | None = host_uid if self._as_root else None
         if limits == "auto":
-            limits = "prlimit" if shutil.which("prlimit") else "preexec"
+            if _shell_ulimit_ok():
+                limits = "shell"
+            else:
+                limits = "prlimit" if shutil.which("prlimit") else "preexec"
         self._limits: LimitMode = limits
         self._on_close = on_close
         self._mounted = False
@@ -309,19 +646,102 @@ class BwrapSandbox(Sandbox):
                 os.chmod(self.workspace, 0o755)
             else:
                 os.chmod(self.workspace, 0o777)
+        self._ws_dev = os.stat(self.workspace).st_dev
+        if self._cgroups is not None:
+            cpus = self.spec.cpus if self.spec.cpus < host_cpus() else None
+            try:
+                self.cgroup = await asyncio.to_thread(
+                    self._cgroups.create,
+                    self.id,
+                    self.spec.memory_mb << 20,
+                    self.spec.pids,
+                    cpus,
+                )
+            except OSError as e:
+                raise SandboxCreateError(f"cannot create the sandbox's cgroup: {e}") from e
+        if self._image is not None:
+            self._image = _image_source(self._image, self.root.parent, self._host_uid)
         self._static_args = self._build_static_args()
+        ulimits: list[tuple[str, int]] = []
+        if self._limits == "shell":
+            ulimits = [("f", self.spec.workspace_mb * 2048), ("c", 0), ("n", NOFILE)]
+            if self.cgroup is None:
+                ulimits.append(("v", self.spec.memory_mb * 1024))
+        procs_files = self.cgroup.procs_files if self.cgroup is not None else []
+        if procs_files or ulimits:
+            self._launcher = _launcher_script(procs_files, ulimits)
 
     def _build_static_args(self) -> list[str]:
-        a = [self._bwrap, "--ro-bind", "/usr", "/usr", *_usr_symlinks(), *_etc_args()]
-        for f in ("passwd", "group", "hosts"):
+        a = [self._bwrap]
+        if self._image is None:
+            a += ["--ro-bind", "/usr", "/usr", *_usr_symlinks(), *_etc_args()]
+            etc_files: tuple[str, ...] = ("passwd", "group", "hosts")
+        else:
+            a += _image_args(self._image, self._workdir)
+            # Over the image's own where it has them (a read-only root cannot grow new files).
+            etc_files = tuple(
+                f for f in ("passwd", "group", "hosts") if _is_plain_file(self._image / "etc" / f)
+            )
+        for f in etc_files:
             a += ["--ro-bind", str(self._etc / f), f"/etc/{f}"]
         a += ["--proc", "/proc", "--dev", "/dev"]
         a += ["--size", str(self.spec.workspace_mb * 1024 * 1024), "--tmpfs", "/tmp"]
         a += ["--bind", str(self.workspace), self._workdir]
         a += ["--unshare-all", "--unshare-user", "--disable-userns"]
         a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
-        a += ["--die-with-parent", "--new-session", "--clearenv"]
+        a += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
         return a
+
+    def _wrap(self, args: list[str]) -> tuple[list[str], dict[str, Any]]:
+        """Put the rlimits, the host uid and the cgroup join around a bwrap argv.
+
+        Returns the argv to spawn and extra keyword arguments for the spawn (a preexec_fn
+        in "preexec" mode).  Spawn it with ``env={"PATH": BASE_PATH}`` and ``cwd="/"``."""
+        kwargs: dict[str, Any] = {}
+        rl = [
+            (resource.RLIMIT_FSIZE, self.spec.workspace_mb * 1024 * 1024),
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_NOFILE, NOFILE),
+        ]
+        if self.cgroup is None:
+            rl.insert(0, (resource.RLIMIT_AS, self.spec.memory_mb * 1024 * 1024))
+        if self._limits == "preexec":
+            kwargs["preexec_fn"] = _make_preexec(rl)
+        elif self._limits == "prlimit":
+            names = {
+                resource.RLIMIT_AS: "as",
+                resource.RLIMIT_FSIZE: "fsize",
+                resource.RLIMIT_CORE: "core",
+                resource.RLIMIT_NOFILE: "nofile",
+            }
+            args = ["prlimit", *(f"--{names[r]}={v}" for r, v in rl), *args]
+        if self._host_uid is not None:
+            # setpriv, not subprocess's user=/group=: uvloop's subprocess_exec lacks them.
+            uid = str(self._host_uid)
+            args = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *args]
+        if self._launcher is not None:
+            args = ["/bin/sh", "-c", self._launcher, "sh", *args]
+        return args, kwargs
+
+    def _seccomp_fd(self) -> int | None:
+        """A fresh fd holding the seccomp program for ``--seccomp`` (None: no filter)."""
+        return seccomp.filter_fd() if self._seccomp else None
+
+    def _lost(self) -> str:
+        """Why the sandbox is dead although not closed ("" while it is intact)."""
+        try:
+            st = os.stat(self.workspace)
+        except OSError:
+            return "its workspace is gone"
+        if self._ws_dev is not None and st.st_dev != self._ws_dev:
+            return "its workspace was unmounted"
+        if self.cgroup is not None and not self.cgroup.exists():
+            return "its cgroup was removed"
+        return ""
+
+    async def _gone(self, why: str) -> SandboxGone:
+        await self.close()
+        return SandboxGone(f"sandbox {self.id} died: {why}")
 
     @property
     def alive(self) -> bool:
@@ -334,6 +754,9 @@ class BwrapSandbox(Sandbox):
         for proc in list(self._procs):
             _killpg(proc)
         mounted, self._mounted = self._mounted, False
+        cg, self.cgroup = self.cgroup, None
+        if cg is not None:
+            await asyncio.to_thread(cg.remove)
         await asyncio.to_thread(_remove, self.root, self.workspace if mounted else None)
         if self._on_close is not None:
             self._on_close(self)
@@ -343,6 +766,85 @@ class BwrapSandbox(Sandbox):
     def _sandbox_path(self, path: str) -> str:
         """An absolute in-sandbox path (relative ones are under the workdir)."""
         return posixpath.normpath(posixpath.join(self._workdir, path))
+
+    # ---- persistent shell (palaestra.sandbox.shell) -----------------------------------------
+
+    def _shell_source(self) -> str:
+        """The host path of the sandbox's own bash (the image's, or the host's /usr)."""
+        root = str(self._image) if self._image is not None else "/"
+        for rel in ("usr/bin/bash", "bin/bash"):
+            p = os.path.join(root, rel)
+            for _ in range(8):  # follow symlinks inside the rootfs, never out of it
+                if not os.path.islink(p):
+                    break
+                target = os.readlink(p)
+                base = root if target.startswith("/") else os.path.dirname(p)
+                p = os.path.normpath(os.path.join(base, target.lstrip("/")))
+            if os.path.isfile(p):
+                return p
+        raise SandboxError(f"sandbox {self.id}: no bash in its root, no persistent shell")
+
+    async def shell(self) -> BashSession:
+        """A persistent bash: one long-lived ``bwrap … bash`` per session, with the same
+        workspace, mounts, namespaces, uid, environment, rlimits, cgroup and seccomp filter
+        as `exec`, plus one read-only file, an execute-only copy of bash at SHELL_BINARY
+        (which makes the shell non-dumpable; see `palaestra.sandbox.shell`)."""
+        self._check_alive()
+        src = self._shell_source()
+        binary = await asyncio.to_thread(prepare_shell_binary, src, str(self.root.parent))
+
+        def exited(proc: asyncio.subprocess.Process) -> None:
+            self._procs.discard(proc)
+            self.cgroup_users -= 1
+
+        async def launch() -> LocalShellProcess:
+            self._check_alive()
+            if why := self._lost():
+                raise await self._gone(why)
+            env = {
+                "PATH": BASE_PATH,
+                "HOME": self._workdir,
+                "LANG": "C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                **dict(self.spec.env),
+            }
+            args = list(self._static_args)
+            for k, v in env.items():
+                args += ["--setenv", k, v]
+            args += ["--chdir", self._workdir, "--ro-bind", binary, SHELL_BINARY]
+            sfd = self._seccomp_fd()
+            if sfd is not None:
+                args += ["--seccomp", str(sfd)]
+
+            def argv_for(script: str) -> tuple[list[str], dict[str, Any]]:
+                bash = [SHELL_BINARY, "--noprofile", "--norc", "-c", script]
+                return self._wrap([*args, "--", *bash])
+
+            self.cgroup_users += 1
+            try:
+                sp = await LocalShellProcess.spawn(
+                    argv_for,
+                    pass_fds=() if sfd is None else (sfd,),
+                    env={"PATH": BASE_PATH},
+                    on_exit=exited,
+                )
+            except BaseException:
+                self.cgroup_users -= 1
+                raise
+            finally:
+                if sfd is not None:
+                    os.close(sfd)
+            self._procs.add(sp.proc)
+            return sp
+
+        session = BashSession(
+            launch,
+            workdir=self._workdir,
+            default_timeout=self.spec.default_timeout_s,
+            alive=lambda: not self._closed,
+        )
+        await session.start()
+        return session
 
     async def exec(
         self,
@@ -359,6 +861,10 @@ class BwrapSandbox(Sandbox):
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise ValueError("empty command")
+        if env:
+            check_env(env)
+        if why := self._lost():
+            raise await self._gone(why)
         if timeout is None:
             timeout = self.spec.default_timeout_s
         full_env = {
@@ -375,29 +881,15 @@ class BwrapSandbox(Sandbox):
         args += ["--chdir", self._sandbox_path(cwd or ".")]
 
         status_r, status_w = os.pipe()
+        sfd = self._seccomp_fd()
+        pass_fds = (status_w,) if sfd is None else (status_w, sfd)
+        if sfd is not None:
+            args += ["--seccomp", str(sfd)]
         args += ["--json-status-fd", str(status_w), "--", *argv]
-        kwargs: dict[str, Any] = {}
-        rl = [
-            (resource.RLIMIT_AS, self.spec.memory_mb * 1024 * 1024),
-            (resource.RLIMIT_FSIZE, self.spec.workspace_mb * 1024 * 1024),
-            (resource.RLIMIT_CORE, 0),
-            (resource.RLIMIT_NOFILE, 1024),
-        ]
-        if self._limits == "preexec":
-            kwargs["preexec_fn"] = _make_preexec(rl)
-        elif self._limits == "prlimit":
-            names = {
-                resource.RLIMIT_AS: "as",
-                resource.RLIMIT_FSIZE: "fsize",
-                resource.RLIMIT_CORE: "core",
-                resource.RLIMIT_NOFILE: "nofile",
-            }
-            args = ["prlimit", *(f"--{names[r]}={v}" for r, v in rl), *args]
-        if self._host_uid is not None:
-            # setpriv, not subprocess's user=/group=: uvloop's subprocess_exec lacks them.
-            uid = str(self._host_uid)
-            args = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *args]
+        args, kwargs = self._wrap(args)
         data = stdin.encode() if isinstance(stdin, str) else stdin
+        cg = self.cgroup
+        oom_before = cg.oom_kills() if cg is not None else 0
         start = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -405,7 +897,7 @@ class BwrapSandbox(Sandbox):
                 stdin=subprocess.DEVNULL if data is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(status_w,),
+                pass_fds=pass_fds,
                 start_new_session=True,
                 cwd="/",
                 # bwrap's own environ stays readable inside as /proc/1/environ (its init
@@ -418,10 +910,31 @@ class BwrapSandbox(Sandbox):
             raise SandboxError(f"cannot start bwrap: {e}") from e
         finally:
             os.close(status_w)
+            if sfd is not None:
+                os.close(sfd)
         self._procs.add(proc)
+        self.cgroup_users += 1
         try:
-            return await self._supervise(proc, data, timeout, max_output, status_r, start)
+            try:
+                result = await self._supervise(proc, data, timeout, max_output, status_r, start)
+            except SandboxDeadError:
+                raise
+            except SandboxError as e:
+                if why := self._lost():
+                    raise await self._gone(why) from e
+                raise
+            if cg is not None and self.cgroup is cg:
+                if result.timed_out and self.cgroup_users == 1:
+                    # The pid namespace is gone with bwrap; this makes sure of it.
+                    await asyncio.to_thread(cg.kill_all, KILL_GRACE_S)
+                result.oom_killed = cg.oom_kills() > oom_before or (
+                    not result.timed_out and _memory_error(result.stderr)
+                )
+            if why := self._lost():
+                raise await self._gone(why)
+            return result
         finally:
+            self.cgroup_users -= 1
             if proc.returncode is None:
                 _killpg(proc)
                 with contextlib.suppress(Exception):
@@ -508,6 +1021,8 @@ class BwrapSandbox(Sandbox):
         elif stderr.startswith("bwrap: Can't chdir"):
             # The caller's cwd does not exist: data, like a failed `cd`.
             code = 1
+        elif rc == _LAUNCH_FAILED and _JOIN_FAILED in stderr:
+            raise SandboxError(f"sandbox {self.id}: {_JOIN_FAILED}")
         else:
             raise SandboxError(f"bwrap failed to set up the sandbox (rc={rc}): {stderr[:2000]}")
         oom = code == 128 + signal.SIGKILL or _memory_error(stderr)
@@ -778,6 +1293,10 @@ def _read_status(fd: int) -> dict[str, Any]:
     return merged
 
 
+def _is_plain_file(p: Path) -> bool:
+    return p.is_file() and not p.is_symlink()
+
+
 def _memory_error(stderr: str) -> bool:
     tail = stderr.rstrip().rsplit("\n", 1)[-1]
     return tail.startswith("MemoryError") or tail.endswith("MemoryError")
@@ -796,11 +1315,25 @@ def default_runtime_base() -> Path:
     return Path(tempfile.gettempdir()) / f"palaestra-{os.getuid()}" / "sandboxes"
 
 
-def reap_stale(base: Path) -> int:
-    """Unmount and remove the sandbox folders of server processes that are gone (kill -9).
+def reap_stale(base: Path, *, cgroups: bool = False) -> int:
+    """Clean up after server processes that are gone (kill -9): with `cgroups`, kill the
+    processes still running in their cgroups and remove those; then unmount and remove
+    their sandbox folders.
 
-    Folders are named by the pid of the process that owns them; returns how many were reaped.
+    Folders (and cgroups) are named by the pid of the server that owns them; returns how
+    many sandbox folders were reaped.  (A dead server's pid reused by another process
+    hides its leftovers until that process is gone too.)
     """
+    if cgroups:
+        try:
+            removed, killed = cgroups_mod.reap_all_stale()
+        except OSError as e:
+            log.warning("reaping stale cgroups failed: %s", e)
+        else:
+            if removed or killed:
+                log.warning(
+                    "reaped %d cgroups of dead servers, killing %d processes", removed, killed
+                )
     try:
         entries = [p for p in base.iterdir() if p.name.isdigit()]
     except OSError:

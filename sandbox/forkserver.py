@@ -31,6 +31,8 @@ Design
   can be created below it), unpacks the files into ``/work``, sets rlimits (AS =
   ``memory_mb``, FSIZE = ``workspace_mb``, CORE 0, NOFILE 1024, NPROC), drops every
   capability (bounding set, ambient set, ``capset`` to empty, ``PR_SET_NO_NEW_PRIVS``),
+  installs the bwrap backend's seccomp filter (`palaestra.sandbox.seccomp`: the zygote
+  itself and ``C`` run without it, since they need mount and nested namespaces),
   closes every descriptor but 0/1/2 and runs the program as ``__main__`` of a fresh
   module (``sys.argv == ["-c"]``), with the exit status ``python3 -c`` would give.
 * **Timeouts.**  The zygote (single-threaded: ``select`` over the control socket and a
@@ -83,6 +85,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from palaestra.sandbox import seccomp
 from palaestra.sandbox.base import ExecResult, SandboxError, SandboxPathError
 from palaestra.sandbox.bwrap import (
     BASE_PATH,
@@ -138,6 +141,7 @@ NEWUSER, NEWPID, NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 0x4000, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 1, 24, 36
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 UID = GID = 1000
 ENCODING = sys.stdout.encoding or "utf-8"
 
@@ -192,6 +196,21 @@ def drop_capabilities():
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
     data = (ctypes.c_uint32 * 6)()
     check(libc.capset(header, data), "capset")
+
+
+def apply_seccomp():
+    """The bwrap backend's seccomp filter (passed hex-encoded as argv[2]), for this process."""
+    if len(sys.argv) < 3 or not sys.argv[2]:
+        return
+    prog = bytes.fromhex(sys.argv[2])
+
+    class FProg(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = FProg(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
+          "seccomp")
 
 
 def exit_status(code):
@@ -287,6 +306,7 @@ def grandchild(req, data_fd, out_fd, err_fd, status_w, lifeline):
                      (resource.RLIMIT_NPROC, req["nproc"])):
         resource.setrlimit(res, (val, val))
     drop_capabilities()
+    apply_seccomp()
     os.chdir("/work")
     os.write(status_w, b"1")
     os.closerange(3, 1 << 20)
@@ -506,6 +526,14 @@ def _sealed_memfd(data: bytes) -> int:
     return fd
 
 
+def _seccomp_hex() -> str:
+    """The bwrap backend's seccomp program, for the zygote to apply in each run ("": none)."""
+    try:
+        return seccomp.filter_bytes().hex()
+    except seccomp.SeccompUnsupported:
+        return ""
+
+
 class PythonForkServer:
     """Fresh, one-shot Python sandboxes forked from a jailed zygote (see the module docstring).
 
@@ -589,7 +617,7 @@ class PythonForkServer:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         for k, v in env.items():
             a += ["--setenv", k, v]
-        a += ["--chdir", "/", "--", PYTHON, "-I", "-S", "-c", ZYGOTE, str(fd)]
+        a += ["--chdir", "/", "--", PYTHON, "-I", "-S", "-c", ZYGOTE, str(fd), _seccomp_hex()]
         if self._host_uid is not None:
             uid = str(self._host_uid)
             a = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *a]

@@ -20,6 +20,10 @@ class Settings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     sandbox: str = Field(default="bwrap", description="sandbox backend")
+    pool_size: int = Field(
+        default=4, ge=0, description="warm sandboxes kept ready per sandbox spec (0: no pool)"
+    )
+    pool_max_total: int = Field(default=64, ge=1, description="warm sandboxes over all specs")
     packs_dirs: list[Path] = Field(default_factory=lambda: [REPO_PACKS])
     max_episodes: int = Field(default=2048, ge=1, description="live episodes before 429")
     idle_ttl_s: float = Field(default=900.0, gt=0, description="idle episodes expire after this")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -52,9 +54,30 @@ class Metrics:
         self._live_by_status = live_by_status
         self.sandboxes_live.set_function(lambda: float(sandboxes()))
 
+    def bind_pool(self, stats: Callable[[], Any]) -> None:
+        """Expose a warm pool's counters (`WarmPool.stats`), read at scrape time."""
+        self.registry.register(_PoolCollector(stats))
+
     def render(self) -> bytes:
         live = getattr(self, "_live_by_status", None)
         if live is not None:
             for status, count in live().items():
                 self.episodes_live.labels(status=status).set(count)
         return generate_latest(self.registry)
+
+
+class _PoolCollector:
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        s = self._stats()
+        yield CounterMetricFamily(
+            "palaestra_sandbox_pool_hits", "Sandboxes handed out warm from the pool", s.hits
+        )
+        yield CounterMetricFamily(
+            "palaestra_sandbox_pool_misses", "Sandboxes created cold (pool empty)", s.misses
+        )
+        yield GaugeMetricFamily(
+            "palaestra_sandbox_pool_ready", "Warm sandboxes ready in the pool", s.pooled
+        )

@@ -6,6 +6,7 @@ import os
 
 from palaestra.sandbox import Backend
 from palaestra.sandbox.forkserver import PythonForkServer
+from palaestra.sandbox.pool import WarmPool
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.manager import EpisodeManager
@@ -19,7 +20,22 @@ def make_backend(name: str) -> Backend:
         from palaestra.sandbox.bwrap import BwrapBackend
 
         return BwrapBackend()
-    raise ValueError(f"unknown sandbox backend {name!r}; this version has: bwrap")
+    if name == "docker":
+        from palaestra.sandbox.docker import BASE_IMAGE, DockerBackend
+
+        return DockerBackend(default_image=os.environ.get("PALAESTRA_DOCKER_IMAGE", BASE_IMAGE))
+    if name == "e2b":
+        from palaestra.sandbox.e2b import E2BBackend
+
+        return E2BBackend(api_key=os.environ.get("E2B_API_KEY"))
+    raise ValueError(f"unknown sandbox backend {name!r}; this version has: bwrap, docker, e2b")
+
+
+def with_pool(backend: Backend, settings: Settings) -> Backend:
+    """Wrap `backend` in a warm pool of `settings.pool_size` per spec (0: no pool)."""
+    if settings.pool_size <= 0:
+        return backend
+    return WarmPool(backend, size=settings.pool_size, max_total=settings.pool_max_total)
 
 
 def build_manager(settings: Settings, *, backend: Backend | None = None) -> EpisodeManager:
@@ -30,15 +46,18 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     fork_server = None
     if backend is None:
-        backend = make_backend(settings.sandbox)
+        backend = with_pool(make_backend(settings.sandbox), settings)
         fork_server = make_fork_server(settings.sandbox)
+    metrics = Metrics()
+    if isinstance(backend, WarmPool):
+        metrics.bind_pool(backend.stats)
     return EpisodeManager(
         settings,
         families=families,
         packs=packs,
         backend=backend,
         store=Store(settings.db_path),
-        metrics=Metrics(),
+        metrics=metrics,
         fork_server=fork_server,
     )
 

@@ -1,0 +1,160 @@
+"""`palaestra images build [NAME]` and `palaestra images list`: sandbox images from images/.
+
+No registry is reachable, so every image is built locally: `base` by images/base/build.sh
+(debootstrap bookworm -> a rootfs kept in the cache for bwrap -> `docker import` as
+palaestra/base:bookworm), every other folder of images/ holding a Dockerfile by
+`docker build` as palaestra/<name>:latest (FROM the base). Builds are cached: the base's
+rootfs tarball under $PALAESTRA_CACHE (default ~/.cache/palaestra), the images in the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+BASE_TAG = "palaestra/base:bookworm"
+
+images_app = typer.Typer(help="Build and list the sandbox images (images/).", no_args_is_help=True)
+console = Console(width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True)
+
+
+def images_dir() -> Path:
+    """images/ of the source tree (PALAESTRA_IMAGES_DIR overrides)."""
+    env = os.environ.get("PALAESTRA_IMAGES_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "images"
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("PALAESTRA_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "palaestra"
+
+
+def base_rootfs() -> Path:
+    """The base image's rootfs directory (for bwrap), once `images build base` ran."""
+    return cache_dir() / "images" / "base" / "rootfs"
+
+
+def recipes() -> dict[str, Path]:
+    """name -> recipe (base's build.sh, or a family's Dockerfile), base first."""
+    root = images_dir()
+    found: dict[str, Path] = {}
+    if (root / "base" / "build.sh").is_file():
+        found["base"] = root / "base" / "build.sh"
+    for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        if d.name != "base" and (d / "Dockerfile").is_file():
+            found[d.name] = d / "Dockerfile"
+    return found
+
+
+def tag_of(name: str) -> str:
+    return BASE_TAG if name == "base" else f"palaestra/{name}:latest"
+
+
+def _client() -> Any:
+    try:
+        import docker
+    except ImportError:
+        err.print("[red]error[/red]: the docker SDK is missing: pip install 'palaestra[docker]'")
+        raise typer.Exit(2) from None
+    try:
+        client = docker.from_env(timeout=300)
+        client.ping()
+    except Exception as e:
+        err.print(f"[red]error[/red]: docker engine unavailable: {e} (scripts/docker-up.sh)")
+        raise typer.Exit(2) from None
+    return client
+
+
+def _has_image(client: Any, tag: str) -> bool:
+    try:
+        client.images.get(tag)
+    except Exception:
+        return False
+    return True
+
+
+def build_base(*, force: bool = False) -> None:
+    script = recipes().get("base")
+    if script is None:
+        raise RuntimeError(f"no images/base/build.sh under {images_dir()}")
+    env = dict(os.environ, PALAESTRA_CACHE=str(cache_dir()), FORCE="1" if force else "0")
+    subprocess.run(["bash", str(script)], check=True, env=env)
+
+
+def build_family(client: Any, name: str, *, force: bool = False) -> None:
+    """`docker build` images/NAME as palaestra/NAME:latest (the legacy builder: no pulls)."""
+    folder = recipes()[name].parent
+    tag = tag_of(name)
+    for chunk in client.api.build(
+        path=str(folder), tag=tag, rm=True, forcerm=True, nocache=force, decode=True
+    ):
+        if "error" in chunk:
+            raise RuntimeError(f"docker build {name}: {chunk['error'].strip()}")
+        line = str(chunk.get("stream", "")).rstrip()
+        if line.startswith("Step ") or line.startswith("Successfully tagged"):
+            err.print(f"images/{name}: {line}")
+
+
+@images_app.command("build")
+def build(
+    name: Annotated[str | None, typer.Argument(help="one image (default: all)")] = None,
+    force: Annotated[bool, typer.Option(help="rebuild even when cached")] = False,
+) -> None:
+    """Build the base image, then each family's (or only NAME, with the base it needs)."""
+    known = recipes()
+    if name is not None and name not in known:
+        err.print(f"[red]error[/red]: no recipe {name!r}; images/ has: {', '.join(known)}")
+        raise typer.Exit(2)
+    client = _client()
+    wanted = list(known) if name is None else [name]
+    for image in wanted:
+        started = time.perf_counter()
+        try:
+            if image == "base":
+                build_base(force=force)
+            else:
+                if not _has_image(client, BASE_TAG):
+                    build_base()
+                if not force and _has_image(client, tag_of(image)):
+                    err.print(f"images/{image}: {tag_of(image)} already built")
+                    continue
+                build_family(client, image, force=force)
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            err.print(f"[red]error[/red]: building {image}: {e}")
+            raise typer.Exit(1) from None
+        err.print(f"images/{image}: {tag_of(image)} ready ({time.perf_counter() - started:.1f} s)")
+
+
+@images_app.command("list")
+def list_() -> None:
+    """The recipes under images/ and whether their image is built."""
+    try:
+        import docker
+
+        client: Any = docker.from_env(timeout=10)
+        client.ping()
+    except Exception:
+        client = None
+    table = Table("image", "tag", "recipe", "built", "size")
+    for name, recipe in recipes().items():
+        built, size = "engine unavailable", ""
+        if client is not None:
+            try:
+                img = client.images.get(tag_of(name))
+                built = str(img.attrs.get("Created", "yes"))[:19]
+                size = f"{img.attrs.get('Size', 0) / 1e6:.0f} MB"
+            except Exception:
+                built = "no"
+        if name == "base" and (base_rootfs() / "usr" / "bin").is_dir():
+            size += f" (rootfs: {base_rootfs()})"
+        table.add_row(name, tag_of(name), str(recipe.relative_to(images_dir().parent)), built, size)
+    console.print(table)

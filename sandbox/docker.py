@@ -1,0 +1,788 @@
+"""The `docker` backend (DESIGN §5): one container per sandbox on the local docker engine.
+
+Images are built locally from images/ (`palaestra images build`); nothing is pulled.
+`SandboxSpec.image` names one: None is the base image (``palaestra/base:bookworm``, a
+debootstrap bookworm with python3), a bare name such as ``"coding"`` is the family image
+``palaestra/coding:latest``, anything with a ``/`` or ``:`` is used as it is.
+
+Each sandbox is a container ``sleep infinity`` under docker's init (tini) that runs as
+uid 65534, with no network (``network_mode=none``), a read-only root, a size-limited tmpfs
+at /tmp, ``mem_limit = memswap_limit = memory_mb``, ``pids_limit``, ``nano_cpus``, every
+capability dropped, ``no-new-privileges``, no logging, and a workspace: a tmpfs *volume*
+(size ``workspace_mb``, owned by uid 1000) at ``spec.workdir``. A volume rather than a
+``--tmpfs`` mount because the archive API (``put_archive``/``get_archive``, which the file
+methods use) reads and writes the container's root filesystem view on the host, where
+volumes are mounted and plain tmpfs mounts are not.
+
+Every exec runs as uid/gid 1000 through a small shell wrapper::
+
+    cd CWD || exit 1; "$@"; rc=$?; while kill -9 -1; do :; done; exit $rc
+
+``kill -9 -1`` from uid 1000 reaches every process of the sandbox user in the container's
+pid namespace but itself -- never init or the keep-alive, which run as another uid. So
+when an exec returns nothing it started is left running (the bwrap backend's guarantee:
+no untrusted code runs between two execs), although `docker exec` itself has no way to
+kill what it started. On a timeout a second exec runs the same kill loop (it needs no
+fork, so it works against a fork bomb at the pids limit too); if even that exec cannot
+start, the container is restarted (the workspace volume survives, /tmp does not). A
+timed-out exec returns with ``exit_code=-9`` within about 0.1-0.3 s of its timeout.
+Because of that sweep, execs in one sandbox run one at a time (an asyncio lock).
+
+Output is read from the exec's hijacked HTTP connection with asyncio (the engine's unix
+socket; no thread per exec), demultiplexed, and capped at ``max_output`` bytes per stream;
+stdin is written to the same connection, then half-closed. Every blocking docker SDK call
+runs in `asyncio.to_thread`.
+
+File methods confine paths to the workdir (``SandboxPathError`` otherwise). The engine
+extracts and archives as root, but inside the container's own filesystem view (chrooted
+since docker 19.03): a symlink the sandboxed code planted resolves inside the sandbox's
+own files, never the host's. ``read_file`` refuses anything but a regular file (a symlink
+is not followed); uploads are rewritten before they are sent (members owned by 1000, no
+absolute or ``..`` names, no links escaping the destination, no hard links or devices).
+
+Containers and volumes carry labels (``palaestra.sandbox``, the owner's host, pid and
+process start time); a backend removes those whose owner process is gone at its first
+create, so a killed server leaves nothing behind for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import posixpath
+import secrets
+import socket
+import struct
+import tarfile
+import time
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from palaestra.sandbox.base import (
+    DEFAULT_MAX_OUTPUT,
+    Backend,
+    ExecResult,
+    Sandbox,
+    SandboxCreateError,
+    SandboxError,
+    SandboxGone,
+    SandboxPathError,
+    SandboxSpec,
+    SandboxSpecError,
+)
+
+BASE_IMAGE = "palaestra/base:bookworm"
+SANDBOX_UID = 1000
+KEEPALIVE_USER = "65534:65534"
+LABEL = "palaestra.sandbox"
+TIMEOUT_EXIT_CODE = -9
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+MAX_PIDS = 32768
+MAX_WORKSPACE_MB = 64 * 1024
+# Kill every live process of the sandbox user but this shell, until none is left. Builtins
+# only (no fork: it must work at the pids limit). kill(-1) "succeeds" while any other
+# process exists, even one it may not signal, so liveness is read from /proc (zombies,
+# which run nothing, are skipped; init reaps orphans, `wait` our own children).
+_KILL_LOOP = (
+    'alive() { for p in /proc/[0-9]*; do [ "$p" = "/proc/$$" ] && continue; s=; '
+    'while read -r k a _; do case $k in State:) s=$a;; Uid:) [ "$a" = '
+    f'{SANDBOX_UID} ] && [ "$s" != Z ] && [ "$s" != X ] && return 0; break;; esac; '
+    'done 2>/dev/null < "$p/status"; done; return 1; }; '
+    "n=0; while alive && [ $n -lt 1000 ]; do kill -9 -1 2>/dev/null; wait; n=$((n+1)); done; "
+    "! alive"
+)
+_WRAPPER = (
+    'cd "$1" 2>/dev/null || { echo "cannot cd to $1" >&2; exit 1; }; shift; '
+    f'"$@"; rc=$?; {_KILL_LOOP}; exit $rc'
+)
+_CHUNK = 64 * 1024
+
+
+def image_ref(image: str | None, default: str = BASE_IMAGE) -> str:
+    """The docker image a `SandboxSpec.image` names (see the module docstring)."""
+    if image is None:
+        return default
+    if "/" in image or ":" in image:
+        return image
+    return f"palaestra/{image}:latest"
+
+
+def _import_docker() -> Any:
+    try:
+        import docker
+    except ImportError as e:  # pragma: no cover - the docker extra is not installed
+        raise SandboxCreateError("the docker backend needs `pip install palaestra[docker]`") from e
+    return docker
+
+
+def docker_available(timeout: float = 5.0) -> tuple[bool, str]:
+    """Whether the local engine answers (`docker info`); (False, why) if not."""
+    try:
+        docker = _import_docker()
+        client = docker.from_env(timeout=timeout)
+        try:
+            info = client.info()
+        finally:
+            client.close()
+    except Exception as e:
+        return False, f"{type(e).__name__}: {e}"
+    return True, f"docker {info.get('ServerVersion', '?')} ({info.get('Driver', '?')})"
+
+
+def _socket_path() -> str:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    url = urlparse(host)
+    if url.scheme not in ("unix", ""):
+        raise SandboxCreateError(
+            f"the docker backend needs the local engine's unix socket, not DOCKER_HOST={host}"
+        )
+    return url.path or "/var/run/docker.sock"
+
+
+@cache
+def _owner() -> dict[str, str]:
+    """Labels that tell whether the process that made a container is still alive."""
+    pid = os.getpid()
+    return {
+        "palaestra.owner.host": socket.gethostname(),
+        "palaestra.owner.pid": str(pid),
+        "palaestra.owner.start": _start_time(pid),
+    }
+
+
+def _start_time(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner_alive(labels: dict[str, str]) -> bool:
+    if labels.get("palaestra.owner.host") != socket.gethostname():
+        return True  # another machine's: not ours to judge
+    pid = labels.get("palaestra.owner.pid", "")
+    if not pid.isdigit():
+        return False
+    start = _start_time(int(pid))
+    return bool(start) and start == labels.get("palaestra.owner.start", start)
+
+
+def _host_limits() -> tuple[int, int]:
+    """(memory MiB, CPUs) of this machine."""
+    mem = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) // 1024
+    return mem, os.cpu_count() or 1
+
+
+def check_spec(spec: SandboxSpec) -> None:
+    """Raise `SandboxSpecError` when the spec asks for more than this host has."""
+    mem, cpus = _host_limits()
+    if spec.memory_mb < 16 or (mem and spec.memory_mb > mem):
+        raise SandboxSpecError(f"memory_mb={spec.memory_mb}: must be 16..{mem} on this host")
+    if not 0 < spec.cpus <= cpus:
+        raise SandboxSpecError(f"cpus={spec.cpus}: must be > 0 and <= {cpus} on this host")
+    if not 8 <= spec.pids <= MAX_PIDS:
+        raise SandboxSpecError(f"pids={spec.pids}: must be 8..{MAX_PIDS}")
+    top = min(MAX_WORKSPACE_MB, mem // 2) if mem else MAX_WORKSPACE_MB
+    if not 1 <= spec.workspace_mb <= top:
+        raise SandboxSpecError(f"workspace_mb={spec.workspace_mb}: must be 1..{top}")
+    if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) in ("/", "/tmp"):
+        raise SandboxSpecError(f"workdir must be an absolute path below /: {spec.workdir!r}")
+
+
+class DockerBackend(Backend):
+    """Creates `DockerSandbox`es on the local engine."""
+
+    name = "docker"
+
+    def __init__(self, *, default_image: str = BASE_IMAGE, client: Any = None) -> None:
+        self.default_image = default_image
+        self._client = client
+        self._started = False
+        self._start_lock = asyncio.Lock()
+        self._live: set[DockerSandbox] = set()
+
+    @staticmethod
+    def available() -> tuple[bool, str]:
+        return docker_available()
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            try:
+                self._client = _import_docker().from_env(timeout=60)
+            except Exception as e:
+                raise SandboxCreateError(f"docker engine unavailable: {e}") from e
+        return self._client
+
+    async def _start(self) -> None:
+        async with self._start_lock:
+            if self._started:
+                return
+            try:
+                await asyncio.to_thread(self.client.ping)
+            except SandboxError:
+                raise
+            except Exception as e:
+                raise SandboxCreateError(f"docker engine unavailable: {e}") from e
+            await asyncio.to_thread(reap_stale, self.client)
+            self._started = True
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        check_spec(spec)
+        if spec.network:
+            raise SandboxCreateError("the docker backend runs sandboxes without network")
+        await self._start()
+        box = DockerSandbox(
+            spec, self.client, image_ref(spec.image, self.default_image), self._live.discard
+        )
+        try:
+            await asyncio.to_thread(box._create_sync)
+        except BaseException:
+            await asyncio.shield(box.close())
+            raise
+        self._live.add(box)
+        return box
+
+    async def aclose(self) -> None:
+        boxes = list(self._live)
+        await asyncio.gather(*(b.close() for b in boxes), return_exceptions=True)
+        self._live.clear()
+        if self._client is not None:
+            await asyncio.to_thread(self._client.close)
+            self._client = None
+            self._started = False
+
+
+def reap_stale(client: Any) -> int:
+    """Remove the containers and volumes of palaestra processes that are gone; how many."""
+    n = 0
+    with contextlib.suppress(Exception):
+        for c in client.containers.list(all=True, filters={"label": LABEL}):
+            if not _owner_alive(c.labels):
+                with contextlib.suppress(Exception):
+                    c.remove(force=True)
+                    n += 1
+    with contextlib.suppress(Exception):
+        for v in client.volumes.list(filters={"label": LABEL}):
+            if not _owner_alive(v.attrs.get("Labels") or {}):
+                with contextlib.suppress(Exception):
+                    v.remove(force=True)
+    return n
+
+
+class DockerSandbox(Sandbox):
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        client: Any,
+        image: str,
+        on_close: Callable[[DockerSandbox], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.id = secrets.token_hex(8)
+        self.image = image
+        self._client = client
+        self._workdir = posixpath.normpath(spec.workdir)
+        self._volume = f"palaestra-{self.id}"
+        self._container: Any = None
+        self._on_close = on_close
+        self._closed = False
+        self._lock = asyncio.Lock()
+        self._sock_path = _socket_path()
+
+    @property
+    def container_id(self) -> str:
+        return str(self._container.id) if self._container is not None else ""
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def _create_sync(self) -> None:
+        docker = _import_docker()
+        spec = self.spec
+        labels = {LABEL: self.id, **_owner()}
+        mb = spec.workspace_mb
+        try:
+            self._client.volumes.create(
+                name=self._volume,
+                driver="local",
+                driver_opts={
+                    "type": "tmpfs",
+                    "device": "tmpfs",
+                    "o": f"size={mb}m,nr_inodes={max(8192, mb * 256)},uid={SANDBOX_UID},"
+                    f"gid={SANDBOX_UID},mode=0755,nosuid,nodev",
+                },
+                labels=labels,
+            )
+            env = {"PATH": BASE_PATH, "HOME": self._workdir, "LANG": "C.UTF-8"}
+            self._container = self._client.containers.run(
+                self.image,
+                ["sleep", "infinity"],
+                detach=True,
+                init=True,
+                user=KEEPALIVE_USER,
+                hostname="sandbox",
+                working_dir=self._workdir,
+                environment=env,
+                labels=labels,
+                network_mode="none",
+                read_only=True,
+                tmpfs={"/tmp": f"size={mb}m,mode=1777,nosuid,nodev"},
+                volumes={self._volume: {"bind": self._workdir, "mode": "rw"}},
+                mem_limit=f"{spec.memory_mb}m",
+                memswap_limit=f"{spec.memory_mb}m",
+                pids_limit=spec.pids,
+                nano_cpus=int(spec.cpus * 1e9),
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                ipc_mode="private",
+                ulimits=[
+                    docker.types.Ulimit(name="nofile", soft=1024, hard=1024),
+                    docker.types.Ulimit(name="core", soft=0, hard=0),
+                ],
+                log_config=docker.types.LogConfig(type="none"),
+                stdin_open=False,
+                tty=False,
+            )
+        except docker.errors.ImageNotFound as e:
+            name = self.image.split("/")[-1].split(":")[0]
+            raise SandboxCreateError(
+                f"image {self.image} is not in the local docker engine; build it with "
+                f"`palaestra images build {name}` ({e.explanation})"
+            ) from e
+        except docker.errors.DockerException as e:
+            raise SandboxCreateError(f"docker could not create the sandbox: {e}") from e
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.to_thread(self._remove_sync)
+        finally:
+            if self._on_close is not None:
+                self._on_close(self)
+
+    def _remove_sync(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._container is not None:
+                self._container.remove(force=True)
+        for _ in range(20):
+            try:
+                self._client.volumes.get(self._volume).remove(force=True)
+                return
+            except Exception as e:
+                if "not found" in str(e).lower() or "no such volume" in str(e).lower():
+                    return
+                time.sleep(0.05)  # still in use for a moment after the container is gone
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise SandboxGone(f"sandbox {self.id} is closed")
+
+    # ---- exec ------------------------------------------------------------------------------
+
+    def _exec_create(self, argv: list[str], env: dict[str, str], stdin: bool) -> str:
+        docker = _import_docker()
+        try:
+            res = self._client.api.exec_create(
+                self._container.id,
+                argv,
+                stdin=stdin,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                environment=env,
+                user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+                workdir=self._workdir,
+            )
+        except docker.errors.NotFound as e:
+            raise SandboxGone(f"sandbox {self.id}: its container is gone") from e
+        except docker.errors.APIError as e:
+            if e.status_code == 409:  # not running
+                raise SandboxGone(f"sandbox {self.id}: {e.explanation}") from e
+            raise SandboxError(f"docker exec failed: {e}") from e
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker exec failed: {e}") from e
+        return str(res["Id"])
+
+    def _exec_exit(self, exec_id: str) -> int | None:
+        for _ in range(50):
+            info = self._client.api.exec_inspect(exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            time.sleep(0.01)
+        return None
+
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> ExecResult:
+        self._check_alive()
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if not argv:
+            raise ValueError("empty command")
+        if timeout is None:
+            timeout = self.spec.default_timeout_s
+        full_env = {"PATH": BASE_PATH, "HOME": self._workdir, "LANG": "C.UTF-8"}
+        full_env["PYTHONDONTWRITEBYTECODE"] = "1"
+        full_env.update(dict(self.spec.env))
+        full_env.update(env or {})
+        wd = posixpath.normpath(posixpath.join(self._workdir, cwd or "."))
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        async with self._lock:
+            self._check_alive()
+            return await self._exec_locked(
+                ["/bin/sh", "-c", _WRAPPER, "sh", wd, *argv], full_env, data, timeout, max_output
+            )
+
+    async def _exec_locked(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        stdin: bytes | None,
+        timeout: float,
+        max_output: int,
+    ) -> ExecResult:
+        start = time.monotonic()
+        exec_id = await asyncio.to_thread(self._exec_create, argv, env, stdin is not None)
+        try:
+            reader, writer = await asyncio.open_unix_connection(self._sock_path, limit=_CHUNK * 4)
+        except OSError as e:
+            raise SandboxError(f"cannot reach the docker engine: {e}") from e
+        out, err = bytearray(), bytearray()
+        truncated = False
+        timed_out = False
+        try:
+            await self._start_exec(reader, writer, exec_id)
+            feeder = None
+            if stdin is not None:
+                feeder = asyncio.create_task(_feed(writer, stdin))
+
+            async def pump() -> None:
+                nonlocal truncated
+                while True:
+                    try:
+                        head = await reader.readexactly(8)
+                    except asyncio.IncompleteReadError:
+                        return
+                    kind, size = head[0], struct.unpack(">I", head[4:])[0]
+                    payload = await reader.readexactly(size)
+                    buf = err if kind == 2 else out
+                    room = max_output - len(buf)
+                    if len(payload) > room:
+                        truncated = True
+                        if room > 0:
+                            buf += payload[:room]
+                    else:
+                        buf += payload
+
+            remaining = max(0.0, timeout - (time.monotonic() - start))
+            pumping = asyncio.ensure_future(pump())
+            try:
+                await asyncio.wait_for(asyncio.shield(pumping), remaining)
+            except TimeoutError:
+                timed_out = True
+                await self._kill_all()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(pumping), 0.5)
+            finally:
+                if not pumping.done():
+                    pumping.cancel()
+                if feeder is not None and not feeder.done():
+                    feeder.cancel()
+            if pumping.done() and not pumping.cancelled() and pumping.exception() is not None:
+                exc = pumping.exception()
+                raise SandboxError(f"exec stream failed: {exc!r}") from exc
+        except asyncio.IncompleteReadError as e:
+            raise SandboxError(f"the docker engine closed the exec stream: {e!r}") from e
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        duration = time.monotonic() - start
+        stdout = out.decode("utf-8", errors="replace")
+        stderr = err.decode("utf-8", errors="replace")
+        if timed_out:
+            return ExecResult(TIMEOUT_EXIT_CODE, stdout, stderr, True, False, truncated, duration)
+        self._check_alive()
+        code = await asyncio.to_thread(self._exec_exit, exec_id)
+        if code is None:
+            await self._kill_all()
+            raise SandboxError(f"sandbox {self.id}: the exec ended without an exit code")
+        if code >= 128:
+            # The wrapper itself may have been killed (its sweep never ran): sweep now.
+            await self._kill_all()
+            if not await asyncio.to_thread(self._running):
+                raise SandboxGone(f"sandbox {self.id}: its container stopped")
+        oom = code == 137 or _memory_error(stderr)
+        return ExecResult(code, stdout, stderr, False, oom, truncated, time.monotonic() - start)
+
+    async def _start_exec(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exec_id: str
+    ) -> None:
+        version = self._client.api.api_version
+        body = json.dumps({"Detach": False, "Tty": False}).encode()
+        head = (
+            f"POST /v{version}/exec/{exec_id}/start HTTP/1.1\r\n"
+            "Host: docker\r\nContent-Type: application/json\r\n"
+            "Connection: Upgrade\r\nUpgrade: tcp\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        writer.write(head + body)
+        await writer.drain()
+        status = await reader.readuntil(b"\r\n\r\n")
+        line = status.split(b"\r\n", 1)[0].decode(errors="replace")
+        if " 101 " not in line and " 200 " not in line:
+            rest = b""
+            with contextlib.suppress(Exception):
+                rest = await asyncio.wait_for(reader.read(2000), 1.0)
+            if " 404 " in line or " 409 " in line:
+                raise SandboxGone(f"sandbox {self.id}: {line} {rest.decode(errors='replace')}")
+            raise SandboxError(f"docker exec start: {line} {rest.decode(errors='replace')}")
+
+    def _running(self) -> bool:
+        try:
+            self._container.reload()
+        except Exception:
+            return False
+        return bool(self._container.attrs.get("State", {}).get("Running"))
+
+    def _kill_sync(self) -> bool:
+        """Kill every process of the sandbox user; False if no exec could do it."""
+        docker = _import_docker()
+        for _ in range(3):
+            try:
+                res = self._client.api.exec_create(
+                    self._container.id,
+                    ["/bin/sh", "-c", _KILL_LOOP],
+                    user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+                )
+                self._client.api.exec_start(res["Id"])
+                code = self._client.api.exec_inspect(res["Id"]).get("ExitCode")
+                if code == 0:
+                    return True
+            except docker.errors.DockerException:
+                pass
+            time.sleep(0.05)
+        return False
+
+    async def _kill_all(self) -> None:
+        if await asyncio.to_thread(self._kill_sync):
+            return
+        # No exec could start (pids limit reached?): restart the container; the workspace
+        # volume survives.
+        try:
+            await asyncio.to_thread(self._container.restart, timeout=0)
+        except Exception as e:
+            raise SandboxGone(f"sandbox {self.id}: could not kill its processes: {e}") from e
+
+    # ---- files -----------------------------------------------------------------------------
+
+    def _rel(self, path: str) -> str:
+        """`path` relative to the workdir ("" for the workdir); SandboxPathError if it escapes."""
+        if "\0" in path:
+            raise SandboxPathError(f"NUL in path {path!r}")
+        norm = posixpath.normpath(posixpath.join(self._workdir, path))
+        if norm == self._workdir:
+            return ""
+        if not norm.startswith(self._workdir + "/"):
+            raise SandboxPathError(f"path {path!r} is outside the workspace {self._workdir}")
+        return norm[len(self._workdir) + 1 :]
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_alive()
+        rel = self._rel(path)
+        if not rel:
+            raise SandboxPathError(f"{path!r} is a directory")
+        return await asyncio.to_thread(self._read_sync, rel, path)
+
+    def _read_sync(self, rel: str, path: str) -> bytes:
+        raw = self._get_archive(f"{self._workdir}/{rel}", path)
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tf:
+            member = tf.next()
+            if member is None or not member.isreg():
+                raise SandboxPathError(f"{path!r} is not a regular file")
+            f = tf.extractfile(member)
+            assert f is not None
+            return f.read()
+
+    def _get_archive(self, abs_path: str, shown: str) -> bytes:
+        docker = _import_docker()
+        try:
+            stream, _ = self._container.get_archive(abs_path)
+            return b"".join(stream)
+        except docker.errors.NotFound as e:
+            if not self._running():
+                raise SandboxGone(f"sandbox {self.id}: its container is gone") from e
+            raise FileNotFoundError(shown) from e
+        except docker.errors.APIError as e:
+            msg = str(e.explanation or e)
+            if "not a directory" in msg:
+                raise FileNotFoundError(shown) from e
+            raise SandboxError(f"docker get_archive {shown!r}: {msg}") from e
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker get_archive {shown!r}: {e}") from e
+
+    def _put_archive(self, data: bytes) -> None:
+        docker = _import_docker()
+        try:
+            ok = self._container.put_archive(self._workdir, data)
+        except docker.errors.NotFound as e:
+            raise SandboxGone(f"sandbox {self.id}: its container is gone") from e
+        except docker.errors.APIError as e:
+            raise SandboxError(f"docker put_archive: {e.explanation or e}") from e
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker put_archive: {e}") from e
+        if not ok:
+            raise SandboxError("docker put_archive failed")
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        self._check_alive()
+        rel = self._rel(path)
+        if not rel:
+            raise SandboxPathError("cannot write to the workdir itself")
+        raw = data.encode() if isinstance(data, str) else data
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            _add_parents(tf, rel, set())
+            tf.addfile(_info(rel, tarfile.REGTYPE, mode & 0o777, len(raw)), io.BytesIO(raw))
+        await asyncio.to_thread(self._put_archive, buf.getvalue())
+
+    async def upload_tar(self, data: bytes, dest: str | None = None) -> None:
+        self._check_alive()
+        base = self._rel(dest or ".")
+        clean = await asyncio.to_thread(_rewrite_upload, data, base)
+        await asyncio.to_thread(self._put_archive, clean)
+
+    async def download_tar(self, path: str | None = None) -> bytes:
+        self._check_alive()
+        rel = self._rel(path or ".")
+        return await asyncio.to_thread(self._download_sync, rel, path or ".")
+
+    def _download_sync(self, rel: str, shown: str) -> bytes:
+        raw = self._get_archive(f"{self._workdir}/{rel}" if rel else self._workdir, shown)
+        top = posixpath.basename(self._workdir)
+        out = io.BytesIO()
+        with (
+            tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as src,
+            tarfile.open(fileobj=out, mode="w") as dst,
+        ):
+            for m in src:
+                name = m.name
+                if not rel:  # the workdir itself: its entries, relative to it
+                    if name == top:
+                        continue
+                    name = name[len(top) + 1 :] if name.startswith(top + "/") else name
+                if m.isreg():
+                    f = src.extractfile(m)
+                    assert f is not None
+                    ti = _info(name, tarfile.REGTYPE, m.mode & 0o777, m.size, m.mtime)
+                    dst.addfile(ti, f)
+                elif m.isdir():
+                    dst.addfile(_info(name, tarfile.DIRTYPE, m.mode & 0o777, 0, m.mtime))
+                elif m.issym():
+                    ti = _info(name, tarfile.SYMTYPE, 0o777, 0, m.mtime)
+                    ti.linkname = m.linkname
+                    dst.addfile(ti)
+        return out.getvalue()
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(ConnectionError, OSError):
+        writer.write(data)
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+
+
+def _memory_error(stderr: str) -> bool:
+    tail = stderr.rstrip().rsplit("\n", 1)[-1]
+    return tail.startswith("MemoryError") or tail.endswith("MemoryError")
+
+
+def _info(name: str, kind: bytes, mode: int, size: int = 0, mtime: float | None = None) -> Any:
+    ti = tarfile.TarInfo(name)
+    ti.type = kind
+    ti.mode = mode
+    ti.size = size
+    ti.uid = ti.gid = SANDBOX_UID
+    ti.uname = ti.gname = "sandbox"
+    ti.mtime = int(time.time() if mtime is None else mtime)
+    return ti
+
+
+def _add_parents(tf: tarfile.TarFile, rel: str, done: set[str]) -> None:
+    parts = rel.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        d = "/".join(parts[:i])
+        if d not in done:
+            done.add(d)
+            tf.addfile(_info(d, tarfile.DIRTYPE, 0o755))
+
+
+def _rewrite_upload(data: bytes, base: str) -> bytes:
+    """The upload as a tar rooted at the workdir, or SandboxPathError (see the module doc)."""
+    out = io.BytesIO()
+    done: set[str] = set()
+    with (
+        tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as src,
+        tarfile.open(fileobj=out, mode="w") as dst,
+    ):
+        if base:
+            _add_parents(dst, base + "/x", done)
+        for m in src:
+            name = posixpath.normpath(m.name)
+            if name == ".":
+                continue
+            if name.startswith("/") or name == ".." or name.startswith("../") or "\0" in name:
+                raise SandboxPathError(f"tar member {m.name!r} escapes the destination")
+            full = f"{base}/{name}" if base else name
+            _add_parents(dst, full, done)
+            if m.isdir():
+                if full not in done:
+                    done.add(full)
+                    dst.addfile(_info(full, tarfile.DIRTYPE, (m.mode & 0o777) | 0o700))
+            elif m.isreg():
+                f = src.extractfile(m)
+                assert f is not None
+                ti = _info(full, tarfile.REGTYPE, (m.mode & 0o777) | 0o600, m.size, m.mtime)
+                dst.addfile(ti, f)
+            elif m.issym():
+                target = m.linkname
+                resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+                if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
+                    raise SandboxPathError(f"tar symlink {m.name!r} -> {target!r} escapes")
+                ti = _info(full, tarfile.SYMTYPE, 0o777, 0, m.mtime)
+                ti.linkname = target
+                dst.addfile(ti)
+            else:
+                raise SandboxPathError(f"tar member {m.name!r}: unsupported type (links/devices)")
+    return out.getvalue()

@@ -1,0 +1,254 @@
+"""The docker backend against the local engine (scripts/docker-up.sh starts it in `make test`).
+
+Skipped, with the reason in the summary (`-rs`), where no engine answers or the base image
+is not built."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import tarfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from palaestra.sandbox import SandboxGone, SandboxPathError, SandboxSpec, SandboxSpecError
+from palaestra.sandbox.docker import BASE_IMAGE, DockerBackend, DockerSandbox, docker_available
+
+
+def _why_unavailable() -> str:
+    ok, why = docker_available()
+    if not ok:
+        cache = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
+        note = cache / "docker-unavailable"
+        hint = f"; docker-up: {note.read_text().strip()}" if note.is_file() else ""
+        return f"docker engine unavailable: {why}{hint}"
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(BASE_IMAGE)
+    except Exception:
+        return f"image {BASE_IMAGE} not built (run `palaestra images build`)"
+    finally:
+        client.close()
+    return ""
+
+
+WHY = _why_unavailable()
+pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
+
+SPEC = SandboxSpec(memory_mb=128, pids=64, workspace_mb=16, default_timeout_s=10.0)
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[DockerBackend]:
+    b = DockerBackend()
+    try:
+        yield b
+    finally:
+        await b.aclose()
+
+
+@pytest.fixture
+async def box(backend: DockerBackend) -> AsyncIterator[DockerSandbox]:
+    async with await backend.create(SPEC) as sandbox:
+        yield sandbox
+
+
+def user_procs(box: DockerSandbox) -> list[str]:
+    """The container's processes of the sandbox user, as the host sees them (docker top)."""
+    top = box._container.top(ps_args="-eo uid,pid,args")
+    return [" ".join(p) for p in top["Processes"] if p[0] == "1000"]
+
+
+async def test_exec_output_and_exit_codes(box: DockerSandbox) -> None:
+    r = await box.exec(["echo", "hi"])
+    assert (r.exit_code, r.stdout, r.stderr, r.ok) == (0, "hi\n", "", True)
+    r = await box.exec("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr) == (3, "out\n", "err\n")
+    r = await box.exec("id -u; pwd; echo $HOME")
+    assert r.stdout.split() == ["1000", "/work", "/work"]
+    assert (await box.exec(["no-such-program"])).exit_code == 127
+    assert (await box.exec("pwd", cwd="missing")).exit_code == 1
+    r = await box.exec("echo $A$B", env={"A": "x", "B": "y"})
+    assert r.stdout == "xy\n"
+
+
+async def test_stdin(box: DockerSandbox) -> None:
+    r = await box.exec(["cat"], stdin=b"hello")
+    assert r.stdout == "hello"
+    big = "x" * 300_000
+    r = await box.exec(["python3", "-c", "import sys; print(len(sys.stdin.read()))"], stdin=big)
+    assert r.stdout.strip() == "300000"
+
+
+async def test_files_roundtrip(box: DockerSandbox) -> None:
+    await box.write_file("d/e/f.txt", "content", mode=0o600)
+    assert await box.read_file("d/e/f.txt") == b"content"
+    assert await box.read_file("/work/d/e/f.txt") == b"content"
+    r = await box.exec("stat -c '%u %a' d/e/f.txt; echo more >> d/e/f.txt")
+    assert r.stdout == "1000 600\n", r
+    assert await box.read_file("d/e/f.txt") == b"contentmore\n"
+    with pytest.raises(FileNotFoundError):
+        await box.read_file("missing.txt")
+    with pytest.raises(SandboxPathError):
+        await box.read_file("../etc/passwd")
+    with pytest.raises(SandboxPathError):
+        await box.write_file("/etc/x", "no")
+    await box.exec("ln -s /etc/passwd link")
+    with pytest.raises(SandboxPathError):
+        await box.read_file("link")
+    with pytest.raises(SandboxPathError):
+        await box.read_file("d")
+
+
+async def test_tar_roundtrip(box: DockerSandbox) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in (("a.py", b"print(1)\n"), ("pkg/b.txt", b"bee")):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    await box.upload_tar(buf.getvalue(), "up")
+    assert (await box.exec(["python3", "up/a.py"])).stdout == "1\n"
+    with tarfile.open(fileobj=io.BytesIO(await box.download_tar()), mode="r:") as tf:
+        names = set(tf.getnames())
+    assert {"up", "up/a.py", "up/pkg", "up/pkg/b.txt"} <= names
+    with tarfile.open(fileobj=io.BytesIO(await box.download_tar("up/pkg")), mode="r:") as tf:
+        assert tf.getnames() == ["pkg", "pkg/b.txt"]
+    evil = io.BytesIO()
+    with tarfile.open(fileobj=evil, mode="w") as tf:
+        ti = tarfile.TarInfo("../escape")
+        tf.addfile(ti, io.BytesIO(b""))
+    with pytest.raises(SandboxPathError):
+        await box.upload_tar(evil.getvalue())
+
+
+async def test_timeout_kills_everything(box: DockerSandbox) -> None:
+    started = time.monotonic()
+    r = await box.exec("sleep 100 & (setsid sleep 101 &); sleep 102", timeout=1.0)
+    elapsed = time.monotonic() - started
+    assert r.timed_out and r.exit_code == -9 and not r.ok
+    assert elapsed < 2.0, elapsed
+    assert user_procs(box) == []
+    assert (await box.exec(["true"])).exit_code == 0  # the sandbox still works
+
+
+async def test_nothing_survives_an_exec(box: DockerSandbox) -> None:
+    r = await box.exec("sleep 100 & (setsid sleep 101 &); echo started")
+    assert r.stdout == "started\n" and r.exit_code == 0
+    assert user_procs(box) == []
+
+
+async def test_fork_bomb_times_out_and_is_cleared(box: DockerSandbox) -> None:
+    r = await box.exec("f() { f | f & }; f; sleep 30", timeout=2.0)
+    assert r.timed_out
+    assert user_procs(box) == []
+    assert (await box.exec(["echo", "ok"])).stdout == "ok\n"
+
+
+async def test_output_cap(box: DockerSandbox) -> None:
+    r = await box.exec("yes | head -c 1000000; echo tail >&2", max_output=1000)
+    assert r.truncated and len(r.stdout) == 1000 and r.stderr == "tail\n"
+
+
+async def test_network_none(box: DockerSandbox) -> None:
+    code = (
+        "import socket\ns=socket.socket()\ns.settimeout(2)\n"
+        "try:\n s.connect(('1.1.1.1', 80)); print('connected')\n"
+        "except OSError as e: print('blocked', e)\n"
+    )
+    r = await box.exec(["python3", "-c", code])
+    assert r.stdout.startswith("blocked"), r
+    r = await box.exec("cat /proc/net/dev")
+    assert "eth0" not in r.stdout
+
+
+async def test_read_only_root_writable_workdir(box: DockerSandbox) -> None:
+    r = await box.exec("touch /usr/x")
+    assert r.exit_code != 0 and "Read-only" in r.stderr
+    r = await box.exec("touch /etc/x || touch /x")
+    assert r.exit_code != 0
+    r = await box.exec("echo a > /work/a && echo b > /tmp/b && cat /work/a /tmp/b")
+    assert r.stdout == "a\nb\n"
+
+
+async def test_workspace_size_limit(box: DockerSandbox) -> None:
+    r = await box.exec("head -c 40000000 /dev/zero > big")
+    assert r.exit_code != 0 and "No space" in r.stderr
+
+
+async def test_memory_limit(box: DockerSandbox) -> None:
+    r = await box.exec(["python3", "-c", "x = bytearray(400 * 1024 * 1024); print('alive')"])
+    assert r.oom_killed and not r.ok and "alive" not in r.stdout, r
+    assert (await box.exec(["true"])).ok
+
+
+async def test_pids_limit(box: DockerSandbox) -> None:
+    r = await box.exec("for i in $(seq 100); do sleep 5 & done 2>&1; echo done")
+    assert "fork" in r.stdout + r.stderr.lower() or "resource" in (r.stdout + r.stderr).lower()
+    assert user_procs(box) == []
+
+
+async def test_close_idempotent_and_gone(backend: DockerBackend) -> None:
+    box = await backend.create(SPEC)
+    assert backend.live_count == 1
+    cid = box.container_id
+    await box.close()
+    await box.close()
+    assert not box.alive and backend.live_count == 0
+    with pytest.raises(SandboxGone):
+        await box.exec(["true"])
+    with pytest.raises(SandboxGone):
+        await box.read_file("x")
+    import docker
+
+    client = docker.from_env()
+    with pytest.raises(docker.errors.NotFound):
+        client.containers.get(cid)
+    client.close()
+
+
+async def test_container_killed_is_gone(backend: DockerBackend) -> None:
+    box = await backend.create(SPEC)
+    await asyncio.to_thread(box._container.remove, force=True)
+    with pytest.raises(SandboxGone):
+        await box.exec(["true"])
+    await box.close()
+
+
+async def test_spec_too_large(backend: DockerBackend) -> None:
+    with pytest.raises(SandboxSpecError, match="memory_mb"):
+        await backend.create(SandboxSpec(memory_mb=10**8))
+    with pytest.raises(SandboxSpecError, match="cpus"):
+        await backend.create(SandboxSpec(cpus=1000))
+    with pytest.raises(SandboxSpecError, match="pids"):
+        await backend.create(SandboxSpec(pids=10**7))
+
+
+async def test_coding_episodes_on_docker(tmp_path: Path) -> None:
+    """`palaestra serve --sandbox docker`: the oracle on two HumanEval tasks scores 1."""
+    from palaestra.sdk.evaluation import run_eval
+    from palaestra.sdk.policies import OraclePolicy
+    from palaestra.server.config import Settings
+    from palaestra.server.inprocess import AsyncInProcessClient
+    from palaestra.server.runtime import build_manager
+
+    manager = build_manager(Settings(data_dir=tmp_path / "data", sandbox="docker"))
+    await manager.start()
+    try:
+        assert manager.backend is not None and manager.backend.name == "docker"
+        client = AsyncInProcessClient(manager)
+        listing = await client.tasks(pack="openai/humaneval", limit=1000)
+        tasks = [t for t in listing.tasks if t.id.split(":")[-1] in ("HumanEval-0", "HumanEval-2")]
+        assert len(tasks) == 2
+        attempts = await run_eval(client, OraclePolicy(), tasks, concurrency=2)
+        assert [a.reward for a in attempts] == [1.0, 1.0], [
+            (a.task, a.status, a.feedback) for a in attempts
+        ]
+    finally:
+        await manager.shutdown()
