@@ -90,15 +90,19 @@ terminal, hence no terminal process group: without job control the command's pro
 share the shell's group, so they are signalled one by one) -- then, after INT_GRACE_S,
 SIGKILL to them (repeated, so the next command of a list dies too; job control, ``set
 -m``, is off: with it bash exits when a foreground job dies of SIGINT), and if the shell
-still has not come back after KILL_GRACE_S
-(a builtin loop like ``while :; do :; done``, ``exec sleep``, a stopped shell) the shell
-itself is killed.  The worst case is timeout + about 0.8 s.  Background jobs started by
-*earlier* commands survive a timeout (their groups existed); those started by the
-timed-out command die with it.  Everything dies on `close()` and when the shell dies (the
+still has not come back after KILL_GRACE_S (a builtin loop like ``while :; do :; done``,
+``exec sleep``, a stopped shell) the shell itself is killed.  The worst case is timeout +
+about 0.8 s.  Background jobs started by *earlier* commands (and what they fork) survive
+a timeout; those the timed-out command started are SIGKILLed once the shell is back.
+Everything dies on `close()` and when the shell dies (the
 sandbox's pid namespace goes with it).
 
 The exit code of a timed-out command is what the shell saw (130 after SIGINT, 137 after
-SIGKILL), or -9 if the shell itself had to be killed.  A shell that died (``exit``,
+SIGKILL), or -9 if the shell itself had to be killed.  ``exec prog`` replaces the shell:
+that command ends when prog does (or on its timeout, by killing it).  After the SIGINT the
+rest of a command list goes on, as in any non-interactive shell (``sleep 100; echo x``
+prints x), until the SIGKILL stage; bash reports a job it saw killed ("Killed …") in the
+output of the next command.  A shell that died (``exit``,
 ``exec``, killed, ``set -e``) is restarted by the next `run`, whose result says
 ``restarted=True``; its cwd and variables are back to the start.  The result of the
 command during which it died has the shell's exit status as exit code and the workdir as
@@ -474,7 +478,11 @@ class BashSession(ShellSession):
         self._interrupt = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self.forged_records = 0  # status records that did not carry the nonce (diagnostics)
+
+    @property
+    def forged_records(self) -> int:
+        """Status bytes of the current shell that did not carry the expected nonce."""
+        return self._live.forged if self._live is not None else 0
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -725,7 +733,9 @@ class BashSession(ShellSession):
                     status_at = now
                 if live.marker_seen or now - status_at > MARKER_GRACE_S or live.output_eof:
                     break
-            elif self._dead(live):
+            elif live.proc.exited:
+                # (Status EOF alone is not the end: `exec prog` replaced the shell and
+                # prog runs on, under this command's timeouts.)
                 break
             if stage == 0 and live.record is None:
                 why = ""

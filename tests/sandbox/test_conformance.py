@@ -284,11 +284,6 @@ async def test_shell_session_keeps_state(backend: Backend, spec: SandboxSpec) ->
             await sh.close()
 
 
-@pytest.mark.xfail(
-    reason="the bwrap shell restarts (state lost) after a timeout; DESIGN §5 asks it to "
-    "interrupt/kill the foreground group and keep the session",
-    strict=False,
-)
 async def test_shell_state_survives_timeout(backend: Backend, spec: SandboxSpec) -> None:
     async with await backend.create(spec) as box:
         try:
