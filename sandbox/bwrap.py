@@ -684,8 +684,9 @@ class BwrapSandbox(Sandbox):
             )
         for f in etc_files:
             a += ["--ro-bind", str(self._etc / f), f"/etc/{f}"]
-        a += ["--proc", "/proc", "--dev", "/dev"]
-        a += ["--size", str(self.spec.workspace_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        size = str(self.spec.workspace_mb * 1024 * 1024)
+        a += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
+        a += ["--size", size, "--tmpfs", "/tmp"]
         a += ["--bind", str(self.workspace), self._workdir]
         a += ["--unshare-all", "--unshare-user", "--disable-userns"]
         a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
@@ -907,6 +908,11 @@ class BwrapSandbox(Sandbox):
             )
         except OSError as e:
             os.close(status_r)
+            if e.errno == errno.E2BIG:
+                # The command itself is too big for execve: the caller's doing, so data (as a
+                # shell reports it), not an infrastructure fault that would void the episode.
+                message = "palaestra: argument list too long (an argument over 128 KiB?)\n"
+                return ExecResult(126, "", message, duration_s=time.monotonic() - start)
             raise SandboxError(f"cannot start bwrap: {e}") from e
         finally:
             os.close(status_w)

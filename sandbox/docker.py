@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import os
@@ -607,6 +608,12 @@ class DockerSandbox(Sandbox):
         """`path` relative to the workdir ("" for the workdir); SandboxPathError if it escapes."""
         if "\0" in path:
             raise SandboxPathError(f"NUL in path {path!r}")
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SandboxPathError(
+                f"path {path!r} is not valid UTF-8 (the docker archive API needs UTF-8 names)"
+            ) from None
         norm = posixpath.normpath(posixpath.join(self._workdir, path))
         if norm == self._workdir:
             return ""
@@ -621,7 +628,38 @@ class DockerSandbox(Sandbox):
             raise SandboxPathError(f"{path!r} is a directory")
         return await asyncio.to_thread(self._read_sync, rel, path)
 
+    def _refuse_links(self, rel: str, shown: str, *, file: bool = False) -> None:
+        """SandboxPathError if any component of `rel` is a symlink (or, with `file`, if `rel`
+        exists and is not a regular file: a FIFO, socket, device or directory).
+
+        The archive API resolves symlinks inside the container, so a planted `d -> /etc`
+        would make `read_file("d/passwd")` read outside the workspace. No untrusted process
+        runs between execs (each exec ends by killing them all), so this check cannot race.
+        """
+        docker = _import_docker()
+        api = self._container.client.api
+        url = api._url("/containers/{0}/archive", self._container.id)
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            here = f"{self._workdir}/{'/'.join(parts[:i])}"
+            try:
+                res = api.head(url, params={"path": here})
+            except Exception as e:
+                raise SandboxError(f"docker archive stat {shown!r}: {e}") from e
+            if res.status_code == 404:
+                return  # the rest does not exist: there is nothing to follow
+            if res.status_code >= 400:
+                raise SandboxError(f"docker archive stat {shown!r}: HTTP {res.status_code}")
+            header = res.headers.get("x-docker-container-path-stat")
+            stat = docker.utils.decode_json_header(header) if header else {}
+            mode = int(stat.get("mode", 0))
+            if mode & _GO_MODE_SYMLINK or stat.get("linkTarget"):
+                raise SandboxPathError(f"{shown!r} goes through a symlink ({'/'.join(parts[:i])})")
+            if file and i == len(parts) and mode & _GO_MODE_NOT_REGULAR:
+                raise SandboxPathError(f"{shown!r} exists and is not a regular file")
+
     def _read_sync(self, rel: str, path: str) -> bytes:
+        self._refuse_links(rel, path)
         raw = self._get_archive(f"{self._workdir}/{rel}", path)
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tf:
             member = tf.next()
@@ -671,12 +709,15 @@ class DockerSandbox(Sandbox):
         with tarfile.open(fileobj=buf, mode="w") as tf:
             _add_parents(tf, rel, set())
             tf.addfile(_info(rel, tarfile.REGTYPE, mode & 0o777, len(raw)), io.BytesIO(raw))
+        await asyncio.to_thread(functools.partial(self._refuse_links, rel, path, file=True))
         await asyncio.to_thread(self._put_archive, buf.getvalue())
 
     async def upload_tar(self, data: bytes, dest: str | None = None) -> None:
         self._check_alive()
         base = self._rel(dest or ".")
-        clean = await asyncio.to_thread(_rewrite_upload, data, base)
+        clean, parents = await asyncio.to_thread(_rewrite_upload, data, base)
+        for parent in sorted(parents):
+            await asyncio.to_thread(self._refuse_links, parent, parent)
         await asyncio.to_thread(self._put_archive, clean)
 
     async def download_tar(self, path: str | None = None) -> bytes:
@@ -685,6 +726,8 @@ class DockerSandbox(Sandbox):
         return await asyncio.to_thread(self._download_sync, rel, path or ".")
 
     def _download_sync(self, rel: str, shown: str) -> bytes:
+        if rel:
+            self._refuse_links(rel, shown)
         raw = self._get_archive(f"{self._workdir}/{rel}" if rel else self._workdir, shown)
         top = posixpath.basename(self._workdir)
         out = io.BytesIO()
@@ -748,10 +791,22 @@ def _add_parents(tf: tarfile.TarFile, rel: str, done: set[str]) -> None:
             tf.addfile(_info(d, tarfile.DIRTYPE, 0o755))
 
 
-def _rewrite_upload(data: bytes, base: str) -> bytes:
-    """The upload as a tar rooted at the workdir, or SandboxPathError (see the module doc)."""
+# Go's os.FileMode bits, as the archive API's stat header reports them.
+_GO_MODE_SYMLINK = 1 << 27
+_GO_MODE_NOT_REGULAR = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21)
+
+
+def _rewrite_upload(data: bytes, base: str) -> tuple[bytes, set[str]]:
+    """The upload as a tar rooted at the workdir, and the parent folders it writes into.
+
+    SandboxPathError (see the module doc) for escapes, including a member that goes
+    through a symlink of the same archive (`s1 -> .`, `s1/s2 -> ..`, `s1/s2/x`); the
+    caller checks the parents for symlinks already in the container.
+    """
     out = io.BytesIO()
     done: set[str] = set()
+    links: set[str] = set()
+    parents: set[str] = set()
     with (
         tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as src,
         tarfile.open(fileobj=out, mode="w") as dst,
@@ -765,6 +820,11 @@ def _rewrite_upload(data: bytes, base: str) -> bytes:
             if name.startswith("/") or name == ".." or name.startswith("../") or "\0" in name:
                 raise SandboxPathError(f"tar member {m.name!r} escapes the destination")
             full = f"{base}/{name}" if base else name
+            above = [posixpath.join(*full.split("/")[:i]) for i in range(1, full.count("/") + 1)]
+            if any(p in links for p in above):
+                raise SandboxPathError(f"tar member {m.name!r} goes through a symlink")
+            if above:
+                parents.add(above[-1])
             _add_parents(dst, full, done)
             if m.isdir():
                 if full not in done:
@@ -783,6 +843,7 @@ def _rewrite_upload(data: bytes, base: str) -> bytes:
                 ti = _info(full, tarfile.SYMTYPE, 0o777, 0, m.mtime)
                 ti.linkname = target
                 dst.addfile(ti)
+                links.add(full)
             else:
                 raise SandboxPathError(f"tar member {m.name!r}: unsupported type (links/devices)")
-    return out.getvalue()
+    return out.getvalue(), parents

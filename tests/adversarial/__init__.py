@@ -1,0 +1,1 @@
+"""Adversarial tests: untrusted code attacking the sandbox, its neighbours and the host."""
