@@ -105,17 +105,24 @@ async def connect(port: int) -> Conn:
     return conn
 
 
-def post(path: str, body: Any, port: int) -> bytes:
+def _auth(token: str) -> str:
+    return f"Authorization: Bearer {token}\r\n" if token else ""
+
+
+def post(path: str, body: Any, port: int, token: str = "") -> bytes:
     payload = json.dumps(body, separators=(",", ":")).encode()
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{_auth(token)}"
         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
     )
     return head.encode() + payload
 
 
-def delete(path: str, port: int) -> bytes:
-    return f"DELETE {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n\r\n".encode()
+def delete(path: str, port: int, token: str = "") -> bytes:
+    return (
+        f"DELETE {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{_auth(token)}"
+        "Content-Length: 0\r\n\r\n"
+    ).encode()
 
 
 async def checked(conn: Conn, data: bytes, ok: tuple[int, ...] = (200,)) -> bytes:
@@ -132,6 +139,7 @@ class Target:
     port: int
     proc: subprocess.Popen[bytes]
     log: Path
+    token: str = ""  # palaestra: the local admin token its data dir holds
 
     async def open_client(self) -> tuple[Conn, bytes]:
         """A connection and the pre-built bytes of one no-op step on it."""
@@ -150,12 +158,13 @@ class Palaestra(Target):
     async def open_client(self) -> tuple[Conn, bytes]:
         conn = await connect(self.port)
         reset = {"task": ECHO_TASK, "options": {"max_steps": 1_000_000_000}}
-        body = json.loads(await checked(conn, post("/v1/episodes", reset, self.port)))
+        body = json.loads(await checked(conn, post("/v1/episodes", reset, self.port, self.token)))
         episode = body["episode_id"]
         step = post(
             f"/v1/episodes/{episode}/step",
             {"action": {"tool": "echo", "arguments": {"text": "hi"}}},
             self.port,
+            self.token,
         )
         reply = json.loads(await checked(conn, step))
         if reply["observation"]["text"] != "hi" or reply["terminated"] or reply["truncated"]:
@@ -164,7 +173,8 @@ class Palaestra(Target):
         return conn, step
 
     async def close_client(self, conn: Conn) -> None:
-        await checked(conn, delete(f"/v1/episodes/{conn.episode}", self.port), ok=(200, 204))
+        closing = delete(f"/v1/episodes/{conn.episode}", self.port, self.token)
+        await checked(conn, closing, ok=(200, 204))
         conn.close()
 
 
@@ -284,8 +294,10 @@ def servers(workdir: Path) -> Iterator[tuple[Palaestra, OpenEnv]]:
 
         wait_ready(p_proc, p_port, "/readyz", p_log)
         wait_ready(o_proc, o_port, "/health", o_log)
+        # Every /v1 request carries a bearer token: the admin token written at first start.
+        token = (workdir / "palaestra-data" / "admin.token").read_text().strip()
         yield (
-            Palaestra("palaestra", p_port, p_proc, p_log),
+            Palaestra("palaestra", p_port, p_proc, p_log, token),
             OpenEnv("OpenEnv", o_port, o_proc, o_log),
         )
     finally:

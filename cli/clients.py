@@ -8,6 +8,7 @@ from pathlib import Path
 
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.http import AsyncHTTPClient
+from palaestra.server.auth import read_token_file
 from palaestra.server.config import Settings, load_settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.runtime import build_manager
@@ -17,12 +18,20 @@ def settings_for(data_dir: Path | None) -> Settings:
     return load_settings({"data_dir": data_dir})
 
 
+def resolve_token(token: str | None, data_dir: Path | None) -> str | None:
+    """`--token` / PALAESTRA_TOKEN, else the local admin token of `--data-dir` (a server on
+    this machine), else the one in the default data dir, if there is one."""
+    if token:
+        return token
+    return read_token_file(data_dir if data_dir is not None else settings_for(None).data_dir)
+
+
 @asynccontextmanager
 async def open_client(
     url: str | None, token: str | None, data_dir: Path | None
 ) -> AsyncIterator[AsyncClient]:
     if url:
-        async with AsyncHTTPClient(url, token=token) as http:
+        async with AsyncHTTPClient(url, token=resolve_token(token, data_dir)) as http:
             yield http
         return
     manager = build_manager(settings_for(data_dir))

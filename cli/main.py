@@ -16,6 +16,9 @@ from rich.table import Table
 import palaestra
 from palaestra.cli.clients import open_client
 from palaestra.cli.images import images_app
+from palaestra.cli.pack import pack_app
+from palaestra.cli.registry import register as register_registry_commands
+from palaestra.cli.tokens import token_app
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.evaluation import Attempt, build_report, run_eval
@@ -29,6 +32,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(images_app, name="images")
+app.add_typer(pack_app, name="pack")
+register_registry_commands(pack_app)  # pack publish, pack install
+app.add_typer(token_app, name="token")
 # Tables stay readable when the output is a pipe or a CI log (Rich would assume 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
@@ -50,8 +56,14 @@ def serve(
     max_episodes: Annotated[int | None, typer.Option(help="live episodes before 429")] = None,
     idle_ttl_s: Annotated[float | None, typer.Option(help="idle episode TTL (s)")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning")] = None,
+    auth: Annotated[
+        str | None,
+        typer.Option(help="token (default) | off: everyone is admin, local experiments only"),
+    ] = None,
 ) -> None:
-    """Run the HTTP server on the embedded defaults (bwrap, SQLite, built-in packs)."""
+    """Run the HTTP server on the embedded defaults (bwrap, SQLite, built-in packs).
+
+    At first start it writes a local admin token to <data dir>/admin.token (mode 0600)."""
     import uvicorn
 
     from palaestra.server.app import create_app
@@ -66,6 +78,7 @@ def serve(
             "max_episodes": max_episodes,
             "idle_ttl_s": idle_ttl_s,
             "log_level": log_level,
+            "auth": auth,
         }
     )
     configure_logging(settings.log_level)

@@ -125,3 +125,10 @@ class Family(abc.ABC):
     def null(self, task: Task) -> list[Action]:
         """A do-nothing attempt; it must score 0."""
         return [Action(tool="submit", arguments={})]
+
+    def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
+        """Known ways to game this family's verifier, as named action lists.
+
+        `palaestra pack check` plays each one on every task and fails the pack if any
+        scores above the pack's `checks.cheat_max_reward` (default 0.1)."""
+        return []

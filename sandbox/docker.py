@@ -16,17 +16,81 @@ volumes are mounted and plain tmpfs mounts are not.
 
 Every exec runs as uid/gid 1000 through a small shell wrapper::
 
-    cd CWD || exit 1; "$@"; rc=$?; while kill -9 -1; do :; done; exit $rc
+    cd CWD || exit 1; "$@"; rc=$?; <sweep>; exit $rc
 
-``kill -9 -1`` from uid 1000 reaches every process of the sandbox user in the container's
-pid namespace but itself -- never init or the keep-alive, which run as another uid. So
-when an exec returns nothing it started is left running (the bwrap backend's guarantee:
-no untrusted code runs between two execs), although `docker exec` itself has no way to
-kill what it started. On a timeout a second exec runs the same kill loop (it needs no
-fork, so it works against a fork bomb at the pids limit too); if even that exec cannot
-start, the container is restarted (the workspace volume survives, /tmp does not). A
-timed-out exec returns with ``exit_code=-9`` within about 0.1-0.3 s of its timeout.
-Because of that sweep, execs in one sandbox run one at a time (an asyncio lock).
+The sweep (builtins only, no fork) SIGKILLs, pass after pass until none is left, every
+process of uid 1000 with gid 1000 (an exec's) or with the gid of a persistent shell that
+is gone -- never init or the keep-alive (another uid), never a live shell's processes
+(see below). So when an exec returns nothing it started is left running (the bwrap
+backend's guarantee), although `docker exec` itself has no way to kill what it started. A
+fork bomb that outruns one kill per pid for 200 passes gets ``kill -9 -1`` (every process
+of uid 1000, live shells included: they restart). On a timeout a second exec runs the
+same sweep (it works at the pids limit too); if even that exec cannot start, the
+container is restarted (the workspace volume survives, /tmp does not). A timed-out exec
+returns with ``exit_code=-9`` within about 0.1-0.3 s of its timeout. Because of that
+sweep, execs in one sandbox run one at a time (an asyncio lock).
+
+Persistent shell (`DockerSandbox.shell`)
+----------------------------------------
+
+A `palaestra.sandbox.shell.BashSession` over `DockerShellProcess`: one long-lived
+``docker exec -i`` per shell (the exec API's hijacked socket, stdin attached, no tty) that
+runs ``bash --noprofile --norc -c BOOTSTRAP``: docker's stdin is the control stream (bash
+moves it to fd 60 and puts /dev/null on fd 0), stdout the output stream, stderr the status
+stream (the multiplexed frames tell them apart). Before the bootstrap, bash reports its pid
+and the container's /proc/uptime on the status stream. A command's round trip is frames on
+that one socket, no extra exec: about 0.5 ms (median; 1 ms p90) against ~60 ms for an exec.
+
+*Which processes are the shell's.* Each shell launch runs as uid 1000 with a gid of its
+own (SHELL_GID_BASE + n, never reused in a sandbox). A process cannot change its gid (no
+CAP_SETGID, no-new-privileges stops set-gid files), so unlike a session id or a process
+group (``setsid`` leaves one) the gid is a marker untrusted code can neither shed nor
+forge: whatever the shell started, however it detached, has the shell's gid; nothing an
+exec started has it. That is what lets an exec's sweep spare a live shell, and lets the
+shell kill its own:
+
+* a snapshot (before each command) is a point on the container's clock, no exec: host
+  CLOCK_BOOTTIME minus the offset measured at launch (0 when the engine shares this
+  kernel, the usual case: /proc/<pid>/stat starttimes are on that clock);
+* on a timeout, idle timeout or interrupt, a short helper exec (``sh``, builtins only, run
+  with the shell's gid) lists the processes of that gid with their parent and start time;
+  the job is those that started since the snapshot and do not descend from one that did
+  not (the bwrap rule; orphans, whose parent is gone, count as the job), never the shell
+  itself; the helper signals them (SIGINT, then SIGKILL, ~60-100 ms per round);
+* `kill` (the shell's last stage, `close`, and the shell's own death -- ``exit``, ``exec``,
+  killed -- as bwrap's pid namespace would) marks the gid dead and runs a helper that
+  SIGKILLs every process of that gid until none is left; every later exec's sweep kills
+  that gid too; if no exec can start (pids limit) the sandbox-wide sweep or a container
+  restart does it.
+
+*Non-dumpable.* At create, the image's bash is copied once per image (from a container
+created and never started, into ``$PALAESTRA_CACHE/docker-shell``), mode 0111, and bound
+read-only at SHELL_BINARY. The kernel marks a process that execs a file it cannot read as
+non-dumpable, so ``/proc/<bash>/{fd,mem,environ}`` are EACCES for the sandbox's other
+processes and ptrace is refused: the control and status pipes and the nonce are out of
+reach of programs the commands run, as with bwrap. (The mount cannot be chmodded: it is
+read-only and the container has no capabilities; if the host user is uid 1000 the file is
+owned by the sandbox user, which changes nothing.) An image with no bash to copy gets the
+image's /bin/bash, which is dumpable: see the residual risks in `palaestra.sandbox.shell`.
+
+Residual risks of the docker shell, beyond those of `palaestra.sandbox.shell`:
+
+* the shell and the execs share one pid namespace and uid: a shell's background job
+  (alive between commands, by design) can signal or ptrace (docker's default seccomp
+  profile allows it; Yama may not) a concurrent exec's processes, e.g. a verifier's, and
+  read their /proc. Close the shell before running a verifier (a bwrap shell's jobs can
+  tamper with the verifier's files, but cannot see its processes);
+* a process of the timed-out command that started within one clock tick (10 ms) of the
+  command (or of the launch-time offset measurement, when the engine is on another
+  kernel) may be counted as an earlier background job and survive the timeout; it still
+  dies at `close`, and at the shell's death;
+* signal helpers see pids, not identities: a pid reused between the listing and the kill
+  (≈100 ms) by another uid-1000 process gets the signal (which the untrusted code could
+  send itself anyway);
+* the helper execs are uid-1000 processes the shell's code could kill: a signal round is
+  then lost, and the last stage (kill the gid) falls back to the sandbox-wide sweep;
+* a bind mount needs the engine to see this host's files (a local engine; with a remote
+  or VM engine the create fails on the mount rather than running a dumpable shell).
 
 Output is read from the exec's hijacked HTTP connection with asyncio (the engine's unix
 socket; no thread per exec), demultiplexed, and capped at ``max_output`` bytes per stream;
@@ -77,6 +141,7 @@ from palaestra.sandbox.base import (
     SandboxSpec,
     SandboxSpecError,
 )
+from palaestra.sandbox.shell import BashSession, ShellProcess, bootstrap_script
 
 BASE_IMAGE = "palaestra/base:bookworm"
 SANDBOX_UID = 1000
@@ -86,21 +151,60 @@ TIMEOUT_EXIT_CODE = -9
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 MAX_PIDS = 32768
 MAX_WORKSPACE_MB = 64 * 1024
-# Kill every live process of the sandbox user but this shell, until none is left. Builtins
-# only (no fork: it must work at the pids limit). kill(-1) "succeeds" while any other
-# process exists, even one it may not signal, so liveness is read from /proc (zombies,
-# which run nothing, are skipped; init reaps orphans, `wait` our own children).
-_KILL_LOOP = (
-    'alive() { for p in /proc/[0-9]*; do [ "$p" = "/proc/$$" ] && continue; s=; '
-    'while read -r k a _; do case $k in State:) s=$a;; Uid:) [ "$a" = '
-    f'{SANDBOX_UID} ] && [ "$s" != Z ] && [ "$s" != X ] && return 0; break;; esac; '
-    'done 2>/dev/null < "$p/status"; done; return 1; }; '
-    "n=0; while alive && [ $n -lt 1000 ]; do kill -9 -1 2>/dev/null; wait; n=$((n+1)); done; "
-    "! alive"
+# Shells (`DockerSandbox.shell`) run with gid SHELL_GID_BASE + n, a fresh n per launch;
+# execs with gid SANDBOX_UID. Nothing in the container can change its gid (no CAP_SETGID,
+# no-new-privileges), so the gid tells an exec's processes from a shell's.
+SHELL_GID_BASE = 20000
+# Where the execute-only copy of the image's bash is bound (read-only) for the shell.
+SHELL_BINARY = "/run/palaestra/bash"
+
+
+def _sweep(pick: str, *, fast: bool) -> str:
+    """A builtins-only (no fork: it must work at the pids limit) sh snippet that SIGKILLs,
+    until none is left, every live process of the sandbox user but itself for which `pick`
+    (a snippet that sees the process's gid as ``$g``) succeeds; its status is 0 once none is
+    left. With `fast`, a pick that still finds processes after 200 passes (a fork bomb
+    outrunning one kill per pid) gives way to ``kill -9 -1``: every process of the user,
+    shells included. Zombies, which run nothing, are skipped; init reaps orphans, `wait`
+    our own children."""
+    return (
+        '__f() { __n=0; for p in /proc/[0-9]*; do [ "$p" = "/proc/$$" ] && continue; s=; u=; g=; '
+        "while read -r k a _; do case $k in State:) s=$a;; Uid:) u=$a;; Gid:) g=$a; break;; "
+        'esac; done 2>/dev/null < "$p/status"; [ "$u" = '
+        f'{SANDBOX_UID} ] && [ "$s" != Z ] && [ "$s" != X ] || continue; {pick} || continue; '
+        '__n=1; [ "$1" = k ] && kill -9 "${p#/proc/}" 2>/dev/null; done; [ $__n = 1 ]; }; '
+        "n=0; while __f k && [ $n -lt 200 ]; do wait; n=$((n+1)); done; "
+        + (
+            "n=0; while __f && [ $n -lt 1000 ]; do kill -9 -1 2>/dev/null; wait; n=$((n+1)); done; "
+            if fast
+            else ""
+        )
+        + "! __f"
+    )
+
+
+# After every exec: kill the exec's processes (gid SANDBOX_UID) and those of the shells that
+# are gone (their gids: ``$__dead``, set by the wrapper). A live shell's are spared.
+_KILL_LOOP = _sweep(
+    f'[ "$g" = {SANDBOX_UID} ] || case " $__dead " in *" $g "*) true;; *) false;; esac',
+    fast=True,
 )
 _WRAPPER = (
-    'cd "$1" 2>/dev/null || { echo "cannot cd to $1" >&2; exit 1; }; shift; '
+    'cd "$1" 2>/dev/null || { echo "cannot cd to $1" >&2; exit 1; }; __dead=$2; shift 2; '
     f'"$@"; rc=$?; {_KILL_LOOP}; exit $rc'
+)
+# A shell's processes (gid ``$1``), all of them: `DockerShellProcess.kill`.
+_SHELL_KILL = _sweep('[ "$g" = "$__g" ]', fast=False)
+# A shell's processes (gid ``$1``) as lines ``pid ppid starttime state``, then ``.``; then
+# reads ``signal pid…`` and signals those: `DockerShellProcess.signal_job`.
+_SHELL_JOB = (
+    '__g=$1; for p in /proc/[0-9]*; do [ "$p" = "/proc/$$" ] && continue; u=; g=; '
+    "while read -r k a _; do case $k in Uid:) u=$a;; Gid:) g=$a; break;; esac; "
+    'done 2>/dev/null < "$p/status"; '
+    f'[ "$u" = {SANDBOX_UID} ] && [ "$g" = "$__g" ] || continue; '
+    'read -r l 2>/dev/null < "$p/stat" || continue; set -- ${l##*) }; '
+    '__s=$1; __pp=$2; shift 19; echo "${p#/proc/} $__pp $1 $__s"; done; echo .; '
+    'read -r sig pids || exit 0; [ -z "$pids" ] || kill -"$sig" $pids 2>/dev/null; echo done'
 )
 _CHUNK = 64 * 1024
 
@@ -305,6 +409,9 @@ class DockerSandbox(Sandbox):
         self._closed = False
         self._lock = asyncio.Lock()
         self._sock_path = _socket_path()
+        self._shell_binary: str | None = None  # host path, bound at SHELL_BINARY
+        self._next_gid = SHELL_GID_BASE
+        self._dead: set[int] = set()  # gids of shells that are gone (swept after each exec)
 
     @property
     def container_id(self) -> str:
@@ -330,6 +437,14 @@ class DockerSandbox(Sandbox):
                 labels=labels,
             )
             env = {"PATH": BASE_PATH, "HOME": self._workdir, "LANG": "C.UTF-8"}
+            self._shell_binary = shell_binary(self._client, self.image)
+            mounts = []
+            if self._shell_binary is not None:
+                mounts.append(
+                    docker.types.Mount(
+                        SHELL_BINARY, self._shell_binary, type="bind", read_only=True
+                    )
+                )
             self._container = self._client.containers.run(
                 self.image,
                 ["sleep", "infinity"],
@@ -344,6 +459,7 @@ class DockerSandbox(Sandbox):
                 read_only=True,
                 tmpfs={"/tmp": f"size={mb}m,mode=1777,nosuid,nodev"},
                 volumes={self._volume: {"bind": self._workdir, "mode": "rw"}},
+                mounts=mounts,
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",
                 pids_limit=spec.pids,
@@ -401,7 +517,9 @@ class DockerSandbox(Sandbox):
 
     # ---- exec ------------------------------------------------------------------------------
 
-    def _exec_create(self, argv: list[str], env: dict[str, str], stdin: bool) -> str:
+    def _exec_create(
+        self, argv: list[str], env: dict[str, str], stdin: bool, gid: int = SANDBOX_UID
+    ) -> str:
         docker = _import_docker()
         try:
             res = self._client.api.exec_create(
@@ -412,7 +530,7 @@ class DockerSandbox(Sandbox):
                 stderr=True,
                 tty=False,
                 environment=env,
-                user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+                user=f"{SANDBOX_UID}:{gid}",
                 workdir=self._workdir,
             )
         except docker.errors.NotFound as e:
@@ -458,7 +576,11 @@ class DockerSandbox(Sandbox):
         async with self._lock:
             self._check_alive()
             return await self._exec_locked(
-                ["/bin/sh", "-c", _WRAPPER, "sh", wd, *argv], full_env, data, timeout, max_output
+                ["/bin/sh", "-c", _WRAPPER, "sh", wd, self._dead_gids(), *argv],
+                full_env,
+                data,
+                timeout,
+                max_output,
             )
 
     async def _exec_locked(
@@ -566,6 +688,72 @@ class DockerSandbox(Sandbox):
                 raise SandboxGone(f"sandbox {self.id}: {line} {rest.decode(errors='replace')}")
             raise SandboxError(f"docker exec start: {line} {rest.decode(errors='replace')}")
 
+    # ---- persistent shell --------------------------------------------------------------
+
+    def _dead_gids(self) -> str:
+        return " ".join(str(g) for g in sorted(self._dead))
+
+    async def _open_exec(
+        self, argv: list[str], env: dict[str, str], gid: int, stdin: bool
+    ) -> tuple[str, asyncio.StreamReader, asyncio.StreamWriter]:
+        """Create and start an exec as uid SANDBOX_UID, gid `gid`: its id and hijacked stream."""
+        exec_id = await asyncio.to_thread(self._exec_create, argv, env, stdin, gid)
+        try:
+            reader, writer = await asyncio.open_unix_connection(self._sock_path, limit=_CHUNK * 4)
+        except OSError as e:
+            raise SandboxError(f"cannot reach the docker engine: {e}") from e
+        try:
+            await self._start_exec(reader, writer, exec_id)
+        except BaseException:
+            writer.close()
+            raise
+        return exec_id, reader, writer
+
+    async def shell(self) -> BashSession:
+        """A persistent bash: one long-lived ``docker exec -i`` per session (see the module
+        docstring), uid SANDBOX_UID with a gid of its own, the execute-only bash at
+        SHELL_BINARY where the image has one to copy (else the image's /bin/bash)."""
+        self._check_alive()
+        binary = SHELL_BINARY if self._shell_binary is not None else "/bin/bash"
+        env = {
+            "PATH": BASE_PATH,
+            "HOME": self._workdir,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **dict(self.spec.env),
+        }
+        # The bash moves the control stream (docker's stdin) off fd 0, and reports its pid
+        # and the container's clock on the status stream (stderr) before the bootstrap.
+        script = (
+            "exec 63<&0 0</dev/null; builtin read -r __p_u _ </proc/uptime; "
+            'builtin printf \'P %s %s\\n\' "$$" "$__p_u" >&2; __p_u=\n'
+        ) + bootstrap_script(63, 2)
+
+        async def launch() -> DockerShellProcess:
+            self._check_alive()
+            gid = self._next_gid
+            self._next_gid += 1
+            try:
+                argv = [binary, "--noprofile", "--norc", "-c", script]
+                exec_id, reader, writer = await self._open_exec(argv, env, gid, True)
+            except BaseException:
+                self._dead.add(gid)
+                raise
+            return DockerShellProcess(self, gid, exec_id, reader, writer)
+
+        session = BashSession(
+            launch,
+            workdir=self._workdir,
+            default_timeout=self.spec.default_timeout_s,
+            alive=lambda: not self._closed,
+        )
+        try:
+            await session.start()
+        except BaseException:
+            await asyncio.shield(session.close())
+            raise
+        return session
+
     def _running(self) -> bool:
         try:
             self._container.reload()
@@ -580,7 +768,7 @@ class DockerSandbox(Sandbox):
             try:
                 res = self._client.api.exec_create(
                     self._container.id,
-                    ["/bin/sh", "-c", _KILL_LOOP],
+                    ["/bin/sh", "-c", "__dead=$1; " + _KILL_LOOP, "sh", self._dead_gids()],
                     user=f"{SANDBOX_UID}:{SANDBOX_UID}",
                 )
                 self._client.api.exec_start(res["Id"])
@@ -753,6 +941,257 @@ class DockerSandbox(Sandbox):
                     ti.linkname = m.linkname
                     dst.addfile(ti)
         return out.getvalue()
+
+
+# ---- the shell transport -------------------------------------------------------------------
+
+
+class DockerShellProcess(ShellProcess):
+    """A shell over a ``docker exec -i`` hijacked stream (see the module docstring):
+    stdin is the control stream, stdout the output, stderr the status stream. Its
+    processes are the sandbox user's processes with its gid; snapshots are a point on the
+    container's clock, signals go through a short exec."""
+
+    def __init__(
+        self,
+        box: DockerSandbox,
+        gid: int,
+        exec_id: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.box = box
+        self.gid = gid
+        self.exec_id = exec_id
+        self.output = asyncio.StreamReader(limit=2**20)
+        self.status = asyncio.StreamReader(limit=2**20)
+        self.pid: int | None = None  # the shell's pid in the container
+        self._offset: float | None = None  # host CLOCK_BOOTTIME - the container's uptime
+        self._pre: bytearray | None = bytearray()
+        self._reader = reader
+        self._writer = writer
+        self._finish: asyncio.Future[None] | None = None
+        self._pump_task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                head = await self._reader.readexactly(8)
+                size = struct.unpack(">I", head[4:])[0]
+                payload = await self._reader.readexactly(size)
+                if head[0] == 2:
+                    self._on_status(payload)
+                else:
+                    self.output.feed_data(payload)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            if self._pre:
+                self.status.feed_data(bytes(self._pre))
+            self._pre = None
+            self.output.feed_eof()
+            self.status.feed_eof()
+            self._writer.close()
+            # Everything the shell started dies with it (as with bwrap's pid namespace).
+            self._finishing()
+
+    def _on_status(self, data: bytes) -> None:
+        if self._pre is None:
+            self.status.feed_data(data)
+            return
+        self._pre += data
+        i = self._pre.find(b"\n")
+        if i < 0:
+            if len(self._pre) > 4096:
+                self.status.feed_data(bytes(self._pre))
+                self._pre = None
+            return
+        line, rest = bytes(self._pre[:i]), bytes(self._pre[i + 1 :])
+        self._pre = None
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == b"P":
+            with contextlib.suppress(ValueError):
+                self.pid = int(parts[1])
+                offset = time.clock_gettime(time.CLOCK_BOOTTIME) - float(parts[2])
+                self._offset = 0.0 if abs(offset) < 1.0 else offset  # 0: the same kernel
+        else:
+            rest = line + b"\n" + rest
+        if rest:
+            self.status.feed_data(rest)
+
+    @property
+    def exited(self) -> bool:
+        return self._pump_task.done()
+
+    async def send(self, data: bytes) -> None:
+        if self.exited:
+            raise ConnectionError("the shell has exited")
+        self._writer.write(data)
+        await self._writer.drain()
+
+    async def wait(self) -> int:
+        await asyncio.shield(self._pump_task)
+
+        def code() -> int:
+            for _ in range(50):
+                with contextlib.suppress(Exception):
+                    info = self.box._client.api.exec_inspect(self.exec_id)
+                    if not info.get("Running") and info.get("ExitCode") is not None:
+                        return int(info["ExitCode"])
+                time.sleep(0.01)
+            return 128 + 9
+
+        return await asyncio.to_thread(code)
+
+    async def snapshot(self) -> object:
+        # A point on the container's clock, in the ticks of /proc/<pid>/stat's starttime:
+        # the job is what started since (and does not descend from what started before).
+        if self._offset is None:
+            return None
+        return int((time.clock_gettime(time.CLOCK_BOOTTIME) - self._offset) * _CLK_TCK)
+
+    async def signal_job(self, snapshot: object, sig: int) -> int:
+        if self.exited or self.box._closed or self.gid in self.box._dead:
+            return 0
+        since = snapshot if isinstance(snapshot, int) else None
+        try:
+            return await asyncio.wait_for(self._signal_job(since, sig), 5.0)
+        except (TimeoutError, SandboxError, OSError, asyncio.IncompleteReadError):
+            return 0
+
+    async def _signal_job(self, since: int | None, sig: int) -> int:
+        argv = ["/bin/sh", "-c", _SHELL_JOB, "sh", str(self.gid)]
+        _, reader, writer = await self.box._open_exec(argv, {"PATH": BASE_PATH}, self.gid, True)
+        try:
+            out = bytearray()
+            while not (out.startswith(b".\n") or b"\n.\n" in out):
+                head = await reader.readexactly(8)
+                payload = await reader.readexactly(struct.unpack(">I", head[4:])[0])
+                if head[0] == 1:
+                    out += payload
+            procs: dict[int, tuple[int, int]] = {}
+            for line in out.decode(errors="replace").splitlines():
+                f = line.split()
+                if len(f) == 4 and f[0].isdigit() and f[1].isdigit() and f[2].isdigit():
+                    procs[int(f[0])] = (int(f[1]), int(f[2]))
+            job = [p for p in procs if p != self.pid and not self._background(p, procs, since)]
+            writer.write(f"{sig} {' '.join(map(str, job))}\n".encode())
+            await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+            with contextlib.suppress(asyncio.IncompleteReadError):
+                while True:  # until the helper is done
+                    head = await reader.readexactly(8)
+                    await reader.readexactly(struct.unpack(">I", head[4:])[0])
+            return len(job)
+        finally:
+            writer.close()
+
+    def _background(self, pid: int, procs: dict[int, tuple[int, int]], since: int | None) -> bool:
+        """Whether `pid` started before `since`, or descends from a process that did."""
+        seen: set[int] = set()
+        while pid in procs and pid != self.pid and pid not in seen:
+            seen.add(pid)
+            ppid, start = procs[pid]
+            if since is not None and start < since:
+                return True
+            pid = ppid
+        return False
+
+    def _finishing(self) -> asyncio.Future[None]:
+        if self._finish is None:
+            self._finish = asyncio.ensure_future(self._kill_gid())
+        return self._finish
+
+    async def _kill_gid(self) -> None:
+        box = self.box
+        box._dead.add(self.gid)  # from now on every exec's sweep kills them too
+        if box._closed:
+            return
+        argv = ["/bin/sh", "-c", "__g=$1; " + _SHELL_KILL, "sh", str(self.gid)]
+        try:
+            exec_id, reader, writer = await box._open_exec(
+                argv, {"PATH": BASE_PATH}, self.gid, False
+            )
+            try:
+                with contextlib.suppress(asyncio.IncompleteReadError):
+                    while True:
+                        head = await reader.readexactly(8)
+                        await reader.readexactly(struct.unpack(">I", head[4:])[0])
+            finally:
+                writer.close()
+            code = await asyncio.to_thread(box._exec_exit, exec_id)
+            if code == 0:
+                return
+        except (SandboxError, OSError, asyncio.IncompleteReadError):
+            if box._closed:
+                return
+        # No exec could do it (pids limit?): the sandbox-wide sweep, or a restart.
+        with contextlib.suppress(SandboxError):
+            await box._kill_all()
+
+    async def kill(self) -> None:
+        if not self.exited:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._finishing())
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._pump_task), 5.0)
+        if self._finish is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._finish), 10.0)
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def shell_binary(client: Any, image: str) -> str | None:
+    """The host path of an execute-only (mode 0111) copy of `image`'s bash, made once per
+    image (from a container that is created, never started); None if it has none."""
+    try:
+        image_id = str(client.images.get(image).id).split(":")[-1][:20]
+    except Exception:
+        return None
+    cache = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
+    dest = cache / "docker-shell" / f"bash-{image_id}"
+    if dest.is_file():
+        return str(dest)
+    try:
+        cid = client.api.create_container(
+            image,
+            command=["true"],
+            network_disabled=True,
+            labels={LABEL: "shell-binary", **_owner()},  # reaped if we die right here
+        )["Id"]
+    except Exception:
+        return None
+    data = None
+    try:
+        for path in ("/usr/bin/bash", "/bin/bash"):
+            with contextlib.suppress(Exception):
+                stream, _ = client.api.get_archive(cid, path)
+                with tarfile.open(fileobj=io.BytesIO(b"".join(stream)), mode="r:") as tf:
+                    m = tf.next()
+                    f = tf.extractfile(m) if m is not None and m.isreg() else None
+                    if f is not None:
+                        data = f.read()
+                        break
+    finally:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(cid, force=True)
+    if not data:
+        return None
+    dest.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    tmp = dest.with_name(f"{dest.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.chmod(tmp, 0o111)
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return str(dest)
 
 
 # ---- helpers -------------------------------------------------------------------------------

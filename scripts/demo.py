@@ -64,6 +64,9 @@ def main() -> int:
     )
     try:
         wait_ready(url, server)
+        # The server wrote a local admin token at first start; the eval runs use it.
+        token = (data_dir / "admin.token").read_text().strip()
+        env = {**os.environ, "PALAESTRA_TOKEN": token}
         for policy in ("oracle", "null"):
             out = reports / f"demo-{policy}.json"
             code = subprocess.call(
@@ -84,6 +87,7 @@ def main() -> int:
                     str(out),
                 ],
                 cwd=ROOT,
+                env=env,
             )
             if code != 0:
                 print(f"palaestra demo: eval of {policy} failed with exit code {code}")

@@ -23,6 +23,8 @@ from palaestra.sdk.models import (
     FamilyInfo,
     PackInfo,
     ResetResponse,
+    SamplerReleaseResponse,
+    SamplerReport,
     StepRequest,
     StepResponse,
     TaskList,
@@ -73,6 +75,16 @@ def _task_params(
 ) -> dict[str, Any]:
     params: dict[str, Any] = {"limit": limit, "offset": offset}
     for key, value in (("pack", pack), ("split", split), ("family", family), ("domain", domain)):
+        if value is not None:
+            params[key] = value
+    return params
+
+
+def _sampler_params(
+    pack: str | None, split: str | None, domain: str | None, limit: int
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"limit": limit}
+    for key, value in (("pack", pack), ("split", split), ("domain", domain)):
         if value is not None:
             params[key] = value
     return params
@@ -181,6 +193,23 @@ class HTTPClient:
         params = _task_params(pack, split, family, domain, limit, offset)
         return self._get("/v1/tasks", TaskList, params)
 
+    def sampler(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+    ) -> SamplerReport:
+        """The sampler's weights, probabilities, success rates and quarantine."""
+        params = _sampler_params(pack, split, domain, limit)
+        return self._get("/v1/sampler", SamplerReport, params)
+
+    def release_task(self, task: str) -> SamplerReleaseResponse:
+        """Let the sampler draw a quarantined task again (admin)."""
+        response = self._request("POST", "/v1/sampler/release", json={"task": task})
+        return SamplerReleaseResponse.model_validate_json(response.content)
+
     def close_connection(self) -> None:
         self._http.close()
 
@@ -287,6 +316,24 @@ class AsyncHTTPClient:
         params = _task_params(pack, split, family, domain, limit, offset)
         response = await self._request("GET", "/v1/tasks", params=params)
         return TaskList.model_validate_json(response.content)
+
+    async def sampler(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+    ) -> SamplerReport:
+        """The sampler's weights, probabilities, success rates and quarantine."""
+        params = _sampler_params(pack, split, domain, limit)
+        response = await self._request("GET", "/v1/sampler", params=params)
+        return SamplerReport.model_validate_json(response.content)
+
+    async def release_task(self, task: str) -> SamplerReleaseResponse:
+        """Let the sampler draw a quarantined task again (admin)."""
+        response = await self._request("POST", "/v1/sampler/release", json={"task": task})
+        return SamplerReleaseResponse.model_validate_json(response.content)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -158,6 +158,9 @@ class PackInfo(WireModel):
     license: str = ""
     families: list[str] = Field(default_factory=list)
     splits: list[SplitInfo] = Field(default_factory=list)
+    versions: list[str] = Field(
+        default_factory=list, description="every version of this pack the server serves"
+    )
 
 
 class TaskInfo(WireModel):
@@ -174,3 +177,72 @@ class TaskInfo(WireModel):
 class TaskList(WireModel):
     tasks: list[TaskInfo]
     total: int
+
+
+class SamplerDomainInfo(WireModel):
+    domain: str
+    weight: float = Field(description="mixture weight of the domain within its pack")
+    probability: float = Field(description="chance a draw (with the report's filters) lands here")
+    tasks: int
+    seen: int = Field(description="tasks with a recorded outcome")
+    quarantined: int
+
+
+class SamplerPackInfo(WireModel):
+    pack: str = Field(description='"org/name@version"')
+    weight: float = Field(description="mixture weight of the pack")
+    probability: float
+    domains: list[SamplerDomainInfo]
+
+
+class SamplerTaskInfo(WireModel):
+    task: str
+    domain: str
+    split: str
+    n: int = Field(description="verified episodes in the running window")
+    passes: int = Field(description="passed episodes in the running window")
+    success_rate: float = Field(description="(passes + 1) / (n + 2): Beta(1, 1) posterior mean")
+    mean_reward: float | None = None
+    episodes: int = Field(description="verified episodes counted since the server started")
+    voids: int = Field(description="void episodes among the last void_window")
+    weight: float = Field(description="curriculum weight (0 while quarantined)")
+    probability: float
+    quarantined: bool = False
+
+
+class QuarantinedTask(WireModel):
+    task: str
+    reason: str
+    voids: int
+    since: float
+    until: float | None = Field(default=None, description="released then; null: by an admin")
+
+
+class SamplerReport(WireModel):
+    """`GET /v1/sampler`: mixture weights, effective probabilities, success rates, quarantine."""
+
+    curriculum: bool
+    rule: str
+    alpha: float
+    floor: float
+    window: int
+    void_limit: int
+    void_window: int
+    quarantine_s: float
+    filters: dict[str, str] = Field(default_factory=dict)
+    packs: list[SamplerPackInfo]
+    tasks: list[SamplerTaskInfo] = Field(description="tasks with a recorded outcome")
+    tasks_seen: int
+    quarantined: list[QuarantinedTask]
+    unmatched_weights: list[str] = Field(
+        default_factory=list, description="sampler_weights keys that match no pack or domain"
+    )
+
+
+class SamplerReleaseRequest(WireModel):
+    task: str = Field(description='"org/name[@ver]:task_id"')
+
+
+class SamplerReleaseResponse(WireModel):
+    task: str
+    released: bool = Field(description="false when the task was not quarantined")

@@ -6,6 +6,7 @@ validation of the request and one serialization of the reply.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,13 +26,24 @@ from palaestra.sdk.models import (
     PackInfo,
     ResetRequest,
     ResetResponse,
+    SamplerReleaseRequest,
+    SamplerReleaseResponse,
+    SamplerReport,
     StepRequest,
     StepResponse,
     TaskList,
     Verdict,
 )
+from palaestra.server import auth as scopes
+from palaestra.server.auth import Principal
 from palaestra.server.config import Settings
-from palaestra.server.fastpath import StepFastPath, step_reply, validation_message
+from palaestra.server.fastpath import (
+    PRINCIPAL_KEY,
+    StepFastPath,
+    authenticator,
+    step_reply,
+    validation_message,
+)
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 
@@ -57,6 +69,30 @@ def _error(
 ) -> JSONResponse:
     body = {"error": {"code": code, "message": message, "retryable": retryable}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+class PublishResponse(BaseModel):
+    name: str
+    version: str
+    digest: str
+    created: bool
+
+
+class TokenRequest(BaseModel):
+    scopes: list[str]
+    name: str | None = None
+
+
+class TokenRecord(BaseModel):
+    id: str
+    name: str
+    scopes: list[str]
+    created_at: float
+    revoked: bool
+
+
+class TokenCreated(TokenRecord):
+    token: str
 
 
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -98,6 +134,15 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
         manager_: EpisodeManager = request.app.state.manager
         return manager_
 
+    def who(request: Request) -> Principal:
+        """The caller: checked by StepFastPath in front; checked here when mounted bare."""
+        principal: Principal | None = request.scope.get(PRINCIPAL_KEY)
+        if principal is None:
+            auth = authenticator(request.app)
+            principal = auth.from_value(request.headers.get("authorization"))
+            request.scope[PRINCIPAL_KEY] = principal
+        return principal
+
     @app.exception_handler(PalaestraError)
     async def palaestra_error(request: Request, exc: PalaestraError) -> JSONResponse:
         headers = {"Retry-After": f"{exc.retry_after:g}"} if exc.retry_after is not None else None
@@ -114,7 +159,7 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
 
     @app.post("/v1/episodes", response_model=ResetResponse, responses=ERRORS, tags=["episodes"])
     async def reset(body: ResetRequest, request: Request) -> Response:
-        return _json(await mgr(request).reset(body))
+        return _json(await mgr(request).reset(body, who(request)))
 
     @app.post(
         "/v1/episodes/{episode_id}/step",
@@ -126,7 +171,9 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
     async def step(episode_id: str, request: Request) -> Response:
         # Served by StepFastPath in front of the app; this route documents it (OpenAPI)
         # and serves callers that mount the bare router. Both go through step_reply.
-        status, body, headers = await step_reply(mgr(request), episode_id, await request.body())
+        status, body, headers = await step_reply(
+            mgr(request), episode_id, await request.body(), who(request)
+        )
         extra = {k.decode(): v.decode() for k, v in headers}
         return Response(body, status_code=status, media_type="application/json", headers=extra)
 
@@ -137,7 +184,7 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
         tags=["episodes"],
     )
     async def verify(episode_id: str, request: Request) -> Response:
-        return _json(await mgr(request).verify(episode_id))
+        return _json(await mgr(request).verify(episode_id, who(request)))
 
     @app.get(
         "/v1/episodes/{episode_id}",
@@ -146,25 +193,28 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
         tags=["episodes"],
     )
     async def state(episode_id: str, request: Request) -> Response:
-        return _json(await mgr(request).state(episode_id))
+        return _json(await mgr(request).state(episode_id, who(request)))
 
     @app.delete("/v1/episodes/{episode_id}", status_code=204, responses=ERRORS, tags=["episodes"])
     async def close(episode_id: str, request: Request) -> Response:
-        await mgr(request).close(episode_id)
+        await mgr(request).close(episode_id, who(request))
         return Response(status_code=204)
 
     @app.get("/v1/families", response_model=list[FamilyInfo], tags=["discovery"])
     async def families(request: Request) -> list[FamilyInfo]:
+        who(request)
         return mgr(request).family_infos()
 
     @app.get("/v1/packs", response_model=list[PackInfo], tags=["discovery"])
     async def packs(request: Request) -> list[PackInfo]:
+        who(request)
         return mgr(request).pack_infos()
 
     @app.get(
         "/v1/packs/{org}/{name}", response_model=PackInfo, responses=ERRORS, tags=["discovery"]
     )
     async def pack(org: str, name: str, request: Request) -> PackInfo:
+        who(request)
         return mgr(request).pack_info(f"{org}/{name}")
 
     @app.get("/v1/tasks", response_model=TaskList, tags=["discovery"])
@@ -177,11 +227,113 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
         limit: int = Query(default=1000, ge=1, le=10000),
         offset: int = Query(default=0, ge=0),
     ) -> Response:
+        who(request)
         return _json(
             mgr(request).task_list(
                 pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
             )
         )
+
+    @app.get("/v1/sampler", response_model=SamplerReport, responses=ERRORS, tags=["sampler"])
+    async def sampler(
+        request: Request,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        limit: int = Query(default=1000, ge=0, le=100000),
+    ) -> Response:
+        """Mixture weights, effective probabilities, per-task success rates, quarantine."""
+        who(request)
+        return _json(
+            mgr(request).sampler_report(pack=pack, split=split, domain=domain, limit=limit)
+        )
+
+    @app.post(
+        "/v1/sampler/release",
+        response_model=SamplerReleaseResponse,
+        responses=ERRORS,
+        tags=["sampler"],
+    )
+    async def sampler_release(body: SamplerReleaseRequest, request: Request) -> Response:
+        """Let the sampler draw a quarantined task again (an admin action)."""
+        who(request).require(scopes.ADMIN, "releasing a quarantined task")
+        return _json(mgr(request).sampler_release(body.task))
+
+    @app.post(
+        "/v1/packs",
+        response_model=PublishResponse,
+        responses=ERRORS,
+        status_code=201,
+        tags=["packs"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+    )
+    async def publish(request: Request) -> Response:
+        """Publish a pack archive (tar.gz; `publish` scope): 201 new, 200 already published."""
+        principal = who(request)
+        principal.require(scopes.PUBLISH, "publishing a pack")
+        limit = mgr(request).settings.max_pack_bytes
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return _error(413, "too_large", f"a pack archive may be at most {limit} bytes")
+            chunks.append(chunk)
+        pack, created = await mgr(request).publish(b"".join(chunks), principal)
+        reply = PublishResponse(
+            name=pack.name, version=pack.version, digest=pack.digest, created=created
+        )
+        return _json(reply, 201 if created else 200)
+
+    @app.get(
+        "/v1/packs/{org}/{name}/archive",
+        responses={**ERRORS, 200: {"content": {"application/gzip": {}}}},
+        tags=["packs"],
+    )
+    async def pack_download(org: str, name: str, request: Request) -> Response:
+        """The archive of `org/name[@version]` (for `pack install`); packs with sealed splits:
+        admin only, since an archive carries their private fields."""
+        pack, data = await mgr(request).pack_archive(f"{org}/{name}", who(request))
+        filename = f"{pack.name.replace('/', '-')}-{pack.version}.tar.gz"
+        headers = {
+            "x-palaestra-digest": pack.digest,
+            "content-disposition": f'attachment; filename="{filename}"',
+        }
+        return Response(data, media_type="application/gzip", headers=headers)
+
+    @app.get("/v1/tokens", response_model=list[TokenRecord], responses=ERRORS, tags=["tokens"])
+    async def tokens_list(request: Request) -> list[TokenRecord]:
+        who(request).require(scopes.ADMIN, "listing tokens")
+        rows = await asyncio.to_thread(scopes.list_tokens, mgr(request).settings.db_path)
+        return [TokenRecord(**row) for row in rows]
+
+    @app.post(
+        "/v1/tokens",
+        response_model=TokenCreated,
+        responses=ERRORS,
+        status_code=201,
+        tags=["tokens"],
+    )
+    async def tokens_create(body: TokenRequest, request: Request) -> Response:
+        """Make a token; the reply is the only place it is ever shown."""
+        who(request).require(scopes.ADMIN, "making tokens")
+        token, record = await asyncio.to_thread(
+            scopes.create_token, mgr(request).settings.db_path, body.scopes, body.name
+        )
+        return _json(TokenCreated(token=token, **record), 201)
+
+    @app.delete("/v1/tokens/{name}", status_code=204, responses=ERRORS, tags=["tokens"])
+    async def tokens_revoke(name: str, request: Request) -> Response:
+        who(request).require(scopes.ADMIN, "revoking tokens")
+        hashes = await asyncio.to_thread(scopes.revoke_token, mgr(request).settings.db_path, name)
+        if not hashes:
+            return _error(404, "not_found", f"no live token named (or with id) {name!r}")
+        authenticator(request.app).forget(hashes)
+        return Response(status_code=204)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 REPO_PACKS = Path(__file__).resolve().parent.parent / "packs"
 
@@ -33,7 +34,53 @@ class Settings(BaseModel):
     allow_oracle: bool = Field(
         default=True, description="let clients drive an episode with the task's oracle"
     )
+    auth: Literal["token", "off"] = Field(
+        default="token",
+        description=(
+            "token: every /v1 request needs a bearer token with the right scope; "
+            "off: everyone is admin (local experiments only, never on a shared network)"
+        ),
+    )
+    max_pack_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1, description="largest pack archive POST /v1/packs takes"
+    )
+    # The sampler (docs/sampler.md): mixture, curriculum, quarantine.
+    sampler_weights: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description=(
+            "mixture weights by pack name ('openai/humaneval') or domain prefix "
+            "('reasoning/arc_1d'); default 1; env: JSON or 'key=w,key=w'"
+        ),
+    )
+    sampler_curriculum: bool = Field(
+        default=True, description="weight tasks by their running success rate (frontier first)"
+    )
+    sampler_alpha: float = Field(
+        default=2.0, ge=0, description="curriculum sharpness: w = floor + (1-floor)(4p(1-p))^alpha"
+    )
+    sampler_floor: float = Field(
+        default=0.05, gt=0, le=1, description="curriculum weight of a solved/unsolvable task"
+    )
+    sampler_window: int = Field(
+        default=32, ge=1, description="verified episodes per task in its running success rate"
+    )
+    sampler_void_window: int = Field(default=5, ge=1, description="episodes watched for voids")
+    sampler_void_limit: int = Field(
+        default=3, ge=1, description="voids among the last sampler_void_window that quarantine"
+    )
+    sampler_quarantine_s: float = Field(
+        default=3600.0, ge=0, description="quarantine cool-down (0: until an admin releases it)"
+    )
+    sampler_history: int = Field(
+        default=100_000, ge=0, description="recent episodes read at start to rebuild the stats"
+    )
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _void_limit_fits(self) -> Settings:
+        if self.sampler_void_limit > self.sampler_void_window:
+            raise ValueError("sampler_void_limit must be at most sampler_void_window")
+        return self
 
     @property
     def db_path(self) -> Path:
@@ -43,6 +90,11 @@ class Settings(BaseModel):
 def _coerce(name: str, raw: str) -> Any:
     if name == "packs_dirs":
         return [p for p in raw.split(os.pathsep) if p]
+    if name == "sampler_weights":
+        if raw.lstrip().startswith("{"):
+            return json.loads(raw)
+        pairs = (item.rsplit("=", 1) for item in raw.split(",") if item.strip())
+        return {key.strip(): value.strip() for key, value in pairs}
     return raw
 
 

@@ -8,11 +8,12 @@ from importlib.metadata import entry_points
 from palaestra.envs.base import Family
 from palaestra.envs.coding import CodingFamily
 from palaestra.envs.echo import EchoFamily
+from palaestra.envs.reasoning import ReasoningFamily
 from palaestra.sdk.errors import NotFoundError
 
 log = logging.getLogger(__name__)
 
-BUILTIN: tuple[type[Family], ...] = (CodingFamily, EchoFamily)
+BUILTIN: tuple[type[Family], ...] = (CodingFamily, EchoFamily, ReasoningFamily)
 
 
 class FamilyRegistry:

@@ -6,6 +6,11 @@ solving than in the episode manager. This middleware answers that one route itse
 (body bytes → pydantic-core → manager → pre-serialized JSON) and hands every other
 request to the app. The FastAPI route of the same path stays, for OpenAPI and for
 callers that mount the bare app, and both call `step_reply`, so they cannot drift.
+
+It is also the front door of authentication: every `/v1` request is checked here (the
+bearer token → principal lookup is cached in memory, so a step pays a dict lookup), a
+401 is answered here, and the principal travels to the routes in the ASGI scope
+(`scope["palaestra.principal"]`); routes check the scope they need (DESIGN §3).
 """
 
 from __future__ import annotations
@@ -20,12 +25,25 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import StepRequest
+from palaestra.server.auth import Authenticator, Principal
 from palaestra.server.manager import EpisodeManager
 
 log = logging.getLogger("palaestra.server")
 
 STEP_PATH = re.compile(r"^/v1/episodes/([^/]+)/step$")
 JSON_HEADERS = [(b"content-type", b"application/json")]
+PRINCIPAL_KEY = "palaestra.principal"
+CHALLENGE = [(b"www-authenticate", b'Bearer realm="palaestra"')]
+
+
+def authenticator(app: Any) -> Authenticator:
+    """The app's authenticator (made from its manager's settings the first time it is asked)."""
+    auth: Authenticator | None = getattr(app.state, "auth", None)
+    if auth is None:
+        manager: EpisodeManager = app.state.manager
+        auth = Authenticator(manager.settings.db_path, manager.settings.auth)
+        app.state.auth = auth
+    return auth
 
 
 def error_body(code: str, message: str, retryable: bool = False) -> bytes:
@@ -42,12 +60,12 @@ def validation_message(errors: list[Any]) -> str:
 
 
 async def step_reply(
-    manager: EpisodeManager, episode_id: str, raw: bytes
+    manager: EpisodeManager, episode_id: str, raw: bytes, principal: Principal
 ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
     """Status, body and extra headers of a step request, errors included."""
     try:
         request = StepRequest.model_validate_json(raw)
-        reply = await manager.step(episode_id, request)
+        reply = await manager.step(episode_id, request, principal)
         return 200, reply.model_dump_json().encode(), []
     except ValidationError as exc:
         return 422, error_body("invalid_request", validation_message(exc.errors())), []
@@ -66,14 +84,24 @@ class StepFastPath:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = STEP_PATH.match(scope["path"])
-            if match is not None:
-                await self._step(match[1], scope, receive, send)
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            try:
+                principal = authenticator(scope["app"]).from_headers(scope["headers"])
+            except PalaestraError as exc:
+                body = error_body(exc.code, exc.message, exc.retryable)
+                await _respond(send, exc.status, body, CHALLENGE)
                 return
+            if scope["method"] == "POST":
+                match = STEP_PATH.match(scope["path"])
+                if match is not None:
+                    await self._step(match[1], principal, scope, receive, send)
+                    return
+            scope[PRINCIPAL_KEY] = principal
         await self.app(scope, receive, send)
 
-    async def _step(self, episode_id: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _step(
+        self, episode_id: str, principal: Principal, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         chunks = []
         while True:
             message = await receive()
@@ -83,13 +111,19 @@ class StepFastPath:
             if not message.get("more_body", False):
                 break
         manager: EpisodeManager = scope["app"].state.manager
-        status, body, headers = await step_reply(manager, episode_id, b"".join(chunks))
-        length = [(b"content-length", str(len(body)).encode())]
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": JSON_HEADERS + length + headers,
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        status, body, headers = await step_reply(manager, episode_id, b"".join(chunks), principal)
+        await _respond(send, status, body, headers)
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    length = [(b"content-length", str(len(body)).encode())]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": JSON_HEADERS + length + headers,
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

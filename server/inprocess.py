@@ -23,6 +23,8 @@ from palaestra.sdk.models import (
     FamilyInfo,
     PackInfo,
     ResetResponse,
+    SamplerReleaseResponse,
+    SamplerReport,
     StepRequest,
     StepResponse,
     TaskList,
@@ -105,6 +107,19 @@ class AsyncInProcessClient:
         return self.manager.task_list(
             pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
         )
+
+    async def sampler(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+    ) -> SamplerReport:
+        return self.manager.sampler_report(pack=pack, split=split, domain=domain, limit=limit)
+
+    async def release_task(self, task: str) -> SamplerReleaseResponse:
+        return self.manager.sampler_release(task)
 
 
 class InProcessClient:
@@ -191,6 +206,19 @@ class InProcessClient:
                 pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
             )
         )
+
+    def sampler(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+    ) -> SamplerReport:
+        return self._call(self._async.sampler(pack=pack, split=split, domain=domain, limit=limit))
+
+    def release_task(self, task: str) -> SamplerReleaseResponse:
+        return self._call(self._async.release_task(task))
 
     def shutdown(self) -> None:
         """Void live episodes, free their sandboxes, flush the store, stop the loop thread."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 import uuid
 from collections import OrderedDict
@@ -42,6 +41,8 @@ from palaestra.sdk.models import (
     PackInfo,
     ResetRequest,
     ResetResponse,
+    SamplerReleaseResponse,
+    SamplerReport,
     StepRecord,
     StepRequest,
     StepResponse,
@@ -50,10 +51,14 @@ from palaestra.sdk.models import (
     VerifierInfo,
 )
 from palaestra.sdk.task import Task
+from palaestra.server.archive import pack_archive
+from palaestra.server.auth import ADMIN, ADMIN_PRINCIPAL, PUBLISH, Principal
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.metrics import Metrics
-from palaestra.server.packs import PackRegistry
+from palaestra.server.packs import Pack, PackRegistry, semver_key
+from palaestra.server.registry import PackStore
+from palaestra.server.sampler import Sampler
 from palaestra.server.store import Store
 
 log = logging.getLogger("palaestra.episodes")
@@ -105,8 +110,10 @@ class EpisodeManager:
         store: Store,
         metrics: Metrics | None = None,
         fork_server: PythonForkServer | None = None,
+        pack_store: PackStore | None = None,
     ) -> None:
         self.settings = settings
+        self.pack_store = pack_store
         self.fork_server = fork_server
         self.families = families
         self.packs = packs
@@ -118,6 +125,8 @@ class EpisodeManager:
         self._pending = 0
         self._reaper: asyncio.Task[None] | None = None
         self.metrics.bind_live(self._live_by_status, self._live_sandboxes)
+        self.sampler = Sampler(settings, packs)
+        self.metrics.bind_sampler(self.sampler.quarantined_count)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -126,6 +135,9 @@ class EpisodeManager:
         )
         if voided:
             log.warning("marked %d episodes left active by a previous server as void", voided)
+        history = await asyncio.to_thread(self.store.sampler_history, self.settings.sampler_history)
+        self.sampler.replay(history)
+        self.sampler.refresh()
         self._reaper = asyncio.create_task(self._reap_forever(), name="palaestra-reaper")
 
     async def shutdown(self) -> None:
@@ -159,10 +171,55 @@ class EpisodeManager:
         ]
 
     def pack_infos(self) -> list[PackInfo]:
-        return [p.info() for p in self.packs.all()]
+        return [self._with_versions(p) for p in self.packs.all()]
 
     def pack_info(self, name: str) -> PackInfo:
-        return self.packs.get(name).info()
+        """The latest version (or `name@version`), listing every version served."""
+        return self._with_versions(self.packs.get(name))
+
+    def _with_versions(self, pack: Pack) -> PackInfo:
+        versions = sorted(
+            (p.version for p in self.packs.all() if p.name == pack.name), key=semver_key
+        )
+        return pack.info().model_copy(update={"versions": versions})
+
+    # -- the pack registry (publish, download) ----------------------------------------------
+    async def publish(
+        self, data: bytes, principal: Principal = ADMIN_PRINCIPAL
+    ) -> tuple[Pack, bool]:
+        """Verify and install a pack archive (DESIGN §6); (pack, whether it is new)."""
+        principal.require(PUBLISH, "publishing a pack")
+        if self.pack_store is None:
+            raise UnavailableError("this server has no pack store", code="no_pack_store")
+        pack, created = await asyncio.to_thread(
+            self.pack_store.install,
+            data,
+            publisher=principal.name,
+            families=[f.name for f in self.families.all()],
+            registry=self.packs,
+            allow_code=principal.is_admin,
+        )
+        if created:
+            self.sampler.refresh()
+        return pack, created
+
+    async def pack_archive(
+        self, name: str, principal: Principal = ADMIN_PRINCIPAL
+    ) -> tuple[Pack, bytes]:
+        """The archive of `name[@version]`; refused (403) to non-admins when a split is sealed.
+
+        A sealed split's private fields, verifier files and solutions never leave the server,
+        and an archive holds them: only an admin (the server's operator) may take one."""
+        pack = self.packs.get(name)
+        sealed = sorted(s for s, is_sealed in pack.sealed.items() if is_sealed)
+        if sealed and not principal.is_admin:
+            raise PermissionDeniedError(
+                f"pack {pack.name}@{pack.version} has sealed splits ({', '.join(sealed)}); "
+                "its archive would carry their private data, so only an admin token may "
+                "download it",
+                code="sealed_pack",
+            )
+        return pack, await asyncio.to_thread(pack_archive, pack.root)
 
     def task_list(
         self,
@@ -177,21 +234,44 @@ class EpisodeManager:
         tasks = self.packs.select(pack=pack, split=split, family=family, domain=domain)
         return TaskList(tasks=[t.info() for t in tasks[offset : offset + limit]], total=len(tasks))
 
+    def sampler_report(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+    ) -> SamplerReport:
+        return self.sampler.report(pack=pack, split=split, domain=domain, limit=limit)
+
+    def sampler_release(self, task: str) -> SamplerReleaseResponse:
+        """Release a quarantined task (by its full ref, or any ref the registry resolves)."""
+        ref = task
+        if self.sampler.quarantine_note(ref) is None:
+            ref = self.packs.resolve(task).ref  # 404 for an unknown task
+        released = self.sampler.release(ref)
+        if released:
+            self.store.add_sampler_release(ref, time.time())
+        return SamplerReleaseResponse(task=ref, released=released)
+
     # -- episodes -------------------------------------------------------------------------
-    async def reset(self, request: ResetRequest) -> ResetResponse:
+    async def reset(
+        self, request: ResetRequest, principal: Principal = ADMIN_PRINCIPAL
+    ) -> ResetResponse:
         if len(self._live) + self._pending >= self.settings.max_episodes:
             raise CapacityError(
                 f"the server holds its limit of {self.settings.max_episodes} live episodes; "
                 "close finished episodes or retry later",
                 retry_after=1.0,
             )
+        probability: float | None = None
         if request.task:
             task = self.packs.resolve(request.task)
         else:
-            rng = random.Random(request.seed)
-            task = self.packs.sample(
-                rng, pack=request.pack, split=request.split, domain=request.domain
+            task, probability = self.sampler.sample(
+                request.seed, pack=request.pack, split=request.split, domain=request.domain
             )
+        principal.require_episodes(task.sealed, task.split)
         episode_id = request.episode_id or uuid.uuid4().hex
         if episode_id in self._live or episode_id in self._ended:
             raise ConflictError(
@@ -200,6 +280,11 @@ class EpisodeManager:
         wants_oracle = bool(request.options.get("oracle"))
         if wants_oracle and not self.settings.allow_oracle:
             raise PermissionDeniedError("this server does not allow oracle-driven episodes")
+        if wants_oracle and task.sealed and not principal.is_admin:
+            raise PermissionDeniedError(
+                f"the oracle on sealed split {task.split!r} needs a token with the 'admin' scope",
+                code="missing_scope",
+            )
         family = self.families.get(task.family)
         limits = self._limits(request.options)
         self._pending += 1
@@ -260,6 +345,10 @@ class EpisodeManager:
             "split": task.split,
             "difficulty": task.difficulty,
         }
+        if probability is not None:
+            info["sampled"] = {"probability": probability}
+        elif (note := self.sampler.quarantine_note(task.ref)) is not None:
+            info["quarantined"] = f"run on request; the sampler holds it back: {note}"
         return ResetResponse(
             episode_id=episode_id,
             observation=observation,
@@ -279,10 +368,15 @@ class EpisodeManager:
                 f"options.max_steps / max_wall_s must be numbers: {exc}"
             ) from None
 
-    async def step(self, episode_id: str, request: StepRequest) -> StepResponse:
+    async def step(
+        self, episode_id: str, request: StepRequest, principal: Principal = ADMIN_PRINCIPAL
+    ) -> StepResponse:
         episode = self._find(episode_id)
         if episode is None:
+            await self._allow_stored(principal, episode_id)
             return await self._replay_or_refuse(episode_id, request.request_id)
+        if ADMIN not in principal.scopes:
+            principal.require_episodes(episode.task.sealed, episode.task.split)
         async with episode.lock:
             if request.request_id and request.request_id in episode.replies:
                 return episode.replies[request.request_id]
@@ -432,6 +526,15 @@ class EpisodeManager:
         if len(self._ended) > ENDED_CACHE:
             self._ended.popitem(last=False)
         self.metrics.episodes_ended.labels(status=status.value).inc()
+        verdict = episode.state.verdict
+        self.sampler.record(
+            episode.task.ref,
+            status.value,
+            verdict.reward if verdict is not None else 0.0,
+            verdict.passed if verdict is not None else False,
+            reason=reason,
+            at=now,
+        )
         self.store.update_episode(episode.state)
         sandbox, episode.ctx.sandbox = episode.ctx.sandbox, None
         await self._free(sandbox)
@@ -441,9 +544,9 @@ class EpisodeManager:
             extra={"episode_id": episode.id, "task_digest": episode.task.digest},
         )
 
-    async def verify(self, episode_id: str) -> Verdict:
+    async def verify(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> Verdict:
         """Verify now (ending the episode if it is still active), or return the stored verdict."""
-        episode = self._find(episode_id)
+        episode = await self._allowed(principal, episode_id)
         if episode is None:
             stored = await self._load(episode_id)
             if stored.verdict is None:
@@ -463,14 +566,14 @@ class EpisodeManager:
             await self.store.aflush()
             return verdict
 
-    async def state(self, episode_id: str) -> EpisodeState:
-        episode = self._find(episode_id)
+    async def state(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> EpisodeState:
+        episode = await self._allowed(principal, episode_id)
         if episode is not None:
             return episode.state.model_copy()
         return await self._load(episode_id)
 
-    async def close(self, episode_id: str) -> None:
-        episode = self._find(episode_id)
+    async def close(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> None:
+        episode = await self._allowed(principal, episode_id)
         if episode is None:
             await self._load(episode_id)  # 404 if it never existed; closing twice is fine
             return
@@ -478,6 +581,25 @@ class EpisodeManager:
             await self._end(episode, EpisodeStatus.CLOSED)
 
     # -- helpers --------------------------------------------------------------------------
+    async def _allowed(self, principal: Principal, episode_id: str) -> Episode | None:
+        """The live (or recently ended) episode, once `principal` is known to may touch it."""
+        episode = self._find(episode_id)
+        if ADMIN in principal.scopes:
+            return episode
+        if episode is not None:
+            principal.require_episodes(episode.task.sealed, episode.task.split)
+        else:
+            await self._allow_stored(principal, episode_id)
+        return episode
+
+    async def _allow_stored(self, principal: Principal, episode_id: str) -> None:
+        """A stored episode on a sealed split: `eval` only (unknown ids fall through to 404)."""
+        if ADMIN in principal.scopes:
+            return
+        await self.store.aflush()
+        sealed = await asyncio.to_thread(self.store.is_sealed, episode_id)
+        principal.require_episodes(sealed, None)
+
     def _find(self, episode_id: str) -> Episode | None:
         return self._live.get(episode_id) or self._ended.get(episode_id)
 

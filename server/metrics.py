@@ -46,6 +46,11 @@ class Metrics:
         self.sandboxes_live = Gauge(
             "palaestra_sandboxes_live", "Sandboxes alive now", registry=self.registry
         )
+        self.tasks_quarantined = Gauge(
+            "palaestra_tasks_quarantined",
+            "Tasks the sampler holds back after repeated void episodes",
+            registry=self.registry,
+        )
 
     def bind_live(
         self, live_by_status: Callable[[], dict[str, int]], sandboxes: Callable[[], int]
@@ -53,6 +58,10 @@ class Metrics:
         """Read live gauges at scrape time from the manager, so they never drift."""
         self._live_by_status = live_by_status
         self.sandboxes_live.set_function(lambda: float(sandboxes()))
+
+    def bind_sampler(self, quarantined: Callable[[], int]) -> None:
+        """Read the sampler's quarantine count at scrape time."""
+        self.tasks_quarantined.set_function(lambda: float(quarantined()))
 
     def bind_pool(self, stats: Callable[[], Any]) -> None:
         """Expose a warm pool's counters (`WarmPool.stats`), read at scrape time."""

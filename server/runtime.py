@@ -7,11 +7,13 @@ import os
 from palaestra.sandbox import Backend
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
+from palaestra.server.auth import ensure_admin_token
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs import PackRegistry
+from palaestra.server.registry import PackStore
 from palaestra.server.store import Store
 
 
@@ -44,6 +46,12 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     packs = PackRegistry()
     packs.load_dirs(settings.packs_dirs, [f.name for f in families.all()])
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(settings.db_path)
+    if settings.auth == "token":
+        ensure_admin_token(settings.data_dir, settings.db_path)
+    # Published packs (the server's content-addressed store) after the built-in ones.
+    pack_store = PackStore(settings.data_dir, settings.db_path)
+    pack_store.load_into(packs, [f.name for f in families.all()])
     fork_server = None
     if backend is None:
         backend = with_pool(make_backend(settings.sandbox), settings)
@@ -56,9 +64,10 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
         families=families,
         packs=packs,
         backend=backend,
-        store=Store(settings.db_path),
+        store=store,
         metrics=metrics,
         fork_server=fork_server,
+        pack_store=pack_store,
     )
 
 

@@ -49,6 +49,43 @@ CREATE TABLE IF NOT EXISTS verdicts (
 );
 """
 
+# Bearer tokens (server/auth.py): only the sha256 of a token is kept.
+TOKENS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    hash TEXT NOT NULL UNIQUE,
+    scopes TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    revoked_at REAL
+);
+"""
+
+# The index of the content-addressed pack store (server/registry.py): the pack itself is
+# under <data_dir>/packs/sha256/<hex>/; a row here is what makes a published version live.
+PACKS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS published_packs (
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    published_at REAL NOT NULL,
+    publisher TEXT NOT NULL,
+    PRIMARY KEY (name, version)
+);
+"""
+
+# The sampler (server/sampler.py) rebuilds its stats from episodes; admin releases of
+# quarantined tasks are kept here so a restart does not quarantine them again.
+SAMPLER_SCHEMA = """
+CREATE INDEX IF NOT EXISTS episodes_ended ON episodes (ended_at);
+CREATE TABLE IF NOT EXISTS sampler_releases (
+    task TEXT NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+SCHEMA += TOKENS_SCHEMA + PACKS_SCHEMA + SAMPLER_SCHEMA
+
 _Write = tuple[str, tuple[Any, ...]]
 
 
@@ -220,6 +257,39 @@ class Store:
             truncated=record.truncated,
             info=record.info,
         )
+
+    def is_sealed(self, episode_id: str) -> bool:
+        """Whether a stored episode ran on a sealed split (unknown episodes: False)."""
+        with self._connect() as db:
+            row = db.execute("SELECT sealed FROM episodes WHERE id=?", (episode_id,)).fetchone()
+        return bool(row and row[0])
+
+    def add_sampler_release(self, task: str, at: float) -> None:
+        self._put("INSERT INTO sampler_releases (task, at) VALUES (?,?)", (task, at))
+
+    def sampler_history(self, limit: int) -> list[tuple[float, str, str, float, bool, str | None]]:
+        """The last `limit` done/void episodes and the admin releases since, oldest first:
+        (ended_at, task, status, reward, passed, void_reason); status `release` for a release."""
+        if limit <= 0:
+            return []
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT e.ended_at, e.task, e.status,"
+                " COALESCE(json_extract(v.verdict, '$.reward'), 0.0),"
+                " COALESCE(json_extract(v.verdict, '$.passed'), 0), e.void_reason"
+                " FROM episodes e LEFT JOIN verdicts v ON v.episode_id = e.id"
+                " WHERE e.ended_at IS NOT NULL AND e.status IN ('done', 'void')"
+                " ORDER BY e.ended_at DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+            since = rows[-1][0] if rows else 0.0
+            releases = db.execute(
+                "SELECT at, task FROM sampler_releases WHERE at >= ?", (since,)
+            ).fetchall()
+        history = [(r[0], r[1], r[2], float(r[3]), bool(r[4]), r[5]) for r in rows]
+        history += [(at, task, "release", 0.0, False, None) for at, task in releases]
+        history.sort(key=lambda h: h[0])
+        return history
 
     def count_by_status(self) -> dict[str, int]:
         with self._connect() as db:

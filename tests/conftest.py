@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -64,6 +65,16 @@ class ServerProcess:
         self.args = args or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / f"server-{self.port}.log"
+        self.token: str | None = None  # the local admin token, read after start
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The Authorization header of the local admin token (for raw httpx calls)."""
+        return {"authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def client(self, **kwargs: Any) -> HTTPClient:
+        """An HTTPClient on this server with its admin token."""
+        return HTTPClient(self.url, token=self.token, **kwargs)
 
     def start(self) -> ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -87,6 +98,9 @@ class ServerProcess:
             assert self.proc.poll() is None, self.log.read_text()
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    token_file = self.data_dir / "admin.token"
+                    if token_file.exists():
+                        self.token = token_file.read_text().strip()
                     return self
             except httpx.HTTPError:
                 pass
@@ -118,5 +132,23 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def http(server: ServerProcess) -> Iterator[HTTPClient]:
-    with HTTPClient(server.url) as client:
+    with server.client() as client:
         yield client
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the reasoning/gym pack's task cache once, before any test starts a server.
+
+    A cold cache takes ~20 s of generation (then every server start reads it in well under
+    a second); a server subprocess started cold could miss its readiness deadline.
+    """
+    import importlib.util
+
+    source = Path(__file__).resolve().parent.parent / "packs" / "reasoning-gym" / "source.py"
+    spec = importlib.util.spec_from_file_location("_warm_reasoning_gym", source)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for _ in module.load_tasks():
+        pass

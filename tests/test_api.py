@@ -202,7 +202,7 @@ def test_unknown_episode_raw(server: ServerProcess) -> None:
         ("POST", "/v1/episodes/nope/verify", None),
         ("DELETE", "/v1/episodes/nope", None),
     ):
-        response = httpx.request(method, f"{server.url}{path}", json=body)
+        response = httpx.request(method, f"{server.url}{path}", json=body, headers=server.headers)
         assert response.status_code == 404, (method, path, response.text)
         err = error_body(response)
         assert err["code"] == "not_found" and err["retryable"] is False
@@ -219,7 +219,11 @@ def test_unknown_task(client: Client, task: str) -> None:
 
 
 def test_unknown_task_raw(server: ServerProcess) -> None:
-    response = httpx.post(f"{server.url}/v1/episodes", json={"task": "palaestra/echo:no-such"})
+    response = httpx.post(
+        f"{server.url}/v1/episodes",
+        json={"task": "palaestra/echo:no-such"},
+        headers=server.headers,
+    )
     assert response.status_code == 404
     assert "no-such" in error_body(response)["message"]
 
@@ -232,12 +236,16 @@ def test_malformed_task_ref(client: Client) -> None:
 
 
 def test_malformed_task_ref_raw(server: ServerProcess) -> None:
-    response = httpx.post(f"{server.url}/v1/episodes", json={"task": "no-colon-here"})
+    response = httpx.post(
+        f"{server.url}/v1/episodes", json={"task": "no-colon-here"}, headers=server.headers
+    )
     assert 400 <= response.status_code < 500 and response.status_code != 404
     err = error_body(response)
     assert "org/name" in err["message"] and err["retryable"] is False
     # A wrongly typed field of the reset request is a 422 that names the field.
-    response = httpx.post(f"{server.url}/v1/episodes", json={"task": ECHO, "seed": "abc"})
+    response = httpx.post(
+        f"{server.url}/v1/episodes", json={"task": ECHO, "seed": "abc"}, headers=server.headers
+    )
     assert response.status_code == 422
     assert "seed" in error_body(response)["message"]
 
@@ -270,11 +278,13 @@ def test_malformed_action_raw(server: ServerProcess, http: HTTPClient) -> None:
     episode = http.reset(ECHO).episode_id
     url = f"{server.url}/v1/episodes/{episode}/step"
     for action in BAD_ACTIONS.values():
-        response = httpx.post(url, json={"action": action})
+        response = httpx.post(url, json={"action": action}, headers=server.headers)
         assert response.status_code == 422, response.text
         err = error_body(response)
         assert err["code"] == "invalid_action" and err["retryable"] is False
-    unknown = httpx.post(url, json={"action": BAD_ACTIONS["unknown-tool"]}).json()["error"]
+    unknown = httpx.post(
+        url, json={"action": BAD_ACTIONS["unknown-tool"]}, headers=server.headers
+    ).json()["error"]
     assert "rm_rf" in unknown["message"] and "echo" in unknown["message"]  # names the tools
     # Shapes the request model refuses, before any family sees them.
     for body in (
@@ -283,16 +293,20 @@ def test_malformed_action_raw(server: ServerProcess, http: HTTPClient) -> None:
         {"action": {"tool": "echo"}, "surprise": 1},
         {},
     ):
-        response = httpx.post(url, json=body)
+        response = httpx.post(url, json=body, headers=server.headers)
         assert response.status_code == 422, (body, response.text)
         assert error_body(response)["message"].startswith("malformed request")
     # Bodies that are not JSON at all.
     for raw in (b"{not json", b"", b"\xff\xfe", b"[1, 2"):
-        response = httpx.post(url, content=raw, headers={"content-type": "application/json"})
+        response = httpx.post(
+            url, content=raw, headers={**server.headers, "content-type": "application/json"}
+        )
         assert response.status_code == 422, (raw, response.text)
         error_body(response)
     response = httpx.post(
-        f"{server.url}/v1/episodes", content=b"{oops", headers={"content-type": "application/json"}
+        f"{server.url}/v1/episodes",
+        content=b"{oops",
+        headers={**server.headers, "content-type": "application/json"},
     )
     assert response.status_code == 422
     error_body(response)
@@ -337,6 +351,7 @@ def test_step_after_end_raw(server: ServerProcess, http: HTTPClient) -> None:
     response = httpx.post(
         f"{server.url}/v1/episodes/{episode}/step",
         json={"action": {"tool": "echo", "arguments": {"text": "late"}}},
+        headers=server.headers,
     )
     assert response.status_code == 409
     err = error_body(response)
@@ -383,8 +398,8 @@ def test_replayed_request_id_raw(server: ServerProcess, http: HTTPClient) -> Non
         },
         "request_id": "same",
     }
-    first = httpx.post(url, json=body)
-    second = httpx.post(url, json=body)
+    first = httpx.post(url, json=body, headers=server.headers)
+    second = httpx.post(url, json=body, headers=server.headers)
     assert first.status_code == second.status_code == 200
     assert first.json() == second.json()
     assert http.state(episode).step_count == 1
@@ -397,10 +412,12 @@ def test_replayed_request_id_raw(server: ServerProcess, http: HTTPClient) -> Non
 def test_capacity_429(tmp_path: Path) -> None:
     proc = ServerProcess(tmp_path / "cap-data", args=["--max-episodes", "2"]).start()
     try:
-        with HTTPClient(proc.url, retry=RetryPolicy(attempts=1)) as client:
+        with proc.client(retry=RetryPolicy(attempts=1)) as client:
             a = client.reset(ECHO).episode_id
             b = client.reset(ECHO).episode_id
-            response = httpx.post(f"{proc.url}/v1/episodes", json={"task": ECHO})
+            response = httpx.post(
+                f"{proc.url}/v1/episodes", json={"task": ECHO}, headers=proc.headers
+            )
             assert response.status_code == 429
             assert float(response.headers["retry-after"]) > 0
             err = error_body(response)
@@ -430,7 +447,7 @@ def test_capacity_429(tmp_path: Path) -> None:
 
 def test_health_ready_metrics(fresh_server: ServerProcess) -> None:
     server = fresh_server
-    http = HTTPClient(server.url)
+    http = server.client()
     assert httpx.get(f"{server.url}/healthz").status_code == 200
     ready = httpx.get(f"{server.url}/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
@@ -489,7 +506,9 @@ def test_openapi(server: ServerProcess) -> None:
 
 def test_tasks_sealed_split_public_only(server: ServerProcess, http: HTTPClient) -> None:
     response = httpx.get(
-        f"{server.url}/v1/tasks", params={"pack": "openai/humaneval", "split": "heldout"}
+        f"{server.url}/v1/tasks",
+        params={"pack": "openai/humaneval", "split": "heldout"},
+        headers=server.headers,
     )
     assert response.status_code == 200
     body = response.json()
@@ -511,13 +530,16 @@ def test_tasks_sealed_split_public_only(server: ServerProcess, http: HTTPClient)
     listed = http.tasks(pack="openai/humaneval", split="heldout")
     assert listed.total == 33 and {t.id for t in listed.tasks} == ids
     # Echo's sealed answers never appear either (its train answers are private too).
-    echo = httpx.get(f"{server.url}/v1/tasks", params={"pack": "palaestra/echo"}).text
+    echo = httpx.get(
+        f"{server.url}/v1/tasks", params={"pack": "palaestra/echo"}, headers=server.headers
+    ).text
     for answer in ("elppa", "drojf", "hcrib", "tlaboc"):
         assert answer not in echo
 
 
 def test_packs_and_families(server: ServerProcess, http: HTTPClient) -> None:
-    packs = {p["name"]: p for p in httpx.get(f"{server.url}/v1/packs").json()}
+    listing = httpx.get(f"{server.url}/v1/packs", headers=server.headers).json()
+    packs = {p["name"]: p for p in listing}
     assert {"palaestra/echo", "openai/humaneval"} <= set(packs)
     he = {s["name"]: s for s in packs["openai/humaneval"]["splits"]}
     assert he["heldout"] == {"name": "heldout", "sealed": True, "tasks": 33}
@@ -527,9 +549,9 @@ def test_packs_and_families(server: ServerProcess, http: HTTPClient) -> None:
     assert echo["heldout"]["tasks"] + echo["train"]["tasks"] == 10
     for pack in packs.values():
         assert pack["digest"].startswith("sha256:") and pack["version"]
-    one = httpx.get(f"{server.url}/v1/packs/openai/humaneval")
+    one = httpx.get(f"{server.url}/v1/packs/openai/humaneval", headers=server.headers)
     assert one.status_code == 200 and one.json() == packs["openai/humaneval"]
-    missing = httpx.get(f"{server.url}/v1/packs/nobody/nothing")
+    missing = httpx.get(f"{server.url}/v1/packs/nobody/nothing", headers=server.headers)
     assert missing.status_code == 404
     error_body(missing)
     families = {f.name: f for f in http.families()}
@@ -587,7 +609,7 @@ def test_oracle_redacted_on_sealed_split(server: ServerProcess, http: HTTPClient
     assert state.verdict is not None and state.verdict.passed
     assert [r.action.tool for r in state.trajectory] == ["write_file", "submit"]
     assert all(r.action.arguments == {"oracle": True} for r in state.trajectory)
-    raw = httpx.get(f"{server.url}/v1/episodes/{sealed.episode_id}").text
+    raw = httpx.get(f"{server.url}/v1/episodes/{sealed.episode_id}", headers=server.headers).text
     assert longest_line(canonical(0)) not in raw
     assert "def check(candidate)" not in raw
 

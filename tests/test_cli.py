@@ -101,6 +101,8 @@ def test_eval_against_a_real_server(tmp_path: Path, server: ServerProcess) -> No
         "5",
         "--url",
         server.url,
+        "--data-dir",  # with --url: the local server's admin token is read from there
+        str(server.data_dir),
         "--out",
         str(out),
         cwd=tmp_path,

@@ -179,7 +179,11 @@ async def test_family_step_crash_over_http_is_not_a_500(faulty: EpisodeManager) 
     app = create_app(faulty.settings, manager=faulty)
     app.state.manager = faulty  # the lifespan is not run by the ASGI transport
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+    token = (faulty.settings.data_dir / "admin.token").read_text().strip()
+    headers = {"authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://app", headers=headers
+    ) as http:
         reset = await http.post("/v1/episodes", json={"task": "test/scrash:t1"})
         assert reset.status_code == 200, reset.text
         eid = reset.json()["episode_id"]
@@ -334,7 +338,7 @@ async def test_broken_packs_are_recorded_and_good_ones_served(
         assert "not JSON" in errors[str(broken_packs / "bad-json")]
         assert "no-such-family" in errors[str(broken_packs / "bad-family")]
         names = {p.name for p in manager.pack_infos()}
-        assert names == {"palaestra/echo", "openai/humaneval", "test/good"}
+        assert names == {"palaestra/echo", "openai/humaneval", "reasoning/gym", "test/good"}
         client = AsyncInProcessClient(manager)
         reset = await client.reset("test/good:t1")
         reply = await client.step(
@@ -355,10 +359,20 @@ def test_server_with_broken_packs_starts_and_reports(tmp_path: Path, broken_pack
         problems = ready.json()["pack_errors"]["packs"]
         assert len(problems) == 3
         assert str(broken_packs / "bad-json") in problems
-        packs = httpx.get(f"{proc.url}/v1/packs", timeout=10).json()
+        packs = httpx.get(f"{proc.url}/v1/packs", timeout=10, headers=proc.headers).json()
         listed = packs if isinstance(packs, list) else packs.get("packs", packs)
-        assert {p["name"] for p in listed} == {"palaestra/echo", "openai/humaneval", "test/good"}
-        reset = httpx.post(f"{proc.url}/v1/episodes", json={"task": "test/good:t1"}, timeout=10)
+        assert {p["name"] for p in listed} == {
+            "palaestra/echo",
+            "openai/humaneval",
+            "reasoning/gym",
+            "test/good",
+        }
+        reset = httpx.post(
+            f"{proc.url}/v1/episodes",
+            json={"task": "test/good:t1"},
+            timeout=10,
+            headers=proc.headers,
+        )
         assert reset.status_code == 200, reset.text
     finally:
         proc.stop()

@@ -99,7 +99,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def test_lost_step_response_is_retried_without_stepping_twice(server: ServerProcess) -> None:
     with DropFirstResponse(server.port) as proxy:
         with HTTPClient(
-            f"http://127.0.0.1:{proxy.port}", retry=RetryPolicy(attempts=3, base_s=0.01)
+            f"http://127.0.0.1:{proxy.port}",
+            token=server.token,
+            retry=RetryPolicy(attempts=3, base_s=0.01),
         ) as client:
             episode = client.reset(ECHO)
             reply = client.step(episode.episode_id, {"tool": "echo", "arguments": {"text": "x"}})
@@ -113,7 +115,9 @@ def test_lost_step_response_is_retried_without_stepping_twice(server: ServerProc
 async def test_async_client_lost_response_is_retried(server: ServerProcess) -> None:
     with DropFirstResponse(server.port) as proxy:
         async with AsyncHTTPClient(
-            f"http://127.0.0.1:{proxy.port}", retry=RetryPolicy(attempts=3, base_s=0.01)
+            f"http://127.0.0.1:{proxy.port}",
+            token=server.token,
+            retry=RetryPolicy(attempts=3, base_s=0.01),
         ) as client:
             episode = await client.reset(ECHO)
             await client.step(episode.episode_id, {"tool": "echo", "arguments": {"text": "y"}})
@@ -126,8 +130,8 @@ def test_capacity_is_retried_after_retry_after(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data", args=["--max-episodes", "1"]).start()
     try:
         with (
-            HTTPClient(server.url, retry=RetryPolicy(attempts=1)) as once,
-            HTTPClient(server.url, retry=RetryPolicy(attempts=6, max_s=0.5)) as patient,
+            server.client(retry=RetryPolicy(attempts=1)) as once,
+            server.client(retry=RetryPolicy(attempts=6, max_s=0.5)) as patient,
         ):
             held = once.reset(ECHO)
             with pytest.raises(CapacityError) as refused:

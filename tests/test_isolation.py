@@ -39,7 +39,7 @@ def secret_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 
 @pytest.fixture
 def agent(secret_server: ServerProcess) -> Iterator[Agent]:
-    with HTTPClient(secret_server.url) as client:
+    with secret_server.client() as client:
         episode = client.reset(TASK).episode_id
         yield Agent(client, episode)
         client.close(episode)

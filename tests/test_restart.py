@@ -55,7 +55,7 @@ def test_restart_after_graceful_stop(tmp_path: Path) -> None:
     data = tmp_path / "data"
     first = ServerProcess(data).start()
     try:
-        with HTTPClient(first.url) as client:
+        with first.client() as client:
             finished = run_finished(client)
             active = client.reset(HE_TRUNCATE).episode_id
             client.step(
@@ -79,7 +79,7 @@ def test_restart_after_graceful_stop(tmp_path: Path) -> None:
     second = ServerProcess(data).start()
     assert second.port != first.port
     try:
-        with HTTPClient(second.url) as client:
+        with second.client() as client:
             for episode, (before, final) in finished.items():
                 after = client.state(episode)
                 assert after.status == "done" and after.verdict is not None
@@ -110,7 +110,9 @@ def test_restart_after_graceful_stop(tmp_path: Path) -> None:
             with pytest.raises(ConflictError):
                 client.step(active, {"tool": "submit"})
             response = httpx.post(
-                f"{second.url}/v1/episodes/{active}/step", json={"action": {"tool": "submit"}}
+                f"{second.url}/v1/episodes/{active}/step",
+                json={"action": {"tool": "submit"}},
+                headers=second.headers,
             )
             assert response.status_code == 409
             assert response.json()["error"]["code"] == "episode_ended"
@@ -138,7 +140,7 @@ def test_sigkill_right_after_episode_end(tmp_path: Path) -> None:
     for _ in range(rounds):
         proc = ServerProcess(data).start()
         url = proc.url
-        with httpx.Client(base_url=url) as raw:
+        with httpx.Client(base_url=url, headers=proc.headers) as raw:
             episode = raw.post("/v1/episodes", json={"task": ECHO}).json()["episode_id"]
             step = {"action": {"tool": "echo", "arguments": {"text": "a"}}, "request_id": "s-0"}
             assert raw.post(f"/v1/episodes/{episode}/step", json=step).status_code == 200
@@ -153,7 +155,7 @@ def test_sigkill_right_after_episode_end(tmp_path: Path) -> None:
 
     survivor = ServerProcess(data).start()
     try:
-        with httpx.Client(base_url=survivor.url) as raw:
+        with httpx.Client(base_url=survivor.url, headers=survivor.headers) as raw:
             for episode, final, body in seen:
                 state = raw.get(f"/v1/episodes/{episode}").json()
                 summary = (state["status"], state["step_count"], len(state["trajectory"]))
@@ -169,12 +171,12 @@ def test_sigkill_right_after_episode_end(tmp_path: Path) -> None:
 def test_sigkill_voids_active_episode(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc = ServerProcess(data).start()
-    with HTTPClient(proc.url) as client:
+    with proc.client() as client:
         episode = client.reset(HE_TRAIN).episode_id
     kill(proc)
     survivor = ServerProcess(data).start()
     try:
-        with HTTPClient(survivor.url) as client:
+        with survivor.client() as client:
             state = client.state(episode)
             assert state.status == "void"
             assert state.void_reason is not None and "restart" in state.void_reason

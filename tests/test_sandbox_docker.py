@@ -252,3 +252,95 @@ async def test_coding_episodes_on_docker(tmp_path: Path) -> None:
         ]
     finally:
         await manager.shutdown()
+
+
+# ---- the persistent shell ------------------------------------------------------------------
+
+
+def shell_procs(box: DockerSandbox) -> list[str]:
+    """The sandbox user's processes with a shell's gid (docker top: uid, gid, pid, args)."""
+    top = box._container.top(ps_args="-eo uid,gid,pid,args")
+    return [" ".join(p) for p in top["Processes"] if p[0] == "1000" and p[1] != "1000"]
+
+
+async def test_shell_state_output_cap_and_latency(box: DockerSandbox) -> None:
+    sh = await box.shell()
+    try:
+        r = await sh.run("cd /tmp && X=42; echo hi; echo err >&2")
+        assert (r.output, r.exit_code, r.cwd, r.restarted) == ("hi\nerr\n", 0, "/tmp", False)
+        r = await sh.run("echo $X; id -u; false")
+        assert (r.output, r.exit_code) == ("42\n1000\n", 1)
+        r = await sh.run("head -c 300000 /dev/zero | tr '\\0' a; echo END", max_output=1000)
+        assert r.truncated and r.output.startswith("a" * 500) and r.output.endswith("END\n")
+        # The shell is non-dumpable (the execute-only bash): its fds and memory are closed.
+        r = await sh.run("cat /proc/$$/environ; ls /proc/$$/fd")
+        assert "Permission denied" in r.output and r.exit_code != 0, r
+        # Files are shared with exec, both ways.
+        await sh.run("echo from-shell > /work/s.txt")
+        assert (await box.exec("cat s.txt")).stdout == "from-shell\n"
+        await box.write_file("h.txt", "from-host")
+        assert (await sh.run("cat /work/h.txt")).output == "from-host"
+        # A round trip needs no extra exec.
+        times = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            assert (await sh.run("true")).exit_code == 0
+            times.append(time.monotonic() - t0)
+        assert sorted(times)[10] < 0.05, times
+    finally:
+        await sh.close()
+
+
+async def test_shell_survives_execs_and_dies_on_close(box: DockerSandbox) -> None:
+    sh = await box.shell()
+    try:
+        r = await sh.run("sleep 91 & (setsid sleep 92 &); echo bg")
+        assert r.output == "bg\n"
+        r = await box.exec("sleep 93 & echo exec")  # its sweep spares the live shell
+        assert r.stdout == "exec\n"
+        procs = " ".join(shell_procs(box))
+        assert "sleep 91" in procs and "sleep 92" in procs, procs
+        assert "sleep 93" not in " ".join(user_procs(box))
+        assert (await sh.run("echo still")).output == "still\n"
+    finally:
+        await sh.close()
+    await sh.close()  # idempotent
+    assert user_procs(box) == []
+    with pytest.raises(SandboxGone):
+        await sh.run("true")
+
+
+async def test_shell_timeouts_and_restart(box: DockerSandbox) -> None:
+    sh = await box.shell()
+    try:
+        await sh.run("X=1")
+        t0 = time.monotonic()
+        r = await sh.run("sleep 60 & setsid sleep 61 & sleep 62", timeout=1)
+        assert r.timed_out and not r.restarted and time.monotonic() - t0 < 2.5, r
+        # the timed-out command's background jobs (setsid or not) died with it
+        assert not [p for p in user_procs(box) if "sleep 6" in p], user_procs(box)
+        r = await sh.run("echo $X")  # (after bash's "Killed" notes for those jobs)
+        assert r.output.endswith("\n1\n") and not r.restarted, r
+        r = await sh.run("while :; do echo -n; done", timeout=30, idle_timeout=0.5)
+        assert r.idle_timed_out and r.timed_out
+        r = await sh.run("trap '' INT; exec sleep 99", timeout=1)
+        assert r.timed_out and r.exit_code == -9, r
+        r = await sh.run("echo $X; pwd")
+        assert r.restarted and r.output == "\n/work\n", r
+        r = await sh.run("exit 7")
+        assert r.exit_code == 7
+        r = await sh.run("echo back")
+        assert r.restarted and r.output == "back\n"
+    finally:
+        await sh.close()
+    assert user_procs(box) == []
+
+
+async def test_shell_gone_with_the_sandbox(backend: DockerBackend) -> None:
+    box = await backend.create(SPEC)
+    sh = await box.shell()
+    await sh.run("sleep 99 &")
+    await box.close()
+    with pytest.raises(SandboxGone):
+        await sh.run("true")
+    await sh.close()

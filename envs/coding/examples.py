@@ -34,6 +34,9 @@ def docstring_examples(prompt: str, entry_point: str) -> str:
     for node in ast.walk(module):
         if isinstance(node, ast.FunctionDef) and node.name == entry_point:
             doc = ast.get_docstring(node) or ""
-            examples = doctest.DocTestParser().get_examples(doc)
+            try:
+                examples = doctest.DocTestParser().get_examples(doc)
+            except ValueError:  # inconsistent indentation: not doctest-shaped
+                return ""
             return doc if examples else ""
     return ""

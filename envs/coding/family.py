@@ -1,7 +1,9 @@
 """The `coding` family: write a Python function, try it, submit; hidden tests decide.
 
 Public fields: `prompt` (signature and docstring), `entry_point`. Private fields:
-`tests` (HumanEval's `check(candidate)` code) and `solution` (the canonical body).
+`tests` (HumanEval's `check(candidate)` code) and `solution` (the canonical body). A pack's
+directory form may give them as files instead: `verifier/tests.py` (the `check` code) and
+`solution/solution.py` (the whole reference file).
 The agent works in `/work`; its answer is `solution.py` there. Verification copies
 only that file into a fresh sandbox, stages the hidden tests, and runs them.
 """
@@ -14,6 +16,7 @@ import time
 from pydantic import Field
 
 from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
+from palaestra.envs.coding import cheats
 from palaestra.envs.coding.examples import DOCTEST_RUNNER, docstring_examples
 from palaestra.sandbox import ExecResult, SandboxSpec
 from palaestra.sandbox.forkserver import ForkServerUnavailable
@@ -47,6 +50,28 @@ TOOLS = (
     Tool("run_tests", "Run the public examples from the docstring against solution.py.", NoArgs),
     Tool("submit", "End the episode: solution.py is graded by hidden tests.", NoArgs),
 )
+
+
+TESTS_FILE = "tests.py"
+
+
+def task_tests(task: Task) -> str:
+    """The hidden `check(candidate)` code: `private.tests`, or the pack's verifier/tests.py."""
+    tests = task.private.get("tests")
+    if isinstance(tests, str):
+        return tests
+    files = task.private.get("verifier") or {}
+    if TESTS_FILE not in files:
+        raise KeyError(f"task {task.id} has neither private.tests nor verifier/{TESTS_FILE}")
+    return str(files[TESTS_FILE])
+
+
+def task_solution(task: Task) -> str:
+    """The reference solution.py: solution/solution.py, or the prompt plus the canonical body."""
+    solution = task.private["solution"]
+    if isinstance(solution, dict):
+        return str(solution[SOLUTION])
+    return str(task.public["prompt"]) + str(solution)
 
 
 def _workspace_path(path: str) -> str:
@@ -141,7 +166,7 @@ class CodingFamily(Family):
                 task_digest=ctx.task.digest,
                 duration_s=time.perf_counter() - started,
             )
-        plan = python_tests.split_tests(ctx.task.private["tests"])
+        plan = python_tests.split_tests(task_tests(ctx.task))
         spec = self.sandbox_spec(ctx.task)
         run: python_tests.TestRun | None = None
         if ctx.run_python is not None:
@@ -181,8 +206,23 @@ class CodingFamily(Family):
         )
 
     def oracle(self, task: Task) -> list[Action]:
-        source = task.public["prompt"] + task.private["solution"]
+        return _write_and_submit(task_solution(task))
+
+    def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
+        entry = str(task.public["entry_point"])
         return [
-            Action(tool="write_file", arguments={"path": SOLUTION, "content": source}),
-            Action(tool="submit", arguments={}),
+            (
+                "docstring-examples",
+                _write_and_submit(cheats.examples_only(task.public["prompt"], entry)),
+            ),
+            ("always-equal", _write_and_submit(cheats.ALWAYS_EQUAL.format(entry=entry))),
+            ("print-pass", _write_and_submit(cheats.PRINT_PASS.format(entry=entry))),
+            ("exit-zero", _write_and_submit(cheats.EXIT_ZERO)),
         ]
+
+
+def _write_and_submit(source: str) -> list[Action]:
+    return [
+        Action(tool="write_file", arguments={"path": SOLUTION, "content": source}),
+        Action(tool="submit", arguments={}),
+    ]

@@ -6,6 +6,7 @@ episode and the verifier compares the answer with the private one, exactly.
 
 from __future__ import annotations
 
+import re
 import time
 
 from pydantic import Field
@@ -58,3 +59,14 @@ class EchoFamily(Family):
 
     def oracle(self, task: Task) -> list[Action]:
         return [Action(tool="submit", arguments={"answer": str(task.private["answer"])})]
+
+    def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
+        instruction = str(task.public.get("instruction", ""))
+        quoted = re.findall(r"'([^']*)'", instruction)
+        cheats = [
+            ("submit-instruction", [Action(tool="submit", arguments={"answer": instruction})]),
+            ("empty-answer", [Action(tool="submit", arguments={"answer": ""})]),
+        ]
+        if quoted:  # the word the instruction quotes, not transformed as asked
+            cheats.append(("copy-quoted", [Action(tool="submit", arguments={"answer": quoted[0]})]))
+        return cheats

@@ -1,0 +1,170 @@
+"""`palaestra pack publish` and `palaestra pack install`: the server's pack registry from the CLI.
+
+    palaestra pack publish DIR_OR_ARCHIVE --url URL --token T   # prints the pack digest
+    palaestra pack install org/name@1.0.0 --url URL [--token T] # into the local data dir
+    palaestra pack install FILE.tar.gz [--data-dir D]
+
+Publishing sends the archive (built from a directory with the same deterministic
+`pack_archive` as `pack build`; the directory is not changed) to `POST /v1/packs`, which
+verifies it and refuses a published version with other bytes. Installing downloads
+`GET /v1/packs/{org}/{name}@{version}/archive`, checks that its pack digest is the one the
+server lists, and installs it into the local data dir's content-addressed store, where
+`palaestra serve` and the embedded server load it at start.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+
+from palaestra.cli.clients import resolve_token, settings_for
+from palaestra.sdk.errors import PalaestraError, error_from_response
+from palaestra.server.archive import ArchiveError, pack_archive
+from palaestra.server.families import FamilyRegistry
+from palaestra.server.registry import PackStore
+
+console = Console(width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True)
+
+Url = Annotated[str | None, typer.Option(envvar="PALAESTRA_URL", help="server URL")]
+Token = Annotated[str | None, typer.Option(envvar="PALAESTRA_TOKEN", help="bearer token")]
+DataDir = Annotated[
+    Path | None,
+    typer.Option(help="local data dir (install target; its admin.token is used with --url)"),
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[red]error[/red] {message}")
+    return typer.Exit(2)
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text
+    raise error_from_response(response.status_code, body)
+
+
+def publish_archive(
+    url: str, token: str | None, data: bytes, timeout: float = 600.0
+) -> dict[str, Any]:
+    """POST the archive; returns the server's reply (name, version, digest, created)."""
+    headers = {"content-type": "application/gzip"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    response = httpx.post(
+        f"{url.rstrip('/')}/v1/packs", content=data, headers=headers, timeout=timeout
+    )
+    _raise_for(response)
+    reply: dict[str, Any] = response.json()
+    return reply
+
+
+def download_archive(
+    url: str, token: str | None, ref: str, timeout: float = 600.0
+) -> tuple[bytes, str]:
+    """The archive of `org/name@version` and the pack digest the server lists for it."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    base = url.rstrip("/")
+    with httpx.Client(base_url=base, headers=headers, timeout=timeout) as http:
+        info = http.get(f"/v1/packs/{ref}")
+        _raise_for(info)
+        listed = str(info.json()["digest"])
+        response = http.get(f"/v1/packs/{ref}/archive")
+        _raise_for(response)
+    sent = response.headers.get("x-palaestra-digest")
+    if sent and sent != listed:
+        raise PalaestraError(
+            f"the server lists {ref} as {listed} but sent an archive marked {sent}",
+            code="digest_mismatch",
+        )
+    return response.content, listed
+
+
+def register(pack_app: typer.Typer) -> None:
+    """Add `publish` and `install` to the `pack` command group."""
+
+    @pack_app.command("publish")
+    def publish_cmd(
+        source: Annotated[Path, typer.Argument(help="a pack directory or a .tar.gz archive")],
+        url: Url = None,
+        token: Token = None,
+        data_dir: DataDir = None,
+    ) -> None:
+        """Publish a pack to a server (token with the `publish` scope); prints its digest."""
+        if not url:
+            raise _fail("--url (or PALAESTRA_URL) is needed: publishing goes to a server")
+        try:
+            data = pack_archive(source) if source.is_dir() else source.read_bytes()
+        except (ArchiveError, OSError) as exc:
+            raise _fail(str(exc)) from None
+        try:
+            reply = publish_archive(url, resolve_token(token, data_dir), data)
+        except PalaestraError as exc:
+            raise _fail(f"({exc.code}) {exc.message}") from None
+        except httpx.HTTPError as exc:
+            raise _fail(f"{url}: {exc!r}") from None
+        what = "published" if reply.get("created") else "already published (same bytes)"
+        console.print(f"{reply['name']}@{reply['version']} {what}")
+        print(reply["digest"])
+
+    @pack_app.command("install")
+    def install_cmd(
+        target: Annotated[
+            str, typer.Argument(help="org/name@version (with --url) or a .tar.gz archive")
+        ],
+        url: Url = None,
+        token: Token = None,
+        data_dir: DataDir = None,
+        as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    ) -> None:
+        """Install a pack into the local data dir's store (loaded by the server at start)."""
+        settings = settings_for(data_dir)
+        expect: str | None = None
+        path = Path(target)
+        try:
+            if path.is_file():
+                data = path.read_bytes()
+                source = str(path)
+            else:
+                if not url:
+                    raise _fail(f"{target!r} is not a file; to download it pass --url")
+                if "@" not in target:
+                    raise _fail("name the version: org/name@version")
+                data, expect = download_archive(url, resolve_token(token, data_dir), target)
+                source = f"{url.rstrip('/')}/v1/packs/{target}"
+            store = PackStore(settings.data_dir, settings.db_path)
+            families = [f.name for f in FamilyRegistry.discover().all()]
+            pack, created = store.install(
+                data,
+                publisher=f"install from {source}",
+                families=families,
+                allow_code=True,  # the user chose to install it on their own machine
+                expect_digest=expect,
+            )
+        except PalaestraError as exc:
+            raise _fail(f"({exc.code}) {exc.message}") from None
+        except (httpx.HTTPError, OSError) as exc:
+            raise _fail(repr(exc)) from None
+        result = {
+            "name": pack.name,
+            "version": pack.version,
+            "digest": pack.digest,
+            "created": created,
+            "path": str(store.path_of(pack.digest)),
+        }
+        if as_json:
+            print(json.dumps(result))
+            return
+        what = "installed" if created else "already installed"
+        console.print(f"{pack.name}@{pack.version} {what} ({pack.digest}) in {settings.data_dir}")

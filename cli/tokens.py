@@ -1,0 +1,124 @@
+"""`palaestra token create|list|revoke`: bearer tokens in a data dir's store (server/auth.py).
+
+They work on the SQLite store of `--data-dir` (the server's, on its machine), or, with
+`--url`, over HTTP with an admin token. A token is printed once, when it is made.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from palaestra.cli.clients import resolve_token, settings_for
+from palaestra.sdk.errors import PalaestraError, error_from_response
+from palaestra.server import auth
+
+token_app = typer.Typer(help="Make, list and revoke bearer tokens.", no_args_is_help=True)
+console = Console(width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True)
+
+Url = Annotated[
+    str | None, typer.Option(help="manage the tokens of this server over HTTP (admin token)")
+]
+Token = Annotated[str | None, typer.Option(envvar="PALAESTRA_TOKEN", help="admin token (--url)")]
+DataDir = Annotated[Path | None, typer.Option(help="the server's data dir")]
+
+
+def _http(url: str, token: str | None, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    response = httpx.request(method, f"{url.rstrip('/')}{path}", headers=headers, **kwargs)
+    if response.status_code >= 400:
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = response.text
+        raise error_from_response(response.status_code, body)
+    return response
+
+
+def _guard(fn: Any) -> Any:
+    try:
+        return fn()
+    except PalaestraError as exc:
+        err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
+        raise typer.Exit(2) from None
+
+
+@token_app.command("create")
+def create(
+    scope: Annotated[
+        list[str], typer.Option("--scope", help="train, eval, publish or admin; repeatable")
+    ],
+    name: Annotated[str | None, typer.Option(help="a name to list and revoke it by")] = None,
+    data_dir: DataDir = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Make a token with the given scopes and print it (the only time it is shown)."""
+
+    def go() -> str:
+        if url:
+            body = {"scopes": scope, "name": name}
+            reply = _http(url, resolve_token(token, data_dir), "POST", "/v1/tokens", json=body)
+            made: str = reply.json()["token"]
+            return made
+        settings = settings_for(data_dir)
+        made, _ = auth.create_token(settings.db_path, scope, name=name)
+        return made
+
+    print(_guard(go))
+
+
+@token_app.command("list")
+def list_(
+    data_dir: DataDir = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The tokens (names, scopes, state; never the tokens themselves)."""
+
+    def go() -> list[dict[str, Any]]:
+        if url:
+            rows: list[dict[str, Any]] = _http(
+                url, resolve_token(token, data_dir), "GET", "/v1/tokens"
+            ).json()
+            return rows
+        return auth.list_tokens(settings_for(data_dir).db_path)
+
+    rows = _guard(go)
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table("id", "name", "scopes", "state")
+    for row in rows:
+        state = "revoked" if row["revoked"] else "live"
+        table.add_row(row["id"], row["name"], " ".join(row["scopes"]), state)
+    console.print(table)
+
+
+@token_app.command("revoke")
+def revoke(
+    name: Annotated[str, typer.Argument(help="the token's name or id")],
+    data_dir: DataDir = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Revoke a token (a running server drops it within seconds; at once with --url)."""
+
+    def go() -> None:
+        if url:
+            _http(url, resolve_token(token, data_dir), "DELETE", f"/v1/tokens/{name}")
+            return
+        if not auth.revoke_token(settings_for(data_dir).db_path, name):
+            raise PalaestraError(f"no live token named (or with id) {name!r}", code="not_found")
+
+    _guard(go)
+    console.print(f"revoked {name}")

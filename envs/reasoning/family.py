@@ -1,0 +1,133 @@
+"""The `reasoning` family: one question from a reasoning-gym dataset, one answer, its own scorer.
+
+Public fields: `question` (the observation) and `dataset`. Private fields: what rebuilds the
+dataset and the entry on the server (`dataset`, `level`, `seed`, `size`, `index`), the entry's
+`answer` and `metadata` (as JSON), and `item_seed` (seed + index, the seed the split rule uses).
+
+Tools: `think` (a note; does nothing) and `submit(answer)`, which ends the episode. The
+verifier regenerates reasoning-gym's own entry and calls the dataset's own
+`score_answer(answer, entry)` in the server process (never in a sandbox: it is library code
+and the answer is only a string; `gym` makes the few scorers that evaluate the answer safe);
+reward = that score, `passed` = score >= 1.0. No answer at all (`submit` without one, or an
+episode truncated before it) scores 0 without asking the scorer: a few reasoning-gym scorers
+give 0.01 to `None`, and the null agent must score 0. An empty string is an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from pydantic import Field
+
+from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
+from palaestra.envs.reasoning import gym
+from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.sdk.task import Task
+
+log = logging.getLogger(__name__)
+
+MAX_ANSWER = 20_000
+PASS_THRESHOLD = 1.0
+
+
+class ThinkArgs(ToolArgs):
+    note: str = Field(default="", max_length=100_000, description="a note to yourself")
+
+
+class SubmitArgs(ToolArgs):
+    answer: str | None = Field(
+        default=None, max_length=MAX_ANSWER, description="the final answer, as the question asks"
+    )
+
+
+class ReasoningFamily(Family):
+    name = "reasoning"
+    description = (
+        "Procedural reasoning problems from reasoning-gym, scored by each dataset's own scorer."
+    )
+    version = "0.1.0"
+    tools = (
+        Tool("think", "Write a note to yourself; it changes nothing.", ThinkArgs),
+        Tool("submit", "End the episode with your final answer.", SubmitArgs),
+    )
+
+    async def reset(self, ctx: EpisodeContext) -> Observation:
+        return Observation(text=str(ctx.task.public.get("question", "")))
+
+    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+        if isinstance(args, SubmitArgs):
+            ctx.state["submitted"] = True
+            ctx.state["answer"] = args.answer
+            return StepOutcome(Observation(text="submitted"), done=True)
+        return StepOutcome(Observation(text="noted"))
+
+    async def verify(self, ctx: EpisodeContext) -> Verdict:
+        started = time.perf_counter()
+        answer: str | None = ctx.state.get("answer")
+        reward, feedback = await asyncio.to_thread(score_task, ctx.task, answer)
+        passed = reward >= PASS_THRESHOLD
+        if not ctx.state.get("submitted"):
+            feedback = "no answer submitted"
+        return Verdict(
+            reward=reward,
+            passed=passed,
+            components={"score": reward},
+            feedback=feedback,
+            verifier=VerifierInfo(name="reasoning-gym", version=gym.rg_version()),
+            task_digest=ctx.task.digest,
+            duration_s=time.perf_counter() - started,
+        )
+
+    def oracle(self, task: Task) -> list[Action]:
+        return [Action(tool="submit", arguments={"answer": str(task.private["answer"])})]
+
+    def null(self, task: Task) -> list[Action]:
+        return [Action(tool="submit", arguments={})]
+
+    def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
+        question = str(task.public.get("question", ""))[:MAX_ANSWER]
+        return [
+            ("empty-answer", [Action(tool="submit", arguments={"answer": ""})]),
+            ("submit-question", [Action(tool="submit", arguments={"answer": question})]),
+        ]
+
+
+def rebuild_args(task: Task) -> tuple[str, str, int, int, int]:
+    p: dict[str, Any] = task.private
+    return str(p["dataset"]), str(p["level"]), int(p["seed"]), int(p["size"]), int(p["index"])
+
+
+def score_task(task: Task, answer: str | None) -> tuple[float, str]:
+    """(reward, feedback) for `answer` on `task`; feedback never shows the answer.
+
+    The entry is regenerated (reasoning-gym's own objects, exact types); a dataset whose
+    generation is not reproducible (codeio, isomorphic_strings, knight_swap) regenerates
+    another question or answer, and then the task's stored entry (question, answer,
+    metadata) is scored. A scorer that raises on the answer gives 0, as reasoning-gym's
+    scorers do for an answer they cannot parse.
+    """
+    if answer is None:
+        return 0.0, "no answer"
+    args = rebuild_args(task)
+    entry: dict[str, Any] | None = gym.entry(*args)
+    served = (task.public.get("question"), task.private["answer"])
+    if entry is None or (entry["question"], entry["answer"]) != served:
+        entry = {
+            "question": task.public.get("question"),
+            "answer": task.private["answer"],
+            "metadata": task.private.get("metadata", {}),
+        }
+    try:
+        reward = gym.score(*args, answer, entry=entry)
+    except Exception as exc:
+        log.info("scorer of %s raised %s on an answer; scored 0", args[0], type(exc).__name__)
+        return 0.0, "the scorer could not read the answer"
+    reward = min(1.0, max(0.0, reward))
+    if reward >= PASS_THRESHOLD:
+        return reward, "correct"
+    if reward > 0.0:
+        return reward, f"partly correct (score {reward:.3g})"
+    return reward, "incorrect"

@@ -1,0 +1,267 @@
+"""Bearer tokens with scopes (DESIGN §3, §6, §9).
+
+Scopes: `train` (episodes on public splits), `eval` (episodes on sealed splits, and on
+public ones), `publish` (POST /v1/packs), `admin` (everything, token admin, the oracle on
+sealed splits). A token is shown once, when it is made; the store keeps only its sha256.
+
+The server checks a token on every `/v1` request. The lookup is cached in memory (token
+hash → principal, a few seconds), so the step fast path pays a dict lookup, not a query;
+a token revoked over HTTP is dropped from the cache at once, one revoked with the CLI
+on the server's data dir stops working within `CACHE_TTL_S`.
+
+`auth = "off"` makes every request an admin: for local experiments only, never on a
+network anyone else can reach.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from palaestra.sdk.errors import AuthenticationError, BadRequestError, PermissionDeniedError
+from palaestra.server.store import TOKENS_SCHEMA
+
+TRAIN, EVAL, PUBLISH, ADMIN = "train", "eval", "publish", "admin"
+SCOPES = (TRAIN, EVAL, PUBLISH, ADMIN)
+TOKEN_FILE = "admin.token"
+LOCAL_ADMIN = "local-admin"
+PREFIX = "pal_"
+CACHE_TTL_S = 5.0
+CACHE_MAX = 10_000
+
+HOW_TO_GET_ONE = (
+    "send 'Authorization: Bearer <token>'; the server's local admin token is in "
+    f"<data dir>/{TOKEN_FILE} on its machine, and `palaestra token create --scope train` "
+    "(or eval, publish, admin) makes others"
+)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a token's name and scopes (`admin` implies every scope)."""
+
+    name: str
+    scopes: frozenset[str]
+
+    def has(self, scope: str) -> bool:
+        return scope in self.scopes or ADMIN in self.scopes
+
+    @property
+    def is_admin(self) -> bool:
+        return ADMIN in self.scopes
+
+    def require(self, scope: str, what: str) -> None:
+        if not self.has(scope):
+            raise PermissionDeniedError(
+                f"{what} needs a token with the {scope!r} scope; this token "
+                f"({self.name!r}) has {sorted(self.scopes) or 'no scopes'}",
+                code="missing_scope",
+            )
+
+    def require_episodes(self, sealed: bool, split: str | None) -> None:
+        """Starting or driving an episode: `eval` on a sealed split, `train` or `eval` else."""
+        if sealed:
+            if not self.has(EVAL):
+                where = f"split {split!r} is sealed" if split else "this episode's split is sealed"
+                raise PermissionDeniedError(
+                    f"{where}: episodes on it need a token with the 'eval' "
+                    f"scope; this token ({self.name!r}) has {sorted(self.scopes) or 'none'}",
+                    code="missing_scope",
+                )
+        elif not (self.has(TRAIN) or self.has(EVAL)):
+            raise PermissionDeniedError(
+                f"episodes need a token with the 'train' scope (or 'eval'); this token "
+                f"({self.name!r}) has {sorted(self.scopes) or 'none'}",
+                code="missing_scope",
+            )
+
+
+# The in-process clients (embedded, trusted) and a server with auth = "off".
+ADMIN_PRINCIPAL = Principal(name="embedded-admin", scopes=frozenset({ADMIN}))
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return PREFIX + secrets.token_urlsafe(32)
+
+
+def check_scopes(scopes: Iterable[str]) -> list[str]:
+    chosen = sorted(set(scopes))
+    unknown = [s for s in chosen if s not in SCOPES]
+    if unknown or not chosen:
+        raise BadRequestError(
+            f"scopes must be some of {list(SCOPES)}; got {chosen or 'none'}", code="bad_scope"
+        )
+    return chosen
+
+
+# -- the tokens table (SQLite; the same file as the episode store) -----------------------------
+
+
+def _connect(db_path: Path) -> sqlite3.Connection:
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(db_path, timeout=30)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(TOKENS_SCHEMA)
+    return db
+
+
+def create_token(
+    db_path: Path, scopes: Iterable[str], name: str | None = None, token: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Make a token; returns it (the only time it is seen) and its public record."""
+    chosen = check_scopes(scopes)
+    token = token or new_token()
+    token_id = uuid.uuid4().hex[:12]
+    name = name or f"token-{token_id}"
+    now = time.time()
+    with _connect(db_path) as db:
+        try:
+            db.execute(
+                "INSERT INTO tokens (id, name, hash, scopes, created_at) VALUES (?,?,?,?,?)",
+                (token_id, name, hash_token(token), " ".join(chosen), now),
+            )
+        except sqlite3.IntegrityError:
+            raise BadRequestError(
+                f"a token named {name!r} exists already; pick another --name", code="token_exists"
+            ) from None
+    record = {"id": token_id, "name": name, "scopes": chosen, "created_at": now, "revoked": False}
+    return token, record
+
+
+def list_tokens(db_path: Path) -> list[dict[str, Any]]:
+    with _connect(db_path) as db:
+        rows = db.execute(
+            "SELECT id, name, scopes, created_at, revoked_at FROM tokens ORDER BY created_at"
+        ).fetchall()
+    return [
+        {
+            "id": r[0],
+            "name": r[1],
+            "scopes": r[2].split(),
+            "created_at": r[3],
+            "revoked": r[4] is not None,
+        }
+        for r in rows
+    ]
+
+
+def revoke_token(db_path: Path, name_or_id: str) -> list[str]:
+    """Revoke by name or id; returns the hashes revoked (empty: no such live token)."""
+    with _connect(db_path) as db:
+        rows = db.execute(
+            "SELECT hash FROM tokens WHERE (name=? OR id=?) AND revoked_at IS NULL",
+            (name_or_id, name_or_id),
+        ).fetchall()
+        db.execute(
+            "UPDATE tokens SET revoked_at=? WHERE (name=? OR id=?) AND revoked_at IS NULL",
+            (time.time(), name_or_id, name_or_id),
+        )
+    return [r[0] for r in rows]
+
+
+def lookup(db_path: Path, token_hash: str) -> Principal | None:
+    with _connect(db_path) as db:
+        row = db.execute(
+            "SELECT name, scopes FROM tokens WHERE hash=? AND revoked_at IS NULL", (token_hash,)
+        ).fetchone()
+    return None if row is None else Principal(name=row[0], scopes=frozenset(row[1].split()))
+
+
+def ensure_admin_token(data_dir: Path, db_path: Path) -> Path:
+    """`<data_dir>/admin.token` (mode 0600), made at first start; registered if the store lost it.
+
+    A revoked local admin token stays revoked: delete the file to get a new one."""
+    path = data_dir / TOKEN_FILE
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        token = path.read_text(encoding="utf-8").strip()
+        with _connect(db_path) as db:
+            known = db.execute("SELECT 1 FROM tokens WHERE hash=?", (hash_token(token),)).fetchone()
+        if known is None:
+            name = LOCAL_ADMIN if not _name_taken(db_path, LOCAL_ADMIN) else None
+            create_token(db_path, [ADMIN], name=name, token=token)
+        return path
+    name = LOCAL_ADMIN if not _name_taken(db_path, LOCAL_ADMIN) else None
+    token, _ = create_token(db_path, [ADMIN], name=name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(token + "\n")
+    return path
+
+
+def _name_taken(db_path: Path, name: str) -> bool:
+    with _connect(db_path) as db:
+        return db.execute("SELECT 1 FROM tokens WHERE name=?", (name,)).fetchone() is not None
+
+
+def read_token_file(data_dir: Path) -> str | None:
+    path = data_dir / TOKEN_FILE
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+class Authenticator:
+    """Header → principal, with an in-memory cache of token hash → principal."""
+
+    def __init__(self, db_path: Path, mode: str = "token") -> None:
+        self.db_path = db_path
+        self.off = mode == "off"
+        self._cache: dict[str, tuple[Principal, float]] = {}
+
+    def from_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> Principal:
+        """From raw ASGI headers (the step fast path)."""
+        if self.off:
+            return ADMIN_PRINCIPAL
+        for key, value in headers:
+            if key == b"authorization":
+                return self.from_value(value.decode("latin-1"))
+        raise AuthenticationError("no bearer token: " + HOW_TO_GET_ONE, code="unauthenticated")
+
+    def from_value(self, value: str | None) -> Principal:
+        if self.off:
+            return ADMIN_PRINCIPAL
+        if not value:
+            raise AuthenticationError("no bearer token: " + HOW_TO_GET_ONE, code="unauthenticated")
+        scheme, _, token = value.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise AuthenticationError(
+                "the Authorization header must be 'Bearer <token>': " + HOW_TO_GET_ONE,
+                code="unauthenticated",
+            )
+        return self.principal(token)
+
+    def principal(self, token: str) -> Principal:
+        key = hash_token(token)
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        found = lookup(self.db_path, key)
+        if found is None:
+            self._cache.pop(key, None)
+            raise AuthenticationError(
+                "the token is unknown or revoked: " + HOW_TO_GET_ONE, code="invalid_token"
+            )
+        if len(self._cache) >= CACHE_MAX:
+            self._cache.clear()
+        self._cache[key] = (found, now + CACHE_TTL_S)
+        return found
+
+    def forget(self, hashes: Iterable[str]) -> None:
+        for key in hashes:
+            self._cache.pop(key, None)
