@@ -112,9 +112,13 @@ def families(url: Url = None, token: Token = None, data_dir: DataDir = None) -> 
 
     async def go() -> None:
         async with open_client(url, token, data_dir) as client:
-            table = Table("family", "tools", "description")
-            for f in await client.families():
-                table.add_row(f.name, ", ".join(t.name for t in f.tools), f.description)
+            listed = await client.families()
+            total = sum(len(f.domains) for f in listed)
+            table = Table("family", "domains", "tools", "description", title=f"{total} domains")
+            for f in listed:
+                table.add_row(
+                    f.name, str(len(f.domains)), ", ".join(t.name for t in f.tools), f.description
+                )
             console.print(table)
 
     _run(go())

@@ -142,6 +142,7 @@ class FamilyInfo(WireModel):
     name: str
     description: str
     tools: list[ToolSpec]
+    domains: list[str] = Field(default_factory=list, description="domains of the served packs")
 
 
 class SplitInfo(WireModel):

@@ -165,8 +165,17 @@ class EpisodeManager:
 
     # -- discovery ------------------------------------------------------------------------
     def family_infos(self) -> list[FamilyInfo]:
+        domains: dict[str, set[str]] = {}
+        for pack in self.packs.all():
+            for task in pack.tasks.values():
+                domains.setdefault(task.family, set()).add(task.domain)
         return [
-            FamilyInfo(name=f.name, description=f.description, tools=f.tool_specs())
+            FamilyInfo(
+                name=f.name,
+                description=f.description,
+                tools=f.tool_specs(),
+                domains=sorted(domains.get(f.name, ())),
+            )
             for f in self.families.all()
         ]
 

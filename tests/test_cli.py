@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ def test_families(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "coding" in result.stdout and "echo" in result.stdout
     assert "run_python" in result.stdout and "submit" in result.stdout
+    total = re.search(r"(\d+) domains", result.stdout)
+    assert total is not None and int(total.group(1)) >= 100, result.stdout  # the bar
 
 
 def test_tasks_heldout_lists_33(tmp_path: Path) -> None:
