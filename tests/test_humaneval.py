@@ -429,3 +429,19 @@ async def test_same_solution_same_verdict(manager: EpisodeManager, source: str) 
     keys = ("reward", "passed", "status", "components", "feedback", "verifier", "task_digest")
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
     assert first.reward == second.reward
+
+
+def test_public_examples_do_not_count_towards_the_reward() -> None:
+    from palaestra.verifiers.python_tests import TestRun, public_duplicates, split_tests
+
+    plan = split_tests(
+        "def check(candidate):\n"
+        "    assert candidate(1, 2) == 3\n"
+        "    assert candidate(2, 2) == 4\n"
+        "    assert not candidate(0, 0)\n"
+    )
+    examples = [("add(1, 2)\n", "3\n"), ("add(0, 0)\n", "False\n")]
+    assert public_duplicates(plan, examples) == (True, False, True)
+    run = TestRun("PFP", loaded=True, reported=True, timed_out=False, duration_s=0.0)
+    assert run.hidden_fraction((True, False, True)) == 0.0  # only the hidden case counts
+    assert TestRun("PP", True, True, False, 0.0).hidden_fraction((True, True)) == 1.0

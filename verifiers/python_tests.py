@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from palaestra.sandbox import Sandbox
 from palaestra.sandbox.forkserver import PythonRunner
 
-VERSION = "1.2.0"
+VERSION = "1.3.0"
 PYTHON = "/usr/bin/python3"
 
 # Plain-data codec shared by the runner and the worker: tagged JSON, exact for every
@@ -312,6 +312,81 @@ def split_tests(test_code: str, check_name: str = "check") -> TestPlan:
     return TestPlan(preamble=preamble_source, steps=tuple(steps))
 
 
+def _call_args(node: ast.expr, callee: str | None) -> tuple[object, ...] | None:
+    """The literal arguments of `callee(...)` (any name when None), or None."""
+    if not isinstance(node, ast.Call) or node.keywords or not isinstance(node.func, ast.Name):
+        return None
+    if callee is not None and node.func.id != callee:
+        return None
+    try:
+        return tuple(ast.literal_eval(arg) for arg in node.args)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _checked_case(source: str) -> tuple[tuple[object, ...], object] | None:
+    """(args, expected) of a test of the form `assert candidate(ARGS) == EXPECTED` (also
+    `is True/False`, bare `assert candidate(ARGS)` and `assert not candidate(ARGS)`)."""
+    try:
+        stmt = ast.parse(source).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    if not isinstance(stmt, ast.Assert):
+        return None
+    test = stmt.test
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        args = _call_args(test.operand, "candidate")
+        return None if args is None else (args, False)
+    if isinstance(test, ast.Call):
+        args = _call_args(test, "candidate")
+        return None if args is None else (args, True)
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Eq | ast.Is)
+    ):
+        args = _call_args(test.left, "candidate")
+        try:
+            expected = ast.literal_eval(test.comparators[0])
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+        return None if args is None else (args, expected)
+    return None
+
+
+def public_duplicates(plan: TestPlan, examples: list[tuple[str, str]]) -> tuple[bool, ...]:
+    """For each test of `plan`, whether it only re-checks a public example.
+
+    `examples` are the task's public (source, want) doctest pairs, like `("f(1, 2)", "3")`.
+    Such a test checks nothing the agent was not shown, so it is left out of the reward:
+    otherwise hard-coding the docstring's outputs earns partial credit.
+    """
+    shown: list[tuple[tuple[object, ...], object]] = []
+    for source, want in examples:
+        try:
+            call = ast.parse(source.strip(), mode="eval").body
+            expected = ast.literal_eval(want.strip())
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        args = _call_args(call, None)
+        if args is not None:
+            shown.append((args, expected))
+    flags = []
+    for kind, source in plan.steps:
+        if kind != "test":
+            continue
+        case = _checked_case(source)
+        flags.append(case is not None and any(_same(case, seen) for seen in shown))
+    return tuple(flags)
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
 @dataclass(frozen=True)
 class TestRun:
     """Per-test letters: P passed, F assertion failed, E error, T timed out."""
@@ -329,6 +404,14 @@ class TestRun:
     @property
     def total(self) -> int:
         return len(self.letters)
+
+    def hidden_fraction(self, duplicates: tuple[bool, ...]) -> float:
+        """The reward: the fraction of tests passed, leaving out re-checked public examples
+        (all tests count when every one of them is a public example)."""
+        kept = [c for c, dup in zip(self.letters, duplicates, strict=False) if not dup]
+        if len(duplicates) != len(self.letters) or not kept:
+            kept = list(self.letters)
+        return kept.count("P") / len(kept) if kept else 0.0
 
     def summary(self) -> str:
         if not self.reported:

@@ -40,3 +40,11 @@ def docstring_examples(prompt: str, entry_point: str) -> str:
                 return ""
             return doc if examples else ""
     return ""
+
+
+def public_examples(prompt: str, entry_point: str) -> list[tuple[str, str]]:
+    """The docstring's examples as (source, want) pairs, like `("f(1, 2)\\n", "3\\n")`."""
+    doc = docstring_examples(prompt, entry_point)
+    if not doc:
+        return []
+    return [(e.source, e.want) for e in doctest.DocTestParser().get_examples(doc)]

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
 from palaestra.envs.coding import cheats
-from palaestra.envs.coding.examples import DOCTEST_RUNNER, docstring_examples
+from palaestra.envs.coding.examples import DOCTEST_RUNNER, docstring_examples, public_examples
 from palaestra.sandbox import ExecResult, SandboxSpec
 from palaestra.sandbox.forkserver import ForkServerUnavailable
 from palaestra.sdk.errors import InvalidActionError
@@ -194,7 +194,8 @@ class CodingFamily(Family):
                     entry_point=ctx.task.public["entry_point"],
                     context=ctx.task.public["prompt"],
                 )
-        fraction = run.passed / run.total
+        examples = public_examples(ctx.task.public["prompt"], ctx.task.public["entry_point"])
+        fraction = run.hidden_fraction(python_tests.public_duplicates(plan, examples))
         return Verdict(
             reward=fraction,
             passed=run.passed == run.total,
