@@ -401,6 +401,10 @@ async def test_idle_episode_expires_and_frees_its_sandbox(tmp_path: Path) -> Non
             await asyncio.sleep(0.05)
         state = await client.state(eid)
         assert state.status == "expired"
+        # the status flips first, then the sandbox is closed (its folder removed off the loop)
+        freed = time.monotonic() + 5
+        while (manager.backend.live_count or root.exists()) and time.monotonic() < freed:
+            await asyncio.sleep(0.02)
         assert manager.backend.live_count == 0
         assert not root.exists()
         with pytest.raises(ConflictError):
