@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Self
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 class SandboxError(Exception):
@@ -110,6 +111,25 @@ class ShellSession(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+
+def command_argv(cmd: list[str] | str) -> list[str]:
+    """An exec's argv: a string runs under `/bin/sh -c`."""
+    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    if not argv:
+        raise ValueError("empty command")
+    return argv
+
+
+def sandbox_env(
+    spec: SandboxSpec, workdir: str, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The whole environment a command sees in every backend: a fixed base, then the spec's,
+    then the exec's own variables. Nothing of the server's environment."""
+    env = {"PATH": BASE_PATH, "HOME": workdir, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    env.update(dict(spec.env))
+    env.update(extra or {})
+    return env
 
 
 class Sandbox(abc.ABC):

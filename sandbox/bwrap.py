@@ -117,6 +117,7 @@ from typing import Any, Literal
 from palaestra.sandbox import cgroups as cgroups_mod
 from palaestra.sandbox import seccomp
 from palaestra.sandbox.base import (
+    BASE_PATH,
     DEFAULT_MAX_OUTPUT,
     Backend,
     ExecResult,
@@ -128,6 +129,8 @@ from palaestra.sandbox.base import (
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    command_argv,
+    sandbox_env,
 )
 from palaestra.sandbox.cgroups import Cgroup, CgroupManager
 from palaestra.sandbox.shell import BashSession, LocalShellProcess, prepare_shell_binary
@@ -136,7 +139,6 @@ log = logging.getLogger("palaestra.sandbox.bwrap")
 
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
-BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 TIMEOUT_EXIT_CODE = -9
 # Where the persistent shell's execute-only bash is bound inside (read-only).
 SHELL_BINARY = "/run/palaestra/bash"
@@ -802,13 +804,7 @@ class BwrapSandbox(Sandbox):
             self._check_alive()
             if why := self._lost():
                 raise await self._gone(why)
-            env = {
-                "PATH": BASE_PATH,
-                "HOME": self._workdir,
-                "LANG": "C.UTF-8",
-                "PYTHONDONTWRITEBYTECODE": "1",
-                **dict(self.spec.env),
-            }
+            env = sandbox_env(self.spec, self._workdir)
             args = list(self._static_args)
             for k, v in env.items():
                 args += ["--setenv", k, v]
@@ -859,23 +855,14 @@ class BwrapSandbox(Sandbox):
     ) -> ExecResult:
         if self._closed:
             raise SandboxDeadError(f"sandbox {self.id} is closed")
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise ValueError("empty command")
+        argv = command_argv(cmd)
         if env:
             check_env(env)
         if why := self._lost():
             raise await self._gone(why)
         if timeout is None:
             timeout = self.spec.default_timeout_s
-        full_env = {
-            "PATH": BASE_PATH,
-            "HOME": self._workdir,
-            "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        full_env.update(dict(self.spec.env))
-        full_env.update(env or {})
+        full_env = sandbox_env(self.spec, self._workdir, env)
         args = list(self._static_args)
         for k, v in full_env.items():
             args += ["--setenv", k, v]

@@ -130,6 +130,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from palaestra.sandbox.base import (
+    BASE_PATH,
     DEFAULT_MAX_OUTPUT,
     Backend,
     ExecResult,
@@ -140,6 +141,8 @@ from palaestra.sandbox.base import (
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    command_argv,
+    sandbox_env,
 )
 from palaestra.sandbox.shell import BashSession, ShellProcess, bootstrap_script
 
@@ -148,7 +151,6 @@ SANDBOX_UID = 1000
 KEEPALIVE_USER = "65534:65534"
 LABEL = "palaestra.sandbox"
 TIMEOUT_EXIT_CODE = -9
-BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 MAX_PIDS = 32768
 MAX_WORKSPACE_MB = 64 * 1024
 # Shells (`DockerSandbox.shell`) run with gid SHELL_GID_BASE + n, a fresh n per launch;
@@ -562,15 +564,10 @@ class DockerSandbox(Sandbox):
         max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> ExecResult:
         self._check_alive()
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise ValueError("empty command")
+        argv = command_argv(cmd)
         if timeout is None:
             timeout = self.spec.default_timeout_s
-        full_env = {"PATH": BASE_PATH, "HOME": self._workdir, "LANG": "C.UTF-8"}
-        full_env["PYTHONDONTWRITEBYTECODE"] = "1"
-        full_env.update(dict(self.spec.env))
-        full_env.update(env or {})
+        full_env = sandbox_env(self.spec, self._workdir, env)
         wd = posixpath.normpath(posixpath.join(self._workdir, cwd or "."))
         data = stdin.encode() if isinstance(stdin, str) else stdin
         async with self._lock:
@@ -715,13 +712,7 @@ class DockerSandbox(Sandbox):
         SHELL_BINARY where the image has one to copy (else the image's /bin/bash)."""
         self._check_alive()
         binary = SHELL_BINARY if self._shell_binary is not None else "/bin/bash"
-        env = {
-            "PATH": BASE_PATH,
-            "HOME": self._workdir,
-            "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            **dict(self.spec.env),
-        }
+        env = sandbox_env(self.spec, self._workdir)
         # The bash moves the control stream (docker's stdin) off fd 0, and reports its pid
         # and the container's clock on the status stream (stderr) before the bootstrap.
         script = (

@@ -54,13 +54,14 @@ from palaestra.sandbox.base import (
     SandboxGone,
     SandboxPathError,
     SandboxSpec,
+    command_argv,
+    sandbox_env,
 )
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = "base"
 DEFAULT_USER = "user"
-BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 TIMEOUT_EXIT_CODE = -9
 KILL_GRACE_S = 0.9
 MISSING_EXIT = 44  # our wrapper's "no such path" for download_tar
@@ -290,20 +291,11 @@ class E2BSandbox(Sandbox):
         max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> ExecResult:
         self._check_alive()
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise ValueError("empty command")
+        argv = command_argv(cmd)
         if timeout is None:
             timeout = self.spec.default_timeout_s
         token = secrets.token_hex(12)
-        full_env = {
-            "PATH": BASE_PATH,
-            "HOME": self._workdir,
-            "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        full_env.update(dict(self.spec.env))
-        full_env.update(env or {})
+        full_env = sandbox_env(self.spec, self._workdir, env)
         full_env[MARKER] = token
         q = shlex.quote
         run_dir = posixpath.normpath(posixpath.join(self._workdir, cwd or "."))

@@ -86,9 +86,15 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.sandbox import seccomp
-from palaestra.sandbox.base import ExecResult, SandboxError, SandboxPathError
-from palaestra.sandbox.bwrap import (
+from palaestra.sandbox.base import (
     BASE_PATH,
+    ExecResult,
+    SandboxError,
+    SandboxPathError,
+    SandboxSpec,
+    sandbox_env,
+)
+from palaestra.sandbox.bwrap import (
     KILL_GRACE_S,
     SANDBOX_GID,
     SANDBOX_UID,
@@ -613,9 +619,7 @@ class PythonForkServer:
         a += ["--unshare-all", "--unshare-user"]
         a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
         a += ["--die-with-parent", "--new-session", "--clearenv"]
-        env = {"PATH": BASE_PATH, "HOME": WORKDIR, "LANG": "C.UTF-8"}
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        for k, v in env.items():
+        for k, v in sandbox_env(SandboxSpec(), WORKDIR).items():
             a += ["--setenv", k, v]
         a += ["--chdir", "/", "--", PYTHON, "-I", "-S", "-c", ZYGOTE, str(fd), _seccomp_hex()]
         if self._host_uid is not None:
