@@ -11,7 +11,7 @@ import abc
 import asyncio
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -130,6 +130,13 @@ def sandbox_env(
     env.update(dict(spec.env))
     env.update(extra or {})
     return env
+
+
+async def close_all(sandboxes: set[Any]) -> None:
+    """Close every sandbox a backend still tracks (its `aclose`); errors do not stop the rest."""
+    boxes = list(sandboxes)
+    await asyncio.gather(*(b.close() for b in boxes), return_exceptions=True)
+    sandboxes.clear()
 
 
 class Sandbox(abc.ABC):

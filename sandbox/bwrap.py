@@ -129,6 +129,7 @@ from palaestra.sandbox.base import (
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    close_all,
     command_argv,
     sandbox_env,
 )
@@ -565,9 +566,7 @@ class BwrapBackend(Backend):
         return box
 
     async def aclose(self) -> None:
-        boxes = list(self._live)
-        await asyncio.gather(*(b.close() for b in boxes), return_exceptions=True)
-        self._live.clear()
+        await close_all(self._live)
 
 
 class BwrapSandbox(Sandbox):

@@ -141,6 +141,7 @@ from palaestra.sandbox.base import (
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    close_all,
     command_argv,
     sandbox_env,
 )
@@ -366,9 +367,7 @@ class DockerBackend(Backend):
         return box
 
     async def aclose(self) -> None:
-        boxes = list(self._live)
-        await asyncio.gather(*(b.close() for b in boxes), return_exceptions=True)
-        self._live.clear()
+        await close_all(self._live)
         if self._client is not None:
             await asyncio.to_thread(self._client.close)
             self._client = None

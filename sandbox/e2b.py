@@ -54,6 +54,7 @@ from palaestra.sandbox.base import (
     SandboxGone,
     SandboxPathError,
     SandboxSpec,
+    close_all,
     command_argv,
     sandbox_env,
 )
@@ -189,9 +190,7 @@ class E2BBackend(Backend):
         return box
 
     async def aclose(self) -> None:
-        boxes = list(self._live)
-        await asyncio.gather(*(b.close() for b in boxes), return_exceptions=True)
-        self._live.clear()
+        await close_all(self._live)
 
 
 class E2BSandbox(Sandbox):
