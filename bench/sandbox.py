@@ -1,14 +1,17 @@
 """Sandbox start-up: bwrap (cold, warm pool), the fork server, `docker run` and `docker exec`.
 
 DESIGN §10: bwrap create → first exec p50 ≤ 15 ms (p99 ≤ 60 ms), from the warm pool
-p50 ≤ 3 ms, and ≥ 20× faster than `docker run --rm IMAGE true`, measured in the same run.
+(hand-out → first exec) p50 ≤ 3 ms, and ≥ 20× faster than `docker run --rm IMAGE true`,
+measured in the same run.
 
 Per row: create p50 (the `Backend.create` call alone), create → first exec p50/p99 (`true`),
 exec round trip p50 (later execs of `true` in the same sandbox), creations per second
 (sequential creates, no exec) and idle memory per sandbox with N idle sandboxes open: what
 the kernel charges its cgroup (bwrap: the sandbox's own cgroup, plus this process's RSS
 growth / N; docker: `docker stats`), and in the JSON the host MemAvailable drop / N, which
-is noise on a shared machine. An idle bwrap sandbox holds no process at all. docker rows
+is noise on a shared machine. An idle bwrap sandbox is measured as an episode's is between
+steps: with one jail started ahead for its next exec (bwrap's two processes and the exec
+helper's stub, waiting). docker rows
 use the docker CLI against the local engine and are skipped, with the reason, when it is
 not up.
 
@@ -123,6 +126,10 @@ async def bwrap_rows(args: argparse.Namespace, runtime: Path) -> list[Row]:
         t0 = time.perf_counter()
         boxes = [await backend.create(SPEC) for _ in range(args.idle)]
         cold.per_s = args.idle / (time.perf_counter() - t0)
+        for b in boxes:  # idle as an episode's sandbox is between steps: a jail waiting
+            ready = getattr(b, "wait_ready", None)
+            if ready is not None:
+                await ready()
         await asyncio.sleep(0.2)
         cold.idle_host_kib = (mem0 - mem_available_kib()) / args.idle
         cold.idle_rss_kib = (rss_kib() - rss0) / args.idle
@@ -344,7 +351,7 @@ async def bench(args: argparse.Namespace, runtime: Path) -> dict[str, Any]:
     checks = {
         "cold_p50_le_15ms": cold_p50 is not None and cold_p50 <= 15,
         "cold_p99_le_60ms": cold_p99 is not None and cold_p99 <= 60,
-        "warm_create_p50_le_3ms": warm_create is not None and warm_create <= 3,
+        "warm_first_exec_p50_le_3ms": warm_first is not None and warm_first <= 3,
         "docker_run_ratio_ge_20": ratio is not None and ratio >= 20,
     }
 
@@ -358,9 +365,8 @@ async def bench(args: argparse.Namespace, runtime: Path) -> dict[str, Any]:
         print(f"warm pool: skipped ({warm.skipped})")
     else:
         print(
-            f"warm pool hand-out p50: {fmt(warm_create)} ms (target ≤ 3: "
-            f"{verdict('warm_create_p50_le_3ms')}); hand-out → first exec p50 {fmt(warm_first)} "
-            "ms (the first exec is an ordinary bwrap exec)"
+            f"warm pool hand-out → first exec p50: {fmt(warm_first)} ms (target ≤ 3: "
+            f"{verdict('warm_first_exec_p50_le_3ms')}); hand-out alone p50 {fmt(warm_create)} ms"
         )
     if ratio is None:
         print(f"docker run / bwrap cold: n/a ({by['docker run'].skipped})")

@@ -94,8 +94,15 @@ def build_family(client: Any, name: str, *, force: bool = False) -> None:
     """`docker build` images/NAME as palaestra/NAME:latest (the legacy builder: no pulls)."""
     folder = recipes()[name].parent
     tag = tag_of(name)
+    # The build's RUN steps use the host's network (apt-get); dockerd runs without a bridge.
     for chunk in client.api.build(
-        path=str(folder), tag=tag, rm=True, forcerm=True, nocache=force, decode=True
+        path=str(folder),
+        tag=tag,
+        rm=True,
+        forcerm=True,
+        nocache=force,
+        decode=True,
+        network_mode="host",
     ):
         if "error" in chunk:
             raise RuntimeError(f"docker build {name}: {chunk['error'].strip()}")

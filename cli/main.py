@@ -10,20 +10,20 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-import palaestra
 from palaestra.cli.clients import open_client
+from palaestra.cli.eval import eval_app
 from palaestra.cli.images import images_app
+from palaestra.cli.import_finqa import finqa_cmd
+from palaestra.cli.importers import import_app
 from palaestra.cli.pack import pack_app
 from palaestra.cli.registry import register as register_registry_commands
 from palaestra.cli.tokens import token_app
+from palaestra.cli.train import register as register_train_command
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
-from palaestra.sdk.evaluation import Attempt, build_report, run_eval
 from palaestra.sdk.models import Action, StepResponse
-from palaestra.sdk.policies import ChatPolicy, NullPolicy, OraclePolicy, Policy
 from palaestra.server.config import load_settings
 
 app = typer.Typer(
@@ -34,7 +34,11 @@ app = typer.Typer(
 app.add_typer(images_app, name="images")
 app.add_typer(pack_app, name="pack")
 register_registry_commands(pack_app)  # pack publish, pack install
+pack_app.add_typer(import_app, name="import")  # pack import terminal-bench|harbor
+import_app.command("finqa")(finqa_cmd)  # pack import finqa (cli/import_finqa.py)
 app.add_typer(token_app, name="token")
+app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cli/eval.py)
+register_train_command(app)  # palaestra train (cli/train.py)
 # Tables stay readable when the output is a pipe or a CI log (Rich would assume 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
@@ -150,18 +154,6 @@ def tasks(
     _run(go())
 
 
-def make_policy(name: str, base_url: str | None, model: str | None, api_key_env: str) -> Policy:
-    if name == "oracle":
-        return OraclePolicy()
-    if name == "null":
-        return NullPolicy()
-    if name == "chat":
-        if not base_url or not model:
-            raise typer.BadParameter("--policy chat needs --base-url and --model")
-        return ChatPolicy(base_url=base_url, model=model, api_key_env=api_key_env)
-    raise typer.BadParameter(f"unknown policy {name!r}: use oracle, null or chat")
-
-
 @app.command()
 def run(
     task: Annotated[str, typer.Argument(help="org/name[@version]:task_id")],
@@ -223,134 +215,6 @@ async def _one_episode(client: AsyncClient, task: str, policy: str, script: Path
     verdict = await client.verify(reset.episode_id)
     console.print_json(verdict.model_dump_json())
     await client.close(reset.episode_id)
-
-
-@app.command("eval")
-def eval_(
-    pack: Annotated[str, typer.Option(help="org/name[@version]")],
-    split: Annotated[str, typer.Option(help="split to evaluate")] = "heldout",
-    policy: Annotated[str, typer.Option(help="oracle | null | chat")] = "oracle",
-    k: Annotated[int, typer.Option("-k", help="attempts per task")] = 1,
-    concurrency: Annotated[int, typer.Option(help="episodes at once")] = 4,
-    max_steps: Annotated[int, typer.Option(help="steps per attempt")] = 30,
-    limit: Annotated[int | None, typer.Option(help="only the first N tasks")] = None,
-    base_url: Annotated[str | None, typer.Option(help="chat policy: OpenAI-compatible URL")] = None,
-    model: Annotated[str | None, typer.Option(help="chat policy: model name")] = None,
-    api_key_env: Annotated[
-        str, typer.Option(help="chat policy: env var holding the key")
-    ] = "OPENAI_API_KEY",
-    out: Annotated[Path | None, typer.Option(help="write the JSON report here")] = None,
-    url: Url = None,
-    token: Token = None,
-    data_dir: DataDir = None,
-) -> None:
-    """Evaluate a policy on a split: k attempts a task, a table, a JSON report."""
-    chosen = make_policy(policy, base_url, model, api_key_env)
-    report = _run(
-        _evaluate(chosen, pack, split, k, concurrency, max_steps, limit, url, token, data_dir)
-    )
-    print_report(report)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1))
-        console.print(f"report written to {out}")
-    if report["summary"]["attempts"] == 0:
-        raise typer.Exit(1)
-
-
-async def _evaluate(
-    policy: Policy,
-    pack: str,
-    split: str,
-    k: int,
-    concurrency: int,
-    max_steps: int,
-    limit: int | None,
-    url: str | None,
-    token: str | None,
-    data_dir: Path | None,
-) -> dict[str, Any]:
-    async with open_client(url, token, data_dir) as client:
-        info = next((p for p in await client.packs() if p.name == pack.split("@")[0]), None)
-        if info is None:
-            raise PalaestraError(f"the server has no pack {pack!r}", code="not_found")
-        listing = await client.tasks(pack=pack, split=split, limit=10000)
-        chosen = listing.tasks[:limit] if limit else listing.tasks
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]:.3f} void {task.fields[void]}"),
-            TimeRemainingColumn(),
-            console=err,
-        ) as progress:
-            bar = progress.add_task(
-                f"{policy.name} on {pack} {split}", total=len(chosen) * k, reward=0.0, void=0
-            )
-            done: list[Attempt] = []
-
-            def tick(attempt: Attempt) -> None:
-                done.append(attempt)
-                scored = [a.reward for a in done if a.status == "ok"]
-                progress.update(
-                    bar,
-                    advance=1,
-                    void=sum(a.status == "void" for a in done),
-                    reward=sum(scored) / len(scored) if scored else 0.0,
-                )
-
-            attempts = await run_eval(
-                client,
-                policy,
-                chosen,
-                k=k,
-                concurrency=concurrency,
-                max_steps=max_steps,
-                on_attempt=tick,
-            )
-    header = {
-        "pack": info.name,
-        "version": info.version,
-        "pack_digest": info.digest,
-        "split": split,
-        "policy": policy.name,
-        "k": k,
-        "seeds": list(range(k)),
-        "server": url or "embedded",
-        "palaestra_version": palaestra.__version__,
-        "max_steps": max_steps,
-    }
-    return build_report(attempts, k=k, header=header)
-
-
-def print_report(report: dict[str, Any]) -> None:
-    h = report["header"]
-    table = Table(
-        "domain",
-        "tasks",
-        "attempts",
-        "mean reward",
-        "passed",
-        "pass@1",
-        f"pass@{h['k']}",
-        "void",
-        "errors",
-        title=f"{h['policy']} on {h['pack']}@{h['version']} ({h['split']})",
-    )
-    rows = [*report["by"]["domain"].items(), ("all", report["summary"])]
-    for name, s in rows:
-        table.add_row(
-            name,
-            str(s["tasks"]),
-            str(s["attempts"]),
-            f"{s['mean_reward']:.3f} ± {s['stderr']:.3f}",
-            str(s["passed"]),
-            f"{s['pass_at_k'].get('1', 0):.3f}",
-            f"{s['pass_at_k'].get(str(h['k']), 0):.3f}",
-            str(s["void"]),
-            str(s["errors"]),
-        )
-    console.print(table)
 
 
 def main() -> None:

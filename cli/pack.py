@@ -357,10 +357,18 @@ def check_cmd(
     timeout: Annotated[
         float | None, typer.Option(help="per-episode timeout in s (default: [checks] timeout_s)")
     ] = None,
+    sandbox: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PALAESTRA_SANDBOX", help="sandbox backend: bwrap (default), docker, e2b"
+        ),
+    ] = None,
 ) -> None:
     """Prove a pack: schema, lock, oracle ≥ expected, rerun identical, null 0, cheats ≤ 0.1."""
     report = asyncio.run(
-        check_pack(directory, limit=limit, concurrency=concurrency, timeout_s=timeout)
+        check_pack(
+            directory, limit=limit, concurrency=concurrency, timeout_s=timeout, sandbox=sandbox
+        )
     )
     render_report(report, console)
     if not report.ok:

@@ -56,6 +56,9 @@ class SandboxSpec:
     network: bool = False
     env: tuple[tuple[str, str], ...] = ()
     default_timeout_s: float = 30.0
+    # Host directories bound read-only inside, as (host path, sandbox path): a toolchain a
+    # family needs (the cad family's trimesh/bpy site-packages). Never the server's files.
+    ro_binds: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

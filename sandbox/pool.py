@@ -14,6 +14,8 @@ hashable dataclass) it keeps a queue of sandboxes created ahead of time and neve
 * bounded: at most `size` ready per spec, at most `max_total` ready over all specs, at
   most `max_specs` specs (least recently used spec evicted, its sandboxes closed), and at
   most `refill_concurrency` creates in flight for refills at once;
+* a refilled sandbox is pooled once it is ready to run (a backend's ``wait_ready()``,
+  where it has one: the bwrap backend's jail for the first exec is up);
 * a refill that fails backs off (`retry_s`) instead of spinning; `create` stays correct
   (it goes cold) whatever the refills do;
 * `aclose()` cancels refills, closes the pooled sandboxes, then closes the inner backend.
@@ -196,6 +198,11 @@ class WarmPool(Backend):
             try:
                 async with self._sem:
                     box = await self.inner.create(spec)
+                    try:
+                        await _wait_ready(box)
+                    except BaseException:
+                        self._close_later(box)
+                        raise
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -209,6 +216,14 @@ class WarmPool(Backend):
                 self._close_later(box)
                 return
             slot.ready.append((time.monotonic(), box))
+
+
+async def _wait_ready(box: Sandbox) -> None:
+    """Let a sandbox finish what it starts ahead (the bwrap backend's jail for its first
+    exec) before it is pooled, so a hand-out is ready to run at once."""
+    ready = getattr(box, "wait_ready", None)
+    if ready is not None:
+        await ready()
 
 
 def _log_failure(task: asyncio.Future[None]) -> None:

@@ -17,6 +17,35 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# Headless Chromium for the HTML report's browser test (tests/test_report_browser.py skips,
+# saying why, where it is missing). Soft: a non-root user still gets a working install.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "bootstrap: apt-get install chromium chromium-driver"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } ||
+      echo "bootstrap: chromium could not be installed; the browser test will skip" >&2
+  else
+    echo "bootstrap: chromium is missing (as root: apt-get install chromium chromium-driver); the browser test will skip" >&2
+  fi
+fi
+
+# The terminal family's tools, which bwrap sandboxes see in the host's /usr (docs/terminal.md).
+# Soft: without them the terminal pack's checks fail on bwrap, nothing else does.
+term_apt=()
+for tool in jq sqlite3 gawk git gcc g++ make patch; do
+  command -v "$tool" >/dev/null 2>&1 || term_apt+=("$tool")
+done
+/usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || term_apt+=(python3-pytest)
+if [ ${#term_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "bootstrap: apt-get install ${term_apt[*]} (terminal tasks on bwrap)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${term_apt[@]}" >/dev/null; } ||
+      echo "bootstrap: ${term_apt[*]} could not be installed; terminal tasks on bwrap will fail" >&2
+  else
+    echo "bootstrap: terminal tasks on bwrap need: apt-get install ${term_apt[*]} (as root)" >&2
+  fi
+fi
+
 PYTHON="${PYTHON:-}"
 if [ -z "$PYTHON" ]; then
   for candidate in python3.11 python3.12 python3.13 python3; do
@@ -38,3 +67,4 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   .venv/bin/python -c 'import palaestra.server, palaestra.sdk' # fails loudly if the install did
   echo "$want" > "$stamp"
 fi
+bash scripts/bootstrap-blender.sh  # cad family's Blender toolchain (.venv-blender), cached

@@ -6,10 +6,14 @@ server, or an embedded one in the same process (the server's in-process clients)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from palaestra.sdk.models import (
     Action,
+    BatchResetResult,
+    BatchStepItem,
+    BatchStepResult,
     EpisodeState,
     FamilyInfo,
     PackInfo,
@@ -21,6 +25,7 @@ from palaestra.sdk.models import (
 )
 
 ActionLike = Action | dict[str, Any]
+StepItemLike = BatchStepItem | tuple[str, ActionLike]
 
 
 def as_action(action: ActionLike) -> Action:
@@ -131,3 +136,25 @@ class AsyncClient(Protocol):
         limit: int = 1000,
         offset: int = 0,
     ) -> TaskList: ...
+
+
+def step_item(item: StepItemLike) -> BatchStepItem:
+    """Accept a `BatchStepItem` or `(episode_id, action)`."""
+    if isinstance(item, BatchStepItem):
+        return item
+    episode_id, action = item
+    return BatchStepItem(episode_id=episode_id, action=as_action(action))
+
+
+@runtime_checkable
+class AsyncBatchClient(AsyncClient, Protocol):
+    """An `AsyncClient` with the batch routes: many episodes' resets or steps in one call.
+
+    Results come back in item order, one `result` or one `error` each; a failed item
+    (429, 404, 409, 422…) never fails the others."""
+
+    async def batch_reset(self, requests: Sequence[ResetRequest]) -> list[BatchResetResult]: ...
+
+    async def batch_step(
+        self, items: Sequence[StepItemLike], *, wait_s: float | None = None
+    ) -> list[BatchStepResult]: ...

@@ -10,18 +10,25 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from palaestra.sdk.client import ActionLike, as_action, reset_request
+from palaestra.sdk.client import ActionLike, StepItemLike, as_action, reset_request, step_item
 from palaestra.sdk.errors import PalaestraError, TransportError, error_from_response
 from palaestra.sdk.models import (
+    BatchResetRequest,
+    BatchResetResponse,
+    BatchResetResult,
+    BatchStepRequest,
+    BatchStepResponse,
+    BatchStepResult,
     EpisodeState,
     FamilyInfo,
     PackInfo,
+    ResetRequest,
     ResetResponse,
     SamplerReleaseResponse,
     SamplerReport,
@@ -95,6 +102,28 @@ def _step_body(action: ActionLike, request_id: str | None) -> dict[str, Any]:
     return request.model_dump(mode="json")
 
 
+def _batch_reset_body(requests: Sequence[ResetRequest]) -> bytes:
+    """Every item gets a client-side episode id, so that a retried call cannot start an
+    episode twice unseen: a replayed item answers 409 `episode_exists` instead."""
+    items = [
+        r if r.episode_id else r.model_copy(update={"episode_id": uuid.uuid4().hex})
+        for r in requests
+    ]
+    return BatchResetRequest(items=items).model_dump_json().encode()
+
+
+def _batch_step_body(items: Sequence[StepItemLike], wait_s: float | None) -> bytes:
+    """Every item gets a `request_id`, so a retried call never steps an episode twice."""
+    parsed = [step_item(i) for i in items]
+    parsed = [
+        i if i.request_id else i.model_copy(update={"request_id": uuid.uuid4().hex}) for i in parsed
+    ]
+    return BatchStepRequest(items=parsed, wait_s=wait_s).model_dump_json().encode()
+
+
+_JSON = {"content-type": "application/json"}
+
+
 class HTTPClient:
     """Synchronous client: `HTTPClient("http://127.0.0.1:8000")`."""
 
@@ -163,6 +192,21 @@ class HTTPClient:
         path = f"/v1/episodes/{episode_id}/step"
         response = self._request("POST", path, json=_step_body(action, request_id))
         return StepResponse.model_validate_json(response.content)
+
+    def batch_reset(self, requests: Sequence[ResetRequest]) -> list[BatchResetResult]:
+        """Many resets in one call; per-item results and errors, in order."""
+        body = _batch_reset_body(requests)
+        response = self._request("POST", "/v1/batch/reset", content=body, headers=_JSON)
+        return BatchResetResponse.model_validate_json(response.content).items
+
+    def batch_step(
+        self, items: Sequence[StepItemLike], *, wait_s: float | None = None
+    ) -> list[BatchStepResult]:
+        """Many steps in one call (`(episode_id, action)` or `BatchStepItem`), in order.
+        With `wait_s`, items still running then answer `still_running` (resend them)."""
+        body = _batch_step_body(items, wait_s)
+        response = self._request("POST", "/v1/batch/step", content=body, headers=_JSON)
+        return BatchStepResponse.model_validate_json(response.content).items
 
     def verify(self, episode_id: str) -> Verdict:
         response = self._request("POST", f"/v1/episodes/{episode_id}/verify")
@@ -285,6 +329,21 @@ class AsyncHTTPClient:
         path = f"/v1/episodes/{episode_id}/step"
         response = await self._request("POST", path, json=_step_body(action, request_id))
         return StepResponse.model_validate_json(response.content)
+
+    async def batch_reset(self, requests: Sequence[ResetRequest]) -> list[BatchResetResult]:
+        """Many resets in one call; per-item results and errors, in order."""
+        body = _batch_reset_body(requests)
+        response = await self._request("POST", "/v1/batch/reset", content=body, headers=_JSON)
+        return BatchResetResponse.model_validate_json(response.content).items
+
+    async def batch_step(
+        self, items: Sequence[StepItemLike], *, wait_s: float | None = None
+    ) -> list[BatchStepResult]:
+        """Many steps in one call (`(episode_id, action)` or `BatchStepItem`), in order.
+        With `wait_s`, items still running then answer `still_running` (resend them)."""
+        body = _batch_step_body(items, wait_s)
+        response = await self._request("POST", "/v1/batch/step", content=body, headers=_JSON)
+        return BatchStepResponse.model_validate_json(response.content).items
 
     async def verify(self, episode_id: str) -> Verdict:
         response = await self._request("POST", f"/v1/episodes/{episode_id}/verify")

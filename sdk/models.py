@@ -38,7 +38,11 @@ class ToolSpec(WireModel):
 class Limits(WireModel):
     max_steps: int = 50
     max_wall_s: float = 600.0
-    max_output_bytes: int = 64 * 1024
+    max_output_bytes: int = Field(default=64 * 1024, description="per step, where it applies")
+    max_step_s: float | None = Field(default=None, description="longest a step may run")
+    max_episode_output_bytes: int | None = Field(
+        default=None, description="output over the whole episode, where the family caps it"
+    )
 
 
 class ResetRequest(WireModel):
@@ -111,6 +115,22 @@ class StepRecord(WireModel):
     at: float = 0.0
 
 
+class EpisodeMetrics(WireModel):
+    """Process metrics of one episode, kept by the manager for every family.
+
+    A family reports per step in `StepResponse.info`: `tool_ok` (did the tool call do what
+    was asked: for a command, exit 0 and no timeout), `timed_out` and `output_bytes`; a
+    refused (422) action counts as a failed call."""
+
+    steps: int = 0
+    tool_calls: int = 0
+    tool_failures: int = 0
+    invalid_actions: int = 0
+    tool_success_rate: float | None = None
+    timed_out: int = 0
+    output_bytes: int = 0
+
+
 class EpisodeState(WireModel):
     episode_id: str
     task: str
@@ -123,6 +143,7 @@ class EpisodeState(WireModel):
     updated_at: float
     ended_at: float | None = None
     timings: dict[str, float] = Field(default_factory=dict)
+    metrics: EpisodeMetrics = Field(default_factory=EpisodeMetrics)
     void_reason: str | None = None
     verdict: Verdict | None = None
     trajectory: list[StepRecord] = Field(default_factory=list)
@@ -247,3 +268,68 @@ class SamplerReleaseRequest(WireModel):
 class SamplerReleaseResponse(WireModel):
     task: str
     released: bool = Field(description="false when the task was not quarantined")
+
+
+# -- batch routes (the trainer's hot path): many episodes in one call -----------------------
+BATCH_MAX_ITEMS = 1024
+
+
+class BatchResetRequest(WireModel):
+    """`POST /v1/batch/reset`: each item is a `ResetRequest`; items run concurrently."""
+
+    items: list[ResetRequest] = Field(min_length=1, max_length=BATCH_MAX_ITEMS)
+
+
+class BatchItemError(WireModel):
+    """Why one item failed: the error JSON of the single route, its status, its Retry-After."""
+
+    status: int
+    code: str
+    message: str
+    retryable: bool = False
+    retry_after: float | None = None
+
+
+class BatchResetResult(WireModel):
+    """One item of a batch reset: `result` on success, `error` otherwise (never both)."""
+
+    result: ResetResponse | None = None
+    error: BatchItemError | None = None
+
+
+class BatchResetResponse(WireModel):
+    items: list[BatchResetResult] = Field(description="one per request item, in order")
+
+
+class BatchStepItem(WireModel):
+    episode_id: str = Field(min_length=1, max_length=128)
+    action: Action
+    request_id: str | None = Field(default=None, max_length=128)
+
+
+class BatchStepRequest(WireModel):
+    """`POST /v1/batch/step`: items of different episodes run concurrently; items of one
+    episode run in the order given."""
+
+    items: list[BatchStepItem] = Field(min_length=1, max_length=BATCH_MAX_ITEMS)
+    wait_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description=(
+            "answer after this long (once at least one item has finished) even if some "
+            "are still running: those answer the retryable error `still_running` and go "
+            "on; resend them with the same request_id to join them and get their result "
+            "(null: wait for every item)"
+        ),
+    )
+
+
+class BatchStepResult(WireModel):
+    episode_id: str
+    result: StepResponse | None = None
+    error: BatchItemError | None = None
+
+
+class BatchStepResponse(WireModel):
+    items: list[BatchStepResult] = Field(description="one per request item, in order")

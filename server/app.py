@@ -20,6 +20,10 @@ from pydantic import BaseModel
 import palaestra
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import (
+    BatchResetRequest,
+    BatchResetResponse,
+    BatchStepRequest,
+    BatchStepResponse,
     EpisodeState,
     ErrorResponse,
     FamilyInfo,
@@ -41,6 +45,7 @@ from palaestra.server.fastpath import (
     PRINCIPAL_KEY,
     StepFastPath,
     authenticator,
+    batch_reply,
     step_reply,
     validation_message,
 )
@@ -176,6 +181,28 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
         )
         extra = {k.decode(): v.decode() for k, v in headers}
         return Response(body, status_code=status, media_type="application/json", headers=extra)
+
+    async def batch_route(request: Request) -> Response:
+        # Served by StepFastPath too (batch_reply); here for OpenAPI and the bare app.
+        status, body, _ = await batch_reply(
+            request.url.path, mgr(request), await request.body(), who(request)
+        )
+        return Response(body, status_code=status, media_type="application/json")
+
+    for path, out, body_model in (
+        ("/v1/batch/reset", BatchResetResponse, BatchResetRequest),
+        ("/v1/batch/step", BatchStepResponse, BatchStepRequest),
+    ):
+        app.add_api_route(
+            path,
+            batch_route,
+            methods=["POST"],
+            response_model=out,
+            responses=ERRORS,
+            tags=["batch"],
+            name=path.rsplit("/", 1)[-1] + "_batch",
+            openapi_extra=_body_schema(body_model),
+        )
 
     @app.post(
         "/v1/episodes/{episode_id}/verify",

@@ -6,14 +6,26 @@ import logging
 from importlib.metadata import entry_points
 
 from palaestra.envs.base import Family
+from palaestra.envs.cad import CadFamily
 from palaestra.envs.coding import CodingFamily
 from palaestra.envs.echo import EchoFamily
+from palaestra.envs.finance import FinanceFamily
+from palaestra.envs.letters import LettersFamily
 from palaestra.envs.reasoning import ReasoningFamily
+from palaestra.envs.terminal import TerminalFamily
 from palaestra.sdk.errors import NotFoundError
 
 log = logging.getLogger(__name__)
 
-BUILTIN: tuple[type[Family], ...] = (CodingFamily, EchoFamily, ReasoningFamily)
+BUILTIN: tuple[type[Family], ...] = (
+    CadFamily,
+    CodingFamily,
+    EchoFamily,
+    FinanceFamily,
+    ReasoningFamily,
+    LettersFamily,
+    TerminalFamily,
+)
 
 
 class FamilyRegistry:

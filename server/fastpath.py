@@ -1,6 +1,7 @@
 """The step route as a plain ASGI middleware: the trainer's hot path, without the framework.
 
-`POST /v1/episodes/{id}/step` is most of a training run's traffic. Served through
+`POST /v1/episodes/{id}/step` is most of a training run's traffic (and the batch routes,
+`POST /v1/batch/reset` and `/v1/batch/step`, are the rest of a trainer's hot path). Served through
 FastAPI, a no-op step spends more CPU in routing, request objects and dependency
 solving than in the episode manager. This middleware answers that one route itself
 (body bytes → pydantic-core → manager → pre-serialized JSON) and hands every other
@@ -25,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import StepRequest
+from palaestra.server import batch
 from palaestra.server.auth import Authenticator, Principal
 from palaestra.server.manager import EpisodeManager
 
@@ -57,6 +59,20 @@ def validation_message(errors: list[Any]) -> str:
         where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
         parts.append(f"{where}: {error.get('msg', 'invalid')}")
     return "malformed request: " + "; ".join(parts)
+
+
+async def batch_reply(
+    path: str, manager: EpisodeManager, raw: bytes, principal: Principal
+) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """Status, body and headers of a batch route: 200 with per-item results and errors,
+    or one error when the envelope itself is malformed."""
+    try:
+        return 200, await batch.ROUTES[path](manager, raw, principal), []
+    except PalaestraError as exc:
+        return exc.status or 500, error_body(exc.code, exc.message, exc.retryable), []
+    except Exception as exc:
+        log.exception("unhandled error in %s", path)
+        return 500, error_body("internal", f"internal error ({type(exc).__name__}); a bug"), []
 
 
 async def step_reply(
@@ -96,23 +112,43 @@ class StepFastPath:
                 if match is not None:
                     await self._step(match[1], principal, scope, receive, send)
                     return
+                if scope["path"] in batch.ROUTES:
+                    await self._batch(scope["path"], principal, scope, receive, send)
+                    return
             scope[PRINCIPAL_KEY] = principal
         await self.app(scope, receive, send)
 
     async def _step(
         self, episode_id: str, principal: Principal, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
+        raw = await _body(receive)
+        if raw is None:
+            return
         manager: EpisodeManager = scope["app"].state.manager
-        status, body, headers = await step_reply(manager, episode_id, b"".join(chunks), principal)
+        status, body, headers = await step_reply(manager, episode_id, raw, principal)
         await _respond(send, status, body, headers)
+
+    async def _batch(
+        self, path: str, principal: Principal, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        raw = await _body(receive)
+        if raw is None:
+            return
+        manager: EpisodeManager = scope["app"].state.manager
+        status, body, headers = await batch_reply(path, manager, raw, principal)
+        await _respond(send, status, body, headers)
+
+
+async def _body(receive: Receive) -> bytes | None:
+    """The request body, or None when the client went away first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 async def _respond(

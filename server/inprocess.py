@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from palaestra.sdk.client import ActionLike, as_action, reset_request
+from palaestra.sdk.client import ActionLike, StepItemLike, as_action, reset_request, step_item
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import (
     Action,
+    BatchResetRequest,
+    BatchResetResult,
+    BatchStepItem,
+    BatchStepRequest,
+    BatchStepResult,
     EpisodeState,
     FamilyInfo,
     PackInfo,
+    ResetRequest,
     ResetResponse,
     SamplerReleaseResponse,
     SamplerReport,
@@ -30,6 +36,8 @@ from palaestra.sdk.models import (
     TaskList,
     Verdict,
 )
+from palaestra.server import batch
+from palaestra.server.auth import ADMIN_PRINCIPAL
 from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
@@ -42,6 +50,10 @@ def _action(action: ActionLike) -> Action:
         return as_action(action)
     except ValidationError as exc:
         raise InvalidActionError(f"malformed action: {exc.errors()[0]['msg']}") from None
+
+
+def _episode_id(item: StepItemLike) -> str:
+    return item.episode_id if isinstance(item, BatchStepItem) else str(item[0]) or "-"
 
 
 class AsyncInProcessClient:
@@ -78,6 +90,28 @@ class AsyncInProcessClient:
     ) -> StepResponse:
         request = StepRequest(action=_action(action), request_id=request_id)
         return await self.manager.step(episode_id, request)
+
+    async def batch_reset(self, requests: Sequence[ResetRequest]) -> list[BatchResetResult]:
+        """Many resets at once; per-item results and errors, as the HTTP route answers."""
+        request = BatchResetRequest(items=list(requests))
+        return (await batch.batch_reset(self.manager, request, ADMIN_PRINCIPAL)).items
+
+    async def batch_step(
+        self, items: Sequence[StepItemLike], *, wait_s: float | None = None
+    ) -> list[BatchStepResult]:
+        """Many steps at once (`(episode_id, action)` or `BatchStepItem`), in order; with
+        `wait_s`, items still running then answer `still_running` (resend them)."""
+        parsed: list[BatchStepItem] = []
+        problems: list[str | None] = []
+        for item in items:
+            try:
+                parsed.append(step_item(item))
+                problems.append(None)
+            except ValidationError as exc:
+                parsed.append(BatchStepItem(episode_id=_episode_id(item), action=Action(tool="-")))
+                problems.append(f"malformed action: {exc.errors()[0]['msg']}")
+        request = BatchStepRequest(items=parsed, wait_s=wait_s)
+        return (await batch.batch_step(self.manager, request, ADMIN_PRINCIPAL, problems)).items
 
     async def verify(self, episode_id: str) -> Verdict:
         return await self.manager.verify(episode_id)
@@ -175,6 +209,14 @@ class InProcessClient:
         self, episode_id: str, action: ActionLike, *, request_id: str | None = None
     ) -> StepResponse:
         return self._call(self._async.step(episode_id, action, request_id=request_id))
+
+    def batch_reset(self, requests: Sequence[ResetRequest]) -> list[BatchResetResult]:
+        return self._call(self._async.batch_reset(requests))
+
+    def batch_step(
+        self, items: Sequence[StepItemLike], *, wait_s: float | None = None
+    ) -> list[BatchStepResult]:
+        return self._call(self._async.batch_step(items, wait_s=wait_s))
 
     def verify(self, episode_id: str) -> Verdict:
         return self._call(self._async.verify(episode_id))

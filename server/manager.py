@@ -33,6 +33,7 @@ from palaestra.sdk.errors import (
 )
 from palaestra.sdk.models import (
     Action,
+    EpisodeMetrics,
     EpisodeState,
     EpisodeStatus,
     FamilyInfo,
@@ -85,6 +86,31 @@ class Episode:
     @property
     def id(self) -> str:
         return self.state.episode_id
+
+
+def _tally_step(metrics: EpisodeMetrics, reply: StepResponse) -> None:
+    """Count one stepped action: what the family reported in `info` (`tool_ok`, `timed_out`,
+    `output_bytes`), else a call that ran (a void step failed) and its observation's size."""
+    info = reply.info
+    metrics.steps += 1
+    metrics.tool_calls += 1
+    ok = info.get("tool_ok", info.get("status") != "void")
+    if not ok:
+        metrics.tool_failures += 1
+    metrics.timed_out += int(bool(info.get("timed_out")))
+    size = info.get("output_bytes")
+    if not isinstance(size, int):
+        size = len(reply.observation.text.encode("utf-8", errors="replace"))
+    metrics.output_bytes += size
+    metrics.tool_success_rate = round(1 - metrics.tool_failures / metrics.tool_calls, 6)
+
+
+def _tally_refused(metrics: EpisodeMetrics) -> None:
+    """A refused (422) action: a failed tool call, not a step."""
+    metrics.tool_calls += 1
+    metrics.tool_failures += 1
+    metrics.invalid_actions += 1
+    metrics.tool_success_rate = round(1 - metrics.tool_failures / metrics.tool_calls, 6)
 
 
 def _void_verdict(task: Task, reason: str, duration: float) -> Verdict:
@@ -296,6 +322,9 @@ class EpisodeManager:
             )
         family = self.families.get(task.family)
         limits = self._limits(request.options)
+        family_limits = getattr(family, "episode_limits", None)  # a family's own caps
+        if callable(family_limits):
+            limits = family_limits(task, request.options, limits)
         self._pending += 1
         try:
             sandbox = await self._new_sandbox_or_none(family.sandbox_spec(task))
@@ -394,9 +423,16 @@ class EpisodeManager:
                 raise ConflictError(f"episode {episode_id} has ended ({status}); start a new one")
             started = time.perf_counter()
             episode.last_active = time.monotonic()
-            action, recorded = self._resolve_action(episode, request.action)
-            tool, args = episode.family.parse_action(action)
-            reply = await self._run_step(episode, tool, args)
+            try:
+                action, recorded = self._resolve_action(episode, request.action)
+                tool, args = episode.family.parse_action(action)
+                reply = await self._run_step(episode, tool, args)
+            except InvalidActionError:
+                _tally_refused(episode.state.metrics)
+                raise
+            _tally_step(episode.state.metrics, reply)
+            if reply.terminated or reply.truncated:
+                reply.info["metrics"] = episode.state.metrics.model_dump(mode="json")
             duration = time.perf_counter() - started
             episode.step_timer.observe(duration)
             record = StepRecord(

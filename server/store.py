@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from palaestra.sdk.models import EpisodeState, StepRecord, StepResponse, Verdict
+from palaestra.sdk.models import EpisodeMetrics, EpisodeState, StepRecord, StepResponse, Verdict
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS episodes (
@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     ended_at REAL,
     void_reason TEXT,
     timings TEXT NOT NULL DEFAULT '{}',
-    info TEXT NOT NULL DEFAULT '{}'
+    info TEXT NOT NULL DEFAULT '{}',
+    metrics TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS steps (
     episode_id TEXT NOT NULL,
@@ -95,6 +96,9 @@ class Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.executescript(SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(episodes)")}
+            if "metrics" not in columns:  # a store made before per-episode metrics
+                db.execute("ALTER TABLE episodes ADD COLUMN metrics TEXT NOT NULL DEFAULT '{}'")
         self._queue: queue.SimpleQueue[_Write | threading.Event | None] = queue.SimpleQueue()
         self._writer = threading.Thread(
             target=self._write_loop, name="palaestra-store", daemon=True
@@ -172,7 +176,7 @@ class Store:
     def update_episode(self, state: EpisodeState) -> None:
         self._put(
             "UPDATE episodes SET status=?, step_count=?, updated_at=?, ended_at=?, void_reason=?,"
-            " timings=? WHERE id=?",
+            " timings=?, metrics=? WHERE id=?",
             (
                 state.status.value,
                 state.step_count,
@@ -180,6 +184,7 @@ class Store:
                 state.ended_at,
                 state.void_reason,
                 json.dumps(state.timings),
+                state.metrics.model_dump_json(),
                 state.episode_id,
             ),
         )
@@ -209,7 +214,7 @@ class Store:
         with self._connect() as db:
             row = db.execute(
                 "SELECT id, task, family, domain, split, status, step_count, created_at,"
-                " updated_at, ended_at, void_reason, timings FROM episodes WHERE id=?",
+                " updated_at, ended_at, void_reason, timings, metrics FROM episodes WHERE id=?",
                 (episode_id,),
             ).fetchone()
             if row is None:
@@ -237,6 +242,7 @@ class Store:
             ended_at=row[9],
             void_reason=row[10],
             timings=json.loads(row[11]),
+            metrics=EpisodeMetrics.model_validate_json(row[12] or "{}"),
             verdict=Verdict.model_validate_json(verdict_row[0]) if verdict_row else None,
             trajectory=[StepRecord.model_validate_json(s[0]) for s in steps],
         )

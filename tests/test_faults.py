@@ -23,6 +23,7 @@ from palaestra.server.app import create_app
 from palaestra.server.config import REPO_PACKS, Settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
+from palaestra.server.packs import read_manifest
 from palaestra.server.runtime import build_manager
 from palaestra.server.store import Store
 
@@ -321,6 +322,13 @@ def broken_packs(tmp_path: Path) -> Iterator[Path]:
     yield base
 
 
+def repo_pack_names() -> set[str]:
+    """Every built-in pack: the broken ones beside them must not hide any."""
+    return {
+        read_manifest(root).name for root in REPO_PACKS.iterdir() if (root / "pack.toml").exists()
+    }
+
+
 async def test_broken_packs_are_recorded_and_good_ones_served(
     tmp_path: Path, broken_packs: Path
 ) -> None:
@@ -338,7 +346,7 @@ async def test_broken_packs_are_recorded_and_good_ones_served(
         assert "not JSON" in errors[str(broken_packs / "bad-json")]
         assert "no-such-family" in errors[str(broken_packs / "bad-family")]
         names = {p.name for p in manager.pack_infos()}
-        assert names == {"palaestra/echo", "openai/humaneval", "reasoning/gym", "test/good"}
+        assert names == {*repo_pack_names(), "test/good"}
         client = AsyncInProcessClient(manager)
         reset = await client.reset("test/good:t1")
         reply = await client.step(
@@ -361,12 +369,7 @@ def test_server_with_broken_packs_starts_and_reports(tmp_path: Path, broken_pack
         assert str(broken_packs / "bad-json") in problems
         packs = httpx.get(f"{proc.url}/v1/packs", timeout=10, headers=proc.headers).json()
         listed = packs if isinstance(packs, list) else packs.get("packs", packs)
-        assert {p["name"] for p in listed} == {
-            "palaestra/echo",
-            "openai/humaneval",
-            "reasoning/gym",
-            "test/good",
-        }
+        assert {p["name"] for p in listed} == {*repo_pack_names(), "test/good"}
         reset = httpx.post(
             f"{proc.url}/v1/episodes",
             json={"task": "test/good:t1"},

@@ -1,1 +1,5 @@
-"""(being built)"""
+"""The `finance` family: PDF annual reports, FinQA-style programs (docs/finance.md)."""
+
+from palaestra.envs.finance.family import FinanceFamily
+
+__all__ = ["FinanceFamily"]

@@ -1,0 +1,179 @@
+"""The cad family's oracle and its known cheats, as scripts the agent could have written.
+
+Every script is the builders module's source (`palaestra.envs.cad.builders`, manifold3d only)
+followed by a short main: the oracle builds the reference and exports it; each cheat builds
+something that is *not* the asked-for part but looks like it to a naive check. They run in
+the sandbox like any agent script, so `palaestra pack check` proves each scores ≤ 0.1.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE, SCRIPT, sample_params
+from palaestra.sdk.models import Action
+from palaestra.sdk.task import Task
+
+# The switch that removes each domain's defining feature (read by its builder).
+FEATURE_OFF: dict[str, dict[str, bool]] = {
+    "plate": {"holes": False},
+    "bracket": {"holes": False},
+    "flange": {"holes": False},
+    "mug": {"handle": False},
+    "shaft": {"steps": False},
+    "enclosure": {"cavity": False},
+    "gear": {"teeth_on": False},
+    "tube": {"bore": False},
+    "hexnut": {"bore_on": False},
+    "pillow_block": {"bore_on": False},
+    "tray": {"dividers": False},
+    "pulley": {"groove": False},
+}
+SCALE = 1.1
+FOREIGN_FILE = "found_part.stl"
+
+
+BUILDERS_FILE = Path(__file__).with_name("builders.py")
+
+
+@cache
+def builders_source() -> str:
+    return BUILDERS_FILE.read_text()
+
+
+def _script(task: Task, body: str) -> str:
+    """builders.py, then a main that loads the parameters (params.json if present) and runs
+    `body` with `solid` built and `build`, `export_stl`, `M` in scope."""
+    params = json.dumps(task.private["params"], sort_keys=True)
+    domain = task.private["domain"]
+    main = f"""
+
+if __name__ == "__main__":
+    import json as _json
+    import os as _os
+
+    params = _json.loads({params!r})
+    if _os.path.exists({PARAMS_FILE!r}):
+        with open({PARAMS_FILE!r}) as fh:
+            params = _json.load(fh)
+    solid, _probes = build({domain!r}, params)
+{body}"""
+    return builders_source() + main
+
+
+def oracle_script(task: Task) -> str:
+    return _script(task, f"    export_stl(solid, {OUTPUT!r})\n")
+
+
+def write_run_submit(script: str, extra: dict[str, str] | None = None) -> list[Action]:
+    actions = [
+        Action(tool="write_file", arguments={"path": name, "content": text})
+        for name, text in (extra or {}).items()
+    ]
+    actions.append(Action(tool="write_file", arguments={"path": SCRIPT, "content": script}))
+    actions.append(Action(tool="run_script", arguments={"path": SCRIPT}))
+    actions.append(Action(tool="submit", arguments={}))
+    return actions
+
+
+_BBOX = f"""    b = solid.bounding_box()
+    box = M.cube((b[3] - b[0], b[4] - b[1], b[5] - b[2])).translate((b[0], b[1], b[2]))
+    export_stl(box, {OUTPUT!r})
+"""
+_SCALED = f"""    export_stl(solid.scale(({SCALE}, {SCALE}, {SCALE})), {OUTPUT!r})
+"""
+_SOUP = f"""    import numpy as np
+    mesh = solid.to_mesh()
+    tri = np.asarray(mesh.vert_properties)[:, :3][np.asarray(mesh.tri_verts)]
+    tri = tri + np.random.default_rng(0).normal(0, 0.05, tri.shape)  # unshared corners
+    with open({OUTPUT!r}, "w") as fh:
+        fh.write("solid soup\\n")
+        for t in tri:
+            fh.write("facet normal 0 0 0\\nouter loop\\n")
+            for v in t:
+                fh.write("vertex %f %f %f\\n" % tuple(v))
+            fh.write("endloop\\nendfacet\\n")
+        fh.write("endsolid soup\\n")
+"""
+_NON_MANIFOLD = f"""    import numpy as np
+    mesh = solid.to_mesh()
+    tri = np.asarray(mesh.vert_properties)[:, :3][np.asarray(mesh.tri_verts)]
+    tri = np.concatenate([tri, tri])  # every face twice: each edge joins four faces
+    with open({OUTPUT!r}, "w") as fh:
+        fh.write("solid twice\\n")
+        for t in tri:
+            fh.write("facet normal 0 0 0\\nouter loop\\n")
+            for v in t:
+                fh.write("vertex %f %f %f\\n" % tuple(v))
+            fh.write("endloop\\nendfacet\\n")
+        fh.write("endsolid twice\\n")
+"""
+_EMPTY = f"""    open({OUTPUT!r}, "wb").close()
+"""
+PRINT_PASS = 'print("PASS")\nprint("all checks passed: 1.0")\n'
+
+
+def _without_feature(task: Task) -> str:
+    domain = task.private["domain"]
+    body = f"    params.update({FEATURE_OFF[domain]!r})\n"
+    body += f"    solid, _probes = build({domain!r}, params)\n"
+    body += f"    export_stl(solid, {OUTPUT!r})\n"
+    return _script(task, body)
+
+
+def foreign_params(domain: str, params: dict[str, Any], level: int) -> dict[str, Any]:
+    """Parameters of another part of the same domain whose every extent differs by > 8%."""
+    from palaestra.envs.cad import builders  # manifold3d: imported only when needed
+
+    solid, _ = builders.build(domain, params)
+    b = solid.bounding_box()
+    ext = [b[3] - b[0], b[4] - b[1], b[5] - b[2]]
+    for k in range(200):
+        other = sample_params(domain, 0, level, salt=f"/elsewhere{k}")
+        ob = builders.build(domain, other)[0].bounding_box()
+        oext = [ob[3] - ob[0], ob[4] - ob[1], ob[5] - ob[2]]
+        if all(abs(o - e) > 0.08 * e for o, e in zip(oext, ext, strict=True)):
+            return other
+    raise RuntimeError(f"no foreign {domain} part differs enough from {params}")
+
+
+def ascii_stl(solid: Any) -> str:
+    """An ASCII STL of a manifold3d solid (a file 'brought from elsewhere' is text here)."""
+    import numpy as np
+
+    mesh = solid.to_mesh()
+    tri = np.asarray(mesh.vert_properties)[:, :3][np.asarray(mesh.tri_verts)]
+    lines = ["solid found"]
+    for t in tri:
+        lines.append("facet normal 0 0 0\nouter loop")
+        lines.extend(f"vertex {v[0]:.6f} {v[1]:.6f} {v[2]:.6f}" for v in t)
+        lines.append("endloop\nendfacet")
+    lines.append("endsolid found\n")
+    return "\n".join(lines)
+
+
+def _foreign(task: Task) -> list[Action]:
+    from palaestra.envs.cad import builders
+
+    level = int(task.private.get("level", 1))
+    domain = task.private["domain"]
+    other = foreign_params(domain, task.private["params"], level)
+    stl = ascii_stl(builders.build(domain, other)[0])
+    script = f"import shutil\nshutil.copyfile({FOREIGN_FILE!r}, {OUTPUT!r})\n"
+    return write_run_submit(script, {FOREIGN_FILE: stl})
+
+
+def all_cheats(task: Task) -> list[tuple[str, list[Action]]]:
+    return [
+        ("bounding-box", write_run_submit(_script(task, _BBOX))),
+        ("without-feature", write_run_submit(_without_feature(task))),
+        ("scaled-copy", write_run_submit(_script(task, _SCALED))),
+        ("triangle-soup", write_run_submit(_script(task, _SOUP))),
+        ("non-manifold", write_run_submit(_script(task, _NON_MANIFOLD))),
+        ("empty-mesh", write_run_submit(_script(task, _EMPTY))),
+        ("foreign-mesh", _foreign(task)),
+        ("print-pass", write_run_submit(PRINT_PASS)),
+    ]

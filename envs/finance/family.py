@@ -1,0 +1,414 @@
+"""The `finance` family: read a PDF annual report with tools, answer with a checked program.
+
+At reset the episode's PDF is generated from the task's private seeds (or typeset from an
+imported task's table and text), written to the cache, and parsed with pdfplumber; both
+steps are CPU-bound and run in a worker thread, and both are cached: the PDF and its parse
+on disk under `$PALAESTRA_CACHE/finance/` keyed by the task digest, the parse in memory per
+family (an LRU), so later episodes and every tool call are lookups. The tools only ever
+read the PDF's parse (or render its pages), never the accounts behind it.
+
+A malformed program, an unknown page or a zero divisor is an observation saying what to
+fix; the episode goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import os
+import re
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
+from palaestra.envs.finance.accounts import variant_seed
+from palaestra.envs.finance.document import (
+    ParsedDocument,
+    numbers_in,
+    parse_number,
+    parse_pdf,
+    render_png,
+)  # pdfplumber and pypdfium2 are imported inside parse_pdf / render_png
+from palaestra.envs.finance.imported import imported_numbers, render_imported
+from palaestra.envs.finance.tasks import build_document
+from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.sdk.task import Task
+from palaestra.verifiers import finance as vf
+from palaestra.verifiers import finance_program as fp
+
+MEMORY_DOCS = 32
+MAX_TEXT = 20_000
+MAX_HITS = 40
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("PALAESTRA_CACHE") or Path.home() / ".cache" / "palaestra"
+    return Path(base) / "finance"
+
+
+class PageArgs(ToolArgs):
+    page: int = Field(description="page number, from 1")
+
+
+class SearchArgs(ToolArgs):
+    text: str = Field(min_length=1, max_length=200, description="text to find (case-insensitive)")
+
+
+class CalculateArgs(ToolArgs):
+    program: str = Field(max_length=fp.MAX_CHARS, description="a FinQA-style program")
+
+
+class SubmitArgs(vf.Answer, ToolArgs):
+    """The answer: {value, unit, scale, program} (verifiers/finance.py)."""
+
+
+@dataclass
+class LoadedDocument:
+    pdf: bytes
+    parsed: ParsedDocument
+    numbers: vf.Numbers  # what the verifier binds operands to
+    printed: vf.Numbers  # what the parse of the PDF shows (for `calculate`)
+
+
+def printed_numbers(parsed: ParsedDocument) -> vf.Numbers:
+    """Every number token of the parsed pages, and the parsed tables' rows by label."""
+    figures: dict[str, float] = {}
+    rows: dict[str, list[list[str]]] = {}
+    for page in parsed.pages:
+        for i, line in enumerate(page.lines):
+            for k, token in enumerate(numbers_in(line)):
+                value = parse_number(token)
+                if value is not None:
+                    figures[f"{page.number}.{i}.{k}"] = value
+        for t, table in enumerate(page.tables):
+            for r, row in enumerate(table):
+                keys = []
+                for c, cell in enumerate(row[1:], start=1):
+                    value = parse_number(cell) if cell else None
+                    if value is not None:
+                        key = f"{page.number}.t{t}.{r}.{c}"
+                        figures[key] = value
+                        keys.append(key)
+                if row and row[0] and keys:
+                    rows.setdefault(vf.normalize_label(row[0]), []).append(keys)
+    return vf.Numbers(figures=figures, rows=rows)
+
+
+@functools.cache
+def parse_key() -> str:
+    """A digest of the code that renders and parses documents (it keys the disk cache)."""
+    from palaestra.envs.finance import document, imported, layout, profiles, report
+
+    h = hashlib.sha256()
+    for module in (document, imported, layout, profiles, report):
+        h.update(Path(str(module.__file__)).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _task_hex(task: Task) -> str:
+    return task.digest.removeprefix("sha256:")[:40]
+
+
+class FinanceFamily(Family):
+    name = "finance"
+    description = (
+        "Answer a question about a PDF annual report with a number and the FinQA-style program "
+        "that computes it from the report's figures."
+    )
+    version = "1.0.0"
+    tools = (
+        Tool("list_pages", "List the report's pages with their first line."),
+        Tool(
+            "read_page",
+            "The text of one page in reading order (two columns: left first).",
+            PageArgs,
+        ),
+        Tool("extract_tables", "The tables of one page, as rows of cells.", PageArgs),
+        Tool("search", "Find the lines that contain a text, with their page.", SearchArgs),
+        Tool("page_image", "One page as a PNG image.", PageArgs),
+        Tool("calculate", "Run a FinQA-style program and show every step's value.", CalculateArgs),
+        Tool("submit", "End the episode with {value, unit, scale, program}.", SubmitArgs),
+    )
+
+    def __init__(self, cache_dir: Path | None = None) -> None:
+        self.cache_dir = cache_dir
+        self._docs: OrderedDict[str, LoadedDocument] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- documents -------------------------------------------------------------------------
+    def _dir(self) -> Path:
+        return self.cache_dir or default_cache_dir()
+
+    def _numbers(self, task: Task) -> vf.Numbers:
+        spec = task.private["document"]
+        if spec.get("kind") == "imported":
+            return imported_numbers(task.public)
+        return build_document(
+            int(spec["structure_seed"]), int(spec["value_seed"]), int(spec["level"])
+        ).numbers
+
+    def _pdf(self, task: Task) -> bytes:
+        from palaestra.envs.finance.report import render  # reportlab: on first use
+
+        spec = task.private["document"]
+        if spec.get("kind") == "imported":
+            return render_imported(task.public)
+        built = build_document(
+            int(spec["structure_seed"]), int(spec["value_seed"]), int(spec["level"]), text=True
+        )
+        return render(built.layout, built.accounts.structure.style)
+
+    def load_sync(self, task: Task) -> LoadedDocument:
+        """PDF and parse of a task's document, from disk if cached (blocking: use a thread)."""
+        base = self._dir() / f"{_task_hex(task)}-{parse_key()}"
+        pdf_path = base.with_suffix(".pdf")
+        parse_path = base.with_name(f"{base.name}.parse.json")
+        pdf: bytes | None = None
+        parsed: ParsedDocument | None = None
+        try:
+            pdf = pdf_path.read_bytes()
+            parsed = ParsedDocument.from_json(json.loads(parse_path.read_text("utf-8")))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if pdf is None or parsed is None:
+            pdf = self._pdf(task)
+            parsed = parse_pdf(pdf)
+            try:
+                base.parent.mkdir(parents=True, exist_ok=True)
+                for path, data in (
+                    (pdf_path, pdf),
+                    (parse_path, json.dumps(parsed.to_json()).encode()),
+                ):
+                    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                    tmp.write_bytes(data)
+                    os.replace(tmp, path)
+            except OSError:
+                pass  # a read-only cache costs a re-parse next time, nothing more
+        return LoadedDocument(pdf, parsed, self._numbers(task), printed_numbers(parsed))
+
+    async def load(self, task: Task) -> LoadedDocument:
+        key = task.digest
+        hit = self._docs.get(key)
+        if hit is not None:
+            self._docs.move_to_end(key)
+            return hit
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            hit = self._docs.get(key)
+            if hit is None:
+                hit = await asyncio.to_thread(self.load_sync, task)
+                self._docs[key] = hit
+                while len(self._docs) > MEMORY_DOCS:
+                    old, _ = self._docs.popitem(last=False)
+                    self._locks.pop(old, None)
+        return hit
+
+    # -- episode -----------------------------------------------------------------------------
+    async def reset(self, ctx: EpisodeContext) -> Observation:
+        doc = await self.load(ctx.task)
+        ctx.state["doc"] = doc
+        pages = len(doc.parsed.pages)
+        text = f"{ctx.task.public.get('instruction', '')}\n\nThe report has {pages} pages."
+        return Observation(text=text, data={"pages": pages})
+
+    def _page(self, doc: LoadedDocument, page: int) -> Any:
+        pages = len(doc.parsed.pages)
+        if not 1 <= page <= pages:
+            return None, Observation(
+                text=f"page {page} does not exist; the report has pages 1 to {pages}",
+                data={"error": "unknown_page", "pages": pages},
+            )
+        return doc.parsed.pages[page - 1], None
+
+    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+        doc: LoadedDocument = ctx.state["doc"]
+        if isinstance(args, vf.Answer):
+            ctx.state["answer"] = args
+            return StepOutcome(Observation(text="submitted"), done=True)
+        if tool.name == "list_pages":
+            lines = []
+            for p in doc.parsed.pages:
+                first = p.lines[0] if p.lines else "(blank)"
+                extra = ", two columns" if p.two_column else ""
+                if p.tables:
+                    extra += f", {len(p.tables)} table{'s' if len(p.tables) > 1 else ''}"
+                lines.append(f"page {p.number}: {first[:80]}{extra}")
+            return StepOutcome(
+                Observation(text="\n".join(lines), data={"pages": len(doc.parsed.pages)})
+            )
+        if isinstance(args, SearchArgs):
+            needle = args.text.lower()
+            hits = [
+                (p.number, line)
+                for p in doc.parsed.pages
+                for line in p.lines
+                if needle in line.lower()
+            ]
+            shown = hits[:MAX_HITS]
+            text = "\n".join(f"page {n}: {line}" for n, line in shown) or "no match"
+            if len(hits) > len(shown):
+                text += f"\n… {len(hits) - len(shown)} more"
+            return StepOutcome(Observation(text=text, data={"matches": len(hits)}))
+        if isinstance(args, CalculateArgs):
+            return StepOutcome(self._calculate(args.program, doc.printed))
+        assert isinstance(args, PageArgs)
+        page, error = self._page(doc, args.page)
+        if error is not None:
+            return StepOutcome(error)
+        if tool.name == "read_page":
+            return StepOutcome(
+                Observation(
+                    text=page.text[:MAX_TEXT],
+                    data={"page": page.number, "two_column": page.two_column},
+                )
+            )
+        if tool.name == "extract_tables":
+            if not page.tables:
+                return StepOutcome(
+                    Observation(text=f"no table on page {page.number}", data={"tables": []})
+                )
+            parts = []
+            for i, table in enumerate(page.tables, start=1):
+                body = "\n".join(" | ".join(row) for row in table)
+                parts.append(f"table {i}:\n{body}")
+            return StepOutcome(
+                Observation(text="\n\n".join(parts)[:MAX_TEXT], data={"tables": page.tables})
+            )
+        png = await asyncio.to_thread(render_png, doc.pdf, page.number)
+        return StepOutcome(Observation(text=f"page {page.number}", images=[png]))
+
+    def _calculate(self, program: str, numbers: vf.Numbers) -> Observation:
+        try:
+            parsed = fp.parse(program)
+            values = fp.run(
+                parsed,
+                None,
+                lambda label: [abs(numbers.figures[k]) for k in numbers.row_keys(label)],
+            )
+        except fp.ProgramError as exc:
+            return Observation(text=f"program error: {exc}", data={"error": str(exc)})
+        lines = [f"#{i} = {v:.10g}" for i, v in enumerate(values)]
+        missing = [
+            lit.text
+            for lit in parsed.literals
+            if numbers.key_of(lit.magnitude) is None
+            and round(lit.magnitude, 6) not in numbers.labels
+        ]
+        if missing:
+            lines.append("note: not printed in the report: " + ", ".join(missing[:10]))
+        return Observation(text="\n".join(lines), data={"result": values[-1], "steps": values})
+
+    async def verify(self, ctx: EpisodeContext) -> Verdict:
+        started = time.perf_counter()
+        answer: vf.Answer | None = ctx.state.get("answer")
+        info = VerifierInfo(name="finance-answer-program", version=vf.VERSION)
+        if answer is None:
+            return Verdict(
+                reward=0.0,
+                passed=False,
+                feedback="no answer submitted",
+                components={"value": 0.0, "program": 0.0, "grounded": 0.0},
+                verifier=info,
+                task_digest=ctx.task.digest,
+                duration_s=time.perf_counter() - started,
+            )
+        doc: LoadedDocument = ctx.state["doc"]
+        gold = vf.Gold.from_json(ctx.task.private["gold"])
+        variant = await asyncio.to_thread(variant_of, ctx.task, gold)
+        graded = vf.grade(answer, gold, doc.numbers, variant)
+        return Verdict(
+            reward=graded.reward,
+            passed=graded.passed,
+            components=graded.components,
+            feedback=graded.feedback,
+            verifier=info,
+            task_digest=ctx.task.digest,
+            duration_s=time.perf_counter() - started,
+        )
+
+    # -- reference attempts ------------------------------------------------------------------
+    def oracle(self, task: Task) -> list[Action]:
+        gold = vf.Gold.from_json(task.private["gold"])
+        return [_submit(gold.asked_value, gold.unit, gold.scale, gold.program)]
+
+    def null(self, task: Task) -> list[Action]:
+        return [_submit(0.0, "ratio", "units", "0")]
+
+    def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
+        return cheat_answers(task)
+
+
+def _submit(value: float, unit: str, scale: str, program: str) -> Action:
+    return Action(
+        tool="submit", arguments={"value": value, "unit": unit, "scale": scale, "program": program}
+    )
+
+
+def variant_of(task: Task, gold: vf.Gold) -> tuple[vf.Numbers, float] | None:
+    """The regenerated document's numbers and its gold answer (None: not regenerable).
+
+    The gold program is re-run through the same cell binding as an agent's program, so both
+    read a cell whose sign flips in the regenerated document the same way."""
+    spec = task.private["document"]
+    if spec.get("kind") != "generated":
+        return None
+    seeds = int(spec["structure_seed"]), int(spec["value_seed"]), int(spec["level"])
+    doc = build_document(*seeds).numbers
+    built = build_document(seeds[0], variant_seed(seeds[1]), seeds[2])
+    try:
+        expected = vf.rerun(gold.program, doc, built.numbers) * gold.factor
+    except (fp.ProgramError, KeyError):
+        return None
+    return built.numbers, expected
+
+
+_SCALE_UP = {
+    "units": "thousands",
+    "thousands": "millions",
+    "millions": "thousands",
+    "billions": "millions",
+}
+
+
+def cheat_answers(task: Task) -> list[tuple[str, list[Action]]]:
+    """The known ways to game the verifier; each must score 0."""
+    gold = vf.Gold.from_json(task.private["gold"])
+    asked = gold.asked_value
+    question = str(task.public.get("question", ""))
+    cheats = [
+        ("wrong-scale", [_submit(asked, gold.unit, _SCALE_UP[gold.scale], gold.program)]),
+        (
+            "invented-operands",
+            [_submit(asked, gold.unit, gold.scale, f"add({asked:.10g}, const_0)")],
+        ),
+    ]
+    numbers = re.findall(r"\d+(?:\.\d+)?", question)
+    if numbers:
+        copied = float(numbers[0])
+        cheats.append(
+            ("copy-question-number", [_submit(copied, gold.unit, gold.scale, numbers[0])])
+        )
+    if gold.unit == "percent":
+        cheats.append(
+            ("fraction-as-percent", [_submit(gold.value, "percent", "units", gold.program)])
+        )
+    elif gold.unit == "ratio":
+        cheats.append(
+            ("percent-as-ratio", [_submit(gold.value * 100, "ratio", "units", gold.program)])
+        )
+    prior = task.private.get("prior")
+    if isinstance(prior, dict):
+        cheats.append(
+            (
+                "prior-year",
+                [_submit(float(prior["value"]), gold.unit, gold.scale, str(prior["program"]))],
+            )
+        )
+    return cheats

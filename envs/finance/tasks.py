@@ -1,0 +1,190 @@
+"""Tasks of the finance family: a question about one generated annual report.
+
+`generate_task(seed, index, level)` is what the pack's generator calls. It builds the
+accounts (milliseconds), not the PDF: the family renders the PDF at reset, from the private
+`document` fields, and caches it. The public side is the question and what the report is;
+the private side holds the seeds, the gold answer and program, and a prior-year value for
+the cheat checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from palaestra.envs.finance.accounts import Accounts, build_accounts, sub_seed, variant_seed
+from palaestra.envs.finance.layout import Layout, build_layout
+from palaestra.envs.finance.questions import (
+    DOMAINS,
+    Question,
+    make_question,
+    numbers_of,
+    numbers_program,
+)
+from palaestra.verifiers.finance import Gold, Numbers, rerun, run_keys, to_unit
+from palaestra.verifiers.finance_program import ProgramError
+
+MAX_TRIES = 40
+
+ANSWER_HELP = (
+    'Submit with the `submit` tool: {"value": number, "unit": one of currency, percent, '
+    'fraction, ratio, currency_per_share, shares, count, "scale": one of units, thousands, '
+    'millions, billions, "program": a FinQA-style program over numbers printed in the report '
+    'that computes the value, e.g. "subtract(5829, 5735), divide(#0, 5735)"}. Operations: '
+    "add, subtract, multiply, divide, exp, greater, table_sum, table_average, table_max, "
+    "table_min; #k is the result of step k; constants are const_1, const_2, const_100, "
+    "const_1000, const_m1 and so on. Write numbers without thousands separators, as printed "
+    "(a figure printed in thousands is used in thousands). A correct value earns 0.8; a "
+    "program whose every operand traces to a cell of the report earns the last 0.2."
+)
+
+
+@dataclass
+class Built:
+    accounts: Accounts
+    layout: Layout
+    numbers: Numbers
+
+
+@functools.lru_cache(maxsize=64)
+def build_document(structure_seed: int, value_seed: int, level: int, text: bool = False) -> Built:
+    """Accounts, layout and figures of one report (`text`: with the prose, for rendering).
+
+    Cached: the verifier and the generator ask for the same few documents again and again.
+    Treat the result as read-only."""
+    accounts = build_accounts(structure_seed, value_seed, level)
+    layout = build_layout(accounts, text=text)
+    return Built(accounts, layout, numbers_of(layout))
+
+
+def _asked(gold: Gold, canonical: float) -> float:
+    return to_unit(canonical, gold.unit, gold.scale)
+
+
+def prior_value(question: Question, built: Built, gold: Gold) -> tuple[float, str]:
+    """The answer a reader gets by taking the prior year (the cheat), with its program."""
+    keys = question.prior_keys_program
+    if not keys:
+        first = re.search(r"\{=?([^{}]+)\.0\}", question.keys_program)
+        if first is None or f"{first.group(1)}.1" not in built.numbers.figures:
+            first = re.search(r"\{=?([^{}]+)\}", question.keys_program)
+            assert first is not None
+            keys = "{" + first.group(1) + "}"
+        else:
+            keys = "{" + first.group(1) + ".1}"
+    value = run_keys(keys, built.numbers) * gold.factor
+    return _asked(gold, value), numbers_program(keys, built.numbers)
+
+
+def _usable(question: Question, built: Built, gold: Gold) -> bool:
+    """Reject questions whose answer sits too near a cheat's (zero, the prior year)."""
+    asked = gold.asked_value
+    step = 10.0 ** (-gold.decimals)
+    if abs(asked) < 10 * step:
+        return False
+    prior, _ = prior_value(question, built, gold)
+    if abs(prior - asked) <= 4 * step:
+        return False
+    # The variant document must give a usable answer too (the grounding re-run).
+    variant = build_document(
+        built.accounts.structure.seed,
+        variant_seed(built.accounts.value_seed),
+        built.accounts.structure.level,
+    )
+    try:
+        again = rerun(gold.program, built.numbers, variant.numbers) * gold.factor
+    except (ProgramError, KeyError):
+        return False
+    return abs(_asked(gold, again) - asked) > 4 * step
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the code that shapes a task (the task cache is keyed by it)."""
+    from palaestra.envs.finance import accounts, layout, profiles, questions
+    from palaestra.verifiers import finance, finance_program
+
+    h = hashlib.sha256()
+    for module in (accounts, layout, profiles, questions, finance, finance_program):
+        h.update(Path(str(module.__file__)).read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:20]
+
+
+def _cache_file(seed: int, index: int, level: int, domain: str) -> Path:
+    base = os.environ.get("PALAESTRA_CACHE") or Path.home() / ".cache" / "palaestra"
+    return Path(base) / "finance" / "tasks" / code_digest() / f"{domain}-{level}-{seed}.json"
+
+
+def generate_task(seed: int, index: int, level: int, domain: str | None = None) -> dict[str, Any]:
+    """One task: a question of `domain` (default: by index) on the report of `seed`.
+
+    A pure function of its arguments; the result is cached on disk (keyed by the code's
+    digest) because a server loads every task of the pack at each start."""
+    domain = domain or DOMAINS[(index // 3) % len(DOMAINS)]
+    path = _cache_file(seed, index, level, domain)
+    try:
+        cached: dict[str, Any] = json.loads(path.read_text("utf-8"))
+        return cached
+    except (OSError, ValueError):
+        pass
+    task = _generate(seed, level, domain)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(task), "utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return task
+
+
+def _generate(seed: int, level: int, domain: str) -> dict[str, Any]:
+    for attempt in range(MAX_TRIES):
+        value_seed = sub_seed("task-values", seed, attempt)
+        built = build_document(seed, value_seed, level)
+        question = make_question(domain, level, built.accounts, seed)
+        try:
+            gold = question.gold(built.accounts, built.numbers)
+        except ProgramError:
+            continue
+        if _usable(question, built, gold):
+            break
+    else:
+        raise RuntimeError(f"no usable {domain} question for seed {seed}")
+    s = built.accounts.structure
+    prior, prior_program = prior_value(question, built, gold)
+    instruction = (
+        f"You have the {s.year} annual report of {s.company} as a PDF. Use the tools to read "
+        f"it (list_pages, read_page, extract_tables, search, page_image, calculate).\n\n"
+        f"Question: {question.text}\n\n{ANSWER_HELP}"
+    )
+    return {
+        "id": f"{domain}-{level}-{seed}",
+        "domain": f"finance/{domain}",
+        "difficulty": f"level-{level}",
+        "public": {
+            "instruction": instruction,
+            "question": question.text,
+            "company": s.company,
+            "fiscal_year": s.year,
+            "currency": s.currency,
+            "document": "annual-report.pdf",
+        },
+        "private": {
+            "document": {
+                "kind": "generated",
+                "structure_seed": seed,
+                "value_seed": value_seed,
+                "level": level,
+            },
+            "gold": gold.to_json(),
+            "prior": {"value": prior, "program": prior_program},
+        },
+    }

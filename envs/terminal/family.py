@@ -1,0 +1,586 @@
+"""The `terminal` family: multi-step work in a shell, verified by hidden tests.
+
+An episode is a sandbox whose workdir (``/work`` unless the task says otherwise) holds the
+task's `environment/` files (its `setup.sh` ran at reset and was removed). The agent works
+through six tools: `bash` (one persistent shell per episode: cwd and variables survive
+between calls), `read_file`, `write_file`, `edit_file` (exact string replace), `list_dir`
+and `submit`. The file tools run as separate execs with paths relative to the workdir (or
+absolute), so a broken shell never breaks them.
+
+Every step is bounded: a command's wall time (`timeout`, at most `max_step_s`), its
+output (head and tail kept, the middle cut, marked), and the episode's total output; the
+manager bounds steps and wall time. A command that hangs, floods or kills the shell
+returns with a mark and the episode goes on (a dead shell is restarted on the next
+command, and the observation says so); only a dead *sandbox* voids the episode.
+
+Verification (`palaestra.verifiers.terminal`) happens after the agent's sandbox is
+closed -- every process the agent started is dead -- on a copy of its workdir in a fresh
+sandbox, with the tests staged only then. docs/terminal.md is the task authors' contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import shlex
+import time
+from typing import Any
+
+from pydantic import Field
+
+from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
+from palaestra.envs.terminal import cheats
+from palaestra.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, ShellSession
+from palaestra.sandbox.base import SandboxSpecError
+from palaestra.sdk.errors import InvalidActionError
+from palaestra.sdk.models import Action, Limits, Observation, Verdict, VerifierInfo
+from palaestra.sdk.task import Task
+from palaestra.verifiers import terminal as verifier
+
+DEFAULT_IMAGE = "terminal"  # docker: palaestra/terminal:latest; bwrap: the host's /usr
+DEFAULT_WORKDIR = "/work"
+DEFAULT_STEP_TIMEOUT_S = 30.0
+MAX_STEP_S = 600.0
+DEFAULT_STEP_OUTPUT = 16 * 1024
+MAX_STEP_OUTPUT = 1024 * 1024
+DEFAULT_EPISODE_OUTPUT = 2 * 1024 * 1024
+SETUP_SCRIPT = "setup.sh"
+SETUP_TIMEOUT_S = 120.0
+MAX_EDIT_BYTES = 1024 * 1024
+MAX_LIST = 1000
+PROBE_TIMEOUT_S = 10.0
+SHELL_KEY, USAGE_KEY, STARTED_KEY, LIMITS_KEY = "shell", "output_bytes", "started", "limits"
+
+
+class BashArgs(ToolArgs):
+    command: str = Field(min_length=1, max_length=200_000, description="a bash command line")
+    timeout: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_STEP_S,
+        description="seconds before the command (and all it started) is killed; default 30",
+    )
+
+
+class ReadFileArgs(ToolArgs):
+    path: str = Field(min_length=1, max_length=4096, description="relative to the workdir")
+    offset: int = Field(default=0, ge=0, description="byte to start at")
+    length: int | None = Field(default=None, gt=0, description="bytes to read (default: limit)")
+
+
+class WriteFileArgs(ToolArgs):
+    path: str = Field(min_length=1, max_length=4096, description="relative to the workdir")
+    content: str = Field(max_length=MAX_EDIT_BYTES)
+
+
+class EditFileArgs(ToolArgs):
+    path: str = Field(min_length=1, max_length=4096, description="relative to the workdir")
+    old: str = Field(min_length=1, max_length=MAX_EDIT_BYTES, description="exact text to find")
+    new: str = Field(max_length=MAX_EDIT_BYTES, description="its replacement")
+    replace_all: bool = Field(default=False, description="replace every match, not just one")
+
+
+class ListDirArgs(ToolArgs):
+    path: str = Field(default=".", max_length=4096, description="relative to the workdir")
+    depth: int = Field(default=1, ge=1, le=5, description="levels to descend")
+
+
+TOOLS = (
+    Tool(
+        "bash",
+        "Run a command in this episode's persistent bash shell (cwd and variables persist; "
+        "no terminal, stdin is /dev/null). Returns its output (stdout and stderr merged), exit "
+        "code and the shell's cwd. Long output keeps its head and tail.",
+        BashArgs,
+    ),
+    Tool("read_file", "Read a text file (a byte range of it for large files).", ReadFileArgs),
+    Tool("write_file", "Create or overwrite a file (parent directories are made).", WriteFileArgs),
+    Tool(
+        "edit_file",
+        "Replace an exact string in a file: `old` must match exactly once (or set replace_all).",
+        EditFileArgs,
+    ),
+    Tool("list_dir", "List a directory: type, size and name of each entry.", ListDirArgs),
+    Tool("submit", "End the episode; the hidden tests then judge the workdir.", NoArgs),
+)
+
+
+def _opt_float(options: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
+    raw = options.get(key, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise InvalidActionError(f"options.{key} must be a number, got {raw!r}") from None
+    if not low <= value <= high:
+        raise InvalidActionError(f"options.{key} must be in [{low:g}, {high:g}], got {value:g}")
+    return value
+
+
+def step_limits(options: dict[str, Any]) -> dict[str, float]:
+    """The family's per-step and per-episode limits, with the client's `options` applied."""
+    return {
+        "step_timeout_s": _opt_float(
+            options, "step_timeout_s", DEFAULT_STEP_TIMEOUT_S, 0.1, MAX_STEP_S
+        ),
+        "max_step_s": MAX_STEP_S,
+        "max_output_bytes": _opt_float(
+            options, "max_output_bytes", DEFAULT_STEP_OUTPUT, 256, MAX_STEP_OUTPUT
+        ),
+        "max_episode_output_bytes": _opt_float(
+            options, "max_episode_output_bytes", DEFAULT_EPISODE_OUTPUT, 1024, 1 << 30
+        ),
+    }
+
+
+def _format_bytes(n: int) -> str:
+    return f"{n} bytes" if n < 10_240 else f"{n / 1024:.0f} KiB"
+
+
+class TerminalFamily(Family):
+    name = "terminal"
+    description = (
+        "Multi-step work in a persistent shell (files, text, git, builds, repositories); "
+        "hidden tests judge the final workdir."
+    )
+    version = "0.1.0"
+    tools = TOOLS
+
+    def __init__(self) -> None:
+        # Whether the backend gave the default image (docker) or not (bwrap: host /usr).
+        self._default_image_ok: bool | None = None
+
+    # -- task fields ---------------------------------------------------------------------
+    @staticmethod
+    def workdir(task: Task) -> str:
+        workdir = str(task.public.get("workdir") or DEFAULT_WORKDIR)
+        if not posixpath.isabs(workdir) or posixpath.normpath(workdir) == "/":
+            raise ValueError(f"task {task.id}: workdir must be an absolute path, got {workdir!r}")
+        return posixpath.normpath(workdir)
+
+    def spec(self, task: Task, image: str | None) -> SandboxSpec:
+        env = task.public.get("env") or {}
+        return SandboxSpec(
+            image=image,
+            workdir=self.workdir(task),
+            workspace_mb=int(task.public.get("workspace_mb", 256)),
+            memory_mb=int(task.public.get("memory_mb", 1024)),
+            pids=int(task.public.get("pids", 512)),
+            env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
+            default_timeout_s=DEFAULT_STEP_TIMEOUT_S,
+        )
+
+    def sandbox_spec(self, task: Task) -> SandboxSpec | None:
+        # The family creates its sandbox itself (`_create`): the image depends on the backend.
+        return None
+
+    def episode_limits(self, task: Task, options: dict[str, Any], limits: Limits) -> Limits:
+        """The manager's limits with this family's per-step output cap (reset's `limits`)."""
+        mine = step_limits(options)
+        return limits.model_copy(
+            update={
+                "max_output_bytes": int(mine["max_output_bytes"]),
+                "max_step_s": mine["max_step_s"],
+                "max_episode_output_bytes": int(mine["max_episode_output_bytes"]),
+            }
+        )
+
+    async def _create(self, ctx: EpisodeContext) -> Sandbox:
+        """A sandbox on the task's image; the default image falls back to the host's /usr
+        where the backend has no such image (bwrap without a `terminal` rootfs)."""
+        explicit = ctx.task.public.get("image")
+        if explicit:
+            return await ctx.new_sandbox(self.spec(ctx.task, str(explicit)))
+        if self._default_image_ok is not False:
+            try:
+                box = await ctx.new_sandbox(self.spec(ctx.task, DEFAULT_IMAGE))
+            except SandboxSpecError:
+                box = await ctx.new_sandbox(self.spec(ctx.task, None))
+                self._default_image_ok = False  # the host's /usr served; ask it directly now
+                return box
+            self._default_image_ok = True
+            return box
+        return await ctx.new_sandbox(self.spec(ctx.task, None))
+
+    # -- episode -------------------------------------------------------------------------
+    async def reset(self, ctx: EpisodeContext) -> Observation:
+        limits = step_limits(ctx.options)
+        task = ctx.task
+        workdir = self.workdir(task)
+        box = await self._create(ctx)
+        try:
+            env_files = {str(k): str(v) for k, v in (task.public.get("environment") or {}).items()}
+            if env_files:
+                await box.upload_tar(await asyncio.to_thread(verifier.files_tar, env_files))
+            if SETUP_SCRIPT in env_files:
+                result = await box.exec(
+                    [
+                        "/bin/bash",
+                        "-c",
+                        f"bash ./{SETUP_SCRIPT} </dev/null; rc=$?; "
+                        f"rm -f ./{SETUP_SCRIPT}; exit $rc",
+                    ],
+                    cwd=workdir,
+                    timeout=float(task.public.get("setup_timeout_s", SETUP_TIMEOUT_S)),
+                )
+                if not result.ok:
+                    raise SandboxError(
+                        f"task {task.id}: environment/{SETUP_SCRIPT} failed "
+                        f"(exit {result.exit_code}{', timed out' if result.timed_out else ''}): "
+                        f"{(result.stdout + result.stderr)[-1500:]}"
+                    )
+        except BaseException:
+            await box.close()
+            raise
+        ctx.sandbox = box
+        ctx.state[USAGE_KEY] = 0
+        ctx.state[STARTED_KEY] = time.monotonic()
+        ctx.state[LIMITS_KEY] = limits
+        instruction = str(task.public.get("instruction", "")).strip()
+        text = (
+            f"{instruction}\n\n---\nYou are in a Linux sandbox; your working directory is "
+            f"{workdir}. Tools: bash (a persistent shell; each command is killed after its "
+            f"timeout, default {limits['step_timeout_s']:g} s, at most {MAX_STEP_S:g} s), "
+            "read_file, write_file, edit_file, list_dir. There is no network. Call submit "
+            "when you are done: hidden tests then check the final state of the working "
+            "directory."
+        )
+        data = {"workdir": workdir, "limits": limits, "tools": [t.name for t in TOOLS]}
+        return Observation(text=text, data=data)
+
+    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+        box = ctx.sandbox
+        if box is None:
+            raise SandboxError("the episode's sandbox is gone")
+        limits: dict[str, float] = ctx.state.get(LIMITS_KEY) or step_limits({})
+        if tool.name == "submit":
+            return StepOutcome(
+                Observation(text="Submitted; the hidden tests now judge the working directory."),
+                done=True,
+                info={"tool_ok": True, "output_bytes": 0},
+            )
+        if isinstance(args, BashArgs):
+            outcome = await self._bash(ctx, box, args, limits)
+        elif isinstance(args, ReadFileArgs):
+            outcome = await self._read(box, self.workdir(ctx.task), args, limits)
+        elif isinstance(args, WriteFileArgs):
+            outcome = await self._write(box, self.workdir(ctx.task), args)
+        elif isinstance(args, EditFileArgs):
+            outcome = await self._edit(box, self.workdir(ctx.task), args)
+        elif isinstance(args, ListDirArgs):
+            outcome = await self._list(box, self.workdir(ctx.task), args, limits)
+        else:  # pragma: no cover - parse_action only yields the tools above
+            raise InvalidActionError(f"tool {tool.name!r} is not handled")
+        used = int(ctx.state.get(USAGE_KEY, 0)) + int(outcome.info.get("output_bytes", 0))
+        ctx.state[USAGE_KEY] = used
+        budget = int(limits["max_episode_output_bytes"])
+        if used > budget:
+            outcome.observation.text += (
+                f"\n[episode output limit of {_format_bytes(budget)} reached: the episode ends "
+                "and the tests judge the working directory as it is]"
+            )
+            outcome.done = True
+            outcome.info["stop_reason"] = "episode_output_limit"
+        return outcome
+
+    # -- tools ---------------------------------------------------------------------------
+    async def _shell(self, ctx: EpisodeContext, box: Sandbox) -> ShellSession:
+        shell = ctx.state.get(SHELL_KEY)
+        if shell is None:
+            shell = await box.shell()
+            ctx.state[SHELL_KEY] = shell
+        assert isinstance(shell, ShellSession)
+        return shell
+
+    async def _bash(
+        self, ctx: EpisodeContext, box: Sandbox, args: BashArgs, limits: dict[str, float]
+    ) -> StepOutcome:
+        shell = await self._shell(ctx, box)
+        timeout = args.timeout if args.timeout is not None else limits["step_timeout_s"]
+        cap = int(limits["max_output_bytes"])
+        result = await shell.run(args.command, timeout=timeout, max_output=cap)
+        marks = []
+        if result.restarted:
+            marks.append(
+                "[the shell had exited (exit, exec or a kill); this command ran in a fresh "
+                f"shell: cwd and variables were reset to the start ({self.workdir(ctx.task)})]"
+            )
+        # Did this command end the shell (`exit`, `exec`, a kill, or the timeout's last
+        # resort)? A no-op says so at once (it restarts the shell) rather than one step late.
+        probe = await shell.run(":", timeout=PROBE_TIMEOUT_S, max_output=cap)
+        died = probe.restarted
+        if died:
+            marks.append(
+                "[the shell ended during this command (exit, exec or a kill); a fresh shell "
+                f"now runs: cwd and variables are back to the start ({probe.cwd})]"
+            )
+        late = probe.output  # a background job's output that arrived just now
+        room = max(0, cap - len(result.output.encode("utf-8", errors="replace")))
+        raw = late.encode("utf-8", errors="replace")
+        if len(raw) > room:
+            late = raw[len(raw) - room :].decode(errors="replace")
+            result.truncated = True
+        if result.timed_out:
+            marks.append(
+                f"[timed out after {timeout:g} s: the command and every process it started "
+                "were killed]"
+            )
+        if result.truncated:
+            marks.append(f"[output truncated: over {_format_bytes(cap)}; the middle was cut]")
+        output = result.output + late
+        text = output + ("" if not output or output.endswith("\n") else "\n")
+        text += "\n".join(marks) + ("\n" if marks else "")
+        cwd = probe.cwd if died else result.cwd
+        text += f"[exit code: {result.exit_code} · cwd: {cwd}]"
+        nbytes = len(output.encode("utf-8", errors="replace"))
+        data = {
+            "output": output,
+            "exit_code": result.exit_code,
+            "cwd": cwd,
+            "timed_out": result.timed_out,
+            "truncated": result.truncated,
+            "restarted": result.restarted,
+            "shell_ended": died,
+            "duration_s": round(result.duration_s, 4),
+            "output_bytes": nbytes,
+        }
+        info = {
+            "tool_ok": result.exit_code == 0 and not result.timed_out,
+            "timed_out": result.timed_out,
+            "output_bytes": nbytes,
+        }
+        return StepOutcome(Observation(text=text, data=data), info=info)
+
+    @staticmethod
+    def _path(workdir: str, path: str) -> str:
+        return posixpath.normpath(posixpath.join(workdir, path))
+
+    @staticmethod
+    def _failed(what: str, result: ExecResult, path: str) -> StepOutcome:
+        reason = (result.stderr or result.stdout).strip() or f"exit {result.exit_code}"
+        if result.timed_out:
+            reason = "timed out"
+        text = f"error: {what} {path}: {reason[-2000:]}"
+        info = {"tool_ok": False, "timed_out": result.timed_out, "output_bytes": len(text)}
+        return StepOutcome(Observation(text=text, data={"error": reason[-2000:]}), info=info)
+
+    async def _read(
+        self, box: Sandbox, workdir: str, args: ReadFileArgs, limits: dict[str, float]
+    ) -> StepOutcome:
+        path = self._path(workdir, args.path)
+        cap = int(limits["max_output_bytes"])
+        length = min(args.length or cap, cap)
+        script = (
+            'if [ -d "$1" ]; then echo "is a directory (use list_dir)" >&2; exit 2; fi; '
+            'if [ -e "$1" ] && [ ! -f "$1" ]; then echo "not a regular file" >&2; exit 2; fi; '
+            'size=$(wc -c <"$1") || exit 1; echo "$size"; '
+            'tail -c +"$2" -- "$1" | head -c "$3"'
+        )
+        result = await box.exec(
+            ["/bin/sh", "-c", script, "sh", path, str(args.offset + 1), str(length)],
+            cwd=workdir,
+            timeout=30,
+            max_output=length + 64,
+        )
+        if not result.ok:
+            return self._failed("cannot read", result, path)
+        head, _, content = result.stdout.partition("\n")
+        size = int(head.strip() or 0)
+        end = args.offset + len(content.encode("utf-8", errors="replace"))
+        text = content
+        truncated = end < size
+        if truncated:
+            text += f"\n[truncated: bytes {args.offset}-{end} of {size}; read on with offset={end}]"
+        data = {"path": path, "size": size, "offset": args.offset, "truncated": truncated}
+        nbytes = len(content.encode("utf-8", errors="replace"))
+        return StepOutcome(
+            Observation(text=text, data=data), info={"tool_ok": True, "output_bytes": nbytes}
+        )
+
+    async def _put(self, box: Sandbox, workdir: str, path: str, content: str) -> ExecResult:
+        script = 'mkdir -p -- "$(dirname -- "$1")" && cat >"$1"'
+        return await box.exec(
+            ["/bin/sh", "-c", script, "sh", path], cwd=workdir, stdin=content, timeout=30
+        )
+
+    async def _write(self, box: Sandbox, workdir: str, args: WriteFileArgs) -> StepOutcome:
+        path = self._path(workdir, args.path)
+        result = await self._put(box, workdir, path, args.content)
+        if not result.ok:
+            return self._failed("cannot write", result, path)
+        text = f"wrote {len(args.content.encode())} bytes to {path}"
+        return StepOutcome(
+            Observation(text=text, data={"path": path}), info={"tool_ok": True, "output_bytes": 0}
+        )
+
+    async def _edit(self, box: Sandbox, workdir: str, args: EditFileArgs) -> StepOutcome:
+        path = self._path(workdir, args.path)
+        script = (
+            'if [ -d "$1" ]; then echo "is a directory" >&2; exit 2; fi; '
+            'if [ -e "$1" ] && [ ! -f "$1" ]; then echo "not a regular file" >&2; exit 2; fi; '
+            'cat -- "$1"'
+        )
+        result = await box.exec(
+            ["/bin/sh", "-c", script, "sh", path],
+            cwd=workdir,
+            timeout=30,
+            max_output=MAX_EDIT_BYTES + 1,
+        )
+        if not result.ok:
+            return self._failed("cannot edit", result, path)
+
+        def refuse(message: str) -> StepOutcome:
+            text = f"error: {message}"
+            return StepOutcome(
+                Observation(text=text, data={"error": message, "path": path}),
+                info={"tool_ok": False, "output_bytes": len(text)},
+            )
+
+        if result.truncated or len(result.stdout.encode()) > MAX_EDIT_BYTES:
+            return refuse(f"{path} is larger than {_format_bytes(MAX_EDIT_BYTES)}; use bash")
+        content = result.stdout
+        if "\ufffd" in content and "\ufffd" not in args.old:
+            return refuse(f"{path} is not UTF-8 text; edit it with bash")
+        count = content.count(args.old)
+        if count == 0:
+            return refuse(
+                f"`old` was not found in {path}; it must match the file exactly (whitespace and "
+                "indentation included): read_file it first"
+            )
+        if count > 1 and not args.replace_all:
+            return refuse(
+                f"`old` matches {count} places in {path}; include more surrounding text so it "
+                "matches once, or set replace_all=true"
+            )
+        updated = content.replace(args.old, args.new)
+        result = await self._put(box, workdir, path, updated)
+        if not result.ok:
+            return self._failed("cannot write", result, path)
+        text = f"replaced {count} occurrence{'s' if count > 1 else ''} in {path}"
+        return StepOutcome(
+            Observation(text=text, data={"path": path, "replacements": count}),
+            info={"tool_ok": True, "output_bytes": 0},
+        )
+
+    async def _list(
+        self, box: Sandbox, workdir: str, args: ListDirArgs, limits: dict[str, float]
+    ) -> StepOutcome:
+        path = self._path(workdir, args.path)
+        script = (
+            'if [ ! -d "$1" ]; then echo "not a directory" >&2; exit 2; fi; '
+            'find -H "$1" -mindepth 1 -maxdepth "$2" -printf "%P\\t%y\\t%s\\n" 2>/dev/null '
+            f"| LC_ALL=C sort | head -n {MAX_LIST + 1}"
+        )
+        result = await box.exec(
+            ["/bin/sh", "-c", script, "sh", path, str(args.depth)],
+            cwd=workdir,
+            timeout=30,
+            max_output=int(limits["max_output_bytes"]),
+        )
+        if not result.ok:
+            return self._failed("cannot list", result, path)
+        kinds = {"f": "file", "d": "dir", "l": "link"}
+        entries = []
+        for line in result.stdout.splitlines():
+            parts = line.rsplit("\t", 2)
+            if len(parts) != 3:
+                continue
+            name, kind, size = parts
+            entries.append({"name": name, "type": kinds.get(kind, "other"), "size": int(size or 0)})
+        more = len(entries) > MAX_LIST
+        entries = entries[:MAX_LIST]
+        lines = [
+            f"{e['name']}{'/' if e['type'] == 'dir' else ''}"
+            + (f"  ({e['size']} bytes)" if e["type"] == "file" else "")
+            + ("  -> link" if e["type"] == "link" else "")
+            for e in entries
+        ]
+        text = "\n".join(lines) if lines else "(empty)"
+        if more:
+            text += f"\n[truncated: more than {MAX_LIST} entries; list a subdirectory]"
+        data = {"path": path, "entries": entries, "truncated": more}
+        return StepOutcome(
+            Observation(text=f"{path}:\n{text}", data=data),
+            info={"tool_ok": True, "output_bytes": len(text)},
+        )
+
+    # -- verification ---------------------------------------------------------------------
+    async def verify(self, ctx: EpisodeContext) -> Verdict:
+        started = time.perf_counter()
+        task = ctx.task
+        info = VerifierInfo(name="terminal-tests", version=verifier.VERSION)
+        shell = ctx.state.pop(SHELL_KEY, None)
+        if isinstance(shell, ShellSession):
+            await shell.close()
+        box, ctx.sandbox = ctx.sandbox, None
+        if box is None:
+            raise SandboxError("the episode's sandbox is gone; nothing to verify")
+        try:
+            workspace = await box.download_tar()
+        finally:
+            # Every process the agent started dies with its sandbox, before any test runs.
+            await box.close()
+        private = task.private
+        timeout = float(private.get("verifier_timeout_s") or task.public.get("timeout_s") or 120)
+        verifier_files = private.get("verifier") or {}
+        if not isinstance(verifier_files, dict) or not (
+            "test.sh" in verifier_files
+            or private.get("fail_to_pass")
+            or private.get("pass_to_pass")
+        ):
+            # A task that cannot be verified is the task's fault, not the agent's: void, and
+            # say what to fix (pack check shows it).
+            return Verdict(
+                reward=0.0,
+                passed=False,
+                status="void",
+                feedback=f"task {task.id} has neither verifier/test.sh nor "
+                "[private] fail_to_pass / pass_to_pass; it cannot be verified",
+                verifier=info,
+                task_digest=task.digest,
+                duration_s=time.perf_counter() - started,
+            )
+        async with await self._fresh(ctx, box) as fresh:
+            run = await verifier.verify_workspace(
+                fresh,
+                workspace,
+                workdir=self.workdir(task),
+                verifier={str(k): str(v) for k, v in verifier_files.items()},
+                environment={
+                    str(k): str(v) for k, v in (task.public.get("environment") or {}).items()
+                },
+                fail_to_pass=[str(i) for i in private.get("fail_to_pass") or []],
+                pass_to_pass=[str(i) for i in private.get("pass_to_pass") or []],
+                timeout_s=timeout,
+            )
+        reward = run.reward
+        return Verdict(
+            reward=reward,
+            passed=reward >= 1.0,
+            components=run.components,
+            feedback=run.feedback(),
+            verifier=info,
+            task_digest=task.digest,
+            duration_s=time.perf_counter() - started,
+        )
+
+    async def _fresh(self, ctx: EpisodeContext, like: Sandbox) -> Sandbox:
+        """A new sandbox of the agent's spec (same image), for the tests."""
+        return await ctx.new_sandbox(like.spec)
+
+    # -- oracle, null, cheats -------------------------------------------------------------
+    def oracle(self, task: Task) -> list[Action]:
+        solution = task.private.get("solution") or {}
+        script = solution.get("solve.sh") if isinstance(solution, dict) else None
+        if not isinstance(script, str):
+            raise KeyError(f"task {task.id} has no solution/solve.sh")
+        timeout = min(float(task.public.get("timeout_s") or 120), MAX_STEP_S)
+        return [
+            Action(
+                tool="bash",
+                arguments={"command": f"bash -c {shlex.quote(script)}", "timeout": timeout},
+            ),
+            Action(tool="submit", arguments={}),
+        ]
+
+    def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
+        return cheats.for_task(task)

@@ -1,0 +1,7 @@
+"""palaestra/cad generator: the 'plate' domain (parameters, words and ground truth)."""
+
+from palaestra.envs.cad.tasks import generate_task
+
+
+def generate(seed: int, index: int, level: int) -> dict:
+    return generate_task("plate", seed, level)

@@ -1,0 +1,20 @@
+"""(path under /work/site, initial mode, wanted mode); a trailing / marks a directory (0755)."""
+TREE = [
+    ("index.html", 0o777, 0o644),
+    ("deploy.sh", 0o644, 0o755),
+    ("assets/", 0o755, None),
+    ("assets/style.css", 0o600, 0o644),
+    ("assets/app.js", 0o755, 0o644),
+    ("assets/img/", 0o755, None),
+    ("assets/img/logo.svg", 0o666, 0o644),
+    ("bin/", 0o755, None),
+    ("bin/build.sh", 0o600, 0o755),
+    ("bin/serve.sh", 0o775, 0o755),
+    ("bin/README", 0o755, 0o644),
+    ("private/", 0o755, None),
+    ("private/keys.sh", 0o755, 0o600),
+    ("private/db.conf", 0o644, 0o600),
+    ("private/old/", 0o755, None),
+    ("private/old/token.txt", 0o664, 0o600),
+    ("notes.sh.txt", 0o755, 0o644),
+]

@@ -1,0 +1,1 @@
+"""Parsing and formatting of time spans."""

@@ -1,0 +1,3 @@
+set -e
+sqlite3 inventory.db < data.sql
+rm data.sql

@@ -1,0 +1,3 @@
+set -e
+sqlite3 shop.db < data.sql
+rm data.sql

@@ -1,0 +1,3 @@
+set -e
+sqlite3 hr.db < data.sql
+rm data.sql

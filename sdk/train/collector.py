@@ -1,0 +1,492 @@
+"""The async rollout collector: N episodes at once, groups of G, never a broken trajectory.
+
+Per group (one task, one seed, G samples) it starts G + `oversample` episodes; the group
+is complete as soon as G of them finished cleanly, and the stragglers are cancelled (their
+episodes closed), so a group never waits on its slowest member. An episode that breaks —
+void (infrastructure fault), lost (404/409: expired or gone), a turn or episode deadline,
+a server that keeps answering 429/503 or cannot be reached — is counted by reason and
+replaced (refill) while the group's refill budget lasts; otherwise the group is dropped
+and counted. Only episodes that ended by the environment's own verdict are trained on.
+
+A semaphore holds live episodes to `concurrency`; over HTTP the connection pool is at
+least that large. With `batch_routes` the resets and steps that concurrent episodes issue
+in the same event-loop turn go out as one `POST /v1/batch/reset` / `/v1/batch/step`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import logging
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, NoReturn, TypeVar
+
+from palaestra.sdk.client import AsyncBatchClient, AsyncClient
+from palaestra.sdk.errors import (
+    ConflictError,
+    InvalidActionError,
+    NotFoundError,
+    PalaestraError,
+    error_from_response,
+)
+from palaestra.sdk.models import (
+    Action,
+    BatchItemError,
+    BatchResetResult,
+    BatchStepItem,
+    BatchStepResult,
+    ResetRequest,
+    ResetResponse,
+    StepResponse,
+)
+from palaestra.sdk.train.backends import GenerationBackend
+from palaestra.sdk.train.formats import EpisodeFormat, UnparseableAction
+from palaestra.sdk.train.types import Group, SamplingParams, StopReason, Trajectory
+
+log = logging.getLogger("palaestra.train")
+
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+
+@dataclass
+class CollectorConfig:
+    concurrency: int = 64
+    group_size: int = 8
+    oversample: int = 0
+    max_refills: int | None = None  # per group; default: group_size
+    max_turns: int = 8
+    max_context_tokens: int = 4096
+    turn_timeout_s: float = 120.0
+    episode_timeout_s: float = 900.0
+    retries: int = 6  # per call, for 429 / 503 / transport errors
+    backoff_s: float = 0.05
+    max_backoff_s: float = 5.0
+    batch_routes: bool = True
+    # A batch step answers after this long; slower items answer `still_running` and are
+    # resent (same request_id), so one slow environment never holds up a whole batch.
+    batch_wait_s: float = 0.05
+    reset_options: dict[str, Any] = field(default_factory=dict)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+class EpisodeBroken(Exception):
+    """An episode that must not be trained on; `reason` is the counter it was booked under."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def _seed(*parts: object) -> int:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+class Coalescer(Generic[X, Y]):
+    """Items submitted in the same event-loop turn go out in one call (at most `max_items`);
+    while `max_in_flight` calls are out, new items wait and form the next call."""
+
+    def __init__(
+        self,
+        send: Callable[[list[X]], Awaitable[list[Y]]],
+        max_items: int = 1024,
+        max_in_flight: int = 4,
+    ) -> None:
+        self.send = send
+        self.max_items = max_items
+        self.max_in_flight = max_in_flight
+        self._pending: list[tuple[X, asyncio.Future[Y]]] = []
+        self._scheduled = False
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.calls = 0
+        self.items = 0
+
+    async def submit(self, item: X) -> Y:
+        future: asyncio.Future[Y] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        self._kick()
+        return await future
+
+    def _kick(self) -> None:
+        if not self._scheduled and self._pending and self._in_flight < self.max_in_flight:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch = [(i, f) for i, f in self._pending[: self.max_items] if not f.done()]
+        del self._pending[: self.max_items]
+        if not batch:
+            self._kick()
+            return
+        self._in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._kick()
+
+    async def _send(self, batch: list[tuple[X, asyncio.Future[Y]]]) -> None:
+        try:
+            results = await self.send([item for item, _ in batch])
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            self.calls += 1
+            self.items += len(batch)
+            for (_, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+        finally:
+            self._in_flight -= 1
+            self._kick()
+
+
+def _raise_item(error: BatchItemError) -> NoReturn:
+    body = {"error": {"code": error.code, "message": error.message, "retryable": error.retryable}}
+    after = None if error.retry_after is None else f"{error.retry_after:g}"
+    raise error_from_response(error.status, body, after)
+
+
+class RolloutCollector:
+    """Runs episodes of `tasks` (task refs) with `backend` through `client`, in groups."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        backend: GenerationBackend,
+        fmt: EpisodeFormat,
+        tasks: Sequence[str],
+        config: CollectorConfig | None = None,
+        *,
+        seed: int = 0,
+    ) -> None:
+        if not backend.token_exact:
+            raise ValueError(
+                "this backend re-tokenizes text (token_exact=False): fine for evaluation, "
+                "but training needs the sampled token ids; use HF, the vLLM engine or a "
+                "vLLM server with token ids"
+            )
+        if not tasks:
+            raise ValueError("no tasks to collect on")
+        self.client = client
+        self.backend = backend
+        self.fmt = fmt
+        self.tasks = list(tasks)
+        self.config = config or CollectorConfig()
+        self.seed = seed
+        self.stats: Counter[str] = Counter()
+        self._rng = random.Random(seed)
+        self._next_group = 0
+        self._sem: asyncio.Semaphore | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._steps: Coalescer[BatchStepItem, BatchStepResult] | None = None
+        self._resets: Coalescer[ResetRequest, BatchResetResult] | None = None
+        if self.config.batch_routes:
+            if not isinstance(client, AsyncBatchClient):
+                raise ValueError("batch_routes needs a client with batch_reset/batch_step")
+            self._steps = Coalescer(
+                functools.partial(client.batch_step, wait_s=self.config.batch_wait_s)
+            )
+            self._resets = Coalescer(client.batch_reset)
+
+    @classmethod
+    def over_http(
+        cls,
+        url: str,
+        backend: GenerationBackend,
+        fmt: EpisodeFormat,
+        tasks: Sequence[str],
+        config: CollectorConfig | None = None,
+        *,
+        token: str | None = None,
+        seed: int = 0,
+        timeout_s: float = 300.0,
+    ) -> RolloutCollector:
+        """A collector with its own HTTP client: a pool of at least `concurrency`
+        connections, and no retries inside the client (the collector retries and counts)."""
+        from palaestra.sdk.http import AsyncHTTPClient, RetryPolicy
+
+        config = config or CollectorConfig()
+        client = AsyncHTTPClient(
+            url,
+            token=token,
+            timeout=timeout_s,
+            retry=RetryPolicy(attempts=1),
+            max_connections=max(config.concurrency, 16),
+        )
+        return cls(client, backend, fmt, tasks, config, seed=seed)
+
+    # -- groups -----------------------------------------------------------------------------
+    def next_group(self) -> tuple[int, str, int]:
+        """(group id, task, seed) of the next group; drawn from the collector's own RNG."""
+        gid = self._next_group
+        self._next_group += 1
+        return gid, self._rng.choice(self.tasks), self._rng.getrandbits(31)
+
+    async def collect(self, n_groups: int) -> list[Group]:
+        """`n_groups` groups, run concurrently (the semaphore bounds live episodes)."""
+        specs = [self.next_group() for _ in range(n_groups)]
+        results = await asyncio.gather(*(self.group(*spec) for spec in specs))
+        return [g for g in results if g is not None]
+
+    async def stream(self, groups_in_flight: int) -> AsyncGenerator[Group, None]:
+        """Groups as they complete, keeping `groups_in_flight` running (async training)."""
+        running: set[asyncio.Task[Group | None]] = set()
+        try:
+            while True:
+                while len(running) < groups_in_flight:
+                    running.add(asyncio.create_task(self.group(*self.next_group())))
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    group = task.result()
+                    if group is not None:
+                        yield group
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def group(self, gid: int, task: str, seed: int) -> Group | None:
+        """G clean trajectories of (task, seed), or None (dropped, counted) if it cannot."""
+        size = self.config.group_size
+        refills = size if self.config.max_refills is None else self.config.max_refills
+        budget = size + self.config.oversample + refills
+        done: list[Trajectory] = []
+        running: set[asyncio.Task[Trajectory]] = set()
+        started = 0
+
+        def launch() -> None:
+            nonlocal started
+            coro = self._episode(task, seed, gid, started)
+            running.add(asyncio.create_task(coro, name=f"episode-{gid}-{started}"))
+            started += 1
+
+        for _ in range(size + self.config.oversample):
+            launch()
+        try:
+            while len(done) < size:
+                if not running:
+                    self.stats["groups_dropped"] += 1
+                    return None
+                finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for episode in sorted(finished, key=lambda t: t.get_name()):
+                    error = episode.exception()
+                    if error is None:
+                        done.append(episode.result())
+                        continue
+                    if not isinstance(error, EpisodeBroken):
+                        self.stats["broken:unexpected"] += 1
+                        log.error("an episode failed unexpectedly (a bug?)", exc_info=error)
+                    if len(done) + len(running) < size and started < budget:
+                        self.stats["refills"] += 1
+                        launch()
+        finally:
+            self.stats["stragglers_cancelled"] += len(running)
+            for episode in running:
+                episode.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        self.stats["groups"] += 1
+        self.stats["surplus"] += len(done) - size
+        return Group(group_id=gid, task=task, seed=seed, trajectories=done[:size])
+
+    # -- one episode ------------------------------------------------------------------------
+    async def _episode(self, task: str, seed: int, gid: int, sid: int) -> Trajectory:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.config.concurrency)
+        async with self._sem:
+            self.stats["episodes_started"] += 1
+            try:
+                return await asyncio.wait_for(
+                    self._play(task, seed, gid, sid), self.config.episode_timeout_s
+                )
+            except TimeoutError:
+                self.stats["broken:episode_timeout"] += 1
+                raise EpisodeBroken("episode_timeout") from None
+            except EpisodeBroken as exc:
+                self.stats[f"broken:{exc.reason}"] += 1
+                raise
+
+    async def _play(self, task: str, seed: int, gid: int, sid: int) -> Trajectory:
+        cfg = self.config
+        reset = await self._reset(task, seed)
+        eid = reset.episode_id
+        ended = False
+        try:
+            traj = Trajectory(
+                prompt_ids=self.fmt.prompt_ids(reset),
+                task=task,
+                seed=seed,
+                group_id=gid,
+                sample_id=sid,
+                episode_id=eid,
+            )
+            stop: StopReason | None = None
+            for turn in range(cfg.max_turns):
+                room = cfg.max_context_tokens - len(traj.prompt_ids) - len(traj.completion_ids)
+                if room <= 0:
+                    stop = "max_tokens"
+                    break
+                params = replace(
+                    cfg.sampling,
+                    max_tokens=min(cfg.sampling.max_tokens, room),
+                    stop_token_ids=cfg.sampling.stop_token_ids or self.fmt.stop_token_ids,
+                    seed=_seed(self.seed, task, seed, gid, sid, turn),
+                )
+                started = time.perf_counter()
+                try:
+                    gen = await asyncio.wait_for(
+                        self.backend.generate(traj.prompt_ids + traj.completion_ids, params),
+                        cfg.turn_timeout_s,
+                    )
+                except TimeoutError:
+                    raise EpisodeBroken("turn_timeout", "generation") from None
+                finally:
+                    traj.generation_s += time.perf_counter() - started
+                traj.append_sampled(gen.ids, gen.logprobs)
+                traj.weight_versions.append(gen.weight_version)
+                traj.turns += 1
+                try:
+                    action = self.fmt.parse_action(gen.ids)
+                except UnparseableAction as exc:
+                    self.stats["unparseable_actions"] += 1
+                    traj.append_environment(self.fmt.error_ids(str(exc)))
+                    continue
+                started = time.perf_counter()
+                try:
+                    reply = await asyncio.wait_for(self._step(eid, action), cfg.turn_timeout_s)
+                except TimeoutError:
+                    raise EpisodeBroken("turn_timeout", "environment") from None
+                except InvalidActionError as exc:
+                    self.stats["invalid_actions"] += 1
+                    traj.append_environment(self.fmt.error_ids(exc.message))
+                    continue
+                finally:
+                    traj.environment_s += time.perf_counter() - started
+                if reply.info.get("status") == "void":
+                    ended = True
+                    raise EpisodeBroken("void", str(reply.info.get("void_reason", "")))
+                if reply.terminated or reply.truncated:
+                    ended = True
+                    traj.reward = reply.reward
+                    traj.stop_reason = "terminated" if reply.terminated else "truncated"
+                    break
+                traj.append_environment(self.fmt.observation_ids(reply))
+            if not ended:
+                # Out of turns or context: the verdict on the state as it is.
+                verdict = await self._retrying(lambda: self.client.verify(eid))
+                ended = True
+                if verdict.status == "void":
+                    raise EpisodeBroken("void", verdict.feedback)
+                traj.reward = verdict.reward
+                traj.stop_reason = stop or "max_turns"
+            traj.check()
+            self.stats["episodes_ok"] += 1
+            return traj
+        except (NotFoundError, ConflictError) as exc:
+            raise EpisodeBroken("lost", exc.message) from None
+        except PalaestraError as exc:
+            raise EpisodeBroken(f"server_{exc.code}", exc.message) from None
+        finally:
+            if not ended:
+                self._close_later(eid)
+
+    # -- calls to the server ------------------------------------------------------------------
+    async def _retrying(self, call: Callable[[], Awaitable[Y]]) -> Y:
+        """Retry what is retryable (429, 503, transport) with backoff, counting each."""
+        cfg = self.config
+        for attempt in range(cfg.retries + 1):
+            try:
+                return await call()
+            except PalaestraError as exc:
+                if not exc.retryable or attempt >= cfg.retries:
+                    raise
+                kind = "capacity" if exc.status == 429 else exc.code
+                self.stats[f"backoff:{kind}"] += 1
+                delay = min(cfg.max_backoff_s, cfg.backoff_s * 2**attempt)
+                if exc.retry_after is not None:
+                    delay = min(cfg.max_backoff_s, max(delay, exc.retry_after))
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+    async def _reset(self, task: str, seed: int) -> ResetResponse:
+        while True:
+            request = ResetRequest(
+                task=task,
+                seed=seed,
+                episode_id=uuid.uuid4().hex,
+                options=self.config.reset_options,
+            )
+            try:
+                return await self._retrying(functools.partial(self._reset_once, request))
+            except ConflictError as exc:
+                if exc.code != "episode_exists":
+                    raise
+                # A retried reset whose first try did start the episode: close it, go again.
+                self.stats["reset_replayed"] += 1
+                self._close_later(request.episode_id or "")
+
+    async def _reset_once(self, request: ResetRequest) -> ResetResponse:
+        if self._resets is None:
+            return await self.client.reset(
+                request.task,
+                seed=request.seed,
+                episode_id=request.episode_id,
+                options=request.options,
+            )
+        out = await self._resets.submit(request)
+        if out.error is not None:
+            _raise_item(out.error)
+        assert out.result is not None
+        return out.result
+
+    async def _step(self, eid: str, action: Action) -> StepResponse:
+        item = BatchStepItem(episode_id=eid, action=action, request_id=uuid.uuid4().hex)
+        return await self._retrying(functools.partial(self._step_once, item))
+
+    async def _step_once(self, item: BatchStepItem) -> StepResponse:
+        """One try; a retry sends the same `request_id`, so it never steps twice."""
+        if self._steps is None:
+            return await self.client.step(item.episode_id, item.action, request_id=item.request_id)
+        out = await self._steps.submit(item)
+        while out.error is not None and out.error.code == "still_running":
+            self.stats["steps_resent"] += 1
+            out = await self._steps.submit(item)  # the server waits up to batch_wait_s
+        if out.error is not None:
+            _raise_item(out.error)
+        assert out.result is not None
+        return out.result
+
+    def _close_later(self, eid: str) -> None:
+        """Close an abandoned episode in the background: a close waits for a step still
+        running on the server (a hung environment), and the group must not."""
+        task = asyncio.get_running_loop().create_task(self._close_quietly(eid))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_quietly(self, eid: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.client.close(eid)
+
+    async def drain(self) -> None:
+        """Wait until every abandoned episode is closed."""
+        while self._closing:
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        await self.drain()
+        closer = getattr(self.client, "aclose", None)
+        if closer is not None:
+            await closer()

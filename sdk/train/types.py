@@ -1,0 +1,104 @@
+"""What the collector produces and the loss consumes: token-in/token-out trajectories.
+
+A trajectory keeps the token ids exactly as they were generated and as the environment
+turns were tokenized (each alone, appended), never a re-rendered chat: the trainer scores
+the very tokens the generator sampled. `loss_mask` is 1 only on sampled tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+StopReason = Literal[
+    "terminated",  # the environment ended the episode (submit, solved, out of attempts)
+    "truncated",  # the server's step or wall-time limit ended it
+    "max_turns",  # the collector's turn budget ran out; the episode was verified as is
+    "max_tokens",  # the context budget ran out; verified as is
+]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one turn is sampled. `seed` makes a turn's draw independent of batching."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One turn from a backend: token ids, their logprobs, why it stopped, which weights."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+    weight_version: int
+
+
+@dataclass
+class Trajectory:
+    """One finished episode, ready for the loss.
+
+    `completion_ids` holds every token after the prompt, model turns and environment turns
+    alike; `loss_mask[i]` is 1 where `completion_ids[i]` was sampled; `logprobs[i]` is the
+    generator's logprob of a sampled token (0.0 on environment tokens)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    task: str = ""
+    seed: int = 0
+    group_id: int = 0
+    sample_id: int = 0
+    episode_id: str = ""
+    stop_reason: StopReason = "terminated"
+    weight_versions: list[int] = field(default_factory=list)
+    turns: int = 0
+    generation_s: float = 0.0
+    environment_s: float = 0.0
+    advantage: float = 0.0
+
+    @property
+    def weight_version(self) -> int:
+        """The oldest weights that sampled any of its tokens (what staleness is measured by)."""
+        return min(self.weight_versions) if self.weight_versions else 0
+
+    def append_sampled(self, ids: list[int], logprobs: list[float]) -> None:
+        if len(ids) != len(logprobs):
+            raise ValueError(f"{len(ids)} ids but {len(logprobs)} logprobs from the generator")
+        self.completion_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+
+    def append_environment(self, ids: list[int]) -> None:
+        self.completion_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    def check(self) -> None:
+        """Refuse a broken trajectory (the loss would silently mis-align)."""
+        n = len(self.completion_ids)
+        if not (len(self.loss_mask) == len(self.logprobs) == n):
+            raise ValueError("completion ids, loss mask and logprobs differ in length")
+        if not 0.0 <= self.reward <= 1.0:
+            raise ValueError(f"reward {self.reward} outside [0, 1]")
+
+
+@dataclass
+class Group:
+    """G trajectories of one task and seed (the unit GRPO's advantages are relative to)."""
+
+    group_id: int
+    task: str
+    seed: int
+    trajectories: list[Trajectory]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]

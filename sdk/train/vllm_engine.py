@@ -1,0 +1,115 @@
+"""The vLLM offline engine as a generation backend (written against vllm==0.11.0).
+
+NOT EXERCISED in this repository's CI or on its machines: vLLM needs a CUDA GPU and is not
+installed here. The code follows vLLM 0.11.0's public API (`LLM`, `SamplingParams`,
+`TokensPrompt`, `LLM.collective_rpc` with a `worker_extension_cls`); `import vllm` happens
+only when a `VLLMEngineBackend` is built, so this module imports without vLLM.
+
+- prompts go in as token ids (`TokensPrompt(prompt_token_ids=...)`), never as text;
+- `logprobs=0` returns the sampled token's logprob; `logprobs_mode="processed_logprobs"`
+  makes them the logprobs of the distribution actually sampled from (after temperature),
+  which is what the GRPO loss compares against;
+- weights are loaded in place: `collective_rpc("update_weights", ...)` runs
+  `WeightLoadExtension.update_weights` inside every worker, which calls the model's
+  `load_weights` with (name, tensor) pairs; the prefix cache is reset after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from palaestra.sdk.train.backends import MicroBatcher
+from palaestra.sdk.train.types import Generation, SamplingParams
+
+VLLM_VERSION = "0.11.0"
+
+
+class WeightLoadExtension:
+    """Mixed into vLLM's GPU worker (`worker_extension_cls`): in-place weight loading."""
+
+    model_runner: Any  # provided by the vLLM worker this class is mixed into
+
+    def update_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
+        model = self.model_runner.model
+        model.load_weights(weights=named_tensors)
+        return len(named_tensors)
+
+
+class VLLMEngineBackend(MicroBatcher):
+    """`vllm.LLM` behind the generation protocol; concurrent requests form one `generate`."""
+
+    def __init__(self, model: str, *, max_batch: int = 1024, **engine_args: Any) -> None:
+        super().__init__(max_batch)
+        try:
+            import vllm
+        except ImportError as exc:  # pragma: no cover - vLLM is not installed in CI
+            raise ImportError(
+                f"VLLMEngineBackend needs vllm=={VLLM_VERSION} (a CUDA machine): "
+                f"pip install vllm=={VLLM_VERSION}"
+            ) from exc
+        if vllm.__version__ != VLLM_VERSION:  # pragma: no cover
+            import warnings
+
+            warnings.warn(
+                f"written against vllm {VLLM_VERSION}; found {vllm.__version__}",
+                stacklevel=2,
+            )
+        engine_args.setdefault("logprobs_mode", "processed_logprobs")
+        engine_args.setdefault(
+            "worker_extension_cls", f"{__name__}.{WeightLoadExtension.__qualname__}"
+        )
+        self._vllm = vllm
+        self.llm = vllm.LLM(model=model, **engine_args)
+
+    def run_batch(
+        self, batch: list[tuple[list[int], SamplingParams]], version: int
+    ) -> list[Generation]:  # pragma: no cover - needs vLLM
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids, _ in batch]
+        params = [
+            self._vllm.SamplingParams(
+                n=1,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                max_tokens=p.max_tokens,
+                stop_token_ids=list(p.stop_token_ids),
+                seed=p.seed,
+                logprobs=0,
+                detokenize=False,
+            )
+            for _, p in batch
+        ]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            completion = out.outputs[0]
+            ids = list(completion.token_ids)
+            steps = completion.logprobs or []
+            if len(steps) != len(ids):
+                raise RuntimeError("vLLM returned a logprob count that differs from its tokens")
+            logprobs = [step[tok].logprob for tok, step in zip(ids, steps, strict=True)]
+            results.append(
+                Generation(
+                    ids=ids,
+                    logprobs=logprobs,
+                    finish_reason="stop" if completion.finish_reason == "stop" else "length",
+                    weight_version=version,
+                )
+            )
+        return results
+
+    async def update_weights(
+        self, state_dict: Mapping[str, Any], version: int
+    ) -> None:  # pragma: no cover - needs vLLM
+        import asyncio
+
+        def load() -> None:
+            with self.lock:
+                named = [(k, v.detach().cpu()) for k, v in state_dict.items()]
+                self.llm.collective_rpc("update_weights", args=(named,))
+                self.llm.reset_prefix_cache()
+                self._version = version
+
+        await asyncio.to_thread(load)

@@ -1,0 +1,304 @@
+"""Batch routes: many episodes' resets or steps in one call (the trainer's hot path).
+
+`POST /v1/batch/reset` and `POST /v1/batch/step` take a list of items and answer one
+result or one error per item, in order, with status 200 as long as the envelope parses.
+An item's error is what the single route would have answered (status, code, message,
+retryable, Retry-After), so a client handles a 429 or a 404 per episode and the rest of
+the batch goes on. A malformed item fails alone (422 for that item). Items of different
+episodes run concurrently; items of one episode run in the order given (a step is never
+reordered against another step of its episode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from palaestra.sdk.errors import InvalidActionError, PalaestraError
+from palaestra.sdk.models import (
+    BATCH_MAX_ITEMS,
+    BatchItemError,
+    BatchResetRequest,
+    BatchResetResponse,
+    BatchResetResult,
+    BatchStepItem,
+    BatchStepRequest,
+    BatchStepResponse,
+    BatchStepResult,
+    ResetRequest,
+    StepRequest,
+    StepResponse,
+)
+from palaestra.server.auth import Principal
+from palaestra.server.manager import EpisodeManager
+
+log = logging.getLogger("palaestra.server")
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+Outcome = StepResponse | BatchItemError
+
+
+@dataclass
+class _Running:
+    """A manager's batch steps still running after their batch answered `still_running`:
+    a resent item joins its step here instead of queueing a second one on the episode."""
+
+    steps: dict[tuple[str, str], asyncio.Future[Outcome]] = field(default_factory=dict)
+    tasks: set[asyncio.Future[None]] = field(default_factory=set)  # referenced until done
+
+
+_RUNNING: weakref.WeakKeyDictionary[EpisodeManager, _Running] = weakref.WeakKeyDictionary()
+
+
+def _running(manager: EpisodeManager) -> _Running:
+    state = _RUNNING.get(manager)
+    if state is None:
+        state = _RUNNING[manager] = _Running()
+    return state
+
+
+def item_error(exc: BaseException) -> BatchItemError:
+    """The per-item form of what the single route would answer for `exc`."""
+    if isinstance(exc, PalaestraError):
+        return BatchItemError(
+            status=exc.status or 500,
+            code=exc.code,
+            message=exc.message,
+            retryable=exc.retryable,
+            retry_after=exc.retry_after,
+        )
+    log.error("unhandled error in a batch item", exc_info=exc)
+    return BatchItemError(
+        status=500, code="internal", message=f"internal error ({type(exc).__name__}); a bug"
+    )
+
+
+def _problem(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ())) or "item"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "malformed item: " + "; ".join(parts)
+
+
+def parse_items(raw: bytes, envelope: type[M], item: type[BaseModel]) -> tuple[M, list[str | None]]:
+    """The request, with one problem string per item that did not validate (None: fine).
+
+    The whole body validates in one pass when it can (the common case); otherwise each
+    item is checked alone so that one bad item cannot sink the others. A body that is not
+    `{"items": [...]}` raises InvalidActionError (422 for the whole call)."""
+    try:
+        parsed = envelope.model_validate_json(raw)
+        return parsed, [None] * len(parsed.items)  # type: ignore[attr-defined]
+    except ValidationError:
+        pass
+    try:
+        body: Any = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidActionError(f"the body is not JSON: {exc}", code="invalid_request") from None
+    items = body.get("items") if isinstance(body, dict) else None
+    if not isinstance(items, list) or not items or len(items) > BATCH_MAX_ITEMS:
+        raise InvalidActionError(
+            f'the body must be {{"items": [...]}} with 1 to {BATCH_MAX_ITEMS} items',
+            code="invalid_request",
+        )
+    if set(body) - {"items"}:
+        raise InvalidActionError(
+            f"unknown fields {sorted(set(body) - {'items'})}; only `items` is allowed",
+            code="invalid_request",
+        )
+    good: list[Any] = []
+    problems: list[str | None] = []
+    for value in items:
+        try:
+            good.append(item.model_validate(value))
+            problems.append(None)
+        except ValidationError as exc:
+            # A placeholder keeps positions; it is never run (its problem is answered).
+            good.append(None)
+            problems.append(_problem(exc))
+    return envelope.model_construct(items=good), problems
+
+
+async def _guard(call: Awaitable[T]) -> T | BatchItemError:
+    try:
+        return await call
+    except Exception as exc:
+        return item_error(exc)
+
+
+async def batch_reset(
+    manager: EpisodeManager,
+    request: BatchResetRequest,
+    principal: Principal,
+    problems: list[str | None] | None = None,
+) -> BatchResetResponse:
+    """Reset every item concurrently; a refused item (429, 404, 403…) fails alone."""
+    problems = problems or [None] * len(request.items)
+
+    async def one(index: int, item: ResetRequest | None) -> BatchResetResult:
+        problem = problems[index]
+        if problem is not None or item is None:
+            return BatchResetResult(error=item_error(InvalidActionError(problem or "no item")))
+        outcome = await _guard(manager.reset(item, principal))
+        if isinstance(outcome, BatchItemError):
+            return BatchResetResult(error=outcome)
+        return BatchResetResult(result=outcome)
+
+    results = await asyncio.gather(*(one(i, item) for i, item in enumerate(request.items)))
+    return BatchResetResponse(items=list(results))
+
+
+async def batch_step(
+    manager: EpisodeManager,
+    request: BatchStepRequest,
+    principal: Principal,
+    problems: list[str | None] | None = None,
+) -> BatchStepResponse:
+    """Step every item; episodes concurrently, one episode's items in their order."""
+    items: list[BatchStepItem | None] = list(request.items)
+    problems = problems or [None] * len(items)
+    results: list[BatchStepResult | None] = [None] * len(items)
+    by_episode: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        problem = problems[index]
+        if problem is not None or item is None:
+            error = item_error(InvalidActionError(problem or "no item"))
+            results[index] = BatchStepResult(episode_id=_episode_of(item), error=error)
+        else:
+            by_episode.setdefault(item.episode_id, []).append(index)
+
+    running = _running(manager)
+
+    async def one(item: BatchStepItem) -> Outcome:
+        key = (item.episode_id, item.request_id) if item.request_id else None
+        joined = running.steps.get(key) if key is not None else None
+        if joined is not None:
+            return await asyncio.shield(joined)
+        future: asyncio.Future[Outcome] | None = None
+        if key is not None:
+            future = asyncio.get_running_loop().create_future()
+            running.steps[key] = future
+        try:
+            # Built from validated parts: no second validation on the hot path.
+            step = StepRequest.model_construct(action=item.action, request_id=item.request_id)
+            outcome = await _guard(manager.step(item.episode_id, step, principal))
+        except BaseException:
+            outcome = BatchItemError(
+                status=503, code="cancelled", message="the step was cancelled", retryable=True
+            )
+            raise
+        finally:
+            if future is not None and key is not None:
+                running.steps.pop(key, None)
+                future.set_result(outcome)
+        return outcome
+
+    async def run(indices: list[int]) -> None:
+        for index in indices:
+            item = items[index]
+            assert item is not None
+            outcome = await one(item)
+            if isinstance(outcome, BatchItemError):
+                results[index] = BatchStepResult.model_construct(
+                    episode_id=item.episode_id, result=None, error=outcome
+                )
+            else:
+                results[index] = BatchStepResult.model_construct(
+                    episode_id=item.episode_id, result=outcome, error=None
+                )
+
+    started = [eager(run(indices)) for indices in by_episode.values()]
+    tasks = [task for task in started if task is not None]
+    if tasks:
+        finished_any = len(tasks) < len(started)
+        done, late = await asyncio.wait(tasks, timeout=request.wait_s)
+        if late and not done and not finished_any:
+            # Nothing to hand back yet: wait for the first item rather than have the
+            # caller poll (its resend would only join the same steps).
+            done, late = await asyncio.wait(late, return_when=asyncio.FIRST_COMPLETED)
+        for task in late:
+            # Still running: it goes on (its result is stored under the item's
+            # request_id, and a resend joins it); the caller resends the item.
+            running.tasks.add(task)
+            task.add_done_callback(running.tasks.discard)
+    for index, item in enumerate(items):
+        if results[index] is None and item is not None:
+            results[index] = BatchStepResult(episode_id=item.episode_id, error=_still_running())
+    return BatchStepResponse(items=[r for r in results if r is not None])
+
+
+def eager(coro: Coroutine[Any, Any, None]) -> asyncio.Future[None] | None:
+    """Run `coro` until it first waits; None if it finished, else a task that goes on.
+
+    What Python 3.12's eager tasks do, for 3.11: a no-op step never waits (the episode
+    lock is free, the store write is queued), and a task per item costs more CPU than
+    the step itself."""
+    try:
+        yielded = coro.send(None)
+    except StopIteration:
+        return None
+    return asyncio.ensure_future(_resume(coro, yielded))
+
+
+async def _resume(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
+    """Drive a started coroutine as asyncio's Task would: wait for what it yielded, resume."""
+    while True:
+        try:
+            if yielded is None:
+                await asyncio.sleep(0)
+            else:
+                yielded._asyncio_future_blocking = False
+                await asyncio.wait([yielded])
+        except asyncio.CancelledError:
+            try:
+                yielded = coro.throw(asyncio.CancelledError())
+            except StopIteration:
+                return
+            continue
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            return
+
+
+def _still_running() -> BatchItemError:
+    return BatchItemError(
+        status=503,
+        code="still_running",
+        message="the step is still running; resend the item with the same request_id",
+        retryable=True,
+        retry_after=0.0,
+    )
+
+
+def _episode_of(item: Any) -> str:
+    return str(getattr(item, "episode_id", "") or "")
+
+
+Handler = Callable[[EpisodeManager, bytes, Principal], Awaitable[bytes]]
+
+
+async def reset_reply(manager: EpisodeManager, raw: bytes, principal: Principal) -> bytes:
+    """The JSON body of `POST /v1/batch/reset` (InvalidActionError: the envelope is bad)."""
+    request, problems = parse_items(raw, BatchResetRequest, ResetRequest)
+    reply = await batch_reset(manager, request, principal, problems)
+    return reply.model_dump_json().encode()
+
+
+async def step_reply(manager: EpisodeManager, raw: bytes, principal: Principal) -> bytes:
+    """The JSON body of `POST /v1/batch/step` (InvalidActionError: the envelope is bad)."""
+    request, problems = parse_items(raw, BatchStepRequest, BatchStepItem)
+    reply = await batch_step(manager, request, principal, problems)
+    return reply.model_dump_json().encode()
+
+
+ROUTES: dict[str, Handler] = {"/v1/batch/reset": reset_reply, "/v1/batch/step": step_reply}

@@ -1,0 +1,170 @@
+"""The bwrap backend's exec helper and its jails started ahead (palaestra.sandbox.exechelper).
+
+The same exec behaviour with and without the helper (which falls back to the sh + setpriv
+launcher), the stub's descriptor hygiene, and the life of a waiting jail: replaced when it
+died, killed on close, bounded per backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from palaestra.sandbox import exechelper
+from palaestra.sandbox.base import SandboxSpec
+from palaestra.sandbox.bwrap import BwrapBackend, BwrapSandbox, bwrap_available
+
+_OK, _WHY = bwrap_available()
+_HELPER, _NO_HELPER = exechelper.helper_binary()
+pytestmark = [
+    pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}"),
+    pytest.mark.skipif(_HELPER is None, reason=f"no exec helper here: {_NO_HELPER}"),
+]
+IS_ROOT = os.geteuid() == 0
+SPEC = SandboxSpec(workspace_mb=8, default_timeout_s=20)
+
+
+def _backend(tmp_path: Path, **kwargs: object) -> BwrapBackend:
+    return BwrapBackend(None if IS_ROOT else tmp_path / "rt", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["helper", "no-helper"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BwrapBackend]:
+    b = _backend(tmp_path, exec_helper=request.param == "helper")
+    yield b
+    await b.aclose()
+    assert b.live_count == 0
+
+
+def _waiting(box: BwrapSandbox) -> asyncio.subprocess.Process | None:
+    """The process of the jail waiting for `box`'s next exec, if one is up."""
+    fut = box._next
+    if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
+        return None
+    return fut.result().proc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_same_results_either_way(backend: BwrapBackend) -> None:
+    async with await backend.create(SPEC) as box:
+        assert ("exec helper /" in backend.helper_status) == (backend._helper is not None)
+        r = await box.exec(["sh", "-c", 'echo "$0" "$1"; echo e >&2; exit 3', "a b", "c"])
+        assert (r.exit_code, r.stdout, r.stderr) == (3, "a b c\n", "e\n")
+        r = await box.exec("cat; pwd; echo $FOO $HOME", stdin="in\n", cwd="/tmp", env={"FOO": "x"})
+        assert r.ok and r.stdout == "in\n/tmp\nx /work\n", r
+        r = await box.exec("cat", stdin=None)  # no stdin: end of file at once
+        assert r.ok and r.stdout == "", r
+        assert (await box.exec(["no-such-program"])).exit_code == 127
+        r = await box.exec("pwd", cwd="no/such/dir")
+        assert r.exit_code == 1 and "chdir" in r.stderr
+        r = await box.exec(["echo", "x" * (200 * 1024)])  # one argument over MAX_ARG_STRLEN
+        assert r.exit_code == 126 and "too long" in r.stderr, r
+        r = await box.exec("kill -TERM $$")
+        assert r.exit_code == 128 + 15
+        # the command runs as pid 2 under bwrap's init, as a fresh bwrap exec always did
+        assert (await box.exec("echo $$")).stdout == "2\n"
+        # a timed-out exec kills what it started; the next exec sees none of it
+        r = await box.exec("sleep 300 & echo started; wait", timeout=0.5)
+        assert r.timed_out and r.stdout == "started\n"
+        assert "sleep" not in (await box.exec("ps -eo args")).stdout
+
+
+async def test_stub_leaves_only_stdio_open(tmp_path: Path) -> None:
+    backend = _backend(tmp_path)
+    try:
+        async with await backend.create(SPEC) as box:
+            r = await box.exec(
+                ["python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"]
+            )
+            assert r.stdout == "['0', '1', '2', '3']\n", r  # 3: the listdir itself
+            # the helper is inside, read-only
+            r = await box.exec("touch /.palaestra/exec; echo $?")
+            assert r.stdout.strip() != "0"
+    finally:
+        await backend.aclose()
+
+
+async def test_a_jail_that_died_waiting_is_replaced(tmp_path: Path) -> None:
+    backend = _backend(tmp_path)
+    try:
+        async with await backend.create(SPEC) as box:
+            assert _waiting(box) is None, "a plain create starts nothing"
+            await box.wait_ready()
+            proc = _waiting(box)
+            assert proc is not None
+            os.killpg(proc.pid, 9)
+            await proc.wait()
+            r = await box.exec(["echo", "still here"])
+            assert r.ok and r.stdout == "still here\n", r
+    finally:
+        await backend.aclose()
+
+
+async def test_waiting_jails_die_with_their_sandbox(tmp_path: Path) -> None:
+    backend = _backend(tmp_path)
+    try:
+        box = await backend.create(SPEC)
+        assert (await box.exec("true")).ok
+        await asyncio.sleep(0.3)  # the next exec's jail comes up in the background
+        proc = _waiting(box)
+        assert proc is not None and _alive(proc.pid)
+        await box.close()
+        await asyncio.wait_for(proc.wait(), 5)
+        left = subprocess.run(
+            ["pgrep", "-f", str(box.root)], capture_output=True, text=True, check=False
+        ).stdout
+        assert left == "", left
+    finally:
+        await backend.aclose()
+
+
+async def test_waiting_jails_are_bounded(tmp_path: Path) -> None:
+    backend = _backend(tmp_path, max_ready_jails=1)
+    try:
+        a = await backend.create(SPEC)
+        b = await backend.create(SPEC)
+        await a.wait_ready()
+        await b.wait_ready()  # over the bound: nothing started, no error
+        assert _waiting(a) is not None and _waiting(b) is None
+        assert backend.jails.used == 1
+        assert (await b.exec(["echo", "b"])).stdout == "b\n"  # starts its own jail
+        await a.close()  # gives its place back
+        await b.wait_ready()
+        assert _waiting(b) is not None and backend.jails.used == 1
+        assert (await b.exec(["echo", "b"])).stdout == "b\n"
+        await b.close()
+        assert backend.jails.used == 0
+    finally:
+        await backend.aclose()
+
+
+async def test_warm_pool_hands_out_ready_jails(tmp_path: Path) -> None:
+    from palaestra.sandbox.pool import WarmPool
+
+    pool = WarmPool(_backend(tmp_path), size=2)
+    try:
+        pool.prewarm(SPEC)
+        for _ in range(500):
+            if pool.pooled == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.pooled == 2
+        async with await pool.create(SPEC) as box:
+            assert isinstance(box, BwrapSandbox)
+            fut = box._next
+            assert fut is not None and fut.done() and fut.result().ready
+            assert (await box.exec(["echo", "warm"])).stdout == "warm\n"
+    finally:
+        await pool.aclose()
