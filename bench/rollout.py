@@ -66,12 +66,15 @@ class SimGenerator:
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         start = time.monotonic()
-        await asyncio.sleep(self.latency_s)
-        end = time.monotonic()
-        if self.window is not None:
-            lo, hi = self.window
-            self.busy_s += max(0.0, min(end, hi) - max(start, lo))
-            self.calls += 1
+        try:
+            await asyncio.sleep(self.latency_s)
+        finally:
+            # Also when cancelled at the end of the run: its slot was busy until then.
+            end = time.monotonic()
+            if self.window is not None:
+                lo, hi = self.window
+                self.busy_s += max(0.0, min(end, hi) - max(start, lo))
+                self.calls += 1
         return Generation([len(prompt_ids) - 1], [0.0], "length", 0)
 
 

@@ -168,6 +168,9 @@ async def bwrap_rows(args: argparse.Namespace, runtime: Path) -> list[Row]:
             await box.close()
         warm.idle_kib, warm.idle_rss_kib = cold.idle_kib, cold.idle_rss_kib
         warm.idle_host_kib = cold.idle_host_kib
+        deadline = time.monotonic() + 10
+        while pool.pooled < pool.size and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
         t0 = time.perf_counter()
         got = []
         for _ in range(pool.size):  # what the pool holds ready: hand-outs per second

@@ -6,8 +6,9 @@ bound read-write at ``spec.workdir`` inside. A synthetic ``passwd``, ``group`` a
 ``hosts``, the same for every sandbox with that workdir, are written once to
 ``<runtime_root>/etc-<hash>/``; beside copies of the few host ``/etc`` files a sandbox
 needs, they make up ``etc-<hash>/etc/``, bound read-only at ``/etc`` in one bind
-(`write_etc_tree`; an image's own ``/etc`` gets the three files bound over it instead). The runtime root is one folder
-per server process, so a server reaps the folders and mounts a killed one left.
+(`write_etc_tree`; an image's own ``/etc`` gets the three files bound over it instead).
+The runtime root is one folder per server process, so a server reaps the folders and
+mounts a killed one left.
 
 Every `exec` is one ``bwrap`` invocation with all namespaces unshared (network:
 loopback only), a read-only ``/usr`` (plus the ``/bin``, ``/lib``... symlinks and
@@ -29,11 +30,13 @@ Jails started ahead (with the exec helper, `palaestra.sandbox.exechelper`, a sta
 program built on first use): an exec's bwrap does not need its command to set up, so each
 sandbox keeps one *jail* started ahead -- `PRESPAWN_DELAY_S` after each exec, and when a
 warm pool readies it (`wait_ready`) -- whose command is the helper's ``stub``: it says
-"ready" on a socket and waits.  An exec sends it the command (argv, environment, cwd,
-stdin or /dev/null); the stub closes every descriptor above 2 and execs it (``execvp``),
-so the command runs exactly where a fresh bwrap exec would (same namespaces, mounts, uid,
-seccomp filter, capabilities, rlimits and cgroup, a fresh ``/tmp``, pid 2 under bwrap's
-init), and the exec costs one ``execve`` instead of a bwrap set-up.  A jail serves one exec
+"ready" on a socket and waits.  An exec sends it the command (argv, environment, cwd) and
+fresh stdio pipes (SCM_RIGHTS; bwrap never holds them, so the exec ends when bwrap reports
+the exit code, not when bwrap exits); the stub puts those on 0/1/2, closes every descriptor
+above 2 and execs the command (``execvp``), so the command runs exactly where a fresh
+bwrap exec would (same namespaces, mounts, uid, seccomp filter, capabilities, rlimits and
+cgroup, a fresh ``/tmp``, pid 2 under bwrap's init), and the exec costs one ``execve``
+instead of a bwrap set-up.  A jail serves one exec
 only; an exec that finds none (the first after a plain create, concurrent execs) is one
 bwrap with the command on its command line, behind the helper's launcher.  No untrusted
 code ever runs in a waiting jail.  At most ``max_ready_jails`` (default 256) wait per
@@ -731,6 +734,7 @@ class _Jail:
     status_r: int
     static: list[str]
     ready: bool = False  # its stub said "R" (set-up done)
+    reported: bool = False  # bwrap reported the command's exit code
     closed: bool = False
 
     def discard(self) -> None:
@@ -1113,10 +1117,11 @@ class BwrapSandbox(Sandbox):
             else:
                 args, kwargs = self._wrap(args)
         try:
+            stub = theirs is not None  # its command gets its stdio from the exec, later
             proc = await asyncio.create_subprocess_exec(
                 *args,
-                stdin=subprocess.DEVNULL if stdin_null else subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL if stdin_null or stub else subprocess.PIPE,
+                stdout=subprocess.DEVNULL if stub else subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=pass_fds,
                 start_new_session=True,
@@ -1327,13 +1332,13 @@ class BwrapSandbox(Sandbox):
         self.cgroup_users += 1
         try:
             oom_before = cg.oom_kills() if cg is not None else 0
-            if jail.ctl is not None:
-                with contextlib.suppress(OSError):  # a dead jail shows in its exit status
-                    await asyncio.get_running_loop().sock_sendall(jail.ctl, req)
             try:
-                result = await self._supervise(
-                    proc, data, timeout, max_output, jail.status_r, start
-                )
+                if jail.ctl is not None:
+                    result = await self._run_stub(jail, req, data, timeout, max_output, start)
+                else:
+                    result = await self._supervise(
+                        proc, data, timeout, max_output, jail.status_r, start
+                    )
             except SandboxDeadError:
                 raise
             except SandboxError as e:
@@ -1356,13 +1361,166 @@ class BwrapSandbox(Sandbox):
             return result
         finally:
             self.cgroup_users -= 1
-            if proc.returncode is None:
+            if proc.returncode is None and jail.reported:
+                # bwrap reported the exit code (its init, and with it every process of the
+                # exec, is gone) and now exits by itself: reaped in the background.
+                _reap_later(proc)
+            elif proc.returncode is None:
                 _killpg(proc)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE_S)
             self._procs.discard(proc)
             jail.release()
             self._schedule_next()
+
+    async def _run_stub(
+        self,
+        jail: _Jail,
+        req: bytes,
+        data: bytes | None,
+        timeout: float,
+        max_output: int,
+        start: float,
+    ) -> ExecResult:
+        """Send a ready jail's stub its command with fresh stdio pipes; run it to its end.
+
+        Done when bwrap reported the exit code (its init is gone, and with it every process
+        of the exec) and both output pipes reached end of file.  bwrap itself never holds
+        the pipes, so its own exit is not waited for."""
+        loop = asyncio.get_running_loop()
+        proc, ctl = jail.proc, jail.ctl
+        assert ctl is not None
+        # blocking for the command (a non-blocking stdout makes programs fail with EAGAIN),
+        # non-blocking for us
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        in_r = in_w = -1
+        if data is not None:
+            in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        for fd in (out_r, err_r, in_w):
+            if fd >= 0:
+                os.set_blocking(fd, False)
+        theirs = [fd for fd in (in_r, out_w, err_w) if fd >= 0]
+        ours = [fd for fd in (out_r, err_r, in_w) if fd >= 0]
+        bufs = {out_r: bytearray(), err_r: bytearray()}
+        eof = {out_r: loop.create_future(), err_r: loop.create_future()}
+        reported: asyncio.Future[None] = loop.create_future()
+        raw_status = bytearray()
+        truncated = False
+        pending_in = memoryview(data or b"")
+
+        def read_out(fd: int) -> None:
+            nonlocal truncated
+            try:
+                chunk = os.read(fd, _CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                loop.remove_reader(fd)
+                if not eof[fd].done():
+                    eof[fd].set_result(None)
+                return
+            buf = bufs[fd]
+            room = max_output - len(buf)
+            if len(chunk) > room:
+                truncated = True
+                chunk = chunk[: max(0, room)]
+            buf += chunk
+
+        def read_status() -> None:
+            try:
+                chunk = os.read(jail.status_r, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            raw_status.extend(chunk)
+            if (not chunk or b"exit-code" in raw_status) and not reported.done():
+                loop.remove_reader(jail.status_r)
+                reported.set_result(None)
+
+        def close_in() -> None:
+            nonlocal in_w
+            if in_w >= 0:
+                loop.remove_writer(in_w)
+                os.close(in_w)
+                ours.remove(in_w)
+                in_w = -1
+
+        def write_in() -> None:
+            nonlocal pending_in
+            try:
+                while pending_in:
+                    pending_in = pending_in[os.write(in_w, pending_in) :]
+            except BlockingIOError:
+                return
+            except OSError:
+                pass  # the command closed its stdin: the rest is dropped, as with a pipe
+            close_in()
+
+        os.set_blocking(jail.status_r, False)
+        try:
+            try:
+                rest = exechelper.send(ctl, req, theirs)
+                if rest:
+                    await loop.sock_sendall(ctl, rest)
+            except OSError:
+                pass  # a dead jail: its status says so below
+            finally:
+                for fd in theirs:
+                    os.close(fd)
+            loop.add_reader(out_r, read_out, out_r)
+            loop.add_reader(err_r, read_out, err_r)
+            loop.add_reader(jail.status_r, read_status)
+            if in_w >= 0:
+                loop.add_writer(in_w, write_in)
+            waits: list[asyncio.Future[None]] = [eof[out_r], eof[err_r], reported]
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            timed_out = bool(pending)
+            if timed_out:
+                _killpg(proc)
+                await asyncio.wait(pending, timeout=KILL_GRACE_S)
+        finally:
+            for fd in (out_r, err_r, jail.status_r):
+                loop.remove_reader(fd)
+            close_in()
+            for fd in ours:
+                os.close(fd)
+        duration = time.monotonic() - start
+        stdout = bufs[out_r].decode("utf-8", errors="replace")
+        stderr = bufs[err_r].decode("utf-8", errors="replace")
+        status = _parse_status(bytes(raw_status))
+        if timed_out or "exit-code" in status:
+            # bwrap reports the exit code once its first child exits, and its init (pid 1,
+            # holding whatever the command left running) dies only with bwrap: end it now and
+            # wait until the init, and so every process of the exec, is gone.
+            _killpg(proc)
+            await _init_gone(status.get("child-pid"))
+        if timed_out:
+            return ExecResult(TIMEOUT_EXIT_CODE, stdout, stderr, True, False, truncated, duration)
+        if self._closed:
+            raise SandboxDeadError(f"sandbox {self.id} was closed during exec")
+        if "exit-code" in status:
+            jail.reported = True
+            code = int(status["exit-code"])
+            oom = code == 128 + signal.SIGKILL or _memory_error(stderr)
+            return ExecResult(code, stdout, stderr, False, oom, truncated, duration)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE_S)
+        rc = proc.returncode
+        if rc is not None and rc < 0:
+            # bwrap itself was killed (not by us): count as an OOM-style kill, as `_supervise`.
+            return ExecResult(128 - rc, stdout, stderr, False, True, truncated, duration)
+        err = b""
+        if proc.stderr is not None:
+            with contextlib.suppress(Exception):
+                err = await asyncio.wait_for(proc.stderr.read(1 << 16), KILL_GRACE_S)
+        text = err.decode(errors="replace").strip()
+        if _JOIN_FAILED in text:
+            raise SandboxError(f"sandbox {self.id}: {_JOIN_FAILED}")
+        raise SandboxError(f"bwrap failed to run the command (rc={rc}): {text[:2000]}")
 
     async def _supervise(
         self,
@@ -1422,6 +1580,10 @@ class BwrapSandbox(Sandbox):
         duration = time.monotonic() - start
         stdout = out.decode("utf-8", errors="replace")
         stderr = err.decode("utf-8", errors="replace")
+        status = _read_status(status_r)
+        # bwrap exits once its first child did; its init (and whatever the command left
+        # running) dies after it: wait for that too.
+        await _init_gone(status.get("child-pid"))
         if timed_out:
             return ExecResult(
                 TIMEOUT_EXIT_CODE, stdout, stderr, True, False, truncated[0], duration
@@ -1429,7 +1591,6 @@ class BwrapSandbox(Sandbox):
         if self._closed:
             raise SandboxDeadError(f"sandbox {self.id} was closed during exec")
 
-        status = _read_status(status_r)
         rc = proc.returncode
         assert rc is not None
         if "exit-code" in status:
@@ -1714,6 +1875,37 @@ def _discard_result(task: asyncio.Future[_Jail]) -> None:
         task.result().discard()
 
 
+async def _init_gone(pid: object) -> None:
+    """Wait (at most KILL_GRACE_S) until the process `pid` -- a jail's init, as bwrap
+    reported its host pid -- has exited: its pid namespace, and every process in it, is
+    gone by then (the kernel kills and waits for them before the init exits)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone (or pidfds unsupported)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def exited() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    try:
+        loop.add_reader(fd, exited)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done, KILL_GRACE_S)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def _reap_later(proc: asyncio.subprocess.Process) -> None:
+    task = asyncio.ensure_future(proc.wait())
+    task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+
+
 def _read_status(fd: int) -> dict[str, Any]:
     """Merge the JSON documents bwrap wrote to --json-status-fd (all writers are gone now)."""
     os.set_blocking(fd, False)
@@ -1721,6 +1913,11 @@ def _read_status(fd: int) -> dict[str, Any]:
     with contextlib.suppress(BlockingIOError):
         while chunk := os.read(fd, 65536):
             raw += chunk
+    return _parse_status(raw)
+
+
+def _parse_status(raw: bytes) -> dict[str, Any]:
+    """Merge the JSON documents in `raw` (bwrap's --json-status-fd output)."""
     merged: dict[str, Any] = {}
     dec = json.JSONDecoder()
     text, i = raw.decode(errors="replace"), 0

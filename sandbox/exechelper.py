@@ -13,13 +13,15 @@ started *before* the command is known:
 
 ``palaestra-exec stub FD``
     inside the jail (bwrap's command, already uid 1000, no capabilities, seccomp filter and
-    rlimits applied): write one byte ``R`` to the socket ``FD`` (ready), read one request,
-    write ``S`` (taken: whatever happens next is the command's outcome, so the host retries
-    only a jail that died before this), close ``FD`` and every other descriptor above 2,
-    then become the command: stdin from
-    /dev/null if asked, ``chdir``, a fresh environment, ``execvp``.  A failed ``chdir`` exits
-    1 ("can't chdir"), a failed exec 127 (126 for an argument list too long), as a shell
-    would; those are data, not faults.  If the socket closes without a request, it exits 0.
+    rlimits applied): write one byte ``R`` to the socket ``FD`` (ready), read one request
+    (its header carries, by SCM_RIGHTS, the command's stdout and stderr pipes, and its stdin
+    pipe unless stdin is /dev/null: bwrap itself never holds them), write ``S`` (taken:
+    whatever happens next is the command's outcome, so the host retries only a jail that
+    died before this), put those pipes on 0/1/2, close ``FD`` and every other descriptor
+    above 2, then become the command: ``chdir``, a fresh environment, ``execvp``.  A failed
+    ``chdir`` exits 1 ("can't chdir"), a failed exec 127 (126 for an argument list too
+    long), as a shell would; those are data, not faults.  If the socket closes without a
+    request, it exits 0.
 
 Request: ``PXR1``, a 4-byte little-endian body length, then NUL-terminated fields:
 ``stdin_null("0"|"1")``, ``cwd``, ``envc``, envc ``NAME=VALUE``, ``argc``, argc arguments.
@@ -37,6 +39,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import socket
 import struct
 import subprocess
 import tempfile
@@ -57,6 +60,7 @@ C_SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -153,12 +157,42 @@ static char *field(char **p, char *end) {
     return s;
 }
 
+/* The request's 8-byte header, and the descriptors sent with it (SCM_RIGHTS). */
+static int recv_header(int fd, char *hdr, int *fds, int *nfds) {
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * 3)];
+    } u;
+    struct iovec iov = {hdr, 8};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    ssize_t r;
+    do r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
+    if (r <= 0) return -1;
+    *nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            if (n > 3) n = 3;
+            memcpy(fds, CMSG_DATA(c), n * sizeof(int));
+            *nfds = (int)n;
+        }
+    }
+    if (r < 8 && read_all(fd, hdr + r, (size_t)(8 - r)) != 0) return -1;
+    return 0;
+}
+
 static int stub(int argc, char **argv) {
     if (argc < 3) return 125;
     int fd = atoi(argv[2]);
     char hdr[8];
+    int fds[3], nfds = 0;
     if (write(fd, "R", 1) != 1) return 125;
-    if (read_all(fd, hdr, 8) != 0) return 0; /* closed without a request: nothing to run */
+    if (recv_header(fd, hdr, fds, &nfds) != 0) return 0; /* closed without a request */
     if (memcmp(hdr, "PXR1", 4) != 0) return 125;
     uint32_t len = (uint32_t)(unsigned char)hdr[4] | (uint32_t)(unsigned char)hdr[5] << 8 |
                    (uint32_t)(unsigned char)hdr[6] << 16 | (uint32_t)(unsigned char)hdr[7] << 24;
@@ -166,7 +200,6 @@ static int stub(int argc, char **argv) {
     if (!body || read_all(fd, body, len) != 0) return 125;
     body[len] = 0;
     if (write(fd, "S", 1) != 1) return 125; /* took it: from here on, the command's outcome */
-    close_above_2();
     char *p = body, *end = body + len;
     char *nul = field(&p, end), *cwd = field(&p, end), *cnt = field(&p, end);
     if (!nul || !cwd || !cnt) return 125;
@@ -181,11 +214,18 @@ static int stub(int argc, char **argv) {
     char **av = calloc((size_t)args + 1, sizeof(char *));
     if (!av) return 125;
     for (long k = 0; k < args; k++) if (!(av[k] = field(&p, end))) return 125;
+    /* stdio sent with the request: [stdin,] stdout, stderr (never bwrap's own) */
+    int first = nul[0] == '1' ? 1 : 0;
+    if (nfds == 3 - first) {
+        for (int k = 0; k < nfds; k++)
+            if (dup2(fds[k], first + k) < 0) return 125;
+    }
     if (nul[0] == '1') {
         int dn = open("/dev/null", O_RDONLY);
         if (dn < 0 || dup2(dn, 0) < 0) return fail("open", "/dev/null");
         if (dn != 0) close(dn);
     }
+    close_above_2();
     if (chdir(cwd) != 0) {
         fprintf(stderr, "palaestra: can't chdir to %s: %s\n", cwd, strerror(errno));
         return 1;
@@ -302,6 +342,12 @@ def install(dest_dir: Path) -> Path | None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
     return dest
+
+
+def send(ctl: socket.socket, req: bytes, fds: list[int]) -> bytes:
+    """Send a request's header with the command's stdio `fds`; returns what is left to send."""
+    sent = socket.send_fds(ctl, [req[:8]], fds)
+    return req[sent:]
 
 
 def request(cwd: str, env: dict[str, str], argv: list[str], stdin_null: bool) -> bytes:

@@ -16,6 +16,8 @@ hashable dataclass) it keeps a queue of sandboxes created ahead of time and neve
   most `refill_concurrency` creates in flight for refills at once;
 * a refilled sandbox is pooled once it is ready to run (a backend's ``wait_ready()``,
   where it has one: the bwrap backend's jail for the first exec is up);
+* the refill a hand-out schedules starts `refill_delay_s` (50 ms) later, so the handed-out
+  sandbox's first exec does not compete with it for the CPU;
 * a refill that fails backs off (`retry_s`) instead of spinning; `create` stays correct
   (it goes cold) whatever the refills do;
 * `aclose()` cancels refills, closes the pooled sandboxes, then closes the inner backend.
@@ -70,6 +72,7 @@ class WarmPool(Backend):
         refill_concurrency: int = 2,
         max_age_s: float = 600.0,
         retry_s: float = 2.0,
+        refill_delay_s: float = 0.05,
     ) -> None:
         if size < 1:
             raise ValueError("a warm pool needs size >= 1 (size 0: do not wrap the backend)")
@@ -80,6 +83,7 @@ class WarmPool(Backend):
         self.max_specs = max(1, max_specs)
         self.max_age_s = max_age_s
         self.retry_s = retry_s
+        self.refill_delay_s = refill_delay_s
         self._sem = asyncio.Semaphore(max(1, refill_concurrency))
         self._slots: OrderedDict[SandboxSpec, _Slot] = OrderedDict()
         self._handed: weakref.WeakSet[Sandbox] = weakref.WeakSet()
@@ -99,7 +103,7 @@ class WarmPool(Backend):
         if box is not None:
             self.hits += 1
             self._handed.add(box)
-            self._schedule(spec, slot)
+            self._schedule(spec, slot, self.refill_delay_s)
             return box
         self.misses += 1
         self._schedule(spec, slot)
@@ -185,14 +189,20 @@ class WarmPool(Backend):
         total = self.pooled + sum(s.creating for s in self._slots.values())
         return len(slot.ready) + slot.creating < self.size and total < self.max_total
 
-    def _schedule(self, spec: SandboxSpec, slot: _Slot) -> None:
+    def _schedule(self, spec: SandboxSpec, slot: _Slot, delay: float = 0.0) -> None:
         if self._closed or (slot.task is not None and not slot.task.done()):
             return
         if time.monotonic() < slot.backoff_until or not self._want(slot):
             return
-        slot.task = asyncio.create_task(self._refill(spec, slot), name="palaestra-pool-refill")
+        slot.task = asyncio.create_task(
+            self._refill(spec, slot, delay), name="palaestra-pool-refill"
+        )
 
-    async def _refill(self, spec: SandboxSpec, slot: _Slot) -> None:
+    async def _refill(self, spec: SandboxSpec, slot: _Slot, delay: float = 0.0) -> None:
+        if delay > 0:
+            # after a hand-out: let its first exec (an episode's reset, first step) run before
+            # the refill's CPU-heavy set-up competes with it
+            await asyncio.sleep(delay)
         while not self._closed and self._slots.get(spec) is slot and self._want(slot):
             slot.creating += 1
             try:

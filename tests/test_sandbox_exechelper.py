@@ -12,11 +12,12 @@ import os
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from palaestra.sandbox import exechelper
-from palaestra.sandbox.base import SandboxSpec
+from palaestra.sandbox.base import ExecResult, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, BwrapSandbox, bwrap_available
 
 _OK, _WHY = bwrap_available()
@@ -33,9 +34,12 @@ def _backend(tmp_path: Path, **kwargs: object) -> BwrapBackend:
     return BwrapBackend(None if IS_ROOT else tmp_path / "rt", **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.fixture(params=["helper", "no-helper"])
+@pytest.fixture(params=["stub", "one-shot", "no-helper"])
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BwrapBackend]:
-    b = _backend(tmp_path, exec_helper=request.param == "helper")
+    """stub: every exec runs in a jail started ahead; one-shot: the helper's launcher with the
+    command on bwrap's command line (back-to-back execs); no-helper: the sh + setpriv chain."""
+    b = _backend(tmp_path, exec_helper=request.param != "no-helper")
+    b.mode = request.param  # type: ignore[attr-defined]
     yield b
     await b.aclose()
     assert b.live_count == 0
@@ -57,9 +61,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
+class _Box:
+    """Runs each exec in a jail started ahead (mode "stub"), or as it comes."""
+
+    def __init__(self, box: BwrapSandbox, stub: bool) -> None:
+        self.box, self.stub = box, stub
+
+    async def exec(self, *args: Any, **kwargs: Any) -> ExecResult:
+        if self.stub:
+            await self.box.wait_ready()
+            assert _waiting(self.box) is not None
+        return await self.box.exec(*args, **kwargs)
+
+
 async def test_same_results_either_way(backend: BwrapBackend) -> None:
-    async with await backend.create(SPEC) as box:
+    async with await backend.create(SPEC) as sandbox:
+        box = _Box(sandbox, backend.mode == "stub")  # type: ignore[attr-defined]
         assert ("exec helper /" in backend.helper_status) == (backend._helper is not None)
+        assert (backend._helper is None) == (backend.mode == "no-helper")  # type: ignore[attr-defined]
         r = await box.exec(["sh", "-c", 'echo "$0" "$1"; echo e >&2; exit 3', "a b", "c"])
         assert (r.exit_code, r.stdout, r.stderr) == (3, "a b c\n", "e\n")
         r = await box.exec("cat; pwd; echo $FOO $HOME", stdin="in\n", cwd="/tmp", env={"FOO": "x"})
@@ -75,6 +94,11 @@ async def test_same_results_either_way(backend: BwrapBackend) -> None:
         assert r.exit_code == 128 + 15
         # the command runs as pid 2 under bwrap's init, as a fresh bwrap exec always did
         assert (await box.exec("echo $$")).stdout == "2\n"
+        # a background process that let go of stdout dies with the exec all the same
+        r = await box.exec("sleep 31.4159 >/dev/null 2>&1 & echo bg")
+        assert r.ok and r.stdout == "bg\n"
+        ps = subprocess.run(["pgrep", "-f", "sleep 31.4159"], capture_output=True, text=True)
+        assert ps.stdout == "", ps.stdout
         # a timed-out exec kills what it started; the next exec sees none of it
         r = await box.exec("sleep 300 & echo started; wait", timeout=0.5)
         assert r.timed_out and r.stdout == "started\n"

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import tomllib
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -121,12 +122,34 @@ WHY_NO_BWRAP = _bwrap_unavailable()
 
 @pytest.mark.skipif(bool(WHY_NO_BWRAP), reason=WHY_NO_BWRAP)
 @pytest.mark.timeout(900)  # ~340 episodes: the default 300 s is too short on a loaded machine
-def test_pack_check_bwrap() -> None:
+def test_pack_check_bwrap(tmp_path: Path) -> None:
     report = asyncio.run(check_pack(PACK, concurrency=CONCURRENCY))
-    problems = "\n".join(f"{p.where} [{p.check}] {p.message}" for p in report.problems)
-    assert report.ok, problems
     assert report.checked == report.tasks == len(_task_tomls())
     assert not report.allowed  # no cheat needed an exception
+    # A void episode is an infrastructure fault (DESIGN §3), not a verdict on the task: such
+    # tasks are checked once more, alone, and the retry is reported. Any other problem fails.
+    void = {p.where for p in report.problems if _is_void(p.message)}
+    problems = [p for p in report.problems if p.where not in void]
+    if void:
+        again = asyncio.run(check_pack(_subpack(tmp_path, void), concurrency=CONCURRENCY))
+        warnings.warn(f"void episodes (infrastructure) on {sorted(void)}; rechecked", stacklevel=1)
+        assert again.checked == len(void)
+        problems += again.problems
+    assert not problems, "\n".join(f"{p.where} [{p.check}] {p.message}" for p in problems)
+
+
+def _is_void(message: str) -> bool:
+    return "episode was void" in message and "verifier crashed" not in message
+
+
+def _subpack(tmp: Path, task_ids: set[str]) -> Path:
+    """A copy of the pack holding only `task_ids`."""
+    root = tmp / "terminal-core"
+    (root / "tasks").mkdir(parents=True)
+    shutil.copy(PACK / "pack.toml", root / "pack.toml")
+    for task_id in task_ids:
+        shutil.copytree(TASKS / task_id, root / "tasks" / task_id)
+    return root
 
 
 # -- docker: oracle and null on every task ----------------------------------------------------
@@ -184,10 +207,15 @@ async def _oracle_and_null(sandbox: str) -> dict[str, tuple[Verdict, Verdict]]:
 
         async def one(task: Task) -> None:
             family = families.get(task.family)
+            verdicts = []
             async with gate:
-                oracle = await _play(client, task, family.oracle(task), timeout_s)
-                null = await _play(client, task, family.null(task), timeout_s)
-            results[task.id] = (oracle, null)
+                for actions in (family.oracle(task), family.null(task)):
+                    verdict = await _play(client, task, actions, timeout_s)
+                    if verdict.status == "void":  # infrastructure, not the task: once more
+                        warnings.warn(f"{task.id}: void episode ({verdict.feedback})", stacklevel=1)
+                        verdict = await _play(client, task, actions, timeout_s)
+                    verdicts.append(verdict)
+            results[task.id] = (verdicts[0], verdicts[1])
 
         try:
             await asyncio.gather(*(one(pack.tasks[k]) for k in sorted(pack.tasks)))

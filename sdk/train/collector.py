@@ -98,7 +98,7 @@ class Coalescer(Generic[X, Y]):
         self,
         send: Callable[[list[X]], Awaitable[list[Y]]],
         max_items: int = 1024,
-        max_in_flight: int = 4,
+        max_in_flight: int = 16,
     ) -> None:
         self.send = send
         self.max_items = max_items
@@ -194,12 +194,15 @@ class RolloutCollector:
         self._closing: set[asyncio.Task[None]] = set()
         self._steps: Coalescer[BatchStepItem, BatchStepResult] | None = None
         self._resets: Coalescer[ResetRequest, BatchResetResult] | None = None
+        self._resends: Coalescer[BatchStepItem, BatchStepResult] | None = None
         if self.config.batch_routes:
             if not isinstance(client, AsyncBatchClient):
                 raise ValueError("batch_routes needs a client with batch_reset/batch_step")
-            self._steps = Coalescer(
-                functools.partial(client.batch_step, wait_s=self.config.batch_wait_s)
-            )
+            send = functools.partial(client.batch_step, wait_s=self.config.batch_wait_s)
+            self._steps = Coalescer(send)
+            # Resent (still running) steps go in calls of their own: a call of them waits
+            # until one finishes, and fresh steps must never queue behind it.
+            self._resends = Coalescer(send)
             self._resets = Coalescer(client.batch_reset)
 
     @classmethod
@@ -463,7 +466,8 @@ class RolloutCollector:
         out = await self._steps.submit(item)
         while out.error is not None and out.error.code == "still_running":
             self.stats["steps_resent"] += 1
-            out = await self._steps.submit(item)  # the server waits up to batch_wait_s
+            assert self._resends is not None
+            out = await self._resends.submit(item)  # joins the step running on the server
         if out.error is not None:
             _raise_item(out.error)
         assert out.result is not None
