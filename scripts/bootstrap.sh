@@ -67,4 +67,4 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   .venv/bin/python -c 'import palaestra.server, palaestra.sdk' # fails loudly if the install did
   echo "$want" > "$stamp"
 fi
-bash scripts/bootstrap-blender.sh  # cad family's Blender toolchain (.venv-blender), cached
+bash scripts/bootstrap-cad.sh  # the cad family's sandbox toolchains (trimesh, Blender), cached

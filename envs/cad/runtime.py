@@ -4,10 +4,14 @@ The sandbox sees the host's /usr read-only and nothing of the server's files. A 
 under the host's /usr/bin/python3 with one toolchain's site-packages bound read-only at a
 fixed path and put on PYTHONPATH:
 
-* ``trimesh``: the site-packages that hold numpy, trimesh and manifold3d in the server's own
-  environment (the `cad` extra), bound at /opt/palaestra/trimesh;
-* ``blender``: ``.venv-blender`` (built by scripts/bootstrap-blender.sh: bpy 5.0.1, numpy<2),
-  or the venv named by ``PALAESTRA_BLENDER_VENV``, bound at /opt/palaestra/blender.
+* ``trimesh``: ``<toolchains>/trimesh`` (numpy, trimesh, manifold3d at the server's
+  versions), else the server's own site-packages, bound at /opt/palaestra/trimesh;
+* ``blender``: the venv ``<toolchains>/blender`` (bpy 5.0.1, numpy<2), bound at
+  /opt/palaestra/blender.
+
+``<toolchains>`` is ``$PALAESTRA_TOOLCHAINS``, else /opt/palaestra/toolchains where it
+exists, else ``.toolchains`` in the checkout; scripts/bootstrap-cad.sh builds both there. The
+sandbox's uid must be able to reach a bound directory, so every one is checked for that.
 
 PYTHONPATH does not run ``.pth`` files, so nothing of the server (its editable install) is
 importable inside. Compiled modules need the same Python minor version on both sides, which
@@ -20,6 +24,7 @@ import functools
 import importlib.util
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +32,31 @@ from pathlib import Path
 PYTHON = "/usr/bin/python3"
 SANDBOX_SITE = {"trimesh": "/opt/palaestra/trimesh", "blender": "/opt/palaestra/blender"}
 TOOLCHAINS = ("trimesh", "blender")
-BLENDER_VENV_ENV = "PALAESTRA_BLENDER_VENV"
+TOOLCHAINS_ENV = "PALAESTRA_TOOLCHAINS"
+SYSTEM_TOOLCHAINS = Path("/opt/palaestra/toolchains")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def toolchains_root() -> Path:
+    """Where scripts/bootstrap-cad.sh put the toolchains (the same rule as the script)."""
+    if env := os.environ.get(TOOLCHAINS_ENV):
+        return Path(env)
+    return SYSTEM_TOOLCHAINS if SYSTEM_TOOLCHAINS.is_dir() else REPO_ROOT / ".toolchains"
+
+
+def unreachable_by_others(path: Path) -> str | None:
+    """Why the sandbox's unprivileged uid could not read `path` (None if it can): every
+    ancestor needs o+x, the directory itself o+rx."""
+    path = path.resolve()
+    for part in [path, *path.parents]:
+        mode = part.stat().st_mode
+        if not mode & stat.S_IXOTH or (part == path and not mode & stat.S_IROTH):
+            return (
+                f"{path} is not readable by the sandbox's uid ({part} lacks o+rx); "
+                "run scripts/bootstrap-cad.sh as root or set PALAESTRA_TOOLCHAINS to a "
+                "world-readable directory"
+            )
+    return None
 
 
 @dataclass(frozen=True)
@@ -69,6 +97,11 @@ def _module_dir(name: str) -> Path | None:
 
 @functools.cache
 def trimesh_toolchain() -> Toolchain:
+    own = toolchains_root() / "trimesh"
+    if (own / "UNAVAILABLE").is_file():
+        return Toolchain("trimesh", None, (own / "UNAVAILABLE").read_text().strip())
+    if (own / "trimesh").is_dir() and (own / ".palaestra-installed").is_file():
+        return _reachable(Toolchain("trimesh", str(own)))
     dirs = {n: _module_dir(n) for n in ("numpy", "trimesh", "manifold3d")}
     missing = [n for n, d in dirs.items() if d is None]
     if missing:
@@ -82,22 +115,28 @@ def trimesh_toolchain() -> Toolchain:
             f"{PYTHON} is {host_python_version()}, the server's Python is "
             f"{sys.version_info[:2]}: compiled modules would not load",
         )
-    return Toolchain("trimesh", str(dirs["numpy"]))
+    return _reachable(Toolchain("trimesh", str(dirs["numpy"])))
+
+
+def _reachable(chain: Toolchain) -> Toolchain:
+    assert chain.site is not None
+    why = unreachable_by_others(Path(chain.site))
+    return chain if why is None else Toolchain(chain.name, None, why)
 
 
 @functools.cache
 def blender_toolchain() -> Toolchain:
-    venv = Path(os.environ.get(BLENDER_VENV_ENV) or REPO_ROOT / ".venv-blender")
+    venv = toolchains_root() / "blender"
     why = venv / "UNAVAILABLE"
     if why.is_file():
         return Toolchain("blender", None, why.read_text().strip())
     sites = sorted(venv.glob("lib/python3.*/site-packages"))
     site = next((s for s in sites if (s / "bpy").is_dir()), None)
     if site is None:
-        return Toolchain("blender", None, f"no bpy under {venv} (run scripts/bootstrap-blender.sh)")
+        return Toolchain("blender", None, f"no bpy under {venv} (run scripts/bootstrap-cad.sh)")
     if host_python_version() != (3, 11):
         return Toolchain("blender", None, f"{PYTHON} is not Python 3.11 (bpy 5.0.1 needs it)")
-    return Toolchain("blender", str(site))
+    return _reachable(Toolchain("blender", str(site)))
 
 
 def toolchain(name: str) -> Toolchain:
