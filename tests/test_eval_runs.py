@@ -24,7 +24,7 @@ POLICIES = textwrap.dedent(
     WORD = re.compile(r"Submit the word '(\\w+)'")
 
     async def slow(messages, tools):
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.5)  # slow enough that a signal lands mid-run on a loaded machine
         word = WORD.search(messages[1]["content"]).group(1)
         return {"tool": "submit", "arguments": {"answer": word[::-1]}}
 
