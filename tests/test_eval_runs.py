@@ -131,6 +131,10 @@ def test_run_report_compare(work: Path) -> None:
     assert "Traceback" not in refused.stderr
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_crash_and_ctrl_c_then_resume(work: Path) -> None:
     """SIGKILL mid-run, then SIGINT mid-resume; a last resume finishes. Nothing finished is
     recomputed; nothing is lost."""
@@ -147,7 +151,15 @@ def test_crash_and_ctrl_c_then_resume(work: Path) -> None:
         logs.append(work / f"cli-{len(logs)}.log")
         with open(logs[-1], "w") as log:
             return subprocess.Popen(
-                argv, cwd=work, env=_env(work), stdout=log, stderr=subprocess.STDOUT, text=True
+                argv,
+                cwd=work,
+                env=_env(work),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                # A foreground CLI gets Ctrl-C; a suite started in the background (`cmd &`)
+                # would hand it SIGINT ignored, and the signal below would be lost.
+                preexec_fn=_default_sigint,
             )
 
     def wait_lines(n: int, proc: subprocess.Popen[str]) -> None:
