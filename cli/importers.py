@@ -407,6 +407,20 @@ def solution_problems(script: str) -> list[str]:
     return []
 
 
+def _compose_problems(folder: Path, shown: str) -> list[str]:
+    """A compose file with more than one service needs daemons the sandbox cannot run."""
+    for name in ("docker-compose.yaml", "docker-compose.yml"):
+        if (folder / name).exists():
+            services = _compose_services(folder / name)
+            if len(services) > 1:
+                return [
+                    f"{shown}{name} runs services ({', '.join(services)}); the sandbox runs "
+                    "one container with no daemons"
+                ]
+            return []
+    return []
+
+
 def _compose_services(path: Path) -> list[str]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -499,21 +513,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     if not isinstance(instruction, str) or not instruction.strip():
         problems.append("task.yaml has no instruction")
         instruction = ""
-    compose = next(
-        (
-            folder / n
-            for n in ("docker-compose.yaml", "docker-compose.yml")
-            if (folder / n).exists()
-        ),
-        None,
-    )
-    if compose is not None:
-        services = _compose_services(compose)
-        if len(services) > 1:
-            problems.append(
-                f"docker-compose.yaml runs services ({', '.join(services)}); the sandbox runs "
-                "one container with no daemons"
-            )
+    problems.extend(_compose_problems(folder, ""))
     dockerfile = folder / "Dockerfile"
     if not dockerfile.exists():
         raise Unsupported([*problems, "no Dockerfile"])
@@ -595,21 +595,7 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
     if env_meta.get("allow_internet") is True and env_meta.get("require_internet") is True:
         problems.append("the task requires internet access")
     env_dir = folder / "environment"
-    compose = next(
-        (
-            env_dir / n
-            for n in ("docker-compose.yaml", "docker-compose.yml")
-            if (env_dir / n).exists()
-        ),
-        None,
-    )
-    if compose is not None:
-        services = _compose_services(compose)
-        if len(services) > 1:
-            problems.append(
-                f"environment/docker-compose.yaml runs services ({', '.join(services)}); the "
-                "sandbox runs one container with no daemons"
-            )
+    problems.extend(_compose_problems(env_dir, "environment/"))
     dockerfile = env_dir / "Dockerfile"
     if dockerfile.exists():
         plan = convert_dockerfile(
