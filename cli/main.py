@@ -87,7 +87,7 @@ def serve(
     )
     configure_logging(settings.log_level)
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, freeze_gc=True),
         host=settings.host,
         port=settings.port,
         log_level="warning",

@@ -6,6 +6,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_json
 
 
 class WireModel(BaseModel):
@@ -113,6 +114,37 @@ class StepRecord(WireModel):
     info: dict[str, Any] = Field(default_factory=dict)
     duration_s: float = 0.0
     at: float = 0.0
+
+
+def step_record_json(
+    *,
+    index: int,
+    request_id: str | None,
+    action: Action,
+    observation: Observation,
+    reward: float,
+    terminated: bool,
+    truncated: bool,
+    info: dict[str, Any],
+    duration_s: float,
+    at: float,
+) -> str:
+    """`StepRecord(...).model_dump_json()`, the same text, without building the model:
+    every step of every episode is stored, and the model costs more than the step."""
+    return to_json(
+        {
+            "index": index,
+            "request_id": request_id,
+            "action": action,
+            "observation": observation,
+            "reward": float(reward),
+            "terminated": terminated,
+            "truncated": truncated,
+            "info": info,
+            "duration_s": duration_s,
+            "at": at,
+        }
+    ).decode()
 
 
 class EpisodeMetrics(WireModel):
@@ -301,10 +333,11 @@ class BatchResetResponse(WireModel):
     items: list[BatchResetResult] = Field(description="one per request item, in order")
 
 
-class BatchStepItem(WireModel):
+class BatchStepItem(StepRequest):
+    """A step request for one episode of a batch (it is a `StepRequest`, so the manager
+    takes it as one)."""
+
     episode_id: str = Field(min_length=1, max_length=128)
-    action: Action
-    request_id: str | None = Field(default=None, max_length=128)
 
 
 class BatchStepRequest(WireModel):

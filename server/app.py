@@ -7,6 +7,7 @@ validation of the request and one serialization of the reply.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -112,8 +113,17 @@ def _validation_message(exc: RequestValidationError) -> str:
     return validation_message(list(exc.errors()))
 
 
-def create_app(settings: Settings | None = None, manager: EpisodeManager | None = None) -> FastAPI:
-    """The app; with no `manager` it builds one from `settings` at start-up."""
+def create_app(
+    settings: Settings | None = None,
+    manager: EpisodeManager | None = None,
+    *,
+    freeze_gc: bool = False,
+) -> FastAPI:
+    """The app; with no `manager` it builds one from `settings` at start-up.
+
+    `freeze_gc` (for a server process of its own, as `palaestra serve` runs): once started,
+    what is loaded (packs, families, the app) leaves the garbage collector's view, so its
+    collections walk only what episodes allocate (`gc.freeze`)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -121,6 +131,9 @@ def create_app(settings: Settings | None = None, manager: EpisodeManager | None 
         owned = manager or build_manager(settings)
         app.state.manager = owned
         await owned.start()
+        if freeze_gc:
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import to_json
 
 from palaestra.sdk.errors import InvalidActionError, PalaestraError
 from palaestra.sdk.models import (
@@ -33,7 +34,6 @@ from palaestra.sdk.models import (
     BatchStepResponse,
     BatchStepResult,
     ResetRequest,
-    StepRequest,
     StepResponse,
 )
 from palaestra.server.auth import Principal
@@ -164,15 +164,33 @@ async def batch_step(
     problems: list[str | None] | None = None,
 ) -> BatchStepResponse:
     """Step every item; episodes concurrently, one episode's items in their order."""
+    outcomes = await step_outcomes(manager, request, principal, problems)
+    return BatchStepResponse(
+        items=[
+            BatchStepResult(episode_id=episode_id, error=outcome)
+            if isinstance(outcome, BatchItemError)
+            else BatchStepResult(episode_id=episode_id, result=outcome)
+            for episode_id, outcome in outcomes
+        ]
+    )
+
+
+async def step_outcomes(
+    manager: EpisodeManager,
+    request: BatchStepRequest,
+    principal: Principal,
+    problems: list[str | None] | None = None,
+) -> list[tuple[str, Outcome]]:
+    """(episode id, reply or error) per item, in order: what `batch_step` answers, before
+    it is wrapped in models (the HTTP route serializes these directly)."""
     items: list[BatchStepItem | None] = list(request.items)
     problems = problems or [None] * len(items)
-    results: list[BatchStepResult | None] = [None] * len(items)
+    results: list[Outcome | None] = [None] * len(items)
     by_episode: dict[str, list[int]] = {}
     for index, item in enumerate(items):
         problem = problems[index]
         if problem is not None or item is None:
-            error = item_error(InvalidActionError(problem or "no item"))
-            results[index] = BatchStepResult(episode_id=_episode_of(item), error=error)
+            results[index] = item_error(InvalidActionError(problem or "no item"))
         else:
             by_episode.setdefault(item.episode_id, []).append(index)
 
@@ -180,41 +198,30 @@ async def batch_step(
 
     async def one(item: BatchStepItem) -> Outcome:
         key = (item.episode_id, item.request_id) if item.request_id else None
-        joined = running.steps.get(key) if key is not None else None
+        if key is None:
+            try:
+                return await manager.step(item.episode_id, item, principal)
+            except Exception as exc:
+                return item_error(exc)
+        joined = running.steps.get(key)
         if joined is not None:
             return await asyncio.shield(joined)
-        future: asyncio.Future[Outcome] | None = None
-        if key is not None:
-            future = asyncio.get_running_loop().create_future()
-            running.steps[key] = future
+        future = running.steps[key] = asyncio.get_running_loop().create_future()
+        outcome: Outcome = _cancelled()
         try:
-            # Built from validated parts: no second validation on the hot path.
-            step = StepRequest.model_construct(action=item.action, request_id=item.request_id)
-            outcome = await _guard(manager.step(item.episode_id, step, principal))
-        except BaseException:
-            outcome = BatchItemError(
-                status=503, code="cancelled", message="the step was cancelled", retryable=True
-            )
-            raise
+            outcome = await manager.step(item.episode_id, item, principal)
+        except Exception as exc:
+            outcome = item_error(exc)
         finally:
-            if future is not None and key is not None:
-                running.steps.pop(key, None)
-                future.set_result(outcome)
+            running.steps.pop(key, None)
+            future.set_result(outcome)
         return outcome
 
     async def run(indices: list[int]) -> None:
         for index in indices:
             item = items[index]
             assert item is not None
-            outcome = await one(item)
-            if isinstance(outcome, BatchItemError):
-                results[index] = BatchStepResult.model_construct(
-                    episode_id=item.episode_id, result=None, error=outcome
-                )
-            else:
-                results[index] = BatchStepResult.model_construct(
-                    episode_id=item.episode_id, result=outcome, error=None
-                )
+            results[index] = await one(item)
 
     started = [eager(run(indices)) for indices in by_episode.values()]
     tasks = [task for task in started if task is not None]
@@ -230,10 +237,10 @@ async def batch_step(
             # request_id, and a resend joins it); the caller resends the item.
             running.tasks.add(task)
             task.add_done_callback(running.tasks.discard)
-    for index, item in enumerate(items):
-        if results[index] is None and item is not None:
-            results[index] = BatchStepResult(episode_id=item.episode_id, error=_still_running())
-    return BatchStepResponse(items=[r for r in results if r is not None])
+    return [
+        (_episode_of(item), _still_running() if outcome is None else outcome)
+        for item, outcome in zip(items, results, strict=True)
+    ]
 
 
 def eager(coro: Coroutine[Any, Any, None]) -> asyncio.Future[None] | None:
@@ -270,6 +277,12 @@ async def _resume(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
             return
 
 
+def _cancelled() -> BatchItemError:
+    return BatchItemError(
+        status=503, code="cancelled", message="the step was cancelled", retryable=True
+    )
+
+
 def _still_running() -> BatchItemError:
     return BatchItemError(
         status=503,
@@ -297,8 +310,18 @@ async def reset_reply(manager: EpisodeManager, raw: bytes, principal: Principal)
 async def step_reply(manager: EpisodeManager, raw: bytes, principal: Principal) -> bytes:
     """The JSON body of `POST /v1/batch/step` (InvalidActionError: the envelope is bad)."""
     request, problems = parse_items(raw, BatchStepRequest, BatchStepItem)
-    reply = await batch_step(manager, request, principal, problems)
-    return reply.model_dump_json().encode()
+    outcomes = await step_outcomes(manager, request, principal, problems)
+    # The JSON of a BatchStepResponse, written without building one (the trainer's hot path).
+    return to_json(
+        {
+            "items": [
+                {"episode_id": episode_id, "result": None, "error": outcome}
+                if isinstance(outcome, BatchItemError)
+                else {"episode_id": episode_id, "result": outcome, "error": None}
+                for episode_id, outcome in outcomes
+            ]
+        }
+    )
 
 
 ROUTES: dict[str, Handler] = {"/v1/batch/reset": reset_reply, "/v1/batch/step": step_reply}

@@ -33,7 +33,6 @@ from palaestra.sdk.errors import (
 )
 from palaestra.sdk.models import (
     Action,
-    EpisodeMetrics,
     EpisodeState,
     EpisodeStatus,
     FamilyInfo,
@@ -44,12 +43,12 @@ from palaestra.sdk.models import (
     ResetResponse,
     SamplerReleaseResponse,
     SamplerReport,
-    StepRecord,
     StepRequest,
     StepResponse,
     TaskList,
     Verdict,
     VerifierInfo,
+    step_record_json,
 )
 from palaestra.sdk.task import Task
 from palaestra.server.archive import pack_archive
@@ -61,6 +60,7 @@ from palaestra.server.packs import Pack, PackRegistry, semver_key
 from palaestra.server.registry import PackStore
 from palaestra.server.sampler import Sampler
 from palaestra.server.store import Store
+from palaestra.server.tally import StepTally
 
 log = logging.getLogger("palaestra.episodes")
 
@@ -82,35 +82,16 @@ class Episode:
     replies: OrderedDict[str, StepResponse] = field(default_factory=OrderedDict)
     oracle: list[Action] | None = None
     step_timer: Any = None  # the family's step-latency histogram child, looked up once
+    tally: StepTally = field(default_factory=StepTally)
 
     @property
     def id(self) -> str:
         return self.state.episode_id
 
-
-def _tally_step(metrics: EpisodeMetrics, reply: StepResponse) -> None:
-    """Count one stepped action: what the family reported in `info` (`tool_ok`, `timed_out`,
-    `output_bytes`), else a call that ran (a void step failed) and its observation's size."""
-    info = reply.info
-    metrics.steps += 1
-    metrics.tool_calls += 1
-    ok = info.get("tool_ok", info.get("status") != "void")
-    if not ok:
-        metrics.tool_failures += 1
-    metrics.timed_out += int(bool(info.get("timed_out")))
-    size = info.get("output_bytes")
-    if not isinstance(size, int):
-        size = len(reply.observation.text.encode("utf-8", errors="replace"))
-    metrics.output_bytes += size
-    metrics.tool_success_rate = round(1 - metrics.tool_failures / metrics.tool_calls, 6)
-
-
-def _tally_refused(metrics: EpisodeMetrics) -> None:
-    """A refused (422) action: a failed tool call, not a step."""
-    metrics.tool_calls += 1
-    metrics.tool_failures += 1
-    metrics.invalid_actions += 1
-    metrics.tool_success_rate = round(1 - metrics.tool_failures / metrics.tool_calls, 6)
+    def settled_state(self) -> EpisodeState:
+        """The state with its metrics brought up to date (before it is read or stored)."""
+        self.state.metrics = self.tally.model()
+        return self.state
 
 
 def _void_verdict(task: Task, reason: str, duration: float) -> Verdict:
@@ -428,15 +409,16 @@ class EpisodeManager:
                 tool, args = episode.family.parse_action(action)
                 reply = await self._run_step(episode, tool, args)
             except InvalidActionError:
-                _tally_refused(episode.state.metrics)
+                episode.tally.add_refused()
                 raise
-            _tally_step(episode.state.metrics, reply)
+            episode.tally.add_step(reply)
             if reply.terminated or reply.truncated:
-                reply.info["metrics"] = episode.state.metrics.model_dump(mode="json")
+                reply.info["metrics"] = episode.settled_state().metrics.model_dump(mode="json")
             duration = time.perf_counter() - started
             episode.step_timer.observe(duration)
-            record = StepRecord(
-                index=episode.state.step_count,
+            index, now = episode.state.step_count, time.time()
+            record = step_record_json(
+                index=index,
                 request_id=request.request_id,
                 action=recorded,
                 observation=reply.observation,
@@ -445,18 +427,19 @@ class EpisodeManager:
                 truncated=reply.truncated,
                 info=reply.info,
                 duration_s=duration,
-                at=time.time(),
+                at=now,
             )
-            episode.state.step_count += 1
-            episode.state.trajectory.append(record)
-            episode.state.updated_at = record.at
-            self.store.add_step(episode.id, record)
+            # The trajectory lives in the store only: it can be large, and a live copy of
+            # every step would be walked by every garbage collection.
+            self.store.add_step(episode.id, index, request.request_id, record)
+            episode.state.step_count = index + 1
+            episode.state.updated_at = now
             if request.request_id:
                 episode.replies[request.request_id] = reply
                 if len(episode.replies) > REPLAY_CACHE:
                     episode.replies.popitem(last=False)
             if reply.terminated or reply.truncated:
-                self.store.update_episode(episode.state)
+                self.store.update_episode(episode.settled_state())
                 # The client learns that the episode ended only once it is on disk.
                 await self.store.aflush()
             return reply
@@ -580,7 +563,7 @@ class EpisodeManager:
             reason=reason,
             at=now,
         )
-        self.store.update_episode(episode.state)
+        self.store.update_episode(episode.settled_state())
         sandbox, episode.ctx.sandbox = episode.ctx.sandbox, None
         await self._free(sandbox)
         log.info(
@@ -607,15 +590,22 @@ class EpisodeManager:
                     f"episode {episode_id} ended ({episode.state.status.value}) unverified"
                 )
             verdict = await self._verify(episode)
-            self.store.update_episode(episode.state)
+            self.store.update_episode(episode.settled_state())
             await self.store.aflush()
             return verdict
 
     async def state(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> EpisodeState:
         episode = await self._allowed(principal, episode_id)
-        if episode is not None:
-            return episode.state.model_copy()
-        return await self._load(episode_id)
+        if episode is None:
+            return await self._load(episode_id)
+        # Live episodes keep no trajectory in memory (it can be large; the store has it).
+        async with episode.lock:
+            state = episode.settled_state().model_copy()
+            await self.store.aflush()
+        state.trajectory = await asyncio.to_thread(
+            self.store.load_steps, episode_id, state.step_count
+        )
+        return state
 
     async def close(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> None:
         episode = await self._allowed(principal, episode_id)

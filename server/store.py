@@ -43,7 +43,9 @@ CREATE TABLE IF NOT EXISTS steps (
     record TEXT NOT NULL,
     PRIMARY KEY (episode_id, idx)
 );
-CREATE INDEX IF NOT EXISTS steps_request ON steps (episode_id, request_id);
+-- No index on request_id: a replay lookup scans one episode's steps through the primary
+-- key, and a second index would double the cost of every step's insert (the hot path).
+DROP INDEX IF EXISTS steps_request;
 CREATE TABLE IF NOT EXISTS verdicts (
     episode_id TEXT PRIMARY KEY,
     verdict TEXT NOT NULL
@@ -88,6 +90,17 @@ CREATE TABLE IF NOT EXISTS sampler_releases (
 SCHEMA += TOKENS_SCHEMA + PACKS_SCHEMA + SAMPLER_SCHEMA
 
 _Write = tuple[str, tuple[Any, ...]]
+
+
+def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """Consecutive writes of one statement grouped for `executemany` (order kept)."""
+    runs: list[tuple[str, list[tuple[Any, ...]]]] = []
+    for sql, params in batch:
+        if runs and runs[-1][0] == sql:
+            runs[-1][1].append(params)
+        else:
+            runs.append((sql, [params]))
+    return runs
 
 
 class Store:
@@ -135,8 +148,8 @@ class Store:
                         break
                 if batch:
                     with db:
-                        for sql, params in batch:
-                            db.execute(sql, params)
+                        for sql, rows in _runs(batch):
+                            db.executemany(sql, rows)
                 for event in events:
                     event.set()
                 if stop:
@@ -167,10 +180,11 @@ class Store:
             ),
         )
 
-    def add_step(self, episode_id: str, record: StepRecord) -> None:
+    def add_step(self, episode_id: str, index: int, request_id: str | None, record: str) -> None:
+        """One step; `record` is a StepRecord's JSON (`models.step_record_json`)."""
         self._put(
             "INSERT OR REPLACE INTO steps (episode_id, idx, request_id, record) VALUES (?,?,?,?)",
-            (episode_id, record.index, record.request_id, record.model_dump_json()),
+            (episode_id, index, request_id, record),
         )
 
     def update_episode(self, state: EpisodeState) -> None:
@@ -222,13 +236,7 @@ class Store:
             verdict_row = db.execute(
                 "SELECT verdict FROM verdicts WHERE episode_id=?", (episode_id,)
             ).fetchone()
-            steps = (
-                db.execute(
-                    "SELECT record FROM steps WHERE episode_id=? ORDER BY idx", (episode_id,)
-                ).fetchall()
-                if with_trajectory
-                else []
-            )
+            steps = self._steps(db, episode_id) if with_trajectory else []
         return EpisodeState(
             episode_id=row[0],
             task=row[1],
@@ -244,8 +252,23 @@ class Store:
             timings=json.loads(row[11]),
             metrics=EpisodeMetrics.model_validate_json(row[12] or "{}"),
             verdict=Verdict.model_validate_json(verdict_row[0]) if verdict_row else None,
-            trajectory=[StepRecord.model_validate_json(s[0]) for s in steps],
+            trajectory=steps,
         )
+
+    def load_steps(self, episode_id: str, count: int | None = None) -> list[StepRecord]:
+        """An episode's trajectory, its first `count` steps (flush first to see the latest)."""
+        with self._connect() as db:
+            return self._steps(db, episode_id, count)
+
+    @staticmethod
+    def _steps(
+        db: sqlite3.Connection, episode_id: str, count: int | None = None
+    ) -> list[StepRecord]:
+        rows = db.execute(
+            "SELECT record FROM steps WHERE episode_id=? AND idx < ? ORDER BY idx",
+            (episode_id, 2**62 if count is None else count),
+        ).fetchall()
+        return [StepRecord.model_validate_json(row[0]) for row in rows]
 
     def find_step(self, episode_id: str, request_id: str) -> StepResponse | None:
         with self._connect() as db:
