@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -44,25 +42,6 @@ log = logging.getLogger("palaestra.server")
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 Outcome = StepResponse | BatchItemError
-
-
-@dataclass
-class _Running:
-    """A manager's batch steps still running after their batch answered `still_running`:
-    a resent item joins its step here instead of queueing a second one on the episode."""
-
-    steps: dict[tuple[str, str], asyncio.Future[Outcome]] = field(default_factory=dict)
-    tasks: set[asyncio.Future[None]] = field(default_factory=set)  # referenced until done
-
-
-_RUNNING: weakref.WeakKeyDictionary[EpisodeManager, _Running] = weakref.WeakKeyDictionary()
-
-
-def _running(manager: EpisodeManager) -> _Running:
-    state = _RUNNING.get(manager)
-    if state is None:
-        state = _RUNNING[manager] = _Running()
-    return state
 
 
 def item_error(exc: BaseException) -> BatchItemError:
@@ -194,28 +173,13 @@ async def step_outcomes(
         else:
             by_episode.setdefault(item.episode_id, []).append(index)
 
-    running = _running(manager)
-
     async def one(item: BatchStepItem) -> Outcome:
-        key = (item.episode_id, item.request_id) if item.request_id else None
-        if key is None:
-            try:
-                return await manager.step(item.episode_id, item, principal)
-            except Exception as exc:
-                return item_error(exc)
-        joined = running.steps.get(key)
-        if joined is not None:
-            return await asyncio.shield(joined)
-        future = running.steps[key] = asyncio.get_running_loop().create_future()
-        outcome: Outcome = _cancelled()
+        # A resent item (same request_id) whose step is still running waits for the
+        # episode's lock and gets that step's stored reply: it never steps twice.
         try:
-            outcome = await manager.step(item.episode_id, item, principal)
+            return await manager.step(item.episode_id, item, principal)
         except Exception as exc:
-            outcome = item_error(exc)
-        finally:
-            running.steps.pop(key, None)
-            future.set_result(outcome)
-        return outcome
+            return item_error(exc)
 
     async def run(indices: list[int]) -> None:
         for index in indices:
@@ -233,10 +197,9 @@ async def step_outcomes(
             # caller poll (its resend would only join the same steps).
             done, late = await asyncio.wait(late, return_when=asyncio.FIRST_COMPLETED)
         for task in late:
-            # Still running: it goes on (its result is stored under the item's
-            # request_id, and a resend joins it); the caller resends the item.
-            running.tasks.add(task)
-            task.add_done_callback(running.tasks.discard)
+            # Still running: it goes on (its reply is kept under the item's request_id,
+            # and a resend joins it); the caller resends the item.
+            manager.detach(task)
     return [
         (_episode_of(item), _still_running() if outcome is None else outcome)
         for item, outcome in zip(items, results, strict=True)
@@ -275,12 +238,6 @@ async def _resume(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
             yielded = coro.send(None)
         except StopIteration:
             return
-
-
-def _cancelled() -> BatchItemError:
-    return BatchItemError(
-        status=503, code="cancelled", message="the step was cancelled", retryable=True
-    )
 
 
 def _still_running() -> BatchItemError:

@@ -131,6 +131,7 @@ class EpisodeManager:
         self._ended: OrderedDict[str, Episode] = OrderedDict()
         self._pending = 0
         self._reaper: asyncio.Task[None] | None = None
+        self._detached: set[asyncio.Future[Any]] = set()
         self.metrics.bind_live(self._live_by_status, self._live_sandboxes)
         self.sampler = Sampler(settings, packs)
         self.metrics.bind_sampler(self.sampler.quarantined_count)
@@ -152,6 +153,9 @@ class EpisodeManager:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        for work in list(self._detached):
+            work.cancel()
+        await asyncio.gather(*self._detached, return_exceptions=True)
         for episode in list(self._live.values()):
             await self._end(episode, EpisodeStatus.VOID, reason="server shut down")
         if self.fork_server is not None:
@@ -159,6 +163,12 @@ class EpisodeManager:
         if self.backend is not None:
             await self.backend.aclose()
         await asyncio.to_thread(self.store.close)
+
+    def detach(self, work: asyncio.Future[Any]) -> None:
+        """Let `work` run on after its caller stopped waiting (a batch step answered
+        `still_running`): referenced until it is done, cancelled at shutdown."""
+        self._detached.add(work)
+        work.add_done_callback(self._detached.discard)
 
     @property
     def ready(self) -> bool:
