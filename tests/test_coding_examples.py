@@ -82,8 +82,18 @@ CASES = {
         "0/1",
     ),
     "unexpected exception": ("def f():\n    1 / 0\n", "    >>> f()\n    1\n", 1, "0/1"),
-    "prints": ("def f():\n    print('a')\n    print('b')\n", "    >>> f()\n    a\n    b\n", 0, "1/1"),
-    "blankline": ("def f():\n    print('a\\n')\n", "    >>> f()\n    a\n    <BLANKLINE>\n", 0, "1/1"),
+    "prints": (
+        "def f():\n    print('a')\n    print('b')\n",
+        "    >>> f()\n    a\n    b\n",
+        0,
+        "1/1",
+    ),
+    "blankline": (
+        "def f():\n    print('a\\n')\n",
+        "    >>> f()\n    a\n    <BLANKLINE>\n",
+        0,
+        "1/1",
+    ),
     "statement then expr": (
         "def f(n):\n    return n * 2\n",
         "    >>> y = f(2)\n    >>> y\n    4\n    >>> f(y)\n    9\n",
