@@ -351,7 +351,7 @@ class EpisodeManager:
         )
         mono = time.monotonic()
         episode = Episode(
-            step_timer=self.metrics.step_seconds.labels(family=task.family),
+            step_timer=self.metrics.step_seconds.labels(task.family),
             task=task,
             family=family,
             ctx=ctx,
@@ -539,7 +539,7 @@ class EpisodeManager:
             reason = f"{kind} ({type(exc).__name__})"
             verdict = _void_verdict(episode.task, reason, time.perf_counter() - started)
             status = EpisodeStatus.VOID
-        self.metrics.verify_seconds.labels(family=episode.task.family).observe(
+        self.metrics.verify_seconds.labels(episode.task.family).observe(
             time.perf_counter() - started
         )
         episode.state.timings["verify_s"] = round(time.perf_counter() - started, 6)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -29,20 +32,14 @@ class Metrics:
             ["status"],
             registry=self.registry,
         )
-        self.step_seconds = Histogram(
-            "palaestra_step_seconds",
-            "Step latency inside the server",
-            ["family"],
-            buckets=STEP_BUCKETS,
-            registry=self.registry,
+        self.step_seconds = LoopHistogram(
+            "palaestra_step_seconds", "Step latency inside the server", "family", STEP_BUCKETS
         )
-        self.verify_seconds = Histogram(
-            "palaestra_verify_seconds",
-            "Verification time",
-            ["family"],
-            buckets=STEP_BUCKETS,
-            registry=self.registry,
+        self.verify_seconds = LoopHistogram(
+            "palaestra_verify_seconds", "Verification time", "family", STEP_BUCKETS
         )
+        self.registry.register(self.step_seconds)
+        self.registry.register(self.verify_seconds)
         self.sandboxes_live = Gauge(
             "palaestra_sandboxes_live", "Sandboxes alive now", registry=self.registry
         )
@@ -90,3 +87,47 @@ class _PoolCollector:
         yield GaugeMetricFamily(
             "palaestra_sandbox_pool_ready", "Warm sandboxes ready in the pool", s.pooled
         )
+
+
+@dataclass(slots=True)
+class _HistogramChild:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bucket (not cumulative), then +Inf
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+
+class LoopHistogram:
+    """A histogram with one label for the event loop's hot path (every step observes one).
+
+    prometheus_client's takes two locks an observation (≈ 1.5 µs, 7 % of a batch step);
+    every observation here comes from the event loop's thread, so none is needed. A scrape
+    reads the counts as they are (the GIL keeps each read whole)."""
+
+    def __init__(self, name: str, documentation: str, label: str, buckets: Sequence[float]):
+        self.name = name
+        self.documentation = documentation
+        self.label = label
+        self.bounds = tuple(sorted(float(b) for b in buckets))
+        self._children: dict[str, _HistogramChild] = {}
+
+    def labels(self, value: str) -> _HistogramChild:
+        child = self._children.get(value)
+        if child is None:
+            child = _HistogramChild(self.bounds, [0] * (len(self.bounds) + 1))
+            self._children[value] = child
+        return child
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, child in list(self._children.items()):
+            counts, running, buckets = list(child.counts), 0, []
+            for bound, count in zip((*self.bounds, float("inf")), counts, strict=True):
+                running += count
+                le = floatToGoString(bound)  # type: ignore[no-untyped-call]
+                buckets.append((le, float(running)))
+            family.add_metric([value], buckets, child.total)
+        yield family
