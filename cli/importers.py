@@ -546,20 +546,49 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["run-tests.sh"] = script
     verifier["test.sh"] = _verifier_wrapper("terminal-bench", "run-tests.sh")
+    return _task_out(
+        folder,
+        plan,
+        split=split,
+        domain=f"{pack_short}/{_category(meta.get('category'))}",
+        difficulty=_difficulty(meta.get("difficulty")),
+        timeout=meta.get("max_test_timeout_sec"),
+        instruction=instruction,
+        verifier=verifier,
+        solve=solve,
+        notes=notes,
+    )
+
+
+def _task_out(
+    folder: Path,
+    plan: EnvPlan,
+    *,
+    split: str,
+    domain: str,
+    difficulty: str,
+    timeout: object,
+    instruction: str,
+    verifier: dict[str, str],
+    solve: str,
+    notes: list[str],
+    public_extra: dict[str, Any] | None = None,
+) -> TaskOut:
+    """The terminal task both formats become, once their own parts are converted."""
     environment = dict(plan.files)
     if plan.setup:
         environment["setup.sh"] = "#!/bin/bash\nset -e\n" + "\n".join(plan.setup) + "\n"
     public: dict[str, Any] = {"workdir": plan.workdir}
     if plan.env:
         public["env"] = plan.env
-    timeout = meta.get("max_test_timeout_sec")
     if isinstance(timeout, int | float) and timeout > 0:
         public["timeout_s"] = float(timeout)
+    public.update(public_extra or {})
     toml = {
         "family": "terminal",
-        "domain": f"{pack_short}/{_category(meta.get('category'))}",
+        "domain": domain,
         "split": split,
-        "difficulty": _difficulty(meta.get("difficulty")),
+        "difficulty": difficulty,
         "public": public,
     }
     return TaskOut(
@@ -636,37 +665,24 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["harbor-test.sh"] = script
     verifier["test.sh"] = _verifier_wrapper("harbor", "harbor-test.sh")
-    environment = dict(plan.files)
-    if plan.setup:
-        environment["setup.sh"] = "#!/bin/bash\nset -e\n" + "\n".join(plan.setup) + "\n"
-    public: dict[str, Any] = {"workdir": plan.workdir}
-    if plan.env:
-        public["env"] = plan.env
     verifier_meta = meta.get("verifier") if isinstance(meta.get("verifier"), dict) else {}
-    assert isinstance(verifier_meta, dict)
-    timeout = verifier_meta.get("timeout_sec")
-    if isinstance(timeout, int | float) and timeout > 0:
-        public["timeout_s"] = float(timeout)
-    memory = env_meta.get("memory_mb")
-    if isinstance(memory, int) and memory > 0:
-        public["memory_mb"] = min(memory, 4096)
     info = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
-    assert isinstance(info, dict)
-    toml = {
-        "family": "terminal",
-        "domain": f"{pack_short}/{_category(info.get('category'))}",
-        "split": split,
-        "difficulty": _difficulty(info.get("difficulty")),
-        "public": public,
-    }
-    return TaskOut(
-        id=task_id(folder.name),
-        toml=toml,
-        instruction=instruction.strip() + "\n",
-        environment=environment,
+    assert isinstance(verifier_meta, dict) and isinstance(info, dict)
+    memory = env_meta.get("memory_mb")
+    return _task_out(
+        folder,
+        plan,
+        split=split,
+        domain=f"{pack_short}/{_category(info.get('category'))}",
+        difficulty=_difficulty(info.get("difficulty")),
+        timeout=verifier_meta.get("timeout_sec"),
+        instruction=instruction,
         verifier=verifier,
-        solution={"solve.sh": solve},
+        solve=solve,
         notes=notes,
+        public_extra=(
+            {"memory_mb": min(memory, 4096)} if isinstance(memory, int) and memory > 0 else None
+        ),
     )
 
 
