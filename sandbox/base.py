@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import os
+import posixpath
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -59,6 +61,25 @@ class SandboxSpec:
     # Host directories bound read-only inside, as (host path, sandbox path): a toolchain a
     # family needs (the cad family's trimesh/bpy site-packages). Never the server's files.
     ro_binds: tuple[tuple[str, str], ...] = ()
+
+
+_RESERVED_TARGETS = ("/proc", "/dev", "/tmp", "/etc", "/usr", "/run/palaestra", "/.palaestra")
+
+
+def check_ro_binds(spec: SandboxSpec) -> None:
+    """Every backend's check of `spec.ro_binds`: each names an existing host directory and a
+    fresh absolute target that shadows nothing the sandbox is built from (its workdir, /usr,
+    /etc, /proc, /dev, /tmp)."""
+    work = posixpath.normpath(spec.workdir)
+    for host, target in spec.ro_binds:
+        if not posixpath.isabs(host) or not os.path.isdir(host):
+            raise SandboxSpecError(f"ro_binds: host path {host!r} is not an existing directory")
+        t = posixpath.normpath(target)
+        if not posixpath.isabs(target) or t == "/":
+            raise SandboxSpecError(f"ro_binds: target {target!r} must be an absolute path below /")
+        for reserved in (*_RESERVED_TARGETS, work):
+            if t == reserved or t.startswith(reserved + "/") or reserved.startswith(t + "/"):
+                raise SandboxSpecError(f"ro_binds: target {target!r} would shadow {reserved}")
 
 
 @dataclass

@@ -154,6 +154,7 @@ from palaestra.sandbox.base import (
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    check_ro_binds,
     close_all,
     command_argv,
     sandbox_env,
@@ -434,24 +435,6 @@ def check_spec(spec: SandboxSpec) -> None:
     if spec.image is not None:
         resolve_image(spec.image)
     check_ro_binds(spec)
-
-
-_RESERVED_TARGETS = ("/proc", "/dev", "/tmp", "/etc", "/usr", "/run/palaestra", "/.palaestra")
-
-
-def check_ro_binds(spec: SandboxSpec) -> None:
-    """Each read-only bind names an existing host directory and a fresh absolute target that
-    shadows nothing the sandbox is built from (its workdir, /usr, /etc, /proc, /dev, /tmp)."""
-    work = posixpath.normpath(spec.workdir)
-    for host, target in spec.ro_binds:
-        if not posixpath.isabs(host) or not Path(host).is_dir():
-            raise SandboxSpecError(f"ro_binds: host path {host!r} is not an existing directory")
-        t = posixpath.normpath(target)
-        if not posixpath.isabs(target) or t == "/":
-            raise SandboxSpecError(f"ro_binds: target {target!r} must be an absolute path below /")
-        for reserved in (*_RESERVED_TARGETS, work):
-            if t == reserved or t.startswith(reserved + "/") or reserved.startswith(t + "/"):
-                raise SandboxSpecError(f"ro_binds: target {target!r} would shadow {reserved}")
 
 
 # ---- cgroups, seccomp, launcher -------------------------------------------------------------

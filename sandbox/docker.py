@@ -141,6 +141,7 @@ from palaestra.sandbox.base import (
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    check_ro_binds,
     close_all,
     command_argv,
     sandbox_env,
@@ -306,6 +307,7 @@ def check_spec(spec: SandboxSpec) -> None:
         raise SandboxSpecError(f"workspace_mb={spec.workspace_mb}: must be 1..{top}")
     if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) in ("/", "/tmp"):
         raise SandboxSpecError(f"workdir must be an absolute path below /: {spec.workdir!r}")
+    check_ro_binds(spec)
 
 
 class DockerBackend(Backend):
@@ -446,6 +448,11 @@ class DockerSandbox(Sandbox):
                         SHELL_BINARY, self._shell_binary, type="bind", read_only=True
                     )
                 )
+            # A family's toolchains (SandboxSpec.ro_binds), read-only, as bwrap binds them.
+            mounts += [
+                docker.types.Mount(target, host, type="bind", read_only=True)
+                for host, target in spec.ro_binds
+            ]
             self._container = self._client.containers.run(
                 self.image,
                 ["sleep", "infinity"],

@@ -54,6 +54,7 @@ from palaestra.sandbox.base import (
     SandboxGone,
     SandboxPathError,
     SandboxSpec,
+    SandboxSpecError,
     close_all,
     command_argv,
     sandbox_env,
@@ -165,6 +166,12 @@ class E2BBackend(Backend):
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
         if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) == "/":
             raise SandboxCreateError(f"workdir must be an absolute path below /: {spec.workdir!r}")
+        if spec.ro_binds:
+            # A cloud sandbox cannot see this host's directories: say so rather than run
+            # without the toolchain the family asked for.
+            raise SandboxSpecError(
+                "ro_binds (host directories) cannot be bound into an e2b sandbox"
+            )
         factory = self._factory or _default_factory()
         kwargs: dict[str, Any] = {
             "template": spec.image or self.template,

@@ -54,7 +54,8 @@ fi
 # The images the tests use (each step is skipped when its output is cached).
 if ! docker image inspect palaestra/base:bookworm >/dev/null 2>&1 ||
    ! docker image inspect palaestra/coding:latest >/dev/null 2>&1 ||
-   ! docker image inspect palaestra/terminal:latest >/dev/null 2>&1; then
+   ! docker image inspect palaestra/terminal:latest >/dev/null 2>&1 ||
+   ! docker image inspect palaestra/cad:latest >/dev/null 2>&1; then
   if [ -x .venv/bin/palaestra ]; then
     # A family image that fails (the terminal one runs apt-get) only skips that family's
     # docker tests; without the base and coding images every docker test skips.

@@ -330,11 +330,15 @@ class EpisodeManager:
             )
             try:
                 observation = await family.reset(ctx)
-            except SandboxError as exc:
-                await self._free(sandbox)
-                raise UnavailableError(
-                    f"the sandbox failed while starting the episode: {exc}", code="sandbox_failed"
-                ) from None
+            except BaseException as exc:
+                # Ours, or the one the family made itself (sandbox_spec None): freed either way.
+                await self._free(ctx.sandbox)
+                if isinstance(exc, SandboxError):
+                    raise UnavailableError(
+                        f"the sandbox failed while starting the episode: {exc}",
+                        code="sandbox_failed",
+                    ) from None
+                raise
         finally:
             self._pending -= 1
         now = time.time()

@@ -24,6 +24,30 @@ from palaestra.server.runtime import build_manager
 BIN = Path(sys.executable).parent
 
 
+def docker_skip_reason(image: str) -> str:
+    """Why the docker tests that need `image` must skip ("" when they can run): no engine
+    (with docker-up's reason, when it wrote one), or the image not built."""
+    from palaestra.sandbox.docker import docker_available
+
+    ok, why = docker_available()
+    if not ok:
+        cache = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
+        note = cache / "docker-unavailable"
+        hint = f"; docker-up: {note.read_text().strip()}" if note.is_file() else ""
+        return f"docker engine unavailable: {why}{hint}"
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(image)
+    except Exception:
+        name = image.split("/")[-1].split(":")[0]
+        return f"image {image} not built (run `palaestra images build {name}`)"
+    finally:
+        client.close()
+    return ""
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path / "data")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import tarfile
 import time
 from collections.abc import AsyncIterator
@@ -16,29 +15,10 @@ from pathlib import Path
 import pytest
 
 from palaestra.sandbox import SandboxGone, SandboxPathError, SandboxSpec, SandboxSpecError
-from palaestra.sandbox.docker import BASE_IMAGE, DockerBackend, DockerSandbox, docker_available
+from palaestra.sandbox.docker import BASE_IMAGE, DockerBackend, DockerSandbox
+from tests.conftest import docker_skip_reason
 
-
-def _why_unavailable() -> str:
-    ok, why = docker_available()
-    if not ok:
-        cache = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
-        note = cache / "docker-unavailable"
-        hint = f"; docker-up: {note.read_text().strip()}" if note.is_file() else ""
-        return f"docker engine unavailable: {why}{hint}"
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(BASE_IMAGE)
-    except Exception:
-        return f"image {BASE_IMAGE} not built (run `palaestra images build`)"
-    finally:
-        client.close()
-    return ""
-
-
-WHY = _why_unavailable()
+WHY = docker_skip_reason(BASE_IMAGE)
 pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
 
 SPEC = SandboxSpec(memory_mb=128, pids=64, workspace_mb=16, default_timeout_s=10.0)

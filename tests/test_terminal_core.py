@@ -40,6 +40,7 @@ from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.packs import Pack, inspect_pack
 from palaestra.server.runtime import build_manager
+from tests.conftest import docker_skip_reason
 
 PACK = Path(__file__).resolve().parents[1] / "packs" / "terminal-core"
 TASKS = PACK / "tasks"
@@ -155,24 +156,6 @@ def _subpack(tmp: Path, task_ids: set[str]) -> Path:
 # -- docker: oracle and null on every task ----------------------------------------------------
 
 
-def _docker_unavailable() -> str:
-    from palaestra.sandbox.docker import docker_available
-
-    ok, why = docker_available()
-    if not ok:
-        return f"docker engine unavailable: {why}"
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(DOCKER_IMAGE)
-    except Exception:
-        return f"image {DOCKER_IMAGE} not built (run `palaestra images build terminal`)"
-    finally:
-        client.close()
-    return ""
-
-
 async def _play(
     client: AsyncInProcessClient, task: Task, actions: Sequence[Action], timeout_s: float
 ) -> Verdict:
@@ -224,7 +207,7 @@ async def _oracle_and_null(sandbox: str) -> dict[str, tuple[Verdict, Verdict]]:
     return results
 
 
-WHY_NO_DOCKER = _docker_unavailable()
+WHY_NO_DOCKER = docker_skip_reason(DOCKER_IMAGE)
 
 
 @pytest.mark.skipif(bool(WHY_NO_DOCKER), reason=WHY_NO_DOCKER)

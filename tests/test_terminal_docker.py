@@ -4,7 +4,6 @@ Skips, saying why, when the engine or the image is missing (scripts/docker-up.sh
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,37 +11,18 @@ from pathlib import Path
 import pytest
 
 from palaestra.envs.terminal import cheats
-from palaestra.sandbox.docker import docker_available
 from palaestra.sdk.models import Action
 from palaestra.server.config import Settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.runtime import build_manager
+from tests.conftest import docker_skip_reason
 
 PACK = Path(__file__).parent / "fixtures" / "terminal-pack"
 REPO = "test/terminal-mini:fix-calc"
 IMAGE = "palaestra/terminal:latest"
 
 
-def _why_unavailable() -> str:
-    ok, why = docker_available()
-    if not ok:
-        cache = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
-        note = cache / "docker-unavailable"
-        hint = f"; docker-up: {note.read_text().strip()}" if note.is_file() else ""
-        return f"docker engine unavailable: {why}{hint}"
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(IMAGE)
-    except Exception:
-        return f"image {IMAGE} not built (run `palaestra images build terminal`)"
-    finally:
-        client.close()
-    return ""
-
-
-WHY = _why_unavailable()
+WHY = docker_skip_reason(IMAGE)
 pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
 
 

@@ -26,6 +26,7 @@ from pydantic import Field
 from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
 from palaestra.envs.cad import cheats, runtime
 from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE, SCRIPT
+from palaestra.envs.images import PreferredImage
 from palaestra.sandbox import ExecResult, Sandbox, SandboxSpec
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
@@ -33,6 +34,7 @@ from palaestra.sdk.task import Task
 from palaestra.verifiers import mesh as mesh_verifier
 
 MAX_TAIL = 4000
+IMAGE = "cad"  # images/cad/Dockerfile
 VERIFY_TIMEOUT_S = 180.0
 
 
@@ -117,8 +119,14 @@ class CadFamily(Family):
     version = "1.0.0"
     tools = TOOLS
 
-    def sandbox_spec(self, task: Task) -> SandboxSpec:
+    def __init__(self) -> None:
+        # docker: images/cad (bpy's X and GL libraries); bwrap: the host's /usr.
+        self._image = PreferredImage(IMAGE)
+
+    @staticmethod
+    def spec(image: str | None) -> SandboxSpec:
         return SandboxSpec(
+            image=image,
             workspace_mb=256,
             memory_mb=2048,
             pids=512,
@@ -126,9 +134,12 @@ class CadFamily(Family):
             ro_binds=runtime.ro_binds(),
         )
 
+    def sandbox_spec(self, task: Task) -> SandboxSpec | None:
+        return None  # `reset` creates it: the image depends on the backend
+
     async def reset(self, ctx: EpisodeContext) -> Observation:
         public = ctx.task.public
-        assert ctx.sandbox is not None
+        ctx.sandbox = await self._image.create(ctx, self.spec)
         if public.get("parametric"):
             await ctx.sandbox.write_file(PARAMS_FILE, json.dumps(public["params"], indent=2))
         chains = {c: runtime.toolchain(c) for c in runtime.TOOLCHAINS}
@@ -233,7 +244,7 @@ class CadFamily(Family):
             runs.append(("hidden_", private["hidden_params"]))
         comps: dict[str, float] = {}
         rewards, notes, passed = [], [], True
-        async with await ctx.new_sandbox(self.sandbox_spec(ctx.task)) as fresh:
+        async with await self._image.create(ctx, self.spec) as fresh:
             await fresh.upload_tar(workspace)
             for prefix, params in runs:
                 await fresh.write_file(PARAMS_FILE, json.dumps(params, indent=2))

@@ -29,9 +29,9 @@ from typing import Any
 from pydantic import Field
 
 from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
+from palaestra.envs.images import PreferredImage
 from palaestra.envs.terminal import cheats
 from palaestra.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, ShellSession
-from palaestra.sandbox.base import SandboxSpecError
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Limits, Observation, Verdict, VerifierInfo
 from palaestra.sdk.task import Task
@@ -146,8 +146,7 @@ class TerminalFamily(Family):
     tools = TOOLS
 
     def __init__(self) -> None:
-        # Whether the backend gave the default image (docker) or not (bwrap: host /usr).
-        self._default_image_ok: bool | None = None
+        self._image = PreferredImage(DEFAULT_IMAGE)  # docker: its image; bwrap: host /usr
 
     # -- task fields ---------------------------------------------------------------------
     @staticmethod
@@ -190,16 +189,7 @@ class TerminalFamily(Family):
         explicit = ctx.task.public.get("image")
         if explicit:
             return await ctx.new_sandbox(self.spec(ctx.task, str(explicit)))
-        if self._default_image_ok is not False:
-            try:
-                box = await ctx.new_sandbox(self.spec(ctx.task, DEFAULT_IMAGE))
-            except SandboxSpecError:
-                box = await ctx.new_sandbox(self.spec(ctx.task, None))
-                self._default_image_ok = False  # the host's /usr served; ask it directly now
-                return box
-            self._default_image_ok = True
-            return box
-        return await ctx.new_sandbox(self.spec(ctx.task, None))
+        return await self._image.create(ctx, lambda image: self.spec(ctx.task, image))
 
     # -- episode -------------------------------------------------------------------------
     async def reset(self, ctx: EpisodeContext) -> Observation:
