@@ -66,7 +66,10 @@ log = logging.getLogger("palaestra.episodes")
 
 ORACLE_TOOL = "oracle"
 ENDED_CACHE = 4096
-REPLAY_CACHE = 256
+# The last replies of a live episode kept whole, for retried request ids; older ones come
+# back from the store (a terminal step's reply can be 64 KiB, and there may be thousands of
+# live episodes).
+REPLAY_CACHE = 16
 
 
 @dataclass
@@ -80,6 +83,7 @@ class Episode:
     last_active: float
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     replies: OrderedDict[str, StepResponse] = field(default_factory=OrderedDict)
+    request_ids: set[str] = field(default_factory=set)  # every request id this episode stepped
     oracle: list[Action] | None = None
     step_timer: Any = None  # the family's step-latency histogram child, looked up once
     tally: StepTally = field(default_factory=StepTally)
@@ -411,8 +415,16 @@ class EpisodeManager:
         if ADMIN not in principal.scopes:
             principal.require_episodes(episode.task.sealed, episode.task.split)
         async with episode.lock:
-            if request.request_id and request.request_id in episode.replies:
-                return episode.replies[request.request_id]
+            if request.request_id and request.request_id in episode.request_ids:
+                cached = episode.replies.get(request.request_id)
+                if cached is not None:
+                    return cached
+                await self.store.aflush()
+                stored = await asyncio.to_thread(
+                    self.store.find_step, episode.id, request.request_id
+                )
+                if stored is not None:
+                    return stored
             if episode.state.status is not EpisodeStatus.ACTIVE:
                 status = episode.state.status.value
                 raise ConflictError(f"episode {episode_id} has ended ({status}); start a new one")
@@ -449,6 +461,7 @@ class EpisodeManager:
             episode.state.step_count = index + 1
             episode.state.updated_at = now
             if request.request_id:
+                episode.request_ids.add(request.request_id)
                 episode.replies[request.request_id] = reply
                 if len(episode.replies) > REPLAY_CACHE:
                     episode.replies.popitem(last=False)
@@ -565,6 +578,7 @@ class EpisodeManager:
         episode.state.timings["wall_s"] = round(time.monotonic() - episode.started, 6)
         self._live.pop(episode.id, None)
         self._ended[episode.id] = episode
+        episode.replies.clear()  # retries of an ended episode's steps come from the store
         if len(self._ended) > ENDED_CACHE:
             self._ended.popitem(last=False)
         self.metrics.episodes_ended.labels(status=status.value).inc()

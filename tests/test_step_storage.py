@@ -131,3 +131,29 @@ def test_batch_step_reply_is_a_batch_step_response(server: ServerProcess) -> Non
     assert parsed.items[0].result is not None and parsed.items[0].result.observation.text == "é"
     assert parsed.items[1].error is not None and parsed.items[1].error.status == 404
     assert parsed.items[2].result is not None and parsed.items[2].result.reward == 1.0
+
+
+async def test_a_retry_older_than_the_reply_cache_is_answered_from_the_store(
+    manager: EpisodeManager,
+) -> None:
+    """Live episodes keep only their last replies whole; an older request id is still never
+    stepped twice."""
+    from palaestra.server.manager import REPLAY_CACHE
+
+    reset = await manager.reset(ResetRequest(task=TASK, options={"max_steps": 1000}))
+    episode_id = reset.episode_id
+    steps = REPLAY_CACHE + 10
+    for i in range(steps):
+        action = Action(tool="echo", arguments={"text": f"t{i}"})
+        await manager.step(episode_id, StepRequest(action=action, request_id=f"r{i}"))
+    live = manager._live[episode_id]
+    assert len(live.replies) == REPLAY_CACHE
+    other = Action(tool="echo", arguments={"text": "something else"})
+    again = await manager.step(episode_id, StepRequest(action=other, request_id="r0"))
+    assert again.observation.text == "t0"
+    assert (await manager.state(episode_id)).step_count == steps  # not stepped again
+    submit = Action(tool="submit", arguments={"answer": "x"})
+    await manager.step(episode_id, StepRequest(action=submit, request_id="end"))
+    assert len(manager._ended[episode_id].replies) <= 1  # an ended episode keeps ~nothing
+    again = await manager.step(episode_id, StepRequest(action=other, request_id="r5"))
+    assert again.observation.text == "t5"
