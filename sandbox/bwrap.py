@@ -789,6 +789,7 @@ class BwrapSandbox(Sandbox):
         self.tmpfs = False  # whether the workspace is a size-limited tmpfs
         self._closed = False
         self._procs: set[asyncio.subprocess.Process] = set()
+        self._reaping: set[asyncio.Future[int]] = set()  # bwraps exiting by themselves
         self._static_args: list[str] = []
         self._etc_tree: Path | None = None  # bound at /etc (host-/usr sandboxes, `_setup`)
         # The exec helper (palaestra.sandbox.exechelper): with it, every exec's bwrap jail
@@ -963,6 +964,14 @@ class BwrapSandbox(Sandbox):
     def alive(self) -> bool:
         return not self._closed
 
+    def _reap_later(self, proc: asyncio.subprocess.Process) -> None:
+        """Reap a bwrap that reported its command's exit and now exits by itself; `close`
+        waits for it (a reap left pending when its event loop ends leaks the transport)."""
+        task = asyncio.ensure_future(proc.wait())
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -970,6 +979,8 @@ class BwrapSandbox(Sandbox):
         for proc in list(self._procs):
             _killpg(proc)
         self._drop_next()
+        if self._reaping:
+            await asyncio.wait(list(self._reaping), timeout=KILL_GRACE_S)
         mounted, self._mounted = self._mounted, False
         cg, self.cgroup = self.cgroup, None
         if cg is not None:
@@ -1347,7 +1358,7 @@ class BwrapSandbox(Sandbox):
             if proc.returncode is None and jail.reported:
                 # bwrap reported the exit code (its init, and with it every process of the
                 # exec, is gone) and now exits by itself: reaped in the background.
-                _reap_later(proc)
+                self._reap_later(proc)
             elif proc.returncode is None:
                 _killpg(proc)
                 with contextlib.suppress(Exception):
@@ -1882,11 +1893,6 @@ async def _init_gone(pid: object) -> None:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
-
-
-def _reap_later(proc: asyncio.subprocess.Process) -> None:
-    task = asyncio.ensure_future(proc.wait())
-    task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
 
 
 def _read_status(fd: int) -> dict[str, Any]:
