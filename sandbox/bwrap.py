@@ -1092,6 +1092,10 @@ class BwrapSandbox(Sandbox):
                 args += ["--setenv", k, v]
             args += ["--chdir", cwd or self._workdir]
         status_r, status_w = os.pipe()
+        # Our end is non-blocking from birth: flags are never set later on a number that, by
+        # then, might name another descriptor (a command's stdin made non-blocking fails
+        # with EAGAIN).
+        os.set_blocking(status_r, False)
         sfd = self._seccomp_fd()
         pass_fds = [status_w]
         if sfd is not None:
@@ -1246,7 +1250,9 @@ class BwrapSandbox(Sandbox):
                 log.debug("sandbox %s: the jail started ahead failed: %s", self.id, e)
                 jail = None
             if jail is not None and (
-                jail.static is not self._static_args or jail.proc.returncode is not None
+                jail.static is not self._static_args
+                or jail.proc.returncode is not None
+                or jail.closed
             ):
                 jail.discard()  # built from other arguments, or died while idle
                 jail = None
@@ -1454,7 +1460,6 @@ class BwrapSandbox(Sandbox):
                 pass  # the command closed its stdin: the rest is dropped, as with a pipe
             close_in()
 
-        os.set_blocking(jail.status_r, False)
         try:
             try:
                 rest = exechelper.send(ctl, req, theirs)
@@ -1896,8 +1901,8 @@ async def _init_gone(pid: object) -> None:
 
 
 def _read_status(fd: int) -> dict[str, Any]:
-    """Merge the JSON documents bwrap wrote to --json-status-fd (all writers are gone now)."""
-    os.set_blocking(fd, False)
+    """Merge the JSON documents bwrap wrote to --json-status-fd (all writers are gone now;
+    `fd` is non-blocking since the jail was made)."""
     raw = b""
     with contextlib.suppress(BlockingIOError):
         while chunk := os.read(fd, 65536):

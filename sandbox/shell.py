@@ -273,17 +273,27 @@ class LocalShellProcess(ShellProcess):
             for fd in (ctl_r0, st_w0, ctl_r, st_w):
                 os.close(fd)
                 fds.remove(fd)
-            status = asyncio.StreamReader(limit=2**20, loop=loop)
-            await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(status, loop=loop),
-                os.fdopen(st_r, "rb", buffering=0),
-            )
+            # From here the file objects own the two descriptors: closed through them only,
+            # never by number as well (a second close by number can hit a reused number).
+            status_pipe = os.fdopen(st_r, "rb", buffering=0)
             fds.remove(st_r)
-            transport, protocol = await loop.connect_write_pipe(
-                lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop),
-                os.fdopen(ctl_w, "wb", buffering=0),
-            )
+            control_pipe = os.fdopen(ctl_w, "wb", buffering=0)
             fds.remove(ctl_w)
+            try:
+                status = asyncio.StreamReader(limit=2**20, loop=loop)
+                await loop.connect_read_pipe(
+                    lambda: asyncio.StreamReaderProtocol(status, loop=loop), status_pipe
+                )
+                transport, protocol = await loop.connect_write_pipe(
+                    lambda: asyncio.StreamReaderProtocol(
+                        asyncio.StreamReader(loop=loop), loop=loop
+                    ),
+                    control_pipe,
+                )
+            except BaseException:
+                status_pipe.close()
+                control_pipe.close()
+                raise
             control = asyncio.StreamWriter(transport, protocol, None, loop)
         finally:
             for fd in fds:
