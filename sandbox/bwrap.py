@@ -161,6 +161,7 @@ from palaestra.sandbox.base import (
 )
 from palaestra.sandbox.cgroups import Cgroup, CgroupManager
 from palaestra.sandbox.shell import BashSession, LocalShellProcess, prepare_shell_binary
+from palaestra.sandbox.spawn import spawn
 
 log = logging.getLogger("palaestra.sandbox.bwrap")
 
@@ -1116,7 +1117,7 @@ class BwrapSandbox(Sandbox):
                 args, kwargs = self._wrap(args)
         try:
             stub = theirs is not None  # its command gets its stdio from the exec, later
-            proc = await asyncio.create_subprocess_exec(
+            proc = await spawn(
                 *args,
                 stdin=subprocess.DEVNULL if stdin_null or stub else subprocess.PIPE,
                 stdout=subprocess.DEVNULL if stub else subprocess.PIPE,

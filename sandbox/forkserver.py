@@ -107,6 +107,7 @@ from palaestra.sandbox.bwrap import (
     drain_capped,
     write_etc_files,
 )
+from palaestra.sandbox.spawn import spawn
 
 log = logging.getLogger("palaestra.sandbox.forkserver")
 
@@ -643,7 +644,7 @@ class PythonForkServer:
         self._etc_root = root
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self._proc = await asyncio.create_subprocess_exec(
+            self._proc = await spawn(
                 *self._bwrap_argv(why, etc, theirs.fileno()),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

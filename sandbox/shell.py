@@ -131,6 +131,7 @@ from palaestra.sandbox.base import (
     ShellResult,
     ShellSession,
 )
+from palaestra.sandbox.spawn import spawn
 
 KILLED_EXIT_CODE = -9  # the shell itself had to be killed (as `ExecResult` on a timeout)
 INT_GRACE_S = 0.3  # after SIGINT to the foreground job, before SIGKILL
@@ -257,7 +258,7 @@ class LocalShellProcess(ShellProcess):
             fds.append(st_w)
             argv, kwargs = argv_for(bootstrap_script(ctl_r, st_w))
             try:
-                proc = await asyncio.create_subprocess_exec(
+                proc = await spawn(
                     *argv,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
