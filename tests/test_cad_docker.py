@@ -5,7 +5,6 @@ Skips, saying why, when the engine, the image or the Blender toolchain is missin
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,8 @@ from palaestra.cli.main import app
 from palaestra.envs.cad import runtime
 from palaestra.server.config import REPO_PACKS, Settings
 from palaestra.server.inprocess import AsyncInProcessClient
+from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs import load_pack
-from palaestra.server.runtime import build_manager
 from tests.conftest import docker_skip_reason
 from tests.test_cad_family import BLENDER_PLATE
 
@@ -34,14 +33,13 @@ pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
 
 
 @pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[AsyncInProcessClient]:
-    settings = Settings(data_dir=tmp_path / "data", sandbox="docker", pool_size=0)
-    manager = build_manager(settings)
-    await manager.start()
-    try:
-        yield AsyncInProcessClient(manager)
-    finally:
-        await manager.shutdown()
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", sandbox="docker", pool_size=0)
+
+
+@pytest.fixture
+def client(manager: EpisodeManager) -> AsyncInProcessClient:
+    return AsyncInProcessClient(manager)
 
 
 async def test_blender_part_on_docker(client: AsyncInProcessClient) -> None:

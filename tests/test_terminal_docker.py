@@ -5,7 +5,6 @@ Skips, saying why, when the engine or the image is missing (scripts/docker-up.sh
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from palaestra.envs.terminal import cheats
 from palaestra.sdk.models import Action
 from palaestra.server.config import Settings
 from palaestra.server.inprocess import AsyncInProcessClient
-from palaestra.server.runtime import build_manager
+from palaestra.server.manager import EpisodeManager
 from tests.conftest import docker_skip_reason
 
 PACK = Path(__file__).parent / "fixtures" / "terminal-pack"
@@ -27,17 +26,16 @@ pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
 
 
 @pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[AsyncInProcessClient]:
+def settings(tmp_path: Path) -> Settings:
     shutil.copytree(PACK, tmp_path / "packs" / "terminal-pack")
-    settings = Settings(
+    return Settings(
         data_dir=tmp_path / "data", packs_dirs=[tmp_path / "packs"], sandbox="docker", pool_size=0
     )
-    manager = build_manager(settings)
-    await manager.start()
-    try:
-        yield AsyncInProcessClient(manager)
-    finally:
-        await manager.shutdown()
+
+
+@pytest.fixture
+def client(manager: EpisodeManager) -> AsyncInProcessClient:
+    return AsyncInProcessClient(manager)
 
 
 async def _play(client: AsyncInProcessClient, actions: list[Action]) -> dict[str, object]:
