@@ -966,12 +966,24 @@ class BwrapSandbox(Sandbox):
         return not self._closed
 
     def _reap_later(self, proc: asyncio.subprocess.Process) -> None:
-        """Reap a bwrap that reported its command's exit and now exits by itself; `close`
-        waits for it (a reap left pending when its event loop ends leaks the transport)."""
-        task = asyncio.ensure_future(proc.wait())
-        self._reaping.add(task)
-        task.add_done_callback(self._reaping.discard)
-        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+        """Reap a bwrap that reported its command's exit, or was killed, and now exits by
+        itself; `close` waits for it (a process still unreaped when its event loop ends
+        leaves its transport "running", and its finalizer fails on the closed loop)."""
+        self._await_on_close(asyncio.ensure_future(proc.wait()))
+
+    def _await_on_close(self, fut: asyncio.Future[Any]) -> None:
+        self._reaping.add(fut)
+        fut.add_done_callback(self._reaping.discard)
+        fut.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+
+    def _discard(self, jail: _Jail) -> None:
+        """Kill `jail` and reap it in the background."""
+        jail.discard()
+        self._reap_later(jail.proc)
+
+    def _discard_result(self, task: asyncio.Future[_Jail]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._discard(task.result())
 
     async def close(self) -> None:
         if self._closed:
@@ -980,8 +992,10 @@ class BwrapSandbox(Sandbox):
         for proc in list(self._procs):
             _killpg(proc)
         self._drop_next()
-        if self._reaping:
-            await asyncio.wait(list(self._reaping), timeout=KILL_GRACE_S)
+        # Bounded; a reap may register meanwhile (a cancelled jail start discarding its jail).
+        deadline = time.monotonic() + KILL_GRACE_S
+        while self._reaping and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(list(self._reaping), timeout=left)
         mounted, self._mounted = self._mounted, False
         cg, self.cgroup = self.cgroup, None
         if cg is not None:
@@ -1175,7 +1189,7 @@ class BwrapSandbox(Sandbox):
                 raise SandboxError(f"bwrap failed to set up the sandbox: {text[:2000]}")
         finally:
             if not ok:
-                jail.discard()
+                self._discard(jail)
         jail.ready = True
 
     async def wait_ready(self) -> None:
@@ -1210,8 +1224,9 @@ class BwrapSandbox(Sandbox):
             return
         if not fut.done():
             fut.cancel()  # a cancelled `_spawn_jail` kills what it started
+            self._await_on_close(fut)
         elif not fut.cancelled() and fut.exception() is None:
-            fut.result().discard()
+            self._discard(fut.result())
 
     def _schedule_next(self) -> None:
         """Start the next exec's jail in the background (the warm part of a sandbox), after
@@ -1245,7 +1260,7 @@ class BwrapSandbox(Sandbox):
                 jail: _Jail | None = await asyncio.shield(fut)
             except asyncio.CancelledError:
                 if not fut.cancelled():
-                    fut.add_done_callback(_discard_result)
+                    fut.add_done_callback(self._discard_result)
                 raise
             except SandboxError as e:
                 log.debug("sandbox %s: the jail started ahead failed: %s", self.id, e)
@@ -1255,7 +1270,7 @@ class BwrapSandbox(Sandbox):
                 or jail.proc.returncode is not None
                 or jail.closed
             ):
-                jail.discard()  # built from other arguments, or died while idle
+                self._discard(jail)  # built from other arguments, or died while idle
                 jail = None
             if jail is not None:
                 return jail
@@ -1325,7 +1340,7 @@ class BwrapSandbox(Sandbox):
     ) -> ExecResult:
         """Run one exec in `jail` (sending `req` to its stub, if it has one) to its end."""
         if self._closed:
-            jail.discard()
+            self._discard(jail)
             raise SandboxDeadError(f"sandbox {self.id} was closed during exec")
         proc = jail.proc
         cg = self.cgroup
@@ -1868,11 +1883,6 @@ def _ignore_failure(task: asyncio.Future[_Jail]) -> None:
     """A jail started ahead that failed or was cancelled: the next exec starts its own."""
     if not task.cancelled() and task.exception() is not None:
         log.debug("a jail started ahead failed: %s", task.exception())
-
-
-def _discard_result(task: asyncio.Future[_Jail]) -> None:
-    if not task.cancelled() and task.exception() is None:
-        task.result().discard()
 
 
 async def _init_gone(pid: object) -> None:

@@ -87,6 +87,7 @@ class WarmPool(Backend):
         self._sem = asyncio.Semaphore(max(1, refill_concurrency))
         self._slots: OrderedDict[SandboxSpec, _Slot] = OrderedDict()
         self._handed: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+        self._closing: set[asyncio.Future[None]] = set()  # `_close_later`s; aclose waits
         self._closed = False
         self.hits = 0
         self.misses = 0
@@ -146,7 +147,7 @@ class WarmPool(Backend):
         boxes = [b for s in slots for _, b in s.ready]
         for s in slots:
             s.ready.clear()
-        await asyncio.gather(*(b.close() for b in boxes), return_exceptions=True)
+        await asyncio.gather(*(b.close() for b in boxes), *self._closing, return_exceptions=True)
         await self.inner.aclose()
 
     # ---- internals -------------------------------------------------------------------------
@@ -173,6 +174,8 @@ class WarmPool(Backend):
 
     def _close_later(self, box: Sandbox) -> None:
         task = asyncio.ensure_future(box.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
         task.add_done_callback(_log_failure)
 
     def _pop(self, slot: _Slot) -> Sandbox | None:

@@ -35,9 +35,13 @@ class StubBox(Sandbox):
     async def download_tar(self, path: str | None = None) -> bytes:
         return b""
 
+    async def wait_ready(self) -> None:
+        await asyncio.sleep(self._owner.ready_delay)
+
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
+            await asyncio.sleep(self._owner.close_delay)
             self._owner.live.discard(self)
 
     @property
@@ -50,6 +54,7 @@ class StubBackend(Backend):
 
     def __init__(self, delay: float = 0.01) -> None:
         self.delay, self.live, self.created, self.fail = delay, set[StubBox](), 0, False
+        self.ready_delay = self.close_delay = 0.0
         self.closed = False
 
     async def create(self, spec: SandboxSpec) -> StubBox:
@@ -177,6 +182,30 @@ async def test_aclose_cancels_refills_and_closes_pooled() -> None:
     await asyncio.sleep(0.1)
     assert inner.live_count == 0 and inner.closed
     assert all(s.task is None or s.task.done() for s in pool._slots.values())
+
+
+async def test_aclose_waits_for_the_sandbox_it_was_readying() -> None:
+    """A refill cancelled while its sandbox gets ready closes that sandbox, and aclose returns
+    only once it is closed (a bwrap jail left to its event loop's end leaks its process)."""
+    inner = StubBackend(delay=0)
+    inner.ready_delay, inner.close_delay = 5.0, 0.05
+    pool = WarmPool(inner, size=1)
+    pool.prewarm(A)
+    await asyncio.sleep(0.02)
+    assert inner.live_count == 1 and pool.pooled == 0  # created, not ready yet
+    await pool.aclose()
+    assert inner.live_count == 0
+
+
+async def test_aclose_waits_for_evicted_and_stale_closes() -> None:
+    inner = StubBackend(delay=0)
+    inner.close_delay = 0.05
+    pool = WarmPool(inner, size=1, max_specs=1)
+    pool.prewarm(A)
+    await _settle(pool, 1, A)
+    pool.prewarm(B)  # evicts A's queue: its sandbox is closed in the background
+    await pool.aclose()
+    assert inner.live_count == 0
 
 
 async def test_warm_pool_latency_vs_cold_bwrap(tmp_path: Path) -> None:
