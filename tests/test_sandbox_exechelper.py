@@ -163,7 +163,8 @@ def _running_transports() -> list[asyncio.SubprocessTransport]:
     return [
         o
         for o in gc.get_objects()
-        if isinstance(o, asyncio.SubprocessTransport)
+        # type(), not isinstance: the heap holds dead weak proxies, which isinstance trips on
+        if issubclass(type(o), asyncio.SubprocessTransport)
         and getattr(o, "_loop", None) is loop
         and o.get_returncode() is None
         and not o.is_closing()
