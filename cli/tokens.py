@@ -57,20 +57,43 @@ def create(
         list[str], typer.Option("--scope", help="train, eval, publish or admin; repeatable")
     ],
     name: Annotated[str | None, typer.Option(help="a name to list and revoke it by")] = None,
+    org: Annotated[
+        list[str] | None,
+        typer.Option("--org", help="an org this publish token may publish into; repeatable"),
+    ] = None,
+    max_live: Annotated[
+        int | None, typer.Option(min=0, help="live episodes at once (default: the server's)")
+    ] = None,
+    max_episodes_per_hour: Annotated[
+        int | None, typer.Option(min=0, help="episodes started per hour (default: the server's)")
+    ] = None,
+    max_cpu_s_per_hour: Annotated[
+        float | None,
+        typer.Option(min=0, help="sandbox CPU-seconds per hour (default: the server's)"),
+    ] = None,
     data_dir: DataDir = None,
     url: Url = None,
     token: Token = None,
 ) -> None:
     """Make a token with the given scopes and print it (the only time it is shown)."""
+    orgs = org or []
+    quota = auth.Quota(max_live, max_episodes_per_hour, max_cpu_s_per_hour)
 
     def go() -> str:
         if url:
-            body = {"scopes": scope, "name": name}
+            body = {
+                "scopes": scope,
+                "name": name,
+                "orgs": orgs,
+                "max_live": max_live,
+                "max_episodes_per_hour": max_episodes_per_hour,
+                "max_cpu_s_per_hour": max_cpu_s_per_hour,
+            }
             reply = _http(url, resolve_token(token, data_dir), "POST", "/v1/tokens", json=body)
             made: str = reply.json()["token"]
             return made
         settings = settings_for(data_dir)
-        made, _ = auth.create_token(settings.db_path, scope, name=name)
+        made, _ = auth.create_token(settings.db_path, scope, name=name, orgs=orgs, quota=quota)
         return made
 
     print(_guard(go))
@@ -97,10 +120,10 @@ def list_(
     if as_json:
         print(json.dumps(rows))
         return
-    table = Table("id", "name", "scopes", "state")
+    table = Table("id", "name", "scopes", "orgs", "state")
     for row in rows:
         state = "revoked" if row["revoked"] else "live"
-        table.add_row(row["id"], row["name"], " ".join(row["scopes"]), state)
+        table.add_row(row["id"], row["name"], " ".join(row["scopes"]), " ".join(row["orgs"]), state)
     console.print(table)
 
 

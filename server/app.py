@@ -7,6 +7,7 @@ validation of the request and one serialization of the reply.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -16,7 +17,8 @@ from typing import Any
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import palaestra
 from palaestra.sdk.errors import PalaestraError
@@ -60,6 +62,13 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+# Starlette's own errors, answered in the contract's shape (never `{"detail": …}`).
+HTTP_ERRORS: dict[int, tuple[str, str]] = {
+    404: ("not_found", "no route {}; the routes are listed at /openapi.json"),
+    405: ("method_not_allowed", "{}: this route does not take that method (see Allow)"),
+}
+
+
 def _json(model: BaseModel, status: int = 200) -> Response:
     return Response(
         content=model.model_dump_json(), media_type="application/json", status_code=status
@@ -84,9 +93,19 @@ class PublishResponse(BaseModel):
     created: bool
 
 
+class PackEnableResponse(BaseModel):
+    name: str
+    enabled: bool = True
+    changed: bool = Field(description="false if unfiltered sampling already drew the pack")
+
+
 class TokenRequest(BaseModel):
     scopes: list[str]
     name: str | None = None
+    orgs: list[str] = Field(default_factory=list, description="orgs a publish token may use")
+    max_live: int | None = Field(default=None, ge=0, le=10**9)
+    max_episodes_per_hour: int | None = Field(default=None, ge=0, le=10**9)
+    max_cpu_s_per_hour: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)
 
 
 class TokenRecord(BaseModel):
@@ -95,6 +114,10 @@ class TokenRecord(BaseModel):
     scopes: list[str]
     created_at: float
     revoked: bool
+    orgs: list[str] = Field(default_factory=list)
+    max_live: int | None = None
+    max_episodes_per_hour: int | None = None
+    max_cpu_s_per_hour: float | None = None
 
 
 class TokenCreated(TokenRecord):
@@ -169,6 +192,13 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, "invalid_request", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Starlette's own answers (unknown route, wrong method) in the contract's shape."""
+        code, message = HTTP_ERRORS.get(exc.status_code, ("http_error", str(exc.detail)))
+        where = f"{request.method} {request.url.path}"
+        return _error(exc.status_code, code, message.format(where), False, exc.headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -345,6 +375,17 @@ def create_app(
         }
         return Response(data, media_type="application/gzip", headers=headers)
 
+    @app.post(
+        "/v1/packs/{org}/{name}/enable",
+        response_model=PackEnableResponse,
+        responses=ERRORS,
+        tags=["packs"],
+    )
+    async def pack_enable(org: str, name: str, request: Request) -> Response:
+        """Let unfiltered sampling draw a published pack (admin; a new one is held out)."""
+        changed = await mgr(request).enable_pack(f"{org}/{name}", who(request))
+        return _json(PackEnableResponse(name=f"{org}/{name}", changed=changed))
+
     @app.get("/v1/tokens", response_model=list[TokenRecord], responses=ERRORS, tags=["tokens"])
     async def tokens_list(request: Request) -> list[TokenRecord]:
         who(request).require(scopes.ADMIN, "listing tokens")
@@ -361,8 +402,16 @@ def create_app(
     async def tokens_create(body: TokenRequest, request: Request) -> Response:
         """Make a token; the reply is the only place it is ever shown."""
         who(request).require(scopes.ADMIN, "making tokens")
+        quota = scopes.Quota(body.max_live, body.max_episodes_per_hour, body.max_cpu_s_per_hour)
         token, record = await asyncio.to_thread(
-            scopes.create_token, mgr(request).settings.db_path, body.scopes, body.name
+            functools.partial(
+                scopes.create_token,
+                mgr(request).settings.db_path,
+                body.scopes,
+                body.name,
+                orgs=body.orgs,
+                quota=quota,
+            )
         )
         return _json(TokenCreated(token=token, **record), 201)
 
@@ -385,6 +434,9 @@ def create_app(
         problems = {"packs": manager_.packs.errors} if manager_.packs.errors else {}
         if not manager_.ready:
             return _error(503, "not_ready", "the episode manager is not running", True)
+        if not manager_.store.writer_alive:  # /healthz stays a liveness check
+            reason = manager_.store.writer_error or "closed"
+            return _error(503, "store_down", f"the store writer stopped ({reason})", False)
         return JSONResponse({"status": "ready", "pack_errors": problems})
 
     @app.get("/metrics", tags=["operations"])

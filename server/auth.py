@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import sqlite3
 import time
@@ -45,11 +46,30 @@ HOW_TO_GET_ONE = (
 
 
 @dataclass(frozen=True)
+class Quota:
+    """A token's own limits; None falls back to the server-wide default in Settings."""
+
+    max_live: int | None = None
+    max_episodes_per_hour: int | None = None
+    max_cpu_s_per_hour: float | None = None
+
+
+NO_QUOTA = Quota()
+
+
+@dataclass(frozen=True)
 class Principal:
-    """Who is calling: a token's name and scopes (`admin` implies every scope)."""
+    """Who is calling: a token's name, id, scopes (`admin` implies every scope), the orgs it
+    may publish into (granted by an admin) and its quota.
+
+    `token_id` is what episodes are owned by (DESIGN §3: an episode belongs to the token that
+    started it)."""
 
     name: str
     scopes: frozenset[str]
+    token_id: str = ""
+    orgs: frozenset[str] = frozenset()
+    quota: Quota = NO_QUOTA
 
     def has(self, scope: str) -> bool:
         return scope in self.scopes or ADMIN in self.scopes
@@ -85,7 +105,11 @@ class Principal:
 
 
 # The in-process clients (embedded, trusted) and a server with auth = "off".
-ADMIN_PRINCIPAL = Principal(name="embedded-admin", scopes=frozenset({ADMIN}))
+ADMIN_PRINCIPAL = Principal(
+    name="embedded-admin", scopes=frozenset({ADMIN}), token_id="embedded-admin"
+)
+
+_ORG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
 def hash_token(token: str) -> str:
@@ -106,7 +130,42 @@ def check_scopes(scopes: Iterable[str]) -> list[str]:
     return chosen
 
 
+def check_orgs(orgs: Iterable[str]) -> list[str]:
+    chosen = sorted(set(orgs))
+    bad = [o for o in chosen if not _ORG.match(o)]
+    if bad:
+        raise BadRequestError(
+            f"org names are lowercase [a-z0-9._-] (at most 64); got {bad}", code="bad_org"
+        )
+    return chosen
+
+
+def check_quota(quota: Quota) -> Quota:
+    for field_name in ("max_live", "max_episodes_per_hour", "max_cpu_s_per_hour"):
+        value = getattr(quota, field_name)
+        if value is not None and not (value >= 0 and value < 1e12):
+            raise BadRequestError(
+                f"{field_name} must be a finite number >= 0; got {value!r}", code="bad_quota"
+            )
+    return quota
+
+
 # -- the tokens table (SQLite; the same file as the episode store) -----------------------------
+
+_TOKEN_COLUMNS = {
+    "orgs": "TEXT NOT NULL DEFAULT ''",
+    "max_live": "INTEGER",
+    "max_episodes_per_hour": "INTEGER",
+    "max_cpu_s_per_hour": "REAL",
+}
+
+
+def migrate_tokens(db: sqlite3.Connection) -> None:
+    """Add the columns a store made before orgs and quotas lacks (idempotent)."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(tokens)")}
+    for column, decl in _TOKEN_COLUMNS.items():
+        if column not in have:
+            db.execute(f"ALTER TABLE tokens ADD COLUMN {column} {decl}")
 
 
 def _connect(db_path: Path) -> sqlite3.Connection:
@@ -114,14 +173,26 @@ def _connect(db_path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(db_path, timeout=30)
     db.execute("PRAGMA journal_mode=WAL")
     db.executescript(TOKENS_SCHEMA)
+    migrate_tokens(db)
     return db
 
 
 def create_token(
-    db_path: Path, scopes: Iterable[str], name: str | None = None, token: str | None = None
+    db_path: Path,
+    scopes: Iterable[str],
+    name: str | None = None,
+    token: str | None = None,
+    *,
+    orgs: Iterable[str] = (),
+    quota: Quota = NO_QUOTA,
 ) -> tuple[str, dict[str, Any]]:
-    """Make a token; returns it (the only time it is seen) and its public record."""
+    """Make a token; returns it (the only time it is seen) and its public record.
+
+    `orgs` are the pack orgs a publish token may publish into (granted by the admin who
+    makes it); `quota` its own limits (None: the server's defaults)."""
     chosen = check_scopes(scopes)
+    chosen_orgs = check_orgs(orgs)
+    check_quota(quota)
     token = token or new_token()
     token_id = uuid.uuid4().hex[:12]
     name = name or f"token-{token_id}"
@@ -129,32 +200,60 @@ def create_token(
     with _connect(db_path) as db:
         try:
             db.execute(
-                "INSERT INTO tokens (id, name, hash, scopes, created_at) VALUES (?,?,?,?,?)",
-                (token_id, name, hash_token(token), " ".join(chosen), now),
+                "INSERT INTO tokens (id, name, hash, scopes, created_at, orgs, max_live,"
+                " max_episodes_per_hour, max_cpu_s_per_hour) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    token_id,
+                    name,
+                    hash_token(token),
+                    " ".join(chosen),
+                    now,
+                    " ".join(chosen_orgs),
+                    quota.max_live,
+                    quota.max_episodes_per_hour,
+                    quota.max_cpu_s_per_hour,
+                ),
             )
         except sqlite3.IntegrityError:
             raise BadRequestError(
                 f"a token named {name!r} exists already; pick another --name", code="token_exists"
             ) from None
-    record = {"id": token_id, "name": name, "scopes": chosen, "created_at": now, "revoked": False}
+    record = _record(token_id, name, " ".join(chosen), now, None, " ".join(chosen_orgs), quota)
     return token, record
+
+
+def _record(
+    token_id: str,
+    name: str,
+    scopes: str,
+    created_at: float,
+    revoked_at: float | None,
+    orgs: str,
+    quota: Quota,
+) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "name": name,
+        "scopes": scopes.split(),
+        "created_at": created_at,
+        "revoked": revoked_at is not None,
+        "orgs": orgs.split(),
+        "max_live": quota.max_live,
+        "max_episodes_per_hour": quota.max_episodes_per_hour,
+        "max_cpu_s_per_hour": quota.max_cpu_s_per_hour,
+    }
+
+
+_SELECT = (
+    "SELECT id, name, scopes, created_at, revoked_at, orgs, max_live, max_episodes_per_hour,"
+    " max_cpu_s_per_hour FROM tokens"
+)
 
 
 def list_tokens(db_path: Path) -> list[dict[str, Any]]:
     with _connect(db_path) as db:
-        rows = db.execute(
-            "SELECT id, name, scopes, created_at, revoked_at FROM tokens ORDER BY created_at"
-        ).fetchall()
-    return [
-        {
-            "id": r[0],
-            "name": r[1],
-            "scopes": r[2].split(),
-            "created_at": r[3],
-            "revoked": r[4] is not None,
-        }
-        for r in rows
-    ]
+        rows = db.execute(_SELECT + " ORDER BY created_at").fetchall()
+    return [_record(r[0], r[1], r[2], r[3], r[4], r[5], Quota(r[6], r[7], r[8])) for r in rows]
 
 
 def revoke_token(db_path: Path, name_or_id: str) -> list[str]:
@@ -173,10 +272,16 @@ def revoke_token(db_path: Path, name_or_id: str) -> list[str]:
 
 def lookup(db_path: Path, token_hash: str) -> Principal | None:
     with _connect(db_path) as db:
-        row = db.execute(
-            "SELECT name, scopes FROM tokens WHERE hash=? AND revoked_at IS NULL", (token_hash,)
-        ).fetchone()
-    return None if row is None else Principal(name=row[0], scopes=frozenset(row[1].split()))
+        row = db.execute(_SELECT + " WHERE hash=? AND revoked_at IS NULL", (token_hash,)).fetchone()
+    if row is None:
+        return None
+    return Principal(
+        name=row[1],
+        scopes=frozenset(row[2].split()),
+        token_id=row[0],
+        orgs=frozenset(row[5].split()),
+        quota=Quota(row[6], row[7], row[8]),
+    )
 
 
 def ensure_admin_token(data_dir: Path, db_path: Path) -> Path:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
 import sqlite3
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from palaestra.sdk.errors import ServerError, UnavailableError
 from palaestra.sdk.models import EpisodeMetrics, EpisodeState, StepRecord, StepResponse, Verdict
 
 SCHEMA = """
@@ -34,7 +37,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     void_reason TEXT,
     timings TEXT NOT NULL DEFAULT '{}',
     info TEXT NOT NULL DEFAULT '{}',
-    metrics TEXT NOT NULL DEFAULT '{}'
+    metrics TEXT NOT NULL DEFAULT '{}',
+    owner TEXT
 );
 CREATE TABLE IF NOT EXISTS steps (
     episode_id TEXT NOT NULL,
@@ -60,7 +64,11 @@ CREATE TABLE IF NOT EXISTS tokens (
     hash TEXT NOT NULL UNIQUE,
     scopes TEXT NOT NULL,
     created_at REAL NOT NULL,
-    revoked_at REAL
+    revoked_at REAL,
+    orgs TEXT NOT NULL DEFAULT '',
+    max_live INTEGER,
+    max_episodes_per_hour INTEGER,
+    max_cpu_s_per_hour REAL
 );
 """
 
@@ -73,7 +81,14 @@ CREATE TABLE IF NOT EXISTS published_packs (
     digest TEXT NOT NULL,
     published_at REAL NOT NULL,
     publisher TEXT NOT NULL,
+    bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (name, version)
+);
+-- Published packs an admin let into unfiltered sampling (server/registry.py).
+CREATE TABLE IF NOT EXISTS enabled_packs (
+    name TEXT PRIMARY KEY,
+    enabled_at REAL NOT NULL,
+    enabled_by TEXT NOT NULL
 );
 """
 
@@ -89,13 +104,31 @@ CREATE TABLE IF NOT EXISTS sampler_releases (
 
 SCHEMA += TOKENS_SCHEMA + PACKS_SCHEMA + SAMPLER_SCHEMA
 
-_Write = tuple[str, tuple[Any, ...]]
+# A queued write: statement, parameters, and the future its caller may wait on (or None).
+_Write = tuple[str, tuple[Any, ...], "Future[None] | None"]
+_Item = _Write | threading.Event | None
+
+log = logging.getLogger("palaestra.store")
+
+
+class StoreWriteError(ServerError):
+    """A queued write failed (a value SQLite cannot bind, a constraint): it was dropped and
+    the writer went on. Input that reaches the store is validated first, so this is a bug."""
+
+    default_code = "store_write_failed"
+
+
+def _writer_down(reason: str | None) -> UnavailableError:
+    return UnavailableError(
+        f"the store writer stopped ({reason}); this server cannot record episodes",
+        code="store_unavailable",
+    )
 
 
 def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
     """Consecutive writes of one statement grouped for `executemany` (order kept)."""
     runs: list[tuple[str, list[tuple[Any, ...]]]] = []
-    for sql, params in batch:
+    for sql, params, _ in batch:
         if runs and runs[-1][0] == sql:
             runs[-1][1].append(params)
         else:
@@ -112,7 +145,11 @@ class Store:
             columns = {row[1] for row in db.execute("PRAGMA table_info(episodes)")}
             if "metrics" not in columns:  # a store made before per-episode metrics
                 db.execute("ALTER TABLE episodes ADD COLUMN metrics TEXT NOT NULL DEFAULT '{}'")
-        self._queue: queue.SimpleQueue[_Write | threading.Event | None] = queue.SimpleQueue()
+            if "owner" not in columns:  # a store made before episodes had owners (tenancy.py)
+                db.execute("ALTER TABLE episodes ADD COLUMN owner TEXT")
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self.write_errors = 0  # writes dropped because their statement failed
+        self.writer_error: str | None = None  # why the writer thread stopped, if it did
         self._writer = threading.Thread(
             target=self._write_loop, name="palaestra-store", daemon=True
         )
@@ -125,8 +162,17 @@ class Store:
         db.execute("PRAGMA synchronous=NORMAL")
         return db
 
+    @property
+    def writer_alive(self) -> bool:
+        """Whether queued writes are still committed (readiness, /readyz)."""
+        return self._writer.is_alive() and not self._closed
+
     def _write_loop(self) -> None:
-        db = self._connect()
+        try:
+            db = self._connect()
+        except Exception as exc:
+            self._die(exc)
+            return
         try:
             while True:
                 item = self._queue.get()
@@ -147,24 +193,78 @@ class Store:
                     except queue.Empty:
                         break
                 if batch:
-                    with db:
-                        for sql, rows in _runs(batch):
-                            db.executemany(sql, rows)
+                    self._commit(db, batch)
                 for event in events:
                     event.set()
                 if stop:
                     return
+        except Exception as exc:  # a bug here must show in readiness, not hang flush()
+            log.exception("the store writer failed")
+            self._die(exc)
         finally:
             db.close()
 
-    def _put(self, sql: str, params: tuple[Any, ...]) -> None:
-        self._queue.put((sql, params))
+    def _commit(self, db: sqlite3.Connection, batch: list[_Write]) -> None:
+        """One transaction for the batch; when a statement fails, the batch is replayed one
+        write at a time so that only the failing writes are dropped (their callers' futures
+        get the error) and everyone else's are committed."""
+        try:
+            with db:
+                for sql, rows in _runs(batch):
+                    db.executemany(sql, rows)
+        except Exception:
+            for sql, params, done in batch:
+                try:
+                    with db:
+                        db.execute(sql, params)
+                except Exception as exc:
+                    self.write_errors += 1
+                    log.error("store write dropped (%s: %s): %s", type(exc).__name__, exc, sql)
+                    if done is not None and not done.done():
+                        done.set_exception(StoreWriteError(f"{type(exc).__name__}: {exc}"))
+                else:
+                    if done is not None and not done.done():
+                        done.set_result(None)
+            return
+        for _, _, done in batch:
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    def _die(self, exc: BaseException) -> None:
+        self.writer_error = f"{type(exc).__name__}: {exc}"
+        log.critical("the store writer stopped: %s", self.writer_error)
+        # Nobody may wait forever on a writer that is gone: release every waiter.
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+            elif item is not None and item[2] is not None and not item[2].done():
+                item[2].set_exception(_writer_down(self.writer_error))
+
+    def _put(self, sql: str, params: tuple[Any, ...], wait: bool = False) -> Future[None] | None:
+        """Queue a write; with `wait`, a future that ends when it is committed (or failed)."""
+        done: Future[None] | None = Future() if wait else None
+        if not self._writer.is_alive():
+            error = _writer_down(self.writer_error)
+            if done is None:
+                raise error
+            done.set_exception(error)
+            return done
+        self._queue.put((sql, params, done))
+        return done
 
     # -- writes (queued) ------------------------------------------------------------------
-    def create_episode(self, state: EpisodeState, task_digest: str, sealed: bool) -> None:
-        self._put(
+    def create_episode(
+        self, state: EpisodeState, task_digest: str, sealed: bool, owner: str | None = None
+    ) -> Future[None] | None:
+        """Queued; the future fails (StoreWriteError) when the row cannot be stored.
+        `owner`: the token id that started it (server/tenancy.py)."""
+        return self._put(
             "INSERT INTO episodes (id, task, task_digest, family, domain, split, sealed, status,"
-            " step_count, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            " step_count, created_at, updated_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 state.episode_id,
                 state.task,
@@ -177,7 +277,9 @@ class Store:
                 0,
                 state.created_at,
                 state.updated_at,
+                owner,
             ),
+            wait=True,
         )
 
     def add_step(self, episode_id: str, index: int, request_id: str | None, record: str) -> None:
@@ -210,9 +312,14 @@ class Store:
         )
 
     def flush(self) -> None:
+        """Wait until everything queued before is committed (or dropped, or the writer died)."""
+        if not self._writer.is_alive():
+            return
         event = threading.Event()
         self._queue.put(event)
-        event.wait()
+        while not event.wait(1.0):
+            if not self._writer.is_alive():  # died between the check and the put
+                return
 
     async def aflush(self) -> None:
         await asyncio.to_thread(self.flush)
@@ -292,6 +399,24 @@ class Store:
         with self._connect() as db:
             row = db.execute("SELECT sealed FROM episodes WHERE id=?", (episode_id,)).fetchone()
         return bool(row and row[0])
+
+    def owners(self, keys: tuple[str, ...]) -> dict[str, tuple[str | None, bool]]:
+        """(owner token id, sealed) of the stored episodes among `keys` (absent: unknown)."""
+        marks = ",".join("?" * len(keys))
+        with self._connect() as db:
+            rows = db.execute(
+                f"SELECT id, owner, sealed FROM episodes WHERE id IN ({marks})", keys
+            ).fetchall()
+        return {row[0]: (row[1], bool(row[2])) for row in rows}
+
+    def starts_since(self, since: float) -> list[tuple[str, float]]:
+        """(owner, created_at) of the episodes started since `since` (quota windows)."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT owner, created_at FROM episodes WHERE created_at > ? AND owner IS NOT NULL",
+                (since,),
+            ).fetchall()
+        return [(row[0], float(row[1])) for row in rows]
 
     def add_sampler_release(self, task: str, at: float) -> None:
         self._put("INSERT INTO sampler_releases (task, at) VALUES (?,?)", (task, at))
