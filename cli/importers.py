@@ -573,6 +573,7 @@ def _task_out(
     solve: str,
     notes: list[str],
     public_extra: dict[str, Any] | None = None,
+    private: dict[str, Any] | None = None,
 ) -> TaskOut:
     """The terminal task both formats become, once their own parts are converted."""
     environment = dict(plan.files)
@@ -591,6 +592,8 @@ def _task_out(
         "difficulty": difficulty,
         "public": public,
     }
+    if private:
+        toml["private"] = private
     return TaskOut(
         id=task_id(folder.name),
         toml=toml,
@@ -683,6 +686,9 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
         public_extra=(
             {"memory_mb": min(memory, 4096)} if isinstance(memory, int) and memory > 0 else None
         ),
+        # Harbor's tests/test.sh decides through $VERIFIER_LOGS/reward.txt: the task says
+        # so, and only a task that says so has its reward file read (docs/terminal.md).
+        private={"reward_file": True},
     )
 
 

@@ -69,10 +69,72 @@ class CheckReport:
     allowed: dict[str, list[str]] = field(default_factory=dict)  # cheat -> tasks it scored on
 
     allow_reasons: dict[str, str] = field(default_factory=dict)
+    results: dict[str, TaskResult] = field(default_factory=dict)  # task id -> its rewards
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def cheat_summary(self) -> dict[str, dict[str, float | int]]:
+        """Per cheat: how many tasks it ran on, its max and mean reward (None runs skipped)."""
+        by_cheat: dict[str, list[float]] = {}
+        for result in self.results.values():
+            for name, reward in result.cheats.items():
+                if reward is not None:
+                    by_cheat.setdefault(name, []).append(reward)
+        return {
+            name: {"tasks": len(xs), "max": max(xs), "mean": sum(xs) / len(xs)}
+            for name, xs in sorted(by_cheat.items())
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as `pack check --json` writes it."""
+        summary = self.cheat_summary()
+        worst = max(summary.items(), key=lambda kv: (kv[1]["max"], kv[1]["mean"]), default=None)
+        return {
+            "pack": self.pack,
+            "digest": self.digest,
+            "ok": self.ok,
+            "tasks": self.tasks,
+            "checked": self.checked,
+            "episodes": self.episodes,
+            "results": [self.results[k].to_json() for k in sorted(self.results)],
+            "cheats": summary,
+            "worst_cheat": {"name": worst[0], **worst[1]} if worst else None,
+            "problems": [
+                {"where": p.where, "check": p.check, "message": p.message} for p in self.problems
+            ],
+            "allowed": self.allowed,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class TaskResult:
+    """What each episode of one task scored (None: the episode gave no ok verdict)."""
+
+    task: str
+    split: str
+    oracle: float | None = None
+    rerun: float | None = None
+    null: float | None = None
+    cheats: dict[str, float | None] = field(default_factory=dict)
+    void: list[str] = field(default_factory=list)  # labels of the episodes that were void
+
+    def worst_cheat(self) -> tuple[str, float] | None:
+        scored = [(r, n) for n, r in self.cheats.items() if r is not None]
+        return (max(scored)[1], max(scored)[0]) if scored else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "split": self.split,
+            "oracle": self.oracle,
+            "rerun": self.rerun,
+            "null": self.null,
+            "cheats": self.cheats,
+            "void": self.void,
+        }
 
 
 def _load_problem(root: Path, message: str) -> Problem:
@@ -177,10 +239,19 @@ async def _check_task(
     def fail(check: str, message: str) -> None:
         problems.append(Problem(where=task.id, check=check, message=message))
 
+    result = report.results.setdefault(task.id, TaskResult(task.id, task.split))
+
     async def play(label: str, actions: Sequence[Action]) -> Verdict | None:
         run = await _episode(client, task, actions, timeout_s)
         report.episodes += 1
         problem = _failure(label, run, timeout_s)
+        if run.verdict is not None and run.verdict.status == "void":
+            result.void.append(label)
+        reward = None if problem else run.verdict.reward if run.verdict else None
+        if label.startswith("cheat:"):
+            result.cheats[label.removeprefix("cheat:")] = reward
+        elif label in ("oracle", "rerun", "null"):
+            setattr(result, label, reward)
         if problem:
             fail(label, problem)
             return None
@@ -321,8 +392,37 @@ async def check_pack(
     return report
 
 
+def _fmt(reward: float | None) -> str:
+    return "-" if reward is None else f"{reward:.2f}"
+
+
+def render_results(report: CheckReport, out: Console) -> None:
+    """One row per task (oracle, rerun, null, worst cheat), then each cheat's max and mean."""
+    if not report.results:
+        return
+    table = Table("task", "split", "oracle", "rerun", "null", "worst cheat", title="per task")
+    for task_id in sorted(report.results):
+        r = report.results[task_id]
+        worst = r.worst_cheat()
+        table.add_row(
+            escape(task_id),
+            escape(r.split),
+            _fmt(r.oracle),
+            _fmt(r.rerun),
+            _fmt(r.null),
+            f"{escape(worst[0])} {worst[1]:.2f}" if worst else "-",
+        )
+    out.print(table)
+    for cheat, stats in report.cheat_summary().items():
+        out.print(
+            f"cheat {escape(cheat)}: max {stats['max']:.2f}, mean {stats['mean']:.3f} "
+            f"over {stats['tasks']} task(s)"
+        )
+
+
 def render_report(report: CheckReport, out: Console) -> None:
     name = report.pack or str(report.root)
+    render_results(report, out)
     for note in report.notes:
         out.print(f"[dim]note:[/dim] {escape(note)}")
     reasons = report.allow_reasons
@@ -363,14 +463,23 @@ def check_cmd(
             envvar="PALAESTRA_SANDBOX", help="sandbox backend: bwrap (default), docker, e2b"
         ),
     ] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option("--json", help="also write the per-task results and problems as JSON here"),
+    ] = None,
 ) -> None:
     """Prove a pack: schema, lock, oracle ≥ expected, rerun identical, null 0, cheats ≤ 0.1."""
+    import json
+
     report = asyncio.run(
         check_pack(
             directory, limit=limit, concurrency=concurrency, timeout_s=timeout, sandbox=sandbox
         )
     )
     render_report(report, console)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report.to_json(), indent=1) + "\n")
     if not report.ok:
         raise typer.Exit(1)
 

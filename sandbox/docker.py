@@ -465,7 +465,7 @@ class DockerSandbox(Sandbox):
                 labels=labels,
                 network_mode="none",
                 read_only=True,
-                tmpfs={"/tmp": f"size={mb}m,mode=1777,nosuid,nodev"},
+                tmpfs={"/tmp": f"size={mb}m,mode=1777,nosuid,nodev,exec"},  # verifier files run
                 volumes={self._volume: {"bind": self._workdir, "mode": "rw"}},
                 mounts=mounts,
                 mem_limit=f"{spec.memory_mb}m",

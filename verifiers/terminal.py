@@ -30,29 +30,33 @@ because the agent made files unwritable) is a failure with reward 0.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
+import json
 import posixpath
 import secrets
 import shlex
 import tarfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from xml.etree import ElementTree
+from pathlib import Path
+from typing import Any
 
-from palaestra.sandbox import Sandbox, SandboxError
+from palaestra.sandbox import ExecResult, Sandbox, SandboxError
+from palaestra.sandbox.base import BASE_PATH
+from palaestra.verifiers.terminal_runner import safe_path
 
-VERSION = "1.0.0"
+VERSION = "2.0.0"
+RUNNER = Path(__file__).with_name("terminal_runner.py")
+MAX_CHANNEL = 1024 * 1024
 VERIFIER_DIR = "/tmp/verifier"
 VERIFIER_LOGS = "/tmp/verifier-logs"
 PYTEST_CONFIG_NAMES = ("conftest.py", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini")
 TEST_SH = "test.sh"
-PYTEST_ARGS = ("-q", "-p", "no:cacheprovider")
 DEFAULT_TIMEOUT_S = 120.0
 
-# Harness exit statuses (a test's own status is mapped to PASS or FAIL, never these).
-PASS, FAIL, BAD_REWARD = 0, 3, 4
-REWARD_BASE = 10  # 10 + round(100 * reward) for a reward file: 10..110
+# The restore script's exit statuses.
+PASS, FAIL = 0, 3
 INFRA = 200  # >= 200: the harness itself failed (ours: void)
 MAX_LOG = 4000
 
@@ -208,88 +212,8 @@ exit {PASS}
 """
 
 
-def _pytest_script(workdir: str, ids: Sequence[str], junit: str) -> str:
-    """pytest on `ids`, imported before the workdir joins sys.path (a planted pytest.py or
-    _pytest/ cannot stand in for it), then the workdir first, as ``python -m pytest`` has."""
-    w = shlex.quote(workdir)
-    args = [*PYTEST_ARGS, "--rootdir", workdir, "--junitxml", junit, "--", *ids]
-    boot = (
-        "import sys, pytest; "
-        f"sys.path.insert(0, {workdir!r}); "
-        f"raise SystemExit(pytest.main({args!r}))"
-    )
-    return f"""\
-cd {w} || exit {FAIL}
-PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 exec python3 -P -B -c {shlex.quote(boot)} </dev/null
-"""
-
-
-# test.sh's `python3 -m pytest`, `python -m pytest` and `pytest` import pytest before the
-# cwd joins sys.path (as in the sets), so a pytest.py the agent planted cannot stand in.
-_PYTEST_BOOT = (
-    "import os, sys, pytest; sys.path.insert(0, os.getcwd()); sys.argv[0] = 'pytest'; "
-    "raise SystemExit(pytest.console_main())"
-)
-_PYTEST_GUARD = f"""\
-PY=$(command -v python3) || PY=
-if [ -n "$PY" ]; then
-  B=$(mktemp -d /tmp/verifier-bin.XXXXXX) || exit {INFRA}
-  cat >"$B/python3" <<PALAESTRA_PY
-#!/bin/sh
-if [ "\\$1" = -m ] && [ "\\$2" = pytest ]; then
-  shift 2
-  exec "$PY" -P -c {shlex.quote(_PYTEST_BOOT)} "\\$@"
-fi
-exec "$PY" "\\$@"
-PALAESTRA_PY
-  printf '#!/bin/sh\\nexec "%s/python3" -m pytest "$@"\\n' "$B" >"$B/pytest"
-  chmod 755 "$B/python3" "$B/pytest"
-  ln -s python3 "$B/python"
-  export PATH="$B:$PATH"
-fi"""
-
-
-def _test_sh_script(workdir: str) -> str:
-    w = shlex.quote(workdir)
-    return f"""\
-set -u
-V={VERIFIER_DIR}; L={VERIFIER_LOGS}
-rm -rf "$V" "$L" 2>/dev/null
-mkdir -p "$V" "$L" || exit {INFRA}
-tar -x -C "$V" -f - || exit {INFRA + 1}
-exec </dev/null
-cd {w} || exit {FAIL}
-{_PYTEST_GUARD}
-bash "$V/{TEST_SH}"; rc=$?
-if [ -f "$L/reward.txt" ]; then
-  r=$(head -c 64 "$L/reward.txt" | tr -d ' \\t\\r\\n')
-  case "$r" in
-    1|1.0|1.00) exit {REWARD_BASE + 100};;
-    0|0.0|0.00) exit {REWARD_BASE};;
-    0.[0-9]|0.[0-9][0-9])
-      v=${{r#0.}}; [ ${{#v}} -eq 1 ] && v=${{v}}0
-      exit $(({REWARD_BASE} + 10#$v));;
-    *) echo "palaestra: reward.txt holds '$r', not a number in [0, 1]" >&2; exit {BAD_REWARD};;
-  esac
-fi
-[ "$rc" -eq 0 ] && exit {PASS}
-exit {FAIL}
-"""
-
-
 def _tail(text: str, n: int = MAX_LOG) -> str:
     return text if len(text) <= n else "…" + text[-n:]
-
-
-def _junit_counts(xml: bytes) -> tuple[int, int]:
-    """(passed, total) from a pytest JUnit report."""
-    root = ElementTree.fromstring(xml)
-    total = passed = 0
-    for case in root.iter("testcase"):
-        total += 1
-        if not any(child.tag in ("failure", "error", "skipped") for child in case):
-            passed += 1
-    return passed, total
 
 
 # -- the verification -----------------------------------------------------------------------
@@ -305,6 +229,8 @@ async def verify_workspace(
     fail_to_pass: Sequence[str] = (),
     pass_to_pass: Sequence[str] = (),
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    path: str = BASE_PATH,
+    reward_file: bool = False,
 ) -> TerminalRun:
     """Run the task's tests against `workspace` (a tar of the final workdir) in `box`,
     a fresh sandbox; raises SandboxError only for faults of ours (see the module doc)."""
@@ -314,19 +240,114 @@ async def verify_workspace(
     run.notes.extend(notes)
     await box.upload_tar(clean)
     if links:
-        await box.exec(["/bin/sh", "-c", _link_commands(workdir, links)], cwd=workdir)
+        await box.exec(
+            ["/bin/sh", "-c", _link_commands(workdir, links)],
+            cwd=workdir,
+            env=_exec_env(workdir, path),
+        )
     sets = [("fail_to_pass", list(fail_to_pass)), ("pass_to_pass", list(pass_to_pass))]
     sets = [(name, ids) for name, ids in sets if ids]
     if sets:
-        await _run_sets(box, run, workdir, verifier, environment, sets, timeout_s)
+        await _run_sets(box, run, workdir, verifier, environment, sets, timeout_s, path)
     if TEST_SH in verifier:
-        await _run_test_sh(box, run, workdir, verifier, timeout_s)
+        await _run_test_sh(box, run, workdir, verifier, timeout_s, path, reward_file)
     if not sets and TEST_SH not in verifier:
         raise ValueError(
             "the task has neither verifier/test.sh nor fail_to_pass/pass_to_pass; "
             "it cannot be verified"
         )
     return run
+
+
+def _runner_argv(mode: str) -> list[str]:
+    return ["/usr/bin/env", "python3", "-I", "-c", _runner_source(), mode]
+
+
+@functools.cache
+def _runner_source() -> str:
+    return RUNNER.read_text(encoding="utf-8")
+
+
+def _exec_env(workdir: str, path: str) -> dict[str, str]:
+    """What every verifier exec overrides of the sandbox's environment: a PATH without a
+    workspace folder, a HOME outside it, no shell or Python startup variable."""
+    return {
+        "PATH": safe_path(workdir, path),
+        "HOME": "/tmp",
+        "BASH_ENV": "",
+        "ENV": "",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONSTARTUP": "",
+        "PYTHONPATH": "",
+    }
+
+
+def _channel(stdout: str, nonce: str) -> list[tuple[str, Any]]:
+    """The runner's messages: only lines that start with this run's nonce."""
+    out: list[tuple[str, Any]] = []
+    prefix = nonce + " "
+    for line in stdout.splitlines():
+        if not line.startswith(prefix):
+            continue
+        kind, _, payload = line[len(prefix) :].partition(" ")
+        try:
+            out.append((kind, json.loads(payload)))
+        except ValueError:
+            continue
+    return out
+
+
+def _runner_stdin(nonce: str, cfg: Mapping[str, Any], tail: bytes = b"") -> bytes:
+    return f"{nonce}\n{json.dumps(dict(cfg))}\n".encode() + tail
+
+
+def _started(result: ExecResult, messages: list[tuple[str, Any]], what: str) -> None:
+    """Raise SandboxError (void) when the runner never started or reported INFRA: ours."""
+    infra = [data for kind, data in messages if kind == "INFRA"]
+    if infra:
+        raise SandboxError(f"the verifier could not run {what}: {infra[0]}")
+    if not any(kind == "READY" for kind, _ in messages) and not result.timed_out:
+        raise SandboxError(
+            f"the verifier's runner for {what} did not start (exit {result.exit_code}; the "
+            f"image needs python3): {_tail(result.stderr, 500)}"
+        )
+
+
+def judge_set(
+    name: str, ids: Sequence[str], result: ExecResult, messages: list[tuple[str, Any]]
+) -> TestSetResult:
+    """A set's result from the runner's messages alone: every requested id matched by at
+    least one collected test, each of those passed, the session ended, pytest exited 0."""
+    entry = TestSetResult(name, list(ids), total=len(ids))
+    collected: list[str] = []
+    outcomes: dict[str, bool] = {}
+    ended = exit_rc = None
+    for kind, data in messages:
+        if kind == "COLLECTED" and isinstance(data, list):
+            collected = [str(x) for x in data]
+        elif kind == "TEST" and isinstance(data, dict):
+            node = str(data.get("id"))
+            outcomes[node] = outcomes.get(node, True) and data.get("ok") is True
+        elif kind == "END":
+            ended = data
+        elif kind == "EXIT":
+            exit_rc = data
+    for test_id in ids:
+        nodes = [
+            n for n in collected if n == test_id or n.startswith((test_id + "[", test_id + "::"))
+        ]
+        if nodes and all(outcomes.get(n) is True for n in nodes):
+            entry.passed += 1
+    complete = ended is not None and exit_rc == 0
+    entry.ok = complete and not result.timed_out and entry.passed == len(ids)
+    if result.timed_out:
+        entry.note = "timed out"
+    elif ended is None or exit_rc is None:
+        entry.note = "the test session did not finish (a test killed or exited the runner?)"
+    elif not entry.ok:
+        summary = [ln for ln in result.stderr.splitlines() if ln.strip()][-3:]
+        entry.note = f"pytest exit {exit_rc}: " + " | ".join(summary)[-300:]
+    return entry
 
 
 async def _run_sets(
@@ -337,6 +358,7 @@ async def _run_sets(
     environment: Mapping[str, str],
     sets: list[tuple[str, list[str]]],
     timeout_s: float,
+    path: str,
 ) -> None:
     restore = {
         rel: text
@@ -345,10 +367,12 @@ async def _run_sets(
     }
     restore.update({rel: text for rel, text in verifier.items() if rel != TEST_SH})
     keep = sorted(rel for rel in restore if posixpath.basename(rel) in PYTEST_CONFIG_NAMES)
+    env = _exec_env(workdir, path)
     result = await box.exec(
         ["/bin/bash", "-c", _restore_script(workdir, keep)],
         stdin=await asyncio.to_thread(files_tar, restore),
         cwd="/",
+        env=env,
         timeout=60,
     )
     if result.exit_code >= INFRA:
@@ -358,58 +382,66 @@ async def _run_sets(
         note = f"restoring the tests failed ({why}): {_tail(result.stderr, 500)}"
         run.sets = [TestSetResult(name, ids, note=note) for name, ids in sets]
         return
-    results = f".palaestra-junit-{secrets.token_hex(8)}"
+    # The verifier's ini alone configures pytest: the task's own root pytest.ini if it
+    # shipped one, else an empty one (no rootdir search reaches the workspace's files).
+    ini = restore.get("pytest.ini") or "[pytest]\n"
     for name, ids in sets:
-        junit = posixpath.join(workdir, results, f"{name}.xml")
-        started = time.perf_counter()
+        nonce = secrets.token_hex(16)
         res = await box.exec(
-            ["/bin/sh", "-c", _pytest_script(workdir, ids, junit)],
+            _runner_argv("pytest"),
+            stdin=_runner_stdin(nonce, {"workdir": workdir, "ids": ids, "ini": ini}),
             cwd=workdir,
+            env=env,
             timeout=timeout_s,
+            max_output=MAX_CHANNEL,
         )
-        entry = TestSetResult(name, ids)
-        try:
-            entry.passed, entry.total = _junit_counts(await box.read_file(f"{results}/{name}.xml"))
-        except (FileNotFoundError, ElementTree.ParseError, SandboxError):
-            entry.passed, entry.total = 0, len(ids)
-            entry.note = "no test report"
-        entry.ok = (
-            res.exit_code == 0
-            and not res.timed_out
-            and entry.total >= len(ids)
-            and entry.passed == entry.total
-        )
-        if res.timed_out:
-            entry.note = f"timed out after {time.perf_counter() - started:.0f} s"
-        elif not entry.ok:
-            summary = [ln for ln in res.stdout.splitlines() if ln.strip()][-3:]
-            entry.note = (entry.note + " " if entry.note else "") + " | ".join(summary)[-300:]
-        run.sets.append(entry)
-    # Leave the workspace as the agent left it, apart from the restored tests.
-    await box.exec(["rm", "-rf", "--", posixpath.join(workdir, results)], cwd="/")
+        messages = _channel(res.stdout, nonce)
+        _started(res, messages, f"the {name} tests")
+        run.sets.append(judge_set(name, ids, res, messages))
 
 
 async def _run_test_sh(
-    box: Sandbox, run: TerminalRun, workdir: str, verifier: Mapping[str, str], timeout_s: float
+    box: Sandbox,
+    run: TerminalRun,
+    workdir: str,
+    verifier: Mapping[str, str],
+    timeout_s: float,
+    path: str,
+    reward_file: bool,
 ) -> None:
+    nonce = secrets.token_hex(16)
+    cfg = {
+        "workdir": workdir,
+        "verifier_dir": VERIFIER_DIR,
+        "logs": VERIFIER_LOGS,
+        "reward_file": reward_file,
+    }
     result = await box.exec(
-        ["/bin/bash", "-c", _test_sh_script(workdir)],
-        stdin=await asyncio.to_thread(files_tar, verifier),
+        _runner_argv("test-sh"),
+        stdin=_runner_stdin(nonce, cfg, await asyncio.to_thread(files_tar, verifier)),
         cwd="/",
-        env={"VERIFIER_DIR": VERIFIER_DIR, "VERIFIER_LOGS": VERIFIER_LOGS, "WORKDIR": workdir},
+        env=_exec_env(workdir, path),
         timeout=timeout_s,
+        max_output=MAX_CHANNEL,
     )
-    rc = result.exit_code
-    log = _tail((result.stdout + result.stderr).strip(), 600)
+    messages = _channel(result.stdout, nonce)
+    _started(result, messages, "test.sh")
+    log = _tail(result.stderr.strip(), 600)
+    reports = [data for kind, data in messages if kind == "RESULT" and isinstance(data, dict)]
     if result.timed_out:
         run.script, run.script_note = 0.0, f"timed out after {timeout_s:g} s"
-    elif rc >= INFRA:
-        raise SandboxError(f"the verifier files could not be staged (exit {rc}): {log}")
-    elif rc == PASS:
+        return
+    if not reports:
+        run.script, run.script_note = 0.0, "the test harness was killed before it reported"
+        return
+    report = reports[-1]
+    rc, reward = report.get("rc"), report.get("reward")
+    if reward_file and isinstance(reward, int | float):
+        run.script, run.script_note = float(reward), "from reward.txt"
+    elif reward_file and report.get("reward_note") not in (None, "", "no reward file"):
+        run.script, run.script_note = 0.0, f"bad reward.txt: {report.get('reward_note')}"
+    elif rc == 0:
         run.script, run.script_note = 1.0, "exit 0"
-    elif REWARD_BASE <= rc <= REWARD_BASE + 100:
-        run.script, run.script_note = (rc - REWARD_BASE) / 100, "from reward.txt"
-    elif rc == BAD_REWARD:
-        run.script, run.script_note = 0.0, f"bad reward.txt: {log}"
     else:
-        run.script, run.script_note = 0.0, f"failed: {log}" if log else "failed"
+        note = report.get("note") or f"exit {rc}"
+        run.script, run.script_note = 0.0, f"failed ({note}): {log}" if log else f"failed ({note})"

@@ -7,6 +7,9 @@ Every task gets:
   the workdir), then submits;
 - `shadow-pytest`: plants a `pytest.py` (and `_pytest/`) in the workdir that prints a pass
   and exits 0, for tests that run ``python3 -m pytest`` from there.
+- the generic cheats of `palaestra.envs.cheats` (startup files, workspace pytest config,
+  PATH shadowing, results written anywhere, background processes, symlinks, exit on
+  import).
 Repository tasks (with `fail_to_pass` / `pass_to_pass`) also get:
 - `edit-tests`: rewrites every test file into tests that always pass;
 - `conftest-hook`: adds a conftest.py whose hook reports every test as passed.
@@ -14,6 +17,7 @@ Repository tasks (with `fail_to_pass` / `pass_to_pass`) also get:
 
 from __future__ import annotations
 
+from palaestra.envs import cheats as generic
 from palaestra.sdk.models import Action
 from palaestra.sdk.task import Task
 
@@ -97,6 +101,7 @@ def for_task(task: Task) -> list[tuple[str, list[Action]]]:
         ("print-pass", _bash_then_submit(PRINT_PASS)),
         ("write-verifier-result", _bash_then_submit(WRITE_RESULT)),
         ("shadow-pytest", _bash_then_submit(SHADOW_PYTEST)),
+        *generic.command_cheats(),
     ]
     if task.private.get("fail_to_pass") or task.private.get("pass_to_pass"):
         cheats += [

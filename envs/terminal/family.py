@@ -543,6 +543,8 @@ class TerminalFamily(Family):
                 timeout_s=timeout,
             )
         reward = run.reward
+                path=str((task.public.get("env") or {}).get("PATH") or verifier.BASE_PATH),
+                reward_file=bool(private.get("reward_file")),
         return Verdict(
             reward=reward,
             passed=reward >= 1.0,

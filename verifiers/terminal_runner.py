@@ -1,0 +1,335 @@
+"""The terminal verifier's in-sandbox runner (stdlib only; it runs as `python3 -I -c`).
+
+`palaestra.verifiers.terminal` sends this file's source as the `-c` program of an exec in
+the fresh verification sandbox; its stdin is a per-run random nonce (one line), a JSON
+config (one line) and, for `test-sh`, a tar of the verifier files. Why a separate
+process: the verdict must come from a process the agent's code never ran in, and that
+code cannot reach.
+
+- Before anything of the task runs, the runner takes the exec's stdout for itself (a
+  descriptor no child inherits; children's stdout goes to stderr), reads its nonce from
+  stdin (never in argv or the environment) and makes itself non-dumpable (no same-uid
+  process can read or write its memory or descriptors through /proc).
+- Every line it writes to that channel starts with the nonce; the verifier ignores any
+  other line, and a run without its closing line scores 0.
+
+Modes:
+- `pytest`: runs pytest on the requested node ids in this process, with a reporter plugin
+  only the verifier provides (per-test outcomes, then the session's end); pytest is imported
+  before the workdir joins sys.path and configured by the verifier's ini alone.
+- `test-sh`: unpacks the verifier files, writes `python3`/`python`/`pytest` wrappers into a
+  folder where they can run (or reports INFRA: a step that cannot run voids, never skips),
+  runs `bash $VERIFIER_DIR/test.sh` with a fresh HOME, an isolated environment and a PATH
+  holding no workspace folder, kills whatever it left behind, then reports its exit status
+  (and the reward file, only for a task that declares one).
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+PR_SET_DUMPABLE = 4
+EXEC_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
+DROP_PREFIXES = ("PYTHON", "PYTEST_", "LD_", "BASH_FUNC_", "GIT_")
+DROP_NAMES = ("BASH_ENV", "ENV", "CDPATH", "GLOBIGNORE", "PROMPT_COMMAND", "SHELLOPTS")
+GIT_CONFIG = (
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.pager", "cat"),
+    ("safe.directory", "*"),
+)
+
+# What the `python3 -m pytest` / `pytest` wrappers run (argv after `-c` is pytest's):
+# pytest imported before the cwd joins sys.path, the verifier's ini, no cache, conftests
+# only from the verifier's folder down.
+PYTEST_BOOT = """\
+import ctypes, os, sys
+try:
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+except Exception:
+    pass
+import pytest
+sys.path.insert(0, os.getcwd())
+sys.argv = ["pytest", "-p", "no:cacheprovider", "-c", os.environ["PALAESTRA_PYTEST_INI"],
+            "--confcutdir", os.environ["VERIFIER_DIR"], *sys.argv[1:]]
+raise SystemExit(pytest.console_main())
+"""
+
+# What `python3 $VERIFIER_DIR/x.py` runs: the verifier's own script, non-dumpable, with
+# its folder (not the cwd) first on sys.path and no user site.
+SCRIPT_BOOT = """\
+import ctypes, os, runpy, sys
+try:
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+except Exception:
+    pass
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+PYTHON_WRAPPER = """\
+#!/bin/sh
+if [ "$1" = -m ] && {{ [ "$2" = pytest ] || [ "$2" = py.test ]; }}; then
+  shift 2
+  exec {real} -I -B -c {pytest_boot} "$@"
+fi
+case "$1" in
+  "$VERIFIER_DIR"/*) exec {real} -E -s -B -c {script_boot} "$@";;
+esac
+exec {real} "$@"
+"""
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+class Channel:
+    """The runner's own stdout: nonce-prefixed JSON lines no child process can write."""
+
+    def __init__(self, nonce: str) -> None:
+        fd = os.dup(1)
+        os.set_inheritable(fd, False)
+        os.dup2(2, 1)  # anything else printed (tests, pytest, children) goes to stderr
+        self._out = os.fdopen(fd, "w", buffering=1)
+        self._nonce = nonce
+
+    def emit(self, kind: str, data: object) -> None:
+        self._out.write(f"{self._nonce} {kind} {json.dumps(data)}\n")
+        self._out.flush()
+
+
+def non_dumpable() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def clean_env(workdir: str, home: str, path: str) -> dict[str, str]:
+    """The environment of every verifier process: no interpreter, loader, shell or git
+    variable the task's environment set, a fresh HOME, the verifier's PATH."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(DROP_PREFIXES) and k not in DROP_NAMES
+    }
+    env.update(
+        HOME=home,
+        PATH=path,
+        XDG_CONFIG_HOME=os.path.join(home, ".config"),
+        XDG_CACHE_HOME=os.path.join(home, ".cache"),
+        XDG_DATA_HOME=os.path.join(home, ".local", "share"),
+        PYTHONNOUSERSITE="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+        GIT_CONFIG_GLOBAL=os.path.join(home, ".gitconfig"),
+        GIT_CONFIG_COUNT=str(len(GIT_CONFIG)),
+        GIT_PAGER="cat",
+        WORKDIR=workdir,
+    )
+    for i, (key, value) in enumerate(GIT_CONFIG):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    return env
+
+
+def safe_path(workdir: str, path: str) -> str:
+    """PATH without a relative entry, the workdir or anything under it, or /tmp."""
+    keep = []
+    for entry in path.split(":"):
+        norm = os.path.normpath(entry) if entry else ""
+        if not os.path.isabs(norm):
+            continue
+        if any(norm == d or norm.startswith(d.rstrip("/") + "/") for d in (workdir, "/tmp")):
+            continue
+        if norm not in keep:
+            keep.append(norm)
+    return ":".join(keep) or "/usr/local/bin:/usr/bin:/bin"
+
+
+def exec_dir() -> str | None:
+    """A fresh folder whose files can be executed (a noexec /tmp is skipped), or None."""
+    for base in EXEC_DIRS:
+        try:
+            d = tempfile.mkdtemp(prefix="palaestra-bin.", dir=base)
+        except OSError:
+            continue
+        probe = os.path.join(d, "probe")
+        try:
+            with open(probe, "w") as f:
+                f.write("#!/bin/sh\nexit 0\n")
+            os.chmod(probe, 0o755)
+            if subprocess.run([probe], stdin=subprocess.DEVNULL, timeout=10).returncode == 0:
+                os.unlink(probe)
+                return d
+        except (OSError, subprocess.SubprocessError):
+            pass
+        shutil.rmtree(d, ignore_errors=True)
+    return None
+
+
+def kill_others() -> None:
+    """Kill every other process this uid runs here but our own ancestors: nothing a test
+    started may go on writing once the test's exit status is in."""
+    keep = set()
+    pid = os.getpid()
+    while pid > 1:
+        keep.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    uid = os.getuid()
+    for _ in range(3):
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep or int(name) == 1:
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def read_reward(path: str) -> tuple[float | None, str]:
+    """A reward in [0, 1] with at most two decimals from `path`, or (None, why)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, "no reward file"
+    if not stat.S_ISREG(st.st_mode):
+        return None, "the reward file is not a regular file"
+    with open(path, "rb") as f:
+        raw = f.read(64).decode("ascii", "replace").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return None, f"reward.txt holds {raw!r}, not a number in [0, 1]"
+    if not 0.0 <= value <= 1.0 or round(value, 2) != value:
+        return None, f"reward.txt holds {raw!r}, not a number in [0, 1] with two decimals"
+    return value, ""
+
+
+def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
+    workdir, vdir, logs = str(cfg["workdir"]), str(cfg["verifier_dir"]), str(cfg["logs"])
+    try:
+        for d in (vdir, logs):
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tf:
+            tf.extractall(vdir)
+    except (OSError, tarfile.TarError) as exc:
+        chan.emit("INFRA", f"the verifier files could not be unpacked: {exc}")
+        return
+    bindir = exec_dir()
+    if bindir is None:
+        chan.emit("INFRA", f"no folder of {', '.join(EXEC_DIRS)} lets the verifier run files")
+        return
+    home = tempfile.mkdtemp(prefix="palaestra-home.", dir="/tmp")
+    path = safe_path(workdir, os.environ.get("PATH", ""))
+    real = shutil.which("python3", path=path)
+    if real is not None:
+        ini = os.path.join(bindir, "pytest.ini")
+        with open(ini, "w") as f:
+            f.write("[pytest]\n")
+        wrapper = PYTHON_WRAPPER.format(
+            real=_quote(real), pytest_boot=_quote(PYTEST_BOOT), script_boot=_quote(SCRIPT_BOOT)
+        )
+        for name, text in (
+            ("python3", wrapper),
+            ("python", wrapper),
+            ("pytest", f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'),
+            ("py.test", f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'),
+        ):
+            with open(os.path.join(bindir, name), "w") as f:
+                f.write(text)
+            os.chmod(os.path.join(bindir, name), 0o755)
+    env = clean_env(workdir, home, f"{bindir}:{path}")
+    env.update(VERIFIER_DIR=vdir, VERIFIER_LOGS=logs)
+    env["PALAESTRA_PYTEST_INI"] = os.path.join(bindir, "pytest.ini")
+    if not os.path.isdir(workdir):
+        chan.emit("RESULT", {"rc": None, "note": f"the workdir {workdir} is gone"})
+        return
+    bash = shutil.which("bash", path=path) or "/bin/bash"
+    proc = subprocess.run(
+        [bash, os.path.join(vdir, "test.sh")], cwd=workdir, env=env, stdin=subprocess.DEVNULL
+    )
+    kill_others()
+    result: dict[str, object] = {"rc": proc.returncode}
+    if cfg.get("reward_file"):
+        result["reward"], result["reward_note"] = read_reward(os.path.join(logs, "reward.txt"))
+    chan.emit("RESULT", result)
+
+
+def run_pytest(chan: Channel, cfg: dict[str, object]) -> None:
+    workdir = str(cfg["workdir"])
+    ids = [str(i) for i in list(cfg["ids"])]  # type: ignore[call-overload]
+    home = tempfile.mkdtemp(prefix="palaestra-home.", dir="/tmp")
+    ini = os.path.join(home, "pytest.ini")
+    with open(ini, "w") as f:
+        f.write(str(cfg.get("ini") or "[pytest]\n"))
+    env = clean_env(workdir, home, safe_path(workdir, os.environ.get("PATH", "")))
+    os.environ.clear()
+    os.environ.update(env)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.chdir(workdir)
+    import pytest  # before the workdir joins sys.path: a planted pytest.py cannot stand in
+
+    sys.path.insert(0, workdir)
+
+    class Reporter:
+        """Per-test outcomes (every phase must pass), then the session's end."""
+
+        def __init__(self) -> None:
+            self.failed: set[str] = set()
+
+        def pytest_collection_finish(self, session: pytest.Session) -> None:
+            chan.emit("COLLECTED", [item.nodeid for item in session.items])
+
+        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+            if report.failed or (report.when == "call" and not report.passed):
+                self.failed.add(report.nodeid)
+
+        def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+            chan.emit("TEST", {"id": nodeid, "ok": nodeid not in self.failed})
+
+        def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+            chan.emit("END", int(exitstatus))
+
+    args = ["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", workdir, "--", *ids]
+    rc = pytest.main(args, plugins=[Reporter()])
+    chan.emit("EXIT", int(rc))
+
+
+def main() -> None:
+    nonce = sys.stdin.buffer.readline().decode().strip()
+    cfg = json.loads(sys.stdin.buffer.readline())
+    non_dumpable()
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    chan = Channel(nonce)
+    chan.emit("READY", mode)
+    if mode == "pytest":
+        run_pytest(chan, cfg)
+    elif mode == "test-sh":
+        run_test_sh(chan, cfg)
+    else:
+        chan.emit("INFRA", f"unknown mode {mode!r}")
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
