@@ -211,8 +211,10 @@ def test_pack_check_on_bwrap() -> None:
     editing the tests, a conftest hook -- scores <= 0.1 (non-void) on every task."""
     report = asyncio.run(check_pack(PACK, concurrency=3))
     assert report.ok, [(p.where, p.check, p.message) for p in report.problems]
-    # 3 tasks x (oracle, rerun, null) + 3 cheats each + 2 more on the repository task
-    assert report.checked == 3 and report.episodes == 3 * 3 + 3 * 3 + 2
+    # 3 tasks x (oracle, rerun, null) + 3 terminal and 7 generic cheats each + 2 more on
+    # the repository task
+    assert report.checked == 3 and report.episodes == 3 * 3 + 3 * (3 + 7) + 2
+    assert all(r.worst_cheat() is not None for r in report.results.values())
 
 
 async def test_dead_sandbox_voids_the_episode(tmp_path: Path) -> None:
@@ -238,27 +240,31 @@ async def test_dead_sandbox_voids_the_episode(tmp_path: Path) -> None:
 
 
 async def test_reward_file_and_exit_codes() -> None:
-    """test.sh's exit status decides; a reward.txt in $VERIFIER_LOGS overrides it (Harbor);
-    a malformed one scores 0. Run directly against the verifier in a bwrap sandbox."""
+    """test.sh's exit status decides; a reward.txt in $VERIFIER_LOGS overrides it only for
+    a task that declares `reward_file` (Harbor); a malformed one scores 0. An undeclared
+    reward file changes nothing. Run directly against the verifier in a bwrap sandbox."""
     backend = BwrapBackend()
     workspace = files_tar({"answer.txt": "42\n"})
-    cases = {
-        'grep -qx 42 answer.txt && echo "$VERIFIER_DIR" | grep -q "^/tmp/verifier$"': 1.0,
-        "grep -qx 41 answer.txt": 0.0,
-        'echo 0.25 > "$VERIFIER_LOGS/reward.txt"; exit 1': 0.25,
-        'echo 1 > "$VERIFIER_LOGS/reward.txt"': 1.0,
-        'echo lots > "$VERIFIER_LOGS/reward.txt"; exit 0': 0.0,
+    cases = {  # script: (reward when declared, reward when not)
+        'grep -qx 42 answer.txt && echo "$VERIFIER_DIR" | grep -q "^/tmp/verifier$"': (1.0, 1.0),
+        "grep -qx 41 answer.txt": (0.0, 0.0),
+        'echo 0.25 > "$VERIFIER_LOGS/reward.txt"; exit 1': (0.25, 0.0),
+        'echo 1 > "$VERIFIER_LOGS/reward.txt"; exit 1': (1.0, 0.0),
+        'echo lots > "$VERIFIER_LOGS/reward.txt"; exit 0': (0.0, 1.0),
+        'ln -s /etc/hostname "$VERIFIER_LOGS/reward.txt"; exit 1': (0.0, 0.0),
     }
     try:
-        for script, want in cases.items():
-            async with await backend.create(SandboxSpec(workspace_mb=16)) as box:
-                run = await verify_workspace(
-                    box,
-                    workspace,
-                    workdir="/work",
-                    verifier={"test.sh": f"#!/bin/bash\n{script}\n"},
-                    environment={},
-                )
-            assert run.reward == want, (script, run.feedback())
+        for script, wants in cases.items():
+            for declared, want in zip((True, False), wants, strict=True):
+                async with await backend.create(SandboxSpec(workspace_mb=16)) as box:
+                    run = await verify_workspace(
+                        box,
+                        workspace,
+                        workdir="/work",
+                        verifier={"test.sh": f"#!/bin/bash\n{script}\n"},
+                        environment={},
+                        reward_file=declared,
+                    )
+                assert run.reward == want, (script, declared, run.feedback())
     finally:
         await backend.aclose()

@@ -1,4 +1,8 @@
-"""Exercise orders.py in a fresh interpreter against the documented behaviour."""
+"""Exercise orders.py in a fresh interpreter against the documented behaviour.
+
+The probe imports the agent's module, so its output is the agent's to print: it proves
+it ran to the end by printing a random token it read from stdin before the import."""
+import secrets
 import shutil
 import subprocess
 import sys
@@ -8,6 +12,9 @@ PYTHON = shutil.which("python3") or "/usr/bin/python3"
 
 PROBE = r'''
 import sys
+def _token(line=sys.stdin.readline().strip()):
+    return line
+sys.stdin.close()
 sys.path.insert(0, "/work")
 import orders
 
@@ -32,12 +39,13 @@ assert s1 is not s2, "summary returned the same dict twice"
 s1["ana"] = 99
 assert orders.summary([b]) == {"ben": 0}, orders.summary([b])
 assert orders.add_item(b, "x") is b
-print("OK")
+print(_token())
 '''
 
+token = secrets.token_hex(16)
 r = subprocess.run([PYTHON, "-B", "-c", PROBE], capture_output=True, text=True,
-                   timeout=20, cwd="/tmp")
-if r.returncode != 0 or r.stdout.strip() != "OK":
+                   timeout=20, cwd="/tmp", input=token + "\n")
+if r.returncode != 0 or r.stdout.strip().splitlines()[-1:] != [token]:
     print("FAIL:", (r.stderr.strip().splitlines() or ["no output"])[-1])
     sys.exit(1)
 print("PASS")
