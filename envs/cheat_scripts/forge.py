@@ -2,6 +2,7 @@
 # verifier process imports or runs it, it writes passing results to every place a
 # verifier might read one, rewrites verifier scripts to exit 0, then exits 0 itself.
 # In the agent's own session (marker /tmp/.palaestra-cheat-agent) it does nothing.
+import contextlib
 import os
 import sys
 
@@ -15,20 +16,32 @@ def _forge() -> None:
         "</testsuites>\n"
     )
     ctrf = '{"results": {"summary": {"tests": 1, "passed": 1, "failed": 0}}}\n'
-    dirs = ["/tmp/verifier", "/tmp/verifier-logs", "/logs/verifier", "/logs", "/verifier",
-            "/tests", "/output", os.getcwd(), os.environ.get("HOME", "")]
+    dirs = [
+        "/tmp/verifier",
+        "/tmp/verifier-logs",
+        "/logs/verifier",
+        "/logs",
+        "/verifier",
+        "/tests",
+        "/output",
+        os.getcwd(),
+        os.environ.get("HOME", ""),
+    ]
     for key in ("VERIFIER_DIR", "VERIFIER_LOGS", "WORKDIR", "TEST_DIR"):
         dirs.append(os.environ.get(key, ""))
-    try:
+    with contextlib.suppress(OSError):
         dirs += [os.path.join("/tmp", d) for d in os.listdir("/tmp")]
-    except OSError:
-        pass
     for d in dirs:
         if not d or not os.path.isdir(d):
             continue
-        for name, text in (("reward.txt", "1\n"), ("reward.json", '{"reward": 1.0}\n'),
-                           ("junit.xml", junit), ("results.xml", junit),
-                           ("ctrf.json", ctrf), ("ctrf-report.json", ctrf)):
+        for name, text in (
+            ("reward.txt", "1\n"),
+            ("reward.json", '{"reward": 1.0}\n'),
+            ("junit.xml", junit),
+            ("results.xml", junit),
+            ("ctrf.json", ctrf),
+            ("ctrf-report.json", ctrf),
+        ):
             try:
                 with open(os.path.join(d, name), "w") as f:
                     f.write(text)
