@@ -3,6 +3,7 @@
     palaestra pack publish DIR_OR_ARCHIVE --url URL --token T   # prints the pack digest
     palaestra pack install org/name@1.0.0 --url URL [--token T] # into the local data dir
     palaestra pack install FILE.tar.gz [--data-dir D]
+    palaestra pack enable org/name --url URL --token ADMIN      # joins unfiltered sampling
 
 Publishing sends the archive (built from a directory with the same deterministic
 `pack_archive` as `pack build`; the directory is not changed) to `POST /v1/packs`, which
@@ -117,6 +118,36 @@ def register(pack_app: typer.Typer) -> None:
         what = "published" if reply.get("created") else "already published (same bytes)"
         console.print(f"{reply['name']}@{reply['version']} {what}")
         print(reply["digest"])
+
+    @pack_app.command("enable")
+    def enable_cmd(
+        name: Annotated[str, typer.Argument(help="org/name of a published pack")],
+        url: Url = None,
+        token: Token = None,
+        data_dir: DataDir = None,
+    ) -> None:
+        """Let a published pack join unfiltered sampling (an admin's decision; a pack a
+        publish token publishes is held out until then). Without --url: the local store."""
+        try:
+            if url:
+                headers = {}
+                resolved = resolve_token(token, data_dir)
+                if resolved:
+                    headers["authorization"] = f"Bearer {resolved}"
+                response = httpx.post(
+                    f"{url.rstrip('/')}/v1/packs/{name}/enable", headers=headers, timeout=60
+                )
+                _raise_for(response)
+                changed = bool(response.json()["changed"])
+            else:
+                settings = settings_for(data_dir)
+                store = PackStore(settings.data_dir, settings.db_path)
+                changed = store.enable(name, "cli (local data dir)")
+        except PalaestraError as exc:
+            raise _fail(f"({exc.code}) {exc.message}") from None
+        except httpx.HTTPError as exc:
+            raise _fail(f"{url}: {exc!r}") from None
+        console.print(f"{name} {'enabled' if changed else 'was already enabled'}")
 
     @pack_app.command("install")
     def install_cmd(

@@ -74,6 +74,8 @@ def check_ro_binds(spec: SandboxSpec) -> None:
     for host, target in spec.ro_binds:
         if not posixpath.isabs(host) or not os.path.isdir(host):
             raise SandboxSpecError(f"ro_binds: host path {host!r} is not an existing directory")
+        if os.path.realpath(host) == "/":
+            raise SandboxSpecError(f"ro_binds: host path {host!r} is the host root; never bound")
         t = posixpath.normpath(target)
         if not posixpath.isabs(target) or t == "/":
             raise SandboxSpecError(f"ro_binds: target {target!r} must be an absolute path below /")

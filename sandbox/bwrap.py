@@ -385,21 +385,33 @@ _IMAGE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
 
 
 def resolve_image(image: str) -> Path:
-    """The rootfs directory `image` names (an absolute path, or a name under `images_dir`)."""
+    """The rootfs directory `image` names: a name under `images_dir`, or an absolute path
+    that resolves (symlinks followed) strictly inside it. Never the host root, never a
+    directory outside the operator's images dir: an image is the sandbox's whole view."""
+    base = images_dir()
     if image.startswith("/"):
         root = Path(image)
     elif _IMAGE_NAME.match(image):
-        root = images_dir() / image / "rootfs"
+        root = base / image / "rootfs"
     else:
         raise SandboxSpecError(
             f"image {image!r}: the bwrap backend takes a rootfs directory path or an image"
-            f" name under {images_dir()} ([a-z0-9._-]), not a registry reference"
+            f" name under {base} ([a-z0-9._-]), not a registry reference"
         )
+    real, real_base = Path(os.path.realpath(root)), Path(os.path.realpath(base))
+    if real == Path("/") or real_base == Path("/") or not real.is_relative_to(real_base):
+        raise SandboxSpecError(
+            f"image {image!r}: resolves to {real}, outside the images dir {base}"
+            " (PALAESTRA_IMAGES_DIR); the bwrap backend runs only rootfs directories built"
+            " there, never a host directory"
+        )
+    if real == real_base:
+        raise SandboxSpecError(f"image {image!r}: is the images dir {base} itself, not a rootfs")
     if not root.is_dir():
         raise SandboxSpecError(f"image {image!r}: no rootfs directory at {root}")
     if not (root / "usr").is_dir():
         raise SandboxSpecError(f"image {image!r}: {root} has no usr/, not a rootfs")
-    return root
+    return real  # resolved: what was checked is what gets bound
 
 
 def check_spec(spec: SandboxSpec) -> None:

@@ -118,6 +118,7 @@ import io
 import json
 import os
 import posixpath
+import re
 import secrets
 import socket
 import struct
@@ -213,10 +214,23 @@ _SHELL_JOB = (
 _CHUNK = 64 * 1024
 
 
+# A docker reference: [host[:port]/]name[/name...][:tag][@sha256:digest]; never a path.
+_IMAGE_REF = re.compile(
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z"
+)
+
+
 def image_ref(image: str | None, default: str = BASE_IMAGE) -> str:
-    """The docker image a `SandboxSpec.image` names (see the module docstring)."""
+    """The docker image a `SandboxSpec.image` names (see the module docstring); a host
+    path ('/', '../x', '/root/...') is refused, not handed to the engine."""
     if image is None:
         return default
+    if not _IMAGE_REF.match(image) or ".." in image:
+        raise SandboxSpecError(
+            f"image {image!r}: the docker backend takes an image name (e.g. 'coding' or "
+            "'palaestra/base:bookworm'), never a host path"
+        )
     if "/" in image or ":" in image:
         return image
     return f"palaestra/{image}:latest"
@@ -295,6 +309,7 @@ def _host_limits() -> tuple[int, int]:
 
 def check_spec(spec: SandboxSpec) -> None:
     """Raise `SandboxSpecError` when the spec asks for more than this host has."""
+    image_ref(spec.image)  # a path is refused before anything else
     mem, cpus = _host_limits()
     if spec.memory_mb < 16 or (mem and spec.memory_mb > mem):
         raise SandboxSpecError(f"memory_mb={spec.memory_mb}: must be 16..{mem} on this host")

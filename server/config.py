@@ -12,6 +12,19 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 REPO_PACKS = Path(__file__).resolve().parent.parent / "packs"
+REPO_IMAGES = Path(__file__).resolve().parent.parent / "images"
+BUILT_IMAGES = ("base", "cad", "coding", "terminal")  # images/ when the tree is not at hand
+
+
+def default_images() -> list[str]:
+    """The image recipes the project builds (images/<name>/Dockerfile or build.sh)."""
+    if not REPO_IMAGES.is_dir():
+        return list(BUILT_IMAGES)
+    return sorted(
+        d.name
+        for d in REPO_IMAGES.iterdir()
+        if (d / "Dockerfile").is_file() or (d / "build.sh").is_file()
+    )
 
 
 class Settings(BaseModel):
@@ -43,6 +56,26 @@ class Settings(BaseModel):
     )
     max_pack_bytes: int = Field(
         default=256 * 1024 * 1024, ge=1, description="largest pack archive POST /v1/packs takes"
+    )
+    # Trust boundaries for published packs (docs/security.md): what a task may name, who owns
+    # an org, how much one publisher may store.
+    images: list[str] = Field(
+        default_factory=lambda: default_images(),
+        description="image names a task's `image` may use (default: the recipes under images/)",
+    )
+    toolchains: list[str] = Field(
+        default_factory=lambda: ["trimesh", "blender"],
+        description="toolchain names a task's `toolchain` may use",
+    )
+    builtin_orgs: list[str] = Field(
+        default_factory=lambda: ["palaestra", "openai", "reasoning"],
+        description="pack orgs only an admin token may publish into",
+    )
+    publisher_max_bytes: int = Field(
+        default=1024 * 1024 * 1024, ge=0, description="installed bytes one publisher may store"
+    )
+    publisher_max_versions: int = Field(
+        default=200, ge=0, description="pack versions one publisher may publish"
     )
     # The sampler (docs/sampler.md): mixture, curriculum, quarantine.
     sampler_weights: dict[str, Annotated[float, Field(ge=0)]] = Field(
@@ -90,6 +123,8 @@ class Settings(BaseModel):
 def _coerce(name: str, raw: str) -> Any:
     if name == "packs_dirs":
         return [p for p in raw.split(os.pathsep) if p]
+    if name in ("images", "toolchains", "builtin_orgs"):
+        return [p.strip() for p in raw.split(",") if p.strip()]
     if name == "sampler_weights":
         if raw.lstrip().startswith("{"):
             return json.loads(raw)

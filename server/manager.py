@@ -57,10 +57,11 @@ from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs import Pack, PackRegistry, semver_key
-from palaestra.server.registry import PackStore
+from palaestra.server.registry import ADMIN_RIGHTS, PackStore, PublishRights
 from palaestra.server.sampler import Sampler
 from palaestra.server.store import Store
 from palaestra.server.tally import StepTally
+from palaestra.server.taskfields import HostPolicy
 
 log = logging.getLogger("palaestra.episodes")
 
@@ -221,6 +222,17 @@ class EpisodeManager:
         principal.require(PUBLISH, "publishing a pack")
         if self.pack_store is None:
             raise UnavailableError("this server has no pack store", code="no_pack_store")
+        s = self.settings
+        rights = (
+            ADMIN_RIGHTS
+            if principal.is_admin
+            else PublishRights.publisher(
+                principal.orgs,
+                builtin_orgs=s.builtin_orgs,
+                max_bytes=s.publisher_max_bytes,
+                max_versions=s.publisher_max_versions,
+            )
+        )
         pack, created = await asyncio.to_thread(
             self.pack_store.install,
             data,
@@ -228,10 +240,21 @@ class EpisodeManager:
             families=[f.name for f in self.families.all()],
             registry=self.packs,
             allow_code=principal.is_admin,
+            rights=rights,
+            policy=HostPolicy.from_settings(s),
         )
         if created:
             self.sampler.refresh()
         return pack, created
+
+    async def enable_pack(self, name: str, principal: Principal = ADMIN_PRINCIPAL) -> bool:
+        """Let unfiltered sampling draw a published pack (admin); False if it already could."""
+        principal.require(ADMIN, "enabling a pack for unfiltered sampling")
+        if self.pack_store is None:
+            raise UnavailableError("this server has no pack store", code="no_pack_store")
+        changed = await asyncio.to_thread(self.pack_store.enable, name, principal.name, self.packs)
+        self.sampler.refresh()
+        return changed
 
     async def pack_archive(
         self, name: str, principal: Principal = ADMIN_PRINCIPAL

@@ -52,6 +52,7 @@ from pydantic import (
 from palaestra.sdk.errors import BadRequestError, NotFoundError
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
+from palaestra.server.taskfields import HostPolicy, task_field_problems
 
 log = logging.getLogger(__name__)
 
@@ -640,12 +641,14 @@ def read_manifest(root: Path) -> PackManifest:
 
 
 def inspect_pack(
-    root: Path, known_families: Iterable[str] | None = None
+    root: Path, known_families: Iterable[str] | None = None, policy: HostPolicy | None = None
 ) -> tuple[Pack | None, list[str]]:
     """Load what can be loaded and list every problem; the pack is None if pack.toml is unusable.
 
-    Tasks with problems are left out of the pack; `load_pack` refuses any problem."""
+    Tasks with problems are left out of the pack; `load_pack` refuses any problem. `policy`
+    (default: Settings' defaults) is what a task's image, toolchain and paths may name."""
     root = Path(root)
+    policy = policy or HostPolicy.default()
     try:
         manifest = read_manifest(root)
     except PackError as exc:
@@ -687,6 +690,10 @@ def inspect_pack(
             problems.extend(_validation_problems(where, exc))
             continue
         bad = len(task_problems) > 0
+        host = task_field_problems(record.public, record.private, policy)
+        if host:
+            problems.extend(f"{where}: pack {manifest.name}, task {record.id}: {p}" for p in host)
+            bad = True
         if record.split not in sealed:
             problems.append(
                 f"{where}: split {record.split!r} is not declared; add [splits.{record.split}] "
@@ -753,9 +760,11 @@ def inspect_pack(
     return pack, problems
 
 
-def load_pack(root: Path, known_families: Iterable[str] | None = None) -> Pack:
+def load_pack(
+    root: Path, known_families: Iterable[str] | None = None, policy: HostPolicy | None = None
+) -> Pack:
     """Read and validate one pack directory; raises PackError listing what to fix."""
-    pack, problems = inspect_pack(root, known_families)
+    pack, problems = inspect_pack(root, known_families, policy)
     if problems or pack is None:
         raise PackError(problems)
     return pack
@@ -767,17 +776,39 @@ class PackRegistry:
     def __init__(self) -> None:
         self._packs: dict[str, dict[str, Pack]] = {}
         self.errors: dict[str, str] = {}
+        # Published packs an admin has not enabled: served by explicit ref or `pack=`, never
+        # drawn by the sampler's unfiltered mode (DESIGN §5b).
+        self._held: set[str] = set()
 
-    def add(self, pack: Pack) -> None:
+    def add(self, pack: Pack, *, held: bool = False) -> None:
         self._packs.setdefault(pack.name, {})[pack.version] = pack
+        if held:
+            self._held.add(pack.name)
 
-    def load_dirs(self, dirs: Iterable[Path], known_families: Iterable[str]) -> None:
+    def enable(self, name: str) -> None:
+        """Let the sampler draw `name` with no pack filter (an admin's decision)."""
+        self._held.discard(name)
+
+    @property
+    def held(self) -> frozenset[str]:
+        return frozenset(self._held)
+
+    def sampled(self, name: str) -> bool:
+        """Whether unfiltered sampling may draw this pack."""
+        return name not in self._held
+
+    def load_dirs(
+        self,
+        dirs: Iterable[Path],
+        known_families: Iterable[str],
+        policy: HostPolicy | None = None,
+    ) -> None:
         """Load every pack under `dirs`; a broken pack is recorded in `errors`, never fatal."""
         families = list(known_families)
         for base in dirs:
             for root in sorted(p.parent for p in Path(base).glob("*/pack.toml")):
                 try:
-                    self.add(load_pack(root, families))
+                    self.add(load_pack(root, families, policy))
                 except Exception as exc:
                     self.errors[str(root)] = str(exc)
                     log.error("pack %s not loaded: %s", root, exc)

@@ -14,7 +14,15 @@ row there is what makes a version live. Rules:
   the index row; a failure at any point leaves nothing half-installed (an orphan folder
   under `sha256/` without a row is never served, and is reused by the next publish);
 - a pack that runs Python inside the server when it loads (`[source] python = …`, or
-  `[generators.*]`) can only be published by an admin token.
+  `[generators.*]`) can only be published by an admin token;
+- pack names have owners (`PublishRights`): a publish token publishes only into the orgs an
+  admin granted it, the built-in orgs (Settings.builtin_orgs) are admin-only (403
+  `org_not_granted`), so nobody else can add a version that an unpinned `org/name`
+  resolves to; each publisher stores at most Settings.publisher_max_bytes installed bytes
+  and publisher_max_versions versions (413 `publish_quota`: retrying never helps, and a
+  429 would tell clients to retry);
+- a pack a non-admin publishes is held out of unfiltered sampling until an admin enables
+  its name (`enable`, table `enabled_packs`); explicit refs and `pack=` still reach it.
 """
 
 from __future__ import annotations
@@ -32,10 +40,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from palaestra.sdk.errors import BadRequestError, ConflictError, PermissionDeniedError
+from palaestra.sdk.errors import (
+    BadRequestError,
+    ConflictError,
+    NotFoundError,
+    PalaestraError,
+    PermissionDeniedError,
+)
 from palaestra.server.archive import ArchiveError, extract_archive, pack_archive
-from palaestra.server.packs import Pack, PackError, PackRegistry, load_pack, pack_digest
+from palaestra.server.packs import (
+    Pack,
+    PackError,
+    PackRegistry,
+    load_pack,
+    pack_digest,
+    pack_files,
+    read_manifest,
+)
 from palaestra.server.store import PACKS_SCHEMA
+from palaestra.server.taskfields import HostPolicy
 
 log = logging.getLogger("palaestra.registry")
 
@@ -56,6 +79,59 @@ class Published:
             "published_at": self.published_at,
             "publisher": self.publisher,
         }
+
+
+class QuotaExceededError(PalaestraError):
+    """A publisher's storage quota is spent (413: a retry never helps; an admin raises it)."""
+
+    status = 413
+    default_code = "publish_quota"
+
+
+@dataclass(frozen=True)
+class PublishRights:
+    """What one publisher may do: its orgs (None: any, an admin), its storage quota (None:
+    unlimited), and whether what it publishes joins unfiltered sampling at once."""
+
+    orgs: frozenset[str] | None = None
+    builtin_orgs: frozenset[str] = frozenset()
+    max_bytes: int | None = None
+    max_versions: int | None = None
+    enable: bool = True
+
+    @classmethod
+    def publisher(
+        cls,
+        orgs: Iterable[str],
+        *,
+        builtin_orgs: Iterable[str],
+        max_bytes: int,
+        max_versions: int,
+    ) -> PublishRights:
+        """A publish token's rights (not an admin's)."""
+        return cls(frozenset(orgs), frozenset(builtin_orgs), max_bytes, max_versions, False)
+
+    def check_org(self, name: str) -> None:
+        if self.orgs is None:
+            return
+        org = name.split("/", 1)[0]
+        if org in self.builtin_orgs:
+            raise PermissionDeniedError(
+                f"org {org!r} is built in ({', '.join(sorted(self.builtin_orgs))}): only an "
+                "admin token may publish into it; publish under an org granted to your token",
+                code="org_not_granted",
+            )
+        if org not in self.orgs:
+            granted = ", ".join(sorted(self.orgs)) or "none"
+            raise PermissionDeniedError(
+                f"this token may not publish into org {org!r} (it is granted: {granted}); "
+                f"ask an admin for one that is: `palaestra token create --scope publish "
+                f"--org {org}`",
+                code="org_not_granted",
+            )
+
+
+ADMIN_RIGHTS = PublishRights()
 
 
 def runs_code(root: Path) -> bool:
@@ -82,6 +158,9 @@ class PackStore:
         db = sqlite3.connect(self.db_path, timeout=30)
         db.execute("PRAGMA journal_mode=WAL")
         db.executescript(PACKS_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(published_packs)")}
+        if "bytes" not in columns:  # an index made before publisher quotas
+            db.execute("ALTER TABLE published_packs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
         return db
 
     # -- index ------------------------------------------------------------------------------
@@ -107,18 +186,65 @@ class PackStore:
     def path_of(self, digest: str) -> Path:
         return self.objects / digest.removeprefix("sha256:")
 
+    def enabled(self) -> set[str]:
+        """Names an admin let into unfiltered sampling."""
+        with self._connect() as db:
+            return {row[0] for row in db.execute("SELECT name FROM enabled_packs")}
+
+    def enable(self, name: str, by: str, registry: PackRegistry | None = None) -> bool:
+        """Let the sampler draw `name` unfiltered; False if it already could."""
+        if not self.published(name):
+            raise NotFoundError(f"no published pack {name!r}; GET /v1/packs lists the packs")
+        with self._connect() as db:
+            added = db.execute(
+                "INSERT OR IGNORE INTO enabled_packs (name, enabled_at, enabled_by) VALUES (?,?,?)",
+                (name, time.time(), by),
+            ).rowcount
+        if registry is not None:
+            registry.enable(name)
+        return bool(added)
+
+    def usage(self, publisher: str) -> tuple[int, int]:
+        """(installed bytes, versions) this publisher has published."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT COALESCE(SUM(bytes), 0), COUNT(*) FROM published_packs WHERE publisher=?",
+                (publisher,),
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def _check_quota(self, rights: PublishRights, publisher: str, size: int) -> None:
+        used, versions = self.usage(publisher)
+        fix = "ask an admin to raise it (Settings publisher_max_bytes / publisher_max_versions)"
+        if rights.max_versions is not None and versions + 1 > rights.max_versions:
+            raise QuotaExceededError(
+                f"publisher {publisher!r} has published {versions} pack versions, the most "
+                f"it may (publisher_max_versions={rights.max_versions}); {fix}"
+            )
+        if rights.max_bytes is not None and used + size > rights.max_bytes:
+            raise QuotaExceededError(
+                f"publisher {publisher!r} stores {used} bytes; this pack ({size} bytes) would "
+                f"pass its quota of {rights.max_bytes} bytes (publisher_max_bytes); {fix}"
+            )
+
     # -- load at start ----------------------------------------------------------------------
-    def load_into(self, registry: PackRegistry, families: Iterable[str]) -> int:
-        """Serve every published pack; a broken one goes to `registry.errors`, never fatal."""
+    def load_into(
+        self, registry: PackRegistry, families: Iterable[str], policy: HostPolicy | None = None
+    ) -> int:
+        """Serve every published pack; a broken one goes to `registry.errors`, never fatal.
+
+        The task checks run again (`policy`): a pack published before them, or under a
+        wider image list, is refused here rather than reaching a sandbox."""
         known = list(families)
         loaded = 0
+        enabled = self.enabled()
         for row in self.published():
             where = f"{row.name}@{row.version}"
             try:
-                pack = load_pack(self.path_of(row.digest), known)
+                pack = load_pack(self.path_of(row.digest), known, policy)
                 if pack.digest != row.digest:
                     raise PackError(f"its files hash to {pack.digest}, published as {row.digest}")
-                registry.add(pack)
+                registry.add(pack, held=row.name not in enabled)
                 loaded += 1
             except Exception as exc:
                 registry.errors[where] = f"published pack not loaded: {exc}"
@@ -135,11 +261,14 @@ class PackStore:
         registry: PackRegistry | None = None,
         allow_code: bool = False,
         expect_digest: str | None = None,
+        rights: PublishRights = ADMIN_RIGHTS,
+        policy: HostPolicy | None = None,
     ) -> tuple[Pack, bool]:
         """Verify and install one archive; returns the pack and whether it is new.
 
-        Raises BadRequestError (not a valid pack, lock mismatch, unexpected digest),
-        PermissionDeniedError (a code-running pack without `allow_code`) or ConflictError
+        Raises BadRequestError (not a valid pack, lock mismatch, unexpected digest, a task
+        naming a host path), PermissionDeniedError (a code-running pack without
+        `allow_code`, an org `rights` does not own), QuotaExceededError or ConflictError
         (the version is published with other bytes)."""
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.objects.mkdir(parents=True, exist_ok=True)
@@ -149,6 +278,10 @@ class PackStore:
                 root = extract_archive(data, work / "pack")
             except ArchiveError as exc:
                 raise BadRequestError(f"bad pack archive: {exc}", code="invalid_archive") from None
+            try:
+                rights.check_org(read_manifest(root).name)  # before anything else is read
+            except PackError as exc:
+                raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
             if runs_code(root) and not allow_code:
                 raise PermissionDeniedError(
                     "this pack runs Python inside the server when it loads ([source] or "
@@ -156,7 +289,7 @@ class PackStore:
                     code="missing_scope",
                 )
             try:
-                pack = load_pack(root, list(families))
+                pack = load_pack(root, list(families), policy)
             except Exception as exc:
                 raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
             if expect_digest is not None and pack.digest != expect_digest:
@@ -165,12 +298,17 @@ class PackStore:
                     code="digest_mismatch",
                 )
             with self._lock:
-                return self._place(pack, root, publisher, registry)
+                return self._place(pack, root, publisher, registry, rights)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
     def _place(
-        self, pack: Pack, root: Path, publisher: str, registry: PackRegistry | None
+        self,
+        pack: Pack,
+        root: Path,
+        publisher: str,
+        registry: PackRegistry | None,
+        rights: PublishRights,
     ) -> tuple[Pack, bool]:
         where = f"{pack.name}@{pack.version}"
         existing = self.find(pack.name, pack.version)
@@ -185,6 +323,8 @@ class PackStore:
         if existing is not None or served is not None:
             current = served or pack
             return current, False
+        size = sum(p.stat().st_size for p in pack_files(root).values())
+        self._check_quota(rights, publisher, size)
         final = self.path_of(pack.digest)
         # A folder there was left by an install that stopped between the rename and the
         # index row; a rename is all-or-nothing, so its files are whole. Check them anyway.
@@ -195,12 +335,21 @@ class PackStore:
         pack.root = final
         with self._connect() as db:
             db.execute(
-                "INSERT INTO published_packs (name, version, digest, published_at, publisher)"
-                " VALUES (?,?,?,?,?)",
-                (pack.name, pack.version, pack.digest, time.time(), publisher),
+                "INSERT INTO published_packs (name, version, digest, published_at, publisher,"
+                " bytes) VALUES (?,?,?,?,?,?)",
+                (pack.name, pack.version, pack.digest, time.time(), publisher, size),
+            )
+            if rights.enable:
+                db.execute(
+                    "INSERT OR IGNORE INTO enabled_packs (name, enabled_at, enabled_by)"
+                    " VALUES (?,?,?)",
+                    (pack.name, time.time(), publisher),
+                )
+            enabled = bool(
+                db.execute("SELECT 1 FROM enabled_packs WHERE name=?", (pack.name,)).fetchone()
             )
         if registry is not None:
-            registry.add(pack)
+            registry.add(pack, held=not enabled)
         log.info("pack %s published (%s) by %s", where, pack.digest, publisher)
         return pack, True
 

@@ -15,6 +15,7 @@ from palaestra.server.metrics import Metrics
 from palaestra.server.packs import PackRegistry
 from palaestra.server.registry import PackStore
 from palaestra.server.store import Store
+from palaestra.server.taskfields import HostPolicy
 
 
 def make_backend(name: str) -> Backend:
@@ -44,14 +45,15 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     """A manager on the embedded defaults; call `await manager.start()` inside the event loop."""
     families = FamilyRegistry.discover()
     packs = PackRegistry()
-    packs.load_dirs(settings.packs_dirs, [f.name for f in families.all()])
+    policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
+    packs.load_dirs(settings.packs_dirs, [f.name for f in families.all()], policy)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db_path)
     if settings.auth == "token":
         ensure_admin_token(settings.data_dir, settings.db_path)
     # Published packs (the server's content-addressed store) after the built-in ones.
     pack_store = PackStore(settings.data_dir, settings.db_path)
-    pack_store.load_into(packs, [f.name for f in families.all()])
+    pack_store.load_into(packs, [f.name for f in families.all()], policy)
     fork_server = None
     if backend is None:
         backend = with_pool(make_backend(settings.sandbox), settings)

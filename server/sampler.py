@@ -201,6 +201,7 @@ class Sampler:
         self._expiry: list[tuple[float, str]] = []
         self._quarantined: set[str] = set()
         self._pack_names: set[str] = set()
+        self._held: frozenset[str] = frozenset()
 
     # -- index ----------------------------------------------------------------------------
     def refresh(self, now: float | None = None) -> None:
@@ -208,6 +209,9 @@ class Sampler:
         signature = tuple((p.name, p.version) for p in self.packs.all())
         if signature != self._signature:
             self._reindex(signature)
+        if self.packs.held != self._held:  # an admin enabled a pack: plans change
+            self._held = self.packs.held
+            self._bump()
         if self._expiry:
             now = self._clock() if now is None else now
             while self._expiry and self._expiry[0][0] <= now:
@@ -411,7 +415,10 @@ class Sampler:
             chosen = self.packs.get(pack)  # 404 for an unknown pack or version
             versions = [(chosen.name, chosen.version)]
         else:
-            versions = [self._latest[name] for name in sorted(self._latest)]
+            # Unfiltered: only packs an admin enabled (a new published pack is held).
+            versions = [
+                self._latest[name] for name in sorted(self._latest) if self.packs.sampled(name)
+            ]
         plan_packs = []
         for name, version in versions:
             by_domain: dict[str, list[_Group]] = {}

@@ -75,6 +75,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 def token(server: ServerProcess, tmp_path: Path, *scopes: str, name: str) -> str:
     args = [a for s in scopes for a in ("--scope", s)]
+    if "publish" in scopes:
+        args += ["--org", "test"]  # the org these tests publish into (granted by the admin)
     made = cli(
         "token", "create", *args, "--name", name, "--data-dir", str(server.data_dir), cwd=tmp_path
     )

@@ -426,7 +426,11 @@ async def _check_image(backend: BwrapBackend, image: str, marker: str | None) ->
         assert (await s.exec("test -e /etc/ld.so.cache")).exit_code != 0 or marker is None
 
 
-async def test_image_rootfs_by_path(backend: BwrapBackend, tiny_rootfs: Path) -> None:
+async def test_image_rootfs_by_path(
+    backend: BwrapBackend, tiny_rootfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A path is taken only inside the operator's images dir (tests/redteam/test_host_paths.py).
+    monkeypatch.setenv("PALAESTRA_IMAGES_DIR", str(tiny_rootfs.parent.parent))
     await _check_image(backend, str(tiny_rootfs), "tiny image\n")
 
 
@@ -452,9 +456,10 @@ def _base_rootfs() -> Path | None:
     _base_rootfs() is None,
     reason="no built base image (images/base/build.sh; or set PALAESTRA_TEST_ROOTFS)",
 )
-async def test_image_rootfs_base(backend: BwrapBackend) -> None:
+async def test_image_rootfs_base(backend: BwrapBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _base_rootfs()
     assert root is not None
+    monkeypatch.setenv("PALAESTRA_IMAGES_DIR", str(root.parent.parent))
     await _check_image(backend, str(root), None)
 
 
