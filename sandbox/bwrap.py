@@ -611,7 +611,10 @@ class BwrapBackend(Backend):
         else:
             try:
                 seccomp.filter_bytes()
-                self.seccomp_status = f"seccomp: {len(seccomp.DENIED)} syscalls denied"
+                self.seccomp_status = (
+                    f"seccomp: {len(seccomp.DENIED)} syscalls denied, "
+                    f"{len(seccomp.UNAVAILABLE)} unavailable"
+                )
             except seccomp.SeccompUnsupported as e:
                 self.seccomp = False
                 self.seccomp_status = f"seccomp unavailable: {e}"

@@ -8,7 +8,9 @@ debootstrap bookworm with python3), a bare name such as ``"coding"`` is the fami
 Each sandbox is a container ``sleep infinity`` under docker's init (tini) that runs as
 uid 65534, with no network (``network_mode=none``), a read-only root, a size-limited tmpfs
 at /tmp, ``mem_limit = memswap_limit = memory_mb``, ``pids_limit``, ``nano_cpus``, every
-capability dropped, ``no-new-privileges``, no logging, and a workspace: a tmpfs *volume*
+capability dropped, ``no-new-privileges``, our seccomp profile (`seccomp.docker_profile`:
+the bwrap filter's policy, io_uring and inotify included, plus no new namespaces) in
+place of the engine's default, no logging, and a workspace: a tmpfs *volume*
 (size ``workspace_mb``, owned by uid 1000) at ``spec.workdir``. A volume rather than a
 ``--tmpfs`` mount because the archive API (``put_archive``/``get_archive``, which the file
 methods use) reads and writes the container's root filesystem view on the host, where
@@ -130,6 +132,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from palaestra.sandbox import seccomp
 from palaestra.sandbox.base import (
     BASE_PATH,
     DEFAULT_MAX_OUTPUT,
@@ -305,6 +308,12 @@ def _host_limits() -> tuple[int, int]:
             if line.startswith("MemTotal:"):
                 mem = int(line.split()[1]) // 1024
     return mem, os.cpu_count() or 1
+
+
+@cache
+def _seccomp_profile() -> str:
+    """Our seccomp policy as docker's JSON profile (`seccomp.docker_profile`), once."""
+    return json.dumps(seccomp.docker_profile(), separators=(",", ":"))
 
 
 def check_spec(spec: SandboxSpec) -> None:
@@ -488,7 +497,7 @@ class DockerSandbox(Sandbox):
                 pids_limit=spec.pids,
                 nano_cpus=int(spec.cpus * 1e9),
                 cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
+                security_opt=["no-new-privileges", f"seccomp={_seccomp_profile()}"],
                 ipc_mode="private",
                 ulimits=[
                     docker.types.Ulimit(name="nofile", soft=1024, hard=1024),

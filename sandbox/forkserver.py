@@ -99,6 +99,8 @@ from palaestra.sandbox.bwrap import (
     SANDBOX_GID,
     SANDBOX_UID,
     TIMEOUT_EXIT_CODE,
+    CgroupMode,
+    _cgroup_manager,
     _etc_args,
     _is_root,
     _memory_error,
@@ -107,6 +109,8 @@ from palaestra.sandbox.bwrap import (
     drain_capped,
     write_etc_files,
 )
+from palaestra.sandbox.cgroups import CgroupManager
+from palaestra.sandbox.runcgroup import RunCgroup
 from palaestra.sandbox.spawn import spawn
 
 log = logging.getLogger("palaestra.sandbox.forkserver")
@@ -114,6 +118,10 @@ log = logging.getLogger("palaestra.sandbox.forkserver")
 PYTHON = "/usr/bin/python3"
 WORKDIR = "/work"
 START_TIMEOUT_S = 15.0
+# A run's memory cgroup allows this much above its memory_mb (RLIMIT_AS per process): what
+# the forked interpreter copies of the zygote's pages, so one process meets its own
+# MemoryError first, while all of a run's processes together stay bounded.
+CGROUP_SLACK_MB = 64
 # How long past a run's own timeout we wait for the zygote's report before calling it hung.
 REPORT_SLACK_S = 5.0
 
@@ -327,7 +335,14 @@ def child(req, fds, status_w, own_fds):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in own_fds:
             os.close(fd)
-        data_fd, out_fd, err_fd = fds
+        data_fd, out_fd, err_fd = fds[:3]
+        if len(fds) == 4:
+            # The server moves us into the run's cgroup (it reads our pid from this message's
+            # credentials) before we start anything: all the run's processes are inside it.
+            os.write(fds[3], b"p")
+            if os.read(fds[3], 1) != b"g":
+                raise OSError("the server did not put the run in its cgroup")
+            os.close(fds[3])
         flags = NEWUSER | NEWNS | NEWPID | NEWIPC | NEWUTS | (NEWNET if req.get("net_ns") else 0)
         check(libc.unshare(flags), "unshare")
         put("/proc/self/setgroups", "deny")
@@ -397,11 +412,11 @@ def main():
             pass
 
     def spawn(req, fds):
-        if len(fds) != 3:
+        if len(fds) != (4 if req.get("cgroup") else 3):
             for fd in fds:
                 os.close(fd)
             reply({"id": req.get("id"), "code": 255, "timed_out": False,
-                   "setup_error": "expected 3 descriptors"})
+                   "setup_error": "expected 3 descriptors (4 with a cgroup)"})
             return
         status_r, status_w = os.pipe()
         own = [ctl.fileno(), wake_r, wake_w, status_r] + [c[2] for c in children.values()]
@@ -554,6 +569,9 @@ class PythonForkServer:
         host_uid: int = SANDBOX_UID,
         net_ns: bool = True,
         nproc: int = 4096,
+        cgroups: CgroupMode | CgroupManager = "auto",
+        pids: int = SandboxSpec.pids,
+        cpus: float | None = SandboxSpec.cpus,
     ) -> None:
         if runtime_dir is None:
             if _is_root():
@@ -564,6 +582,16 @@ class PythonForkServer:
         self._host_uid: int | None = host_uid if _is_root() else None
         self.net_ns = net_ns
         self.nproc = nproc
+        # Each run gets a cgroup of its own, as a bwrap sandbox does: pids, memory, CPU.
+        self.pids, self.cpus = pids, cpus
+        if isinstance(cgroups, CgroupManager):
+            self.cgroups: CgroupManager | None = cgroups
+            self.cgroup_status = cgroups.describe()
+        elif cgroups == "off":
+            self.cgroups, self.cgroup_status = None, "cgroups off (rlimits only)"
+        else:
+            self.cgroups, why = _cgroup_manager()
+            self.cgroup_status = why if self.cgroups else f"cgroups unavailable: {why}"
         self._proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -577,6 +605,7 @@ class PythonForkServer:
         self.unavailable: str | None = None  # why it can never start here
         self.starts = 0
         self._closed = False
+        self._cleanups: set[asyncio.Future[None]] = set()  # run cgroups being removed
 
     @property
     def alive(self) -> bool:
@@ -761,6 +790,8 @@ class PythonForkServer:
         if proc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait(), 2.0)
+        if self._cleanups:
+            await asyncio.wait(set(self._cleanups), timeout=5.0)
 
     # ---- runs ------------------------------------------------------------------------------
 
@@ -807,12 +838,45 @@ class PythonForkServer:
         sock = self._sock
         if sock is None:
             raise SandboxError("the Python fork server is not running")
+        self._next_id += 1
+        run_id = self._next_id
+        rc = None
+        if self.cgroups is not None:
+            mem = (int(memory_mb) + CGROUP_SLACK_MB) << 20
+            name = f"fork-{self.starts}-{run_id}"
+            rc = RunCgroup(self.cgroups, name, mem, self.pids, self.cpus)
+        try:
+            return await self._run_in(
+                sock, rc, run_id, code, files, stdin, timeout, max_output, memory_mb, workspace_mb
+            )
+        finally:
+            if rc is not None:  # off the result's path; `aclose` waits for it
+                task = asyncio.ensure_future(rc.cleanup())
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
+
+    async def _run_in(
+        self,
+        sock: socket.socket,
+        rc: RunCgroup | None,
+        run_id: int,
+        code: str,
+        files: Mapping[str, bytes],
+        stdin: bytes,
+        timeout: float,
+        max_output: int,
+        memory_mb: int,
+        workspace_mb: int,
+    ) -> ExecResult:
         loop = asyncio.get_running_loop()
         memfd = _sealed_memfd(_payload(code, files, stdin))
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        self._next_id += 1
-        run_id = self._next_id
+        sync_ours = sync_theirs = None
+        if rc is not None:
+            sync_ours, sync_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            sync_ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            sync_ours.setblocking(False)
         request = {
             "id": run_id,
             "timeout": max(0.001, float(timeout)),
@@ -820,18 +884,29 @@ class PythonForkServer:
             "workspace_mb": int(workspace_mb),
             "nproc": self.nproc,
             "net_ns": self.net_ns,
+            "cgroup": rc is not None,
         }
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[run_id] = fut
         start = time.monotonic()
         out_reader, err_reader = asyncio.StreamReader(), asyncio.StreamReader()
         transports: list[asyncio.BaseTransport] = []
+        placing: asyncio.Future[None] | None = None
+        killer: asyncio.Future[None] | None = None
         try:
+            fds = [memfd, out_w, err_w]
+            if sync_theirs is not None:
+                fds.append(sync_theirs.fileno())
             try:
-                await self._send(sock, json.dumps(request).encode(), [memfd, out_w, err_w])
+                await self._send(sock, json.dumps(request).encode(), fds)
             finally:
                 for fd in (memfd, out_w, err_w):
                     os.close(fd)
+                if sync_theirs is not None:
+                    sync_theirs.close()
+            if rc is not None and sync_ours is not None:
+                placing = asyncio.ensure_future(rc.place(sync_ours))
+                killer = asyncio.ensure_future(rc.kill_at(float(timeout)))
             for fd, reader in ((out_r, out_reader), (err_r, err_reader)):
                 pipe = os.fdopen(fd, "rb", buffering=0)
                 if fd == out_r:
@@ -863,6 +938,11 @@ class PythonForkServer:
                 for t in drains:
                     t.cancel()
         finally:
+            for task in (placing, killer):
+                if task is not None and not task.done():
+                    task.cancel()
+            if sync_ours is not None:
+                sync_ours.close()
             self._pending.pop(run_id, None)
             for tr in transports:
                 tr.close()
@@ -872,12 +952,14 @@ class PythonForkServer:
         duration = time.monotonic() - start
         stdout = out.decode("utf-8", errors="replace")
         stderr = err.decode("utf-8", errors="replace")
-        if report.get("timed_out"):
+        if report.get("timed_out") or (rc is not None and rc.killed):
             return ExecResult(TIMEOUT_EXIT_CODE, stdout, stderr, True, False, truncated, duration)
         if report.get("setup_error"):
             raise SandboxError(f"the fork server could not set up the run: {report['setup_error']}")
         code_ = int(report["code"])
         oom = code_ == 128 + signal.SIGKILL or _memory_error(stderr)
+        if rc is not None:
+            oom = oom or rc.oom_killed()
         return ExecResult(code_, stdout, stderr, False, oom, truncated, duration)
 
     async def _send(self, sock: socket.socket, data: bytes, fds: list[int]) -> None:

@@ -11,15 +11,20 @@ SECCOMP_MODE_FILTER, &sock_fprog)`` takes).  The program:
 3. the denied syscalls (`DENIED`: ptrace, process_vm_readv/writev, bpf, perf_event_open,
    userfaultfd, the key-management calls, the mount APIs old and new, kexec, kernel
    modules) fail with EPERM;
-4. ``ioctl(fd, TIOCSTI | TIOCLINUX, ...)`` fails with EPERM (only the low 32 bits of
+4. io_uring (a large and often-exploited kernel surface) and the calls that reach kernel
+   budgets counted per host uid, which every sandbox of that uid shares (`UNAVAILABLE`:
+   inotify/fanotify instances and watches, POSIX message queue bytes), fail with ENOSYS,
+   the answer that makes libraries (libuv, coreutils' ``tail -f``) fall back to plain
+   syscalls or polling;
+5. ``ioctl(fd, TIOCSTI | TIOCLINUX, ...)`` fails with EPERM (only the low 32 bits of
    the request are compared: the kernel ignores the upper ones, so setting them cannot
    bypass the check);
-5. everything else is allowed.
+6. everything else is allowed.
 
 A deny-list, not an allow-list: the sandboxes run arbitrary toolchains (gcc, node, the JVM…)
 and an allow-list that misses one syscall breaks them in ways that look like task failures.
 Namespace creation is stopped by bwrap's ``--disable-userns`` and the missing capabilities,
-not here.
+not here (the docker profile, `docker_profile`, has no bwrap behind it and refuses it too).
 """
 
 from __future__ import annotations
@@ -81,12 +86,25 @@ DENIED = (
     "delete_module",
 )
 
+# The syscalls every sandbox sees as missing (ENOSYS): see the module docstring, step 4.
+# inotify_init has no aarch64 number (only inotify_init1 exists there).
+UNAVAILABLE = (
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "inotify_init",
+    "inotify_init1",
+    "fanotify_init",
+    "mq_open",
+)
+
 # The syscalls this module names, per architecture (x86_64: arch/x86/entry/syscalls/
 # syscall_64.tbl; aarch64: include/uapi/asm-generic/unistd.h).
 SYSCALLS: dict[int, dict[str, int]] = {
     AUDIT_ARCH_X86_64: {
         "ioctl": 16,
         "ptrace": 101,
+        "mq_open": 240,
         "pivot_root": 155,
         "mount": 165,
         "umount2": 166,
@@ -96,7 +114,10 @@ SYSCALLS: dict[int, dict[str, int]] = {
         "add_key": 248,
         "request_key": 249,
         "keyctl": 250,
+        "inotify_init": 253,
+        "inotify_init1": 294,
         "perf_event_open": 298,
+        "fanotify_init": 300,
         "process_vm_readv": 310,
         "process_vm_writev": 311,
         "finit_module": 313,
@@ -109,9 +130,13 @@ SYSCALLS: dict[int, dict[str, int]] = {
         "fsconfig": 431,
         "fsmount": 432,
         "fspick": 433,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
         "mount_setattr": 442,
     },
     AUDIT_ARCH_AARCH64: {
+        "inotify_init1": 26,
         "ioctl": 29,
         "umount2": 39,
         "mount": 40,
@@ -120,10 +145,12 @@ SYSCALLS: dict[int, dict[str, int]] = {
         "init_module": 105,
         "delete_module": 106,
         "ptrace": 117,
+        "mq_open": 180,
         "add_key": 217,
         "request_key": 218,
         "keyctl": 219,
         "perf_event_open": 241,
+        "fanotify_init": 262,
         "process_vm_readv": 270,
         "process_vm_writev": 271,
         "finit_module": 273,
@@ -136,6 +163,9 @@ SYSCALLS: dict[int, dict[str, int]] = {
         "fsconfig": 431,
         "fsmount": 432,
         "fspick": 433,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
         "mount_setattr": 442,
     },
 }
@@ -181,7 +211,9 @@ class _Asm:
         return out
 
 
-def build(arch: int, denied: tuple[str, ...] = DENIED) -> bytes:
+def build(
+    arch: int, denied: tuple[str, ...] = DENIED, unavailable: tuple[str, ...] = UNAVAILABLE
+) -> bytes:
     """The filter program for `arch` (an AUDIT_ARCH_* value)."""
     table = SYSCALLS[arch]
     a = _Asm()
@@ -192,6 +224,8 @@ def build(arch: int, denied: tuple[str, ...] = DENIED) -> bytes:
         a.op(_JGE_K, X32_SYSCALL_BIT, "enosys", 0)
     for nr in sorted({table[name] for name in denied}):
         a.op(_JEQ_K, nr, "eperm", 0)
+    for nr in sorted({table[name] for name in unavailable if name in table}):
+        a.op(_JEQ_K, nr, "enosys", 0)
     a.op(_JEQ_K, table["ioctl"], "ioctl", 0)
     a.op(_RET_K, SECCOMP_RET_ALLOW)
     a.label("ioctl")
@@ -228,3 +262,61 @@ def filter_fd() -> int:
     finally:
         os.close(w)
     return r
+
+
+# ---- the docker backend's profile -------------------------------------------------------------
+
+CLONE_NEW_FLAGS = {
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
+_DOCKER_ARCH = {AUDIT_ARCH_X86_64: "SCMP_ARCH_X86_64", AUDIT_ARCH_AARCH64: "SCMP_ARCH_AARCH64"}
+
+
+def docker_profile(arch: int | None = None) -> dict[str, object]:
+    """The same policy as `build`, as a docker seccomp profile (``--security-opt seccomp=``).
+
+    Why our own and not docker's default: the default is an engine setting (an engine run
+    with ``--seccomp-profile unconfined``, or older than 25.0, allows io_uring), and a
+    container gets one profile only. Docker's default is an allow-list that also stops what
+    our deny-list leaves to bwrap's ``--disable-userns``: so this one also refuses new
+    namespaces (``unshare``/``clone`` with a ``CLONE_NEW*`` flag, ``setns``: EPERM) and
+    ``clone3`` (ENOSYS, whose flags a filter cannot read; glibc falls back to ``clone``).
+    Only the host architecture is listed: any other (i386, x32) is refused by the engine."""
+    arch = host_arch() if arch is None else arch
+    table = SYSCALLS[arch]
+    eperm, enosys = errno.EPERM, errno.ENOSYS
+    rules: list[dict[str, object]] = [
+        {"names": [n for n in DENIED if n in table], "action": "SCMP_ACT_ERRNO", "errnoRet": eperm},
+        {
+            "names": [n for n in UNAVAILABLE if n in table] + ["clone3"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": enosys,
+        },
+        {"names": ["setns"], "action": "SCMP_ACT_ERRNO", "errnoRet": eperm},
+    ]
+    for flag in CLONE_NEW_FLAGS.values():
+        cond = {"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}
+        rules.append(
+            {
+                "names": ["clone", "unshare"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": eperm,
+                "args": [cond],
+            }
+        )
+    for request in (TIOCSTI, TIOCLINUX):
+        cond = {"index": 1, "value": 0xFFFFFFFF, "valueTwo": request, "op": "SCMP_CMP_MASKED_EQ"}
+        rules.append(
+            {"names": ["ioctl"], "action": "SCMP_ACT_ERRNO", "errnoRet": eperm, "args": [cond]}
+        )
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": [_DOCKER_ARCH[arch]],
+        "syscalls": rules,
+    }
