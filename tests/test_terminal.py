@@ -4,7 +4,7 @@ repository repair with FAIL_TO_PASS / PASS_TO_PASS, a sealed data task)."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 from conftest import ServerProcess
+from typer.testing import CliRunner
 
-from palaestra.cli.pack import check_pack
+from palaestra.cli.main import app
+from palaestra.envs import cheats as generic
 from palaestra.envs.terminal import TerminalFamily, cheats
 from palaestra.sandbox import SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
@@ -205,16 +207,31 @@ def test_repository_repair_sets(http: HTTPClient) -> None:
     assert verdict["components"] == {"fail_to_pass": 0.5, "pass_to_pass": 1.0}
 
 
-def test_pack_check_on_bwrap() -> None:
+@pytest.mark.timeout(900)  # 41 episodes; a loaded 2-core machine needs more than 300 s
+def test_pack_check_on_bwrap(tmp_path: Path) -> None:
     """oracle 1 (and the same on a rerun), null 0, and every known cheat -- printing PASS,
     writing a reward / exit-0 test.sh wherever a verifier might look, planting pytest.py,
-    editing the tests, a conftest hook -- scores <= 0.1 (non-void) on every task."""
-    report = asyncio.run(check_pack(PACK, concurrency=3))
-    assert report.ok, [(p.where, p.check, p.message) for p in report.problems]
+    editing the tests, a conftest hook, and the generic ones (startup files, pytest config,
+    PATH shadowing, results anywhere, background processes, symlinks, exit on import) --
+    scores <= 0.1 (non-void) on every task; `pack check --json` writes it all per task."""
+    out = tmp_path / "check.json"
+    result = CliRunner().invoke(
+        app, ["pack", "check", str(PACK), "--concurrency", "3", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "per task" in result.output and "cheat startup-files: max 0.00" in result.output
+    report = json.loads(out.read_text())
+    assert report["ok"] and report["problems"] == []
     # 3 tasks x (oracle, rerun, null) + 3 terminal and 7 generic cheats each + 2 more on
     # the repository task
-    assert report.checked == 3 and report.episodes == 3 * 3 + 3 * (3 + 7) + 2
-    assert all(r.worst_cheat() is not None for r in report.results.values())
+    assert report["checked"] == 3 and report["episodes"] == 3 * 3 + 3 * (3 + 7) + 2
+    assert [r["task"] for r in report["results"]] == ["csv-sum", "fix-calc", "word-count"]
+    for row in report["results"]:
+        assert row["oracle"] == row["rerun"] == 1.0 and row["null"] == 0.0, row
+        assert set(generic.NAMES) <= set(row["cheats"]), row
+    assert set(report["cheats"]) >= set(generic.NAMES)
+    assert all(c["max"] <= 0.1 for c in report["cheats"].values()), report["cheats"]
+    assert report["worst_cheat"]["max"] <= 0.1
 
 
 async def test_dead_sandbox_voids_the_episode(tmp_path: Path) -> None:

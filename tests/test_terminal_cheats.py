@@ -4,10 +4,10 @@
   not reach its end (a test called os._exit, or killed the runner) scores 0.
 - The verifier runs with a fresh HOME, an isolated interpreter, a PATH without workspace
   folders and pytest configured by the verifier alone, proved by a test.sh that looks.
-- Every generic cheat scores <= 0.1 on a sample of packs/terminal-core on docker (bwrap runs
-  them on every task through test_terminal_core's full `pack check`), and on the imported
-  Terminal-Bench / Harbor fixtures with a shadowed pytest on docker; the oracle still
-  scores 1 there.
+- Every generic cheat (and the terminal family's own) scores <= 0.1 on every task of
+  packs/terminal-core, held-out included, on docker (bwrap runs them on every task through
+  test_terminal_core's full `pack check`), and on the imported Terminal-Bench / Harbor
+  fixtures with a shadowed pytest on docker; the oracle still scores 1 there.
 """
 
 from __future__ import annotations
@@ -39,15 +39,6 @@ CORE = ROOT / "packs" / "terminal-core"
 FIXTURES = Path(__file__).parent / "fixtures"
 IMAGE = "palaestra/terminal:latest"
 NONCE = "a" * 32
-# Both kinds of task (test.sh and repository repair), a Makefile, git, an in-process import.
-SAMPLE = (
-    "c-build-makefile-deps",
-    "git-revert-bad-commit",
-    "py-debug-shared-state",
-    "files-dedupe",
-    "rr-lru-cache",
-    "rr-semver-compare",
-)
 WHY_NO_BWRAP = "" if bwrap_available()[0] else f"bwrap unavailable: {bwrap_available()[1]}"
 WHY_NO_DOCKER = docker_skip_reason(IMAGE)
 
@@ -198,11 +189,13 @@ def _check(results: dict[tuple[str, str], tuple[float | None, str]]) -> None:
 
 
 @pytest.mark.skipif(bool(WHY_NO_DOCKER), reason=WHY_NO_DOCKER)
-@pytest.mark.timeout(1200)
-def test_generic_cheats_on_docker_terminal_core_sample() -> None:
-    names = ("oracle", *cheats.NAMES, "shadow-pytest", "conftest-hook")
-    results = asyncio.run(_play_all(_load(CORE), "docker", SAMPLE, names))
-    assert len(results) >= len(SAMPLE) * (1 + len(cheats.NAMES))
+@pytest.mark.timeout(3600)  # ~560 episodes, two containers each
+def test_every_cheat_on_docker_terminal_core() -> None:
+    pack = _load(CORE)
+    names = (*cheats.NAMES, "print-pass", "write-verifier-result", "shadow-pytest")
+    names += ("edit-tests", "conftest-hook")
+    results = asyncio.run(_play_all(pack, "docker", sorted(pack.tasks), names))
+    assert len(results) >= len(pack.tasks) * (3 + len(cheats.NAMES))
     _check(results)
 
 

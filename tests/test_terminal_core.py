@@ -4,13 +4,12 @@
   least 8 domains, at least 10 repository-repair tasks with FAIL_TO_PASS and PASS_TO_PASS
   sets, a sealed heldout split of about one task in five with a task in every domain.
 - bwrap: the full `palaestra pack check` (oracle ≥ expected on every task, a rerun gives the
-  same verdict, the null agent scores 0, every known cheat of the terminal family ≤ 0.1).
+  same verdict, the null agent scores 0, every known cheat of the terminal family ≤ 0.1,
+  the generic ones of palaestra.envs.cheats included).
 - docker: the oracle scores 1 and the null agent 0 on every task in palaestra/terminal. The
-  rerun and the cheats are skipped there: they prove properties of the verifiers (the same
-  final state gives the same verdict; planted results and edited tests change nothing),
-  which do not depend on the backend and are proved on bwrap; what docker can break — the
-  image's tools, file modes and ownership across the workspace copy — the oracle and the
-  null agent show. That halves the episodes and keeps the file inside its CI budget.
+  rerun is skipped there; every cheat on every task on docker is
+  tests/test_terminal_cheats.py's (a verifier step a backend cannot run voids, so a
+  backend difference shows there, never as a silently skipped step).
 
 Skipped, with the reason, where the backend cannot run (no bwrap; no docker engine or no
 terminal image; host tools missing for bwrap, which uses the host's /usr).
@@ -122,7 +121,7 @@ WHY_NO_BWRAP = _bwrap_unavailable()
 
 
 @pytest.mark.skipif(bool(WHY_NO_BWRAP), reason=WHY_NO_BWRAP)
-@pytest.mark.timeout(900)  # ~340 episodes: the default 300 s is too short on a loaded machine
+@pytest.mark.timeout(3600)  # ~730 episodes (7 generic cheats on every task) on 2 cores
 def test_pack_check_bwrap(tmp_path: Path) -> None:
     report = asyncio.run(check_pack(PACK, concurrency=CONCURRENCY))
     assert report.checked == report.tasks == len(_task_tomls())
