@@ -980,6 +980,11 @@ class BwrapSandbox(Sandbox):
     def alive(self) -> bool:
         return not self._closed
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time this sandbox's processes used so far, from its cgroup (None: no counter);
+        the server bills it to the episode's token (server/tenancy.py)."""
+        return self.cgroup.cpu_seconds() if self.cgroup is not None else None
+
     def _reap_later(self, proc: asyncio.subprocess.Process) -> None:
         """Reap a bwrap that reported its command's exit, or was killed, and now exits by
         itself; `close` waits for it (a process still unreaped when its event loop ends

@@ -109,6 +109,19 @@ class Cgroup:
     def oom_killed(self) -> bool:
         return self.oom_kills() > 0
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time used in this cgroup so far: v2 ``cpu.stat`` usage_usec, v1
+        ``cpuacct.usage`` where cpuacct shares a hierarchy used here; None without one."""
+        if self.version == 2:
+            path = self.dirs[0] / "cpu.stat"
+            return _counter(path, "usage_usec") / 1e6 if path.exists() else None
+        for d in self.dirs:
+            try:
+                return int((d / "cpuacct.usage").read_text()) / 1e9
+            except (OSError, ValueError):
+                continue
+        return None
+
     def kill_all(self, timeout: float = 2.0) -> bool:
         """SIGKILL every process in the cgroup; True once none is left."""
         if self.version == 2:

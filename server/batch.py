@@ -163,6 +163,12 @@ async def step_outcomes(
     """(episode id, reply or error) per item, in order: what `batch_step` answers, before
     it is wrapped in models (the HTTP route serializes these directly)."""
     items: list[BatchStepItem | None] = list(request.items)
+    try:
+        # Detached steps of this token still running: bounded per token (server/tenancy.py).
+        manager.tenancy.check_pending(principal)
+    except PalaestraError as exc:
+        refused = item_error(exc)
+        return [(_episode_of(item), refused) for item in items]
     problems = problems or [None] * len(items)
     results: list[Outcome | None] = [None] * len(items)
     by_episode: dict[str, list[int]] = {}
@@ -199,7 +205,7 @@ async def step_outcomes(
         for task in late:
             # Still running: it goes on (its reply is kept under the item's request_id,
             # and a resend joins it); the caller resends the item.
-            manager.detach(task)
+            manager.detach(task, principal.token_id)
     return [
         (_episode_of(item), _still_running() if outcome is None else outcome)
         for item, outcome in zip(items, results, strict=True)

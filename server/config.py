@@ -40,6 +40,25 @@ class Settings(BaseModel):
     pool_max_total: int = Field(default=64, ge=1, description="warm sandboxes over all specs")
     packs_dirs: list[Path] = Field(default_factory=lambda: [REPO_PACKS])
     max_episodes: int = Field(default=2048, ge=1, description="live episodes before 429")
+    # Per-token quotas (server/tenancy.py): the defaults for tokens made without their own;
+    # admin tokens are bound only by a quota set on them. None: no cap.
+    token_max_live: int | None = Field(
+        default=1024, ge=0, description="live episodes per token (default quota)"
+    )
+    token_max_episodes_per_hour: int | None = Field(
+        default=None, ge=0, description="episode starts per token per hour (default quota)"
+    )
+    token_max_cpu_s_per_hour: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="sandbox CPU-seconds per token per hour (default quota)",
+    )
+    token_max_pending: int = Field(
+        default=256,
+        ge=1,
+        description="detached batch steps (answered still_running) per token before 429",
+    )
     idle_ttl_s: float = Field(default=900.0, gt=0, description="idle episodes expire after this")
     reaper_interval_s: float = Field(default=5.0, gt=0)
     max_steps: int = Field(default=50, ge=1, description="default step limit per episode")

@@ -61,6 +61,7 @@ from palaestra.server.registry import ADMIN_RIGHTS, PackStore, PublishRights
 from palaestra.server.sampler import Sampler
 from palaestra.server.store import Store
 from palaestra.server.tally import StepTally
+from palaestra.server.tenancy import Tenancy, candidate_keys, episode_key
 from palaestra.server.taskfields import HostPolicy
 
 log = logging.getLogger("palaestra.episodes")
@@ -88,9 +89,12 @@ class Episode:
     oracle: list[Action] | None = None
     step_timer: Any = None  # the family's step-latency histogram child, looked up once
     tally: StepTally = field(default_factory=StepTally)
+    owner: str = ""  # the token id that started it (server/tenancy.py)
+    cpu_mark: float | None = None  # the sandbox's CPU counter at the last reading
 
     @property
     def id(self) -> str:
+        """The store key (a client-chosen id is scoped by its owner: tenancy.episode_key)."""
         return self.state.episode_id
 
     def settled_state(self) -> EpisodeState:
@@ -108,6 +112,19 @@ def _void_verdict(task: Task, reason: str, duration: float) -> Verdict:
         verifier=VerifierInfo(name="none", version="0"),
         task_digest=task.digest,
         duration_s=duration,
+    )
+
+
+def _unknown(episode_id: str) -> NotFoundError:
+    """The one answer for an id the caller does not own, whether or not it exists."""
+    return NotFoundError(f"unknown episode {episode_id!r}")
+
+
+def _id_taken(episode_id: str) -> ConflictError:
+    return ConflictError(
+        f"episode id {episode_id!r} is already in use by this token (live, ended or being "
+        "started); choose another episode_id, or omit it to get a fresh one",
+        code="episode_exists",
     )
 
 
@@ -135,6 +152,8 @@ class EpisodeManager:
         self._live: dict[str, Episode] = {}
         self._ended: OrderedDict[str, Episode] = OrderedDict()
         self._pending = 0
+        self._reserved: set[str] = set()  # keys of episodes being started
+        self.tenancy = Tenancy(settings)
         self._reaper: asyncio.Task[None] | None = None
         self._detached: set[asyncio.Future[Any]] = set()
         self.metrics.bind_live(self._live_by_status, self._live_sandboxes)
@@ -151,6 +170,8 @@ class EpisodeManager:
         history = await asyncio.to_thread(self.store.sampler_history, self.settings.sampler_history)
         self.sampler.replay(history)
         self.sampler.refresh()
+        starts = await asyncio.to_thread(self.store.starts_since, time.time() - 3600.0)
+        self.tenancy.restore_starts(starts)
         self._reaper = asyncio.create_task(self._reap_forever(), name="palaestra-reaper")
 
     async def shutdown(self) -> None:
@@ -169,11 +190,15 @@ class EpisodeManager:
             await self.backend.aclose()
         await asyncio.to_thread(self.store.close)
 
-    def detach(self, work: asyncio.Future[Any]) -> None:
+    def detach(self, work: asyncio.Future[Any], owner: str | None = None) -> None:
         """Let `work` run on after its caller stopped waiting (a batch step answered
-        `still_running`): referenced until it is done, cancelled at shutdown."""
+        `still_running`): referenced until it is done, cancelled at shutdown, and counted
+        against `owner`'s pending quota while it runs."""
         self._detached.add(work)
         work.add_done_callback(self._detached.discard)
+        if owner is not None:
+            self.tenancy.pending(owner, +1)
+            work.add_done_callback(lambda _: self.tenancy.pending(owner, -1))
 
     @property
     def ready(self) -> bool:
@@ -325,11 +350,10 @@ class EpisodeManager:
                 request.seed, pack=request.pack, split=request.split, domain=request.domain
             )
         principal.require_episodes(task.sealed, task.split)
-        episode_id = request.episode_id or uuid.uuid4().hex
-        if episode_id in self._live or episode_id in self._ended:
-            raise ConflictError(
-                f"episode id {episode_id!r} is already in use", code="episode_exists"
-            )
+        owner = principal.token_id
+        episode_id = episode_key(owner, request.episode_id, uuid.uuid4().hex)
+        if episode_id in self._live or episode_id in self._ended or episode_id in self._reserved:
+            raise _id_taken(request.episode_id or episode_id)
         wants_oracle = bool(request.options.get("oracle"))
         if wants_oracle and not self.settings.allow_oracle:
             raise PermissionDeniedError("this server does not allow oracle-driven episodes")
@@ -343,8 +367,14 @@ class EpisodeManager:
         family_limits = getattr(family, "episode_limits", None)  # a family's own caps
         if callable(family_limits):
             limits = family_limits(task, request.options, limits)
+        admitted = self.tenancy.admit(principal)  # 429 over the token's quota
+        self._reserved.add(episode_id)
         self._pending += 1
         try:
+            if request.episode_id:  # also taken when stored by an earlier server
+                await self.store.aflush()
+                if await asyncio.to_thread(self.store.owners, (episode_id,)):
+                    raise _id_taken(request.episode_id)
             sandbox = await self._new_sandbox_or_none(family.sandbox_spec(task))
             ctx = EpisodeContext(
                 episode_id=episode_id,
@@ -366,8 +396,12 @@ class EpisodeManager:
                         code="sandbox_failed",
                     ) from None
                 raise
+        except BaseException:
+            self.tenancy.refund(owner, admitted)
+            raise
         finally:
             self._pending -= 1
+            self._reserved.discard(episode_id)
         now = time.time()
         state = EpisodeState(
             episode_id=episode_id,
@@ -391,9 +425,10 @@ class EpisodeManager:
             started=mono,
             last_active=mono,
             oracle=family.oracle(task) if wants_oracle else None,
+            owner=owner,
         )
         self._live[episode_id] = episode
-        self.store.create_episode(state, task.digest, task.sealed)
+        self.store.create_episode(state, task.digest, task.sealed, owner=owner)
         await self.store.aflush()  # an episode a client was told of survives a crash
         self.metrics.episodes_started.labels(family=task.family).inc()
         log.info("episode started", extra={"episode_id": episode_id, "task_digest": task.digest})
@@ -410,7 +445,7 @@ class EpisodeManager:
         elif (note := self.sampler.quarantine_note(task.ref)) is not None:
             info["quarantined"] = f"run on request; the sampler holds it back: {note}"
         return ResetResponse(
-            episode_id=episode_id,
+            episode_id=request.episode_id or episode_id,
             observation=observation,
             tools=family.tool_specs(),
             limits=limits,
@@ -431,10 +466,10 @@ class EpisodeManager:
     async def step(
         self, episode_id: str, request: StepRequest, principal: Principal = ADMIN_PRINCIPAL
     ) -> StepResponse:
-        episode = self._find(episode_id)
+        episode = self._find(episode_id, principal)
         if episode is None:
-            await self._allow_stored(principal, episode_id)
-            return await self._replay_or_refuse(episode_id, request.request_id)
+            key = await self._stored_key(principal, episode_id)
+            return await self._replay_or_refuse(key, episode_id, request.request_id)
         if ADMIN not in principal.scopes:
             principal.require_episodes(episode.task.sealed, episode.task.split)
         async with episode.lock:
@@ -451,6 +486,7 @@ class EpisodeManager:
             if episode.state.status is not EpisodeStatus.ACTIVE:
                 status = episode.state.status.value
                 raise ConflictError(f"episode {episode_id} has ended ({status}); start a new one")
+            self.tenancy.check_cpu(principal)  # 429 while over its CPU-seconds per hour
             started = time.perf_counter()
             episode.last_active = time.monotonic()
             try:
@@ -460,6 +496,10 @@ class EpisodeManager:
             except InvalidActionError:
                 episode.tally.add_refused()
                 raise
+            finally:
+                metered = self._meter(episode)
+                spent = time.perf_counter() - started if metered is None else metered
+                self.tenancy.charge(episode.owner, spent)
             episode.tally.add_step(reply)
             if reply.terminated or reply.truncated:
                 reply.info["metrics"] = episode.settled_state().metrics.model_dump(mode="json")
@@ -599,7 +639,8 @@ class EpisodeManager:
         episode.state.updated_at = now
         episode.state.void_reason = reason if status is EpisodeStatus.VOID else None
         episode.state.timings["wall_s"] = round(time.monotonic() - episode.started, 6)
-        self._live.pop(episode.id, None)
+        if self._live.pop(episode.id, None) is not None:
+            self.tenancy.ended(episode.owner)
         self._ended[episode.id] = episode
         episode.replies.clear()  # retries of an ended episode's steps come from the store
         if len(self._ended) > ENDED_CACHE:
@@ -615,6 +656,7 @@ class EpisodeManager:
             at=now,
         )
         self.store.update_episode(episode.settled_state())
+        self.tenancy.charge(episode.owner, self._meter(episode) or 0.0)  # what verify used
         sandbox, episode.ctx.sandbox = episode.ctx.sandbox, None
         await self._free(sandbox)
         log.info(
@@ -625,9 +667,9 @@ class EpisodeManager:
 
     async def verify(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> Verdict:
         """Verify now (ending the episode if it is still active), or return the stored verdict."""
-        episode = await self._allowed(principal, episode_id)
+        episode, key = await self._allowed(principal, episode_id)
         if episode is None:
-            stored = await self._load(episode_id)
+            stored = await self._load(key, episode_id)
             if stored.verdict is None:
                 raise ConflictError(
                     f"episode {episode_id} ended ({stored.status.value}) unverified"
@@ -646,63 +688,94 @@ class EpisodeManager:
             return verdict
 
     async def state(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> EpisodeState:
-        episode = await self._allowed(principal, episode_id)
+        episode, key = await self._allowed(principal, episode_id)
         if episode is None:
-            return await self._load(episode_id)
+            return await self._load(key, episode_id)
         # Live episodes keep no trajectory in memory (it can be large; the store has it).
         async with episode.lock:
             state = episode.settled_state().model_copy()
             await self.store.aflush()
-        state.trajectory = await asyncio.to_thread(
-            self.store.load_steps, episode_id, state.step_count
-        )
+        state.trajectory = await asyncio.to_thread(self.store.load_steps, key, state.step_count)
+        state.episode_id = episode_id  # the id the caller knows it by
         return state
 
     async def close(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> None:
-        episode = await self._allowed(principal, episode_id)
+        episode, _ = await self._allowed(principal, episode_id)  # 404: not the caller's
         if episode is None:
-            await self._load(episode_id)  # 404 if it never existed; closing twice is fine
-            return
+            return  # stored, so ended: closing twice is fine
         async with episode.lock:
             await self._end(episode, EpisodeStatus.CLOSED)
 
     # -- helpers --------------------------------------------------------------------------
-    async def _allowed(self, principal: Principal, episode_id: str) -> Episode | None:
-        """The live (or recently ended) episode, once `principal` is known to may touch it."""
-        episode = self._find(episode_id)
-        if ADMIN in principal.scopes:
-            return episode
-        if episode is not None:
+    async def _allowed(
+        self, principal: Principal, episode_id: str
+    ) -> tuple[Episode | None, str]:
+        """The live (or recently ended) episode `episode_id` names for `principal` (else
+        None) and its store key; 404 when it names none the principal owns (DESIGN §3)."""
+        episode = self._find(episode_id, principal)
+        if episode is None:
+            return None, await self._stored_key(principal, episode_id)
+        if not principal.is_admin:
             principal.require_episodes(episode.task.sealed, episode.task.split)
-        else:
-            await self._allow_stored(principal, episode_id)
-        return episode
+        return episode, episode.id
 
-    async def _allow_stored(self, principal: Principal, episode_id: str) -> None:
-        """A stored episode on a sealed split: `eval` only (unknown ids fall through to 404)."""
-        if ADMIN in principal.scopes:
-            return
+    async def _stored_key(self, principal: Principal, episode_id: str) -> str:
+        """The store key of the stored episode `episode_id` names for `principal`.
+
+        Another token's episode answers exactly as an unknown id does (404, same message):
+        no existence oracle, and no split oracle (the sealed check comes after ownership)."""
+        keys = candidate_keys(principal.token_id, episode_id)
         await self.store.aflush()
-        sealed = await asyncio.to_thread(self.store.is_sealed, episode_id)
-        principal.require_episodes(sealed, None)
+        found = await asyncio.to_thread(self.store.owners, keys)
+        for key in keys:
+            row = found.get(key)
+            if row is None:
+                continue
+            if principal.is_admin:
+                return key
+            if row[0] == principal.token_id:
+                principal.require_episodes(row[1], None)
+                return key
+        raise _unknown(episode_id)
 
-    def _find(self, episode_id: str) -> Episode | None:
-        return self._live.get(episode_id) or self._ended.get(episode_id)
+    def _find(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> Episode | None:
+        """The live or recently ended episode `episode_id` names for `principal`; None for
+        an unknown id and for another token's episode alike."""
+        for key in candidate_keys(principal.token_id, episode_id):
+            episode = self._live.get(key) or self._ended.get(key)
+            if episode is not None and (episode.owner == principal.token_id or principal.is_admin):
+                return episode
+        return None
 
-    async def _load(self, episode_id: str) -> EpisodeState:
+    async def _load(self, key: str, episode_id: str) -> EpisodeState:
+        """The stored episode under `key`, shown under the id the caller used."""
         await self.store.aflush()
-        state = await asyncio.to_thread(self.store.load_episode, episode_id)
+        state = await asyncio.to_thread(self.store.load_episode, key)
         if state is None:
-            raise NotFoundError(f"unknown episode {episode_id!r}")
+            raise _unknown(episode_id)
+        state.episode_id = episode_id
         return state
 
-    async def _replay_or_refuse(self, episode_id: str, request_id: str | None) -> StepResponse:
+    def _meter(self, episode: Episode) -> float | None:
+        """CPU-seconds the episode's sandbox used since the last reading, from its cgroup;
+        None when it has no counter (then a step is billed its wall time)."""
+        read = getattr(episode.ctx.sandbox, "cpu_seconds", None)
+        total = read() if callable(read) else None
+        if not isinstance(total, float | int):
+            return 0.0 if episode.cpu_mark is not None else None  # metered, now freed
+        used = float(total) - (episode.cpu_mark or 0.0)
+        episode.cpu_mark = float(total)
+        return max(0.0, used)
+
+    async def _replay_or_refuse(
+        self, key: str, episode_id: str, request_id: str | None
+    ) -> StepResponse:
         if request_id:
             await self.store.aflush()
-            stored = await asyncio.to_thread(self.store.find_step, episode_id, request_id)
+            stored = await asyncio.to_thread(self.store.find_step, key, request_id)
             if stored is not None:
                 return stored
-        state = await self._load(episode_id)
+        state = await self._load(key, episode_id)
         raise ConflictError(
             f"episode {episode_id} has ended ({state.status.value}); start a new one"
         )
@@ -740,4 +813,5 @@ class EpisodeManager:
         idle = [e for e in self._live.values() if e.last_active < deadline and not e.lock.locked()]
         for episode in idle:
             await self._end(episode, EpisodeStatus.EXPIRED, reason="idle TTL")
+        self.tenancy.prune()
         return len(idle)
