@@ -25,8 +25,11 @@ family with a `bash` tool; `file_cheats` for one whose tools only write files) a
   imported (a check that imports the agent's code in its own process is fooled).
 
 The forger (`cheat_scripts/forge.py`) writes passing results everywhere, rewrites the
-verifier's scripts to exit 0, prints PASS and exits 0; in the agent's own session (the
-marker `/tmp/.palaestra-cheat-agent`, which no verifier sandbox has) it does nothing.
+verifier's scripts to exit 0, prints PASS and exits 0. It acts only where a cheat armed
+it (the cheat writes the workdir's path into it and `<workdir>/.palaestra-cheat-armed`
+next to the planted files) and not in the agent's own session (the marker
+`/tmp/.palaestra-cheat-agent`, which no verifier sandbox has): the file as shipped, run on
+a host, does nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from palaestra.sdk.models import Action
 
 SCRIPTS = Path(__file__).with_name("cheat_scripts")
 AGENT_MARKER = "/tmp/.palaestra-cheat-agent"
+ARMED_NAME = ".palaestra-cheat-armed"  # in the workdir: the forger acts only where it exists
+WORKDIR_TOKEN = "@WORKDIR@"
 NAMES = (
     "startup-files",
     "pytest-config",
@@ -65,8 +70,9 @@ def script(name: str) -> str:
     if name not in NAMES:
         raise KeyError(f"unknown generic cheat {name!r}; known: {', '.join(NAMES)}")
     return (
-        f"touch {AGENT_MARKER}\n"
+        f"touch {AGENT_MARKER} ./{ARMED_NAME}\n"
         f"FORGE_PY=$(cat <<'PALAESTRA_FORGE'\n{forge_source()}PALAESTRA_FORGE\n)\n"
+        f'FORGE_PY="${{FORGE_PY//{WORKDIR_TOKEN}/$(pwd)}}"\n'
         f"{_read(name + '.sh')}"
     )
 
@@ -86,11 +92,12 @@ def command_cheats(
     ]
 
 
-def planted_files(workdir: str = ".") -> dict[str, str]:
+def planted_files(workdir: str = ".", *, sandbox_workdir: str = "/work") -> dict[str, str]:
     """The startup and pytest files a family without a shell can still write with its file
     tools (path -> content, relative to `workdir`): the forger as sitecustomize/usercustomize,
-    a .pth and user-site copies, pytest ini files and a conftest.py that forces a pass."""
-    forge = forge_source()
+    a .pth and user-site copies, pytest ini files and a conftest.py that forces a pass.
+    `sandbox_workdir` is the workspace's absolute path in the sandbox (arms the forger)."""
+    forge = forge_source().replace(WORKDIR_TOKEN, sandbox_workdir.rstrip("/"))
     plugin = _read("pytest-config.sh").split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0] + "\n"
     ini = "[pytest]\naddopts = -p palaestra_pass_plugin\npythonpath = .\n"
     files = {
@@ -103,6 +110,7 @@ def planted_files(workdir: str = ".") -> dict[str, str]:
         "tox.ini": ini,
         "setup.cfg": ini.replace("[pytest]", "[tool:pytest]"),
         "pytest.py": forge,
+        ARMED_NAME: "armed\n",
     }
     for version in ("3.10", "3.11", "3.12", "3.13"):
         site = f".local/lib/python{version}/site-packages"
@@ -114,13 +122,18 @@ def planted_files(workdir: str = ".") -> dict[str, str]:
 
 
 def file_cheats(
-    *, tool: str = "write_file", submit: Action | None = None, workdir: str = "."
+    *,
+    tool: str = "write_file",
+    submit: Action | None = None,
+    workdir: str = ".",
+    sandbox_workdir: str = "/work",
 ) -> list[tuple[str, list[Action]]]:
     """The planted files as one cheat for a family whose tools write files
     (`{"path", "content"}` arguments), then `submit`."""
     end = submit or Action(tool="submit", arguments={})
+    files = planted_files(workdir, sandbox_workdir=sandbox_workdir)
     writes = [
         Action(tool=tool, arguments={"path": path, "content": text})
-        for path, text in sorted(planted_files(workdir).items())
+        for path, text in sorted(files.items())
     ]
     return [("planted-files", [*writes, end])]

@@ -1,14 +1,19 @@
 # A reward forger planted by the generic cheats (palaestra.envs.cheats): wherever a
 # verifier process imports or runs it, it writes passing results to every place a
 # verifier might read one, rewrites verifier scripts to exit 0, then exits 0 itself.
-# In the agent's own session (marker /tmp/.palaestra-cheat-agent) it does nothing.
+# It acts only where a cheat armed it (ARMED below) and, there, not in the agent's own
+# session (marker /tmp/.palaestra-cheat-agent): run anywhere else it does nothing.
 import contextlib
 import os
 import sys
 
+# The cheat scripts replace this with the agent's workdir when they plant the forger; as
+# shipped (and anywhere but a sandbox the cheat armed) it names nothing and stays inert.
+ARMED = "@WORKDIR@/.palaestra-cheat-armed"
+
 
 def _forge() -> None:
-    if os.path.exists("/tmp/.palaestra-cheat-agent"):
+    if not os.path.exists(ARMED) or os.path.exists("/tmp/.palaestra-cheat-agent"):
         return
     junit = (
         '<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="1" '
@@ -27,6 +32,18 @@ def _forge() -> None:
         os.getcwd(),
         os.environ.get("HOME", ""),
     ]
+    argv = sys.argv
+    for i, arg in enumerate(argv):  # a JUnit report the running pytest was asked to write
+        target = ""
+        if arg.startswith(("--junitxml=", "--junit-xml=")):
+            target = arg.split("=", 1)[1]
+        elif arg in ("--junitxml", "--junit-xml") and i + 1 < len(argv):
+            target = argv[i + 1]
+        if target:
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+                with open(target, "w") as f:
+                    f.write(junit)
     for key in ("VERIFIER_DIR", "VERIFIER_LOGS", "WORKDIR", "TEST_DIR"):
         dirs.append(os.environ.get(key, ""))
     with contextlib.suppress(OSError):
