@@ -53,9 +53,13 @@ capabilities, on the host as well (host uid 1000 when the server runs as root).
 Residual risks / differences from a bwrap exec:
 
 * All runs share one kernel view of the jail's (read-only) root and ``/dev`` device nodes
-  and the host uid 1000: ``RLIMIT_NPROC`` counts every process of that uid, so a fork
-  bomb in one run can make ``fork`` fail in concurrent runs until its timeout (no cgroups
-  yet, as for the bwrap backend; ``cpus``/``pids`` are not enforced).
+  and the host uid 1000.  Each run has a cgroup of its own (`palaestra.sandbox.runcgroup`:
+  ``pids``, memory = ``memory_mb`` + `CGROUP_SLACK_MB`, CPU = ``cpus``), joined by the
+  run's first process before it starts anything and killed whole at the deadline, so a
+  fork bomb or memory hog in one run stays in it; the budgets the kernel counts per uid
+  (inotify, POSIX message queues) are closed by the seccomp filter.  Without cgroups (the
+  server not root, no usable hierarchy: ``cgroup_status`` says why) only the rlimits
+  bound a run, as for the bwrap backend.
 * The program runs as pid 1 of its namespace: signals it sends itself without a handler
   installed (``SIGTERM``, ``SIGINT``…) are ignored, unlike in ``python3 -c``.
 * The interpreter state is a fork of the zygote's: modules it pre-imported are already in

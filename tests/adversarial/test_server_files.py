@@ -183,7 +183,7 @@ def test_server_as_a_normal_user_keeps_its_files() -> None:
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["uid"] == user.pw_uid
     data = Path(out["data"])
-    assert data.parent == Path(user.pw_dir)
+    assert data.parent.parent == Path(user.pw_dir)
     code, text = out["bwrap"]
     assert code == 1, f"the sandbox read a server file: {text[-2000:]}"
     assert_unreachable(text, [secret])

@@ -4,7 +4,7 @@ Run as that user with the system python3: argv[1] is the venv's site-packages, s
 {"attack": the attack script, "secret": a value for the server's environment and files,
 "checkout": the repository}. Makes a data
 dir under $HOME with the server's files, attacks them from a bwrap sandbox and from a
-fork-server run, prints one JSON line and removes the data dir."""
+fork-server run, prints one JSON line and removes what it made."""
 
 import asyncio
 import json
@@ -71,9 +71,12 @@ async def main(data: Path) -> dict[str, object]:
     return out
 
 
-data = Path(tempfile.mkdtemp(prefix=".palaestra-adversarial-", dir=Path.home()))
+top = Path(tempfile.mkdtemp(prefix=".palaestra-adversarial-", dir=Path.home()))
+data = top / "data"
+os.environ["PALAESTRA_CACHE"] = str(top / "cache")  # the exec helper's build, removed below
 try:
-    os.chmod(data, 0o755)
+    os.chmod(top, 0o755)
+    data.mkdir(mode=0o755)
     db = sqlite3.connect(data / "palaestra.sqlite3")
     db.execute("CREATE TABLE secrets (v TEXT)")
     db.execute("INSERT INTO secrets VALUES (?)", (args["secret"],))
@@ -87,4 +90,4 @@ try:
         p.chmod(0o644)  # a careless umask: only the sandbox's mounts keep them out
     print(json.dumps(asyncio.run(main(data))))
 finally:
-    shutil.rmtree(data, ignore_errors=True)
+    shutil.rmtree(top, ignore_errors=True)
