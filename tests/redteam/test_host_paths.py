@@ -140,14 +140,16 @@ async def test_a_spec_naming_the_host_root_never_reaches_a_sandbox(
 
 # ---- the backends ---------------------------------------------------------------------------
 
-BWRAP_ATTACKS = ["/", "/root/.palaestra", "/etc", "../../", "/usr/..", "//"]
+# Each was taken before: a rootfs path anywhere (the host root has usr/), or a message that
+# did not say why ("/root/.palaestra" failed only for having no usr/).
+BWRAP_ATTACKS = ["/", "/root/.palaestra", "/etc", "/usr/..", "//", "/usr/../root/.."]
 
 
 @pytest.mark.parametrize("image", BWRAP_ATTACKS)
 async def test_bwrap_refuses_an_image_outside_the_images_dir(image: str) -> None:
     backend = BwrapBackend()
     try:
-        with pytest.raises(SandboxSpecError, match=r"outside the images dir|registry reference"):
+        with pytest.raises(SandboxSpecError, match="outside the images dir"):
             await backend.create(SandboxSpec(image=image))
         assert backend.live_count == 0
     finally:
