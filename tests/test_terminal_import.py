@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from palaestra.cli.importers import clean_test_script, convert_dockerfile
 from palaestra.cli.main import app
 from palaestra.cli.pack import CheckReport, check_pack
+from palaestra.envs import cheats as generic
 from palaestra.sandbox.bwrap import bwrap_available
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -108,7 +109,9 @@ def test_imported_packs_pass_pack_check(tmp_path: Path) -> None:
 
     for report in asyncio.run(both()):
         assert report.ok, [(p.where, p.check, p.message) for p in report.problems]
-        assert report.checked == 1 and report.episodes == 6  # oracle, rerun, null, 3 cheats
+        # oracle, rerun, null, 3 terminal cheats and the 7 generic ones
+        assert report.checked == 1 and report.episodes == 6 + len(generic.NAMES)
+        assert all(c["max"] <= 0.1 for c in report.to_json()["cheats"].values())
 
 
 def test_dockerfile_conversion_reasons() -> None:
