@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from palaestra.sandbox import seccomp
 from palaestra.sandbox.base import Backend, ExecResult, Sandbox
 from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
 
@@ -184,3 +185,18 @@ async def test_forkserver_refuses_io_uring_and_per_uid_budgets(forks: PythonFork
 def test_harness_sees_bwrap_cgroups_as_the_fork_server_does() -> None:
     # The fork server decides on cgroups as the bwrap backend does (root, a usable hierarchy).
     assert (PythonForkServer().cgroups is not None) == bwrap_cgroups()
+
+
+def test_filter_and_docker_profile_name_every_call() -> None:
+    """Both policies come from one list; no name is silently missing from an arch's table."""
+    for arch in (seccomp.AUDIT_ARCH_X86_64, seccomp.AUDIT_ARCH_AARCH64):
+        table = seccomp.SYSCALLS[arch]
+        missing = set(seccomp.UNAVAILABLE) - set(table)
+        assert missing <= {"inotify_init"} and (arch == seccomp.AUDIT_ARCH_AARCH64 or not missing)
+        profile = seccomp.docker_profile(arch)
+        rules = profile["syscalls"]
+        assert isinstance(rules, list)
+        named = {n for rule in rules for n in rule["names"]}
+        assert set(seccomp.DENIED) | (set(seccomp.UNAVAILABLE) - missing) <= named
+        assert {"clone3", "setns", "unshare", "clone"} <= named
+        assert 0 < len(seccomp.build(arch)) // 8 < 256
