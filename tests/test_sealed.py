@@ -164,8 +164,9 @@ def test_sealed_private_data_never_leaves_the_server(server: ServerProcess) -> N
             verdict = evaluator.verify(null.episode_id)
             assert verdict.reward == 0.0 and not verdict.passed
             evaluator.state(null.episode_id)
-            # A train token cannot read or drive it either.
-            with pytest.raises(PermissionDeniedError):
+            # A train token cannot read or drive it either: not its episode, so the 404 of
+            # an unknown id (a 403 would tell it the id exists and is sealed).
+            with pytest.raises(NotFoundError):
                 trainer.state(null.episode_id)
             evaluator.close(null.episode_id)
             # 5. A wrong answer with the eval token (never the private one).
@@ -274,13 +275,13 @@ def test_scopes_and_errors(server: ServerProcess) -> None:
         headers=as_train,
     )
     assert step.status_code == 200 and step.json()["observation"]["text"] == "hi"
-    # The step fast path checks scopes too.
+    # The step fast path checks ownership too: another token's episode is an unknown id.
     other = httpx.post(
         f"{url}/v1/episodes/{episode}/step",
         json={"action": {"tool": "echo", "arguments": {"text": "hi"}}},
         headers=as_publish,
     )
-    assert other.status_code == 403
+    assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
     # Publishing and token admin: 403 naming the scope.
     denied = httpx.post(f"{url}/v1/packs", content=b"x", headers=as_train)
     assert denied.status_code == 403 and "'publish'" in denied.json()["error"]["message"]
