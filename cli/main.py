@@ -71,6 +71,7 @@ def serve(
     import uvicorn
 
     from palaestra.server.app import create_app
+    from palaestra.server.guards import uvicorn_options
     from palaestra.server.logs import configure_logging
 
     settings = load_settings(
@@ -92,6 +93,7 @@ def serve(
         port=settings.port,
         log_level="warning",
         access_log=False,
+        **uvicorn_options(settings),  # connection, header and shutdown bounds (Settings)
     )
 
 

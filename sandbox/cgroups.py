@@ -282,6 +282,13 @@ class CgroupManager:
             _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
             _write(cpu / "cpu.cfs_quota_us", str(max(1000, int(cpu_quota * CPU_PERIOD_US))))
 
+    def release(self) -> None:
+        """Remove this server's own folders once they are empty (at shutdown, after every
+        sandbox's cgroup is gone); a folder still in use stays, and is recreated on demand."""
+        for d in self.server_dirs():
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
     def reap_stale(self) -> tuple[int, int]:
         """Kill the processes in, and remove, the cgroups of server pids that are gone.
 

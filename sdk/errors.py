@@ -67,6 +67,13 @@ class InvalidActionError(PalaestraError):
     default_code = "invalid_action"
 
 
+class TooLargeError(PalaestraError):
+    """The request (body, archive, batch) is over a limit of the server; send less."""
+
+    status = 413
+    default_code = "too_large"
+
+
 class CapacityError(PalaestraError):
     status = 429
     default_code = "capacity"
@@ -101,6 +108,7 @@ _BY_STATUS: dict[int, type[PalaestraError]] = {
         NotFoundError,
         ConflictError,
         InvalidActionError,
+        TooLargeError,
         CapacityError,
         ServerError,
         UnavailableError,

@@ -124,12 +124,35 @@ class TokenCreated(TokenRecord):
     token: str
 
 
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """An OpenAPI requestBody for a route that parses `model` itself."""
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    """An OpenAPI requestBody for a route that parses `model` itself (its `$defs` go to
+    the components: `_complete_openapi`)."""
+    schema = model.model_json_schema(ref_template=REF_TEMPLATE)
     schema.pop("$defs", None)
     content = {"application/json": {"schema": schema}}
     return {"requestBody": {"required": True, "content": content}}
+
+
+def _complete_openapi(app: FastAPI, models: list[type[BaseModel]]) -> None:
+    """Bodies the routes parse themselves reference models FastAPI never saw (such as
+    BatchStepItem): add those, and what they reference, so every `$ref` resolves."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = generate()
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                schema = model.model_json_schema(ref_template=REF_TEMPLATE)
+                for name, sub in schema.pop("$defs", {}).items():
+                    schemas.setdefault(name, sub)
+                schemas.setdefault(model.__name__, schema)
+        return app.openapi_schema or generate()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -338,7 +361,10 @@ def create_app(
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+                "content": {
+                    kind: {"schema": {"type": "string", "format": "binary"}}
+                    for kind in ("application/gzip", "application/octet-stream")
+                },
             }
         },
     )
@@ -446,3 +472,4 @@ def create_app(
         )
 
     return app
+    _complete_openapi(app, [StepRequest, BatchResetRequest, BatchStepRequest])

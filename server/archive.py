@@ -6,9 +6,11 @@ names, mode 0644 (0755 for directories), gzip header without a name or a time.
 `__pycache__` folders, `*.pyc` and dotfiles are left out (the pack digest ignores them
 too); `pack.lock` goes in.
 
-`extract_archive(data, dest)` refuses anything but regular files and directories
-(symlinks, hard links, devices, FIFOs), absolute paths and `..`, and archives that
-unpack to more than `MAX_BYTES` or `MAX_FILES`. It returns the pack root: `dest` itself,
+`extract_archive(data, dest, limits)` refuses anything but regular files and directories
+(symlinks, hard links, devices, FIFOs), absolute paths, `..` and odd names, and, while
+the gzip stream inflates, archives over `ArchiveLimits` (compressed size, inflated total,
+entries, inflation ratio, oversized pax records): a compression bomb costs the server
+its first megabytes, not its memory or minutes. It returns the pack root: `dest` itself,
 or the single top-level folder when the archive wraps everything in one that holds
 `pack.toml`.
 """
@@ -18,15 +20,54 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
+import zlib
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 MAX_BYTES = 2 * 1024 * 1024 * 1024
 MAX_FILES = 200_000
+MAX_NAME = 4096  # characters in an entry's path
+MAX_META = 1024 * 1024  # bytes of one pax or GNU long-name record
 SKIP_DIRS = {"__pycache__", ".git"}
+_CHUNK = 1 << 16
+_RATIO_FLOOR = 1 << 20  # below this many inflated bytes, no ratio is a bomb
+_META_TYPES = frozenset(
+    {
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+    }
+)
 
 
 class ArchiveError(ValueError):
     """The archive is malformed or unsafe; the message says which entry and why."""
+
+
+class ArchiveTooLarge(ArchiveError):
+    """The archive is over a size limit (413): compressed, inflated, entries or ratio."""
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """What one archive may cost to unpack (Settings: max_pack_*)."""
+
+    max_compressed: int = 256 * 1024 * 1024
+    max_unpacked: int = MAX_BYTES
+    max_files: int = MAX_FILES
+    max_ratio: float = 200.0
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ArchiveLimits:
+        return cls(
+            settings.max_pack_bytes,
+            settings.max_pack_unpacked_bytes,
+            settings.max_pack_files,
+            settings.max_pack_ratio,
+        )
 
 
 def _included(path: Path, root: Path) -> bool:
@@ -74,23 +115,111 @@ def _safe_name(name: str) -> PurePosixPath:
         raise ArchiveError(f"archive entry {name!r}: absolute or odd paths are refused")
     if any(part == ".." for part in path.parts):
         raise ArchiveError(f"archive entry {name!r}: '..' is refused")
+    if len(name) > MAX_NAME or any(ord(c) < 32 for c in name):
+        raise ArchiveError(
+            f"archive entry {name[:80]!r}…: names are at most {MAX_NAME} characters, "
+            "without control characters"
+        )
     return path
 
 
-def extract_archive(data: bytes, dest: Path) -> Path:
+class _Inflater(io.RawIOBase):
+    """The gzip stream of `data`, inflated as it is read, that refuses (ArchiveTooLarge) to
+    yield more than `limits.max_unpacked` bytes or more than `limits.max_ratio` times what
+    it has consumed: a bomb stops after the first megabytes, never after the gigabytes."""
+
+    def __init__(self, data: bytes, limits: ArchiveLimits) -> None:
+        self._data = memoryview(data)
+        self._at = 0
+        self._zlib = zlib.decompressobj(wbits=31)
+        self._pending = b""
+        self.produced = 0
+        self._limits = limits
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while not self._pending:
+            if self._zlib.eof:
+                rest = self._zlib.unused_data
+                if not rest and self._at >= len(self._data):
+                    return 0
+                self._zlib = zlib.decompressobj(wbits=31)  # a further gzip member
+                self._pending = self._zlib.decompress(rest, len(view))
+                continue
+            tail = self._zlib.unconsumed_tail
+            if tail:
+                chunk = tail
+            elif self._at < len(self._data):
+                chunk = self._data[self._at : self._at + _CHUNK]
+                self._at += len(chunk)
+            else:
+                raise ArchiveError("the archive ends before its gzip stream does (truncated)")
+            try:
+                self._pending = self._zlib.decompress(chunk, len(view))
+            except zlib.error as exc:
+                raise ArchiveError(f"not a tar.gz archive ({exc})") from None
+        n = min(len(view), len(self._pending))
+        view[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        self.produced += n
+        self._check()
+        return n
+
+    def _check(self) -> None:
+        limits = self._limits
+        if self.produced > limits.max_unpacked:
+            raise ArchiveTooLarge(
+                f"the archive unpacks to more than {limits.max_unpacked} bytes"
+                " (max_pack_unpacked_bytes)"
+            )
+        if self.produced > _RATIO_FLOOR and self.produced > limits.max_ratio * max(self._at, 1):
+            raise ArchiveTooLarge(
+                f"the archive inflates more than {limits.max_ratio:g} times (max_pack_ratio:"
+                f" {self.produced} bytes from the first {self._at}); a compression bomb?"
+            )
+
+
+class _Member(tarfile.TarInfo):
+    """A tar header whose extension records (pax, GNU long names) are size-checked before
+    tarfile reads them whole into memory."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _META_TYPES and self.size > MAX_META:
+            raise ArchiveTooLarge(
+                f"archive entry {self.name[:80]!r}: an extended header of {self.size} bytes"
+                f" (at most {MAX_META})"
+            )
+        return super()._proc_member(tarfile_)  # type: ignore[misc,no-any-return]
+
+
+def extract_archive(data: bytes, dest: Path, limits: ArchiveLimits | None = None) -> Path:
+    """Unpack a tar.gz while it inflates, one entry at a time; every limit is checked
+    before the bytes it guards are read (ArchiveTooLarge), every entry before it lands."""
+    limits = limits or ArchiveLimits()
+    if len(data) > limits.max_compressed:
+        raise ArchiveTooLarge(
+            f"the archive is {len(data)} bytes, over {limits.max_compressed} (max_pack_bytes)"
+        )
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    stream = io.BufferedReader(_Inflater(data, limits), buffer_size=_CHUNK)
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")  # noqa: SIM115 (closed below)
+        tar = tarfile.open(fileobj=stream, mode="r|", tarinfo=_Member)  # noqa: SIM115
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise ArchiveError(f"not a tar.gz archive ({exc})") from None
     total = files = 0
     with tar:
-        try:
-            members = tar.getmembers()
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise ArchiveError(f"the archive is corrupt ({exc})") from None
-        for member in members:
+        members = iter(tar)
+        while True:
+            try:
+                member = next(members)
+            except StopIteration:
+                break
+            except (tarfile.TarError, OSError, EOFError) as exc:
+                raise ArchiveError(f"the archive is corrupt ({exc})") from None
             rel = _safe_name(member.name)
             if rel == PurePosixPath("."):
                 continue
@@ -101,9 +230,14 @@ def extract_archive(data: bytes, dest: Path) -> Path:
                 )
             files += 1
             total += member.size
-            if files > MAX_FILES or total > MAX_BYTES:
-                raise ArchiveError(
-                    f"the archive unpacks to more than {MAX_FILES} files or {MAX_BYTES} bytes"
+            if files > limits.max_files:
+                raise ArchiveTooLarge(
+                    f"the archive holds more than {limits.max_files} entries (max_pack_files)"
+                )
+            if total > limits.max_unpacked:
+                raise ArchiveTooLarge(
+                    f"the archive's files add up to more than {limits.max_unpacked} bytes"
+                    " (max_pack_unpacked_bytes)"
                 )
             target = dest.joinpath(*rel.parts)
             try:
@@ -113,15 +247,17 @@ def extract_archive(data: bytes, dest: Path) -> Path:
                 target.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ArchiveError(f"archive entry {member.name!r}: {exc.strerror}") from None
-            source = tar.extractfile(member)
-            if source is None:  # pragma: no cover - isfile() members always have data
-                raise ArchiveError(f"archive entry {member.name!r} has no data")
             try:
+                source = tar.extractfile(member)
+                if source is None:  # pragma: no cover - isfile() members always have data
+                    raise ArchiveError(f"archive entry {member.name!r} has no data")
                 with source, open(target, "xb") as out:
-                    while chunk := source.read(1 << 20):
+                    while chunk := source.read(_CHUNK):
                         out.write(chunk)
             except OSError as exc:
                 raise ArchiveError(f"archive entry {member.name!r}: {exc.strerror}") from None
+            except (tarfile.TarError, EOFError) as exc:
+                raise ArchiveError(f"archive entry {member.name!r}: corrupt ({exc})") from None
             target.chmod(0o644)
     if (dest / "pack.toml").is_file():
         return dest

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_json
 
-from palaestra.sdk.errors import InvalidActionError, PalaestraError
+from palaestra.sdk.errors import InvalidActionError, PalaestraError, TooLargeError
 from palaestra.sdk.models import (
     BATCH_MAX_ITEMS,
     BatchItemError,
@@ -68,7 +68,9 @@ def _problem(exc: ValidationError) -> str:
     return "malformed item: " + "; ".join(parts)
 
 
-def parse_items(raw: bytes, envelope: type[M], item: type[BaseModel]) -> tuple[M, list[str | None]]:
+def parse_items(
+    raw: bytes, envelope: type[M], item: type[BaseModel], limit: int = BATCH_MAX_ITEMS
+) -> tuple[M, list[str | None]]:
     """The request, with one problem string per item that did not validate (None: fine).
 
     The whole body validates in one pass when it can (the common case); otherwise each
@@ -76,17 +78,27 @@ def parse_items(raw: bytes, envelope: type[M], item: type[BaseModel]) -> tuple[M
     `{"items": [...]}` raises InvalidActionError (422 for the whole call)."""
     try:
         parsed = envelope.model_validate_json(raw)
+        _check_count(len(parsed.items), limit)  # type: ignore[attr-defined]
         return parsed, [None] * len(parsed.items)  # type: ignore[attr-defined]
-    except ValidationError:
-        pass
+    except ValidationError as exc:
+        # The strict parser's verdict on the JSON itself is final: `json.loads` would let
+        # lone surrogates (which SQLite cannot encode) and unbounded nesting through.
+        syntax = [e for e in exc.errors() if e.get("type") == "json_invalid"]
+        if syntax:
+            problem = syntax[0].get("msg", "invalid JSON")
+            raise InvalidActionError(
+                f"the body is not valid JSON: {problem}", code="invalid_request"
+            ) from None
     try:
         body: Any = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InvalidActionError(f"the body is not JSON: {exc}", code="invalid_request") from None
     items = body.get("items") if isinstance(body, dict) else None
-    if not isinstance(items, list) or not items or len(items) > BATCH_MAX_ITEMS:
+    if isinstance(items, list):
+        _check_count(len(items), limit)
+    if not isinstance(items, list) or not items:
         raise InvalidActionError(
-            f'the body must be {{"items": [...]}} with 1 to {BATCH_MAX_ITEMS} items',
+            f'the body must be {{"items": [...]}} with 1 to {limit} items',
             code="invalid_request",
         )
     if set(body) - {"items"}:
@@ -105,6 +117,14 @@ def parse_items(raw: bytes, envelope: type[M], item: type[BaseModel]) -> tuple[M
             good.append(None)
             problems.append(_problem(exc))
     return envelope.model_construct(items=good), problems
+
+
+def _check_count(count: int, limit: int) -> None:
+    if count > min(limit, BATCH_MAX_ITEMS):
+        raise TooLargeError(
+            f"a batch may hold at most {min(limit, BATCH_MAX_ITEMS)} items (max_batch_items),"
+            f" this one has {count}; split it"
+        )
 
 
 async def _guard(call: Awaitable[T]) -> T | BatchItemError:
@@ -265,14 +285,16 @@ Handler = Callable[[EpisodeManager, bytes, Principal], Awaitable[bytes]]
 
 async def reset_reply(manager: EpisodeManager, raw: bytes, principal: Principal) -> bytes:
     """The JSON body of `POST /v1/batch/reset` (InvalidActionError: the envelope is bad)."""
-    request, problems = parse_items(raw, BatchResetRequest, ResetRequest)
+    limit = manager.settings.max_batch_items
+    request, problems = parse_items(raw, BatchResetRequest, ResetRequest, limit)
     reply = await batch_reset(manager, request, principal, problems)
     return reply.model_dump_json().encode()
 
 
 async def step_reply(manager: EpisodeManager, raw: bytes, principal: Principal) -> bytes:
     """The JSON body of `POST /v1/batch/step` (InvalidActionError: the envelope is bad)."""
-    request, problems = parse_items(raw, BatchStepRequest, BatchStepItem)
+    limit = manager.settings.max_batch_items
+    request, problems = parse_items(raw, BatchStepRequest, BatchStepItem, limit)
     outcomes = await step_outcomes(manager, request, principal, problems)
     # The JSON of a BatchStepResponse, written without building one (the trainer's hot path).
     return to_json(

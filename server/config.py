@@ -76,6 +76,41 @@ class Settings(BaseModel):
     max_pack_bytes: int = Field(
         default=256 * 1024 * 1024, ge=1, description="largest pack archive POST /v1/packs takes"
     )
+    # What one request may cost the server (docs/security.md, tests/redteam/).
+    max_pack_unpacked_bytes: int = Field(
+        default=2 * 1024**3, ge=1, description="a pack archive's uncompressed total (413 over)"
+    )
+    max_pack_files: int = Field(default=200_000, ge=1, description="entries in a pack archive")
+    max_pack_ratio: float = Field(
+        default=200.0, gt=1, allow_inf_nan=False, description="uncompressed/compressed bytes"
+    )
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="largest JSON request body (413 over)"
+    )
+    max_json_depth: int = Field(
+        default=64, ge=2, le=200, description="deepest nesting of a JSON request body (422)"
+    )
+    max_batch_items: int = Field(
+        default=1024, ge=1, le=1024, description="items in one batch call (413 over)"
+    )
+    max_connections: int = Field(
+        default=4096, ge=16, description="open connections and tasks before 503 (uvicorn)"
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024, ge=4096, description="request line and headers of one request"
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, allow_inf_nan=False, description="to send a request's headers"
+    )
+    keep_alive_s: float = Field(
+        default=5.0, gt=0, allow_inf_nan=False, description="idle keep-alive connection life"
+    )
+    shutdown_grace_s: float = Field(
+        default=20.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="on SIGTERM, how long running requests may finish before the rest are void",
+    )
     # Trust boundaries for published packs (docs/security.md): what a task may name, who owns
     # an org, how much one publisher may store.
     images: list[str] = Field(

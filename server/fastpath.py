@@ -26,13 +26,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import StepRequest
-from palaestra.server import batch
+from palaestra.server import batch, guards
 from palaestra.server.auth import Authenticator, Principal
 from palaestra.server.manager import EpisodeManager
 
 log = logging.getLogger("palaestra.server")
 
 STEP_PATH = re.compile(r"^/v1/episodes/([^/]+)/step$")
+PUBLISH_PATH = "/v1/packs"
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON_HEADERS = [(b"content-type", b"application/json")]
 PRINCIPAL_KEY = "palaestra.principal"
 CHALLENGE = [(b"www-authenticate", b'Bearer realm="palaestra"')]
@@ -100,7 +102,22 @@ class StepFastPath:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        settings = scope["app"].state.manager.settings
+        publish = scope["method"] == "POST" and scope["path"] == PUBLISH_PATH
+        limit = settings.max_pack_bytes if publish else settings.max_body_bytes
+        declared = guards.declared_length(scope["headers"])
+        if declared is not None and declared > limit:  # refused before a byte is read
+            message = (
+                guards.too_large(limit, "a pack archive", "max_pack_bytes")
+                if publish
+                else guards.too_large(limit)
+            )
+            await _respond(send, 413, error_body("too_large", message), [])
+            return
+        if scope["path"].startswith("/v1/"):
             try:
                 principal = authenticator(scope["app"]).from_headers(scope["headers"])
             except PalaestraError as exc:
@@ -116,12 +133,31 @@ class StepFastPath:
                     await self._batch(scope["path"], principal, scope, receive, send)
                     return
             scope[PRINCIPAL_KEY] = principal
+        if not publish and scope["method"] in BODY_METHODS:
+            # Read (bounded) and vetted here, then handed to the app as if unread: FastAPI's
+            # own `json.loads` would raise RecursionError (a 500) on a deep enough body.
+            raw = await self._vetted(scope, receive, send)
+            if raw is None:
+                return
+            receive = guards.replay(raw, receive)
         await self.app(scope, receive, send)
+
+    async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The body, at most max_body_bytes and max_json_depth deep; None: answered."""
+        settings = scope["app"].state.manager.settings
+        try:
+            raw = await guards.read_body(receive, settings.max_body_bytes)
+            if raw is not None:
+                guards.check_json_depth(raw, settings.max_json_depth)
+            return raw
+        except PalaestraError as exc:
+            await _respond(send, exc.status, error_body(exc.code, exc.message), [])
+            return None
 
     async def _step(
         self, episode_id: str, principal: Principal, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        raw = await _body(receive)
+        raw = await self._vetted(scope, receive, send)
         if raw is None:
             return
         manager: EpisodeManager = scope["app"].state.manager
@@ -131,24 +167,12 @@ class StepFastPath:
     async def _batch(
         self, path: str, principal: Principal, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        raw = await _body(receive)
+        raw = await self._vetted(scope, receive, send)
         if raw is None:
             return
         manager: EpisodeManager = scope["app"].state.manager
         status, body, headers = await batch_reply(path, manager, raw, principal)
         await _respond(send, status, body, headers)
-
-
-async def _body(receive: Receive) -> bytes | None:
-    """The request body, or None when the client went away first."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 async def _respond(

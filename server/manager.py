@@ -258,8 +258,7 @@ class EpisodeManager:
                 max_versions=s.publisher_max_versions,
             )
         )
-        pack, created = await asyncio.to_thread(
-            self.pack_store.install,
+        pack, created = await self.pack_store.ainstall(  # its own bounded threads
             data,
             publisher=principal.name,
             families=[f.name for f in self.families.all()],

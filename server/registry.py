@@ -27,6 +27,8 @@ row there is what makes a version live. Rules:
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -36,18 +38,27 @@ import threading
 import time
 import tomllib
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from palaestra.sdk.errors import (
     BadRequestError,
+    CapacityError,
     ConflictError,
     NotFoundError,
     PalaestraError,
     PermissionDeniedError,
+    TooLargeError,
 )
-from palaestra.server.archive import ArchiveError, extract_archive, pack_archive
+from palaestra.server.archive import (
+    ArchiveError,
+    ArchiveLimits,
+    ArchiveTooLarge,
+    extract_archive,
+    pack_archive,
+)
 from palaestra.server.packs import (
     Pack,
     PackError,
@@ -146,12 +157,43 @@ def runs_code(root: Path) -> bool:
 class PackStore:
     """Published packs under `<data_dir>/packs/`, indexed in the SQLite file at `db_path`."""
 
-    def __init__(self, data_dir: Path, db_path: Path) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        db_path: Path,
+        *,
+        archive_limits: ArchiveLimits | None = None,
+        install_workers: int = 2,
+        install_queue: int = 8,
+    ) -> None:
         self.root = data_dir / "packs"
         self.objects = self.root / "sha256"
         self.tmp = self.root / "tmp"
         self.db_path = db_path
         self._lock = threading.Lock()
+        self.archive_limits = archive_limits or ArchiveLimits()
+        # Installs run on their own few threads (never asyncio's shared pool, which every
+        # store flush needs); past `install_queue` waiting, a publish is refused with 429.
+        self._installer = ThreadPoolExecutor(install_workers, thread_name_prefix="pack-install")
+        self._install_queue = install_queue
+        self._installing = 0
+
+    async def ainstall(self, data: bytes, **kwargs: Any) -> tuple[Pack, bool]:
+        """`install` off the event loop, on the store's bounded pool of install threads."""
+        if self._installing >= self._install_queue:
+            raise CapacityError(
+                f"{self._installing} pack archives are being installed; retry shortly",
+                code="publish_busy",
+                retry_after=2.0,
+            )
+        self._installing += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._installer, functools.partial(self.install, data, **kwargs)
+            )
+        finally:
+            self._installing -= 1
 
     def _connect(self) -> sqlite3.Connection:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
@@ -275,7 +317,10 @@ class PackStore:
         work = Path(tempfile.mkdtemp(prefix="install-", dir=self.tmp))
         try:
             try:
-                root = extract_archive(data, work / "pack")
+                root = extract_archive(data, work / "pack", self.archive_limits)
+            except ArchiveTooLarge as exc:
+                message = f"pack archive refused: {exc}"
+                raise TooLargeError(message, code="archive_too_large") from None
             except ArchiveError as exc:
                 raise BadRequestError(f"bad pack archive: {exc}", code="invalid_archive") from None
             try:

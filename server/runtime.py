@@ -7,6 +7,7 @@ import os
 from palaestra.sandbox import Backend
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
+from palaestra.server.archive import ArchiveLimits
 from palaestra.server.auth import ensure_admin_token
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
@@ -52,7 +53,8 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     if settings.auth == "token":
         ensure_admin_token(settings.data_dir, settings.db_path)
     # Published packs (the server's content-addressed store) after the built-in ones.
-    pack_store = PackStore(settings.data_dir, settings.db_path)
+    limits = ArchiveLimits.from_settings(settings)  # bombs are refused while they inflate
+    pack_store = PackStore(settings.data_dir, settings.db_path, archive_limits=limits)
     pack_store.load_into(packs, [f.name for f in families.all()], policy)
     fork_server = None
     if backend is None:

@@ -1,0 +1,191 @@
+"""What one request may cost the server: body size, JSON nesting, connections, header time.
+
+The body and JSON checks run in the front door (server/fastpath.py) before any parser sees
+the bytes, so a 2 GiB body or a 100,000-deep `[[[[…` answers 413/422 in the contract's
+error shape instead of a RecursionError (500) or an exhausted memory. The connection
+guards are the uvicorn side (`uvicorn_options`): how many connections, how large and how
+slow a request's headers may be (uvicorn itself never times out a connection that has
+not sent its first request yet, nor one that trickles a header a byte at a time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import numpy as np
+from starlette.types import Receive
+
+from palaestra.sdk.errors import InvalidActionError, TooLargeError
+from palaestra.server.config import Settings
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_DEPTH_DELTA = np.zeros(256, dtype=np.int8)
+_DEPTH_DELTA[[ord("["), ord("{")]] = 1
+_DEPTH_DELTA[[ord("]"), ord("}")]] = -1
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of the JSON text `raw` (brackets inside strings do not count)."""
+    if raw.count(b"[") + raw.count(b"{") == 0:
+        return 0
+    bare = _STRING.sub(b'""', raw) if b'"' in raw else raw
+    delta = _DEPTH_DELTA[np.frombuffer(bare, dtype=np.uint8)]
+    return int(np.cumsum(delta, dtype=np.int64).max(initial=0))
+
+
+def check_json_depth(raw: bytes, limit: int) -> None:
+    """InvalidActionError (422) when `raw` nests deeper than `limit`."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:  # cannot be deeper: the common case
+        return
+    depth = json_depth(raw)
+    if depth > limit:
+        raise InvalidActionError(
+            f"the JSON body nests {depth} levels deep; at most {limit} are allowed "
+            "(max_json_depth)",
+            code="too_deep",
+        )
+
+
+def too_large(limit: int, what: str = "a request body", setting: str = "max_body_bytes") -> str:
+    return f"{what} may be at most {limit} bytes ({setting}); send less"
+
+
+def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for key, value in headers:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, at most `limit` bytes (TooLargeError past it), or None when the
+    client went away first."""
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise TooLargeError(too_large(limit))
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands the app `body` (already read), then the client's next events."""
+    sent = False
+
+    async def again() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
+
+
+# -- uvicorn: connections and headers ------------------------------------------------------------
+_HEADER_BODY = (
+    b'{"error": {"code": "headers_too_large", "message": "the request line and headers are'
+    b' over max_header_bytes; send fewer or shorter headers", "retryable": false}}'
+)
+_HEADER_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(_HEADER_BODY)
+) + _HEADER_BODY
+
+
+_TOO_MANY_BODY = (
+    b'{"error": {"code": "capacity", "message": "the server holds its limit of open'
+    b' connections (max_connections); retry later", "retryable": true}}'
+)
+_TOO_MANY = (
+    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(_TOO_MANY_BODY)
+) + _TOO_MANY_BODY
+
+
+def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
+    """`base` (uvicorn's httptools or h11 protocol) that closes a connection which has not
+    sent a whole request head within `header_timeout_s` of connecting (or of its last
+    response), and answers 431 to a head over `max_header_bytes`."""
+    timeout = settings.header_timeout_s
+    limit = settings.max_header_bytes
+    most = settings.max_connections
+
+    class Guarded(base):  # type: ignore[misc,valid-type]
+        _guard: asyncio.TimerHandle | None = None
+        _waiting: object = None
+        _head_bytes = 0
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > most:
+                transport.write(_TOO_MANY)
+                transport.close()
+                return
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._guard is not None:
+                self._guard.cancel()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            waiting = self.cycle is self._waiting
+            super().data_received(data)
+            if waiting and self.cycle is self._waiting:  # the head is still incomplete
+                self._head_bytes += len(data)
+                if self._head_bytes > limit and not self.transport.is_closing():
+                    self.transport.write(_HEADER_TOO_LARGE)
+                    self.transport.close()
+
+        def _arm(self) -> None:
+            if self._guard is not None:
+                self._guard.cancel()
+            self._waiting = self.cycle
+            self._head_bytes = 0
+            self._guard = asyncio.get_running_loop().call_later(timeout, self._expire)
+
+        def _expire(self) -> None:
+            self._guard = None
+            if self.cycle is self._waiting and not self.transport.is_closing():
+                self.transport.close()  # no request head in time (slowloris)
+
+    Guarded.__name__ = f"Guarded{base.__name__}"
+    return Guarded
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments of `uvicorn.run`/`uvicorn.Config` that bound what clients hold."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base: type[Any] = HttpToolsProtocol
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base = H11Protocol
+    return {
+        "http": guarded_protocol(base, settings),
+        # Guarded refuses connections over max_connections in our error shape; uvicorn's
+        # own bound (a plain-text 503) stays behind it, for tasks as well as connections.
+        "limit_concurrency": 2 * settings.max_connections,
+        "h11_max_incomplete_event_size": settings.max_header_bytes,
+        "timeout_keep_alive": max(1, round(settings.keep_alive_s)),
+        "timeout_graceful_shutdown": max(1, round(settings.shutdown_grace_s)),
+    }

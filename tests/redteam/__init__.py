@@ -1,0 +1,1 @@
+"""Red-team tests: untrusted clients, tenants and pack authors attacking the server."""

@@ -1,0 +1,242 @@
+"""Requests that used to cost the server too much, or answered outside the error contract.
+
+Before: unknown routes and wrong methods answered FastAPI's `{"detail": ...}`; a deep JSON
+body sank FastAPI's `json.loads` (RecursionError: a 500) and the batch route's fallback
+parser; bodies had no size bound but the pack route's; a batch over its item limit was a
+generic 422; and uvicorn kept a connection that never sent a request head open forever.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from conftest import ServerProcess
+
+from palaestra.server.config import Settings
+from palaestra.server.runtime import build_manager
+
+from .conftest import app_client
+
+ECHO = "palaestra/echo:say-birch"
+BODY_LIMIT = 64 * 1024
+
+
+module_loop = pytest.mark.asyncio(loop_scope="module")  # the module's one manager
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def api(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    """One manager for the module (its start is most of a test's cost), small limits."""
+    data = tmp_path_factory.mktemp("limits-api") / "data"
+    settings = Settings(data_dir=data, max_body_bytes=BODY_LIMIT, max_batch_items=8)
+    manager = build_manager(settings)
+    await manager.start()
+    try:
+        async with app_client(manager) as client:
+            yield client
+    finally:
+        await manager.shutdown()
+
+
+def assert_contract(reply: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    """The reply is `{"error": {"code", "message", "retryable"}}` with `status`."""
+    assert reply.status_code == status, (reply.status_code, reply.text)
+    body = reply.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) >= {"code", "message", "retryable"}, error
+    assert error["message"], error
+    if code is not None:
+        assert error["code"] == code, error
+    return dict(error)
+
+
+def deep(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+# -- error shape on every kind of refusal -------------------------------------------------------
+FRAMEWORK_ERRORS = [
+    ("GET", "/nope", 404),
+    ("GET", "/v1/nope", 404),
+    ("POST", "/v1/episodes/x/nope", 404),
+    ("PUT", "/v1/episodes", 405),
+    ("DELETE", "/healthz", 405),
+    ("PATCH", "/v1/packs", 405),
+]
+
+
+@module_loop
+async def test_framework_errors_use_the_contract_shape(api: httpx.AsyncClient) -> None:
+    for method, path, status in FRAMEWORK_ERRORS:
+        error = assert_contract(await api.request(method, path), status)
+        assert path in error["message"]
+    assert "allow" in (await api.put("/v1/episodes")).headers
+
+
+@module_loop
+async def test_validation_errors_use_the_contract_shape(api: httpx.AsyncClient) -> None:
+    assert_contract(await api.post("/v1/episodes", json={"task": 5}), 422, "invalid_request")
+    assert_contract(await api.post("/v1/tokens", content=b"{nope"), 422)
+    assert_contract(await api.get("/v1/tasks", params={"limit": "x"}), 422)
+    assert_contract(await api.post("/v1/episodes/x/step", content=b"[]"), 422)
+
+
+# -- body size ---------------------------------------------------------------------------------
+@module_loop
+async def test_a_body_over_the_limit_is_413(api: httpx.AsyncClient) -> None:
+    big = b'{"task": "' + b"a" * (BODY_LIMIT + 10) + b'"}'
+
+    async def chunks() -> Any:  # no Content-Length: counted while it streams
+        for _ in range(4):
+            yield b" " * (BODY_LIMIT // 2)
+
+    for path in ("/v1/episodes", "/v1/episodes/x/step", "/v1/batch/step", "/v1/tokens"):
+        error = assert_contract(await api.post(path, content=big), 413, "too_large")
+        assert "max_body_bytes" in error["message"]
+        assert_contract(await api.post(path, content=chunks()), 413, "too_large")
+
+
+@module_loop
+async def test_a_body_under_the_limit_still_works(api: httpx.AsyncClient) -> None:
+    padded = b'{"task": "%s"}' % ECHO.encode() + b" " * (BODY_LIMIT - 100)
+    reply = await api.post(
+        "/v1/episodes", content=padded, headers={"content-type": "application/json"}
+    )
+    assert reply.status_code == 200, reply.text
+
+
+# -- JSON nesting ------------------------------------------------------------------------------
+@module_loop
+async def test_deep_json_is_422_not_500(api: httpx.AsyncClient) -> None:
+    for path in ("/v1/episodes", "/v1/tokens", "/v1/batch/reset", "/v1/batch/step"):
+        for depth in (65, 5_000, 30_000):
+            error = assert_contract(await api.post(path, content=deep(depth)), 422)
+            assert "64" in error["message"] or "JSON" in error["message"], error
+
+
+@module_loop
+async def test_deep_json_inside_an_action_is_422(api: httpx.AsyncClient) -> None:
+    reset = await api.post("/v1/episodes", json={"task": ECHO})
+    eid = reset.json()["episode_id"]
+    body = b'{"action": {"tool": "say", "arguments": {"x": ' + deep(20_000) + b"}}}"
+    assert_contract(await api.post(f"/v1/episodes/{eid}/step", content=body), 422)
+    items = b'{"items": [{"episode_id": "%s", "action": {"tool": "say", "arguments": {"x": ' % (
+        eid.encode()
+    )
+    assert_contract(await api.post("/v1/batch/step", content=items + deep(20_000) + b"}}}]}"), 422)
+    # Brackets inside strings are not nesting.
+    text = {"action": {"tool": "submit", "arguments": {"answer": "[" * 5000}}}
+    step = await api.post(f"/v1/episodes/{eid}/step", json=text)
+    assert step.status_code == 200, step.text
+
+
+# -- batch size --------------------------------------------------------------------------------
+@module_loop
+async def test_a_batch_over_max_batch_items_is_413(api: httpx.AsyncClient) -> None:
+    for count in (9, 1025):
+        step = {"episode_id": "e", "action": {"tool": "x", "arguments": {}}}
+        reply = await api.post("/v1/batch/step", json={"items": [step] * count})
+        error = assert_contract(reply, 413, "too_large")
+        assert "max_batch_items" in error["message"] and "at most 8" in error["message"]
+        resets = [{"task": ECHO}] * count
+        assert_contract(await api.post("/v1/batch/reset", json={"items": resets}), 413)
+
+
+@module_loop
+async def test_lone_surrogates_are_refused_before_the_store(api: httpx.AsyncClient) -> None:
+    raw = b'{"items": [{"episode_id": "\\udc00", "action": {"tool": "x", "arguments": {}}}]}'
+    assert_contract(await api.post("/v1/batch/step", content=raw), 422, "invalid_request")
+
+
+# -- connections and request heads (a real `palaestra serve`) ----------------------------------
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    env = {
+        "PALAESTRA_HEADER_TIMEOUT_S": "1",
+        "PALAESTRA_MAX_CONNECTIONS": "16",
+        "PALAESTRA_MAX_HEADER_BYTES": "8192",
+    }
+    proc = ServerProcess(tmp_path_factory.mktemp("limits") / "data", extra_env=env).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    """Whether the server closed `sock` within `seconds`, and what it sent before."""
+    sock.settimeout(seconds)
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+        return True, got
+    except TimeoutError:
+        return False, got
+    except ConnectionResetError:
+        return True, got
+
+
+def test_a_silent_connection_is_closed(guarded: ServerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", guarded.port)) as sock:
+        closed, _ = _closed_within(sock, 5)
+    assert closed, "a connection that never sent a request head stayed open"
+
+
+def test_a_trickled_request_head_is_closed(guarded: ServerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", guarded.port)) as sock:
+        start = time.monotonic()
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+        closed = False
+        for _ in range(10):  # a header line every 0.4 s: never a whole head
+            try:
+                sock.sendall(b"x-slow: 1\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            time.sleep(0.4)
+        if not closed:
+            closed, _ = _closed_within(sock, 3)
+        assert closed and time.monotonic() - start < 6, "slowloris kept its connection"
+
+
+def test_an_oversized_request_head_is_431(guarded: ServerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", guarded.port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 20_000)
+        closed, got = _closed_within(sock, 5)
+    assert closed
+    assert got.startswith(b"HTTP/1.1 431"), got[:200]
+    assert b'"headers_too_large"' in got
+
+
+def test_connections_over_the_limit_are_refused_and_others_served(
+    guarded: ServerProcess,
+) -> None:
+    held = [socket.create_connection(("127.0.0.1", guarded.port)) for _ in range(16)]
+    try:
+        with socket.create_connection(("127.0.0.1", guarded.port)) as extra:
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            _, got = _closed_within(extra, 5)
+        assert got.startswith(b"HTTP/1.1 429"), got[:200]
+        assert b'"capacity"' in got and b"retry-after: 1" in got.lower()
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 5
+    while True:  # once they are gone, everyone is served again
+        try:
+            if httpx.get(f"{guarded.url}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the server did not recover its connections"
+        time.sleep(0.1)
+    ok = httpx.get(f"{guarded.url}/readyz", timeout=5)
+    assert ok.status_code == 200, ok.text

@@ -1,0 +1,143 @@
+"""One bad write cannot kill the store's writer thread (and with it every later write).
+
+Before: a statement that failed inside the writer's batch transaction (a duplicate primary
+key, a string SQLite cannot encode, an int over 64 bits) raised out of `_write_loop`; the
+thread died, every later write was silently lost, `flush()` (awaited by every reset and
+close) hung forever, and `/readyz` still said ready.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from palaestra.sdk.models import EpisodeState
+from palaestra.server.manager import EpisodeManager
+from palaestra.server.store import Store, StoreWriteError
+
+ECHO = "palaestra/echo:say-birch"
+
+
+def state(episode_id: str, step_count: int = 0) -> EpisodeState:
+    now = time.time()
+    return EpisodeState(
+        episode_id=episode_id,
+        task=ECHO,
+        family="echo",
+        domain="echo/say",
+        split="train",
+        status="active",
+        step_count=step_count,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def flushes(store: Store, within: float = 10.0) -> bool:
+    """Whether `store.flush()` returns in time (a dead writer used to hang it forever)."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (store.flush(), done.set()), daemon=True).start()
+    return done.wait(within)
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        pytest.param("dup", id="integrity-error"),
+        pytest.param("\ud800", id="lone-surrogate"),
+        pytest.param(2**70, id="huge-int"),
+    ],
+)
+def test_a_failing_write_fails_alone(tmp_path: Path, poison: object) -> None:
+    store = Store(tmp_path / "s.sqlite3")
+    try:
+        assert store.create_episode(state("before"), "sha256:x", False) is not None
+        if poison == "dup":
+            bad = store.create_episode(state("before"), "sha256:x", False)
+        elif isinstance(poison, str):
+            bad = store.create_episode(state(poison), "sha256:x", False)
+        else:  # an int SQLite cannot hold, through a write nobody waits on
+            store.add_step("before", poison, None, "{}")  # type: ignore[arg-type]
+            bad = None
+        after = store.create_episode(state("after"), "sha256:x", False)
+        store.add_step("after", 0, "r0", "{}")
+        assert flushes(store), "flush() hung: the writer thread died"
+        if bad is not None:
+            with pytest.raises(StoreWriteError):
+                bad.result(timeout=5)
+        assert after is not None and after.result(timeout=5) is None
+        assert store.writer_alive and store.writer_error is None
+        assert store.write_errors == 1
+        assert store.load_episode("before") is not None
+        loaded = store.load_episode("after", with_trajectory=False)
+        assert loaded is not None and loaded.task == ECHO
+    finally:
+        store.close()
+
+
+def test_a_dead_writer_is_reported_and_never_hangs(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite3")
+    store.close()  # the writer is gone, as after a crash of its thread
+    assert not store.writer_alive
+    assert flushes(store, 5), "flush() on a stopped writer must return"
+    with pytest.raises(Exception, match="store writer stopped"):
+        store.add_step("x", 0, None, "{}")
+
+
+async def test_lone_surrogate_through_batch_reset_cannot_kill_the_writer(
+    manager: EpisodeManager, api: httpx.AsyncClient
+) -> None:
+    """The attack over HTTP: the batch route used to fall back to `json.loads`, which lets a
+    lone surrogate through to SQLite, whose UTF-8 encoding of it raised in the writer."""
+    raw = b'{"items": [{"task": "%s", "episode_id": "a\\ud800"}]}' % ECHO.encode()
+    reply = await api.post(
+        "/v1/batch/reset", content=raw, headers={"content-type": "application/json"}
+    )
+    assert reply.status_code in (200, 422), reply.text
+    if reply.status_code == 200:  # answered per item: that item is refused
+        assert reply.json()["items"][0]["error"]["status"] == 422
+    assert manager.store.writer_alive, manager.store.writer_error
+    ready = await api.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    # Everyone else's writes still land.
+    reset = await api.post("/v1/episodes", json={"task": ECHO})
+    assert reset.status_code == 200, reset.text
+    eid = reset.json()["episode_id"]
+    step = await api.post(
+        f"/v1/episodes/{eid}/step",
+        json={"action": {"tool": "submit", "arguments": {"answer": "hcrib"}}},
+    )
+    assert step.status_code == 200, step.text
+    await manager.store.aflush()
+    saved = manager.store.load_episode(eid)
+    assert saved is not None and saved.step_count == 1
+
+
+async def test_readyz_reports_a_dead_writer_and_healthz_stays_live(
+    manager: EpisodeManager, api: httpx.AsyncClient
+) -> None:
+    assert (await api.get("/readyz")).status_code == 200
+    manager.store._queue.put(("NOT SQL", (), None))  # a statement that cannot even parse
+    await manager.store.aflush()
+    assert manager.store.writer_alive, "a failing statement must not stop the writer"
+    assert manager.store.write_errors == 1
+    # Kill the writer for real (a bug in the loop itself): readiness must say so.
+    manager.store._queue.put("not a write")  # type: ignore[arg-type]
+    for _ in range(100):
+        if not manager.store.writer_alive:
+            break
+        await _sleep()
+    ready = await api.get("/readyz")
+    assert ready.status_code == 503, ready.text
+    assert ready.json()["error"]["code"] == "store_down"
+    assert (await api.get("/healthz")).status_code == 200
+
+
+async def _sleep() -> None:
+    import asyncio
+
+    await asyncio.sleep(0.02)
