@@ -2,32 +2,38 @@
 
 from palaestra.sandbox.base import (
     DEFAULT_MAX_OUTPUT,
+    AgentFault,
     Backend,
     ExecResult,
     Sandbox,
     SandboxCreateError,
     SandboxDeadError,
     SandboxError,
+    SandboxFileTooLarge,
     SandboxGone,
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    SandboxTreeTooDeep,
     ShellResult,
     ShellSession,
 )
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT",
+    "AgentFault",
     "Backend",
     "ExecResult",
     "Sandbox",
     "SandboxCreateError",
     "SandboxDeadError",
     "SandboxError",
+    "SandboxFileTooLarge",
     "SandboxGone",
     "SandboxPathError",
     "SandboxSpec",
     "SandboxSpecError",
+    "SandboxTreeTooDeep",
     "ShellResult",
     "ShellSession",
 ]

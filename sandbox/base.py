@@ -38,8 +38,47 @@ class SandboxSpecError(SandboxCreateError):
     """The spec asks for more than the host allows; the message names the limit."""
 
 
-class SandboxPathError(SandboxError, ValueError):
-    """A path escapes the workspace or names something that is not a regular file."""
+# The most a file read or a workspace download takes in, as a multiple of workspace_mb: no
+# real file can exceed the workspace (RLIMIT_FSIZE, the tmpfs size), so more is sparse
+# files or hard links the agent made; and the deepest tree a download walks.
+DOWNLOAD_SLACK_MB = 16
+MAX_TREE_DEPTH = 128
+
+
+class AgentFault(Exception):
+    """A fault the agent's own actions caused (DESIGN §3): the episode ends `ok` with reward
+    0 and `failure` (a class of sdk.models.FAILURE_CLASSES) in its verdict, never `void`."""
+
+    failure: str = "bad_path"
+
+    def __init__(self, message: str, failure: str | None = None) -> None:
+        super().__init__(message)
+        if failure is not None:
+            self.failure = failure
+
+
+class SandboxPathError(SandboxError, AgentFault, ValueError):
+    """A path escapes the workspace or names something that is not a regular file.
+
+    The workspace's contents are the agent's, so this is an `AgentFault` (a 422 in a step,
+    reward 0 in verification); it stays a SandboxError for callers that catch those."""
+
+
+class SandboxFileTooLarge(SandboxPathError):
+    """A file or a download is over what the reader takes in (a sparse file, hard links)."""
+
+    failure = "too_large"
+
+
+class SandboxTreeTooDeep(SandboxPathError):
+    """A download met a tree nested deeper than MAX_TREE_DEPTH."""
+
+    failure = "too_deep"
+
+
+def read_limit(spec: SandboxSpec) -> int:
+    """The most bytes `read_file` or `download_tar` of a sandbox of `spec` takes in."""
+    return (spec.workspace_mb + DOWNLOAD_SLACK_MB) << 20
 
 
 @dataclass(frozen=True)

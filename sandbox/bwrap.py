@@ -144,19 +144,23 @@ from palaestra.sandbox import exechelper, seccomp
 from palaestra.sandbox.base import (
     BASE_PATH,
     DEFAULT_MAX_OUTPUT,
+    MAX_TREE_DEPTH,
     Backend,
     ExecResult,
     Sandbox,
     SandboxCreateError,
     SandboxDeadError,
     SandboxError,
+    SandboxFileTooLarge,
     SandboxGone,
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    SandboxTreeTooDeep,
     check_ro_binds,
     close_all,
     command_argv,
+    read_limit,
     sandbox_env,
 )
 from palaestra.sandbox.cgroups import Cgroup, CgroupManager
@@ -1701,7 +1705,7 @@ class BwrapSandbox(Sandbox):
     def _read_sync(self, path: str) -> bytes:
         parts = self._parts(path)
         if not parts:
-            raise SandboxPathError(f"{path!r} is a directory")
+            raise SandboxPathError(f"{path!r} is a directory", "not_regular_file")
         dfd = self._open_dir(parts[:-1])
         try:
             fd = _open_at(
@@ -1709,11 +1713,16 @@ class BwrapSandbox(Sandbox):
             )
         finally:
             os.close(dfd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise SandboxPathError(f"{path!r} is not a regular file")
+            raise SandboxPathError(f"{path!r} is not a regular file", "not_regular_file")
+        limit = read_limit(self.spec)
+        if st.st_size > limit:  # sparse: no real file outgrows the workspace
+            os.close(fd)
+            raise SandboxFileTooLarge(f"{path!r} is {st.st_size} bytes, over {limit}")
         with os.fdopen(fd, "rb") as f:
-            return f.read()
+            return f.read(limit + 1)
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         self._check_alive()
@@ -1789,11 +1798,12 @@ class BwrapSandbox(Sandbox):
 
     def _download_sync(self, parts: list[str]) -> bytes:
         buf = io.BytesIO()
+        budget = _Budget(read_limit(self.spec))
         with tarfile.open(fileobj=buf, mode="w") as tf:
             if not parts:
                 fd = self._open_dir([])
                 try:
-                    for item in _walk(fd, ""):
+                    for item in _walk(fd, "", budget):
                         _add(tf, *item)
                 finally:
                     os.close(fd)
@@ -1805,12 +1815,12 @@ class BwrapSandbox(Sandbox):
                         fd = self._open_dir(parts)
                         try:
                             _add(tf, parts[-1], st, None, None)
-                            for item in _walk(fd, parts[-1]):
+                            for item in _walk(fd, parts[-1], budget):
                                 _add(tf, *item)
                         finally:
                             os.close(fd)
                     else:
-                        _add(tf, *_entry(dfd, parts[-1], parts[-1], st))
+                        _add(tf, *_entry(dfd, parts[-1], parts[-1], st, budget))
                 finally:
                     os.close(dfd)
         return buf.getvalue()
@@ -1824,30 +1834,58 @@ def _open_at(name: str, flags: int, dir_fd: int, mode: int = 0o644) -> int:
         return os.open(name, flags, mode, dir_fd=dir_fd)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENXIO, errno.ENOTDIR):
-            raise SandboxPathError(f"{name!r} is a symlink or not a regular file") from e
+            raise SandboxPathError(
+                f"{name!r} is a symlink or not a regular file", "not_regular_file"
+            ) from e
         raise
 
 
 _Entry = tuple[str, os.stat_result, bytes | None, str | None]
 
 
-def _entry(dfd: int, name: str, arcname: str, st: os.stat_result) -> _Entry:
+@dataclass
+class _Budget:
+    """What is left of a download's byte allowance (`read_limit`): headers count too."""
+
+    left: int
+
+    def take(self, n: int, what: str) -> None:
+        self.left -= n + 512
+        if self.left < 0:
+            raise SandboxFileTooLarge(
+                f"the download is over its limit at {what!r} (sparse files, hard links or "
+                "too many entries)"
+            )
+
+
+def _entry(dfd: int, name: str, arcname: str, st: os.stat_result, budget: _Budget) -> _Entry:
     if stat.S_ISLNK(st.st_mode):
+        budget.take(0, arcname)
         return arcname, st, None, os.readlink(name, dir_fd=dfd)
     if stat.S_ISREG(st.st_mode):
         fd = _open_at(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dfd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        real = os.fstat(fd)
+        if not stat.S_ISREG(real.st_mode):
             os.close(fd)
-            raise SandboxPathError(f"{name!r} is not a regular file")
+            raise SandboxPathError(f"{name!r} is not a regular file", "not_regular_file")
+        try:
+            budget.take(real.st_size, arcname)
+        except SandboxFileTooLarge:
+            os.close(fd)
+            raise
         with os.fdopen(fd, "rb") as f:
-            return arcname, os.fstat(fd), f.read(), None
+            return arcname, real, f.read(real.st_size), None
+    budget.take(0, arcname)
     return arcname, st, None, None
 
 
-def _walk(dfd: int, prefix: str) -> Iterator[_Entry]:
-    """Entries below the directory `dfd`, never following symlinks."""
+def _walk(dfd: int, prefix: str, budget: _Budget, depth: int = 1) -> Iterator[_Entry]:
+    """Entries below the directory `dfd`, never following symlinks; SandboxTreeTooDeep past
+    MAX_TREE_DEPTH levels, SandboxFileTooLarge past the budget (both the agent's doing)."""
     for name in sorted(os.listdir(dfd)):
         arc = f"{prefix}/{name}" if prefix else name
+        if depth > MAX_TREE_DEPTH:
+            raise SandboxTreeTooDeep(f"{arc[:200]!r}... is nested deeper than {MAX_TREE_DEPTH}")
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -1858,13 +1896,16 @@ def _walk(dfd: int, prefix: str) -> Iterator[_Entry]:
             except OSError:
                 continue
             try:
+                budget.take(0, arc)
                 yield arc, st, None, None
-                yield from _walk(sub, arc)
+                yield from _walk(sub, arc, budget, depth + 1)
             finally:
                 os.close(sub)
         elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
             try:
-                yield _entry(dfd, name, arc, st)
+                yield _entry(dfd, name, arc, st, budget)
+            except SandboxFileTooLarge:
+                raise
             except (OSError, SandboxPathError):
                 continue
 

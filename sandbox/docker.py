@@ -136,18 +136,22 @@ from palaestra.sandbox import seccomp
 from palaestra.sandbox.base import (
     BASE_PATH,
     DEFAULT_MAX_OUTPUT,
+    MAX_TREE_DEPTH,
     Backend,
     ExecResult,
     Sandbox,
     SandboxCreateError,
     SandboxError,
+    SandboxFileTooLarge,
     SandboxGone,
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    SandboxTreeTooDeep,
     check_ro_binds,
     close_all,
     command_argv,
+    read_limit,
     sandbox_env,
 )
 from palaestra.sandbox.shell import BashSession, ShellProcess, bootstrap_script
@@ -834,7 +838,7 @@ class DockerSandbox(Sandbox):
         self._check_alive()
         rel = self._rel(path)
         if not rel:
-            raise SandboxPathError(f"{path!r} is a directory")
+            raise SandboxPathError(f"{path!r} is a directory", "not_regular_file")
         return await asyncio.to_thread(self._read_sync, rel, path)
 
     def _refuse_links(self, rel: str, shown: str, *, file: bool = False) -> None:
@@ -863,26 +867,43 @@ class DockerSandbox(Sandbox):
             stat = docker.utils.decode_json_header(header) if header else {}
             mode = int(stat.get("mode", 0))
             if mode & _GO_MODE_SYMLINK or stat.get("linkTarget"):
-                raise SandboxPathError(f"{shown!r} goes through a symlink ({'/'.join(parts[:i])})")
+                raise SandboxPathError(
+                    f"{shown!r} goes through a symlink ({'/'.join(parts[:i])})",
+                    "not_regular_file" if i == len(parts) else "bad_path",
+                )
             if file and i == len(parts) and mode & _GO_MODE_NOT_REGULAR:
-                raise SandboxPathError(f"{shown!r} exists and is not a regular file")
+                raise SandboxPathError(
+                    f"{shown!r} exists and is not a regular file", "not_regular_file"
+                )
 
     def _read_sync(self, rel: str, path: str) -> bytes:
-        self._refuse_links(rel, path)
+        self._refuse_links(rel, path, file=True)
         raw = self._get_archive(f"{self._workdir}/{rel}", path)
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tf:
             member = tf.next()
             if member is None or not member.isreg():
-                raise SandboxPathError(f"{path!r} is not a regular file")
+                raise SandboxPathError(f"{path!r} is not a regular file", "not_regular_file")
             f = tf.extractfile(member)
             assert f is not None
             return f.read()
 
     def _get_archive(self, abs_path: str, shown: str) -> bytes:
+        """The archive of `abs_path`, at most `read_limit` bytes (SandboxFileTooLarge: more
+        is sparse files or hard links the agent made; the stream is dropped unread)."""
         docker = _import_docker()
+        limit = read_limit(self.spec) + (1 << 20)
         try:
             stream, _ = self._container.get_archive(abs_path)
-            return b"".join(stream)
+            chunks, size = [], 0
+            for chunk in stream:
+                size += len(chunk)
+                if size > limit:
+                    close = getattr(stream, "close", None)
+                    if close is not None:
+                        close()
+                    raise SandboxFileTooLarge(f"{shown!r}: the archive is over {limit} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
         except docker.errors.NotFound as e:
             if not self._running():
                 raise SandboxGone(f"sandbox {self.id}: its container is gone") from e
@@ -950,6 +971,10 @@ class DockerSandbox(Sandbox):
                     if name == top:
                         continue
                     name = name[len(top) + 1 :] if name.startswith(top + "/") else name
+                if name.count("/") >= MAX_TREE_DEPTH:  # as bwrap's walk refuses it
+                    raise SandboxTreeTooDeep(
+                        f"{name[:200]!r}... is nested deeper than {MAX_TREE_DEPTH} levels"
+                    )
                 if m.isreg():
                     f = src.extractfile(m)
                     assert f is not None

@@ -82,10 +82,33 @@ class VerifierInfo(WireModel):
     version: str
 
 
+# Failure classes of an `ok` verdict the agent's own actions caused (DESIGN §3: reward 0,
+# never void). A family may add its own; these are the shared ones (docs/decisions.md).
+FAILURE_CLASSES = (
+    "missing_file",  # the answer file does not exist
+    "not_regular_file",  # it is a directory, symlink, fifo, socket or device
+    "bad_path",  # a path the agent chose escapes the workspace or goes through a symlink
+    "too_large",  # a file or the workspace is over the size the verifier reads
+    "too_deep",  # the workspace tree is nested deeper than the verifier walks
+    "load_error",  # the answer does not load (syntax error, import error, no such function)
+    "timeout",  # the agent's code ran past its time limit
+    "crash",  # the agent's code ended the process that checks it
+    "oom",  # the agent's code ran out of memory
+    "output_limit",  # the agent's code printed more than the limit
+    "no_answer",  # the episode ended with no answer submitted
+)
+
+
 class Verdict(WireModel):
     reward: float = Field(ge=0.0, le=1.0)
     passed: bool
     status: Literal["ok", "void"] = "ok"
+    failure: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][a-z0-9_]{0,63}$",
+        description="on an `ok` verdict, why the agent's attempt failed as a whole "
+        "(FAILURE_CLASSES: missing_file, not_regular_file, timeout, crash, ...); None otherwise",
+    )
     components: dict[str, float] = Field(default_factory=dict)
     feedback: str = ""
     verifier: VerifierInfo

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from palaestra.envs.base import EpisodeContext, Family
-from palaestra.sandbox import Backend, Sandbox, SandboxError, SandboxSpec
+from palaestra.sandbox import AgentFault, Backend, Sandbox, SandboxError, SandboxSpec
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sdk.errors import (
     CapacityError,
@@ -125,6 +125,19 @@ def _id_taken(episode_id: str) -> ConflictError:
         f"episode id {episode_id!r} is already in use by this token (live, ended or being "
         "started); choose another episode_id, or omit it to get a fresh one",
         code="episode_exists",
+    )
+
+
+def _agent_fault_verdict(episode: Episode, exc: AgentFault, duration: float) -> Verdict:
+    family = episode.family
+    return Verdict(
+        reward=0.0,
+        passed=False,
+        failure=exc.failure,
+        feedback=f"{exc.failure}: {exc}"[:2000],
+        verifier=VerifierInfo(name=family.name, version=family.version),
+        task_digest=episode.task.digest,
+        duration_s=duration,
     )
 
 
@@ -551,6 +564,8 @@ class EpisodeManager:
             outcome = await episode.family.step(episode.ctx, tool, args)
         except InvalidActionError:
             raise
+        except AgentFault as exc:  # a path or file the agent made (before SandboxError)
+            raise InvalidActionError(str(exc), code=exc.failure) from None
         except SandboxError as exc:
             return await self._void(episode, f"sandbox failed: {exc}")
         except Exception as exc:
@@ -612,6 +627,11 @@ class EpisodeManager:
             verdict = await episode.family.verify(episode.ctx)
             status = EpisodeStatus.DONE if verdict.status == "ok" else EpisodeStatus.VOID
             reason = None if status is EpisodeStatus.DONE else verdict.feedback
+        except AgentFault as exc:
+            # The agent's doing (an odd file, a tree too deep, a sparse giant): ok, reward 0,
+            # never void: a void would let a policy escape a sure 0 (docs/decisions.md).
+            verdict = _agent_fault_verdict(episode, exc, time.perf_counter() - started)
+            status, reason = EpisodeStatus.DONE, None
         except Exception as exc:
             kind = "sandbox failed" if isinstance(exc, SandboxError) else "verifier crashed"
             log.exception("%s while verifying", kind, extra={"episode_id": episode.id})

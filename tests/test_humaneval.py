@@ -1,22 +1,29 @@
 """HumanEval through the real episode path: oracle and null scores, public-example
-overfitting, reward hacks, partial credit and determinism (real bwrap sandboxes)."""
+overfitting, reward hacks, degenerate answers, partial credit and determinism (real bwrap
+sandboxes)."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
 import doctest
+import signal
 import time
 from typing import Any
 
 import pytest
 
+from palaestra.envs.coding import cheats as coding_cheats
 from palaestra.envs.coding.examples import docstring_examples
+from palaestra.envs.coding.family import CodingFamily, task_tests
 from palaestra.sdk.evaluation import run_eval
 from palaestra.sdk.models import StepResponse, TaskInfo
 from palaestra.sdk.policies import NullPolicy, OraclePolicy
+from palaestra.sdk.task import Task
+from palaestra.server.config import REPO_PACKS
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
+from palaestra.server.packs import load_pack
 from palaestra.verifiers.python_tests import split_tests
 
 PACK = "openai/humaneval"
@@ -24,6 +31,12 @@ PACK = "openai/humaneval"
 
 def ref(number: int) -> str:
     return f"{PACK}:HumanEval-{number}"
+
+
+@pytest.fixture(scope="module")
+def he_tasks() -> list[Task]:
+    pack = load_pack(REPO_PACKS / "humaneval")
+    return [pack.tasks[k] for k in sorted(pack.tasks)]
 
 
 async def all_tasks(client: AsyncInProcessClient) -> list[TaskInfo]:
@@ -80,6 +93,70 @@ async def test_null_scores_0_of_164(manager: EpisodeManager) -> None:
         (a.task, a.status, a.error) for a in attempts if a.status != "ok"
     ]
     assert all(a.reward == 0.0 and not a.passed for a in attempts)
+
+
+# -- degenerate answers: constants, type defaults, echo ---------------------------------------
+
+
+def passes_every_test(task_tests: str, prompt: str, entry: str, source: str) -> bool:
+    """Whether `source` passes every hidden test, run here in-process (the tests and the
+    degenerate answers are trusted code), each test under a 2 s alarm."""
+    plan = split_tests(task_tests)
+    solution: dict[str, Any] = {}
+    exec(compile(source, "solution", "exec"), solution)
+    ns: dict[str, Any] = {}
+    exec(compile(prompt, "prompt", "exec"), ns)
+    exec(compile(plan.preamble, "preamble", "exec"), ns)
+    ns["candidate"] = ns[entry] = solution[entry]
+
+    def alarm(signum: int, frame: object) -> None:
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        for kind, code in plan.steps:
+            signal.setitimer(signal.ITIMER_REAL, 2.0)
+            try:
+                exec(compile(code, "test", "exec"), ns)
+            except (Exception, TimeoutError):
+                if kind == "test":
+                    return False
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    return True
+
+
+def test_degenerate_answers_fail_every_one_of_164(he_tasks: list[Task]) -> None:
+    """Every constant, type-default and echo answer of `cheats.degenerate` misses some hidden
+    test of every task, so the reward (1 only when all pass) is 0 for each: before, a
+    fraction of tests paid > 0.1 on 40-49 tasks per answer (bench/coding_cheats.py plays
+    them through real episodes; `pack check` too)."""
+    assert len(he_tasks) == 164
+    paid = [
+        (task.id, name)
+        for task in he_tasks
+        for name, source in coding_cheats.degenerate(task.public["entry_point"])
+        if passes_every_test(
+            task_tests(task), task.public["prompt"], task.public["entry_point"], source
+        )
+    ]
+    assert not paid, paid
+
+
+async def test_degenerate_answers_are_known_cheats(manager: EpisodeManager) -> None:
+    """`pack check` plays them: they are in the family's cheats(), and score 0 end to end."""
+    task = manager.packs.resolve(ref(40))  # return False passed every non-example test
+    names = {name for name, _ in CodingFamily().cheats(task)}
+    assert {"return-none", "return-false", "return-zero", "echo-first-arg"} <= names
+    for name, actions in CodingFamily().cheats(task):
+        if name not in ("return-false", "echo-first-arg", "return-empty-list"):
+            continue
+        source = str(actions[0].arguments["content"])
+        final, _ = await submit(manager, ref(40), source)
+        assert_zero(final)
+        assert final.info["verdict"]["failure"] is None, name
 
 
 # -- a solution that only knows the docstring's examples fails --------------------------------
@@ -389,7 +466,9 @@ def expected_fraction(task_tests: str, prompt: str, entry: str, source: str) -> 
     return passed / plan.n_tests
 
 
-async def test_partial_solution_gets_fraction_of_hidden_tests(manager: EpisodeManager) -> None:
+async def test_partial_solution_scores_0_and_shows_its_fraction(manager: EpisodeManager) -> None:
+    """Reward 1 only when every hidden test passes (a fraction pays constant answers: see
+    docs/decisions.md); the fraction is still reported as the `tests_passed` component."""
     task = manager.packs.resolve(ref(0))
     # Only checks neighbours in the given order: right for some hidden tests, wrong for others.
     source = (
@@ -403,8 +482,8 @@ async def test_partial_solution_gets_fraction_of_hidden_tests(manager: EpisodeMa
     final, _ = await submit(manager, ref(0), source)
     verdict = final.info["verdict"]
     assert verdict["status"] == "ok" and not verdict["passed"]
-    assert final.reward == pytest.approx(want)
-    assert verdict["reward"] == pytest.approx(want)
+    assert final.reward == 0.0 == verdict["reward"]
+    assert verdict["failure"] is None  # a wrong answer, not a failed attempt
     assert verdict["components"]["tests_passed"] == pytest.approx(want)
 
 

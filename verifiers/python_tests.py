@@ -2,7 +2,8 @@
 
 The test code (HumanEval's shape: `def check(candidate): assert ...`) is split into
 individual test cases, one per top-level statement of `check` that asserts something
-about `candidate`, so the reward can be the fraction passed. The runner reads its
+about `candidate`, so each is reported apart (the coding family pays only when all pass: a
+fraction pays constant and echo answers, docs/decisions.md). The runner reads its
 configuration — including a per-run nonce — from stdin before any untrusted code runs,
 and reports one letter per test on a line that starts with the nonce.
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from palaestra.sandbox import Sandbox
 from palaestra.sandbox.forkserver import PythonRunner
 
-VERSION = "1.3.0"
+VERSION = "1.4.0"
 PYTHON = "/usr/bin/python3"
 
 # Plain-data codec shared by the runner and the worker: tagged JSON, exact for every
@@ -396,6 +397,19 @@ class TestRun:
     reported: bool
     timed_out: bool
     duration_s: float
+    oom_killed: bool = False
+
+    @property
+    def failure(self) -> str | None:
+        """The failure class (sdk.models.FAILURE_CLASSES) when the solution failed as a whole
+        rather than on some tests; every one of them is the solution's doing."""
+        if not self.reported:
+            return "timeout" if self.timed_out else "oom" if self.oom_killed else "crash"
+        if not self.loaded:
+            return "load_error"
+        if self.letters and set(self.letters) == {"T"}:
+            return "timeout"
+        return None
 
     @property
     def passed(self) -> int:
@@ -404,6 +418,11 @@ class TestRun:
     @property
     def total(self) -> int:
         return len(self.letters)
+
+    @property
+    def all_passed(self) -> bool:
+        """The coding family's reward rule: 1 only when every hidden test passed."""
+        return self.reported and self.loaded and self.total > 0 and self.passed == self.total
 
     def hidden_fraction(self, duplicates: tuple[bool, ...]) -> float:
         """The reward: the fraction of tests passed, leaving out re-checked public examples
@@ -492,5 +511,7 @@ async def run_python_tests(
         if head == nonce and body[:1] in ("L", "R"):
             letters = body[1:]
             if len(letters) == plan.n_tests and set(letters) <= set("PFET"):
-                return TestRun(letters, body[0] == "R", True, result.timed_out, duration)
-    return TestRun("E" * plan.n_tests, False, False, result.timed_out, duration)
+                return TestRun(
+                    letters, body[0] == "R", True, result.timed_out, duration, result.oom_killed
+                )
+    return TestRun("E" * plan.n_tests, False, False, result.timed_out, duration, result.oom_killed)

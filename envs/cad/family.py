@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import posixpath
 import time
 from typing import Any, Literal
 
@@ -27,7 +26,8 @@ from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Too
 from palaestra.envs.cad import cheats, runtime
 from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE, SCRIPT
 from palaestra.envs.images import PreferredImage
-from palaestra.sandbox import ExecResult, Sandbox, SandboxSpec
+from palaestra.envs.paths import workspace_relpath
+from palaestra.sandbox import AgentFault, ExecResult, Sandbox, SandboxSpec
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
 from palaestra.sdk.task import Task
@@ -72,10 +72,8 @@ TOOLS = (
 
 
 def _workspace_path(path: str) -> str:
-    clean = posixpath.normpath(path[len("/work/") :] if path.startswith("/work/") else path)
-    if clean.startswith("/") or clean in ("..", ".") or clean.startswith("../"):
-        raise InvalidActionError(f"path {path!r} must name a file inside /work")
-    return clean
+    """The one path rule (envs/paths.py): x, ./x, /work/x; else a 422."""
+    return workspace_relpath(path, "/work")
 
 
 def _tail(text: str) -> str:
@@ -108,7 +106,7 @@ async def run_in(
     )
     try:
         data = await sandbox.read_file(OUTPUT)
-    except FileNotFoundError:
+    except (FileNotFoundError, AgentFault):  # none, or a dir/fifo/symlink: no mesh
         data = None
     return result, data
 
@@ -221,10 +219,17 @@ class CadFamily(Family):
         chain = runtime.toolchain(str(ctx.state.get("toolchain", "trimesh")))
         private = ctx.task.private
 
-        def verdict(reward: float, passed: bool, comps: dict[str, float], fb: str) -> Verdict:
+        def verdict(
+            reward: float,
+            passed: bool,
+            comps: dict[str, float],
+            fb: str,
+            failure: str | None = None,
+        ) -> Verdict:
             return Verdict(
                 reward=reward,
                 passed=passed,
+                failure=failure if reward == 0.0 else None,
                 components=comps,
                 feedback=fb,
                 verifier=info,
@@ -235,7 +240,9 @@ class CadFamily(Family):
         try:
             await ctx.sandbox.read_file(path)
         except FileNotFoundError:
-            return verdict(0.0, False, {"gate": 0.0}, f"no script {path} was written")
+            return verdict(
+                0.0, False, {"gate": 0.0}, f"no script {path} was written", "missing_file"
+            )
         if not chain.available:  # an infrastructure fault: void, never 0
             raise RuntimeError(f"toolchain {chain.name} unavailable: {chain.reason}")
         workspace = await ctx.sandbox.download_tar()
@@ -244,6 +251,7 @@ class CadFamily(Family):
             runs.append(("hidden_", private["hidden_params"]))
         comps: dict[str, float] = {}
         rewards, notes, passed = [], [], True
+        failure: str | None = None  # the first run's that failed as a whole
         async with await self._image.create(ctx, self.spec) as fresh:
             await fresh.upload_tar(workspace)
             for prefix, params in runs:
@@ -256,6 +264,15 @@ class CadFamily(Family):
                     why = "no mesh written" if result.ok else f"exit code {result.exit_code}"
                     if result.timed_out:
                         why = "timed out"
+                    failure = failure or (
+                        "timeout"
+                        if result.timed_out
+                        else "oom"
+                        if result.oom_killed
+                        else "missing_file"
+                        if result.ok
+                        else "crash"
+                    )
                     rewards.append(0.0)
                     passed = False
                     comps[f"{prefix}gate"] = 0.0
@@ -269,7 +286,7 @@ class CadFamily(Family):
         reward = min(rewards)
         if len(runs) > 1:
             comps["hidden_rerun"] = rewards[1]
-        return verdict(reward, passed, comps, " | ".join(notes))
+        return verdict(reward, passed, comps, " | ".join(notes), failure)
 
     def oracle(self, task: Task) -> list[Action]:
         return cheats.write_run_submit(cheats.oracle_script(task))

@@ -4,7 +4,10 @@ Each is the source of a `solution.py` that does not solve the task:
 - `docstring-examples`: answers the docstring's `>>>` examples from a table, nothing else;
 - `always-equal`: returns an object whose `__eq__` always says True;
 - `print-pass`: prints what a test runner prints on success and returns nothing;
-- `exit-zero`: exits with status 0 as soon as it is imported.
+- `exit-zero`: exits with status 0 as soon as it is imported;
+- `return-<value>`: returns one constant whatever the input (a type's default or a common
+  answer: None, 0, 1, True, False, "", [], {}, ());
+- `echo-first-arg`: returns its first argument unchanged (None without one).
 """
 
 from __future__ import annotations
@@ -66,3 +69,36 @@ def {entry}(*args, **kwargs):
             pass
     return None
 '''
+
+
+# (name, literal source): the degenerate answers a policy finds first.
+CONSTANTS = (
+    ("return-none", "None"),
+    ("return-zero", "0"),
+    ("return-one", "1"),
+    ("return-true", "True"),
+    ("return-false", "False"),
+    ("return-empty-str", '""'),
+    ("return-empty-list", "[]"),
+    ("return-empty-dict", "{}"),
+    ("return-empty-tuple", "()"),
+)
+
+CONSTANT = """
+def {entry}(*args, **kwargs):
+    return {value}
+"""
+
+ECHO_FIRST_ARG = """
+def {entry}(*args, **kwargs):
+    if args:
+        return args[0]
+    return next(iter(kwargs.values()), None)
+"""
+
+
+def degenerate(entry: str) -> list[tuple[str, str]]:
+    """(name, solution.py source) of every constant and echo answer for `entry`."""
+    answers = [(name, CONSTANT.format(entry=entry, value=value)) for name, value in CONSTANTS]
+    answers.append(("echo-first-arg", ECHO_FIRST_ARG.format(entry=entry)))
+    return answers

@@ -10,7 +10,6 @@ only that file into a fresh sandbox, stages the hidden tests, and runs them.
 
 from __future__ import annotations
 
-import posixpath
 import time
 
 from pydantic import Field
@@ -18,7 +17,8 @@ from pydantic import Field
 from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
 from palaestra.envs.coding import cheats
 from palaestra.envs.coding.examples import EXAMPLES_RUNNER, examples_input, public_examples
-from palaestra.sandbox import ExecResult, Sandbox, SandboxSpec
+from palaestra.envs.paths import workspace_relpath
+from palaestra.sandbox import AgentFault, ExecResult, Sandbox, SandboxSpec
 from palaestra.sandbox.base import DEFAULT_MAX_OUTPUT
 from palaestra.sandbox.forkserver import ForkServerUnavailable
 from palaestra.sdk.errors import InvalidActionError
@@ -27,12 +27,16 @@ from palaestra.sdk.task import Task
 from palaestra.verifiers import python_tests
 
 SOLUTION = "solution.py"
+WORKDIR = "/work"
+MAX_SOLUTION_BYTES = 4 << 20  # far above any function's source; more is the agent's fault
 EXAMPLES_TIMEOUT_S = 20.0
 PYTHON = python_tests.PYTHON
 
 
 class WriteFileArgs(ToolArgs):
-    path: str = Field(min_length=1, max_length=255, description="a path relative to /work")
+    path: str = Field(
+        min_length=1, max_length=255, description="x, ./x or /work/x: a file inside /work"
+    )
     content: str = Field(max_length=1_000_000)
 
 
@@ -74,13 +78,6 @@ def task_solution(task: Task) -> str:
     if isinstance(solution, dict):
         return str(solution[SOLUTION])
     return str(task.public["prompt"]) + str(solution)
-
-
-def _workspace_path(path: str) -> str:
-    clean = posixpath.normpath(path.lstrip("/") if path.startswith("/work/") else path)
-    if clean.startswith("/") or clean == ".." or clean.startswith("../") or clean == ".":
-        raise InvalidActionError(f"path {path!r} must name a file inside /work")
-    return clean
 
 
 def _format(result: ExecResult) -> Observation:
@@ -126,7 +123,7 @@ class CodingFamily(Family):
         sandbox = ctx.sandbox
         assert sandbox is not None
         if isinstance(args, WriteFileArgs):
-            path = _workspace_path(args.path)
+            path = workspace_relpath(args.path, WORKDIR)
             await sandbox.write_file(path, args.content)
             return StepOutcome(Observation(text=f"wrote {len(args.content)} characters to {path}"))
         if isinstance(args, RunPythonArgs):
@@ -135,7 +132,7 @@ class CodingFamily(Family):
             argv = (
                 [PYTHON, "-c", args.code]
                 if args.code is not None
-                else [PYTHON, _workspace_path(args.path or "")]
+                else [PYTHON, "./" + workspace_relpath(args.path or "", WORKDIR)]
             )
             return StepOutcome(_format(await sandbox.exec(argv, timeout=args.timeout)))
         if tool.name == "run_tests":
@@ -180,21 +177,33 @@ class CodingFamily(Family):
         )
 
     async def verify(self, ctx: EpisodeContext) -> Verdict:
+        """Reward 1 when every hidden test passes, else 0 (docs/decisions.md: a fraction of
+        tests pays constant and echo answers on many tasks); `tests_passed` is the fraction.
+        Whatever the agent left instead of a solution is a 0 with a failure class."""
         started = time.perf_counter()
         info = VerifierInfo(name="python-hidden-tests", version=python_tests.VERSION)
-        assert ctx.sandbox is not None
-        try:
-            solution = await ctx.sandbox.read_file(SOLUTION)
-        except FileNotFoundError:
+
+        def zero(failure: str, feedback: str) -> Verdict:
             return Verdict(
                 reward=0.0,
                 passed=False,
+                failure=failure,
                 components={"tests_passed": 0.0},
-                feedback=f"no {SOLUTION} was written",
+                feedback=feedback,
                 verifier=info,
                 task_digest=ctx.task.digest,
                 duration_s=time.perf_counter() - started,
             )
+
+        assert ctx.sandbox is not None
+        try:
+            solution = await ctx.sandbox.read_file(SOLUTION)
+        except FileNotFoundError:
+            return zero("missing_file", f"no {SOLUTION} was written")
+        except AgentFault as exc:  # a directory, symlink, fifo, sparse giant: the agent's
+            return zero(exc.failure, f"{SOLUTION} is not a readable regular file: {exc}")
+        if len(solution) > MAX_SOLUTION_BYTES:
+            return zero("too_large", f"{SOLUTION} is over {MAX_SOLUTION_BYTES} bytes")
         plan = python_tests.split_tests(task_tests(ctx.task))
         spec = self.sandbox_spec(ctx.task)
         run: python_tests.TestRun | None = None
@@ -225,9 +234,11 @@ class CodingFamily(Family):
                 )
         examples = public_examples(ctx.task.public["prompt"], ctx.task.public["entry_point"])
         fraction = run.hidden_fraction(python_tests.public_duplicates(plan, examples))
+        passed = run.all_passed
         return Verdict(
-            reward=fraction,
-            passed=run.passed == run.total,
+            reward=1.0 if passed else 0.0,
+            passed=passed,
+            failure=run.failure,
             components={"tests_passed": fraction},
             feedback=run.summary(),
             verifier=info,
@@ -248,6 +259,7 @@ class CodingFamily(Family):
             ("always-equal", _write_and_submit(cheats.ALWAYS_EQUAL.format(entry=entry))),
             ("print-pass", _write_and_submit(cheats.PRINT_PASS.format(entry=entry))),
             ("exit-zero", _write_and_submit(cheats.EXIT_ZERO)),
+            *((name, _write_and_submit(src)) for name, src in cheats.degenerate(entry)),
         ]
 
 

@@ -313,6 +313,7 @@ class FinanceFamily(Family):
             return Verdict(
                 reward=0.0,
                 passed=False,
+                failure="no_answer",
                 feedback="no answer submitted",
                 components={"value": 0.0, "program": 0.0, "grounded": 0.0},
                 verifier=info,

@@ -74,6 +74,7 @@ class ReasoningFamily(Family):
         return Verdict(
             reward=reward,
             passed=passed,
+            failure=None if ctx.state.get("submitted") else "no_answer",
             components={"score": reward},
             feedback=feedback,
             verifier=VerifierInfo(name="reasoning-gym", version=gym.rg_version()),

@@ -30,6 +30,7 @@ from pydantic import Field
 
 from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
 from palaestra.envs.images import PreferredImage
+from palaestra.envs.paths import workspace_abspath
 from palaestra.envs.terminal import cheats
 from palaestra.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, ShellSession
 from palaestra.sdk.errors import InvalidActionError
@@ -341,8 +342,9 @@ class TerminalFamily(Family):
         return StepOutcome(Observation(text=text, data=data), info=info)
 
     @staticmethod
-    def _path(workdir: str, path: str) -> str:
-        return posixpath.normpath(posixpath.join(workdir, path))
+    def _path(workdir: str, path: str, *, allow_root: bool = False) -> str:
+        """The one path rule (envs/paths.py): x, ./x, <workdir>/x; else a 422."""
+        return workspace_abspath(path, workdir, allow_root=allow_root)
 
     @staticmethod
     def _failed(what: str, result: ExecResult, path: str) -> StepOutcome:
@@ -454,7 +456,7 @@ class TerminalFamily(Family):
     async def _list(
         self, box: Sandbox, workdir: str, args: ListDirArgs, limits: dict[str, float]
     ) -> StepOutcome:
-        path = self._path(workdir, args.path)
+        path = self._path(workdir, args.path, allow_root=True)
         script = (
             'if [ ! -d "$1" ]; then echo "not a directory" >&2; exit 2; fi; '
             'find -H "$1" -mindepth 1 -maxdepth "$2" -printf "%P\\t%y\\t%s\\n" 2>/dev/null '
@@ -541,10 +543,10 @@ class TerminalFamily(Family):
                 fail_to_pass=[str(i) for i in private.get("fail_to_pass") or []],
                 pass_to_pass=[str(i) for i in private.get("pass_to_pass") or []],
                 timeout_s=timeout,
-            )
-        reward = run.reward
                 path=str((task.public.get("env") or {}).get("PATH") or verifier.BASE_PATH),
                 reward_file=bool(private.get("reward_file")),
+            )
+        reward = run.reward
         return Verdict(
             reward=reward,
             passed=reward >= 1.0,
