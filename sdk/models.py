@@ -202,6 +202,11 @@ class EpisodeState(WireModel):
     void_reason: str | None = None
     verdict: Verdict | None = None
     trajectory: list[StepRecord] = Field(default_factory=list)
+    sealed_feedback: str | None = Field(
+        default=None,
+        description="admin tokens only, while the server holds the episode: a sealed "
+        "verdict's own feedback (every verdict of a sealed split carries pass/fail only)",
+    )
 
 
 class ErrorBody(WireModel):

@@ -335,10 +335,13 @@ def create_app(
         domain: str | None = None,
         limit: int = Query(default=1000, ge=0, le=100000),
     ) -> Response:
-        """Mixture weights, effective probabilities, per-task success rates, quarantine."""
-        who(request)
+        """Mixture weights, effective probabilities, per-task success rates, quarantine
+        (tasks of sealed splits: `eval` and admin tokens only)."""
+        principal = who(request)
         return _json(
-            mgr(request).sampler_report(pack=pack, split=split, domain=domain, limit=limit)
+            mgr(request).sampler_report(
+                pack=pack, split=split, domain=domain, limit=limit, principal=principal
+            )
         )
 
     @app.post(
@@ -471,5 +474,5 @@ def create_app(
             mgr(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
-    return app
     _complete_openapi(app, [StepRequest, BatchResetRequest, BatchStepRequest])
+    return app

@@ -27,10 +27,24 @@ def default_images() -> list[str]:
     )
 
 
+def default_secret_file() -> Path | None:
+    """PALAESTRA_HELDOUT_SECRET_FILE for an embedded `Settings()` too (a test session shares
+    one secret, so its servers reuse one cache of generated held-out tasks)."""
+    raw = os.environ.get("PALAESTRA_HELDOUT_SECRET_FILE")
+    return Path(raw) if raw else None
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data_dir: Path = Field(default=Path(".palaestra"), description="SQLite store, packs, tokens")
+    heldout_secret_file: Path | None = Field(
+        default_factory=lambda: default_secret_file(),
+        description=(
+            "the secret sealed generated tasks derive their seeds from (made 0600 at first "
+            "start; default <data_dir>/heldout.secret); share it to share a held-out set"
+        ),
+    )
     host: str = "127.0.0.1"
     port: int = 8000
     sandbox: str = Field(default="bwrap", description="sandbox backend")
@@ -63,6 +77,30 @@ class Settings(BaseModel):
     reaper_interval_s: float = Field(default=5.0, gt=0)
     max_steps: int = Field(default=50, ge=1, description="default step limit per episode")
     max_wall_s: float = Field(default=1800.0, gt=0, description="default wall-time limit")
+    # Operator ceilings (server/ceilings.py): the most any client option or task field may ask
+    # for; over one is a 422 naming the limit and the ceiling.
+    ceiling_steps: int = Field(default=10_000, ge=1, description="options.max_steps at most")
+    ceiling_wall_s: float = Field(
+        default=4 * 3600.0, gt=0, allow_inf_nan=False, description="options.max_wall_s at most"
+    )
+    ceiling_step_timeout_s: float = Field(
+        default=600.0, gt=0, allow_inf_nan=False, description="options.step_timeout_s at most"
+    )
+    ceiling_output_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1, description="options.max_output_bytes (one step) at most"
+    )
+    ceiling_episode_output_bytes: int = Field(
+        default=1 << 30, ge=1, description="options.max_episode_output_bytes at most"
+    )
+    ceiling_memory_mb: int = Field(default=16_384, ge=1, description="a sandbox's memory_mb")
+    ceiling_pids: int = Field(default=4096, ge=1, description="a sandbox's pids")
+    ceiling_workspace_mb: int = Field(default=8192, ge=1, description="a sandbox's workspace_mb")
+    ceiling_task_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="a task's timeout_s, setup_timeout_s, verifier_timeout_s and exec timeouts",
+    )
     allow_oracle: bool = Field(
         default=True, description="let clients drive an episode with the task's oracle"
     )
@@ -167,6 +205,8 @@ class Settings(BaseModel):
     def _void_limit_fits(self) -> Settings:
         if self.sampler_void_limit > self.sampler_void_window:
             raise ValueError("sampler_void_limit must be at most sampler_void_window")
+        if self.max_steps > self.ceiling_steps or self.max_wall_s > self.ceiling_wall_s:
+            raise ValueError("max_steps and max_wall_s must be within ceiling_steps/ceiling_wall_s")
         return self
 
     @property

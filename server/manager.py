@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -52,17 +53,19 @@ from palaestra.sdk.models import (
 )
 from palaestra.sdk.task import Task
 from palaestra.server.archive import pack_archive
-from palaestra.server.auth import ADMIN, ADMIN_PRINCIPAL, PUBLISH, Principal
+from palaestra.server.auth import ADMIN, ADMIN_PRINCIPAL, EVAL, PUBLISH, Principal
+from palaestra.server.ceilings import check_spec, check_task, client_limits
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs import Pack, PackRegistry, semver_key
 from palaestra.server.registry import ADMIN_RIGHTS, PackStore, PublishRights
 from palaestra.server.sampler import Sampler
+from palaestra.server.sealed import seal
 from palaestra.server.store import Store
 from palaestra.server.tally import StepTally
-from palaestra.server.tenancy import Tenancy, candidate_keys, episode_key
 from palaestra.server.taskfields import HostPolicy
+from palaestra.server.tenancy import Tenancy, candidate_keys, episode_key
 
 log = logging.getLogger("palaestra.episodes")
 
@@ -89,6 +92,7 @@ class Episode:
     oracle: list[Action] | None = None
     step_timer: Any = None  # the family's step-latency histogram child, looked up once
     tally: StepTally = field(default_factory=StepTally)
+    full_feedback: str | None = None  # a sealed verdict's own feedback: admin tokens only
     owner: str = ""  # the token id that started it (server/tenancy.py)
     cpu_mark: float | None = None  # the sandbox's CPU counter at the last reading
 
@@ -115,19 +119,6 @@ def _void_verdict(task: Task, reason: str, duration: float) -> Verdict:
     )
 
 
-def _unknown(episode_id: str) -> NotFoundError:
-    """The one answer for an id the caller does not own, whether or not it exists."""
-    return NotFoundError(f"unknown episode {episode_id!r}")
-
-
-def _id_taken(episode_id: str) -> ConflictError:
-    return ConflictError(
-        f"episode id {episode_id!r} is already in use by this token (live, ended or being "
-        "started); choose another episode_id, or omit it to get a fresh one",
-        code="episode_exists",
-    )
-
-
 def _agent_fault_verdict(episode: Episode, exc: AgentFault, duration: float) -> Verdict:
     family = episode.family
     return Verdict(
@@ -138,6 +129,29 @@ def _agent_fault_verdict(episode: Episode, exc: AgentFault, duration: float) -> 
         verifier=VerifierInfo(name=family.name, version=family.version),
         task_digest=episode.task.digest,
         duration_s=duration,
+    )
+
+
+def _log_crash(episode: Episode, what: str, exc: BaseException) -> None:
+    """A traceback on a public split; on a sealed one only the exception's type, since its
+    message and frames may quote private fields (the log is no way around the seal)."""
+    extra = {"episode_id": episode.id, "task_digest": episode.task.digest}
+    if episode.task.sealed:
+        log.error("%s (%s; sealed split: details withheld)", what, type(exc).__name__, extra=extra)
+    else:
+        log.error("%s", what, exc_info=exc, extra=extra)
+
+
+def _unknown(episode_id: str) -> NotFoundError:
+    """The one answer for an id the caller does not own, whether or not it exists."""
+    return NotFoundError(f"unknown episode {episode_id!r}")
+
+
+def _id_taken(episode_id: str) -> ConflictError:
+    return ConflictError(
+        f"episode id {episode_id!r} is already in use by this token (live, ended or being "
+        "started); choose another episode_id, or omit it to get a fresh one",
+        code="episode_exists",
     )
 
 
@@ -331,8 +345,12 @@ class EpisodeManager:
         split: str | None = None,
         domain: str | None = None,
         limit: int = 1000,
+        principal: Principal = ADMIN_PRINCIPAL,
     ) -> SamplerReport:
-        return self.sampler.report(pack=pack, split=split, domain=domain, limit=limit)
+        """Per-task results of sealed splits only for `eval` and admin tokens."""
+        return self.sampler.report(
+            pack=pack, split=split, domain=domain, limit=limit, sealed=principal.has(EVAL)
+        )
 
     def sampler_release(self, task: str) -> SamplerReleaseResponse:
         """Release a quarantined task (by its full ref, or any ref the registry resolves)."""
@@ -375,7 +393,8 @@ class EpisodeManager:
                 code="missing_scope",
             )
         family = self.families.get(task.family)
-        limits = self._limits(request.options)
+        check_task(task, self.settings)  # 422 over an operator ceiling (server/ceilings.py)
+        limits = client_limits(request.options, self.settings)
         family_limits = getattr(family, "episode_limits", None)  # a family's own caps
         if callable(family_limits):
             limits = family_limits(task, request.options, limits)
@@ -394,7 +413,7 @@ class EpisodeManager:
                 seed=request.seed,
                 options=request.options,
                 sandbox=sandbox,
-                new_sandbox=self._new_sandbox,
+                new_sandbox=functools.partial(self._new_sandbox, where=f"task {task.ref}"),
                 run_python=self.fork_server.run if self.fork_server is not None else None,
             )
             try:
@@ -463,17 +482,6 @@ class EpisodeManager:
             limits=limits,
             info=info,
         )
-
-    def _limits(self, options: dict[str, Any]) -> Limits:
-        try:
-            return Limits(
-                max_steps=int(options.get("max_steps", self.settings.max_steps)),
-                max_wall_s=float(options.get("max_wall_s", self.settings.max_wall_s)),
-            )
-        except (TypeError, ValueError) as exc:
-            raise InvalidActionError(
-                f"options.max_steps / max_wall_s must be numbers: {exc}"
-            ) from None
 
     async def step(
         self, episode_id: str, request: StepRequest, principal: Principal = ADMIN_PRINCIPAL
@@ -569,9 +577,7 @@ class EpisodeManager:
         except SandboxError as exc:
             return await self._void(episode, f"sandbox failed: {exc}")
         except Exception as exc:
-            log.exception(
-                "family %s crashed in step", episode.family.name, extra={"episode_id": episode.id}
-            )
+            _log_crash(episode, f"family {episode.family.name} crashed in step", exc)
             return await self._void(episode, f"the environment crashed ({type(exc).__name__})")
         if outcome.done:
             return await self._finish(
@@ -625,16 +631,21 @@ class EpisodeManager:
         started = time.perf_counter()
         try:
             verdict = await episode.family.verify(episode.ctx)
+            if episode.task.sealed:  # the one place a sealed verdict is made servable
+                episode.full_feedback = verdict.feedback  # admin tokens only, never stored
+                verdict = seal(verdict)
             status = EpisodeStatus.DONE if verdict.status == "ok" else EpisodeStatus.VOID
             reason = None if status is EpisodeStatus.DONE else verdict.feedback
         except AgentFault as exc:
             # The agent's doing (an odd file, a tree too deep, a sparse giant): ok, reward 0,
             # never void: a void would let a policy escape a sure 0 (docs/decisions.md).
             verdict = _agent_fault_verdict(episode, exc, time.perf_counter() - started)
+            if episode.task.sealed:
+                episode.full_feedback, verdict = verdict.feedback, seal(verdict)
             status, reason = EpisodeStatus.DONE, None
         except Exception as exc:
             kind = "sandbox failed" if isinstance(exc, SandboxError) else "verifier crashed"
-            log.exception("%s while verifying", kind, extra={"episode_id": episode.id})
+            _log_crash(episode, f"{kind} while verifying", exc)
             reason = f"{kind} ({type(exc).__name__})"
             verdict = _void_verdict(episode.task, reason, time.perf_counter() - started)
             status = EpisodeStatus.VOID
@@ -713,6 +724,8 @@ class EpisodeManager:
         # Live episodes keep no trajectory in memory (it can be large; the store has it).
         async with episode.lock:
             state = episode.settled_state().model_copy()
+            if principal.is_admin:  # the operator may read a sealed verifier's own words
+                state.sealed_feedback = episode.full_feedback
             await self.store.aflush()
         state.trajectory = await asyncio.to_thread(self.store.load_steps, key, state.step_count)
         state.episode_id = episode_id  # the id the caller knows it by
@@ -799,7 +812,8 @@ class EpisodeManager:
             f"episode {episode_id} has ended ({state.status.value}); start a new one"
         )
 
-    async def _new_sandbox(self, spec: SandboxSpec) -> Sandbox:
+    async def _new_sandbox(self, spec: SandboxSpec, where: str = "a sandbox") -> Sandbox:
+        check_spec(spec, self.settings, where)  # what a family built, within the ceilings
         if self.backend is None:
             raise SandboxError("this server has no sandbox backend")
         return await self.backend.create(spec)

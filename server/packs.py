@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import itertools
 import json
 import logging
@@ -52,6 +53,7 @@ from pydantic import (
 from palaestra.sdk.errors import BadRequestError, NotFoundError
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
+from palaestra.server import heldout
 from palaestra.server.taskfields import HostPolicy, task_field_problems
 
 log = logging.getLogger(__name__)
@@ -549,14 +551,23 @@ def _directory_tasks(root: Path) -> Iterator[Found]:
         yield _dir_task(task_dir)
 
 
-def generator_seeds(pack: str, generator: str, split: str, spec: GeneratorSplit) -> list[int]:
-    """The seeds a split draws: `count` distinct seeds of its range, fixed by the names."""
+def generator_seeds(
+    pack: str, generator: str, split: str, spec: GeneratorSplit, secret: bytes | None = None
+) -> list[int]:
+    """The seeds a split draws: `count` distinct seeds of its range, fixed by the names, or
+    (a sealed split on a server: `secret`) by an HMAC of the server's held-out secret."""
     first, end = spec.seeds
-    rng = random.Random(f"{pack}/{generator}/{split}")
+    label = f"{pack}/{generator}/{split}"
+    rng = random.Random(label) if secret is None else heldout.seeded(secret, label)
     return sorted(rng.sample(range(first, end), spec.count))
 
 
-def _generated_tasks(root: Path, manifest: PackManifest) -> Iterator[Found]:
+def _generated_tasks(
+    root: Path, manifest: PackManifest, secret: bytes | None = None
+) -> Iterator[Found]:
+    """A sealed split's tasks get secret seeds (with `secret`) and ids that name no seed
+    (`<generator>-<split>-<index>`, whatever the generator says), and their problems quote
+    neither the seed nor the generator's error text (pack errors are shown by /readyz)."""
     for gen_name, gen in manifest.generators.items():
         where = f"{root / 'pack.toml'}: generators.{gen_name}"
         try:
@@ -573,18 +584,25 @@ def _generated_tasks(root: Path, manifest: PackManifest) -> Iterator[Found]:
             )
             continue
         for split, spec in gen.splits.items():
-            for index, seed in enumerate(generator_seeds(manifest.name, gen_name, split, spec)):
+            sealed = manifest.splits[split].sealed
+            key = secret if sealed else None
+            seeds = generator_seeds(manifest.name, gen_name, split, spec, key)
+            for index, seed in enumerate(seeds):
                 level = gen.levels[index % len(gen.levels)]
-                at = f"{root / gen.module}: generate(seed={seed}, index={index}, level={level})"
+                shown = "<sealed>" if sealed else seed
+                at = f"{root / gen.module}: generate(seed={shown}, index={index}, level={level})"
                 try:
                     raw = generate(seed=seed, index=index, level=level)
                 except Exception as exc:
-                    yield at, None, [f"{at} raised {type(exc).__name__}: {exc}"]
+                    why = "" if sealed else f": {exc}"
+                    yield at, None, [f"{at} raised {type(exc).__name__}{why}"]
                     continue
                 if not isinstance(raw, dict):
                     yield at, None, [f"{at} returned {type(raw).__name__}, not a task dict"]
                     continue
                 task = dict(raw)
+                if sealed:
+                    task["id"] = f"{gen_name}-{split}-{index}"
                 task.setdefault("id", f"{gen_name}-{seed}")
                 task.setdefault("family", gen.family)
                 task.setdefault("domain", gen.domain)
@@ -598,7 +616,11 @@ def _generated_tasks(root: Path, manifest: PackManifest) -> Iterator[Found]:
                 yield at, task, problems
 
 
-def _source_tasks(root: Path, manifest: PackManifest) -> Iterator[Found]:
+def _source_tasks(
+    root: Path, manifest: PackManifest, secret: bytes | None = None
+) -> Iterator[Found]:
+    """`load_tasks()`, or `load_tasks(secret=...)` where the source takes the server's
+    held-out secret (to draw its sealed tasks from seeds nobody else can compute)."""
     assert manifest.source is not None
     rel = manifest.source.python
     try:
@@ -615,7 +637,8 @@ def _source_tasks(root: Path, manifest: PackManifest) -> Iterator[Found]:
         )
         return
     try:
-        for i, task in enumerate(loader()):
+        wants = "secret" in inspect.signature(loader).parameters
+        for i, task in enumerate(loader(secret=secret) if wants else loader()):
             yield f"{rel} task #{i}", task, []
     except Exception as exc:
         yield (
@@ -641,12 +664,18 @@ def read_manifest(root: Path) -> PackManifest:
 
 
 def inspect_pack(
-    root: Path, known_families: Iterable[str] | None = None, policy: HostPolicy | None = None
+    root: Path,
+    known_families: Iterable[str] | None = None,
+    policy: HostPolicy | None = None,
+    *,
+    secret: bytes | None = None,
 ) -> tuple[Pack | None, list[str]]:
     """Load what can be loaded and list every problem; the pack is None if pack.toml is unusable.
 
     Tasks with problems are left out of the pack; `load_pack` refuses any problem. `policy`
-    (default: Settings' defaults) is what a task's image, toolchain and paths may name."""
+    (default: Settings' defaults) is what a task's image, toolchain and paths may name.
+    `secret` (a server's, server/heldout.py) seeds sealed generated tasks; without it they
+    come from public seeds (local tools: `palaestra pack check`)."""
     root = Path(root)
     policy = policy or HostPolicy.default()
     try:
@@ -668,9 +697,9 @@ def inspect_pack(
     if (root / "tasks").is_dir():
         found.append(_directory_tasks(root))
     if manifest.generators:
-        found.append(_generated_tasks(root, manifest))
+        found.append(_generated_tasks(root, manifest, secret))
     if manifest.source is not None:
-        found.append(_source_tasks(root, manifest))
+        found.append(_source_tasks(root, manifest, secret))
     if not found:
         problems.append(
             f"{root}: no tasks: add tasks.jsonl, tasks/<id>/ folders, [generators.<name>] or "
@@ -761,10 +790,14 @@ def inspect_pack(
 
 
 def load_pack(
-    root: Path, known_families: Iterable[str] | None = None, policy: HostPolicy | None = None
+    root: Path,
+    known_families: Iterable[str] | None = None,
+    policy: HostPolicy | None = None,
+    *,
+    secret: bytes | None = None,
 ) -> Pack:
     """Read and validate one pack directory; raises PackError listing what to fix."""
-    pack, problems = inspect_pack(root, known_families, policy)
+    pack, problems = inspect_pack(root, known_families, policy, secret=secret)
     if problems or pack is None:
         raise PackError(problems)
     return pack
@@ -773,9 +806,10 @@ def load_pack(
 class PackRegistry:
     """The packs the server serves, by name and version."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: bytes | None = None) -> None:
         self._packs: dict[str, dict[str, Pack]] = {}
         self.errors: dict[str, str] = {}
+        self.secret = secret  # the held-out secret packs load with (server/heldout.py)
         # Published packs an admin has not enabled: served by explicit ref or `pack=`, never
         # drawn by the sampler's unfiltered mode (DESIGN §5b).
         self._held: set[str] = set()
@@ -808,7 +842,7 @@ class PackRegistry:
         for base in dirs:
             for root in sorted(p.parent for p in Path(base).glob("*/pack.toml")):
                 try:
-                    self.add(load_pack(root, families, policy))
+                    self.add(load_pack(root, families, policy, secret=self.secret))
                 except Exception as exc:
                     self.errors[str(root)] = str(exc)
                     log.error("pack %s not loaded: %s", root, exc)

@@ -283,7 +283,7 @@ class PackStore:
         for row in self.published():
             where = f"{row.name}@{row.version}"
             try:
-                pack = load_pack(self.path_of(row.digest), known, policy)
+                pack = load_pack(self.path_of(row.digest), known, policy, secret=registry.secret)
                 if pack.digest != row.digest:
                     raise PackError(f"its files hash to {pack.digest}, published as {row.digest}")
                 registry.add(pack, held=row.name not in enabled)
@@ -334,7 +334,8 @@ class PackStore:
                     code="missing_scope",
                 )
             try:
-                pack = load_pack(root, list(families), policy)
+                secret = registry.secret if registry is not None else None  # sealed seeds
+                pack = load_pack(root, list(families), policy, secret=secret)
             except Exception as exc:
                 raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
             if expect_digest is not None and pack.digest != expect_digest:

@@ -7,6 +7,7 @@ import os
 from palaestra.sandbox import Backend
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
+from palaestra.server import heldout
 from palaestra.server.archive import ArchiveLimits
 from palaestra.server.auth import ensure_admin_token
 from palaestra.server.config import Settings
@@ -45,7 +46,8 @@ def with_pool(backend: Backend, settings: Settings) -> Backend:
 def build_manager(settings: Settings, *, backend: Backend | None = None) -> EpisodeManager:
     """A manager on the embedded defaults; call `await manager.start()` inside the event loop."""
     families = FamilyRegistry.discover()
-    packs = PackRegistry()
+    secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
+    packs = PackRegistry(secret=heldout.ensure_secret(secret_file))  # sealed generated seeds
     policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
     packs.load_dirs(settings.packs_dirs, [f.name for f in families.all()], policy)
     settings.data_dir.mkdir(parents=True, exist_ok=True)

@@ -505,9 +505,13 @@ class Sampler:
         split: str | None = None,
         domain: str | None = None,
         limit: int = 1000,
+        sealed: bool = True,
     ) -> SamplerReport:
+        """`sealed=False` (a token without `eval`): nothing per task of a sealed split, in
+        tasks, counts or quarantine (its results are the evaluators' alone)."""
         self.refresh()
         plan = self._plan(pack, split, domain)
+        hidden: set[str] = set() if sealed else self._sealed_refs()
         total_pack = plan.cum[-1] if plan.cum else 0.0
         packs: list[SamplerPackInfo] = []
         tasks: list[SamplerTaskInfo] = []
@@ -523,6 +527,8 @@ class Sampler:
                 mass = sum(g.tree.total() for g in pd.groups)
                 count = seen = quarantined = 0
                 for group in pd.groups:
+                    if group.sealed and not sealed:
+                        continue
                     count += len(group.tasks)
                     quarantined += len(group.tasks) - group.active
                     for task in group.tasks:
@@ -572,9 +578,20 @@ class Sampler:
             packs=packs,
             tasks=tasks[:limit],
             tasks_seen=len(tasks),
-            quarantined=[self._quarantine_info(ref) for ref in sorted(self._quarantined)],
+            quarantined=[
+                self._quarantine_info(ref) for ref in sorted(self._quarantined - hidden)
+            ],
             unmatched_weights=unmatched,
         )
+
+    def _sealed_refs(self) -> set[str]:
+        return {
+            task.ref
+            for groups in self._indices.values()
+            for group in groups.values()
+            if group.sealed
+            for task in group.tasks
+        }
 
     def _task_info(self, task: Task, stats: _Stats, weight: float, prob: float) -> SamplerTaskInfo:
         n = len(stats.window)

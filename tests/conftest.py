@@ -168,11 +168,22 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """
     import importlib.util
 
+    from palaestra.server.heldout import ensure_secret
+
+    # One held-out secret for every server of the session (and across sessions): a server
+    # with a secret of its own would generate its held-out tasks anew (~30 s for reasoning).
+    cache = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
+    secret_file = os.environ.setdefault(
+        "PALAESTRA_HELDOUT_SECRET_FILE", str(cache / "test-heldout.secret")
+    )
+    secret = ensure_secret(Path(secret_file))
     source = Path(__file__).resolve().parent.parent / "packs" / "reasoning-gym" / "source.py"
     spec = importlib.util.spec_from_file_location("_warm_reasoning_gym", source)
     if spec is None or spec.loader is None:
         return
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for _ in module.load_tasks():
+    for _ in module.load_tasks():  # public held-out seeds (load_pack without a secret)
+        pass
+    for _ in module.load_tasks(secret=secret):
         pass

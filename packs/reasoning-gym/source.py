@@ -9,7 +9,10 @@ those are left out and logged. README.md lists what is left out and why.
 Seeds: a task is entry `index` of the dataset built with `seed` and `size`; reasoning-gym
 draws entry i from seed + i (`item_seed`). Training tasks use item seeds in
 [0, HELDOUT_SEED_START); held-out ones in [HELDOUT_SEED_START, 2**31). A trainer that
-generates more training problems must stay below HELDOUT_SEED_START.
+generates more training problems must stay below HELDOUT_SEED_START. On a server, each
+held-out (dataset, level) starts at a seed derived from the server's held-out secret
+(`load_tasks(secret=...)`, server/heldout.py), and held-out ids name no seed: the public code
+and a task id do not give its answer.
 
 Generating the ~1,900 tasks takes ~10-20 s, so the tasks are cached as JSON lines under
 `$PALAESTRA_CACHE` (default `~/.cache/palaestra`)/packs/, keyed by the reasoning-gym
@@ -20,6 +23,7 @@ with a warm cache reads the file and never imports reasoning-gym.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import math
@@ -88,68 +92,117 @@ def levels(name: str) -> list[str]:
     return [lv for lv in gym.levels_of(name) if (name, lv) not in SKIP_LEVELS]
 
 
-def _domain_tasks(name: str, problems: dict[str, str]) -> list[dict[str, Any]]:
+def split_seed(
+    split: str, name: str, level: str, slot: int, size: int, secret: bytes | None
+) -> int:
+    """The dataset seed of one (split, dataset, level): public for train (and for held-out
+    without a server secret), else an HMAC of the server's secret inside the held-out range,
+    which nobody without the secret can compute from this file and a task id."""
+    if split == "train" or secret is None:
+        return SPLIT_SEED_BASE[split] + slot * LEVEL_SEED_STRIDE
+    label = f"reasoning/gym/{split}/{name}/{level}".encode()
+    digest = hmac.new(secret, label, hashlib.sha256).digest()
+    span = 2**31 - HELDOUT_SEED_START - size
+    return HELDOUT_SEED_START + int.from_bytes(digest[:8], "big") % span
+
+
+def _split_tasks(
+    name: str,
+    split: str,
+    chosen: list[str],
+    problems: dict[str, str],
+    secret: bytes | None = None,
+) -> list[dict[str, Any]]:
+    """One split's tasks of dataset `name` over the levels `chosen`; a level that fails is
+    left out (and recorded in `problems`). Held-out ids name no seed (`<name>.<level>.h<i>`)."""
     tasks: list[dict[str, Any]] = []
-    chosen = levels(name)
-    for split, count in (("train", TRAIN_PER_DOMAIN), ("heldout", HELDOUT_PER_DOMAIN)):
-        for slot, level in enumerate(chosen):
-            # `count` spread over the levels, the first levels taking the remainder.
-            size = count // len(chosen) + (slot < count % len(chosen))
-            seed = SPLIT_SEED_BASE[split] + slot * LEVEL_SEED_STRIDE
-            try:
-                ds = gym.dataset(name, level, seed, size)
-                for index in range(size):
-                    entry = gym.entry(name, level, seed, size, index)
-                    answer = entry["answer"]
-                    if not isinstance(answer, str):
-                        raise ValueError(f"answer is {type(answer).__name__}, not str")
-                    if ds.score_answer(answer=answer, entry=entry) != 1.0:
-                        raise ValueError(f"reference answer does not score 1.0 (index {index})")
-                    tasks.append(
-                        {
-                            "id": f"{name}.{level}.{seed + index}",
-                            "family": "reasoning",
-                            "domain": f"reasoning/{name}",
-                            "split": split,
-                            "difficulty": level,
-                            "public": {"question": entry["question"], "dataset": name},
-                            "private": {
-                                "dataset": name,
-                                "level": level,
-                                "seed": seed,
-                                "size": size,
-                                "index": index,
-                                "item_seed": seed + index,
-                                "answer": answer,
-                                "metadata": json_safe(entry.get("metadata", {})),
-                            },
-                        }
-                    )
-            except Exception as exc:
-                problems[f"{name}/{level}"] = f"{type(exc).__name__}: {exc}"[:200]
-                tasks = [t for t in tasks if t["private"]["level"] != level]
-                chosen_left = [lv for lv in chosen if f"{name}/{lv}" not in problems]
-                if not chosen_left:
-                    return []
+    count = TRAIN_PER_DOMAIN if split == "train" else HELDOUT_PER_DOMAIN
+    for slot, level in enumerate(chosen):
+        # `count` spread over the levels, the first levels taking the remainder.
+        size = count // len(chosen) + (slot < count % len(chosen))
+        seed = split_seed(split, name, level, slot, size, secret)
+        mine: list[dict[str, Any]] = []
+        try:
+            ds = gym.dataset(name, level, seed, size)
+            for index in range(size):
+                entry = gym.entry(name, level, seed, size, index)
+                answer = entry["answer"]
+                if not isinstance(answer, str):
+                    raise ValueError(f"answer is {type(answer).__name__}, not str")
+                if ds.score_answer(answer=answer, entry=entry) != 1.0:
+                    raise ValueError(f"reference answer does not score 1.0 (index {index})")
+                tail = str(seed + index) if split == "train" else f"h{index}"
+                mine.append(
+                    {
+                        "id": f"{name}.{level}.{tail}",
+                        "family": "reasoning",
+                        "domain": f"reasoning/{name}",
+                        "split": split,
+                        "difficulty": level,
+                        "public": {"question": entry["question"], "dataset": name},
+                        "private": {
+                            "dataset": name,
+                            "level": level,
+                            "seed": seed,
+                            "size": size,
+                            "index": index,
+                            "item_seed": seed + index,
+                            "answer": answer,
+                            "metadata": json_safe(entry.get("metadata", {})),
+                        },
+                    }
+                )
+        except Exception as exc:
+            where = f"{name}/{level}" if split == "train" else f"{name}/{level} ({split})"
+            problems[where] = (
+                f"{type(exc).__name__}: {exc}"[:200] if split == "train" else type(exc).__name__
+            )
+            continue
+        tasks.extend(mine)
+    return tasks
+
+
+def build_train(problems: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every training task (slow: imports reasoning-gym and generates each entry)."""
+    problems = {} if problems is None else problems
+    tasks: list[dict[str, Any]] = []
+    for name in gym.dataset_names():
+        if name not in SKIP:
+            tasks.extend(_split_tasks(name, "train", levels(name), problems))
+    _report(problems)
+    return tasks
+
+
+def build_heldout(
+    train: list[dict[str, Any]], secret: bytes | None, problems: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The held-out tasks of the levels `train` has, none asking a training question."""
+    problems = {} if problems is None else problems
+    served: dict[str, set[str]] = {}
+    questions: dict[str, set[str]] = {}
+    for t in train:
+        name = t["private"]["dataset"]
+        served.setdefault(name, set()).add(t["private"]["level"])
+        questions.setdefault(name, set()).add(t["public"]["question"])
+    tasks: list[dict[str, Any]] = []
+    for name in sorted(served):
+        chosen = [lv for lv in levels(name) if lv in served[name]]
+        held = _split_tasks(name, "heldout", chosen, problems, secret)
+        # A small problem space can draw the same question from both ranges: held out, never.
+        tasks.extend(t for t in held if t["public"]["question"] not in questions[name])
+    _report(problems)
     return tasks
 
 
 def build(problems: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Generate every task (slow: imports reasoning-gym and generates each entry)."""
-    problems = {} if problems is None else problems
-    tasks: list[dict[str, Any]] = []
-    for name in gym.dataset_names():
-        if name in SKIP:
-            continue
-        domain = _domain_tasks(name, problems)
-        # A small problem space can draw the same question from both ranges: held out, never.
-        train = {t["public"]["question"] for t in domain if t["split"] == "train"}
-        tasks.extend(
-            t for t in domain if t["split"] == "train" or t["public"]["question"] not in train
-        )
+    """Every task with public seeds (no server secret)."""
+    train = build_train(problems)
+    return train + build_heldout(train, None, problems)
+
+
+def _report(problems: dict[str, str]) -> None:
     for where, why in sorted(problems.items()):
         log.warning("reasoning/gym: left out %s: %s", where, why)
-    return tasks
 
 
 def cache_key() -> str:
@@ -159,33 +212,60 @@ def cache_key() -> str:
     return h.hexdigest()[:24]
 
 
-def cache_path() -> Path:
+def cache_path(part: str = "train") -> Path:
     base = os.environ.get("PALAESTRA_CACHE") or Path.home() / ".cache" / "palaestra"
-    return Path(base) / "packs" / f"reasoning-gym-{cache_key()}.jsonl"
+    return Path(base) / "packs" / f"reasoning-gym-{cache_key()}-{part}.jsonl"
 
 
-def load_tasks() -> Iterator[dict[str, Any]]:
-    path = cache_path()
+def secret_fingerprint(secret: bytes | None) -> str:
+    """Names the held-out cache of one secret without revealing it."""
+    if secret is None:
+        return "public"
+    return hmac.new(secret, b"reasoning/gym cache", hashlib.sha256).hexdigest()[:16]
+
+
+def _read_cache(path: Path) -> list[dict[str, Any]] | None:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
         tasks = [json.loads(line) for line in lines]
-        if tasks and tasks[-1].get("end") == len(tasks) - 1:
-            yield from tasks[:-1]
-            return
-        log.warning("reasoning/gym: cache %s is incomplete; rebuilding", path)
     except (OSError, ValueError):
-        pass
-    tasks = build()
-    for stale in path.parent.glob("reasoning-gym-*.jsonl"):
-        stale.unlink(missing_ok=True)
+        return None
+    if tasks and tasks[-1].get("end") == len(tasks) - 1:
+        return tasks[:-1]
+    log.warning("reasoning/gym: cache %s is incomplete; rebuilding", path)
+    return None
+
+
+def _write_cache(path: Path, tasks: list[dict[str, Any]], private: bool) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        with tmp.open("w", encoding="utf-8") as out:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
             for task in tasks:
                 out.write(json.dumps(task, ensure_ascii=False, allow_nan=False) + "\n")
             out.write(json.dumps({"end": len(tasks)}) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
         log.warning("reasoning/gym: cannot write the task cache %s: %s", path, exc)
-    yield from tasks
+
+
+def load_tasks(secret: bytes | None = None) -> Iterator[dict[str, Any]]:
+    """Training tasks, then held-out ones (seeded by the server's `secret` when given);
+    each part cached on its own (the held-out part per secret, readable by its owner only)."""
+    path = cache_path()
+    train = _read_cache(path)
+    if train is None:
+        train = build_train()
+        prefix = f"reasoning-gym-{cache_key()}-"
+        for stale in path.parent.glob("reasoning-gym-*.jsonl"):
+            if not stale.name.startswith(prefix):
+                stale.unlink(missing_ok=True)
+        _write_cache(path, train, private=False)
+    held_path = cache_path(f"heldout-{secret_fingerprint(secret)}")
+    held = _read_cache(held_path)
+    if held is None:
+        held = build_heldout(train, secret)
+        _write_cache(held_path, held, private=secret is not None)
+    yield from train
+    yield from held

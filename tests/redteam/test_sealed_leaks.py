@@ -122,8 +122,11 @@ async def test_sealed_verdicts_never_carry_the_verifiers_output(
     assert not any(SECRET in r.getMessage() for r in caplog.records)
     # An admin (the operator) may read the verifier's own words; only while it is in memory.
     eid = json.loads(sealed[0])["episode_id"]
-    full = await api.post(f"/v1/episodes/{eid}/verify")
-    assert full.status_code == 404 or SECRET in full.json()["feedback"]
+    admin = await api.get(f"/v1/episodes/{eid}")
+    assert admin.status_code == 200, admin.text
+    assert SECRET in admin.json()["sealed_feedback"]
+    assert SECRET not in admin.json()["verdict"]["feedback"]  # the verdict is the same for all
+    assert json.loads(sealed[4]).get("sealed_feedback") is None  # the evaluator's state
 
 
 async def test_sealed_sampler_stats_are_for_eval_and_admin_tokens(api: httpx.AsyncClient) -> None:
