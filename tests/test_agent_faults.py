@@ -172,6 +172,16 @@ async def test_run_tests_on_a_directory_is_a_422_and_the_episode_goes_on(
     assert final.reward == 1.0 and final.info["verdict"]["failure"] is None
 
 
+async def test_run_tests_on_a_sparse_giant_is_a_422(manager: EpisodeManager) -> None:
+    client = AsyncInProcessClient(manager)
+    eid = (await client.reset(HE0)).episode_id
+    await client.step(eid, _python(ODD_SOLUTIONS["sparse-giant"][0]).model_dump())
+    with pytest.raises(InvalidActionError, match="over"):
+        await client.step(eid, {"tool": "run_tests"})
+    final = await client.step(eid, SUBMIT.model_dump())
+    assert final.info["verdict"]["failure"] == "too_large"
+
+
 async def test_agent_faults_never_quarantine(manager: EpisodeManager) -> None:
     for kind in ("directory", "fifo", "sparse-giant"):  # void_limit is 2 here
         await _play(manager, HE0, [_python(ODD_SOLUTIONS[kind][0]), SUBMIT])

@@ -159,6 +159,10 @@ class CodingFamily(Family):
                 files = {SOLUTION: await sandbox.read_file(SOLUTION)}
             except FileNotFoundError:
                 files = {}  # the runner reports it, as it would in the sandbox
+            if len(files.get(SOLUTION, b"")) > MAX_SOLUTION_BYTES:
+                raise InvalidActionError(
+                    f"{SOLUTION} is over {MAX_SOLUTION_BYTES} bytes; write the function alone"
+                )
             spec = self.sandbox_spec(ctx.task)
             try:
                 return await ctx.run_python(
