@@ -19,7 +19,7 @@ from conftest import ServerProcess
 from palaestra.cli.pack import check_pack
 from palaestra.envs.finance.accounts import build_accounts, structure
 from palaestra.envs.finance.document import numbers_in, parse_number, parse_pdf
-from palaestra.envs.finance.family import FinanceFamily, cheat_answers, variant_of
+from palaestra.envs.finance.family import FinanceFamily, variant_of
 from palaestra.envs.finance.layout import build_layout
 from palaestra.envs.finance.questions import DOMAINS
 from palaestra.envs.finance.report import render
@@ -56,7 +56,8 @@ def numbers_for(task: Task) -> vf.Numbers:
 
 def grade(task: Task, arguments: dict[str, Any]) -> vf.Grade:
     gold = vf.Gold.from_json(task.private["gold"])
-    return vf.grade(vf.Answer(**arguments), gold, numbers_for(task), variant_of(task, gold))
+    numbers, question = numbers_for(task), task.public["question"]
+    return vf.grade(vf.Answer(**arguments), gold, numbers, variant_of(task, gold), question)
 
 
 # -- accounts ---------------------------------------------------------------------------------
@@ -131,11 +132,17 @@ def test_gold_scores_one_and_every_cheat_zero(domain: str) -> None:
         oracle = FinanceFamily().oracle(task)[0].arguments
         verdict = vf.grade(vf.Answer(**oracle), gold, numbers, variant)
         assert verdict.reward == 1.0, (task.id, verdict.feedback)
-        for name, actions in cheat_answers(task):
+        question = task.public["question"]
+        for name, actions in FinanceFamily().cheats(task):
             cheats_seen.add(name)
-            result = vf.grade(vf.Answer(**actions[0].arguments), gold, numbers, variant)
-            assert result.reward == 0.0, (task.id, name, result.feedback)
+            answer = vf.Answer(**actions[0].arguments)
+            result = vf.grade(answer, gold, numbers, variant, question)
+            # The value may be right (a program cheat): then only VALUE_ONLY_REWARD is paid.
+            assert result.reward <= vf.VALUE_ONLY_REWARD, (task.id, name, result.feedback)
+            if result.reward > 0:
+                assert result.components["program"] == 0.0, (task.id, name, result.feedback)
     assert {"wrong-scale", "invented-operands", "copy-question-number", "prior-year"} <= cheats_seen
+    assert {"constants-only", "figure-plus-constants", "zeroed-operands"} <= cheats_seen
 
 
 def test_cheat_kinds() -> None:
@@ -158,12 +165,12 @@ def test_cheat_kinds() -> None:
     year = int(re.findall(r"\d{4}", task.public["question"])[0])
     assert grade(task, {**right, "value": year, "program": str(year)}).reward == 0.0
     invented = grade(task, {**right, "program": f"add({gold.asked_value}, const_0)"})
-    assert invented.reward == 0.0 and "not in the document" in invented.feedback
+    assert invented.reward == vf.VALUE_ONLY_REWARD and "not in the document" in invented.feedback
     prior = task.private["prior"]
     assert grade(task, {**right, "value": prior["value"], "program": prior["program"]}).reward == 0
 
 
-def test_memorised_constants_lose_the_bonus() -> None:
+def test_memorised_constants_lose_the_program() -> None:
     """A program that gives this document's answer from constants fails the re-run."""
     task = as_task(_generate(11, 1, "margins"))
     gold = vf.Gold.from_json(task.private["gold"])
@@ -177,7 +184,8 @@ def test_memorised_constants_lose_the_bonus() -> None:
     with_constant = grade(
         task, {"value": asked, "unit": "percent", "scale": "units", "program": text}
     )
-    assert with_constant.reward == 0.0  # the constant is an invented operand
+    assert with_constant.reward == vf.VALUE_ONLY_REWARD  # the constant is an invented operand
+    assert with_constant.components["program"] == 0.0
     # The same-valued cells of another year are in the document: right now, wrong on re-run.
     digits = [t for t in numbers_in(gold.program)]
     assert digits
@@ -190,8 +198,9 @@ def test_memorised_constants_lose_the_bonus() -> None:
         numbers,
         (swapped, gold.value * 3),
     )
-    assert wrong_variant.reward == pytest.approx(1 - vf.GROUNDED_BONUS)
+    assert wrong_variant.reward == vf.VALUE_ONLY_REWARD
     assert wrong_variant.components["grounded"] == 0.0
+    assert wrong_variant.components["program"] == 0.0
 
 
 def test_tolerance_follows_the_decimals_asked() -> None:
@@ -367,7 +376,12 @@ def test_oracle_null_and_cheats_through_episodes(client: InProcessClient) -> Non
         eid = client.reset(ref).episode_id
         reply = client.step(eid, actions[0])
         assert reply.terminated
-        assert reply.reward == (1.0 if name == "oracle" else 0.0), (name, reply.info)
+        if name == "oracle":
+            assert reply.reward == 1.0, reply.info
+        elif name == "null":
+            assert reply.reward == 0.0, reply.info
+        else:  # a right value with a program that is not the computation: VALUE_ONLY_REWARD
+            assert reply.reward in (0.0, vf.VALUE_ONLY_REWARD), (name, reply.info)
 
 
 def test_pack_check_passes() -> None:
@@ -408,7 +422,8 @@ def test_row_labels_in_programs() -> None:
     assert vf.grade(answer, gold, built.numbers).reward == 1.0
     ambiguous = vf.Answer(value=total, unit="ratio", program="table_sum(Revenue, none)")
     graded = vf.grade(ambiguous, gold, built.numbers)
-    assert graded.reward == 0.0 and "write the numbers instead" in graded.feedback
+    assert graded.components["program"] == 0.0 and "write the numbers instead" in graded.feedback
+    assert graded.reward == vf.VALUE_ONLY_REWARD  # the value is right, the program is not
 
 
 def test_episode_over_http(tmp_path: Path, finance_env: tuple[Path, Path]) -> None:

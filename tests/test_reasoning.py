@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from palaestra.envs.reasoning import gym
+from palaestra.envs.reasoning import guard, gym
 from palaestra.envs.reasoning.family import ReasoningFamily, score_task
 from palaestra.sdk.evaluation import run_eval
 from palaestra.sdk.models import TaskInfo
@@ -28,7 +28,7 @@ from palaestra.server.packs import load_pack
 PACK = "reasoning/gym"
 BIN = Path(sys.executable).parent
 NOT_REPRODUCIBLE: set[str] = set()  # filled by their_scores; expected {codeio, ...}
-# Their own scorers give these a high score for the question sent back (pack.toml says so).
+# Their own scorers give these a high score for the question sent back; the guard refuses it.
 CHEAT_PRONE = {
     "reasoning/game_of_life_halting",
     "reasoning/basic_arithmetic",
@@ -104,21 +104,33 @@ def test_heldout_seeds_never_in_training(pack_tasks: list[Task]) -> None:
 
 
 def test_scores_equal_reasoning_gyms_own(pack_tasks: list[Task]) -> None:
-    """Every domain, a train and a held-out entry: oracle, wrong, near-miss, empty answers."""
-    checked = 0
+    """Every domain, a train and a held-out entry: oracle, wrong, near-miss, empty answers.
+
+    Ours is reasoning-gym's own score, except where the degenerate-answer guard refuses the
+    answer (a piece of the expected answer, a fixed label, a number that is not the answer):
+    then it is 0. The answer itself is never refused."""
+    checked, refused = 0, 0
     for domain, tasks in sorted(by_domain(pack_tasks).items()):
         sample = [next(t for t in tasks if t.split == s) for s in ("train", "heldout")]
         for task in sample:
             answer = str(task.private["answer"])
+            question = task.public["question"]
             candidates = [answer, "0", "wrong answer", answer[:-1], answer + " 1", ""]
             for candidate, theirs in zip(candidates, their_scores(task, candidates), strict=True):
                 ours, feedback = score_task(task, candidate)
-                assert ours == pytest.approx(theirs, abs=1e-12), (domain, task.id, candidate)
+                expected, why = guard.guarded(
+                    task.private["dataset"], min(1.0, max(0.0, theirs)), candidate, question, answer
+                )
+                if candidate == answer:
+                    assert why is None, (domain, task.id, candidate, why)
+                refused += why is not None and theirs > 0
+                assert ours == pytest.approx(expected, abs=1e-12), (domain, task.id, candidate)
                 if ours < 1.0 and len(answer) >= 4:
                     assert answer not in feedback
                 checked += 1
             assert score_task(task, answer)[0] == 1.0, (domain, task.id)
     assert checked >= 100 * 2 * 6
+    assert refused < checked / 10, refused  # the guard is narrow: most pairs agree as they are
     assert len(NOT_REPRODUCIBLE) <= 10, NOT_REPRODUCIBLE
 
 
@@ -192,11 +204,14 @@ def test_family_is_registered() -> None:
 
 
 def test_cheats_score_low(pack_tasks: list[Task]) -> None:
+    """Every cheat of the family (the question sent back, the empty answer and the whole
+    degenerate set) on a task of every domain, the three whose own scorers pay for the
+    question sent back included."""
     family = ReasoningFamily()
     worst: dict[str, Any] = {}
-    for domain, tasks in by_domain(pack_tasks).items():
-        if domain in CHEAT_PRONE:
-            continue
+    domains = by_domain(pack_tasks)
+    assert set(domains) >= CHEAT_PRONE
+    for domain, tasks in domains.items():
         task = tasks[0]
         for name, actions in family.cheats(task):
             reward, _ = score_task(task, actions[0].arguments.get("answer"))

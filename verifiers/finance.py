@@ -13,17 +13,26 @@ An answer is `{value, unit, scale, program}`. It earns reward only if both hold:
    and at least one of them, and its result is the submitted answer up to a unit or scale
    factor (a program may yield a fraction for a percent, or thousands for millions).
 
-A correct answer scores `1 − GROUNDED_BONUS` (0.8). The bonus (0.2, so at most 1.0) is paid
-only on top of a correct answer, when the program is **grounded**: every operand traces to
-one cell of the document, and re-running the program with those cells' values in a
-regenerated document (same layout, other numbers) gives that document's gold answer. A
-program made of memorised constants, or of cells that only happen to give the right number,
-fails that re-run. Imported documents (FinQA/TAT-QA) cannot be regenerated: there the
-bonus is paid when every operand is present in the document.
+The program must also compute the answer **from the question's quantities**: on a generated
+document it is re-run with the same cells' values in a regenerated document (same layout,
+other numbers) and must give that document's gold answer; on an imported document (FinQA,
+TAT-QA), which cannot be regenerated, the document's numbers are perturbed (each printed
+figure times its own factor) and the program must agree with the gold program on them. A
+program that reaches the value from constants, from an unrelated printed figure, or from the
+right cells times zero fails that check. Constants are FinQA's small set (`BASE_CONSTANTS`:
+1, 2, −1 and the powers of ten) plus the counts the question states ("3-year" → const_3)
+and those of the gold program.
+
+reward = 1.0 when the value and the program are right; `VALUE_ONLY_REWARD` (0.05) when only
+the value is: a value alone can be memorised, guessed or copied, so it must pay less than
+the cheat floor (0.1), but a right number with a sloppy program is a near miss worth a
+little signal. Otherwise 0.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -33,8 +42,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from palaestra.verifiers import finance_program as fp
 
-VERSION = "1.0.0"
-GROUNDED_BONUS = 0.2
+VERSION = "2.0.0"
+VALUE_ONLY_REWARD = 0.05
+# FinQA's small constant set: 1 (a change is a ratio minus one), 2 (an average of two years),
+# -1, and the powers of ten (percentages and scales). Other counts only where the question
+# states them.
+BASE_CONSTANTS = frozenset(
+    {"const_1", "const_2", "const_m1"} | {f"const_{10**k}" for k in (1, 2, 3, 4, 5, 6, 9)}
+)
+NUMBER_WORDS = {
+    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
+}  # fmt: skip
+PERTURB_SALTS = ("a", "b")
+PERTURB_REL_TOL = 1e-6
 
 Unit = Literal["currency", "percent", "fraction", "ratio", "currency_per_share", "shares", "count"]
 Scale = Literal["units", "thousands", "millions", "billions"]
@@ -268,13 +289,68 @@ class Grade:
     feedback: str
 
 
+def allowed_constants(question: str, gold: Gold) -> frozenset[str]:
+    """FinQA's small set, the counts the question states, and the gold program's own."""
+    stated = {int(n) for n in re.findall(r"(?<![\d.])(\d{1,2})(?![\d.])", question)}
+    words = re.findall(r"[a-z]+", question.lower())
+    stated |= {NUMBER_WORDS[w] for w in words if w in NUMBER_WORDS}
+    out = set(BASE_CONSTANTS) | {f"const_{n}" for n in stated}
+    with contextlib.suppress(fp.ProgramError):
+        out |= constants_of(fp.parse(gold.program))
+    return frozenset(out)
+
+
+def constants_of(program: fp.Program) -> set[str]:
+    return {a.text for s in program.steps for a in s.args if a.kind == "const"}
+
+
+def perturbed(doc: Numbers, salt: str) -> Numbers:
+    """The document's figures, each times its own factor in [1.1, 1.9) (sign kept): a
+    stand-in for a regenerated document where none can be made."""
+
+    def factor(key: str) -> float:
+        digest = hashlib.sha256(f"{salt}/{key}".encode()).digest()
+        return 1.1 + 0.8 * int.from_bytes(digest[:4], "big") / 2**32
+
+    figures = {k: v * factor(k) for k, v in doc.figures.items()}
+    return Numbers(figures=figures, labels=doc.labels, rows=doc.rows)
+
+
+def _same_function(program: fp.Program, factor: float, gold: Gold, doc: Numbers) -> bool:
+    """Whether `program` agrees with the gold program on perturbed copies of `doc`."""
+    try:
+        gold_program = fp.parse(gold.program)
+        gold_binding = _Binding(gold_program, doc)
+        binding = _Binding(program, doc)
+        # The factor that turns the gold program's result into the canonical gold (a percent
+        # program gives 12.5 for 0.125), found as the candidate's is.
+        shown = fp.run(gold_program, _resolver(gold_binding, doc, doc), _rows(doc))[-1]
+        gold_factor = next(
+            (f for f in _factors(gold.kind) if abs(shown * f - gold.value) <= gold.tolerance()),
+            gold.factor,
+        )
+        for salt in PERTURB_SALTS:
+            target = perturbed(doc, salt)
+            want = fp.run(gold_program, _resolver(gold_binding, doc, target), _rows(target))[-1]
+            got = fp.run(program, _resolver(binding, doc, target), _rows(target))[-1]
+            want *= gold_factor
+            got *= factor
+            if not math.isclose(got, want, rel_tol=PERTURB_REL_TOL, abs_tol=1e-12):
+                return False
+    except (fp.ProgramError, KeyError):
+        return False
+    return True
+
+
 def grade(
     answer: Answer,
     gold: Gold,
     doc: Numbers,
     variant: tuple[Numbers, float] | None = None,
+    question: str = "",
 ) -> Grade:
-    """Score one answer (see the module docstring). `variant`: (numbers, canonical gold)."""
+    """Score one answer (see the module docstring). `variant`: (numbers, canonical gold) of a
+    regenerated document, or None where the document cannot be regenerated."""
     notes: list[str] = []
     tol = gold.tolerance()
     value_ok = False
@@ -286,10 +362,8 @@ def grade(
         value_ok = math.isfinite(submitted) and abs(submitted - gold.value) <= tol
         if not value_ok:
             notes.append("the value is wrong (check the figures, unit, scale and sign)")
-    program_ok, grounded = False, False
+    runs, grounded = False, False
     factor = 1.0
-    binding: _Binding | None = None
-    result = math.nan
     try:
         program = fp.parse(answer.program)
         binding = _Binding(program, doc)
@@ -299,38 +373,43 @@ def grade(
             )
         if not binding.uses_document:
             raise fp.ProgramError("the program uses no number from the document")
+        foreign = sorted(constants_of(program) - allowed_constants(question, gold))
+        if foreign:
+            raise fp.ProgramError(
+                "constants outside FinQA's small set and the counts the question states: "
+                + ", ".join(foreign[:5])
+            )
         result = fp.run(program, _resolver(binding, doc, doc), _rows(doc))[-1]
         if math.isfinite(submitted):
             for f in _factors(gold.kind):
                 if abs(result * f - submitted) <= tol:
-                    program_ok, factor = True, f
+                    runs, factor = True, f
                     break
-        if not program_ok:
+        if not runs:
             notes.append(f"the program gives {result:.6g}, not the submitted value")
-    except fp.ProgramError as exc:
-        notes.append(f"program: {exc}")
-    correct = value_ok and program_ok
-    if correct and binding is not None:
-        if variant is None:
-            grounded = True
-        else:
+        elif variant is not None:
             numbers, expected = variant
             try:
-                again = fp.run(
-                    fp.parse(answer.program), _resolver(binding, doc, numbers), _rows(numbers)
-                )[-1]
+                again = fp.run(program, _resolver(binding, doc, numbers), _rows(numbers))[-1]
                 grounded = abs(again * factor - expected) <= tol
             except (fp.ProgramError, KeyError):
                 grounded = False
-            if not grounded:
-                notes.append(
-                    "the program does not reproduce the answer on a regenerated document with "
-                    "other numbers (memorised constants or the wrong cells)"
-                )
-    reward = (1.0 - GROUNDED_BONUS) * correct + GROUNDED_BONUS * (correct and grounded)
-    feedback = "correct" + (" and grounded" if grounded else "") if correct else "; ".join(notes)
-    if correct and not grounded:
-        feedback += "; " + "; ".join(notes)
+        else:
+            grounded = _same_function(program, factor, gold, doc)
+        if runs and not grounded:
+            notes.append(
+                "the program does not compute the answer from the question's quantities: "
+                "with other numbers in the document it no longer gives the right answer "
+                "(constants, an unrelated figure or the wrong cells)"
+            )
+    except fp.ProgramError as exc:
+        notes.append(f"program: {exc}")
+    program_ok = runs and grounded
+    correct = value_ok and program_ok
+    reward = 1.0 if correct else (VALUE_ONLY_REWARD if value_ok else 0.0)
+    feedback = "correct" if correct else "; ".join(notes)
+    if value_ok and not program_ok:
+        feedback = "the value is right but the program is not; " + feedback
     return Grade(
         reward=round(reward, 6),
         passed=correct,

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import Field
 
 from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
+from palaestra.envs.finance import cheats as finance_cheats
 from palaestra.envs.finance.accounts import variant_seed
 from palaestra.envs.finance.document import (
     ParsedDocument,
@@ -323,7 +324,8 @@ class FinanceFamily(Family):
         doc: LoadedDocument = ctx.state["doc"]
         gold = vf.Gold.from_json(ctx.task.private["gold"])
         variant = await asyncio.to_thread(variant_of, ctx.task, gold)
-        graded = vf.grade(answer, gold, doc.numbers, variant)
+        question = str(ctx.task.public.get("question", ""))
+        graded = vf.grade(answer, gold, doc.numbers, variant, question)
         return Verdict(
             reward=graded.reward,
             passed=graded.passed,
@@ -343,7 +345,11 @@ class FinanceFamily(Family):
         return [_submit(0.0, "ratio", "units", "0")]
 
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
-        return cheat_answers(task)
+        gold = vf.Gold.from_json(task.private["gold"])
+        programs = finance_cheats.program_cheats(gold, self._numbers(task))
+        return cheat_answers(task) + [
+            (name, [Action(tool="submit", arguments=args)]) for name, args in programs
+        ]
 
 
 def _submit(value: float, unit: str, scale: str, program: str) -> Action:

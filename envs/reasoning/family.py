@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field
 
 from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
-from palaestra.envs.reasoning import gym
+from palaestra.envs.reasoning import guard, gym
 from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
 from palaestra.sdk.task import Task
 
@@ -90,10 +90,19 @@ class ReasoningFamily(Family):
 
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
         question = str(task.public.get("question", ""))[:MAX_ANSWER]
-        return [
+        out = [
             ("empty-answer", [Action(tool="submit", arguments={"answer": ""})]),
             ("submit-question", [Action(tool="submit", arguments={"answer": question})]),
         ]
+        for name, text in guard.degenerate_answers(question, str(task.private["answer"])):
+            if name in ("label-empty", "echo-question"):  # the two above
+                continue
+            # An answer the guarded scorer calls fully correct is another form of the answer
+            # ("0" for "0 days", "4.2291" for "4.22915" within the stated tolerance).
+            if score_task(task, text)[0] >= PASS_THRESHOLD:
+                continue
+            out.append((name, [Action(tool="submit", arguments={"answer": text})]))
+        return out
 
 
 def rebuild_args(task: Task) -> tuple[str, str, int, int, int]:
@@ -127,6 +136,10 @@ def score_task(task: Task, answer: str | None) -> tuple[float, str]:
         log.info("scorer of %s raised %s on an answer; scored 0", args[0], type(exc).__name__)
         return 0.0, "the scorer could not read the answer"
     reward = min(1.0, max(0.0, reward))
+    question = str(entry.get("question") or task.public.get("question", ""))
+    reward, refused = guard.guarded(args[0], reward, answer, question, str(entry["answer"]))
+    if refused is not None:
+        return 0.0, f"incorrect ({refused})"
     if reward >= PASS_THRESHOLD:
         return reward, "correct"
     if reward > 0.0:
