@@ -64,3 +64,13 @@ def fingerprint(secret: bytes | None) -> str:
     """A name for caches of what the secret derived ('public' without one); it reveals
     nothing of the secret."""
     return "public" if secret is None else f"{derive(secret, 'cache-fingerprint'):064x}"[:16]
+
+
+def task_digest(plain: str, secret: bytes | None) -> str:
+    """The digest a task is served under: `plain` (sha256 over all its fields, public code)
+    on a public split; keyed by the secret on a sealed one, where a plain digest would let
+    anyone confirm a guessed private answer offline."""
+    if secret is None:
+        return plain
+    keyed = hmac.new(secret, b"task-digest:" + plain.encode(), hashlib.sha256)
+    return "sha256:" + keyed.hexdigest()

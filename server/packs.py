@@ -764,7 +764,10 @@ def inspect_pack(
             private=record.private,
             difficulty=str(difficulty),
             sealed=sealed[record.split],
-            digest=Task.compute_digest(record.family, domain, record.public, record.private),
+            digest=heldout.task_digest(
+                Task.compute_digest(record.family, domain, record.public, record.private),
+                secret if sealed[record.split] else None,
+            ),
         )
         expected[record.id] = (
             record.expected_reward
