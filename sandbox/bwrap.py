@@ -695,6 +695,8 @@ class BwrapBackend(Backend):
 
     async def aclose(self) -> None:
         await close_all(self._live)
+        if self.cgroups is not None:
+            self.cgroups.release()  # palaestra/<pid>/ itself, once its sandboxes are gone
 
 
 class JailBudget:

@@ -221,7 +221,8 @@ def create_app(
         """Starlette's own answers (unknown route, wrong method) in the contract's shape."""
         code, message = HTTP_ERRORS.get(exc.status_code, ("http_error", str(exc.detail)))
         where = f"{request.method} {request.url.path}"
-        return _error(exc.status_code, code, message.format(where), False, exc.headers)
+        headers = dict(exc.headers) if exc.headers else None
+        return _error(exc.status_code, code, message.format(where), False, headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -150,6 +150,7 @@ class _Inflater(io.RawIOBase):
                 self._pending = self._zlib.decompress(rest, len(view))
                 continue
             tail = self._zlib.unconsumed_tail
+            chunk: bytes | memoryview
             if tail:
                 chunk = tail
             elif self._at < len(self._data):

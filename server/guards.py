@@ -123,7 +123,7 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
     limit = settings.max_header_bytes
     most = settings.max_connections
 
-    class Guarded(base):  # type: ignore[misc,valid-type]
+    class Guarded(base):  # type: ignore[misc]
         _guard: asyncio.TimerHandle | None = None
         _waiting: object = None
         _head_bytes = 0

@@ -739,9 +739,7 @@ class EpisodeManager:
             await self._end(episode, EpisodeStatus.CLOSED)
 
     # -- helpers --------------------------------------------------------------------------
-    async def _allowed(
-        self, principal: Principal, episode_id: str
-    ) -> tuple[Episode | None, str]:
+    async def _allowed(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
         """The live (or recently ended) episode `episode_id` names for `principal` (else
         None) and its store key; 404 when it names none the principal owns (DESIGN §3)."""
         episode = self._find(episode_id, principal)

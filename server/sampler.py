@@ -578,9 +578,7 @@ class Sampler:
             packs=packs,
             tasks=tasks[:limit],
             tasks_seen=len(tasks),
-            quarantined=[
-                self._quarantine_info(ref) for ref in sorted(self._quarantined - hidden)
-            ],
+            quarantined=[self._quarantine_info(ref) for ref in sorted(self._quarantined - hidden)],
             unmatched_weights=unmatched,
         )
 

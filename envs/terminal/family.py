@@ -33,6 +33,7 @@ from palaestra.envs.images import PreferredImage
 from palaestra.envs.paths import workspace_abspath
 from palaestra.envs.terminal import cheats
 from palaestra.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, ShellSession
+from palaestra.sandbox.base import BASE_PATH
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Limits, Observation, Verdict, VerifierInfo
 from palaestra.sdk.task import Task
@@ -543,7 +544,7 @@ class TerminalFamily(Family):
                 fail_to_pass=[str(i) for i in private.get("fail_to_pass") or []],
                 pass_to_pass=[str(i) for i in private.get("pass_to_pass") or []],
                 timeout_s=timeout,
-                path=str((task.public.get("env") or {}).get("PATH") or verifier.BASE_PATH),
+                path=str((task.public.get("env") or {}).get("PATH") or BASE_PATH),
                 reward_file=bool(private.get("reward_file")),
             )
         reward = run.reward

@@ -95,9 +95,10 @@ def test_an_oversized_pax_record_is_refused_before_it_is_read(tmp_path: Path) ->
     pax = tarfile.TarInfo("././@PaxHeader")
     pax.type = tarfile.XHDTYPE
     pax.size = 1 << 30  # tarfile would read this whole record into memory
-    data = gzip.compress(pax.tobuf(tarfile.USTAR_FORMAT), mtime=0) + gzip.compress(
-        bytes(MiB), 9, mtime=0
-    ) * 1024
+    data = (
+        gzip.compress(pax.tobuf(tarfile.USTAR_FORMAT), mtime=0)
+        + gzip.compress(bytes(MiB), 9, mtime=0) * 1024
+    )
     start = time.monotonic()
     with pytest.raises(ArchiveTooLarge, match="extended header"):
         extract_archive(data, tmp_path / "x")
