@@ -210,7 +210,7 @@ def test_every_cheat_scores_at_most_a_tenth(pack_tasks: list[Task], tmp_path: Pa
             reward, comps = _play(_task_dict(task), [a.model_dump() for a in actions], work)
             assert reward <= 0.1, (task.id, name, reward, comps)
             worst[name] = max(worst.get(name, 0.0), reward)
-    assert set(worst) == {
+    assert set(worst) - {"mirrored"} == {
         "bounding-box",
         "without-feature",
         "scaled-copy",
@@ -219,7 +219,15 @@ def test_every_cheat_scores_at_most_a_tenth(pack_tasks: list[Task], tmp_path: Pa
         "empty-mesh",
         "foreign-mesh",
         "print-pass",
+        "needle-block",
+        "convex-hull",
+        "needle-hull",
+        "voxel-blob",
+        "scaled-1.05",
+        "scaled-0.95",
+        "stretched-x-1.05",
     }
+    assert "mirrored" in worst  # some domain's part is asymmetric
 
 
 def test_cheats_fail_for_the_documented_reason(pack_tasks: list[Task], tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-VERSION = "1.0.0"
+VERSION = "2.0.0"
 MAX_FACES = 1_000_000
 WEIGHTS = {"dimensions": 0.25, "volume": 0.25, "iou": 0.4, "wall": 0.1}
 NOT_IDENTICAL_FACTOR = 0.1
@@ -42,6 +42,21 @@ VOLUME_TOL = (0.015, 0.10)
 IOU_TOL = (0.97, 0.85)
 WALL_TOL = (0.08, 0.15)
 WALL_SAMPLES = 2048
+# Gates: fidelity is multiplied by the product of these, so a part that is not the task's part
+# (a block with needle holes, a convex hull, a voxel blob, a scaled or mirrored copy) scores
+# near 0 however its other measures look. (full credit up to, zero credit from).
+IOU_GATE = (0.95, 0.85)
+VOLUME_GATE = (0.03, 0.10)
+DIM_GATE = (0.01, 0.04)  # the worst axis, relative (an extent within DIM_ABS_MM is exact)
+# `fill`: the share of the reference's voids -- its convex hull minus the part: holes,
+# cavities, slots, gaps between teeth, the space between steps -- that the candidate fills.
+FILL_GATE = (0.03, 0.15)
+MIN_VOID_SHARE = 0.005  # a part whose voids are below this share of its volume is convex
+# `surface`: points 0.5 mm either side of the reference's surface (every hole rim, cavity
+# wall, feature edge) must be on the same side of the candidate's.
+SURFACE_SAMPLES = 512
+SURFACE_OFFSET_MM = 0.5
+SURFACE_GATE = (0.98, 0.85)
 WALL_QUANTILE = 5.0
 _NUDGE = np.array([1e-5, 1.3e-5, 0.7e-5])
 
@@ -100,6 +115,10 @@ class Reference:
     bodies: int
     probes: tuple[tuple[tuple[float, float, float], bool], ...]
     wall: float | None
+    voids: Any = None  # hull minus the part (None for a convex part)
+    void_volume: float = 0.0
+    surface_in: Any = None  # (n, 3) points just inside the reference's surface
+    surface_out: Any = None  # (n, 3) points just outside it
 
 
 @dataclass
@@ -221,7 +240,13 @@ def make_reference(
 ) -> Reference:
     """Measure the reference solid once (its wall statistic only when the part has walls)."""
     lo, hi = (np.asarray(b, dtype=np.float64) for b in _bbox(solid))
-    mesh = manifold_mesh(solid) if walls else None
+    ref_mesh = manifold_mesh(solid)
+    mesh = ref_mesh if walls else None
+    voids = solid.hull() - solid
+    void_volume = float(voids.volume())
+    if void_volume < MIN_VOID_SHARE * float(solid.volume()):
+        voids, void_volume = None, 0.0
+    inside, outside = surface_points(ref_mesh)
     return Reference(
         manifold=solid,
         extents=hi - lo,
@@ -231,7 +256,24 @@ def make_reference(
         bodies=len(solid.decompose()),
         probes=tuple((tuple(map(float, pt)), bool(inside)) for pt, inside in probes),  # type: ignore[misc]
         wall=wall_thickness(mesh) if mesh is not None else None,
+        voids=voids,
+        void_volume=void_volume,
+        surface_in=inside,
+        surface_out=outside,
     )
+
+
+def surface_points(mesh: Any) -> tuple[Any, Any]:
+    """Points `SURFACE_OFFSET_MM` inside and outside the surface of a closed mesh, from a
+    fixed sample; a pair is kept only where the mesh itself puts both on their side (near an
+    edge or across a thin wall an offset point can land elsewhere)."""
+    trimesh = _trimesh()
+    points, face_idx = trimesh.sample.sample_surface(mesh, SURFACE_SAMPLES, seed=4321)
+    normals = mesh.face_normals[face_idx]
+    inside = points - normals * SURFACE_OFFSET_MM
+    outside = points + normals * SURFACE_OFFSET_MM
+    keep = np.asarray(mesh.contains(inside), bool) & ~np.asarray(mesh.contains(outside), bool)
+    return inside[keep], outside[keep]
 
 
 def _bbox(solid: Any) -> tuple[list[float], list[float]]:
@@ -296,6 +338,38 @@ def verify_mesh(data: bytes, ref: Reference) -> MeshReport:
     comps["iou"] = _ramp(iou, *IOU_TOL)
     if comps["iou"] < 1:
         notes.append(f"IoU with the reference {iou:.4f}")
+    gates = {
+        "iou_gate": _ramp(iou, *IOU_GATE),
+        "volume_gate": _ramp(vol_err, *VOLUME_GATE),
+        "dim_gate": min(
+            1.0 if abs(e - r) <= DIM_ABS_MM else _ramp(float(rel), *DIM_GATE)
+            for e, r, rel in zip(ext, ref.extents, errs, strict=True)
+        ),
+    }
+    if ref.voids is not None:
+        fill = float((moved ^ ref.voids).volume()) / ref.void_volume
+        gates["fill_gate"] = _ramp(fill, *FILL_GATE)
+        if gates["fill_gate"] < 1:
+            notes.append(
+                f"fill: the part fills {fill:.1%} of the holes, cavities and gaps it should "
+                "leave empty"
+            )
+    if ref.surface_in is not None and len(ref.surface_in):
+        pts_in, pts_out = ref.surface_in - shift, ref.surface_out - shift
+        right = np.concatenate(
+            [np.asarray(mesh.contains(pts_in), bool), ~np.asarray(mesh.contains(pts_out), bool)]
+        )
+        comps["surface"] = float(right.mean())
+        gates["surface_gate"] = _ramp(comps["surface"], *SURFACE_GATE)
+        if comps["surface"] < 1:
+            notes.append(
+                f"surface: {int((~right).sum())} of {len(right)} points beside the reference's "
+                "surface (hole rims, walls, edges) are on the wrong side"
+            )
+    comps.update(gates)
+    # The product, not the lowest: each gate is separate evidence that this is another part
+    # (a coarse voxel blob sits at 0.5-0.6 on four gates at once: 0.1 together, 0.5 alone).
+    gate = float(np.prod(list(gates.values())))
     weights = dict(WEIGHTS)
     if ref.wall is not None:
         wall = wall_thickness(mesh)
@@ -307,6 +381,7 @@ def verify_mesh(data: bytes, ref: Reference) -> MeshReport:
     fidelity = sum(w * comps[k] for k, w in weights.items()) / sum(weights.values())
     identity = topo_ok and comps["features"] == 1.0
     reward = fidelity if identity else NOT_IDENTICAL_FACTOR * fidelity * comps["features"]
+    reward *= gate
     reward = float(np.clip(reward, 0.0, 1.0))
     passed = identity and reward >= 0.999
     feedback = "all checks passed" if not notes else "; ".join(notes)

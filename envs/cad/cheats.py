@@ -113,6 +113,84 @@ _NON_MANIFOLD = f"""    import numpy as np
 """
 _EMPTY = f"""    open({OUTPUT!r}, "wb").close()
 """
+# A block (or the part's convex hull) with needle holes at the probe points that must be
+# empty: through needles where the genus needs them, blind pits elsewhere; it passes the
+# topology and every probe without the task's features.
+_NEEDLES = """    b = solid.bounding_box()
+    base = {base}
+    lo, hi = (b[0], b[1], b[2]), (b[3], b[4], b[5])
+    inside = [p for p, i in _probes if i]
+    r, cuts, through = 0.2, [], 0
+
+    def _column_clear(x, y, z0, z1):
+        return not any(abs(x - a) < 3 * r and abs(y - c) < 3 * r and z0 <= z <= z1
+                       for a, c, z in inside)
+
+    for (x, y, z), i in _probes:
+        if i:
+            continue
+        if through < solid.genus() and _column_clear(x, y, lo[2] - 1, hi[2] + 1):
+            cuts.append(M.cylinder(hi[2] - lo[2] + 2, r, r, 8).translate((x, y, lo[2] - 1)))
+            through += 1
+        elif _column_clear(x, y, z - 0.5, hi[2] + 1):
+            cuts.append(M.cylinder(hi[2] - z + 1.5, r, r, 8).translate((x, y, z - 0.5)))
+        elif _column_clear(x, y, lo[2] - 1, z + 0.5):
+            cuts.append(M.cylinder(z - lo[2] + 1.5, r, r, 8).translate((x, y, lo[2] - 1)))
+    k = 0
+    while through < solid.genus():
+        x, y = lo[0] + 0.6 + 0.6 * k, lo[1] + 0.6
+        k += 1
+        if _column_clear(x, y, lo[2] - 1, hi[2] + 1):
+            cuts.append(M.cylinder(hi[2] - lo[2] + 2, r, r, 8).translate((x, y, lo[2] - 1)))
+            through += 1
+    for c in cuts:
+        base = base - c
+    export_stl(base, {out!r})
+"""
+_NEEDLE_BLOCK = _NEEDLES.format(
+    base="M.cube((b[3] - b[0], b[4] - b[1], b[5] - b[2])).translate((b[0], b[1], b[2]))",
+    out=OUTPUT,
+)
+_NEEDLE_HULL = _NEEDLES.format(base="solid.hull()", out=OUTPUT)
+_HULL = f"""    export_stl(solid.hull(), {OUTPUT!r})
+"""
+# The part rebuilt from 10 x 10 x 10 cells of its bounding box: a cell is kept where the
+# part fills half of it. The right size and roughly the right shape, none of the detail.
+_VOXELS = f"""    b = solid.bounding_box()
+    n = 10
+    step = [(b[3 + i] - b[i]) / n for i in range(3)]
+    cells = []
+    for i in range(n):
+        for j in range(n):
+            for k in range(n):
+                at = (b[0] + i * step[0], b[1] + j * step[1], b[2] + k * step[2])
+                cell = M.cube(tuple(step)).translate(at)
+                if (solid ^ cell).volume() >= 0.5 * step[0] * step[1] * step[2]:
+                    # overlapping a little: cells that touch along an edge are non-manifold
+                    grown = M.cube(tuple(s + 0.2 for s in step))
+                    cells.append(grown.translate(tuple(a - 0.1 for a in at)))
+    blob = M.batch_boolean(cells, m3d.OpType.Add)
+    c = blob.bounding_box()
+    fit = tuple((b[3 + i] - b[i]) / (c[3 + i] - c[i]) for i in range(3))
+    export_stl(blob.translate((-c[0], -c[1], -c[2])).scale(fit).translate(b[:3]), {OUTPUT!r})
+"""
+
+
+def _scaled(factors: tuple[float, float, float]) -> str:
+    return f"    export_stl(solid.scale({factors!r}), {OUTPUT!r})\n"
+
+
+# The part mirrored through the plane (of x, y or z) that changes it most.
+_MIRROR = f"""    def _centred(s):
+        b = s.bounding_box()
+        return s.translate((-(b[0] + b[3]) / 2, -(b[1] + b[4]) / 2, -(b[2] + b[5]) / 2))
+
+    part = _centred(solid)
+    mirrors = [_centred(part.mirror(n)) for n in ((1, 0, 0), (0, 1, 0), (0, 0, 1))]
+    export_stl(min(mirrors, key=lambda m: (m ^ part).volume()), {OUTPUT!r})
+"""
+MIRROR_DISTINCT = 0.97  # the mirror is another part where its IoU with the part is below this
+
 PRINT_PASS = 'print("PASS")\nprint("all checks passed: 1.0")\n'
 
 
@@ -167,7 +245,7 @@ def _foreign(task: Task) -> list[Action]:
 
 
 def all_cheats(task: Task) -> list[tuple[str, list[Action]]]:
-    return [
+    out = [
         ("bounding-box", write_run_submit(_script(task, _BBOX))),
         ("without-feature", write_run_submit(_without_feature(task))),
         ("scaled-copy", write_run_submit(_script(task, _SCALED))),
@@ -176,4 +254,33 @@ def all_cheats(task: Task) -> list[tuple[str, list[Action]]]:
         ("empty-mesh", write_run_submit(_script(task, _EMPTY))),
         ("foreign-mesh", _foreign(task)),
         ("print-pass", write_run_submit(PRINT_PASS)),
+        ("needle-block", write_run_submit(_script(task, _NEEDLE_BLOCK))),
+        ("convex-hull", write_run_submit(_script(task, _HULL))),
+        ("needle-hull", write_run_submit(_script(task, _NEEDLE_HULL))),
+        ("voxel-blob", write_run_submit(_script(task, _VOXELS))),
+        ("scaled-1.05", write_run_submit(_script(task, _scaled((1.05, 1.05, 1.05))))),
+        ("scaled-0.95", write_run_submit(_script(task, _scaled((0.95, 0.95, 0.95))))),
+        ("stretched-x-1.05", write_run_submit(_script(task, _scaled((1.05, 1.0, 1.0))))),
     ]
+    if mirror_is_another_part(task):
+        out.append(("mirrored", write_run_submit(_script(task, _MIRROR))))
+    return out
+
+
+def mirror_is_another_part(task: Task) -> bool:
+    """Whether some mirror image of the part is a different part (an asymmetric part): a
+    symmetric part's mirror is the part itself, which rightly scores 1."""
+    from palaestra.envs.cad import builders
+
+    solid = builders.build(task.private["domain"], task.private["params"])[0]
+
+    def centred(s: Any) -> Any:
+        b = s.bounding_box()
+        return s.translate((-(b[0] + b[3]) / 2, -(b[1] + b[4]) / 2, -(b[2] + b[5]) / 2))
+
+    part = centred(solid)
+    for normal in ((1, 0, 0), (0, 1, 0), (0, 0, 1)):
+        inter = (centred(part.mirror(normal)) ^ part).volume()
+        if inter / (2 * part.volume() - inter) < MIRROR_DISTINCT:
+            return True
+    return False
