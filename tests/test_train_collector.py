@@ -138,7 +138,9 @@ async def test_oversampled_group_does_not_wait_for_its_slowest(
         assert not trained & family.slowed
         await collector.drain()
         for episode in family.slowed:
-            assert (await manager.state(episode)).status.value == "closed"
+            # Ended, never left running: the close waits for the episode's lock, so a
+            # straggler's detached step that ends the episode on its own may land first.
+            assert (await manager.state(episode)).status.value in ("closed", "done")
     finally:
         await manager.shutdown()
 
