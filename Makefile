@@ -23,7 +23,7 @@ typecheck:
 	$(PY) scripts/typecheck.py
 
 pytest:
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=40
 
 bench: bootstrap
 	$(PY) bench/api.py

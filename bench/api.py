@@ -246,7 +246,8 @@ def openenv_venv() -> Path:
 @contextlib.contextmanager
 def servers(workdir: Path) -> Iterator[tuple[Palaestra, OpenEnv]]:
     procs: list[subprocess.Popen[bytes]] = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # One episode a client steps for the whole run: the operator raises the step ceiling.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PALAESTRA_CEILING_STEPS": "1000000000"}
     try:
         # palaestra: its own CLI (uvicorn, log level warning, access log off).
         p_port, p_log = free_port(), workdir / "palaestra.log"
