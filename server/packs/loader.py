@@ -59,6 +59,8 @@ TASK_DIRS: dict[str, tuple[str, str]] = {
 
 @dataclass
 class Pack:
+    """A loaded pack: what its pack.toml says, its tasks by id, each task's expected reward."""
+
     name: str
     version: str
     description: str
