@@ -233,7 +233,7 @@ def test_extract_archive_refuses_unsafe_entries(tmp_path: Path) -> None:
             extract_archive(raw.getvalue(), tmp_path / name.strip("/").replace("/", "_"))
 
 
-def test_pack_store_install_is_idempotent_and_immutable(tmp_path: Path) -> None:
+def test_pack_registry_install_is_idempotent_and_immutable(tmp_path: Path) -> None:
     registry = PackRegistry(tmp_path / "data", tmp_path / "data" / "db.sqlite3")
     src = write_pack(tmp_path / "p", "test/p", "1.0.0")
     pack, created = registry.install(pack_archive(src), publisher="t", families=["echo"])
