@@ -38,7 +38,7 @@ from typing import Any
 from palaestra.envs.cad import builders, reference
 from palaestra.envs.cad.render import VIEWS, render_png
 from palaestra.server.config import REPO_PACKS
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 from palaestra.verifiers import mesh as vm
 
 TARGET_MS = 100.0

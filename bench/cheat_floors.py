@@ -37,7 +37,7 @@ from typing import Any
 from palaestra.sdk.models import Action
 from palaestra.sdk.task import Task
 from palaestra.server.config import REPO_PACKS
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 
 Scorer = Callable[[Task, list[Action]], float]
 

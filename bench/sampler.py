@@ -1,9 +1,9 @@
 """Task sampling cost at scale: the curriculum sampler beside a uniform draw over a list.
 
-A synthetic registry of D domains × T tasks (default 100 × 10,000 = 1,000,000 tasks) in one
+A synthetic catalog of D domains × T tasks (default 100 × 10,000 = 1,000,000 tasks) in one
 pack plus a small second pack; half the tasks get recorded outcomes so the curriculum
 weights differ. Measured per call, in one process: `Sampler.sample` (seeded and with a
-shared generator), `Sampler.record`, and the peer, `PackRegistry.sample` (a filter over
+shared generator), `Sampler.record`, and the peer, `PackCatalog.sample` (a filter over
 every task, then `random.choice`; the server's first sampler).
 
     .venv/bin/python bench/sampler.py                 # 100 domains × 10,000 tasks
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
-from palaestra.server.packs import Pack, PackRegistry
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.loader import Pack
 from palaestra.server.sampler import Sampler
 
 
@@ -56,14 +57,14 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10_000, help="tasks per domain")
     parser.add_argument("-n", type=int, default=20_000, help="calls per measurement")
     args = parser.parse_args()
-    registry = PackRegistry()
-    registry.add(pack("bench/big", args.domains, args.tasks))
-    registry.add(pack("bench/small", 2, 10))
-    sampler = Sampler(Settings(sampler_weights={"bench/big": 3.0}), registry)
+    catalog = PackCatalog()
+    catalog.add(pack("bench/big", args.domains, args.tasks))
+    catalog.add(pack("bench/small", 2, 10))
+    sampler = Sampler(Settings(sampler_weights={"bench/big": 3.0}), catalog)
     started = time.perf_counter()
     sampler.refresh()
     index_s = time.perf_counter() - started
-    refs = [t.ref for t in registry.select(pack="bench/big")]
+    refs = [t.ref for t in catalog.select(pack="bench/big")]
     rng = random.Random(0)
     for ref in rng.sample(refs, min(len(refs), 200_000)):
         for _ in range(3):
@@ -81,15 +82,15 @@ def main() -> None:
         ),
     }
     peer_n = max(3, min(n, 2_000_000 // max(len(refs), 1)))
-    results["peer: PackRegistry.sample(seed)"] = per_call_us(
-        lambda i: registry.sample(random.Random(i)), peer_n
+    results["peer: PackCatalog.sample(seed)"] = per_call_us(
+        lambda i: catalog.sample(random.Random(i)), peer_n
     )
     total = len(refs) + 20
     print(f"{args.domains} domains × {args.tasks} tasks + 20: {total:,} tasks")
     print(f"index build: {index_s * 1000:.0f} ms (once, and when packs change)")
     for name, us in results.items():
         print(f"{name:34s} {us:10.1f} µs/call")
-    ratio = results["peer: PackRegistry.sample(seed)"] / results["Sampler.sample(seed)"]
+    ratio = results["peer: PackCatalog.sample(seed)"] / results["Sampler.sample(seed)"]
     print(f"sampler vs uniform list draw: {ratio:.0f}× faster")
 
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import httpx
 
-from palaestra.server.archive import pack_archive
 from palaestra.server.auth import Quota, create_token
 from palaestra.server.config import REPO_PACKS
+from palaestra.server.packs.archive import pack_archive
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO = "palaestra/echo:say-birch"

@@ -15,9 +15,8 @@ from rich.table import Table
 from palaestra.cli.clients import open_client
 from palaestra.cli.eval import eval_app
 from palaestra.cli.images import images_app
-from palaestra.cli.import_finqa import finqa_cmd
-from palaestra.cli.importers import import_app
 from palaestra.cli.pack import pack_app
+from palaestra.cli.pack_import import import_app
 from palaestra.cli.registry import register as register_registry_commands
 from palaestra.cli.tokens import token_app
 from palaestra.cli.train import register as register_train_command
@@ -34,8 +33,7 @@ app = typer.Typer(
 app.add_typer(images_app, name="images")
 app.add_typer(pack_app, name="pack")
 register_registry_commands(pack_app)  # pack publish, pack install
-pack_app.add_typer(import_app, name="import")  # pack import terminal-bench|harbor
-import_app.command("finqa")(finqa_cmd)  # pack import finqa (cli/import_finqa.py)
+pack_app.add_typer(import_app, name="import")  # pack import terminal-bench|harbor|finqa
 app.add_typer(token_app, name="token")
 app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cli/eval.py)
 register_train_command(app)  # palaestra train (cli/train.py)

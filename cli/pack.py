@@ -1,42 +1,27 @@
 """`palaestra pack init|check|build|list`: write, prove, build and list task packs (DESIGN §6).
 
-`pack check` proves a pack before it is published, through the real machinery (an embedded
-episode manager and the in-process client, with the server's sandboxes): pack.toml against
-its schema; pack.lock; loading twice gives the same tasks; for every task, the family's
-oracle scores at least the task's expected reward, a rerun of the oracle gives the same
-verdict, the null agent scores 0, and each known cheat of the family scores at most
-`checks.cheat_max_reward`. Every problem is listed (not just the first) with what to fix;
-a verifier that crashes (void episode) or hangs (per-episode timeout) is a failure, never
-a hang of the check itself.
+The check itself is server/packs/check.py; this module parses arguments and prints.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
 import sys
-import tempfile
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from palaestra.envs.base import Family
 from palaestra.sdk.errors import PalaestraError
-from palaestra.sdk.models import Action, Verdict
-from palaestra.sdk.task import Task
-from palaestra.server.archive import pack_archive
-from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
-from palaestra.server.inprocess import AsyncInProcessClient
-from palaestra.server.packs import LOCK_FILE, Pack, inspect_pack, read_manifest, write_lock
-from palaestra.server.runtime import build_manager
+from palaestra.server.packs.archive import pack_archive
+from palaestra.server.packs.check import CheckReport, check_pack
+from palaestra.server.packs.loader import Pack, inspect_pack
+from palaestra.server.packs.lock import LOCK_FILE, write_lock
+from palaestra.server.packs.manifest import PackError, read_manifest
 
 pack_app = typer.Typer(
     help="Write, check, build and list task packs (docs/writing-a-pack.md).",
@@ -44,352 +29,6 @@ pack_app = typer.Typer(
 )
 console = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
-
-GRACE_S = 1.0  # after a timeout, how long a cancelled episode may take to wind down
-
-
-# -- check ---------------------------------------------------------------------------------------
-@dataclass
-class Problem:
-    where: str  # a task id, or a file of the pack
-    check: str  # load, lock, determinism, oracle, rerun, null, cheat:<name>
-    message: str  # what is wrong and what to fix
-
-
-@dataclass
-class CheckReport:
-    root: Path
-    pack: str | None = None  # org/name@version
-    digest: str | None = None
-    tasks: int = 0
-    checked: int = 0
-    episodes: int = 0
-    problems: list[Problem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    allowed: dict[str, list[str]] = field(default_factory=dict)  # cheat -> tasks it scored on
-
-    allow_reasons: dict[str, str] = field(default_factory=dict)
-    results: dict[str, TaskResult] = field(default_factory=dict)  # task id -> its rewards
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def cheat_summary(self) -> dict[str, dict[str, float | int]]:
-        """Per cheat: how many tasks it ran on, its max and mean reward (None runs skipped)."""
-        by_cheat: dict[str, list[float]] = {}
-        for result in self.results.values():
-            for name, reward in result.cheats.items():
-                if reward is not None:
-                    by_cheat.setdefault(name, []).append(reward)
-        return {
-            name: {"tasks": len(xs), "max": max(xs), "mean": sum(xs) / len(xs)}
-            for name, xs in sorted(by_cheat.items())
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as `pack check --json` writes it."""
-        summary = self.cheat_summary()
-        worst = max(summary.items(), key=lambda kv: (kv[1]["max"], kv[1]["mean"]), default=None)
-        return {
-            "pack": self.pack,
-            "digest": self.digest,
-            "ok": self.ok,
-            "tasks": self.tasks,
-            "checked": self.checked,
-            "episodes": self.episodes,
-            "results": [self.results[k].to_json() for k in sorted(self.results)],
-            "cheats": summary,
-            "worst_cheat": {"name": worst[0], **worst[1]} if worst else None,
-            "problems": [
-                {"where": p.where, "check": p.check, "message": p.message} for p in self.problems
-            ],
-            "allowed": self.allowed,
-            "notes": self.notes,
-        }
-
-
-@dataclass
-class TaskResult:
-    """What each episode of one task scored (None: the episode gave no ok verdict)."""
-
-    task: str
-    split: str
-    oracle: float | None = None
-    rerun: float | None = None
-    null: float | None = None
-    cheats: dict[str, float | None] = field(default_factory=dict)
-    void: list[str] = field(default_factory=list)  # labels of the episodes that were void
-
-    def worst_cheat(self) -> tuple[str, float] | None:
-        scored = [(r, n) for n, r in self.cheats.items() if r is not None]
-        return (max(scored)[1], max(scored)[0]) if scored else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "split": self.split,
-            "oracle": self.oracle,
-            "rerun": self.rerun,
-            "null": self.null,
-            "cheats": self.cheats,
-            "void": self.void,
-        }
-
-
-def _load_problem(root: Path, message: str) -> Problem:
-    text = message.replace(f"{root}/", "")
-    check = "lock" if LOCK_FILE in text.split(":", 1)[0] else "load"
-    where, _, rest = text.partition(": ")
-    return Problem(where=where if rest else str(root), check=check, message=rest or text)
-
-
-@dataclass
-class _Run:
-    verdict: Verdict | None = None
-    error: str | None = None
-
-
-async def _episode(
-    client: AsyncInProcessClient, task: Task, actions: Sequence[Action], timeout_s: float
-) -> _Run:
-    """Play `actions` on `task` in a fresh episode and verify; never waits past the timeout."""
-    episode_id: list[str] = []
-
-    async def play() -> Verdict:
-        reset = await client.reset(task.ref, options={"max_steps": len(actions) + 1})
-        episode_id.append(reset.episode_id)
-        try:
-            for i, action in enumerate(actions):
-                try:
-                    reply = await client.step(reset.episode_id, action)
-                except PalaestraError as exc:
-                    if exc.status == 422:
-                        raise _Refused(
-                            f"action {i} ({action.tool}) was refused: {exc.message}"
-                        ) from None
-                    raise
-                if reply.terminated or reply.truncated:
-                    break
-            return await client.verify(reset.episode_id)
-        finally:
-            with contextlib.suppress(Exception):
-                await client.close(reset.episode_id)
-
-    runner = asyncio.ensure_future(play())
-    done, _ = await asyncio.wait({runner}, timeout=timeout_s)
-    if not done:
-        runner.cancel()
-        await asyncio.wait({runner}, timeout=GRACE_S)
-        if episode_id and runner.done():  # else the episode is wedged: shutdown voids it
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(episode_id[0]), GRACE_S)
-        return _Run(error=f"timeout after {timeout_s:g} s")
-    try:
-        return _Run(verdict=runner.result())
-    except _Refused as exc:
-        return _Run(error=str(exc))
-    except PalaestraError as exc:
-        return _Run(error=f"the server refused the episode ({exc.code}): {exc.message}")
-    except Exception as exc:
-        return _Run(error=f"the episode failed: {type(exc).__name__}: {exc}")
-
-
-class _Refused(Exception):
-    pass
-
-
-def _failure(label: str, run: _Run, timeout_s: float) -> str | None:
-    """The problem with an episode that did not give an ok verdict, or None."""
-    if run.error is not None:
-        if run.error.startswith("timeout"):
-            return (
-                f"the {label} episode did not finish within {timeout_s:g} s (the verifier or "
-                "the environment hangs); make it finish, or raise [checks] timeout_s"
-            )
-        return f"the {label} episode failed: {run.error}"
-    assert run.verdict is not None
-    if run.verdict.status == "void":
-        reason = run.verdict.feedback
-        if "verifier crashed" in reason:
-            return (
-                f"the verifier crashed on the {label} episode ({reason}); the episode was "
-                "void — fix the family's verify() or the task's private data"
-            )
-        return f"the {label} episode was void ({reason}); fix the environment or the sandbox"
-    return None
-
-
-def _verdict_key(v: Verdict) -> tuple[float, bool, dict[str, float]]:
-    return (round(v.reward, 9), v.passed, {k: round(x, 9) for k, x in v.components.items()})
-
-
-async def _check_task(
-    client: AsyncInProcessClient,
-    pack: Pack,
-    task: Task,
-    family: Family,
-    timeout_s: float,
-    report: CheckReport,
-) -> None:
-    assert pack.manifest is not None
-    checks = pack.manifest.checks
-    problems = report.problems
-
-    def fail(check: str, message: str) -> None:
-        problems.append(Problem(where=task.id, check=check, message=message))
-
-    result = report.results.setdefault(task.id, TaskResult(task.id, task.split))
-
-    async def play(label: str, actions: Sequence[Action]) -> Verdict | None:
-        run = await _episode(client, task, actions, timeout_s)
-        report.episodes += 1
-        problem = _failure(label, run, timeout_s)
-        if run.verdict is not None and run.verdict.status == "void":
-            result.void.append(label)
-        reward = None if problem else run.verdict.reward if run.verdict else None
-        if label.startswith("cheat:"):
-            result.cheats[label.removeprefix("cheat:")] = reward
-        elif label in ("oracle", "rerun", "null"):
-            setattr(result, label, reward)
-        if problem:
-            fail(label, problem)
-            return None
-        return run.verdict
-
-    expected = pack.expected_reward(task.id)
-    try:
-        oracle = family.oracle(task)
-    except Exception as exc:
-        fail(
-            "oracle",
-            f"{family.name}.oracle() raised {type(exc).__name__}: {exc}; "
-            "the task's private fields lack what the oracle needs",
-        )
-        oracle = None
-    if oracle is not None:
-        first = await play("oracle", oracle)
-        if first is not None and first.reward < expected - 1e-9:
-            fail(
-                "oracle",
-                f"the oracle scored {first.reward:.3f} < the expected {expected:.3f} "
-                f"({first.feedback}); fix the solution or the tests, or lower expected_reward",
-            )
-        if first is not None:
-            second = await play("rerun", family.oracle(task))
-            if second is not None and _verdict_key(second) != _verdict_key(first):
-                fail(
-                    "rerun",
-                    f"a rerun of the oracle gave {_verdict_key(second)}, the first run "
-                    f"{_verdict_key(first)}; the verifier must give the same verdict for the "
-                    "same final state",
-                )
-    null = await play("null", family.null(task))
-    if null is not None and null.reward > 0:
-        fail(
-            "null",
-            f"the null agent scored {null.reward:.3f}, not 0 ({null.feedback}); the verifier "
-            "must not reward doing nothing",
-        )
-    try:
-        cheats = family.cheats(task)
-    except Exception as exc:
-        fail("cheat", f"{family.name}.cheats() raised {type(exc).__name__}: {exc}")
-        cheats = []
-    for name, actions in cheats:
-        verdict = await play(f"cheat:{name}", actions)
-        if verdict is None or verdict.reward <= checks.cheat_max_reward + 1e-9:
-            continue
-        if name in checks.allow_cheats:
-            report.allowed.setdefault(name, []).append(task.id)
-            continue
-        fail(
-            f"cheat:{name}",
-            f"the known cheat {name!r} scored {verdict.reward:.3f} > "
-            f"{checks.cheat_max_reward:g} ({verdict.feedback}); harden the tests/verifier, or "
-            f"list it under [checks.allow_cheats] with the reason",
-        )
-
-
-def choose_tasks(pack: Pack, limit: int | None, seed: int = 0) -> list[Task]:
-    """All tasks by id, or a fixed sample of `limit` of them (spread over every split)."""
-    tasks = [pack.tasks[k] for k in sorted(pack.tasks)]
-    if limit is None or limit >= len(tasks):
-        return tasks
-    return sorted(random.Random(seed).sample(tasks, limit), key=lambda t: t.id)
-
-
-async def check_pack(
-    root: Path,
-    *,
-    limit: int | None = None,
-    concurrency: int = 4,
-    timeout_s: float | None = None,
-    extra_families: Iterable[Family] = (),
-    sandbox: str | None = None,
-    on_task: Callable[[Task], None] | None = None,
-) -> CheckReport:
-    """Prove the pack at `root` (see the module docstring); never raises for a bad pack."""
-    root = Path(root)
-    report = CheckReport(root=root)
-    families = FamilyRegistry.discover()
-    for extra in extra_families:
-        families.add(extra)
-    names = [f.name for f in families.all()]
-    pack, problems = inspect_pack(root, names)
-    report.problems.extend(_load_problem(root, p) for p in problems)
-    if pack is None:
-        return report
-    assert pack.manifest is not None
-    report.pack = f"{pack.name}@{pack.version}"
-    report.digest = pack.digest
-    report.allow_reasons = dict(pack.manifest.checks.allow_cheats)
-    report.tasks = len(pack.tasks)
-    if not (root / LOCK_FILE).exists():
-        report.notes.append(f"no {LOCK_FILE} yet: `palaestra pack build` writes it")
-    again, _ = inspect_pack(root, names)
-    if again is not None:
-        for task_id in sorted(pack.tasks.keys() | again.tasks.keys()):
-            a, b = pack.tasks.get(task_id), again.tasks.get(task_id)
-            if a is None or b is None or a.digest != b.digest:
-                report.problems.append(
-                    Problem(
-                        task_id,
-                        "determinism",
-                        "loading the pack twice gave a different task; generators and "
-                        "sources must depend only on (seed, index, level)",
-                    )
-                )
-    chosen = choose_tasks(pack, limit)
-    if not chosen:
-        return report
-    timeout = timeout_s if timeout_s is not None else pack.manifest.checks.timeout_s
-    with tempfile.TemporaryDirectory(prefix="palaestra-check-") as tmp:
-        values: dict[str, Any] = {"data_dir": Path(tmp), "packs_dirs": []}
-        if sandbox is not None:
-            values["sandbox"] = sandbox
-        settings = Settings(**values)
-        manager = await asyncio.to_thread(build_manager, settings)
-        manager.families = families
-        manager.packs.add(pack)
-        await manager.start()
-        client = AsyncInProcessClient(manager)
-        gate = asyncio.Semaphore(max(1, concurrency))
-
-        async def one(task: Task) -> None:
-            async with gate:
-                await _check_task(client, pack, task, families.get(task.family), timeout, report)
-                report.checked += 1
-                if on_task is not None:
-                    on_task(task)
-
-        try:
-            await asyncio.gather(*(one(t) for t in chosen))
-        finally:
-            await manager.shutdown()
-    order = {"load": 0, "lock": 1, "determinism": 2}
-    report.problems.sort(key=lambda p: (order.get(p.check, 3), p.where))
-    return report
 
 
 def _fmt(reward: float | None) -> str:
@@ -491,8 +130,6 @@ def archive_name(pack: Pack) -> str:
 
 def build_pack(root: Path, out: Path | None = None) -> tuple[Pack, Path, bytes]:
     """Refresh pack.lock, validate, write the archive; raises PackError listing the problems."""
-    from palaestra.server.packs import PackError
-
     root = Path(root)
     read_manifest(root)  # a pack.toml that does not validate gets no lock
     write_lock(root)
@@ -516,8 +153,6 @@ def build_cmd(
 ) -> None:
     """Write (refresh) pack.lock, then a deterministic .tar.gz archive of the pack."""
     import hashlib
-
-    from palaestra.server.packs import PackError
 
     try:
         pack, target, data = build_pack(directory, out)

@@ -26,9 +26,9 @@ from rich.console import Console
 
 from palaestra.cli.clients import resolve_token, settings_for
 from palaestra.sdk.errors import PalaestraError, error_from_response
-from palaestra.server.archive import ArchiveError, pack_archive
 from palaestra.server.families import FamilyRegistry
-from palaestra.server.registry import PackStore
+from palaestra.server.packs.archive import ArchiveError, pack_archive
+from palaestra.server.packs.registry import PackRegistry
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
@@ -141,8 +141,8 @@ def register(pack_app: typer.Typer) -> None:
                 changed = bool(response.json()["changed"])
             else:
                 settings = settings_for(data_dir)
-                store = PackStore(settings.data_dir, settings.db_path)
-                changed = store.enable(name, "cli (local data dir)")
+                registry = PackRegistry(settings.data_dir, settings.db_path)
+                changed = registry.enable(name, "cli (local data dir)")
         except PalaestraError as exc:
             raise _fail(f"({exc.code}) {exc.message}") from None
         except httpx.HTTPError as exc:
@@ -174,9 +174,9 @@ def register(pack_app: typer.Typer) -> None:
                     raise _fail("name the version: org/name@version")
                 data, expect = download_archive(url, resolve_token(token, data_dir), target)
                 source = f"{url.rstrip('/')}/v1/packs/{target}"
-            store = PackStore(settings.data_dir, settings.db_path)
+            registry = PackRegistry(settings.data_dir, settings.db_path)
             families = [f.name for f in FamilyRegistry.discover().all()]
-            pack, created = store.install(
+            pack, created = registry.install(
                 data,
                 publisher=f"install from {source}",
                 families=families,
@@ -192,7 +192,7 @@ def register(pack_app: typer.Typer) -> None:
             "version": pack.version,
             "digest": pack.digest,
             "created": created,
-            "path": str(store.path_of(pack.digest)),
+            "path": str(registry.store.path_of(pack.digest)),
         }
         if as_json:
             print(json.dumps(result))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from palaestra.server.packs import NAME_RE
+from palaestra.server.packs.manifest import NAME_RE
 
 FORMS = ("directory", "jsonl", "generators")
 SCAFFOLDS = {"echo": FORMS, "coding": ("directory",)}

@@ -52,19 +52,21 @@ from palaestra.sdk.models import (
     step_record_json,
 )
 from palaestra.sdk.task import Task
-from palaestra.server.archive import pack_archive
 from palaestra.server.auth import ADMIN, ADMIN_PRINCIPAL, EVAL, PUBLISH, Principal
 from palaestra.server.ceilings import check_spec, check_task, client_limits
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.metrics import Metrics
-from palaestra.server.packs import Pack, PackRegistry, semver_key
-from palaestra.server.registry import ADMIN_RIGHTS, PackStore, PublishRights
+from palaestra.server.packs.archive import pack_archive
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.loader import Pack
+from palaestra.server.packs.manifest import semver_key
+from palaestra.server.packs.registry import ADMIN_RIGHTS, PackRegistry, PublishRights
+from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.sampler import Sampler
 from palaestra.server.sealed import seal
 from palaestra.server.store import Store
 from palaestra.server.tally import StepTally
-from palaestra.server.taskfields import HostPolicy
 from palaestra.server.tenancy import Tenancy, candidate_keys, episode_key
 
 log = logging.getLogger("palaestra.episodes")
@@ -161,12 +163,12 @@ class EpisodeManager:
         settings: Settings,
         *,
         families: FamilyRegistry,
-        packs: PackRegistry,
+        packs: PackCatalog,
         backend: Backend | None,
         store: Store,
         metrics: Metrics | None = None,
         fork_server: PythonForkServer | None = None,
-        pack_store: PackStore | None = None,
+        pack_store: PackRegistry | None = None,
     ) -> None:
         self.settings = settings
         self.pack_store = pack_store
@@ -289,7 +291,7 @@ class EpisodeManager:
             data,
             publisher=principal.name,
             families=[f.name for f in self.families.all()],
-            registry=self.packs,
+            catalog=self.packs,
             allow_code=principal.is_admin,
             rights=rights,
             policy=HostPolicy.from_settings(s),

@@ -8,16 +8,16 @@ from palaestra.sandbox import Backend
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
 from palaestra.server import heldout
-from palaestra.server.archive import ArchiveLimits
 from palaestra.server.auth import ensure_admin_token
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.metrics import Metrics
-from palaestra.server.packs import PackRegistry
-from palaestra.server.registry import PackStore
+from palaestra.server.packs.archive import ArchiveLimits
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.registry import PackRegistry
+from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.store import Store
-from palaestra.server.taskfields import HostPolicy
 
 
 def make_backend(name: str) -> Backend:
@@ -47,7 +47,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     """A manager on the embedded defaults; call `await manager.start()` inside the event loop."""
     families = FamilyRegistry.discover()
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
-    packs = PackRegistry(secret=heldout.ensure_secret(secret_file))  # sealed generated seeds
+    packs = PackCatalog(secret=heldout.ensure_secret(secret_file))  # sealed generated seeds
     policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
     packs.load_dirs(settings.packs_dirs, [f.name for f in families.all()], policy)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +56,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
         ensure_admin_token(settings.data_dir, settings.db_path)
     # Published packs (the server's content-addressed store) after the built-in ones.
     limits = ArchiveLimits.from_settings(settings)  # bombs are refused while they inflate
-    pack_store = PackStore(settings.data_dir, settings.db_path, archive_limits=limits)
+    pack_store = PackRegistry(settings.data_dir, settings.db_path, archive_limits=limits)
     pack_store.load_into(packs, [f.name for f in families.all()], policy)
     fork_server = None
     if backend is None:

@@ -41,7 +41,7 @@ from palaestra.sdk.models import (
 )
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
-from palaestra.server.packs import PackRegistry
+from palaestra.server.packs.catalog import PackCatalog
 
 log = logging.getLogger("palaestra.sampler")
 
@@ -180,7 +180,7 @@ class Sampler:
     """Mixture × curriculum × quarantine over the packs of a registry; owned by the manager."""
 
     def __init__(
-        self, settings: Settings, packs: PackRegistry, *, clock: Callable[[], float] = time.time
+        self, settings: Settings, packs: PackCatalog, *, clock: Callable[[], float] = time.time
     ) -> None:
         self.settings = settings
         self._clock = clock

@@ -72,7 +72,7 @@ CREATE TABLE IF NOT EXISTS tokens (
 );
 """
 
-# The index of the content-addressed pack store (server/registry.py): the pack itself is
+# The index of the content-addressed pack store (server/packs/registry.py): the pack itself is
 # under <data_dir>/packs/sha256/<hex>/; a row here is what makes a published version live.
 PACKS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS published_packs (
@@ -84,7 +84,7 @@ CREATE TABLE IF NOT EXISTS published_packs (
     bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (name, version)
 );
--- Published packs an admin let into unfiltered sampling (server/registry.py).
+-- Published packs an admin let into unfiltered sampling (server/packs/registry.py).
 CREATE TABLE IF NOT EXISTS enabled_packs (
     name TEXT PRIMARY KEY,
     enabled_at REAL NOT NULL,

@@ -24,7 +24,7 @@ from palaestra.sdk.models import FAILURE_CLASSES, Action
 from palaestra.server.config import Settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 from palaestra.server.runtime import build_manager
 
 OK, WHY = bwrap_available()

@@ -16,7 +16,7 @@ from palaestra.envs.cad import runtime
 from palaestra.server.config import REPO_PACKS, Settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 from tests.conftest import docker_skip_reason
 from tests.test_cad_family import BLENDER_PLATE
 

@@ -23,7 +23,7 @@ from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.sdk.task import Task
 from palaestra.server.config import REPO_PACKS, Settings
 from palaestra.server.inprocess import InProcessClient
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 
 _OK, _WHY = bwrap_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")

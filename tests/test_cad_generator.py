@@ -24,7 +24,7 @@ from palaestra.envs.cad.family import score_mesh
 from palaestra.sdk.models import Action
 from palaestra.sdk.task import Task
 from palaestra.server.config import REPO_PACKS
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 
 PACK_DIR = REPO_PACKS / "cad"
 

@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from palaestra.cli.import_finqa import import_file
 from palaestra.envs.cad import cheats as cad_cheats
 from palaestra.envs.cad.family import CadFamily, score_mesh
 from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE
 from palaestra.envs.finance.family import FinanceFamily, variant_of
+from palaestra.envs.finance.importer import import_file
 from palaestra.envs.reasoning import guard
 from palaestra.envs.reasoning.family import ReasoningFamily, score_task
 from palaestra.sdk.models import Action
 from palaestra.sdk.task import Task
 from palaestra.server.config import REPO_PACKS
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 from palaestra.verifiers import finance as vf
 
 FLOOR = 0.1

@@ -23,7 +23,7 @@ from palaestra.server.app import create_app
 from palaestra.server.config import REPO_PACKS, Settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs import read_manifest
+from palaestra.server.packs.manifest import read_manifest
 from palaestra.server.runtime import build_manager
 from palaestra.server.store import Store
 

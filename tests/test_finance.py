@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from conftest import ServerProcess
 
-from palaestra.cli.pack import check_pack
 from palaestra.envs.finance.accounts import build_accounts, structure
 from palaestra.envs.finance.document import numbers_in, parse_number, parse_pdf
 from palaestra.envs.finance.family import FinanceFamily, variant_of
@@ -27,6 +26,7 @@ from palaestra.envs.finance.tasks import _generate, build_document
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.inprocess import InProcessClient
+from palaestra.server.packs.check import check_pack
 from palaestra.verifiers import finance as vf
 
 PACK = Path(__file__).resolve().parent.parent / "packs" / "finance"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from palaestra.cli.import_finqa import ImportProblem, derivation_program, import_file
 from palaestra.cli.main import app
-from palaestra.cli.pack import check_pack
+from palaestra.envs.finance.importer import ImportProblem, derivation_program, import_file
+from palaestra.server.packs.check import check_pack
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "finqa"
 

@@ -23,7 +23,7 @@ from palaestra.sdk.task import Task
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 from palaestra.verifiers.python_tests import split_tests
 
 PACK = "openai/humaneval"

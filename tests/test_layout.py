@@ -53,3 +53,32 @@ def test_every_subpackage_is_mapped() -> None:
             rel = init.parent.relative_to(ROOT / folder)
             name = ".".join(["palaestra", folder, *rel.parts])
             assert name in packages, f"{name} is missing from pyproject's packages"
+
+
+def private_imports(path: Path) -> set[str]:
+    """`from palaestra.x import _name`: a module reaching into another's private names."""
+    return {
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("palaestra")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    }
+
+
+# sandbox/ joins when its backends are split into packages (issue 16, item 3).
+@pytest.mark.parametrize("folder", sorted(set(ALLOWED) - {"sandbox"}))
+def test_no_private_imports_across_modules(folder: str) -> None:
+    bad = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in (ROOT / folder).rglob("*.py")
+        for name in private_imports(path)
+    }
+    assert not bad, sorted(bad)
+
+
+def test_importers_live_beside_their_family() -> None:
+    """An importer produces one family's tasks: it lives in that family's folder."""
+    assert not list((ROOT / "cli").glob("import*.py"))
+    for family in ("terminal", "finance"):
+        assert (ROOT / "envs" / family / "importer.py").is_file()

@@ -11,13 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from palaestra.cli.main import app
-from palaestra.cli.pack import CheckReport, check_pack
 from palaestra.envs.base import EpisodeContext
 from palaestra.envs.echo import EchoFamily
 from palaestra.sdk.models import Verdict
-from palaestra.server.archive import extract_archive
 from palaestra.server.config import REPO_PACKS
-from palaestra.server.packs import LOCK_FILE, load_pack
+from palaestra.server.packs.archive import extract_archive
+from palaestra.server.packs.check import CheckReport, check_pack
+from palaestra.server.packs.loader import load_pack
+from palaestra.server.packs.lock import LOCK_FILE
 
 runner = CliRunner()
 

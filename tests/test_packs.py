@@ -10,21 +10,16 @@ from pathlib import Path
 import pytest
 
 from palaestra.server.config import REPO_PACKS
-from palaestra.server.packs import (
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.loader import generator_seeds, inspect_pack, load_pack
+from palaestra.server.packs.lock import (
     LOCK_FILE,
-    PackError,
-    PackManifest,
-    PackRegistry,
     file_hashes,
     files_digest,
-    generator_seeds,
-    inspect_pack,
-    load_pack,
-    manifest_schema,
     pack_digest,
-    semver_key,
     write_lock,
 )
+from palaestra.server.packs.manifest import PackError, PackManifest, manifest_schema, semver_key
 
 FAMILIES = ["echo", "coding"]
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -205,20 +200,20 @@ def test_semver_refused(version: str) -> None:
 
 
 def test_semver_precedence_in_registry(tmp_path: Path) -> None:
-    registry = PackRegistry()
+    catalog = PackCatalog()
     versions = ["1.0.0-rc.1", "1.0.0", "0.9.10", "1.0.0-alpha", "0.10.0"]
     for i, version in enumerate(versions):
         toml = PACK_TOML.replace("1.2.3", version)
-        registry.add(load_pack(make_pack(tmp_path / str(i), toml=toml), FAMILIES))
-    assert registry.get("acme/demo").version == "1.0.0"
-    assert registry.get("acme/demo@1.0.0-rc.1").version == "1.0.0-rc.1"
+        catalog.add(load_pack(make_pack(tmp_path / str(i), toml=toml), FAMILIES))
+    assert catalog.get("acme/demo").version == "1.0.0"
+    assert catalog.get("acme/demo@1.0.0-rc.1").version == "1.0.0-rc.1"
     ordered = sorted(versions, key=semver_key)
     assert ordered == ["0.9.10", "0.10.0", "1.0.0-alpha", "1.0.0-rc.1", "1.0.0"]
 
 
 def test_published_schema_matches_the_model() -> None:
     """docs/pack.schema.json is generated from PackManifest; regenerate it when this fails:
-    python -c 'import json; from palaestra.server.packs import manifest_schema as m;
+    python -c 'import json; from palaestra.server.packs.manifest import manifest_schema as m;
     print(json.dumps(m(), indent=2, sort_keys=True))' > docs/pack.schema.json"""
     published = json.loads((DOCS / "pack.schema.json").read_text())
     assert published == json.loads(json.dumps(manifest_schema()))
@@ -431,7 +426,7 @@ def test_family_not_listed_in_pack_toml(tmp_path: Path) -> None:
 def test_registry_records_broken_packs(tmp_path: Path) -> None:
     make_pack(tmp_path / "packs" / "good")
     make_pack(tmp_path / "packs" / "bad", lines=echo_line("a") + echo_line("a"))
-    registry = PackRegistry()
-    registry.load_dirs([tmp_path / "packs"], FAMILIES)
-    assert [p.name for p in registry.all()] == ["acme/demo"]
-    assert "duplicate task id" in registry.errors[str(tmp_path / "packs" / "bad")]
+    catalog = PackCatalog()
+    catalog.load_dirs([tmp_path / "packs"], FAMILIES)
+    assert [p.name for p in catalog.all()] == ["acme/demo"]
+    assert "duplicate task id" in catalog.errors[str(tmp_path / "packs" / "bad")]

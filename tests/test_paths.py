@@ -21,7 +21,7 @@ from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 from palaestra.server.runtime import build_manager
 
 OK, WHY = bwrap_available()

@@ -23,7 +23,7 @@ from palaestra.sdk.task import Task
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 
 PACK = "reasoning/gym"
 BIN = Path(sys.executable).parent

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from conftest import BIN, ServerProcess
 
-from palaestra.server.archive import ArchiveError, extract_archive, pack_archive
 from palaestra.server.config import Settings
-from palaestra.server.registry import PackStore
+from palaestra.server.packs.archive import ArchiveError, extract_archive, pack_archive
+from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.runtime import build_manager
 
 CLI = str(BIN / "palaestra")
@@ -233,14 +233,14 @@ def test_extract_archive_refuses_unsafe_entries(tmp_path: Path) -> None:
             extract_archive(raw.getvalue(), tmp_path / name.strip("/").replace("/", "_"))
 
 
-def test_pack_store_install_is_idempotent_and_immutable(tmp_path: Path) -> None:
-    store = PackStore(tmp_path / "data", tmp_path / "data" / "db.sqlite3")
+def test_pack_registry_install_is_idempotent_and_immutable(tmp_path: Path) -> None:
+    registry = PackRegistry(tmp_path / "data", tmp_path / "data" / "db.sqlite3")
     src = write_pack(tmp_path / "p", "test/p", "1.0.0")
-    pack, created = store.install(pack_archive(src), publisher="t", families=["echo"])
-    assert created and store.find("test/p", "1.0.0") is not None
-    _, created = store.install(pack_archive(src), publisher="t", families=["echo"])
+    pack, created = registry.install(pack_archive(src), publisher="t", families=["echo"])
+    assert created and registry.find("test/p", "1.0.0") is not None
+    _, created = registry.install(pack_archive(src), publisher="t", families=["echo"])
     assert not created
     (src / "tasks.jsonl").write_text((src / "tasks.jsonl").read_text().replace("oak", "ash"))
     with pytest.raises(Exception, match="bump the version"):
-        store.install(pack_archive(src), publisher="t", families=["echo"])
-    assert [p.digest for p in store.published()] == [pack.digest]
+        registry.install(pack_archive(src), publisher="t", families=["echo"])
+    assert [p.digest for p in registry.published()] == [pack.digest]

@@ -21,11 +21,12 @@ from palaestra.sdk.task import Task
 from palaestra.server.config import Settings, load_settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs import Pack, PackRegistry
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.loader import Pack
 from palaestra.server.runtime import build_manager
 from palaestra.server.sampler import Sampler, curriculum_weight
 
-# -- a synthetic registry ---------------------------------------------------------------------
+# -- a synthetic catalog ---------------------------------------------------------------------
 
 
 def make_pack(
@@ -69,11 +70,11 @@ def make_pack(
 
 
 def sampler_over(*packs: Pack, clock: list[float] | None = None, **settings: object) -> Sampler:
-    registry = PackRegistry()
+    catalog = PackCatalog()
     for pack in packs:
-        registry.add(pack)
+        catalog.add(pack)
     now = clock if clock is not None else [1e9]
-    return Sampler(Settings.model_validate(settings), registry, clock=lambda: now[0])
+    return Sampler(Settings.model_validate(settings), catalog, clock=lambda: now[0])
 
 
 def draw(sampler: Sampler, n: int, seed: int = 0, **filters: str) -> Counter[str]:
@@ -186,13 +187,13 @@ def test_a_domain_over_several_public_splits() -> None:
 
 
 def test_a_pack_published_later_is_indexed() -> None:
-    registry = PackRegistry()
-    registry.add(make_pack("org/a", {"a/x": 2}))
-    sampler = Sampler(Settings(), registry)
+    catalog = PackCatalog()
+    catalog.add(make_pack("org/a", {"a/x": 2}))
+    sampler = Sampler(Settings(), catalog)
     sampler.record("org/a@1.0.0:a-x-train-0", "done", 1.0, True)
     assert {r.split("@")[0] for r in draw(sampler, 50)} == {"org/a"}
-    registry.add(make_pack("org/b", {"b/x": 2}))
-    registry.add(make_pack("org/a", {"a/x": 2}, version="2.0.0"))
+    catalog.add(make_pack("org/b", {"b/x": 2}))
+    catalog.add(make_pack("org/a", {"a/x": 2}, version="2.0.0"))
     assert {r.split(":")[0] for r in draw(sampler, 200)} == {"org/a@2.0.0", "org/b@1.0.0"}
     assert [t.task for t in sampler.report(pack="org/a@1.0.0").tasks] == ["org/a@1.0.0:a-x-train-0"]
 

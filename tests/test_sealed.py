@@ -24,7 +24,7 @@ from palaestra.sdk.errors import NotFoundError, PermissionDeniedError
 from palaestra.sdk.http import HTTPClient, RetryPolicy
 from palaestra.sdk.task import Task
 from palaestra.server.config import REPO_PACKS
-from palaestra.server.packs import load_pack
+from palaestra.server.packs.loader import load_pack
 
 HE_SEALED = ["HumanEval-0", "HumanEval-5"]
 ECHO_SEALED = ["say-apple", "say-fjord"]

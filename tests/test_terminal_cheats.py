@@ -22,7 +22,6 @@ import pytest
 from typer.testing import CliRunner
 
 from palaestra.cli.main import app
-from palaestra.cli.pack import _episode
 from palaestra.envs import cheats
 from palaestra.sandbox import ExecResult, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
@@ -30,7 +29,8 @@ from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
-from palaestra.server.packs import Pack, inspect_pack
+from palaestra.server.packs.check import play_episode
+from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.runtime import build_manager
 from palaestra.verifiers.terminal import _channel, files_tar, judge_set, verify_workspace
 from tests.conftest import docker_skip_reason
@@ -157,7 +157,7 @@ async def _play_all(
 
         async def one(task: Task, name: str, actions: list) -> None:  # type: ignore[type-arg]
             async with gate:
-                run = await _episode(client, task, actions, 240)
+                run = await play_episode(client, task, actions, 240)
             v = run.verdict
             out[(task.id, name)] = (
                 v.reward if v is not None and v.status == "ok" else None,

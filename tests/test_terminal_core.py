@@ -30,14 +30,14 @@ from typing import Any
 
 import pytest
 
-from palaestra.cli.pack import check_pack
 from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.sdk.models import Action, Verdict
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
-from palaestra.server.packs import Pack, inspect_pack
+from palaestra.server.packs.check import check_pack
+from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.runtime import build_manager
 from tests.conftest import docker_skip_reason
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from palaestra.cli.importers import clean_test_script, convert_dockerfile
 from palaestra.cli.main import app
-from palaestra.cli.pack import CheckReport, check_pack
 from palaestra.envs import cheats as generic
+from palaestra.envs.terminal.dockerfile import convert_dockerfile
+from palaestra.envs.terminal.importer import clean_test_script
 from palaestra.sandbox.bwrap import bwrap_available
+from palaestra.server.packs.check import CheckReport, check_pack
 
 FIXTURES = Path(__file__).parent / "fixtures"
 runner = CliRunner()

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 
 from palaestra.server.app import create_app
-from palaestra.server.archive import pack_archive
 from palaestra.server.auth import create_token
 from palaestra.server.manager import EpisodeManager
+from palaestra.server.packs.archive import pack_archive
 
 GZIP = {"content-type": "application/gzip"}
 

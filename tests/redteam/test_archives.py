@@ -20,15 +20,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from palaestra.server.archive import (
+from palaestra.server.config import Settings
+from palaestra.server.manager import EpisodeManager
+from palaestra.server.packs.archive import (
     ArchiveError,
     ArchiveLimits,
     ArchiveTooLarge,
     extract_archive,
     pack_archive,
 )
-from palaestra.server.config import Settings
-from palaestra.server.manager import EpisodeManager
 
 MiB = 1 << 20
 GZIP = {"content-type": "application/gzip"}
@@ -153,7 +153,7 @@ async def test_publishing_a_bomb_is_413_and_the_server_goes_on(
     assert reply.status_code == 413 and "max_pack_files" in reply.text
     # Nothing is left behind in the pack store's scratch space.
     assert manager.pack_store is not None
-    assert not any(manager.pack_store.tmp.iterdir())
+    assert not any(manager.pack_store.store.tmp.iterdir())
     good = pack_archive(tiny_pack(tmp_path / "tiny"))
     reply = await api.post("/v1/packs", content=good, headers=GZIP)
     assert reply.status_code == 201, reply.text

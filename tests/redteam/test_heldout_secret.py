@@ -24,7 +24,7 @@ from palaestra.sdk.task import Task
 from palaestra.server.app import create_app
 from palaestra.server.config import REPO_PACKS, Settings
 from palaestra.server.heldout import SECRET_FILE, ensure_secret
-from palaestra.server.packs import Pack, generator_seeds, load_pack
+from palaestra.server.packs.loader import Pack, generator_seeds, load_pack
 from palaestra.server.runtime import build_manager
 
 

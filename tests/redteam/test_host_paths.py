@@ -21,9 +21,11 @@ from palaestra.sandbox import SandboxSpec, SandboxSpecError
 from palaestra.sandbox.bwrap import BwrapBackend
 from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs import PackError, PackRegistry, load_pack
-from palaestra.server.registry import PackStore
-from palaestra.server.taskfields import HostPolicy
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.loader import load_pack
+from palaestra.server.packs.manifest import PackError
+from palaestra.server.packs.registry import PackRegistry
+from palaestra.server.packs.taskfields import HostPolicy
 
 from .publishers import archive, client, error, publish, write_pack
 
@@ -114,14 +116,14 @@ def test_the_operators_images_are_accepted(tmp_path: Path) -> None:
 def test_a_stored_pack_that_names_the_host_is_refused_at_load(tmp_path: Path) -> None:
     """A pack installed under a wider policy (or before these checks) is not served."""
     settings = Settings(data_dir=tmp_path / "data")
-    store = PackStore(settings.data_dir, settings.db_path)
+    registry = PackRegistry(settings.data_dir, settings.db_path)
     wide = HostPolicy(images=frozenset({"/"}), toolchains=frozenset())
     data = archive(tmp_path, "acme/old", tasks=[terminal_task(image="/")])
-    store.install(data, publisher="t", families=["terminal"], policy=wide)
-    registry = PackRegistry()
-    assert store.load_into(registry, ["terminal"], HostPolicy.from_settings(settings)) == 0
-    assert "acme/old" not in {p.name for p in registry.all()}
-    (why,) = registry.errors.values()
+    registry.install(data, publisher="t", families=["terminal"], policy=wide)
+    catalog = PackCatalog()
+    assert registry.load_into(catalog, ["terminal"], HostPolicy.from_settings(settings)) == 0
+    assert "acme/old" not in {p.name for p in catalog.all()}
+    (why,) = catalog.errors.values()
     assert "public.image" in why and "task attack" in why
 
 

@@ -20,8 +20,8 @@ from palaestra.sdk.errors import NotFoundError
 from palaestra.server.auth import create_token
 from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs import PackRegistry
-from palaestra.server.registry import PackStore
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.registry import PackRegistry
 
 from .publishers import archive, client, echo_task, error, publish
 
@@ -110,9 +110,9 @@ async def test_a_published_pack_is_sampled_only_once_an_admin_enables_it(
     drawn = {manager.sampler.sample(rng)[0].pack for _ in range(400)}
     assert "acme/bait" in drawn
     # The choice survives a restart: the store's index says which names are enabled.
-    again = PackRegistry()
-    store = PackStore(manager.settings.data_dir, manager.settings.db_path)
-    store.load_into(again, [f.name for f in manager.families.all()])
+    again = PackCatalog()
+    registry = PackRegistry(manager.settings.data_dir, manager.settings.db_path)
+    registry.load_into(again, [f.name for f in manager.families.all()])
     assert again.sampled("acme/bait")
 
 

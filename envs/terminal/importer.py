@@ -1,4 +1,4 @@
-"""`palaestra pack import terminal-bench|harbor SRC OUT`: other task formats into a pack.
+"""Terminal-Bench and Harbor task folders as a pack of `terminal` tasks (docs/terminal.md).
 
 Both formats describe a task as a folder: an instruction, a Docker environment, a test
 script and an oracle solution.
@@ -9,85 +9,39 @@ script and an oracle solution.
 * **Harbor** (`task.toml`, `instruction.md`, `environment/Dockerfile`, `tests/test.sh`,
   `solution/solve.sh`): tests in ``/tests``; the script writes ``/logs/verifier/reward.txt``.
 
-Each becomes a `terminal` task folder (docs/terminal.md): the Dockerfile's WORKDIR is the
-task's workdir, files it COPYs become `environment/` files, its other RUN steps become
-`environment/setup.sh`, ENV lines the task's `env`; the tests go to `verifier/` with a
-`test.sh` that runs the original script with its paths moved (``/tests`` → the verifier
-directory, ``/logs/verifier`` → ``$VERIFIER_LOGS``) and the usual "install uv and pytest
-from the network" preamble dropped (the sandbox has pytest and no network).
+Each becomes a `terminal` task folder: its Dockerfile becomes the environment
+(envs/terminal/dockerfile.py); the tests go to `verifier/` with a `test.sh` that runs the
+original script with its paths moved (``/tests`` → the verifier directory,
+``/logs/verifier`` → ``$VERIFIER_LOGS``) and the usual "install uv and pytest from the
+network" preamble dropped (the sandbox has pytest and no network).
 
 A task that needs what the sandbox cannot give -- the network (pip/uv/npm installs, curl,
 git clone), a base image with another toolchain, services (docker-compose with more than
 one service, a daemon as CMD/ENTRYPOINT), GPUs, files outside the workdir, binary files,
-keystroke solutions -- is *skipped and reported by name with the reason* (on the console
+keystroke solutions -- is *skipped and reported by name with the reason* (in the report
 and in ``OUT/import-report.json``), never dropped silently. `palaestra pack check OUT`
 then proves what was imported.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import posixpath
 import re
 import shlex
 import shutil
-import sys
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 import yaml
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-import_app = typer.Typer(
-    help="Import tasks from other formats into a pack (docs/terminal.md).",
-    no_args_is_help=True,
-)
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
+from palaestra.envs.terminal.dockerfile import NETWORK, EnvPlan, convert_dockerfile, read_text
+from palaestra.sdk.packwriter import write_manifest, write_task_folder
 
 REPORT_FILE = "import-report.json"
-DEFAULT_WORKDIR = "/app"
 TASK_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
-# apt packages the terminal image (and a bootstrapped host) provide.
-PROVIDED_APT = {
-    "bash", "coreutils", "grep", "sed", "gawk", "mawk", "findutils", "diffutils", "patch",
-    "tar", "gzip", "bzip2", "xz-utils", "jq", "sqlite3", "git", "gcc", "g++", "libc6-dev",
-    "make", "build-essential", "python3", "python3-pytest", "file", "less", "procps",
-    "ca-certificates", "python-is-python3", "unzip", "zip",
-}  # fmt: skip
-# Installed by the formats' own harnesses (terminal sessions, downloads), not by tasks.
-HARNESS_APT = {
-    "tmux", "asciinema", "curl", "wget", "vim", "nano", "python3-pip", "python3-venv",
-    "apt-utils", "software-properties-common", "gnupg", "lsb-release",
-}  # fmt: skip
-PYTEST_PKGS = re.compile(r"^(pytest|pytest-timeout|uv)([=<>~!].*)?$", re.IGNORECASE)
-# Base images whose userland the terminal image stands in for (Debian/Ubuntu + python).
-KNOWN_BASES = (
-    "ghcr.io/laude-institute/t-bench/python-3-13",
-    "ghcr.io/laude-institute/t-bench/ubuntu-24-04",
-    "ghcr.io/laude-institute/t-bench/base",
-    "python:3",
-    "python:latest",
-    "debian:",
-    "ubuntu:",
-    "buildpack-deps:",
-    "palaestra/",
-)
-NETWORK = re.compile(
-    r"\b(curl|wget)\b|\bgit\s+clone\b|\bpip3?\s+install\b|\bpython3?\s+-m\s+pip\s+install\b"
-    r"|\buv\s+(pip\s+install|add|sync|tool\s+install)\b|\bnpm\s+(install|i|ci)\b|\byarn\s+add\b"
-    r"|\bcargo\s+(install|add)\b|\bgo\s+(get|install)\b|\bapt(-get)?\s+install\b"
-    r"|https?://"
-)
-SHELLS = {"bash", "sh", "/bin/bash", "/bin/sh", "zsh", "sleep", "tail"}
-WRITE_CMDS = {"mkdir", "touch", "cp", "mv", "ln", "chmod", "chown", "tee", "install", "rm"}
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -127,234 +81,6 @@ class Unsupported(Exception):
     def __init__(self, reasons: list[str]) -> None:
         self.reasons = reasons
         super().__init__("; ".join(reasons))
-
-
-# -- the Dockerfile -------------------------------------------------------------------------------
-@dataclass
-class EnvPlan:
-    workdir: str = DEFAULT_WORKDIR
-    env: dict[str, str] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)  # relative to the workdir
-    setup: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    out: list[tuple[str, str]] = []
-    buf = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not buf and (not line or line.startswith("#")):
-            continue
-        if buf and line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
-            continue
-        buf += line
-        head, _, rest = buf.strip().partition(" ")
-        out.append((head.upper(), rest.strip()))
-        buf = ""
-    if buf.strip():
-        head, _, rest = buf.strip().partition(" ")
-        out.append((head.upper(), rest.strip()))
-    return out
-
-
-def _words(args: str) -> list[str]:
-    if args.startswith("["):
-        try:
-            value = json.loads(args)
-            if isinstance(value, list):
-                return [str(v) for v in value]
-        except ValueError:
-            pass
-    try:
-        return shlex.split(args)
-    except ValueError:
-        return args.split()
-
-
-def _commands(script: str) -> list[str]:
-    """A shell line split at `&&`, `||`, `;` and newlines (quotes respected roughly)."""
-    parts = re.split(r"\s*(?:&&|\|\||;|\n)\s*", script)
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _packages(words: list[str]) -> list[str]:
-    return [w for w in words if not w.startswith("-")]
-
-
-def _outside(path: str, workdir: str) -> bool:
-    p = posixpath.normpath(path)
-    inside = (workdir, "/tmp", "/dev/null", "/dev/stdout", "/dev/stderr")
-    return not any(p == d or p.startswith(d.rstrip("/") + "/") for d in inside)
-
-
-def _classify_run(cmd: str, plan: EnvPlan) -> None:
-    words = _words(cmd)
-    if not words:
-        return
-    head = words[0]
-    if head in ("apt-get", "apt") or (head == "DEBIAN_FRONTEND=noninteractive" and len(words) > 1):
-        if head.startswith("DEBIAN_FRONTEND"):
-            words = words[1:]
-        if len(words) > 1 and words[1] == "install":
-            pkgs = {re.split(r"[=:]", p)[0] for p in _packages(words[2:])}
-            missing = sorted(pkgs - PROVIDED_APT - HARNESS_APT)
-            if missing:
-                plan.problems.append(
-                    f"the Dockerfile installs apt packages the sandbox does not have: "
-                    f"{', '.join(missing)}"
-                )
-        return  # update, clean, install of what we have: nothing to do
-    if head == "rm" and any(w.startswith("/var/lib/apt") for w in words):
-        return
-    joined = " ".join(words)
-    if re.search(r"\b(pip3?|uv)\b.*\b(install|add)\b", joined):
-        wanted = [
-            p
-            for p in _packages(words)
-            if p not in ("pip", "pip3", "uv", "install", "add", "python", "python3", "-m")
-        ]
-        extra = [p for p in wanted if not PYTEST_PKGS.match(p)]
-        if extra:
-            plan.problems.append(
-                f"the Dockerfile installs Python packages from the network: {', '.join(extra)}"
-            )
-        return
-    if NETWORK.search(cmd):
-        plan.problems.append(f"the Dockerfile needs the network: `{cmd[:120]}`")
-        return
-    if head in ("useradd", "adduser", "groupadd", "systemctl", "service", "update-alternatives"):
-        plan.problems.append(f"the Dockerfile needs root: `{cmd[:120]}`")
-        return
-    targets = [w for w in words[1:] if w.startswith("/")] if head in WRITE_CMDS else []
-    targets += re.findall(r">>?\s*(/[^\s;&|]+)", cmd)
-    outside = [t for t in targets if _outside(t, plan.workdir)]
-    if outside:
-        plan.problems.append(
-            f"the Dockerfile writes outside the workdir {plan.workdir} ({', '.join(outside)}): "
-            f"`{cmd[:120]}`"
-        )
-        return
-    plan.setup.append(cmd)
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def _copy(plan: EnvPlan, context: Path, sources: list[str], dest: str, exclude: set[str]) -> None:
-    dest_abs = dest if dest.startswith("/") else posixpath.join(plan.workdir, dest)
-    dest_abs = posixpath.normpath(dest_abs)
-    if _outside(dest_abs, plan.workdir) and dest_abs != posixpath.normpath(plan.workdir):
-        plan.problems.append(f"the Dockerfile copies files outside the workdir: to {dest}")
-        return
-    rel_dest = posixpath.relpath(dest_abs, plan.workdir)
-    as_dir = dest.endswith("/") or len(sources) > 1 or dest in (".", "./") or rel_dest == "."
-    for src in sources:
-        if re.match(r"^[a-z]+://", src):
-            plan.problems.append(f"the Dockerfile downloads {src} (ADD from a URL needs network)")
-            continue
-        matches = sorted(context.glob(src.lstrip("/"))) if any(c in src for c in "*?[") else []
-        paths = matches or [context / src.lstrip("/")]
-        for path in paths:
-            if not path.exists():
-                plan.problems.append(f"the Dockerfile copies {src}, which is not in the task")
-                continue
-            if path.is_dir():
-                for f in sorted(p for p in path.rglob("*") if p.is_file()):
-                    rel_src = f.relative_to(context).as_posix()
-                    if _excluded(rel_src, exclude):
-                        continue
-                    inner = f.relative_to(path).as_posix()
-                    _add_file(plan, f, posixpath.normpath(posixpath.join(rel_dest, inner)))
-            else:
-                if _excluded(path.relative_to(context).as_posix(), exclude):
-                    continue
-                target = posixpath.join(rel_dest, path.name) if as_dir else rel_dest
-                _add_file(plan, path, posixpath.normpath(target))
-
-
-def _excluded(rel: str, exclude: set[str]) -> bool:
-    top = rel.split("/")[0]
-    return top in exclude or any(fnmatch.fnmatch(rel, pat) for pat in exclude)
-
-
-def _add_file(plan: EnvPlan, path: Path, rel: str) -> None:
-    text = _read_text(path)
-    if text is None:
-        plan.problems.append(f"{path.name} is a binary file; packs hold text only")
-        return
-    if rel.startswith("../") or rel == "..":
-        plan.problems.append(f"{path.name} would land outside the workdir")
-        return
-    plan.files[rel] = text
-
-
-def convert_dockerfile(text: str, context: Path, exclude: set[str]) -> EnvPlan:
-    """What a Dockerfile asks for, as our environment (see the module docstring)."""
-    plan = EnvPlan()
-    stages = 0
-    for instr, args in dockerfile_instructions(text):
-        if instr == "FROM":
-            stages += 1
-            image = _words(args)[0] if _words(args) else ""
-            if stages > 1:
-                plan.problems.append("a multi-stage Dockerfile cannot be reproduced")
-            elif not image.startswith(KNOWN_BASES):
-                plan.problems.append(
-                    f"base image {image} brings a userland the sandbox does not have "
-                    "(the terminal image is Debian bookworm with python3)"
-                )
-            elif not image.startswith(("python:3.11", "palaestra/")) and "python" in image:
-                plan.notes.append(f"base image {image}: runs on Debian bookworm's python3.11")
-        elif instr == "WORKDIR":
-            path = _words(args)[0] if _words(args) else DEFAULT_WORKDIR
-            plan.workdir = posixpath.normpath(posixpath.join(plan.workdir, path))
-        elif instr == "ENV":
-            words = _words(args)
-            pairs = (
-                [w.split("=", 1) for w in words]
-                if words and "=" in words[0]
-                else [[words[0], " ".join(words[1:])]]
-                if words
-                else []
-            )
-            for pair in pairs:
-                if len(pair) == 2 and pair[0] not in ("PATH", "HOME", "DEBIAN_FRONTEND"):
-                    plan.env[pair[0]] = pair[1]
-        elif instr in ("COPY", "ADD"):
-            words = [w for w in _words(args) if not w.startswith("--")]
-            if len(words) >= 2:
-                _copy(plan, context, words[:-1], words[-1], exclude)
-        elif instr == "RUN":
-            body = args
-            if body.startswith("["):
-                body = " ".join(_words(body))
-            for cmd in _commands(body):
-                _classify_run(cmd, plan)
-        elif instr in ("CMD", "ENTRYPOINT"):
-            words = _words(args)
-            if words and words[0] not in SHELLS:
-                plan.problems.append(
-                    f"the container runs a service ({instr} {' '.join(words)[:80]}); the "
-                    "sandbox runs no daemons"
-                )
-        elif instr in ("EXPOSE", "HEALTHCHECK", "VOLUME"):
-            plan.problems.append(f"{instr} {args}: the task expects a service or a volume")
-        elif instr in ("USER", "LABEL", "ARG", "SHELL", "STOPSIGNAL", "MAINTAINER", "ONBUILD"):
-            if instr == "USER":
-                plan.notes.append("USER ignored: the sandbox runs as an unprivileged uid")
-        else:
-            plan.problems.append(f"unknown Dockerfile instruction {instr}")
-    return plan
 
 
 # -- test and solution scripts -----------------------------------------------------------------
@@ -440,7 +166,7 @@ def _text_files(folder: Path, exclude: Iterable[str] = ()) -> tuple[dict[str, st
         rel = path.relative_to(folder).as_posix()
         if rel in skip or "__pycache__" in rel.split("/") or rel.split("/")[0].startswith("."):
             continue
-        text = _read_text(path)
+        text = read_text(path)
         if text is None:
             problems.append(f"{folder.name}/{rel} is a binary file; packs hold text only")
         else:
@@ -708,47 +434,14 @@ def _embed_solution_files(solve: str, files: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# -- writing the pack ------------------------------------------------------------------------
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        items = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
-        return "{ " + items + " }"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
-def toml_text(data: dict[str, Any]) -> str:
-    """A small TOML writer: top-level scalars, then one level of tables."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    for key, table in data.items():
-        if isinstance(table, dict):
-            lines.append(f"\n[{key}]")
-            lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
-    return "\n".join(lines) + "\n"
-
-
-def _write_files(base: Path, files: dict[str, str]) -> None:
-    for rel, text in files.items():
-        path = base / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-
-
 def write_task(tasks_dir: Path, task: TaskOut) -> None:
-    folder = tasks_dir / task.id
-    folder.mkdir(parents=True)
-    (folder / "task.toml").write_text(toml_text(task.toml), encoding="utf-8")
-    (folder / "instruction.md").write_text(task.instruction, encoding="utf-8")
-    _write_files(folder / "environment", task.environment)
-    _write_files(folder / "verifier", task.verifier)
-    _write_files(folder / "solution", task.solution)
+    """The converted task as `tasks_dir/<id>/` (the directory form)."""
+    folders = {
+        "environment": task.environment,
+        "verifier": task.verifier,
+        "solution": task.solution,
+    }
+    write_task_folder(tasks_dir, task.id, task.toml, task.instruction, folders)
 
 
 def find_tasks(src: Path, marker: str) -> list[Path]:
@@ -801,86 +494,18 @@ def import_tasks(
         report.imported[task.id] = task.notes
     out.mkdir(parents=True, exist_ok=True)
     timeouts = [float(t.toml["public"].get("timeout_s", 120)) for t in converted] or [120.0]
-    lines = [
-        f"name = {_toml_value(pack_name)}",
-        f"version = {_toml_value(version)}",
-        "description = "
-        + _toml_value(f"Imported from {fmt} tasks in {src.name} by `palaestra pack import`."),
-        'families = ["terminal"]',
-        f"\n[splits.{split}]\nsealed = {_toml_value(split == 'heldout')}",
-        f"\n[checks]\ntimeout_s = {max(timeouts) * 2 + 60!r}",
-    ]
-    (out / "pack.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    manifest = {
+        "name": pack_name,
+        "version": version,
+        "description": f"Imported from {fmt} tasks in {src.name} by `palaestra pack import`.",
+        "families": ["terminal"],
+        "splits": {split: {"sealed": split == "heldout"}},
+        "checks": {"timeout_s": max(timeouts) * 2 + 60},
+    }
+    write_manifest(out, manifest)
     for task in converted:
         write_task(out / "tasks", task)
     (out / REPORT_FILE).write_text(
         json.dumps(report.as_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )
     return report
-
-
-def render_import(report: ImportReport, out: Console) -> None:
-    table = Table("task", "result", "why / notes", title=f"{report.format} → {report.out}")
-    for tid, notes in sorted(report.imported.items()):
-        table.add_row(escape(tid), "[green]imported[/green]", escape("; ".join(notes)))
-    for tid, reasons in sorted(report.skipped.items()):
-        table.add_row(escape(tid), "[red]skipped[/red]", escape("; ".join(reasons)))
-    out.print(table)
-    out.print(
-        f"{len(report.imported)} imported, {len(report.skipped)} skipped (reasons above and in "
-        f"{Path(report.out) / REPORT_FILE}); next: palaestra pack check {report.out}"
-    )
-
-
-Src = Annotated[Path, typer.Argument(help="a task folder, or a folder of task folders")]
-Out = Annotated[Path, typer.Argument(help="the pack folder to write (new or empty)")]
-Name = Annotated[str | None, typer.Option(help="pack name org/name (default imported/<src>)")]
-Version = Annotated[str, typer.Option(help="pack version")]
-Split = Annotated[str, typer.Option(help="the split every task goes to")]
-Force = Annotated[bool, typer.Option(help="replace OUT if it is not empty")]
-Strict = Annotated[bool, typer.Option(help="exit 1 if any task was skipped")]
-
-
-def _run(
-    fmt: str, src: Path, out: Path, name: str | None, version: str, split: str, force: bool,
-    strict: bool,
-) -> None:  # fmt: skip
-    try:
-        report = import_tasks(fmt, src, out, name=name, version=version, split=split, force=force)
-    except ValueError as exc:
-        err.print(f"[red]error[/red]: {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    render_import(report, console)
-    if not report.imported or (strict and report.skipped):
-        raise typer.Exit(1)
-
-
-@import_app.command("terminal-bench")
-def terminal_bench_cmd(
-    src: Src,
-    out: Out,
-    name: Name = None,
-    version: Version = "0.1.0",
-    split: Split = "train",
-    force: Force = False,
-    strict: Strict = False,
-) -> None:
-    """Convert Terminal-Bench task folders (task.yaml, Dockerfile, run-tests.sh, solution.sh,
-    tests/) into a pack of `terminal` tasks; unsupported ones are reported with the reason."""
-    _run("terminal-bench", src, out, name, version, split, force, strict)
-
-
-@import_app.command("harbor")
-def harbor_cmd(
-    src: Src,
-    out: Out,
-    name: Name = None,
-    version: Version = "0.1.0",
-    split: Split = "train",
-    force: Force = False,
-    strict: Strict = False,
-) -> None:
-    """Convert Harbor task folders (task.toml, instruction.md, environment/Dockerfile,
-    tests/test.sh, solution/solve.sh) into a pack of `terminal` tasks; unsupported ones are
-    reported with the reason."""
-    _run("harbor", src, out, name, version, split, force, strict)

@@ -1,4 +1,4 @@
-"""`palaestra pack import finqa FILE OUT`: FinQA/TAT-QA-style JSON into a finance pack.
+"""FinQA/TAT-QA-style JSON as a pack of `finance` tasks (`palaestra pack import finqa`).
 
 FinQA (Chen et al., 2021) entries: `{id, pre_text: [..], post_text: [..], table: [[..]],
 qa: {question, program, exe_ans, answer}}`. TAT-QA (Zhu et al., 2021) entries: `{table:
@@ -15,10 +15,9 @@ import ast
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
+from palaestra.sdk.packwriter import write_jsonl, write_manifest
 from palaestra.verifiers import finance_program as fp
 
 _OPS = {
@@ -31,7 +30,7 @@ _OPS = {
 
 
 class ImportProblem(ValueError):
-    pass
+    """An entry (or the whole file) cannot be imported; the message says why."""
 
 
 def derivation_program(derivation: str) -> str:
@@ -195,31 +194,13 @@ def import_file(source: Path, out: Path, name: str, split: str) -> tuple[int, li
             k += 1
             task["id"] = f"{base}-{k}"
         seen.add(task["id"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pack.toml").write_text(
-        f'name = "{name}"\nversion = "1.0.0"\n'
-        f'description = "Imported from {source.name} (FinQA/TAT-QA format)"\n'
-        f'families = ["finance"]\n\n[splits.{split}]\nsealed = false\n',
-        encoding="utf-8",
-    )
-    with (out / "tasks.jsonl").open("w", encoding="utf-8") as fh:
-        for task in tasks:
-            fh.write(json.dumps(task, ensure_ascii=False) + "\n")
+    manifest = {
+        "name": name,
+        "version": "1.0.0",
+        "description": f"Imported from {source.name} (FinQA/TAT-QA format)",
+        "families": ["finance"],
+        "splits": {split: {"sealed": False}},
+    }
+    write_manifest(out, manifest)
+    write_jsonl(out, tasks)
     return len(tasks), problems
-
-
-def finqa_cmd(
-    source: Annotated[Path, typer.Argument(help="FinQA or TAT-QA JSON file")],
-    out: Annotated[Path, typer.Argument(help="pack directory to write")],
-    name: Annotated[str, typer.Option(help="pack name, org/name")] = "imported/finqa",
-    split: Annotated[str, typer.Option(help="split of every task")] = "train",
-) -> None:
-    """Import FinQA/TAT-QA-style JSON (table, text, question, program) as a finance pack."""
-    try:
-        count, problems = import_file(source, out, name, split)
-    except (ImportProblem, OSError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    for problem in problems:
-        typer.echo(f"skipped {problem}", err=True)
-    typer.echo(f"wrote {count} tasks to {out} (check it: palaestra pack check {out})")

@@ -1,18 +1,17 @@
-"""The server's content-addressed pack store: publish, install, load again at start.
+"""The published-pack registry: which `name@version` is published, by whom, with which digest.
 
-On disk, an installed pack is the extracted archive under
-`<data_dir>/packs/sha256/<hex>/` (`hex`: the pack digest, DESIGN §6); the SQLite table
-`published_packs` (name, version, digest, published_at, publisher) is its index, and a
-row there is what makes a version live. Rules:
+The SQLite table `published_packs` (name, version, digest, published_at, publisher, bytes)
+is its index, and a row there is what makes a version live; the pack itself is a folder of
+the on-disk store (server/packs/store.py). Rules:
 
 - the archive is verified before anything is installed: it extracts safely
-  (server/archive.py), and `load_pack` accepts it with the server's families (which
+  (server/packs/archive.py), and `load_pack` accepts it with the server's families (which
   also checks a `pack.lock` in it against the files and the pack digest);
 - a published `name@version` is immutable: the same digest again is a no-op (200), other
   bytes are refused (409, "bump the version");
-- installation is atomic: extract into `packs/tmp/`, then one `rename` into place, then
-  the index row; a failure at any point leaves nothing half-installed (an orphan folder
-  under `sha256/` without a row is never served, and is reused by the next publish);
+- installation is atomic: the store unpacks and renames the folder into place, then the
+  index row is written; a failure at any point leaves nothing half-installed (an orphan
+  folder without a row is never served, and is reused by the next publish);
 - a pack that runs Python inside the server when it loads (`[source] python = …`, or
   `[generators.*]`) can only be published by an admin token;
 - pack names have owners (`PublishRights`): a publish token publishes only into the orgs an
@@ -30,13 +29,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
-import shutil
 import sqlite3
-import tempfile
 import threading
 import time
-import tomllib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,26 +45,15 @@ from palaestra.sdk.errors import (
     NotFoundError,
     PalaestraError,
     PermissionDeniedError,
-    TooLargeError,
 )
-from palaestra.server.archive import (
-    ArchiveError,
-    ArchiveLimits,
-    ArchiveTooLarge,
-    extract_archive,
-    pack_archive,
-)
-from palaestra.server.packs import (
-    Pack,
-    PackError,
-    PackRegistry,
-    load_pack,
-    pack_digest,
-    pack_files,
-    read_manifest,
-)
+from palaestra.server.packs.archive import ArchiveLimits
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.loader import Pack, load_pack
+from palaestra.server.packs.lock import pack_files
+from palaestra.server.packs.manifest import PackError, read_manifest, runs_code
+from palaestra.server.packs.store import PackStore
+from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.store import PACKS_SCHEMA
-from palaestra.server.taskfields import HostPolicy
 
 log = logging.getLogger("palaestra.registry")
 
@@ -145,17 +129,9 @@ class PublishRights:
 ADMIN_RIGHTS = PublishRights()
 
 
-def runs_code(root: Path) -> bool:
-    """Whether loading the pack would run its Python in the server process."""
-    try:
-        meta = tomllib.loads((root / "pack.toml").read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return False  # load_pack reports it
-    return bool(meta.get("source") or meta.get("generators")) or (root / "generators").exists()
-
-
-class PackStore:
-    """Published packs under `<data_dir>/packs/`, indexed in the SQLite file at `db_path`."""
+class PackRegistry:
+    """Published pack versions, indexed in the SQLite file at `db_path`; their folders are in
+    the store under `<data_dir>/packs/` (`store`)."""
 
     def __init__(
         self,
@@ -166,12 +142,9 @@ class PackStore:
         install_workers: int = 2,
         install_queue: int = 8,
     ) -> None:
-        self.root = data_dir / "packs"
-        self.objects = self.root / "sha256"
-        self.tmp = self.root / "tmp"
+        self.store = PackStore(data_dir, archive_limits)
         self.db_path = db_path
         self._lock = threading.Lock()
-        self.archive_limits = archive_limits or ArchiveLimits()
         # Installs run on their own few threads (never asyncio's shared pool, which every
         # store flush needs); past `install_queue` waiting, a publish is refused with 429.
         self._installer = ThreadPoolExecutor(install_workers, thread_name_prefix="pack-install")
@@ -179,7 +152,7 @@ class PackStore:
         self._installing = 0
 
     async def ainstall(self, data: bytes, **kwargs: Any) -> tuple[Pack, bool]:
-        """`install` off the event loop, on the store's bounded pool of install threads."""
+        """`install` off the event loop, on the registry's bounded pool of install threads."""
         if self._installing >= self._install_queue:
             raise CapacityError(
                 f"{self._installing} pack archives are being installed; retry shortly",
@@ -225,15 +198,12 @@ class PackStore:
             ).fetchone()
         return Published(*row) if row else None
 
-    def path_of(self, digest: str) -> Path:
-        return self.objects / digest.removeprefix("sha256:")
-
     def enabled(self) -> set[str]:
         """Names an admin let into unfiltered sampling."""
         with self._connect() as db:
             return {row[0] for row in db.execute("SELECT name FROM enabled_packs")}
 
-    def enable(self, name: str, by: str, registry: PackRegistry | None = None) -> bool:
+    def enable(self, name: str, by: str, catalog: PackCatalog | None = None) -> bool:
         """Let the sampler draw `name` unfiltered; False if it already could."""
         if not self.published(name):
             raise NotFoundError(f"no published pack {name!r}; GET /v1/packs lists the packs")
@@ -242,8 +212,8 @@ class PackStore:
                 "INSERT OR IGNORE INTO enabled_packs (name, enabled_at, enabled_by) VALUES (?,?,?)",
                 (name, time.time(), by),
             ).rowcount
-        if registry is not None:
-            registry.enable(name)
+        if catalog is not None:
+            catalog.enable(name)
         return bool(added)
 
     def usage(self, publisher: str) -> tuple[int, int]:
@@ -271,9 +241,9 @@ class PackStore:
 
     # -- load at start ----------------------------------------------------------------------
     def load_into(
-        self, registry: PackRegistry, families: Iterable[str], policy: HostPolicy | None = None
+        self, catalog: PackCatalog, families: Iterable[str], policy: HostPolicy | None = None
     ) -> int:
-        """Serve every published pack; a broken one goes to `registry.errors`, never fatal.
+        """Serve every published pack; a broken one goes to `catalog.errors`, never fatal.
 
         The task checks run again (`policy`): a pack published before them, or under a
         wider image list, is refused here rather than reaching a sandbox."""
@@ -283,13 +253,14 @@ class PackStore:
         for row in self.published():
             where = f"{row.name}@{row.version}"
             try:
-                pack = load_pack(self.path_of(row.digest), known, policy, secret=registry.secret)
+                path = self.store.path_of(row.digest)
+                pack = load_pack(path, known, policy, secret=catalog.secret)
                 if pack.digest != row.digest:
                     raise PackError(f"its files hash to {pack.digest}, published as {row.digest}")
-                registry.add(pack, held=row.name not in enabled)
+                catalog.add(pack, held=row.name not in enabled)
                 loaded += 1
             except Exception as exc:
-                registry.errors[where] = f"published pack not loaded: {exc}"
+                catalog.errors[where] = f"published pack not loaded: {exc}"
                 log.error("published pack %s not loaded: %s", where, exc)
         return loaded
 
@@ -300,7 +271,7 @@ class PackStore:
         *,
         publisher: str,
         families: Iterable[str],
-        registry: PackRegistry | None = None,
+        catalog: PackCatalog | None = None,
         allow_code: bool = False,
         expect_digest: str | None = None,
         rights: PublishRights = ADMIN_RIGHTS,
@@ -312,17 +283,7 @@ class PackStore:
         naming a host path), PermissionDeniedError (a code-running pack without
         `allow_code`, an org `rights` does not own), QuotaExceededError or ConflictError
         (the version is published with other bytes)."""
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        self.objects.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="install-", dir=self.tmp))
-        try:
-            try:
-                root = extract_archive(data, work / "pack", self.archive_limits)
-            except ArchiveTooLarge as exc:
-                message = f"pack archive refused: {exc}"
-                raise TooLargeError(message, code="archive_too_large") from None
-            except ArchiveError as exc:
-                raise BadRequestError(f"bad pack archive: {exc}", code="invalid_archive") from None
+        with self.store.unpacked(data) as root:
             try:
                 rights.check_org(read_manifest(root).name)  # before anything else is read
             except PackError as exc:
@@ -334,7 +295,7 @@ class PackStore:
                     code="missing_scope",
                 )
             try:
-                secret = registry.secret if registry is not None else None  # sealed seeds
+                secret = catalog.secret if catalog is not None else None  # sealed seeds
                 pack = load_pack(root, list(families), policy, secret=secret)
             except Exception as exc:
                 raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
@@ -344,21 +305,19 @@ class PackStore:
                     code="digest_mismatch",
                 )
             with self._lock:
-                return self._place(pack, root, publisher, registry, rights)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+                return self._place(pack, root, publisher, catalog, rights)
 
     def _place(
         self,
         pack: Pack,
         root: Path,
         publisher: str,
-        registry: PackRegistry | None,
+        catalog: PackCatalog | None,
         rights: PublishRights,
     ) -> tuple[Pack, bool]:
         where = f"{pack.name}@{pack.version}"
         existing = self.find(pack.name, pack.version)
-        served = _served(registry, pack.name, pack.version)
+        served = _served(catalog, pack.name, pack.version)
         for digest in (existing.digest if existing else None, served.digest if served else None):
             if digest is not None and digest != pack.digest:
                 raise ConflictError(
@@ -371,14 +330,7 @@ class PackStore:
             return current, False
         size = sum(p.stat().st_size for p in pack_files(root).values())
         self._check_quota(rights, publisher, size)
-        final = self.path_of(pack.digest)
-        # A folder there was left by an install that stopped between the rename and the
-        # index row; a rename is all-or-nothing, so its files are whole. Check them anyway.
-        if final.exists() and pack_digest(final) != pack_digest(root):
-            shutil.rmtree(final)
-        if not final.exists():
-            os.rename(root, final)
-        pack.root = final
+        pack.root = self.store.place(root, pack.digest)
         with self._connect() as db:
             db.execute(
                 "INSERT INTO published_packs (name, version, digest, published_at, publisher,"
@@ -394,19 +346,16 @@ class PackStore:
             enabled = bool(
                 db.execute("SELECT 1 FROM enabled_packs WHERE name=?", (pack.name,)).fetchone()
             )
-        if registry is not None:
-            registry.add(pack, held=not enabled)
+        if catalog is not None:
+            catalog.add(pack, held=not enabled)
         log.info("pack %s published (%s) by %s", where, pack.digest, publisher)
         return pack, True
 
-    def archive(self, pack: Pack) -> bytes:
-        return pack_archive(pack.root)
 
-
-def _served(registry: PackRegistry | None, name: str, version: str) -> Pack | None:
-    if registry is None:
+def _served(catalog: PackCatalog | None, name: str, version: str) -> Pack | None:
+    if catalog is None:
         return None
     try:
-        return registry.get(name, version)
+        return catalog.get(name, version)
     except Exception:
         return None

@@ -1,0 +1,123 @@
+"""The packs a server serves, by name and version: task refs resolved, tasks selected.
+
+Packs come in from pack directories (`load_dirs`, the built-in ones) and from the
+published-pack registry (server/packs/registry.py). A published pack an admin has not
+enabled is *held*: served by explicit ref or `pack=`, never drawn by unfiltered sampling
+(DESIGN §5b).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from palaestra.sdk.errors import BadRequestError, NotFoundError
+from palaestra.sdk.task import Task
+from palaestra.server.packs.loader import Pack, load_pack
+from palaestra.server.packs.manifest import semver_key
+from palaestra.server.packs.taskfields import HostPolicy
+
+log = logging.getLogger(__name__)
+
+REF_RE = re.compile(r"^(?P<pack>[^@:\s]+/[^@:\s]+)(?:@(?P<version>[^:\s]+))?:(?P<task>\S+)$")
+
+
+class PackCatalog:
+    """The packs the server serves, by name and version."""
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self._packs: dict[str, dict[str, Pack]] = {}
+        self.errors: dict[str, str] = {}
+        self.secret = secret  # the held-out secret packs load with (server/heldout.py)
+        # Published packs an admin has not enabled: served by explicit ref or `pack=`, never
+        # drawn by the sampler's unfiltered mode (DESIGN §5b).
+        self._held: set[str] = set()
+
+    def add(self, pack: Pack, *, held: bool = False) -> None:
+        self._packs.setdefault(pack.name, {})[pack.version] = pack
+        if held:
+            self._held.add(pack.name)
+
+    def enable(self, name: str) -> None:
+        """Let the sampler draw `name` with no pack filter (an admin's decision)."""
+        self._held.discard(name)
+
+    @property
+    def held(self) -> frozenset[str]:
+        return frozenset(self._held)
+
+    def sampled(self, name: str) -> bool:
+        """Whether unfiltered sampling may draw this pack."""
+        return name not in self._held
+
+    def load_dirs(
+        self,
+        dirs: Iterable[Path],
+        known_families: Iterable[str],
+        policy: HostPolicy | None = None,
+    ) -> None:
+        """Load every pack under `dirs`; a broken pack is recorded in `errors`, never fatal."""
+        families = list(known_families)
+        for base in dirs:
+            for root in sorted(p.parent for p in Path(base).glob("*/pack.toml")):
+                try:
+                    self.add(load_pack(root, families, policy, secret=self.secret))
+                except Exception as exc:
+                    self.errors[str(root)] = str(exc)
+                    log.error("pack %s not loaded: %s", root, exc)
+
+    def all(self) -> list[Pack]:
+        return [v for name in sorted(self._packs) for _, v in sorted(self._packs[name].items())]
+
+    def get(self, name: str, version: str | None = None) -> Pack:
+        if "@" in name and version is None:
+            name, version = name.split("@", 1)
+        versions = self._packs.get(name)
+        if not versions:
+            raise NotFoundError(f"unknown pack {name!r}; GET /v1/packs lists the packs served")
+        if version is None:
+            return versions[max(versions, key=semver_key)]
+        if version not in versions:
+            raise NotFoundError(
+                f"pack {name!r} has no version {version!r}; it has {sorted(versions)}"
+            )
+        return versions[version]
+
+    def resolve(self, ref: str) -> Task:
+        match = REF_RE.match(ref)
+        if not match:
+            raise BadRequestError(f"task {ref!r} must look like 'org/name[@version]:task_id'")
+        pack = self.get(match["pack"], match["version"])
+        task = pack.tasks.get(match["task"])
+        if task is None:
+            raise NotFoundError(f"pack {pack.name}@{pack.version} has no task {match['task']!r}")
+        return task
+
+    def select(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+    ) -> list[Task]:
+        packs = [self.get(pack)] if pack else self.all()
+        return [
+            t
+            for p in packs
+            for t in p.tasks.values()
+            if (split is None or t.split == split)
+            and (family is None or t.family == family)
+            and (domain is None or t.domain == domain or t.domain.startswith(domain + "/"))
+        ]
+
+    def sample(self, rng: random.Random, **filters: str | None) -> Task:
+        """Uniform choice among matching tasks (the curriculum sampler comes with pack issue)."""
+        candidates = self.select(**filters)
+        if not candidates:
+            shown = {k: v for k, v in filters.items() if v}
+            raise NotFoundError(f"no task matches {shown or 'any filter'}")
+        return rng.choice(candidates)

@@ -1,0 +1,468 @@
+"""Reading a pack directory into tasks (DESIGN §6): the three task forms.
+
+A pack directory holds `pack.toml` (server/packs/manifest.py), an optional `pack.lock`
+(server/packs/lock.py) and its tasks, in any mix of:
+
+- `tasks.jsonl` (compact): one task a line, `{id, family, domain, split, difficulty,
+  expected_reward, public{}, private{}}`;
+- `tasks/<id>/` (directory): `task.toml` (the same keys, `[public]`/`[private]` tables),
+  `instruction.md` (→ `public.instruction`), and file maps `{relative path: text}`:
+  `environment/` and `assets/` (public), `verifier/` and `solution/` (private);
+- `[generators.<name>]` (procedural): a Python file with `generate(seed, index, level) ->
+  dict`, called for each split's seeds (drawn from the split's declared seed range);
+- `[source] python = "file.py"` (a variant): `load_tasks()` yields task dicts, for data
+  sets that ship in a Python package (HumanEval).
+
+The loader collects every problem it can find (not just the first) and raises one
+`PackError` whose `problems` list says, for each, what to fix. Every task passes
+`finalize_task` once it is built, before the pack holds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import json
+import random
+import sys
+import tomllib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from palaestra.sdk.models import PackInfo, SplitInfo
+from palaestra.sdk.task import Task
+from palaestra.server import heldout
+from palaestra.server.packs.lock import file_hashes, files_digest, ignored, pack_files, verify_lock
+from palaestra.server.packs.manifest import (
+    GeneratorSplit,
+    PackError,
+    PackManifest,
+    TaskRecord,
+    read_manifest,
+    validation_problems,
+)
+from palaestra.server.packs.taskfields import HostPolicy, task_field_problems
+
+# Directory form: the folders of tasks/<id>/ and where their file maps land.
+TASK_DIRS: dict[str, tuple[str, str]] = {
+    "environment": ("public", "environment"),
+    "assets": ("public", "assets"),
+    "verifier": ("private", "verifier"),
+    "solution": ("private", "solution"),
+}
+
+
+@dataclass
+class Pack:
+    """A loaded pack: what its pack.toml says, its tasks by id, each task's expected reward."""
+
+    name: str
+    version: str
+    description: str
+    license: str
+    families: list[str]
+    sealed: dict[str, bool]
+    digest: str
+    root: Path
+    tasks: dict[str, Task] = field(default_factory=dict)
+    expected: dict[str, float] = field(default_factory=dict)
+    manifest: PackManifest | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    def info(self) -> PackInfo:
+        counts: dict[str, int] = dict.fromkeys(self.sealed, 0)
+        for task in self.tasks.values():
+            counts[task.split] = counts.get(task.split, 0) + 1
+        return PackInfo(
+            name=self.name,
+            version=self.version,
+            digest=self.digest,
+            description=self.description,
+            license=self.license,
+            families=self.families,
+            splits=[
+                SplitInfo(name=s, sealed=self.sealed.get(s, False), tasks=n)
+                for s, n in sorted(counts.items())
+            ],
+        )
+
+    def expected_reward(self, task_id: str) -> float:
+        return self.expected.get(task_id, 1.0)
+
+    @property
+    def domains(self) -> list[str]:
+        return sorted({t.domain for t in self.tasks.values()})
+
+
+def _import(root: Path, rel: str, tag: str) -> Any:
+    path = root / rel
+    if not path.is_file():
+        raise PackError(f"{path}: no such file")
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    name = f"_palaestra_pack_{key}_{tag}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise PackError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling inside the module need it
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise PackError(f"{path}: importing it failed: {type(exc).__name__}: {exc}") from None
+    return module
+
+
+Found = tuple[str, dict[str, Any] | None, list[str]]  # where, the task dict or None, problems
+
+
+def _jsonl_tasks(root: Path) -> Iterator[Found]:
+    path = root / "tasks.jsonl"
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield where, None, [f"{where}: not JSON ({exc.msg}); one JSON object a line"]
+            continue
+        if not isinstance(raw, dict):
+            yield where, None, [f"{where}: a task must be a JSON object"]
+            continue
+        yield where, raw, []
+
+
+def _file_map(folder: Path) -> tuple[dict[str, str], list[str]]:
+    files: dict[str, str] = {}
+    problems: list[str] = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if ignored(rel) or path.is_dir():
+            continue
+        if path.is_symlink():
+            problems.append(f"{path}: symlinks are not allowed in a pack; copy the file")
+            continue
+        try:
+            files[rel.as_posix()] = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            problems.append(f"{path}: not UTF-8 text; task files are text (encode binary data)")
+    return files, problems
+
+
+def _dir_task(task_dir: Path) -> Found:
+    toml_path = task_dir / "task.toml"
+    where = str(toml_path)
+    problems: list[str] = []
+    try:
+        raw: dict[str, Any] = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return where, None, [f"{task_dir}: no task.toml; every tasks/<id>/ needs one"]
+    except tomllib.TOMLDecodeError as exc:
+        return where, None, [f"{where}: invalid TOML ({exc})"]
+    raw.setdefault("id", task_dir.name)
+    if raw["id"] != task_dir.name:
+        problems.append(
+            f"{where}: id {raw['id']!r} differs from its folder name {task_dir.name!r}; "
+            "make them equal (or drop `id`)"
+        )
+    public = raw.setdefault("public", {})
+    private = raw.setdefault("private", {})
+    if not isinstance(public, dict) or not isinstance(private, dict):
+        return where, None, [*problems, f"{where}: [public] and [private] must be tables"]
+    instruction = task_dir / "instruction.md"
+    if instruction.exists():
+        if "instruction" in public:
+            problems.append(
+                f"{where}: public.instruction is set and instruction.md exists; keep one"
+            )
+        public["instruction"] = instruction.read_text(encoding="utf-8")
+    for folder, (side, key) in TASK_DIRS.items():
+        if not (task_dir / folder).is_dir():
+            continue
+        target = public if side == "public" else private
+        if key in target:
+            problems.append(f"{where}: {side}.{key} is set and {folder}/ exists; keep one")
+            continue
+        files, bad = _file_map(task_dir / folder)
+        target[key] = files
+        problems.extend(bad)
+    for path in sorted(task_dir.iterdir()):
+        if path.name.startswith(".") or path.name == "__pycache__":
+            continue
+        if path.name not in {"task.toml", "instruction.md", *TASK_DIRS}:
+            problems.append(
+                f"{path}: not part of the directory form; put it under environment/, assets/ "
+                "(public) or verifier/, solution/ (private)"
+            )
+    return where, raw, problems
+
+
+def _directory_tasks(root: Path) -> Iterator[Found]:
+    for task_dir in sorted(p for p in (root / "tasks").iterdir() if not p.name.startswith(".")):
+        if task_dir.name == "__pycache__":
+            continue
+        if not task_dir.is_dir():
+            yield str(task_dir), None, [f"{task_dir}: tasks/ holds one folder per task"]
+            continue
+        yield _dir_task(task_dir)
+
+
+def generator_seeds(
+    pack: str, generator: str, split: str, spec: GeneratorSplit, secret: bytes | None = None
+) -> list[int]:
+    """The seeds a split draws: `count` distinct seeds of its range, fixed by the names, or
+    (a sealed split on a server: `secret`) by an HMAC of the server's held-out secret."""
+    first, end = spec.seeds
+    label = f"{pack}/{generator}/{split}"
+    rng = random.Random(label) if secret is None else heldout.seeded(secret, label)
+    return sorted(rng.sample(range(first, end), spec.count))
+
+
+def _generated_tasks(
+    root: Path, manifest: PackManifest, secret: bytes | None = None
+) -> Iterator[Found]:
+    """A sealed split's tasks get secret seeds (with `secret`) and ids that name no seed
+    (`<generator>-<split>-<index>`, whatever the generator says), and their problems quote
+    neither the seed nor the generator's error text (pack errors are shown by /readyz)."""
+    for gen_name, gen in manifest.generators.items():
+        where = f"{root / 'pack.toml'}: generators.{gen_name}"
+        try:
+            module = _import(root, gen.module, f"gen_{gen_name}")
+        except PackError as exc:
+            yield where, None, exc.problems
+            continue
+        generate: Callable[..., Any] | None = getattr(module, "generate", None)
+        if not callable(generate):
+            yield (
+                where,
+                None,
+                [f"{root / gen.module}: needs `generate(seed, index, level) -> dict`"],
+            )
+            continue
+        for split, spec in gen.splits.items():
+            sealed = manifest.splits[split].sealed
+            key = secret if sealed else None
+            seeds = generator_seeds(manifest.name, gen_name, split, spec, key)
+            for index, seed in enumerate(seeds):
+                level = gen.levels[index % len(gen.levels)]
+                shown = "<sealed>" if sealed else seed
+                at = f"{root / gen.module}: generate(seed={shown}, index={index}, level={level})"
+                try:
+                    raw = generate(seed=seed, index=index, level=level)
+                except Exception as exc:
+                    why = "" if sealed else f": {exc}"
+                    yield at, None, [f"{at} raised {type(exc).__name__}{why}"]
+                    continue
+                if not isinstance(raw, dict):
+                    yield at, None, [f"{at} returned {type(raw).__name__}, not a task dict"]
+                    continue
+                task = dict(raw)
+                if sealed:
+                    task["id"] = f"{gen_name}-{split}-{index}"
+                task.setdefault("id", f"{gen_name}-{seed}")
+                task.setdefault("family", gen.family)
+                task.setdefault("domain", gen.domain)
+                task.setdefault("difficulty", f"level-{level}")
+                if gen.expected_reward is not None:
+                    task.setdefault("expected_reward", gen.expected_reward)
+                problems = []
+                if task.setdefault("split", split) != split:
+                    problems.append(f"{at}: returned split {task['split']!r}, not {split!r}")
+                    task["split"] = split
+                yield at, task, problems
+
+
+def _source_tasks(
+    root: Path, manifest: PackManifest, secret: bytes | None = None
+) -> Iterator[Found]:
+    """`load_tasks()`, or `load_tasks(secret=...)` where the source takes the server's
+    held-out secret (to draw its sealed tasks from seeds nobody else can compute)."""
+    assert manifest.source is not None
+    rel = manifest.source.python
+    try:
+        module = _import(root, rel, "source")
+        loader = module.load_tasks
+    except PackError as exc:
+        yield f"{root / rel}", None, exc.problems
+        return
+    except AttributeError:
+        yield (
+            f"{root / rel}",
+            None,
+            [f"{root / rel}: needs a `load_tasks()` that yields task dicts"],
+        )
+        return
+    try:
+        wants = "secret" in inspect.signature(loader).parameters
+        for i, task in enumerate(loader(secret=secret) if wants else loader()):
+            yield f"{rel} task #{i}", task, []
+    except Exception as exc:
+        yield (
+            f"{root / rel}",
+            None,
+            [f"{root / rel}: load_tasks() raised {type(exc).__name__}: {exc}"],
+        )
+
+
+def build_task(record: TaskRecord, manifest: PackManifest, secret: bytes | None) -> Task:
+    """The task `record` describes, with the pack's defaults and its digest (a sealed
+    split's digest is keyed by the server's held-out secret, server/heldout.py)."""
+    split = manifest.splits.get(record.split)
+    sealed = split is not None and split.sealed
+    domain = record.domain or f"{manifest.name.split('/')[1]}/{record.family}"
+    difficulty = record.difficulty if record.difficulty != "" else manifest.defaults.difficulty
+    return Task(
+        id=record.id,
+        family=record.family,
+        domain=domain,
+        split=record.split,
+        pack=manifest.name,
+        version=manifest.version,
+        public=record.public,
+        private=record.private,
+        difficulty=str(difficulty),
+        sealed=sealed,
+        digest=heldout.task_digest(
+            Task.compute_digest(record.family, domain, record.public, record.private),
+            secret if sealed else None,
+        ),
+    )
+
+
+def finalize_task(task: Task, policy: HostPolicy) -> list[str]:
+    """The one check every built task of a loaded pack passes before the pack holds it:
+    its problems as 'field: what to fix' (the caller names the pack and the task); any
+    problem refuses the pack. Here: no field names a host path (server/packs/taskfields.py)."""
+    return task_field_problems(task.public, task.private, policy)
+
+
+def inspect_pack(
+    root: Path,
+    known_families: Iterable[str] | None = None,
+    policy: HostPolicy | None = None,
+    *,
+    secret: bytes | None = None,
+) -> tuple[Pack | None, list[str]]:
+    """Load what can be loaded and list every problem; the pack is None if pack.toml is unusable.
+
+    Tasks with problems are left out of the pack; `load_pack` refuses any problem. `policy`
+    (default: Settings' defaults) is what a task's image, toolchain and paths may name.
+    `secret` (a server's, server/heldout.py) seeds sealed generated tasks; without it they
+    come from public seeds (local tools: `palaestra pack check`)."""
+    root = Path(root)
+    policy = policy or HostPolicy.default()
+    try:
+        manifest = read_manifest(root)
+    except PackError as exc:
+        return None, exc.problems
+    problems: list[str] = []
+    hashes = file_hashes(root)
+    for path in pack_files(root).values():
+        if path.is_symlink():
+            problems.append(f"{path}: symlinks are not allowed in a pack; copy the file")
+    problems.extend(verify_lock(root, hashes))
+    known = set(known_families) if known_families is not None else None
+    sealed = {name: split.sealed for name, split in manifest.splits.items()}
+    found: list[Iterator[Found]] = []
+    if (root / "tasks.jsonl").exists():
+        found.append(_jsonl_tasks(root))
+    if (root / "tasks").is_dir():
+        found.append(_directory_tasks(root))
+    if manifest.generators:
+        found.append(_generated_tasks(root, manifest, secret))
+    if manifest.source is not None:
+        found.append(_source_tasks(root, manifest, secret))
+    if not found:
+        problems.append(
+            f"{root}: no tasks: add tasks.jsonl, tasks/<id>/ folders, [generators.<name>] or "
+            "[source] python in pack.toml"
+        )
+    tasks: dict[str, Task] = {}
+    expected: dict[str, float] = {}
+    seen: dict[str, str] = {}
+    families_used: set[str] = set()
+    for where, raw, task_problems in (item for source in found for item in source):
+        problems.extend(task_problems)
+        if raw is None:
+            continue
+        try:
+            record = TaskRecord.model_validate(raw)
+        except ValidationError as exc:
+            problems.extend(validation_problems(where, exc))
+            continue
+        bad = len(task_problems) > 0
+        task = build_task(record, manifest, secret)
+        refused = finalize_task(task, policy)
+        if refused:
+            problems.extend(f"{where}: pack {manifest.name}, task {task.id}: {p}" for p in refused)
+            bad = True
+        if record.split not in sealed:
+            problems.append(
+                f"{where}: split {record.split!r} is not declared; add [splits.{record.split}] "
+                f"to pack.toml or use one of {sorted(sealed)}"
+            )
+            bad = True
+        if known is not None and record.family not in known:
+            problems.append(
+                f"{where}: unknown family {record.family!r}; this server has "
+                f"{', '.join(sorted(known))} (install the family's package)"
+            )
+            bad = True
+        if manifest.families and record.family not in manifest.families:
+            problems.append(
+                f"{where}: family {record.family!r} is not listed in pack.toml's families "
+                f"{manifest.families}; add it"
+            )
+            bad = True
+        if record.id in seen:
+            problems.append(
+                f"{where}: duplicate task id {record.id!r} (first at {seen[record.id]}); "
+                "task ids are unique in a pack"
+            )
+            continue
+        seen[record.id] = where
+        if bad:
+            continue
+        families_used.add(record.family)
+        tasks[record.id] = task
+        expected[record.id] = (
+            record.expected_reward
+            if record.expected_reward is not None
+            else manifest.defaults.expected_reward
+        )
+    extra = [t.digest for t in tasks.values()] if manifest.source is not None else []
+    pack = Pack(
+        name=manifest.name,
+        version=manifest.version,
+        description=manifest.description,
+        license=manifest.license,
+        families=manifest.families or sorted(families_used),
+        sealed=sealed,
+        digest=files_digest(hashes, extra),
+        root=root,
+        tasks=tasks,
+        expected=expected,
+        manifest=manifest,
+        files=hashes,
+    )
+    return pack, problems
+
+
+def load_pack(
+    root: Path,
+    known_families: Iterable[str] | None = None,
+    policy: HostPolicy | None = None,
+    *,
+    secret: bytes | None = None,
+) -> Pack:
+    """Read and validate one pack directory; raises PackError listing what to fix."""
+    pack, problems = inspect_pack(root, known_families, policy, secret=secret)
+    if problems or pack is None:
+        raise PackError(problems)
+    return pack
