@@ -12,11 +12,18 @@ import asyncio
 import os
 import posixpath
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def default_cache() -> Path:
+    """The cache folder backends build into when the caller names none (the server passes
+    its `cache` setting): the exec helper, bwrap image rootfs folders, docker's shell copy."""
+    return Path.home() / ".cache" / "palaestra"
 
 
 class SandboxError(Exception):

@@ -305,7 +305,8 @@ def test_ro_binds_are_checked() -> None:
     """The sandbox spec field the cad family relies on refuses what could hurt."""
     from palaestra.sandbox import SandboxSpec
     from palaestra.sandbox.base import SandboxSpecError
-    from palaestra.sandbox.bwrap import check_spec
+    from palaestra.sandbox.base import default_cache
+    from palaestra.sandbox.bwrap.spec import check_spec
 
     site = runtime.trimesh_toolchain().site or "/usr/lib"
     for binds, word in [
@@ -315,8 +316,8 @@ def test_ro_binds_are_checked() -> None:
         ((("/no/such/dir", "/opt/x"),), "not an existing directory"),
     ]:
         with pytest.raises(SandboxSpecError, match=word):
-            check_spec(SandboxSpec(ro_binds=binds))
-    check_spec(SandboxSpec(ro_binds=((site, "/opt/palaestra/trimesh"),)))
+            check_spec(SandboxSpec(ro_binds=binds), default_cache() / "images")
+    check_spec(SandboxSpec(ro_binds=((site, "/opt/palaestra/trimesh"),)), default_cache() / "images")
 
 
 def test_a_toolchain_missing_in_the_sandbox_voids_instead_of_scoring_zero(

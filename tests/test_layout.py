@@ -53,3 +53,44 @@ def test_every_subpackage_is_mapped() -> None:
             rel = init.parent.relative_to(ROOT / folder)
             name = ".".join(["palaestra", folder, *rel.parts])
             assert name in packages, f"{name} is missing from pyproject's packages"
+
+
+def private_imports(path: Path) -> set[str]:
+    """`from palaestra.X import _name` of another module in `path` (a module's underscore
+    names are its own: what is shared is public in one place)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] != "palaestra":
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.add(f"{node.module}.{alias.name}")
+    return found
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_no_private_imports_across_modules(folder: str) -> None:
+    bad = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in (ROOT / folder).rglob("*.py")
+        for name in private_imports(path)
+    }
+    assert not bad, sorted(bad)
+
+
+def test_programs_are_files() -> None:
+    """The programs the sandbox and the verifiers run are files of their packages, shipped
+    as package data, not string literals."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    data = config["package-data"]
+    for package, folder in (
+        ("palaestra.sandbox.programs", ROOT / "sandbox" / "programs"),
+        ("palaestra.verifiers.programs", ROOT / "verifiers" / "programs"),
+    ):
+        suffixes = {p.suffix for p in folder.iterdir() if p.is_file() and p.suffix != ".pyc"}
+        patterns = data.get(package, [])
+        for suffix in suffixes - {".py"}:
+            assert f"*{suffix}" in patterns, f"{package}: *{suffix} is missing from package-data"
