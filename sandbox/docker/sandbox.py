@@ -171,6 +171,7 @@ class DockerSandbox(Sandbox):
                 stdin_open=False,
                 tty=False,
             )
+            self.files.container = self._container
         except docker.errors.ImageNotFound as e:
             name = self.image.split("/")[-1].split(":")[0]
             raise SandboxCreateError(
