@@ -56,8 +56,15 @@ from palaestra.sandbox.base import (
     SandboxSpec,
     SandboxSpecError,
     close_all,
+    upload_member,
 )
-from palaestra.sandbox.preamble import TIMEOUT_EXIT_CODE, memory_error, prepare_exec, rlimits
+from palaestra.sandbox.preamble import (
+    TIMEOUT_EXIT_CODE,
+    append_capped,
+    memory_error,
+    prepare_exec,
+    rlimits,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,20 +109,7 @@ def check_tar_members(data: bytes) -> None:
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
             for m in tf:
-                name = posixpath.normpath(m.name)
-                if name == ".":
-                    continue
-                if name.startswith("/") or name == ".." or name.startswith("../"):
-                    raise SandboxPathError(f"tar member {m.name!r} escapes the destination")
-                if m.issym():
-                    target = m.linkname
-                    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-                    if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
-                        raise SandboxPathError(f"tar symlink {m.name!r} -> {target!r} escapes")
-                elif not (m.isdir() or m.isreg()):
-                    raise SandboxPathError(
-                        f"tar member {m.name!r}: unsupported type (links/devices)"
-                    )
+                upload_member(m)
     except tarfile.TarError as e:
         raise SandboxError(f"not a tar archive: {e}") from e
 
@@ -327,13 +321,8 @@ class E2BSandbox(Sandbox):
             def on(chunk: str) -> None:
                 nonlocal truncated
                 raw = chunk.encode("utf-8", errors="surrogateescape")
-                room = max_output - len(buf)
-                if len(raw) > room:
+                if append_capped(buf, raw, max_output):
                     truncated = True
-                    if room > 0:
-                        buf.extend(raw[:room])
-                else:
-                    buf.extend(raw)
 
             return on
 

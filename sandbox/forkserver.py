@@ -1,9 +1,7 @@
 """One-shot Python sandboxes forked from a zygote (a fork server).
 
-Why: a fresh ``bwrap … python3 -I -S -c CODE`` costs ≈ 15 ms of CPU (the
-``setpriv → prlimit → bwrap`` chain, a fresh interpreter, namespace set-up); verifying a
-HumanEval task runs one such program.  Forking an interpreter that is already running
-costs a fraction of that.
+Forking an interpreter that is already running costs a fraction of a fresh ``bwrap …
+python3 -I -S -c CODE`` (docs/decisions.md has the figures).
 
 Design
 ------
@@ -73,15 +71,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import posixpath
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import time
@@ -94,7 +89,6 @@ from palaestra.sandbox.base import (
     BASE_PATH,
     ExecResult,
     SandboxError,
-    SandboxPathError,
     SandboxSpec,
     sandbox_env,
 )
@@ -103,6 +97,7 @@ from palaestra.sandbox.bwrap.jail import KILL_GRACE_S
 from palaestra.sandbox.bwrap.launch import CgroupMode, resolve_cgroups
 from palaestra.sandbox.bwrap.mounts import etc_args, usr_symlinks, write_etc_files
 from palaestra.sandbox.cgroups import CgroupManager
+from palaestra.sandbox.forkrun import WORKDIR, payload, sealed_memfd
 from palaestra.sandbox.preamble import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -115,7 +110,6 @@ from palaestra.sandbox.spawn import drain_capped, spawn
 log = logging.getLogger("palaestra.sandbox.forkserver")
 
 PYTHON = "/usr/bin/python3"
-WORKDIR = "/work"
 START_TIMEOUT_S = 15.0
 # A run's memory cgroup allows this much above its memory_mb (RLIMIT_AS per process): what
 # the forked interpreter copies of the zygote's pages, so one process meets its own
@@ -138,50 +132,8 @@ class ForkServerUnavailable(SandboxError):
 ZYGOTE = programs.text("zygote.py")
 
 
-def _payload(code: str, files: Mapping[str, bytes], stdin: bytes) -> bytes:
-    """The run's memfd: a header, the program, the files, then the program's stdin."""
-    names: list[str | None] = [None]
-    blobs = [code.encode("utf-8", "surrogateescape")]
-    for name, data in files.items():
-        names.append(_check_name(name))
-        blobs.append(bytes(data))
-    header = json.dumps({"files": [[n, len(b)] for n, b in zip(names, blobs, strict=True)]})
-    raw = header.encode()
-    return b"".join([struct.pack(">I", len(raw)), raw, *blobs, stdin])
-
-
-def _check_name(name: str) -> str:
-    norm = posixpath.normpath(name)
-    if norm.startswith(WORKDIR + "/"):
-        norm = norm[len(WORKDIR) + 1 :]
-    if (
-        "\0" in name
-        or not name
-        or norm.startswith("/")
-        or norm in (".", "..")
-        or norm.startswith("../")
-    ):
-        raise SandboxPathError(f"file name {name!r} must be a relative path inside {WORKDIR}")
-    return norm
-
-
 def _protocol_factory(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
     return lambda: asyncio.StreamReaderProtocol(reader)
-
-
-def _sealed_memfd(data: bytes) -> int:
-    fd = os.memfd_create("palaestra-run", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _seccomp_hex() -> str:
@@ -498,7 +450,7 @@ class PythonForkServer:
         workspace_mb: int,
     ) -> ExecResult:
         loop = asyncio.get_running_loop()
-        memfd = _sealed_memfd(_payload(code, files, stdin))
+        memfd = sealed_memfd(payload(code, files, stdin))
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         sync_ours = sync_theirs = None

@@ -65,6 +65,17 @@ def rlimits(spec: SandboxSpec, *, memory_cgroup: bool) -> dict[str, int]:
     return limits
 
 
+def append_capped(buf: bytearray, chunk: bytes | bytearray, max_output: int) -> bool:
+    """Append to `buf` what of `chunk` fits in `max_output` bytes; True if any was dropped."""
+    room = max_output - len(buf)
+    if len(chunk) > room:
+        if room > 0:
+            buf += chunk[:room]
+        return True
+    buf += chunk
+    return False
+
+
 def memory_error(stderr: str) -> bool:
     """Whether the command's last stderr line is a Python ``MemoryError``."""
     tail = stderr.rstrip().rsplit("\n", 1)[-1]

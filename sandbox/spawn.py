@@ -19,6 +19,8 @@ import os
 import signal
 from typing import Any
 
+from palaestra.sandbox.preamble import append_capped
+
 KILL_GRACE_S = 1.0
 CHUNK = 64 * 1024
 
@@ -68,11 +70,5 @@ async def drain_capped(stream: asyncio.StreamReader, buf: bytearray, max_output:
     """Read `stream` to EOF, keeping its first `max_output` bytes; True if any were dropped."""
     truncated = False
     while chunk := await stream.read(CHUNK):
-        room = max_output - len(buf)
-        if len(chunk) > room:
-            truncated = True
-            if room > 0:
-                buf += chunk[:room]
-        else:
-            buf += chunk
+        truncated = append_capped(buf, chunk, max_output) or truncated
     return truncated

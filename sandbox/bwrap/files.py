@@ -24,6 +24,7 @@ from palaestra.sandbox.base import (
     SandboxFileTooLarge,
     SandboxPathError,
     SandboxTreeTooDeep,
+    upload_member,
 )
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -128,11 +129,9 @@ class Workspace:
     def upload(self, data: bytes, dest: list[str]) -> None:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
             for m in tf:
-                name = posixpath.normpath(m.name)
-                if name == ".":
+                name = upload_member(m)
+                if name is None:
                     continue
-                if name.startswith("/") or name == ".." or name.startswith("../"):
-                    raise SandboxPathError(f"tar member {m.name!r} escapes the destination")
                 parts = dest + name.split("/")
                 if m.isdir():
                     self._close(self._open_dir(parts, create=True))
@@ -140,23 +139,15 @@ class Workspace:
                     f = tf.extractfile(m)
                     assert f is not None
                     self.write(parts, f.read(), (m.mode & 0o777) | 0o600)
-                elif m.issym():
-                    target = m.linkname
-                    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-                    if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
-                        raise SandboxPathError(f"tar symlink {m.name!r} -> {target!r} escapes")
+                else:  # a symlink inside the destination (upload_member)
                     dfd = self._open_dir(parts[:-1], create=True)
                     try:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(parts[-1], dir_fd=dfd)
-                        os.symlink(target, parts[-1], dir_fd=dfd)
+                        os.symlink(m.linkname, parts[-1], dir_fd=dfd)
                         self._chown(parts[-1], dfd)
                     finally:
                         os.close(dfd)
-                else:
-                    raise SandboxPathError(
-                        f"tar member {m.name!r}: unsupported type (links/devices)"
-                    )
 
     @staticmethod
     def _close(fd: int) -> None:

@@ -20,7 +20,7 @@ from palaestra.sandbox import exechelper
 from palaestra.sandbox.base import ExecResult, SandboxDeadError, SandboxError
 from palaestra.sandbox.bwrap.jail import KILL_GRACE_S, Jail, init_gone, parse_status, read_status
 from palaestra.sandbox.bwrap.launch import JOIN_FAILED, LAUNCH_FAILED
-from palaestra.sandbox.preamble import TIMEOUT_EXIT_CODE, memory_error
+from palaestra.sandbox.preamble import TIMEOUT_EXIT_CODE, append_capped, memory_error
 from palaestra.sandbox.spawn import CHUNK, drain_capped, killpg
 
 
@@ -75,12 +75,8 @@ async def run_stub(
             if not eof[fd].done():
                 eof[fd].set_result(None)
             return
-        buf = bufs[fd]
-        room = max_output - len(buf)
-        if len(chunk) > room:
+        if append_capped(bufs[fd], chunk, max_output):
             truncated = True
-            chunk = chunk[: max(0, room)]
-        buf += chunk
 
     def on_status() -> None:
         try:

@@ -66,6 +66,7 @@ from palaestra.sandbox.preamble import (
     NOFILE,
     SANDBOX_UID,
     TIMEOUT_EXIT_CODE,
+    append_capped,
     memory_error,
     prepare_exec,
 )
@@ -308,14 +309,8 @@ class DockerSandbox(Sandbox):
                         return
                     kind, size = head[0], struct.unpack(">I", head[4:])[0]
                     payload = await reader.readexactly(size)
-                    buf = err if kind == 2 else out
-                    room = max_output - len(buf)
-                    if len(payload) > room:
+                    if append_capped(err if kind == 2 else out, payload, max_output):
                         truncated = True
-                        if room > 0:
-                            buf += payload[:room]
-                    else:
-                        buf += payload
 
             remaining = max(0.0, timeout - (time.monotonic() - start))
             pumping = asyncio.ensure_future(pump())
