@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from palaestra.sandbox.bwrap import backend as backend_mod
 from palaestra.sandbox.base import (
     SandboxCreateError,
     SandboxDeadError,
@@ -25,6 +24,7 @@ from palaestra.sandbox.base import (
     SandboxSpec,
 )
 from palaestra.sandbox.bwrap import BwrapBackend, BwrapSandbox, bwrap_available
+from palaestra.sandbox.bwrap import backend as backend_mod
 
 _OK, _WHY = bwrap_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")

@@ -48,6 +48,7 @@ GIT_CONFIG = (
     ("safe.directory", "*"),
 )
 
+
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
