@@ -11,12 +11,20 @@ import abc
 import asyncio
 import os
 import posixpath
+import tarfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def default_cache() -> Path:
+    """The cache folder backends build into when the caller names none (the server passes
+    its `cache` setting): the exec helper, bwrap image rootfs folders, docker's shell copy."""
+    return Path.home() / ".cache" / "palaestra"
 
 
 class SandboxError(Exception):
@@ -74,6 +82,26 @@ class SandboxTreeTooDeep(SandboxPathError):
     """A download met a tree nested deeper than MAX_TREE_DEPTH."""
 
     failure = "too_deep"
+
+
+def upload_member(m: tarfile.TarInfo) -> str | None:
+    """Every backend's rule for a member of an uploaded tar: its normalised name (None for
+    the archive's root, "."), or SandboxPathError when it escapes its destination (an
+    absolute or ``..`` name, a symlink pointing out of it) or is not a directory, regular
+    file or symlink (hard links, devices)."""
+    name = posixpath.normpath(m.name)
+    if name == ".":
+        return None
+    if name.startswith("/") or name == ".." or name.startswith("../") or "\0" in name:
+        raise SandboxPathError(f"tar member {m.name!r} escapes the destination")
+    if m.issym():
+        target = m.linkname
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+        if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
+            raise SandboxPathError(f"tar symlink {m.name!r} -> {target!r} escapes")
+    elif not (m.isdir() or m.isreg()):
+        raise SandboxPathError(f"tar member {m.name!r}: unsupported type (links/devices)")
+    return name
 
 
 def read_limit(spec: SandboxSpec) -> int:

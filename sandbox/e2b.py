@@ -56,15 +56,20 @@ from palaestra.sandbox.base import (
     SandboxSpec,
     SandboxSpecError,
     close_all,
-    command_argv,
-    sandbox_env,
+    upload_member,
+)
+from palaestra.sandbox.preamble import (
+    TIMEOUT_EXIT_CODE,
+    append_capped,
+    memory_error,
+    prepare_exec,
+    rlimits,
 )
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = "base"
 DEFAULT_USER = "user"
-TIMEOUT_EXIT_CODE = -9
 KILL_GRACE_S = 0.9
 MISSING_EXIT = 44  # our wrapper's "no such path" for download_tar
 MARKER = "PALAESTRA_EXEC"
@@ -104,20 +109,7 @@ def check_tar_members(data: bytes) -> None:
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
             for m in tf:
-                name = posixpath.normpath(m.name)
-                if name == ".":
-                    continue
-                if name.startswith("/") or name == ".." or name.startswith("../"):
-                    raise SandboxPathError(f"tar member {m.name!r} escapes the destination")
-                if m.issym():
-                    target = m.linkname
-                    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-                    if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
-                        raise SandboxPathError(f"tar symlink {m.name!r} -> {target!r} escapes")
-                elif not (m.isdir() or m.isreg()):
-                    raise SandboxPathError(
-                        f"tar member {m.name!r}: unsupported type (links/devices)"
-                    )
+                upload_member(m)
     except tarfile.TarError as e:
         raise SandboxError(f"not a tar archive: {e}") from e
 
@@ -297,26 +289,25 @@ class E2BSandbox(Sandbox):
         max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> ExecResult:
         self._check_alive()
-        argv = command_argv(cmd)
-        if timeout is None:
-            timeout = self.spec.default_timeout_s
+        x = prepare_exec(
+            self.spec, self._workdir, cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin
+        )
+        argv, timeout, run_dir, data = x.argv, x.timeout, x.cwd, x.stdin
         token = secrets.token_hex(12)
-        full_env = sandbox_env(self.spec, self._workdir, env)
-        full_env[MARKER] = token
+        full_env = {**x.env, MARKER: token}
         q = shlex.quote
-        run_dir = posixpath.normpath(posixpath.join(self._workdir, cwd or "."))
-        data = stdin.encode() if isinstance(stdin, str) else stdin
         stdin_path = "/dev/null"
         start = time.monotonic()
         if data:
             stdin_path = f"/tmp/.palaestra-stdin-{token}"
             await self._write_raw(stdin_path, data)
         envs = " ".join(q(f"{k}={v}") for k, v in full_env.items())
-        kb = self.spec.memory_mb * 1024
+        limits = rlimits(self.spec, memory_cgroup=False)
         script = (
             f"cd -- {q(run_dir)} 2>/dev/null || "
             f"{{ echo {q(f'palaestra: cannot chdir to {run_dir}')} >&2; exit 1; }}\n"
-            f"(ulimit -v {kb}; ulimit -c 0; ulimit -n 1024; "
+            f"(ulimit -v {limits['as'] // 1024}; ulimit -c {limits['core']}; "
+            f"ulimit -n {limits['nofile']}; "
             f"exec /usr/bin/env -i {envs} {' '.join(q(a) for a in argv)}) <{q(stdin_path)}\n"
             "_rc=$?\n"
             + (f"rm -f -- {q(stdin_path)}\n" if data else "")
@@ -330,13 +321,8 @@ class E2BSandbox(Sandbox):
             def on(chunk: str) -> None:
                 nonlocal truncated
                 raw = chunk.encode("utf-8", errors="surrogateescape")
-                room = max_output - len(buf)
-                if len(raw) > room:
+                if append_capped(buf, raw, max_output):
                     truncated = True
-                    if room > 0:
-                        buf.extend(raw[:room])
-                else:
-                    buf.extend(raw)
 
             return on
 
@@ -381,7 +367,7 @@ class E2BSandbox(Sandbox):
         assert code is not None
         if code < 0:  # envd's report of a signal death of the wrapper itself
             code = 128 + 9
-        oom = code == 128 + 9 or _memory_error(stderr)
+        oom = code == 128 + 9 or memory_error(stderr)
         return ExecResult(code, stdout, stderr, False, oom, truncated, duration)
 
     async def _kill_marked(self, token: str, handle: Any) -> None:
@@ -471,8 +457,3 @@ class E2BSandbox(Sandbox):
             with contextlib.suppress(Exception):
                 await self.remote.commands.run(f"rm -f -- {q(tmp)}", user=self.user, timeout=30)
         return _strip_dot(bytes(raw))
-
-
-def _memory_error(stderr: str) -> bool:
-    tail = stderr.rstrip().rsplit("\n", 1)[-1]
-    return tail.startswith("MemoryError") or tail.endswith("MemoryError")

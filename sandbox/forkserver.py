@@ -1,9 +1,7 @@
 """One-shot Python sandboxes forked from a zygote (a fork server).
 
-Why: a fresh ``bwrap … python3 -I -S -c CODE`` costs ≈ 15 ms of CPU (the
-``setpriv → prlimit → bwrap`` chain, a fresh interpreter, namespace set-up); verifying a
-HumanEval task runs one such program.  Forking an interpreter that is already running
-costs a fraction of that.
+Forking an interpreter that is already running costs a fraction of a fresh ``bwrap …
+python3 -I -S -c CODE`` (docs/decisions.md has the figures).
 
 Design
 ------
@@ -73,15 +71,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import posixpath
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import time
@@ -89,38 +84,32 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from palaestra.sandbox import seccomp
+from palaestra.sandbox import programs, seccomp
 from palaestra.sandbox.base import (
     BASE_PATH,
     ExecResult,
     SandboxError,
-    SandboxPathError,
     SandboxSpec,
     sandbox_env,
 )
-from palaestra.sandbox.bwrap import (
-    KILL_GRACE_S,
+from palaestra.sandbox.bwrap.host import bwrap_available, is_root
+from palaestra.sandbox.bwrap.jail import KILL_GRACE_S
+from palaestra.sandbox.bwrap.launch import CgroupMode, resolve_cgroups
+from palaestra.sandbox.bwrap.mounts import etc_args, usr_symlinks, write_etc_files
+from palaestra.sandbox.cgroups import CgroupManager
+from palaestra.sandbox.forkrun import WORKDIR, payload, sealed_memfd
+from palaestra.sandbox.preamble import (
     SANDBOX_GID,
     SANDBOX_UID,
     TIMEOUT_EXIT_CODE,
-    CgroupMode,
-    _cgroup_manager,
-    _etc_args,
-    _is_root,
-    _memory_error,
-    _usr_symlinks,
-    bwrap_available,
-    drain_capped,
-    write_etc_files,
+    memory_error,
 )
-from palaestra.sandbox.cgroups import CgroupManager
 from palaestra.sandbox.runcgroup import RunCgroup
-from palaestra.sandbox.spawn import spawn
+from palaestra.sandbox.spawn import drain_capped, spawn
 
 log = logging.getLogger("palaestra.sandbox.forkserver")
 
 PYTHON = "/usr/bin/python3"
-WORKDIR = "/work"
 START_TIMEOUT_S = 15.0
 # A run's memory cgroup allows this much above its memory_mb (RLIMIT_AS per process): what
 # the forked interpreter copies of the zygote's pages, so one process meets its own
@@ -137,419 +126,14 @@ class ForkServerUnavailable(SandboxError):
     """The fork server cannot start here (no bwrap, no nested user namespaces…)."""
 
 
-# The zygote: runs inside the bwrap jail as `python3 -I -S -c ZYGOTE <ctl fd>`. It never reads
-# task data: it forks on control messages and closes the descriptors it was handed.
-ZYGOTE = r'''
-import builtins, ctypes, errno, heapq, io, json, os, select, signal, socket, struct, sys, time
-import traceback, types
-# Pre-imported for the programs it forks (the hidden-test runner uses these).
-import ast, atexit, base64, collections, copy, fcntl, functools, itertools, math, random, re
-import resource, string, subprocess, threading, typing
-
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                       ctypes.c_char_p)
-libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                       ctypes.c_ulong)
-libc.unshare.argtypes = (ctypes.c_int,)
-libc.sethostname.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
-libc.capset.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
-
-NEWNS, NEWUTS, NEWIPC = 0x00020000, 0x04000000, 0x08000000
-NEWUSER, NEWPID, NEWNET = 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 0x4000, 1 << 18
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 1, 24, 36
-PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-UID = GID = 1000
-ENCODING = sys.stdout.encoding or "utf-8"
-
-
-def check(rc, what):
-    if rc != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, what + ": " + os.strerror(e))
-
-
-def put(path, text):
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def mount(src, target, fstype, flags, data=None):
-    check(libc.mount(src, target, fstype, flags, data), "mount " + target.decode())
-
-
-def read_exact(fd, n):
-    parts = []
-    while n:
-        chunk = os.read(fd, min(n, 1 << 20))
-        if not chunk:
-            raise EOFError("the run's data ended early")
-        parts.append(chunk)
-        n -= len(chunk)
-    return b"".join(parts)
-
-
-def loopback_up():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        req = struct.pack("16sh22x", b"lo", 0)
-        flags = struct.unpack("16sh22x", fcntl.ioctl(s, 0x8913, req))[1]  # SIOCGIFFLAGS
-        fcntl.ioctl(s, 0x8914, struct.pack("16sh22x", b"lo", flags | 1))  # SIOCSIFFLAGS, UP
-    finally:
-        s.close()
-
-
-def drop_capabilities():
-    for cap in range(64):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            if ctypes.get_errno() == errno.EINVAL:
-                break
-            check(-1, "PR_CAPBSET_DROP")
-    check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient caps")
-    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    data = (ctypes.c_uint32 * 6)()
-    check(libc.capset(header, data), "capset")
-
-
-def apply_seccomp():
-    """The bwrap backend's seccomp filter (passed hex-encoded as argv[2]), for this process."""
-    if len(sys.argv) < 3 or not sys.argv[2]:
-        return
-    prog = bytes.fromhex(sys.argv[2])
-
-    class FProg(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    buf = ctypes.create_string_buffer(prog, len(prog))
-    fprog = FProg(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
-          "seccomp")
-
-
-def exit_status(code):
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        sys.stderr.write(str(code) + "\n")
-    except BaseException:
-        pass
-    return 1
-
-
-def run_program(code):
-    """What `python3 -I -S -c code` does, in this (forked) interpreter."""
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
-        io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding=ENCODING)
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
-        io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), encoding=ENCODING)
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-        io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding=ENCODING,
-        errors="backslashreplace", line_buffering=True)
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = builtins
-    sys.modules["__main__"] = main
-    sys.argv = ["-c"]
-    sys.orig_argv = [sys.executable, "-I", "-S", "-c", code]
-    try:
-        exec(compile(code, "<string>", "exec"), main.__dict__)
-        status = 0
-    except SystemExit as e:
-        status = exit_status(e.code)
-    except BaseException:
-        status = 1
-        try:
-            sys.excepthook(*sys.exc_info())
-        except BaseException:
-            pass
-    try:
-        threading._shutdown()
-        atexit._run_exitfuncs()
-    except SystemExit as e:
-        status = exit_status(e.code)
-    except BaseException:
-        pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            if stream is sys.stdout and status == 0:
-                status = 120
-    os._exit(status)
-
-
-def grandchild(req, data_fd, out_fd, err_fd, status_w, lifeline):
-    """pid 1 of the run's pid namespace: finish the jail, unpack the files, run the program."""
-    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-    if select.select([lifeline], [], [], 0)[0]:
-        os._exit(255)  # the parent died before PDEATHSIG was armed
-    os.close(lifeline)
-    mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    if req.get("net_ns"):
-        loopback_up()
-    # No nested user namespaces below this one (needs CAP_SYS_RESOURCE here, which we still
-    # hold until drop_capabilities below).
-    put("/proc/sys/user/max_user_namespaces", "0")
-    (n,) = struct.unpack(">I", read_exact(data_fd, 4))
-    header = json.loads(read_exact(data_fd, n))
-    code = None
-    for name, size in header["files"]:
-        data = read_exact(data_fd, size)
-        if name is None:
-            code = data.decode("utf-8", "surrogateescape")
-            continue
-        path = "/work/" + name
-        parent = os.path.dirname(path)
-        if parent != "/work":
-            os.makedirs(parent, 0o755, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-    os.dup2(data_fd, 0)  # what is left of it is the program's stdin
-    os.dup2(out_fd, 1)
-    os.dup2(err_fd, 2)
-    mem, ws = req["memory_mb"] << 20, req["workspace_mb"] << 20
-    for res, val in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, ws),
-                     (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 1024),
-                     (resource.RLIMIT_NPROC, req["nproc"])):
-        resource.setrlimit(res, (val, val))
-    drop_capabilities()
-    apply_seccomp()
-    os.chdir("/work")
-    os.write(status_w, b"1")
-    os.closerange(3, 1 << 20)
-    run_program(code)
-
-
-def child(req, fds, status_w, own_fds):
-    """The run's first process: new namespaces and mounts, then pid 1 below it."""
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in own_fds:
-            os.close(fd)
-        data_fd, out_fd, err_fd = fds[:3]
-        if len(fds) == 4:
-            # The server moves us into the run's cgroup (it reads our pid from this message's
-            # credentials) before we start anything: all the run's processes are inside it.
-            os.write(fds[3], b"p")
-            if os.read(fds[3], 1) != b"g":
-                raise OSError("the server did not put the run in its cgroup")
-            os.close(fds[3])
-        flags = NEWUSER | NEWNS | NEWPID | NEWIPC | NEWUTS | (NEWNET if req.get("net_ns") else 0)
-        check(libc.unshare(flags), "unshare")
-        put("/proc/self/setgroups", "deny")
-        put("/proc/self/uid_map", "%d %d 1" % (UID, UID))
-        put("/proc/self/gid_map", "%d %d 1" % (GID, GID))
-        mount(None, b"/", None, MS_REC | MS_PRIVATE)
-        mb = int(req["workspace_mb"])
-        inodes = max(8192, mb * 256)
-        for target, mode in ((b"/work", b"0755"), (b"/tmp", b"1777"), (b"/dev/shm", b"1777")):
-            opts = b"size=%dm,nr_inodes=%d,mode=%s" % (mb, inodes, mode)
-            mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
-        try:
-            mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC,
-                  b"newinstance,ptmxmode=0666,mode=0620")
-        except OSError:
-            mount(b"tmpfs", b"/dev/pts", b"tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, b"size=4k")
-        check(libc.sethostname(b"sandbox", 7), "sethostname")
-        lifeline_r, lifeline_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(lifeline_w)
-                grandchild(req, data_fd, out_fd, err_fd, status_w, lifeline_r)
-            except BaseException as e:
-                try:
-                    os.write(status_w, ("E" + repr(e))[:4000].encode())
-                finally:
-                    os._exit(255)
-        for fd in (lifeline_r, data_fd, out_fd, err_fd, status_w):
-            os.close(fd)
-        _, status = os.waitpid(pid, 0)
-        code = os.waitstatus_to_exitcode(status)
-        os._exit(code if code >= 0 else 128 - code)
-    except BaseException as e:
-        try:
-            os.write(status_w, ("E" + repr(e))[:4000].encode())
-        finally:
-            os._exit(255)
-
-
-def main():
-    ctl = socket.socket(fileno=int(sys.argv[1]))
-    check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    signal.set_wakeup_fd(wake_w)
-    os.set_blocking(ctl.fileno(), False)
-    children = {}  # pid -> [run id, deadline, status fd, timed out]
-    by_id = {}
-    heap = []
-
-    def reply(msg):
-        data = json.dumps(msg).encode()
-        while True:
-            try:
-                ctl.send(data)
-                return
-            except BlockingIOError:
-                select.select([], [ctl], [])
-
-    def kill(pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-    def spawn(req, fds):
-        if len(fds) != (4 if req.get("cgroup") else 3):
-            for fd in fds:
-                os.close(fd)
-            reply({"id": req.get("id"), "code": 255, "timed_out": False,
-                   "setup_error": "expected 3 descriptors (4 with a cgroup)"})
-            return
-        status_r, status_w = os.pipe()
-        own = [ctl.fileno(), wake_r, wake_w, status_r] + [c[2] for c in children.values()]
-        pid = os.fork()
-        if pid == 0:
-            child(req, fds, status_w, own)
-        os.close(status_w)
-        for fd in fds:
-            os.close(fd)
-        deadline = time.monotonic() + float(req["timeout"])
-        children[pid] = [req["id"], deadline, status_r, False]
-        by_id[req["id"]] = pid
-        heapq.heappush(heap, (deadline, pid))
-
-    def reap():
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            entry = children.pop(pid, None)
-            if entry is None:
-                continue  # an orphan re-parented to us (we are a subreaper)
-            run_id, _, status_r, timed_out = entry
-            by_id.pop(run_id, None)
-            os.set_blocking(status_r, False)
-            try:
-                note = os.read(status_r, 8192)
-            except OSError:
-                note = b""
-            os.close(status_r)
-            code = os.waitstatus_to_exitcode(status)
-            msg = {"id": run_id, "code": code if code >= 0 else 128 - code,
-                   "timed_out": timed_out, "setup_error": None}
-            if not note.startswith(b"1") and not timed_out:
-                msg["setup_error"] = note[1:].decode("utf-8", "replace") or (
-                    "the run died before its program started (exit %d)" % code)
-            reply(msg)
-
-    reply({"ready": True, "pid": os.getpid()})
-    while True:
-        now = time.monotonic()
-        while heap and (heap[0][1] not in children or heap[0][0] <= now):
-            deadline, pid = heapq.heappop(heap)
-            entry = children.get(pid)
-            if entry is not None and entry[1] == deadline and not entry[3]:
-                entry[3] = True
-                kill(pid)
-        timeout = max(0.0, heap[0][0] - now) if heap else None
-        ready = select.select([ctl, wake_r], [], [], timeout)[0]
-        if wake_r in ready:
-            try:
-                while os.read(wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
-        if ctl in ready:
-            while True:
-                try:
-                    msg, fds, _, _ = socket.recv_fds(ctl, 65536, 8)
-                except BlockingIOError:
-                    break
-                if not msg:
-                    for pid in list(children):
-                        kill(pid)
-                    os._exit(0)
-                req = json.loads(msg)
-                if "kill" in req:
-                    for fd in fds:
-                        os.close(fd)
-                    pid = by_id.get(req["kill"])
-                    if pid is not None and not children[pid][3]:
-                        children[pid][3] = True
-                        kill(pid)
-                    continue
-                spawn(req, fds)
-        reap()
-
-
-main()
-'''
-
-
-def _payload(code: str, files: Mapping[str, bytes], stdin: bytes) -> bytes:
-    """The run's memfd: a header, the program, the files, then the program's stdin."""
-    names: list[str | None] = [None]
-    blobs = [code.encode("utf-8", "surrogateescape")]
-    for name, data in files.items():
-        names.append(_check_name(name))
-        blobs.append(bytes(data))
-    header = json.dumps({"files": [[n, len(b)] for n, b in zip(names, blobs, strict=True)]})
-    raw = header.encode()
-    return b"".join([struct.pack(">I", len(raw)), raw, *blobs, stdin])
-
-
-def _check_name(name: str) -> str:
-    norm = posixpath.normpath(name)
-    if norm.startswith(WORKDIR + "/"):
-        norm = norm[len(WORKDIR) + 1 :]
-    if (
-        "\0" in name
-        or not name
-        or norm.startswith("/")
-        or norm in (".", "..")
-        or norm.startswith("../")
-    ):
-        raise SandboxPathError(f"file name {name!r} must be a relative path inside {WORKDIR}")
-    return norm
+# The zygote (programs/zygote.py) runs inside the bwrap jail as `python3 -I -S -c ZYGOTE <ctl
+# fd> <seccomp hex>`. It never reads task data: it forks on control messages and closes the
+# descriptors it was handed.
+ZYGOTE = programs.text("zygote.py")
 
 
 def _protocol_factory(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
     return lambda: asyncio.StreamReaderProtocol(reader)
-
-
-def _sealed_memfd(data: bytes) -> int:
-    fd = os.memfd_create("palaestra-run", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _seccomp_hex() -> str:
@@ -578,24 +162,17 @@ class PythonForkServer:
         cpus: float | None = SandboxSpec.cpus,
     ) -> None:
         if runtime_dir is None:
-            if _is_root():
+            if is_root():
                 runtime_dir = Path("/run/palaestra")
             else:
                 runtime_dir = Path(tempfile.gettempdir()) / f"palaestra-{os.getuid()}"
         self.runtime_dir = runtime_dir
-        self._host_uid: int | None = host_uid if _is_root() else None
+        self._host_uid: int | None = host_uid if is_root() else None
         self.net_ns = net_ns
         self.nproc = nproc
         # Each run gets a cgroup of its own, as a bwrap sandbox does: pids, memory, CPU.
         self.pids, self.cpus = pids, cpus
-        if isinstance(cgroups, CgroupManager):
-            self.cgroups: CgroupManager | None = cgroups
-            self.cgroup_status = cgroups.describe()
-        elif cgroups == "off":
-            self.cgroups, self.cgroup_status = None, "cgroups off (rlimits only)"
-        else:
-            self.cgroups, why = _cgroup_manager()
-            self.cgroup_status = why if self.cgroups else f"cgroups unavailable: {why}"
+        self.cgroups, self.cgroup_status = resolve_cgroups(cgroups)
         self._proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -645,7 +222,7 @@ class PythonForkServer:
             self._started_once = True
 
     def _bwrap_argv(self, bwrap: str, etc: Path, fd: int) -> list[str]:
-        a = [bwrap, "--ro-bind", "/usr", "/usr", *_usr_symlinks(), *_etc_args()]
+        a = [bwrap, "--ro-bind", "/usr", "/usr", *usr_symlinks(), *etc_args()]
         for f in ("passwd", "group", "hosts"):
             a += ["--ro-bind", str(etc / f), f"/etc/{f}"]
         a += ["--proc", "/proc", "--dev", "/dev", "--dir", "/dev/shm", "--remount-ro", "/dev"]
@@ -873,7 +450,7 @@ class PythonForkServer:
         workspace_mb: int,
     ) -> ExecResult:
         loop = asyncio.get_running_loop()
-        memfd = _sealed_memfd(_payload(code, files, stdin))
+        memfd = sealed_memfd(payload(code, files, stdin))
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         sync_ours = sync_theirs = None
@@ -961,7 +538,7 @@ class PythonForkServer:
         if report.get("setup_error"):
             raise SandboxError(f"the fork server could not set up the run: {report['setup_error']}")
         code_ = int(report["code"])
-        oom = code_ == 128 + signal.SIGKILL or _memory_error(stderr)
+        oom = code_ == 128 + signal.SIGKILL or memory_error(stderr)
         if rc is not None:
             oom = oom or rc.oom_killed()
         return ExecResult(code_, stdout, stderr, False, oom, truncated, duration)

@@ -7,6 +7,8 @@ cancelled while its bwrap was starting (a batch step's caller gone, a shell inte
 never returned, and with it the episode's lock. `spawn` lets the creation finish, then
 honours the cancellation: it kills what it started, waits (bounded) for it to exit and
 raises CancelledError. The delay is the creation's own, a few milliseconds.
+
+Also what every local child process needs: `killpg` and reading its output capped.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import os
 import signal
 from typing import Any
 
+from palaestra.sandbox.preamble import append_capped
+
 KILL_GRACE_S = 1.0
+CHUNK = 64 * 1024
 
 
 async def spawn(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
@@ -51,3 +56,19 @@ async def _outlast(fut: asyncio.Future[Any], timeout: float | None = None) -> bo
         except asyncio.CancelledError:
             cancelled = True
     return cancelled
+
+
+def killpg(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the process group of `proc` (started with ``start_new_session``), if it runs."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def drain_capped(stream: asyncio.StreamReader, buf: bytearray, max_output: int) -> bool:
+    """Read `stream` to EOF, keeping its first `max_output` bytes; True if any were dropped."""
+    truncated = False
+    while chunk := await stream.read(CHUNK):
+        truncated = append_capped(buf, chunk, max_output) or truncated
+    return truncated

@@ -11,6 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from palaestra.sandbox.base import default_cache
+from palaestra.sandbox.docker.engine import BASE_IMAGE
+
 REPO_PACKS = Path(__file__).resolve().parent.parent / "packs"
 REPO_IMAGES = Path(__file__).resolve().parent.parent / "images"
 BUILT_IMAGES = ("base", "cad", "coding", "terminal")  # images/ when the tree is not at hand
@@ -48,6 +51,20 @@ class Settings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     sandbox: str = Field(default="bwrap", description="sandbox backend")
+    cache: Path = Field(
+        default_factory=lambda: default_cache(),
+        description="cache folder: the exec helper's build, image rootfs folders, docker's bash",
+    )
+    images_dir: Path | None = Field(
+        default=None,
+        description="bwrap image rootfs folders <name>/rootfs (default <cache>/images)",
+    )
+    exec_helper: bool = Field(
+        default=True, description="bwrap: start jails through the exec helper (built on first use)"
+    )
+    docker_image: str = Field(
+        default=BASE_IMAGE, description="docker: the image of a spec without one"
+    )
     pool_size: int = Field(
         default=4, ge=0, description="warm sandboxes kept ready per sandbox spec (0: no pool)"
     )

@@ -20,15 +20,18 @@ from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.store import Store
 
 
-def make_backend(name: str) -> Backend:
+def make_backend(settings: Settings) -> Backend:
+    name = settings.sandbox
     if name == "bwrap":
         from palaestra.sandbox.bwrap import BwrapBackend
 
-        return BwrapBackend()
+        return BwrapBackend(
+            cache=settings.cache, images_dir=settings.images_dir, exec_helper=settings.exec_helper
+        )
     if name == "docker":
-        from palaestra.sandbox.docker import BASE_IMAGE, DockerBackend
+        from palaestra.sandbox.docker import DockerBackend
 
-        return DockerBackend(default_image=os.environ.get("PALAESTRA_DOCKER_IMAGE", BASE_IMAGE))
+        return DockerBackend(default_image=settings.docker_image, cache=settings.cache)
     if name == "e2b":
         from palaestra.sandbox.e2b import E2BBackend
 
@@ -60,7 +63,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     pack_store.load_into(packs, [f.name for f in families.all()], policy)
     fork_server = None
     if backend is None:
-        backend = with_pool(make_backend(settings.sandbox), settings)
+        backend = with_pool(make_backend(settings), settings)
         fork_server = make_fork_server(settings.sandbox)
     metrics = Metrics()
     if isinstance(backend, WarmPool):

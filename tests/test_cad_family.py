@@ -304,10 +304,11 @@ def test_pack_check_passes_on_a_sample() -> None:
 def test_ro_binds_are_checked() -> None:
     """The sandbox spec field the cad family relies on refuses what could hurt."""
     from palaestra.sandbox import SandboxSpec
-    from palaestra.sandbox.base import SandboxSpecError
-    from palaestra.sandbox.bwrap import check_spec
+    from palaestra.sandbox.base import SandboxSpecError, default_cache
+    from palaestra.sandbox.bwrap.spec import check_spec
 
     site = runtime.trimesh_toolchain().site or "/usr/lib"
+    images = default_cache() / "images"
     for binds, word in [
         (((site, "/usr/lib/x"),), "/usr"),
         (((site, "/work/site"),), "/work"),
@@ -315,8 +316,8 @@ def test_ro_binds_are_checked() -> None:
         ((("/no/such/dir", "/opt/x"),), "not an existing directory"),
     ]:
         with pytest.raises(SandboxSpecError, match=word):
-            check_spec(SandboxSpec(ro_binds=binds))
-    check_spec(SandboxSpec(ro_binds=((site, "/opt/palaestra/trimesh"),)))
+            check_spec(SandboxSpec(ro_binds=binds), images)
+    check_spec(SandboxSpec(ro_binds=((site, "/opt/palaestra/trimesh"),)), images)
 
 
 def test_a_toolchain_missing_in_the_sandbox_voids_instead_of_scoring_zero(

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from palaestra.sandbox import bwrap as bwrap_mod
 from palaestra.sandbox.base import (
     SandboxCreateError,
     SandboxDeadError,
@@ -25,6 +24,7 @@ from palaestra.sandbox.base import (
     SandboxSpec,
 )
 from palaestra.sandbox.bwrap import BwrapBackend, BwrapSandbox, bwrap_available
+from palaestra.sandbox.bwrap import backend as backend_mod
 
 _OK, _WHY = bwrap_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")
@@ -63,20 +63,20 @@ async def test_echo_exit_codes_stderr(box: BwrapSandbox) -> None:
 
 
 async def test_bwrap_setup_failure_is_sandbox_error(box: BwrapSandbox) -> None:
-    args = box._static_args
-    box._static_args = [*args, "--ro-bind", "/nonexistent-palaestra", "/x"]
+    args = box.jails.static
+    box.jails.static = [*args, "--ro-bind", "/nonexistent-palaestra", "/x"]
     with pytest.raises(SandboxError) as ei:
         await box.exec(["true"])
     assert not isinstance(ei.value, SandboxDeadError)
-    box._static_args = ["/nonexistent/bwrap", *args[1:]]
+    box.jails.static = ["/nonexistent/bwrap", *args[1:]]
     with pytest.raises(SandboxError):
         await box.exec(["true"])
-    box._static_args = args
+    box.jails.static = args
     assert (await box.exec(["true"])).ok
 
 
 async def test_create_without_bwrap(backend: BwrapBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bwrap_mod, "bwrap_available", lambda: (False, "bwrap not found"))
+    monkeypatch.setattr(backend_mod, "bwrap_available", lambda: (False, "bwrap not found"))
     with pytest.raises(SandboxCreateError, match="bwrap not found"):
         await backend.create(SandboxSpec())
     assert backend.live_count == 0

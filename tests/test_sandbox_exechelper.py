@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from palaestra.sandbox import exechelper
-from palaestra.sandbox.base import ExecResult, SandboxSpec
+from palaestra.sandbox.base import ExecResult, SandboxSpec, default_cache
 from palaestra.sandbox.bwrap import BwrapBackend, BwrapSandbox, bwrap_available
 
 _OK, _WHY = bwrap_available()
-_HELPER, _NO_HELPER = exechelper.helper_binary()
+_HELPER, _NO_HELPER = exechelper.helper_binary(default_cache())
 pytestmark = [
     pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}"),
     pytest.mark.skipif(_HELPER is None, reason=f"no exec helper here: {_NO_HELPER}"),
@@ -49,7 +49,7 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 def _waiting(box: BwrapSandbox) -> asyncio.subprocess.Process | None:
     """The process of the jail waiting for `box`'s next exec, if one is up."""
-    fut = box._next
+    fut = box.jails.ahead
     if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
         return None
     return fut.result().proc
@@ -219,7 +219,7 @@ async def test_warm_pool_hands_out_ready_jails(tmp_path: Path) -> None:
         assert pool.pooled == 2
         async with await pool.create(SPEC) as box:
             assert isinstance(box, BwrapSandbox)
-            fut = box._next
+            fut = box.jails.ahead
             assert fut is not None and fut.done() and fut.result().ready
             assert (await box.exec(["echo", "warm"])).stdout == "warm\n"
     finally:

@@ -17,15 +17,9 @@ import pytest
 from palaestra.sandbox import cgroups as cgroups_mod
 from palaestra.sandbox import seccomp
 from palaestra.sandbox.base import SandboxGone, SandboxSpec, SandboxSpecError
-from palaestra.sandbox.bwrap import (
-    BwrapBackend,
-    BwrapSandbox,
-    _unmount,
-    bwrap_available,
-    default_runtime_base,
-    host_cpus,
-    host_memory_mb,
-)
+from palaestra.sandbox.bwrap import BwrapBackend, BwrapSandbox, bwrap_available
+from palaestra.sandbox.bwrap.host import default_runtime_base, host_cpus, host_memory_mb
+from palaestra.sandbox.bwrap.mounts import unmount
 
 _OK, _WHY = bwrap_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")
@@ -263,7 +257,7 @@ def _not_waiting(box: BwrapSandbox) -> list[int]:
     and the exec helper's stub, which runs no code of the sandbox's)."""
     assert box.cgroup is not None
     procs = box.cgroup.procs()
-    fut = box._next
+    fut = box.jails.ahead
     if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
         return procs
     jail, tree = fut.result().proc.pid, set()
@@ -318,7 +312,7 @@ async def test_close_removes_cgroup(backend: BwrapBackend) -> None:
 async def test_lost_workspace_is_sandbox_gone(backend: BwrapBackend) -> None:
     s = await backend.create(SandboxSpec())
     assert (await s.exec("true")).ok
-    _unmount(s.workspace)  # what an infrastructure fault would do
+    unmount(s.workspace)  # what an infrastructure fault would do
     with pytest.raises(SandboxGone, match="unmounted"):
         await s.exec("true")
     assert not s.alive and backend.live_count == 0
@@ -374,7 +368,7 @@ def test_collector_reaps_dead_server() -> None:
             with contextlib.suppress(OSError):
                 d.rmdir()
         if str(ws) in Path("/proc/mounts").read_text():
-            _unmount(ws)
+            unmount(ws)
         shutil.rmtree(base / dead, ignore_errors=True)
 
 
@@ -408,7 +402,7 @@ def tiny_rootfs() -> Iterator[Path]:
     try:
         yield root
     finally:
-        _unmount(root / "usr")
+        unmount(root / "usr")
         shutil.rmtree(top, ignore_errors=True)
 
 
@@ -430,14 +424,14 @@ async def test_image_rootfs_by_path(
     backend: BwrapBackend, tiny_rootfs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A path is taken only inside the operator's images dir (tests/redteam/test_host_paths.py).
-    monkeypatch.setenv("PALAESTRA_IMAGES_DIR", str(tiny_rootfs.parent.parent))
+    monkeypatch.setattr(backend, "images_dir", tiny_rootfs.parent.parent)
     await _check_image(backend, str(tiny_rootfs), "tiny image\n")
 
 
 async def test_image_rootfs_by_name(
     backend: BwrapBackend, tiny_rootfs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PALAESTRA_IMAGES_DIR", str(tiny_rootfs.parent.parent))
+    monkeypatch.setattr(backend, "images_dir", tiny_rootfs.parent.parent)
     await _check_image(backend, "tiny", "tiny image\n")
     with pytest.raises(SandboxSpecError, match="no rootfs"):
         await backend.create(SandboxSpec(image="missing"))
@@ -459,7 +453,7 @@ def _base_rootfs() -> Path | None:
 async def test_image_rootfs_base(backend: BwrapBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _base_rootfs()
     assert root is not None
-    monkeypatch.setenv("PALAESTRA_IMAGES_DIR", str(root.parent.parent))
+    monkeypatch.setattr(backend, "images_dir", root.parent.parent)
     await _check_image(backend, str(root), None)
 
 

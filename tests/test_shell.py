@@ -254,7 +254,7 @@ async def test_concurrent_runs_are_serialized(sh: BashSession) -> None:
 async def test_close_twice_kills_everything(box: BwrapSandbox) -> None:
     sh = await box.shell()
     await sh.run("sleep 5678 &")
-    procs = [p for p in box._procs]
+    procs = list(box.procs)
     assert procs
     await sh.close()
     await sh.close()

@@ -30,7 +30,6 @@ because the agent made files unwritable) is a failure with reward 0.
 from __future__ import annotations
 
 import asyncio
-import functools
 import io
 import json
 import posixpath
@@ -39,15 +38,16 @@ import shlex
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from palaestra.sandbox import ExecResult, Sandbox, SandboxError
+from palaestra.sandbox import ExecResult, Sandbox, SandboxError, programs
 from palaestra.sandbox.base import BASE_PATH
-from palaestra.verifiers.terminal_runner import safe_path
+from palaestra.verifiers.programs.terminal_runner import safe_path
 
 VERSION = "2.0.0"
-RUNNER = Path(__file__).with_name("terminal_runner.py")
+PROGRAMS = "palaestra.verifiers.programs"
+# What the test-sh runner writes as its python3/pytest wrappers (programs/).
+BOOT_PROGRAMS = ("python_wrapper.sh", "pytest_boot.py", "script_boot.py")
 MAX_CHANNEL = 1024 * 1024
 VERIFIER_DIR = "/tmp/verifier"
 VERIFIER_LOGS = "/tmp/verifier-logs"
@@ -263,9 +263,8 @@ def _runner_argv(mode: str) -> list[str]:
     return ["/usr/bin/env", "python3", "-I", "-c", _runner_source(), mode]
 
 
-@functools.cache
 def _runner_source() -> str:
-    return RUNNER.read_text(encoding="utf-8")
+    return programs.text("terminal_runner.py", package=PROGRAMS)
 
 
 def _exec_env(workdir: str, path: str) -> dict[str, str]:
@@ -415,6 +414,7 @@ async def _run_test_sh(
         "verifier_dir": VERIFIER_DIR,
         "logs": VERIFIER_LOGS,
         "reward_file": reward_file,
+        "programs": {name: programs.text(name, package=PROGRAMS) for name in BOOT_PROGRAMS},
     }
     result = await box.exec(
         _runner_argv("test-sh"),

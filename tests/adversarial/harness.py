@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from palaestra.sandbox import bwrap as bwrap_mod
 from palaestra.sandbox.base import Backend, ExecResult, Sandbox, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
+from palaestra.sandbox.bwrap.launch import cgroup_manager
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("bwrap", "docker")
@@ -54,10 +54,7 @@ NEEDS_TMP_INODES = (
 @functools.cache
 def bwrap_cgroups() -> bool:
     """Whether the bwrap backend puts each sandbox in a cgroup here (memory + pids limits)."""
-    detect = getattr(bwrap_mod, "_cgroup_manager", None)
-    if detect is None:
-        return False
-    manager, _ = detect()
+    manager, _ = cgroup_manager()
     return manager is not None
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from palaestra.sandbox.base import SandboxSpec
-from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available, default_runtime_base
+from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
+from palaestra.sandbox.bwrap.host import default_runtime_base
 
 _OK, _WHY = bwrap_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")

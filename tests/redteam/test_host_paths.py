@@ -158,15 +158,12 @@ async def test_bwrap_refuses_an_image_outside_the_images_dir(image: str) -> None
         await backend.aclose()
 
 
-async def test_bwrap_follows_symlinks_out_of_the_images_dir(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_bwrap_follows_symlinks_out_of_the_images_dir(tmp_path: Path) -> None:
     images = tmp_path / "images"
     (images / "evil").mkdir(parents=True)
     os.symlink("/", images / "evil" / "rootfs")  # a name that resolves to the host root
     os.symlink("/", images / "up")
-    monkeypatch.setenv("PALAESTRA_IMAGES_DIR", str(images))
-    backend = BwrapBackend()
+    backend = BwrapBackend(images_dir=images)
     try:
         for image in ("evil", str(images / "evil" / "rootfs"), str(images / "up")):
             with pytest.raises(SandboxSpecError, match="outside the images dir"):

@@ -42,8 +42,8 @@ print(open('/proc/self/mountinfo').read())
 """
 
 
-async def main(data: Path) -> dict[str, object]:
-    backend, forks = BwrapBackend(), PythonForkServer()
+async def main(data: Path, cache: Path) -> dict[str, object]:
+    backend, forks = BwrapBackend(cache=cache), PythonForkServer()
     out: dict[str, object] = {"data": str(data), "pid": os.getpid(), "uid": os.getuid()}
     try:
         box = await backend.create(SandboxSpec())
@@ -73,7 +73,7 @@ async def main(data: Path) -> dict[str, object]:
 
 top = Path(tempfile.mkdtemp(prefix=".palaestra-adversarial-", dir=Path.home()))
 data = top / "data"
-os.environ["PALAESTRA_CACHE"] = str(top / "cache")  # the exec helper's build, removed below
+cache = top / "cache"  # the exec helper's build, removed below
 try:
     os.chmod(top, 0o755)
     data.mkdir(mode=0o755)
@@ -88,6 +88,6 @@ try:
     (pack / "tasks.jsonl").write_text(json.dumps({"private": args["secret"]}) + "\n")
     for p in (data / "palaestra.sqlite3", data / "admin.token", pack / "tasks.jsonl"):
         p.chmod(0o644)  # a careless umask: only the sandbox's mounts keep them out
-    print(json.dumps(asyncio.run(main(data))))
+    print(json.dumps(asyncio.run(main(data, cache))))
 finally:
     shutil.rmtree(top, ignore_errors=True)

@@ -17,8 +17,9 @@ Modes:
 - `pytest`: runs pytest on the requested node ids in this process, with a reporter plugin
   only the verifier provides (per-test outcomes, then the session's end); pytest is imported
   before the workdir joins sys.path and configured by the verifier's ini alone.
-- `test-sh`: unpacks the verifier files, writes `python3`/`python`/`pytest` wrappers into a
-  folder where they can run (or reports INFRA: a step that cannot run voids, never skips),
+- `test-sh`: unpacks the verifier files, writes `python3`/`python`/`pytest` wrappers (the
+  config's `programs`: python_wrapper.sh, pytest_boot.py, script_boot.py of this folder) into
+  a folder where they can run (or reports INFRA: a step that cannot run voids, never skips),
   runs `bash $VERIFIER_DIR/test.sh` with a fresh HOME, an isolated environment and a PATH
   holding no workspace folder, kills whatever it left behind, then reports its exit status
   (and the reward file, only for a task that declares one).
@@ -46,47 +47,6 @@ GIT_CONFIG = (
     ("core.pager", "cat"),
     ("safe.directory", "*"),
 )
-
-# What the `python3 -m pytest` / `pytest` wrappers run (argv after `-c` is pytest's):
-# pytest imported before the cwd joins sys.path, the verifier's ini, no cache, conftests
-# only from the verifier's folder down.
-PYTEST_BOOT = """\
-import ctypes, os, sys
-try:
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
-except Exception:
-    pass
-import pytest
-sys.path.insert(0, os.getcwd())
-sys.argv = ["pytest", "-p", "no:cacheprovider", "-c", os.environ["PALAESTRA_PYTEST_INI"],
-            "--confcutdir", os.environ["VERIFIER_DIR"], *sys.argv[1:]]
-raise SystemExit(pytest.console_main())
-"""
-
-# What `python3 $VERIFIER_DIR/x.py` runs: the verifier's own script, non-dumpable, with
-# its folder (not the cwd) first on sys.path and no user site.
-SCRIPT_BOOT = """\
-import ctypes, os, runpy, sys
-try:
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
-except Exception:
-    pass
-sys.argv = sys.argv[1:]
-sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-PYTHON_WRAPPER = """\
-#!/bin/sh
-if [ "$1" = -m ] && {{ [ "$2" = pytest ] || [ "$2" = py.test ]; }}; then
-  shift 2
-  exec {real} -I -B -c {pytest_boot} "$@"
-fi
-case "$1" in
-  "$VERIFIER_DIR"/*) exec {real} -E -s -B -c {script_boot} "$@";;
-esac
-exec {real} "$@"
-"""
 
 
 def _quote(text: str) -> str:
@@ -241,8 +201,12 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
         ini = os.path.join(bindir, "pytest.ini")
         with open(ini, "w") as f:
             f.write("[pytest]\n")
-        wrapper = PYTHON_WRAPPER.format(
-            real=_quote(real), pytest_boot=_quote(PYTEST_BOOT), script_boot=_quote(SCRIPT_BOOT)
+        boot: dict[str, str] = cfg["programs"]  # type: ignore[assignment]
+        wrapper = (
+            boot["python_wrapper.sh"]
+            .replace("@REAL@", _quote(real))
+            .replace("@PYTEST_BOOT@", _quote(boot["pytest_boot.py"]))
+            .replace("@SCRIPT_BOOT@", _quote(boot["script_boot.py"]))
         )
         for name, text in (
             ("python3", wrapper),

@@ -1,0 +1,282 @@
+"""A bwrap sandbox's workspace seen from the host: file reads, writes, tar uploads and
+downloads, every path walked from the workspace root without following a symlink.
+
+The workspace's contents are the agent's: a path that escapes, a symlink, a file that is
+not regular, a download over its budget or nested too deep is a `SandboxPathError` (an
+agent fault), never followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import posixpath
+import stat
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from palaestra.sandbox.base import (
+    MAX_TREE_DEPTH,
+    SandboxFileTooLarge,
+    SandboxPathError,
+    SandboxTreeTooDeep,
+    upload_member,
+)
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Workspace:
+    """The host folder `root` bound at `workdir` inside; files written are owned by
+    `host_uid` (None: by us, and world-writable); reads take in at most `limit` bytes."""
+
+    def __init__(self, root: Path, workdir: str, host_uid: int | None, limit: int) -> None:
+        self.root = root
+        self.workdir = workdir
+        self.host_uid = host_uid
+        self.limit = limit
+
+    def parts(self, path: str) -> list[str]:
+        """The workspace-relative components of `path`; SandboxPathError if it escapes."""
+        if "\0" in path:
+            raise SandboxPathError(f"NUL in path {path!r}")
+        norm = posixpath.normpath(posixpath.join(self.workdir, path))
+        if norm == self.workdir:
+            return []
+        if not norm.startswith(self.workdir + "/"):
+            raise SandboxPathError(f"path {path!r} is outside the workspace {self.workdir}")
+        return norm[len(self.workdir) + 1 :].split("/")
+
+    def _chown(self, name: str, dir_fd: int) -> None:
+        if self.host_uid is not None:
+            os.chown(name, self.host_uid, self.host_uid, dir_fd=dir_fd, follow_symlinks=False)
+
+    def _open_dir(self, parts: list[str], create: bool = False) -> int:
+        """Walk `parts` from the workspace root without following any symlink."""
+        fd = os.open(self.root, DIR_FLAGS)
+        try:
+            for part in parts:
+                try:
+                    nfd = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        self._chown(part, fd)
+                        if self.host_uid is None:
+                            os.chmod(part, 0o777, dir_fd=fd, follow_symlinks=False)
+                    nfd = _open_at(part, DIR_FLAGS, fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise SandboxPathError(f"{part!r} is a symlink or not a directory") from e
+                    raise
+                os.close(fd)
+                fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def read(self, path: str) -> bytes:
+        parts = self.parts(path)
+        if not parts:
+            raise SandboxPathError(f"{path!r} is a directory", "not_regular_file")
+        dfd = self._open_dir(parts[:-1])
+        try:
+            fd = _open_at(
+                parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dfd
+            )
+        finally:
+            os.close(dfd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise SandboxPathError(f"{path!r} is not a regular file", "not_regular_file")
+        limit = self.limit
+        if st.st_size > limit:  # sparse: no real file outgrows the workspace
+            os.close(fd)
+            raise SandboxFileTooLarge(f"{path!r} is {st.st_size} bytes, over {limit}")
+        with os.fdopen(fd, "rb") as f:
+            return f.read(limit + 1)
+
+    def write(self, parts: list[str], data: bytes, mode: int) -> None:
+        if not parts:
+            raise SandboxPathError("cannot write to the workdir itself")
+        mode &= 0o777
+        if self.host_uid is None:
+            mode |= 0o666  # the sandbox uid maps to us, but be permissive anyway
+        dfd = self._open_dir(parts[:-1], create=True)
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            fd = _open_at(parts[-1], flags, dfd, mode)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise SandboxPathError(f"{'/'.join(parts)!r} is not a regular file")
+            with os.fdopen(fd, "wb") as f:
+                os.ftruncate(fd, 0)
+                os.fchmod(fd, mode)
+                if self.host_uid is not None:
+                    os.fchown(fd, self.host_uid, self.host_uid)
+                f.write(data)
+        finally:
+            os.close(dfd)
+
+    def upload(self, data: bytes, dest: list[str]) -> None:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+            for m in tf:
+                name = upload_member(m)
+                if name is None:
+                    continue
+                parts = dest + name.split("/")
+                if m.isdir():
+                    self._close(self._open_dir(parts, create=True))
+                elif m.isreg():
+                    f = tf.extractfile(m)
+                    assert f is not None
+                    self.write(parts, f.read(), (m.mode & 0o777) | 0o600)
+                else:  # a symlink inside the destination (upload_member)
+                    dfd = self._open_dir(parts[:-1], create=True)
+                    try:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(parts[-1], dir_fd=dfd)
+                        os.symlink(m.linkname, parts[-1], dir_fd=dfd)
+                        self._chown(parts[-1], dfd)
+                    finally:
+                        os.close(dfd)
+
+    @staticmethod
+    def _close(fd: int) -> None:
+        os.close(fd)
+
+    def download(self, parts: list[str]) -> bytes:
+        buf = io.BytesIO()
+        budget = _Budget(self.limit)
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            if not parts:
+                fd = self._open_dir([])
+                try:
+                    for item in _walk(fd, "", budget):
+                        _add(tf, *item)
+                finally:
+                    os.close(fd)
+            else:
+                dfd = self._open_dir(parts[:-1])
+                try:
+                    st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        fd = self._open_dir(parts)
+                        try:
+                            _add(tf, parts[-1], st, None, None)
+                            for item in _walk(fd, parts[-1], budget):
+                                _add(tf, *item)
+                        finally:
+                            os.close(fd)
+                    else:
+                        _add(tf, *_entry(dfd, parts[-1], parts[-1], st, budget))
+                finally:
+                    os.close(dfd)
+        return buf.getvalue()
+
+
+def _open_at(name: str, flags: int, dir_fd: int, mode: int = 0o644) -> int:
+    try:
+        return os.open(name, flags, mode, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.ENOTDIR):
+            raise SandboxPathError(
+                f"{name!r} is a symlink or not a regular file", "not_regular_file"
+            ) from e
+        raise
+
+
+_Entry = tuple[str, os.stat_result, bytes | None, str | None]
+
+
+@dataclass
+class _Budget:
+    """What is left of a download's byte allowance (`read_limit`): headers count too."""
+
+    left: int
+
+    def take(self, n: int, what: str) -> None:
+        self.left -= n + 512
+        if self.left < 0:
+            raise SandboxFileTooLarge(
+                f"the download is over its limit at {what!r} (sparse files, hard links or "
+                "too many entries)"
+            )
+
+
+def _entry(dfd: int, name: str, arcname: str, st: os.stat_result, budget: _Budget) -> _Entry:
+    if stat.S_ISLNK(st.st_mode):
+        budget.take(0, arcname)
+        return arcname, st, None, os.readlink(name, dir_fd=dfd)
+    if stat.S_ISREG(st.st_mode):
+        fd = _open_at(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dfd)
+        real = os.fstat(fd)
+        if not stat.S_ISREG(real.st_mode):
+            os.close(fd)
+            raise SandboxPathError(f"{name!r} is not a regular file", "not_regular_file")
+        try:
+            budget.take(real.st_size, arcname)
+        except SandboxFileTooLarge:
+            os.close(fd)
+            raise
+        with os.fdopen(fd, "rb") as f:
+            return arcname, real, f.read(real.st_size), None
+    budget.take(0, arcname)
+    return arcname, st, None, None
+
+
+def _walk(dfd: int, prefix: str, budget: _Budget, depth: int = 1) -> Iterator[_Entry]:
+    """Entries below the directory `dfd`, never following symlinks; SandboxTreeTooDeep past
+    MAX_TREE_DEPTH levels, SandboxFileTooLarge past the budget (both the agent's doing)."""
+    for name in sorted(os.listdir(dfd)):
+        arc = f"{prefix}/{name}" if prefix else name
+        if depth > MAX_TREE_DEPTH:
+            raise SandboxTreeTooDeep(f"{arc[:200]!r}... is nested deeper than {MAX_TREE_DEPTH}")
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                sub = os.open(name, DIR_FLAGS, dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                budget.take(0, arc)
+                yield arc, st, None, None
+                yield from _walk(sub, arc, budget, depth + 1)
+            finally:
+                os.close(sub)
+        elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            try:
+                yield _entry(dfd, name, arc, st, budget)
+            except SandboxFileTooLarge:
+                raise
+            except (OSError, SandboxPathError):
+                continue
+
+
+def _add(
+    tf: tarfile.TarFile, arc: str, st: os.stat_result, data: bytes | None, link: str | None
+) -> None:
+    ti = tarfile.TarInfo(arc)
+    ti.mtime = int(st.st_mtime)
+    ti.mode = stat.S_IMODE(st.st_mode)
+    if link is not None:
+        ti.type = tarfile.SYMTYPE
+        ti.linkname = link
+        tf.addfile(ti)
+    elif data is not None:
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+    elif stat.S_ISDIR(st.st_mode):
+        ti.type = tarfile.DIRTYPE
+        tf.addfile(ti)

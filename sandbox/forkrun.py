@@ -1,0 +1,57 @@
+"""What one fork-server run receives: a sealed memfd holding a header, the program, the
+files for its /work and then the program's stdin (the zygote reads it in that order)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import posixpath
+import struct
+from collections.abc import Mapping
+
+from palaestra.sandbox.base import SandboxPathError
+
+WORKDIR = "/work"
+
+
+def payload(code: str, files: Mapping[str, bytes], stdin: bytes) -> bytes:
+    """The run's memfd: a header, the program, the files, then the program's stdin."""
+    names: list[str | None] = [None]
+    blobs = [code.encode("utf-8", "surrogateescape")]
+    for name, data in files.items():
+        names.append(check_name(name))
+        blobs.append(bytes(data))
+    header = json.dumps({"files": [[n, len(b)] for n, b in zip(names, blobs, strict=True)]})
+    raw = header.encode()
+    return b"".join([struct.pack(">I", len(raw)), raw, *blobs, stdin])
+
+
+def check_name(name: str) -> str:
+    norm = posixpath.normpath(name)
+    if norm.startswith(WORKDIR + "/"):
+        norm = norm[len(WORKDIR) + 1 :]
+    if (
+        "\0" in name
+        or not name
+        or norm.startswith("/")
+        or norm in (".", "..")
+        or norm.startswith("../")
+    ):
+        raise SandboxPathError(f"file name {name!r} must be a relative path inside {WORKDIR}")
+    return norm
+
+
+def sealed_memfd(data: bytes) -> int:
+    fd = os.memfd_create("palaestra-run", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
