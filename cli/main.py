@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from palaestra.cli.clients import open_client
-from palaestra.cli.eval import eval_app
+from palaestra.cli.eval.app import eval_app
 from palaestra.cli.images import images_app
 from palaestra.cli.import_finqa import finqa_cmd
 from palaestra.cli.importers import import_app
@@ -37,7 +37,7 @@ register_registry_commands(pack_app)  # pack publish, pack install
 pack_app.add_typer(import_app, name="import")  # pack import terminal-bench|harbor
 import_app.command("finqa")(finqa_cmd)  # pack import finqa (cli/import_finqa.py)
 app.add_typer(token_app, name="token")
-app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cli/eval.py)
+app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cli/eval/)
 register_train_command(app)  # palaestra train (cli/train.py)
 # Tables stay readable when the output is a pipe or a CI log (Rich would assume 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)

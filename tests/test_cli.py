@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ServerProcess
 
-from palaestra.sdk.evaluation import pass_at_k
+from palaestra.sdk.report import pass_at_k
 
 CLI = str(Path(sys.executable).parent / "palaestra")
 

@@ -212,8 +212,8 @@ async def test_spec_too_large(backend: DockerBackend) -> None:
 
 async def test_coding_episodes_on_docker(tmp_path: Path) -> None:
     """`palaestra serve --sandbox docker`: the oracle on two HumanEval tasks scores 1."""
-    from palaestra.sdk.evaluation import run_eval
-    from palaestra.sdk.policies import OraclePolicy
+    from palaestra.sdk.evaluation.runner import run_eval
+    from palaestra.sdk.policies.base import OraclePolicy
     from palaestra.server.config import Settings
     from palaestra.server.inprocess import AsyncInProcessClient
     from palaestra.server.runtime import build_manager
