@@ -24,7 +24,7 @@ from palaestra.cli.train import register as register_train_command
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import Action, StepResponse
-from palaestra.server.config import load_settings
+from palaestra.server.config import load_settings, load_settings_with_sources
 
 app = typer.Typer(
     help="palaestra: sandboxed environments and verifiers for LLM post-training.",
@@ -98,10 +98,24 @@ def serve(
 
 
 @app.command()
-def config() -> None:
-    """Print the effective settings (flags > PALAESTRA_* > palaestra.toml > defaults)."""
-    settings = load_settings()
-    console.print_json(settings.model_dump_json())
+def config(
+    as_json: Annotated[
+        bool, typer.Option("--json", help='as JSON: {name: {"value", "from"}}')
+    ] = False,
+) -> None:
+    """Print every setting, its value and where it came from (PALAESTRA_<NAME>, palaestra.toml
+    or the default); secrets are shown redacted."""
+    settings, sources = load_settings_with_sources()
+    values = settings.model_dump(mode="json")  # a SecretStr dumps as "**********"
+    if as_json:
+        doc = {name: {"value": values[name], "from": sources[name]} for name in values}
+        console.print_json(json.dumps(doc))
+        return
+    table = Table("setting", "value", "from", title="palaestra settings")
+    for name, value in values.items():
+        shown = value if isinstance(value, str) else json.dumps(value)
+        table.add_row(name, shown, sources[name])
+    console.print(table)
 
 
 def _run(coro: Any) -> Any:

@@ -11,7 +11,7 @@ import random
 import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -150,10 +150,23 @@ class _BlockingTransport:
         self.http.close()
 
 
-def _pool(base_url: str, token: str | None, timeout: float, connections: int) -> dict[str, Any]:
+class HTTPOptions(TypedDict, total=False):
+    """What both HTTP clients take beside the URL (and `http=`, an httpx client of one's own,
+    which then brings its own token, timeout and pool)."""
+
+    token: str | None  # the bearer token
+    timeout: float  # seconds a request may take (default 120)
+    retry: RetryPolicy | None  # default RetryPolicy()
+    max_connections: int  # the pool (default: 64 for HTTPClient, 256 for AsyncHTTPClient)
+
+
+def _pool(base_url: str, options: HTTPOptions, connections: int) -> dict[str, Any]:
     """The options of the httpx client a client makes for itself."""
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    return {"base_url": base_url, "timeout": timeout, "headers": _headers(token), "limits": limits}
+    n = options.get("max_connections", connections)
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    headers = _headers(options.get("token"))
+    timeout = options.get("timeout", 120.0)
+    return {"base_url": base_url, "timeout": timeout, "headers": headers, "limits": limits}
 
 
 class AsyncHTTPClient(AsyncServerClient):
@@ -166,18 +179,15 @@ class AsyncHTTPClient(AsyncServerClient):
         self,
         base_url: str,
         *,
-        token: str | None = None,
-        timeout: float = 120.0,
-        retry: RetryPolicy | None = None,
-        max_connections: int = 256,
         http: httpx.AsyncClient | httpx.Client | None = None,
+        **options: Unpack[HTTPOptions],
     ) -> None:
         if isinstance(http, httpx.Client):
             self._transport: _Transport = _BlockingTransport(http)
         else:
-            pool = _pool(base_url, token, timeout, max_connections)
+            pool = _pool(base_url, options, 256)
             self._transport = _AsyncTransport(http or httpx.AsyncClient(**pool))
-        self._retry = retry or RetryPolicy()
+        self._retry = options.get("retry") or RetryPolicy()
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         for attempt in range(self._retry.attempts):
@@ -265,17 +275,11 @@ class HTTPClient(Client):
     a blocking `httpx.Client`, its coroutines run to their end in the calling thread."""
 
     def __init__(
-        self,
-        base_url: str,
-        *,
-        token: str | None = None,
-        timeout: float = 120.0,
-        retry: RetryPolicy | None = None,
-        max_connections: int = 64,
-        http: httpx.Client | None = None,
+        self, base_url: str, *, http: httpx.Client | None = None, **options: Unpack[HTTPOptions]
     ) -> None:
-        http = http or httpx.Client(**_pool(base_url, token, timeout, max_connections))
-        self._async: AsyncHTTPClient = AsyncHTTPClient(base_url, retry=retry, http=http)
+        http = http or httpx.Client(**_pool(base_url, options, 64))
+        retry = options.get("retry")
+        self._async: AsyncHTTPClient = AsyncHTTPClient(base_url, http=http, retry=retry)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:

@@ -21,7 +21,6 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import palaestra
-from palaestra.sdk.client import SamplerQuery, TaskQuery
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import (
     BatchResetRequest,
@@ -323,7 +322,11 @@ def create_app(
         offset: int = Query(default=0, ge=0),
     ) -> Response:
         who(request)
-        return _json(mgr(request).task_list(TaskQuery(pack, split, family, domain, limit, offset)))
+        return _json(
+            mgr(request).task_list(
+                pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
+            )
+        )
 
     @app.get("/v1/sampler", response_model=SamplerReport, responses=ERRORS, tags=["sampler"])
     async def sampler(
@@ -337,7 +340,9 @@ def create_app(
         (tasks of sealed splits: `eval` and admin tokens only)."""
         principal = who(request)
         return _json(
-            mgr(request).sampler_report(SamplerQuery(pack, split, domain, limit), principal)
+            mgr(request).sampler_report(
+                pack=pack, split=split, domain=domain, limit=limit, principal=principal
+            )
         )
 
     @app.post(

@@ -11,6 +11,7 @@ import asyncio
 import threading
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -47,7 +48,7 @@ from palaestra.sdk.models import (
 )
 from palaestra.server import batch
 from palaestra.server.auth import ADMIN_PRINCIPAL
-from palaestra.server.config import Settings
+from palaestra.server.config import Settings, load_settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 
@@ -118,10 +119,10 @@ class AsyncInProcessClient(AsyncServerClient):
         return self.manager.pack_infos()
 
     async def _tasks(self, query: TaskQuery) -> TaskList:
-        return self.manager.task_list(query)
+        return self.manager.task_list(**asdict(query))
 
     async def _sampler(self, query: SamplerQuery) -> SamplerReport:
-        return self.manager.sampler_report(query)
+        return self.manager.sampler_report(**asdict(query))
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
         return self.manager.sampler_release(task)
@@ -139,7 +140,7 @@ class InProcessClient(Client):
             target=self._loop.run_forever, name="palaestra-embedded", daemon=True
         )
         self._thread.start()
-        self.manager = self._run(self._start(settings or Settings()))
+        self.manager = self._run(self._start(settings or load_settings()))
         self._async = AsyncInProcessClient(self.manager)
         self._closed = False
 

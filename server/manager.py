@@ -24,7 +24,6 @@ from typing import Any
 from palaestra.envs.base import EpisodeContext, Family
 from palaestra.sandbox import AgentFault, Backend, Sandbox, SandboxError, SandboxSpec
 from palaestra.sandbox.forkserver import PythonForkServer
-from palaestra.sdk.client import SamplerQuery, TaskQuery
 from palaestra.sdk.errors import (
     CapacityError,
     ConflictError,
@@ -326,20 +325,31 @@ class EpisodeManager:
             )
         return pack, await asyncio.to_thread(pack_archive, pack.root)
 
-    def task_list(self, query: TaskQuery) -> TaskList:
-        q = query
-        tasks = self.packs.select(pack=q.pack, split=q.split, family=q.family, domain=q.domain)
-        page = tasks[q.offset : q.offset + q.limit]
-        return TaskList(tasks=[t.info() for t in page], total=len(tasks))
+    def task_list(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> TaskList:
+        tasks = self.packs.select(pack=pack, split=split, family=family, domain=domain)
+        return TaskList(tasks=[t.info() for t in tasks[offset : offset + limit]], total=len(tasks))
 
     def sampler_report(
-        self, query: SamplerQuery, principal: Principal = ADMIN_PRINCIPAL
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+        principal: Principal = ADMIN_PRINCIPAL,
     ) -> SamplerReport:
         """Per-task results of sealed splits only for `eval` and admin tokens."""
-        q = query
-        sealed = principal.has(EVAL)
         return self.sampler.report(
-            pack=q.pack, split=q.split, domain=q.domain, limit=q.limit, sealed=sealed
+            pack=pack, split=split, domain=domain, limit=limit, sealed=principal.has(EVAL)
         )
 
     def sampler_release(self, task: str) -> SamplerReleaseResponse:
