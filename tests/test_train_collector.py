@@ -115,10 +115,11 @@ async def test_void_and_slow_episodes_are_dropped_counted_and_refilled(
         for group in groups:
             assert {(t.task, t.seed) for t in group.trajectories} == {(group.task, group.seed)}
             assert len({t.sample_id for t in group.trajectories}) == 4
-        # The timed-out episodes were closed (in the background), not left running.
+        # The timed-out episodes were ended (closed in the background), not left running: the
+        # close waits for the episode's lock, so a detached step that ends it may land first.
         await collector.drain()
         for episode in family.slowed:
-            assert (await manager.state(episode)).status.value == "closed"
+            assert (await manager.state(episode)).status.value in ("closed", "done")
     finally:
         await manager.shutdown()
 
