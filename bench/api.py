@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from palaestra.server.config import load_settings_with_sources
+
 ROOT = Path(__file__).resolve().parent.parent
 OPENENV_VERSION = "0.10.0"
 ECHO_TASK = "palaestra/echo:say-birch"
@@ -219,8 +221,9 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int, path: str, log: Path) -
 
 
 def openenv_venv() -> Path:
-    cache = os.environ.get("PALAESTRA_CACHE")
-    venv = Path(cache) / "openenv-venv" if cache else ROOT / "bench" / ".openenv" / "venv"
+    settings, sources = load_settings_with_sources()  # a cache named by PALAESTRA_CACHE
+    named = sources["cache"] != "default"
+    venv = settings.cache / "openenv-venv" if named else ROOT / "bench" / ".openenv" / "venv"
     py = venv / "bin" / "python"
     need = ["openenv", "uvloop", "httptools"]
     probe = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in %r))"

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import io
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -73,9 +72,9 @@ def _through_manager(tmp: Path, task: Task, actions: list[Action]) -> list[float
         "private": task.private,
     }
     (pack / "tasks.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
-    os.environ["PALAESTRA_CACHE"] = str(tmp / "cache")  # the parse cached by the first reset
     times = []
-    settings = Settings(data_dir=tmp / "data", packs_dirs=[tmp / "packs"])
+    # The parse is cached by the first reset, in this run's own cache.
+    settings = Settings(data_dir=tmp / "data", packs_dirs=[tmp / "packs"], cache=tmp / "cache")
     with InProcessClient(settings) as client:
         eid = client.reset(
             f"bench/finance@1.0.0:{task.id}", options={"max_steps": 100_000}

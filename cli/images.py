@@ -20,6 +20,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from palaestra.server.config import REPO_IMAGES, load_settings
+
 BASE_TAG = "palaestra/base:bookworm"
 
 images_app = typer.Typer(help="Build and list the sandbox images (images/).", no_args_is_help=True)
@@ -28,14 +30,13 @@ err = Console(stderr=True)
 
 
 def images_dir() -> Path:
-    """images/ of the source tree (PALAESTRA_IMAGES_DIR overrides)."""
-    env = os.environ.get("PALAESTRA_IMAGES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "images"
+    """images/ of the source tree: the recipes."""
+    return REPO_IMAGES
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("PALAESTRA_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "palaestra"
+    """Settings' cache folder (PALAESTRA_CACHE): built rootfs folders live under it."""
+    return load_settings().cache
 
 
 def base_rootfs() -> Path:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from palaestra.cli.clients import open_client
-from palaestra.cli.eval import eval_app
+from palaestra.cli.eval.app import eval_app
 from palaestra.cli.images import images_app
 from palaestra.cli.pack import pack_app
 from palaestra.cli.pack_import import import_app
@@ -23,7 +23,7 @@ from palaestra.cli.train import register as register_train_command
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import Action, StepResponse
-from palaestra.server.config import load_settings
+from palaestra.server.config import load_settings, load_settings_with_sources
 
 app = typer.Typer(
     help="palaestra: sandboxed environments and verifiers for LLM post-training.",
@@ -35,7 +35,7 @@ app.add_typer(pack_app, name="pack")
 register_registry_commands(pack_app)  # pack publish, pack install
 pack_app.add_typer(import_app, name="import")  # pack import terminal-bench|harbor|finqa
 app.add_typer(token_app, name="token")
-app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cli/eval.py)
+app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cli/eval/)
 register_train_command(app)  # palaestra train (cli/train.py)
 # Tables stay readable when the output is a pipe or a CI log (Rich would assume 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -96,10 +96,24 @@ def serve(
 
 
 @app.command()
-def config() -> None:
-    """Print the effective settings (flags > PALAESTRA_* > palaestra.toml > defaults)."""
-    settings = load_settings()
-    console.print_json(settings.model_dump_json())
+def config(
+    as_json: Annotated[
+        bool, typer.Option("--json", help='as JSON: {name: {"value", "from"}}')
+    ] = False,
+) -> None:
+    """Print every setting, its value and where it came from (PALAESTRA_<NAME>, palaestra.toml
+    or the default); secrets are shown redacted."""
+    settings, sources = load_settings_with_sources()
+    values = settings.model_dump(mode="json")  # a SecretStr dumps as "**********"
+    if as_json:
+        doc = {name: {"value": values[name], "from": sources[name]} for name in values}
+        console.print_json(json.dumps(doc))
+        return
+    table = Table("setting", "value", "from", title="palaestra settings")
+    for name, value in values.items():
+        shown = value if isinstance(value, str) else json.dumps(value)
+        table.add_row(name, shown, sources[name])
+    console.print(table)
 
 
 def _run(coro: Any) -> Any:

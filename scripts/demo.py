@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from palaestra.server.config import load_settings_with_sources
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PACK = "openai/humaneval"
@@ -68,7 +70,8 @@ def summarize(run_dir: Path) -> None:
 def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    data_dir = Path(os.environ.get("PALAESTRA_DATA_DIR", ROOT / ".palaestra"))
+    settings, sources = load_settings_with_sources()  # PALAESTRA_DATA_DIR, palaestra.toml
+    data_dir = settings.data_dir if sources["data_dir"] != "default" else ROOT / ".palaestra"
     reports = ROOT / "reports"
     print(f"palaestra demo: serving on {url} with data in {data_dir}")
     server = subprocess.Popen(

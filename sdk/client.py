@@ -1,13 +1,16 @@
-"""The client interface: one shape for HTTP (sync, async) and in-process use.
+"""The client interface, written once: the async protocols, and `Client`, their blocking form.
 
-Code written against `Client` or `AsyncClient` runs unchanged against a remote
-server, or an embedded one in the same process (the server's in-process clients).
+Code written against `Client` or `AsyncClient` runs unchanged against a remote server
+(sdk/http.py) or an embedded one in the same process (server/inprocess.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from palaestra.sdk.models import (
     Action,
@@ -19,6 +22,8 @@ from palaestra.sdk.models import (
     PackInfo,
     ResetRequest,
     ResetResponse,
+    SamplerReleaseResponse,
+    SamplerReport,
     StepResponse,
     TaskList,
     Verdict,
@@ -26,6 +31,9 @@ from palaestra.sdk.models import (
 
 ActionLike = Action | dict[str, Any]
 StepItemLike = BatchStepItem | tuple[str, ActionLike]
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
 
 
 def as_action(action: ActionLike) -> Action:
@@ -33,72 +41,48 @@ def as_action(action: ActionLike) -> Action:
     return action if isinstance(action, Action) else Action.model_validate(action)
 
 
-def reset_request(
-    task: str | None = None,
-    *,
-    pack: str | None = None,
-    split: str | None = None,
-    domain: str | None = None,
-    seed: int | None = None,
-    episode_id: str | None = None,
-    options: dict[str, Any] | None = None,
-) -> ResetRequest:
-    return ResetRequest(
-        task=task,
-        pack=pack,
-        split=split,
-        domain=domain,
-        seed=seed,
-        episode_id=episode_id,
-        options=options or {},
-    )
+def step_item(item: StepItemLike) -> BatchStepItem:
+    """Accept a `BatchStepItem` or `(episode_id, action)`."""
+    if isinstance(item, BatchStepItem):
+        return item
+    episode_id, action = item
+    return BatchStepItem(episode_id=episode_id, action=as_action(action))
 
 
-@runtime_checkable
-class Client(Protocol):
-    """Synchronous client interface."""
+@dataclass(frozen=True)
+class TaskQuery:
+    """The filters and page of `tasks()` (GET /v1/tasks)."""
 
-    def reset(
-        self,
-        task: str | None = None,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        seed: int | None = None,
-        episode_id: str | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> ResetResponse: ...
+    pack: str | None = None
+    split: str | None = None
+    family: str | None = None
+    domain: str | None = None
+    limit: int = 1000
+    offset: int = 0
 
-    def step(
-        self, episode_id: str, action: ActionLike, *, request_id: str | None = None
-    ) -> StepResponse: ...
+    def params(self) -> dict[str, Any]:
+        """As query parameters: the filters that are set."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
-    def verify(self, episode_id: str) -> Verdict: ...
 
-    def state(self, episode_id: str) -> EpisodeState: ...
+@dataclass(frozen=True)
+class SamplerQuery:
+    """The filters of `sampler()` (GET /v1/sampler)."""
 
-    def close(self, episode_id: str) -> None: ...
+    pack: str | None = None
+    split: str | None = None
+    domain: str | None = None
+    limit: int = 1000
 
-    def families(self) -> list[FamilyInfo]: ...
-
-    def packs(self) -> list[PackInfo]: ...
-
-    def tasks(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        family: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> TaskList: ...
+    def params(self) -> dict[str, Any]:
+        """As query parameters: the filters that are set."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @runtime_checkable
 class AsyncClient(Protocol):
-    """Asynchronous client interface: the same methods, awaited."""
+    """The client interface (async). An implementation subclasses it and provides the
+    methods with no body here, `_reset` and `_tasks` included (the request, built)."""
 
     async def reset(
         self,
@@ -110,7 +94,18 @@ class AsyncClient(Protocol):
         seed: int | None = None,
         episode_id: str | None = None,
         options: dict[str, Any] | None = None,
-    ) -> ResetResponse: ...
+    ) -> ResetResponse:
+        """Start an episode of `task` ("org/name[@ver]:task_id"), or of one the sampler draws."""
+        request = ResetRequest(
+            task=task,
+            pack=pack,
+            split=split,
+            domain=domain,
+            seed=seed,
+            episode_id=episode_id,
+            options=options or {},
+        )
+        return await self._reset(request)
 
     async def step(
         self, episode_id: str, action: ActionLike, *, request_id: str | None = None
@@ -135,15 +130,14 @@ class AsyncClient(Protocol):
         domain: str | None = None,
         limit: int = 1000,
         offset: int = 0,
-    ) -> TaskList: ...
+    ) -> TaskList:
+        """Tasks (public fields only), filtered, one page."""
+        query = TaskQuery(pack, split, family, domain, limit, offset)
+        return await self._tasks(query)
 
+    async def _reset(self, request: ResetRequest) -> ResetResponse: ...
 
-def step_item(item: StepItemLike) -> BatchStepItem:
-    """Accept a `BatchStepItem` or `(episode_id, action)`."""
-    if isinstance(item, BatchStepItem):
-        return item
-    episode_id, action = item
-    return BatchStepItem(episode_id=episode_id, action=as_action(action))
+    async def _tasks(self, query: TaskQuery) -> TaskList: ...
 
 
 @runtime_checkable
@@ -158,3 +152,65 @@ class AsyncBatchClient(AsyncClient, Protocol):
     async def batch_step(
         self, items: Sequence[StepItemLike], *, wait_s: float | None = None
     ) -> list[BatchStepResult]: ...
+
+
+@runtime_checkable
+class AsyncServerClient(AsyncBatchClient, Protocol):
+    """Everything the HTTP and in-process clients serve: the batch routes and the sampler."""
+
+    async def sampler(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+    ) -> SamplerReport:
+        """The sampler's weights, probabilities, success rates and quarantine."""
+        return await self._sampler(SamplerQuery(pack, split, domain, limit))
+
+    async def release_task(self, task: str) -> SamplerReleaseResponse:
+        """Let the sampler draw a quarantined task again (admin)."""
+        ...
+
+    async def _sampler(self, query: SamplerQuery) -> SamplerReport: ...
+
+
+def blocking(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Any, P], R]:
+    """The blocking form of an async client method: `Client` calls it on its `_async`
+    client and runs the coroutine to its end with `_run`."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        coro: Coroutine[Any, Any, R] = getattr(self._async, name)(*args, **kwargs)
+        return self._run(coro)
+
+    return call
+
+
+class Client(ABC):
+    """The client interface, blocking: every `AsyncServerClient` method, run to its end.
+
+    A subclass sets `_async`, the client it wraps, and says how a coroutine runs (`_run`)."""
+
+    _async: AsyncServerClient
+
+    @abstractmethod
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` to its end and return its result (or raise its error)."""
+
+    reset = blocking(AsyncServerClient.reset)
+    step = blocking(AsyncServerClient.step)
+    verify = blocking(AsyncServerClient.verify)
+    state = blocking(AsyncServerClient.state)
+    close = blocking(AsyncServerClient.close)
+    families = blocking(AsyncServerClient.families)
+    packs = blocking(AsyncServerClient.packs)
+    tasks = blocking(AsyncServerClient.tasks)
+    batch_reset = blocking(AsyncServerClient.batch_reset)
+    batch_step = blocking(AsyncServerClient.batch_step)
+    sampler = blocking(AsyncServerClient.sampler)
+    release_task = blocking(AsyncServerClient.release_task)

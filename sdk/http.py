@@ -10,13 +10,22 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from palaestra.sdk.client import ActionLike, StepItemLike, as_action, reset_request, step_item
+from palaestra.sdk.client import (
+    ActionLike,
+    AsyncServerClient,
+    Client,
+    SamplerQuery,
+    StepItemLike,
+    TaskQuery,
+    as_action,
+    step_item,
+)
 from palaestra.sdk.errors import PalaestraError, TransportError, error_from_response
 from palaestra.sdk.models import (
     BatchResetRequest,
@@ -39,6 +48,7 @@ from palaestra.sdk.models import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 _FAMILIES = TypeAdapter(list[FamilyInfo])
 _PACKS = TypeAdapter(list[PackInfo])
 
@@ -72,31 +82,6 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
-def _task_params(
-    pack: str | None,
-    split: str | None,
-    family: str | None,
-    domain: str | None,
-    limit: int,
-    offset: int,
-) -> dict[str, Any]:
-    params: dict[str, Any] = {"limit": limit, "offset": offset}
-    for key, value in (("pack", pack), ("split", split), ("family", family), ("domain", domain)):
-        if value is not None:
-            params[key] = value
-    return params
-
-
-def _sampler_params(
-    pack: str | None, split: str | None, domain: str | None, limit: int
-) -> dict[str, Any]:
-    params: dict[str, Any] = {"limit": limit}
-    for key, value in (("pack", pack), ("split", split), ("domain", domain)):
-        if value is not None:
-            params[key] = value
-    return params
-
-
 def _step_body(action: ActionLike, request_id: str | None) -> dict[str, Any]:
     request = StepRequest(action=as_action(action), request_id=request_id or uuid.uuid4().hex)
     return request.model_dump(mode="json")
@@ -124,171 +109,90 @@ def _batch_step_body(items: Sequence[StepItemLike], wait_s: float | None) -> byt
 _JSON = {"content-type": "application/json"}
 
 
-class HTTPClient:
-    """Synchronous client: `HTTPClient("http://127.0.0.1:8000")`."""
+class _Transport(Protocol):
+    """Where the requests of an `AsyncHTTPClient` go, and how it waits between retries."""
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _AsyncTransport:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await self.http.request(method, path, **kwargs)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class _BlockingTransport:
+    """An `httpx.Client` behind coroutines that never suspend: `HTTPClient` runs them to
+    their end without an event loop, in any thread, inside a running loop or not."""
+
+    def __init__(self, http: httpx.Client) -> None:
+        self.http = http
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.http.request(method, path, **kwargs)
+
+    async def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    async def aclose(self) -> None:
+        self.http.close()
+
+
+class HTTPOptions(TypedDict, total=False):
+    """What both HTTP clients take beside the URL (and `http=`, an httpx client of one's own,
+    which then brings its own token, timeout and pool)."""
+
+    token: str | None  # the bearer token
+    timeout: float  # seconds a request may take (default 120)
+    retry: RetryPolicy | None  # default RetryPolicy()
+    max_connections: int  # the pool (default: 64 for HTTPClient, 256 for AsyncHTTPClient)
+
+
+def _pool(base_url: str, options: HTTPOptions, connections: int) -> dict[str, Any]:
+    """The options of the httpx client a client makes for itself."""
+    n = options.get("max_connections", connections)
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    headers = _headers(options.get("token"))
+    timeout = options.get("timeout", 120.0)
+    return {"base_url": base_url, "timeout": timeout, "headers": headers, "limits": limits}
+
+
+class AsyncHTTPClient(AsyncServerClient):
+    """Asynchronous client; one connection pool shared by all concurrent calls.
+
+    Over a synchronous `httpx.Client` (`http=`) its coroutines block and never suspend:
+    that is how `HTTPClient` runs it."""
 
     def __init__(
         self,
         base_url: str,
         *,
-        token: str | None = None,
-        timeout: float = 120.0,
-        retry: RetryPolicy | None = None,
-        max_connections: int = 64,
-        http: httpx.Client | None = None,
+        http: httpx.AsyncClient | httpx.Client | None = None,
+        **options: Unpack[HTTPOptions],
     ) -> None:
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        self._http = http or httpx.Client(
-            base_url=base_url, timeout=timeout, headers=_headers(token), limits=limits
-        )
-        self._retry = retry or RetryPolicy()
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        for attempt in range(self._retry.attempts):
-            try:
-                response = self._http.request(method, path, **kwargs)
-                _raise_for(response)
-                return response
-            except httpx.TransportError as exc:
-                error: PalaestraError = TransportError(f"{method} {path}: {exc!r}")
-            except PalaestraError as exc:
-                error = exc
-            if not error.retryable or attempt + 1 >= self._retry.attempts:
-                raise error
-            time.sleep(self._retry.delay(attempt, error))
-        raise AssertionError("unreachable")
-
-    def _get(self, path: str, model: type[M], params: Mapping[str, Any] | None = None) -> M:
-        return model.model_validate_json(self._request("GET", path, params=params).content)
-
-    def reset(
-        self,
-        task: str | None = None,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        seed: int | None = None,
-        episode_id: str | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> ResetResponse:
-        body = reset_request(
-            task,
-            pack=pack,
-            split=split,
-            domain=domain,
-            seed=seed,
-            episode_id=episode_id,
-            options=options,
-        )
-        response = self._request("POST", "/v1/episodes", json=body.model_dump(mode="json"))
-        return ResetResponse.model_validate_json(response.content)
-
-    def step(
-        self, episode_id: str, action: ActionLike, *, request_id: str | None = None
-    ) -> StepResponse:
-        path = f"/v1/episodes/{episode_id}/step"
-        response = self._request("POST", path, json=_step_body(action, request_id))
-        return StepResponse.model_validate_json(response.content)
-
-    def batch_reset(self, requests: Sequence[ResetRequest]) -> list[BatchResetResult]:
-        """Many resets in one call; per-item results and errors, in order."""
-        body = _batch_reset_body(requests)
-        response = self._request("POST", "/v1/batch/reset", content=body, headers=_JSON)
-        return BatchResetResponse.model_validate_json(response.content).items
-
-    def batch_step(
-        self, items: Sequence[StepItemLike], *, wait_s: float | None = None
-    ) -> list[BatchStepResult]:
-        """Many steps in one call (`(episode_id, action)` or `BatchStepItem`), in order.
-        With `wait_s`, items still running then answer `still_running` (resend them)."""
-        body = _batch_step_body(items, wait_s)
-        response = self._request("POST", "/v1/batch/step", content=body, headers=_JSON)
-        return BatchStepResponse.model_validate_json(response.content).items
-
-    def verify(self, episode_id: str) -> Verdict:
-        response = self._request("POST", f"/v1/episodes/{episode_id}/verify")
-        return Verdict.model_validate_json(response.content)
-
-    def state(self, episode_id: str) -> EpisodeState:
-        return self._get(f"/v1/episodes/{episode_id}", EpisodeState)
-
-    def close(self, episode_id: str) -> None:
-        self._request("DELETE", f"/v1/episodes/{episode_id}")
-
-    def families(self) -> list[FamilyInfo]:
-        return _FAMILIES.validate_json(self._request("GET", "/v1/families").content)
-
-    def packs(self) -> list[PackInfo]:
-        return _PACKS.validate_json(self._request("GET", "/v1/packs").content)
-
-    def tasks(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        family: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> TaskList:
-        params = _task_params(pack, split, family, domain, limit, offset)
-        return self._get("/v1/tasks", TaskList, params)
-
-    def sampler(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-    ) -> SamplerReport:
-        """The sampler's weights, probabilities, success rates and quarantine."""
-        params = _sampler_params(pack, split, domain, limit)
-        return self._get("/v1/sampler", SamplerReport, params)
-
-    def release_task(self, task: str) -> SamplerReleaseResponse:
-        """Let the sampler draw a quarantined task again (admin)."""
-        response = self._request("POST", "/v1/sampler/release", json={"task": task})
-        return SamplerReleaseResponse.model_validate_json(response.content)
-
-    def close_connection(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> HTTPClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._http.close()
-
-
-class AsyncHTTPClient:
-    """Asynchronous client; one connection pool shared by all concurrent calls."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        token: str | None = None,
-        timeout: float = 120.0,
-        retry: RetryPolicy | None = None,
-        max_connections: int = 256,
-        http: httpx.AsyncClient | None = None,
-    ) -> None:
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        self._http = http or httpx.AsyncClient(
-            base_url=base_url, timeout=timeout, headers=_headers(token), limits=limits
-        )
-        self._retry = retry or RetryPolicy()
+        if isinstance(http, httpx.Client):
+            self._transport: _Transport = _BlockingTransport(http)
+        else:
+            pool = _pool(base_url, options, 256)
+            self._transport = _AsyncTransport(http or httpx.AsyncClient(**pool))
+        self._retry = options.get("retry") or RetryPolicy()
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         for attempt in range(self._retry.attempts):
             try:
-                response = await self._http.request(method, path, **kwargs)
+                response = await self._transport.request(method, path, **kwargs)
                 _raise_for(response)
                 return response
             except httpx.TransportError as exc:
@@ -297,30 +201,15 @@ class AsyncHTTPClient:
                 error = exc
             if not error.retryable or attempt + 1 >= self._retry.attempts:
                 raise error
-            await asyncio.sleep(self._retry.delay(attempt, error))
+            await self._transport.sleep(self._retry.delay(attempt, error))
         raise AssertionError("unreachable")
 
-    async def reset(
-        self,
-        task: str | None = None,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        seed: int | None = None,
-        episode_id: str | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> ResetResponse:
-        body = reset_request(
-            task,
-            pack=pack,
-            split=split,
-            domain=domain,
-            seed=seed,
-            episode_id=episode_id,
-            options=options,
-        )
-        response = await self._request("POST", "/v1/episodes", json=body.model_dump(mode="json"))
+    async def _get(self, path: str, model: type[M], params: Mapping[str, Any] | None = None) -> M:
+        return model.model_validate_json((await self._request("GET", path, params=params)).content)
+
+    async def _reset(self, request: ResetRequest) -> ResetResponse:
+        body = request.model_dump(mode="json")
+        response = await self._request("POST", "/v1/episodes", json=body)
         return ResetResponse.model_validate_json(response.content)
 
     async def step(
@@ -350,8 +239,7 @@ class AsyncHTTPClient:
         return Verdict.model_validate_json(response.content)
 
     async def state(self, episode_id: str) -> EpisodeState:
-        response = await self._request("GET", f"/v1/episodes/{episode_id}")
-        return EpisodeState.model_validate_json(response.content)
+        return await self._get(f"/v1/episodes/{episode_id}", EpisodeState)
 
     async def close(self, episode_id: str) -> None:
         await self._request("DELETE", f"/v1/episodes/{episode_id}")
@@ -362,43 +250,51 @@ class AsyncHTTPClient:
     async def packs(self) -> list[PackInfo]:
         return _PACKS.validate_json((await self._request("GET", "/v1/packs")).content)
 
-    async def tasks(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        family: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> TaskList:
-        params = _task_params(pack, split, family, domain, limit, offset)
-        response = await self._request("GET", "/v1/tasks", params=params)
-        return TaskList.model_validate_json(response.content)
+    async def _tasks(self, query: TaskQuery) -> TaskList:
+        return await self._get("/v1/tasks", TaskList, query.params())
 
-    async def sampler(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-    ) -> SamplerReport:
-        """The sampler's weights, probabilities, success rates and quarantine."""
-        params = _sampler_params(pack, split, domain, limit)
-        response = await self._request("GET", "/v1/sampler", params=params)
-        return SamplerReport.model_validate_json(response.content)
+    async def _sampler(self, query: SamplerQuery) -> SamplerReport:
+        return await self._get("/v1/sampler", SamplerReport, query.params())
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
-        """Let the sampler draw a quarantined task again (admin)."""
         response = await self._request("POST", "/v1/sampler/release", json={"task": task})
         return SamplerReleaseResponse.model_validate_json(response.content)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._transport.aclose()
 
     async def __aenter__(self) -> AsyncHTTPClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._http.aclose()
+        await self.aclose()
+
+
+class HTTPClient(Client):
+    """Synchronous client: `HTTPClient("http://127.0.0.1:8000")`, an `AsyncHTTPClient` over
+    a blocking `httpx.Client`, its coroutines run to their end in the calling thread."""
+
+    def __init__(
+        self, base_url: str, *, http: httpx.Client | None = None, **options: Unpack[HTTPOptions]
+    ) -> None:
+        http = http or httpx.Client(**_pool(base_url, options, 64))
+        retry = options.get("retry")
+        self._async: AsyncHTTPClient = AsyncHTTPClient(base_url, http=http, retry=retry)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        coro.close()
+        raise RuntimeError("a blocking HTTP call suspended")  # _BlockingTransport never does
+
+    def close_connection(self) -> None:
+        self._run(self._async.aclose())
+
+    def __enter__(self) -> HTTPClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_connection()

@@ -17,11 +17,18 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from palaestra.sdk.evaluation import Attempt, pass_at_k
+from palaestra.sdk.evaluation.attempt import Attempt
 
 REPORT_FORMAT = "palaestra-report/1"
 BINS = 10  # reward histogram: [0, 0.1), …, [0.9, 1.0]
 PHASES = ("reset_s", "policy_s", "env_s", "verify_s")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 class CompareError(Exception):

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from palaestra.sandbox.base import default_cache
 from palaestra.sandbox.docker.engine import BASE_IMAGE
@@ -30,19 +30,12 @@ def default_images() -> list[str]:
     )
 
 
-def default_secret_file() -> Path | None:
-    """PALAESTRA_HELDOUT_SECRET_FILE for an embedded `Settings()` too (a test session shares
-    one secret, so its servers reuse one cache of generated held-out tasks)."""
-    raw = os.environ.get("PALAESTRA_HELDOUT_SECRET_FILE")
-    return Path(raw) if raw else None
-
-
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data_dir: Path = Field(default=Path(".palaestra"), description="SQLite store, packs, tokens")
     heldout_secret_file: Path | None = Field(
-        default_factory=lambda: default_secret_file(),
+        default=None,
         description=(
             "the secret sealed generated tasks derive their seeds from (made 0600 at first "
             "start; default <data_dir>/heldout.secret); share it to share a held-out set"
@@ -53,7 +46,10 @@ class Settings(BaseModel):
     sandbox: str = Field(default="bwrap", description="sandbox backend")
     cache: Path = Field(
         default_factory=lambda: default_cache(),
-        description="cache folder: the exec helper's build, image rootfs folders, docker's bash",
+        description=(
+            "cache folder: the exec helper's build, image rootfs folders, docker's bash, "
+            "generated finance reports and tasks"
+        ),
     )
     images_dir: Path | None = Field(
         default=None,
@@ -64,6 +60,13 @@ class Settings(BaseModel):
     )
     docker_image: str = Field(
         default=BASE_IMAGE, description="docker: the image of a spec without one"
+    )
+    forkserver: bool = Field(
+        default=True,
+        description="bwrap: one-shot Python runs in a fork server (false: a fresh sandbox each)",
+    )
+    e2b_api_key: SecretStr | None = Field(
+        default=None, description="e2b backend: the API key (also read from E2B_API_KEY)"
     )
     pool_size: int = Field(
         default=4, ge=0, description="warm sandboxes kept ready per sandbox spec (0: no pool)"
@@ -244,6 +247,15 @@ def _coerce(name: str, raw: str) -> Any:
     return raw
 
 
+# Environment variables read beside PALAESTRA_<NAME> (the name a third party documents).
+ALSO_FROM_ENV = {"e2b_api_key": "E2B_API_KEY"}
+
+
+def env_names(name: str) -> list[str]:
+    """The environment variables a setting is read from, first first."""
+    return [f"PALAESTRA_{name.upper()}", *([ALSO_FROM_ENV[name]] if name in ALSO_FROM_ENV else [])]
+
+
 def load_settings(
     flags: Mapping[str, Any] | None = None,
     *,
@@ -251,14 +263,33 @@ def load_settings(
     config_file: Path | None = None,
 ) -> Settings:
     """Merge the four sources; unknown keys in palaestra.toml are an error that names them."""
+    return load_settings_with_sources(flags, environ=environ, config_file=config_file)[0]
+
+
+def load_settings_with_sources(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> tuple[Settings, dict[str, str]]:
+    """The settings and where each came from: `flag`, the environment variable's name,
+    the config file's path, or `default`."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     path = config_file or Path(environ.get("PALAESTRA_CONFIG", "palaestra.toml"))
     if path.exists():
         values.update(tomllib.loads(path.read_text(encoding="utf-8")))
+        sources.update(dict.fromkeys(values, str(path)))
     for name in Settings.model_fields:
-        env_value = environ.get(f"PALAESTRA_{name.upper()}")
-        if env_value is not None:
-            values[name] = _coerce(name, env_value)
-    values.update({k: v for k, v in (flags or {}).items() if v is not None})
-    return Settings.model_validate(values)
+        for var in env_names(name):
+            env_value = environ.get(var)
+            if env_value is not None:
+                values[name] = _coerce(name, env_value)
+                sources[name] = var
+                break
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    values.update(given)
+    sources.update(dict.fromkeys(given, "flag"))
+    settings = Settings.model_validate(values)
+    return settings, {name: sources.get(name, "default") for name in Settings.model_fields}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from importlib.metadata import entry_points
+from typing import Any
 
 from palaestra.envs.base import Family
 from palaestra.envs.cad import CadFamily
@@ -35,8 +37,11 @@ class FamilyRegistry:
             self.add(family)
 
     @classmethod
-    def discover(cls) -> FamilyRegistry:
-        registry = cls([family() for family in BUILTIN])
+    def discover(cls, options: Mapping[str, Mapping[str, Any]] | None = None) -> FamilyRegistry:
+        """The built-ins, each made with its `options` (constructor arguments by family
+        name, from the settings), then the entry points."""
+        options = options or {}
+        registry = cls([family(**options.get(family.name, {})) for family in BUILTIN])
         for ep in entry_points(group="palaestra.families"):
             if ep.name in registry._families:
                 continue

@@ -11,11 +11,21 @@ import asyncio
 import threading
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from palaestra.sdk.client import ActionLike, StepItemLike, as_action, reset_request, step_item
+from palaestra.sdk.client import (
+    ActionLike,
+    AsyncServerClient,
+    Client,
+    SamplerQuery,
+    StepItemLike,
+    TaskQuery,
+    as_action,
+    step_item,
+)
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import (
     Action,
@@ -38,7 +48,7 @@ from palaestra.sdk.models import (
 )
 from palaestra.server import batch
 from palaestra.server.auth import ADMIN_PRINCIPAL
-from palaestra.server.config import Settings
+from palaestra.server.config import Settings, load_settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 
@@ -56,34 +66,14 @@ def _episode_id(item: StepItemLike) -> str:
     return item.episode_id if isinstance(item, BatchStepItem) else str(item[0]) or "-"
 
 
-class AsyncInProcessClient:
+class AsyncInProcessClient(AsyncServerClient):
     """The `AsyncClient` interface straight onto an `EpisodeManager`."""
 
     def __init__(self, manager: EpisodeManager) -> None:
         self.manager = manager
 
-    async def reset(
-        self,
-        task: str | None = None,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        seed: int | None = None,
-        episode_id: str | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> ResetResponse:
-        return await self.manager.reset(
-            reset_request(
-                task,
-                pack=pack,
-                split=split,
-                domain=domain,
-                seed=seed,
-                episode_id=episode_id,
-                options=options,
-            )
-        )
+    async def _reset(self, request: ResetRequest) -> ResetResponse:
+        return await self.manager.reset(request)
 
     async def step(
         self, episode_id: str, action: ActionLike, *, request_id: str | None = None
@@ -128,35 +118,17 @@ class AsyncInProcessClient:
     async def packs(self) -> list[PackInfo]:
         return self.manager.pack_infos()
 
-    async def tasks(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        family: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> TaskList:
-        return self.manager.task_list(
-            pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
-        )
+    async def _tasks(self, query: TaskQuery) -> TaskList:
+        return self.manager.task_list(**asdict(query))
 
-    async def sampler(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-    ) -> SamplerReport:
-        return self.manager.sampler_report(pack=pack, split=split, domain=domain, limit=limit)
+    async def _sampler(self, query: SamplerQuery) -> SamplerReport:
+        return self.manager.sampler_report(**asdict(query))
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
         return self.manager.sampler_release(task)
 
 
-class InProcessClient:
+class InProcessClient(Client):
     """The synchronous `Client` interface over an embedded server on its own loop thread.
 
     Use as a context manager: `with InProcessClient(settings) as client: ...`.
@@ -168,7 +140,7 @@ class InProcessClient:
             target=self._loop.run_forever, name="palaestra-embedded", daemon=True
         )
         self._thread.start()
-        self.manager = self._call(self._start(settings or Settings()))
+        self.manager = self._run(self._start(settings or load_settings()))
         self._async = AsyncInProcessClient(self.manager)
         self._closed = False
 
@@ -178,96 +150,16 @@ class InProcessClient:
         await manager.start()
         return manager
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return future.result()
-
-    def reset(
-        self,
-        task: str | None = None,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        seed: int | None = None,
-        episode_id: str | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> ResetResponse:
-        return self._call(
-            self._async.reset(
-                task,
-                pack=pack,
-                split=split,
-                domain=domain,
-                seed=seed,
-                episode_id=episode_id,
-                options=options,
-            )
-        )
-
-    def step(
-        self, episode_id: str, action: ActionLike, *, request_id: str | None = None
-    ) -> StepResponse:
-        return self._call(self._async.step(episode_id, action, request_id=request_id))
-
-    def batch_reset(self, requests: Sequence[ResetRequest]) -> list[BatchResetResult]:
-        return self._call(self._async.batch_reset(requests))
-
-    def batch_step(
-        self, items: Sequence[StepItemLike], *, wait_s: float | None = None
-    ) -> list[BatchStepResult]:
-        return self._call(self._async.batch_step(items, wait_s=wait_s))
-
-    def verify(self, episode_id: str) -> Verdict:
-        return self._call(self._async.verify(episode_id))
-
-    def state(self, episode_id: str) -> EpisodeState:
-        return self._call(self._async.state(episode_id))
-
-    def close(self, episode_id: str) -> None:
-        self._call(self._async.close(episode_id))
-
-    def families(self) -> list[FamilyInfo]:
-        return self._call(self._async.families())
-
-    def packs(self) -> list[PackInfo]:
-        return self._call(self._async.packs())
-
-    def tasks(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        family: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> TaskList:
-        return self._call(
-            self._async.tasks(
-                pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
-            )
-        )
-
-    def sampler(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-    ) -> SamplerReport:
-        return self._call(self._async.sampler(pack=pack, split=split, domain=domain, limit=limit))
-
-    def release_task(self, task: str) -> SamplerReleaseResponse:
-        return self._call(self._async.release_task(task))
 
     def shutdown(self) -> None:
         """Void live episodes, free their sandboxes, flush the store, stop the loop thread."""
         if self._closed:
             return
         self._closed = True
-        self._call(self.manager.shutdown())
+        self._run(self.manager.shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()

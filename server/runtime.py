@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
 from palaestra.sandbox import Backend
 from palaestra.sandbox.forkserver import PythonForkServer
@@ -35,7 +35,8 @@ def make_backend(settings: Settings) -> Backend:
     if name == "e2b":
         from palaestra.sandbox.e2b import E2BBackend
 
-        return E2BBackend(api_key=os.environ.get("E2B_API_KEY"))
+        key = settings.e2b_api_key
+        return E2BBackend(api_key=key.get_secret_value() if key else None)
     raise ValueError(f"unknown sandbox backend {name!r}; this version has: bwrap, docker, e2b")
 
 
@@ -46,9 +47,14 @@ def with_pool(backend: Backend, settings: Settings) -> Backend:
     return WarmPool(backend, size=settings.pool_size, max_total=settings.pool_max_total)
 
 
+def family_options(settings: Settings) -> dict[str, dict[str, Any]]:
+    """What the built-in families are made with: the settings they take, as arguments."""
+    return {"finance": {"cache_dir": settings.cache / "finance"}}
+
+
 def build_manager(settings: Settings, *, backend: Backend | None = None) -> EpisodeManager:
     """A manager on the embedded defaults; call `await manager.start()` inside the event loop."""
-    families = FamilyRegistry.discover()
+    families = FamilyRegistry.discover(family_options(settings))
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
     packs = PackCatalog(secret=heldout.ensure_secret(secret_file))  # sealed generated seeds
     policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
@@ -64,7 +70,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     fork_server = None
     if backend is None:
         backend = with_pool(make_backend(settings), settings)
-        fork_server = make_fork_server(settings.sandbox)
+        fork_server = make_fork_server(settings)
     metrics = Metrics()
     if isinstance(backend, WarmPool):
         metrics.bind_pool(backend.stats)
@@ -80,10 +86,10 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     )
 
 
-def make_fork_server(backend_name: str) -> PythonForkServer | None:
-    """One-shot Python sandboxes beside the bwrap backend (PALAESTRA_FORKSERVER=0: none).
+def make_fork_server(settings: Settings) -> PythonForkServer | None:
+    """One-shot Python sandboxes beside the bwrap backend (`forkserver` false: none).
 
     It starts at the first run; where it cannot, callers fall back to the backend."""
-    if backend_name != "bwrap" or os.environ.get("PALAESTRA_FORKSERVER", "1") == "0":
+    if settings.sandbox != "bwrap" or not settings.forkserver:
         return None
     return PythonForkServer()

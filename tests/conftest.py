@@ -48,9 +48,24 @@ def docker_skip_reason(image: str) -> str:
     return ""
 
 
+# One held-out secret for every server of the session (and across sessions): a server with
+# a secret of its own would generate its held-out tasks anew (~30 s for reasoning).
+HELDOUT_SECRET = Path(
+    os.environ.get("PALAESTRA_HELDOUT_SECRET_FILE")
+    or Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
+    / "test-heldout.secret"
+)
+
+
+def make_settings(**values: Any) -> Settings:
+    """Settings of an embedded server of this session: the session's held-out secret unless
+    `values` name another (or None: the data dir's own)."""
+    return Settings(**{"heldout_secret_file": HELDOUT_SECRET, **values})
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data")
+    return make_settings(data_dir=tmp_path / "data")
 
 
 @pytest.fixture
@@ -170,13 +185,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     from palaestra.server.heldout import ensure_secret
 
-    # One held-out secret for every server of the session (and across sessions): a server
-    # with a secret of its own would generate its held-out tasks anew (~30 s for reasoning).
-    cache = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
-    secret_file = os.environ.setdefault(
-        "PALAESTRA_HELDOUT_SECRET_FILE", str(cache / "test-heldout.secret")
-    )
-    secret = ensure_secret(Path(secret_file))
+    # Servers started as processes read the session's secret from the environment.
+    os.environ["PALAESTRA_HELDOUT_SECRET_FILE"] = str(HELDOUT_SECRET)
+    secret = ensure_secret(HELDOUT_SECRET)
     source = Path(__file__).resolve().parent.parent / "packs" / "reasoning-gym" / "source.py"
     spec = importlib.util.spec_from_file_location("_warm_reasoning_gym", source)
     if spec is None or spec.loader is None:

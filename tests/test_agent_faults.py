@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import docker_skip_reason
+from conftest import docker_skip_reason, make_settings
 
 from palaestra.envs.coding.family import task_solution
 from palaestra.sandbox.bwrap import bwrap_available
@@ -66,7 +66,7 @@ BAD_CODE = {
 
 
 def _settings(tmp_path: Path, **extra: Any) -> Settings:
-    return Settings(data_dir=tmp_path / "data", **extra)
+    return make_settings(data_dir=tmp_path / "data", **extra)
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import asyncio
 from pathlib import Path
 
 import httpx
+from conftest import make_settings
 
 from palaestra.envs.base import EpisodeContext, StepOutcome, Tool, ToolArgs
 from palaestra.envs.echo import EchoArgs, EchoFamily
 from palaestra.sdk.models import Action, BatchStepItem, ResetRequest
-from palaestra.server.config import Settings
 from palaestra.server.inprocess import AsyncInProcessClient, InProcessClient
 from palaestra.server.runtime import build_manager
 from tests.conftest import ServerProcess
@@ -105,7 +105,7 @@ def test_batch_reset_capacity_is_per_item(tmp_path: Path) -> None:
 
 
 def test_batch_in_process(tmp_path: Path) -> None:
-    with InProcessClient(Settings(data_dir=tmp_path / "data")) as client:
+    with InProcessClient(make_settings(data_dir=tmp_path / "data")) as client:
         resets = client.batch_reset([ResetRequest(task=TASK, seed=i) for i in range(4)])
         ids = [r.result.episode_id for r in resets if r.result is not None]
         assert len(ids) == 4
@@ -127,7 +127,7 @@ class SlowEcho(EchoFamily):
 
 
 async def test_batch_wait_s_answers_slow_items_still_running(tmp_path: Path) -> None:
-    manager = build_manager(Settings(data_dir=tmp_path / "data"))
+    manager = build_manager(make_settings(data_dir=tmp_path / "data"))
     manager.families.add(SlowEcho())
     await manager.start()
     try:

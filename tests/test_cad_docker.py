@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import make_settings
 from typer.testing import CliRunner
 
 import palaestra
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", sandbox="docker", pool_size=0)
+    return make_settings(data_dir=tmp_path / "data", sandbox="docker", pool_size=0)
 
 
 @pytest.fixture

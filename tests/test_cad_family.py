@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import make_settings
 from typer.testing import CliRunner
 
 from palaestra.cli.main import app
@@ -37,7 +38,7 @@ def cad_tasks() -> dict[str, Task]:
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessClient]:
     data = tmp_path_factory.mktemp("cad-data")
-    with InProcessClient(Settings(data_dir=data)) as c:
+    with InProcessClient(make_settings(data_dir=data)) as c:
         yield c
 
 
@@ -326,7 +327,7 @@ def test_a_toolchain_missing_in_the_sandbox_voids_instead_of_scoring_zero(
     """A backend that does not bind the toolchain is an infrastructure fault, not the agent's."""
     monkeypatch.setattr(runtime.Toolchain, "env", lambda self: {"PYTHONPATH": "/nonexistent"})
     task = _pick(cad_tasks, "hexnut", 1)
-    with InProcessClient(Settings(data_dir=tmp_path / "data")) as c:
+    with InProcessClient(make_settings(data_dir=tmp_path / "data")) as c:
         eid = c.reset(task.ref).episode_id
         c.step(eid, _write("part.py", oracle_script(task)))
         res = c.step(eid, _run())

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from palaestra.sdk.evaluation import run_eval
-from palaestra.sdk.policies import ChatPolicy
+from palaestra.sdk.evaluation.runner import run_eval
+from palaestra.sdk.policies.chat import ChatPolicy
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 

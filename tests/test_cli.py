@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 from conftest import ServerProcess
 
-from palaestra.sdk.evaluation import pass_at_k
+from palaestra.sdk.report import pass_at_k
 
 CLI = str(Path(sys.executable).parent / "palaestra")
 
 
-def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PALAESTRA_")}
-    env["COLUMNS"] = "200"  # rich tables: keep ids on one line
+def cli(
+    *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PALAESTRA_", "E2B_"))}
+    env = {**clean, "COLUMNS": "200", **(env or {})}  # rich tables: keep ids on one line
     return subprocess.run(
         [CLI, *args],
         cwd=cwd,
@@ -146,10 +148,27 @@ def test_run_scripted_episode(tmp_path: Path) -> None:
 
 
 def test_config_prints_json(tmp_path: Path) -> None:
-    result = cli("config", cwd=tmp_path)
+    result = cli("config", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     settings = json.loads(result.stdout)
-    assert "data_dir" in settings and settings["sandbox"] == "bwrap"
+    assert "data_dir" in settings and settings["sandbox"] == {"value": "bwrap", "from": "default"}
+
+
+def test_config_says_where_each_value_came_from(tmp_path: Path) -> None:
+    (tmp_path / "palaestra.toml").write_text("port = 9001\nmax_steps = 7\n")
+    env = {"PALAESTRA_MAX_STEPS": "9", "E2B_API_KEY": "e2b-secret-key", "PALAESTRA_FORKSERVER": "0"}
+    result = cli("config", "--json", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    settings = json.loads(result.stdout)
+    assert settings["port"] == {"value": 9001, "from": "palaestra.toml"}
+    assert settings["max_steps"] == {"value": 9, "from": "PALAESTRA_MAX_STEPS"}  # env over toml
+    assert settings["forkserver"] == {"value": False, "from": "PALAESTRA_FORKSERVER"}
+    assert settings["e2b_api_key"]["from"] == "E2B_API_KEY"
+    table = cli("config", cwd=tmp_path, env=env)
+    assert table.returncode == 0, table.stderr
+    for shown in (result.stdout, table.stdout):
+        assert "e2b-secret-key" not in shown  # secrets are redacted
+    assert "heldout_secret_file" in table.stdout and "PALAESTRA_FORKSERVER" in table.stdout
 
 
 @pytest.mark.parametrize(

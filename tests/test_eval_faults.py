@@ -22,10 +22,14 @@ import httpx
 import pytest
 from conftest import ServerProcess, free_port
 
-from palaestra.sdk.evaluation import AttemptLimits, RunDir, run_eval, run_suite
+from palaestra.sdk.evaluation.attempt import AttemptLimits
+from palaestra.sdk.evaluation.rundir import RunDir
+from palaestra.sdk.evaluation.runner import run_eval
+from palaestra.sdk.evaluation.suite import run_suite
 from palaestra.sdk.http import AsyncHTTPClient
 from palaestra.sdk.models import Action, ResetResponse, StepResponse
-from palaestra.sdk.policies import HFPolicy, Session
+from palaestra.sdk.policies.base import Session
+from palaestra.sdk.policies.hf import HFPolicy
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 
@@ -111,7 +115,7 @@ async def test_server_restart_mid_run_then_resume(tmp_path: Path) -> None:
 
 async def test_server_gone_stops_the_run_resumably(tmp_path: Path) -> None:
     """Nothing listens: no attempt is recorded as run, and the runner says so."""
-    from palaestra.sdk.evaluation import ServerGone
+    from palaestra.sdk.evaluation.suite import ServerGone
     from palaestra.sdk.models import TaskInfo
 
     url = f"http://127.0.0.1:{free_port()}"

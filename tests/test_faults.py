@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ServerProcess
+from conftest import ServerProcess, make_settings
 
 from palaestra.envs.base import EpisodeContext, StepOutcome, Tool, ToolArgs
 from palaestra.envs.echo import EchoFamily
@@ -20,7 +20,7 @@ from palaestra.sandbox.bwrap import BwrapBackend
 from palaestra.sdk.errors import CapacityError, ConflictError
 from palaestra.sdk.models import EpisodeState, StepResponse, Verdict
 from palaestra.server.app import create_app
-from palaestra.server.config import REPO_PACKS, Settings
+from palaestra.server.config import REPO_PACKS
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.manifest import read_manifest
@@ -89,7 +89,7 @@ async def faulty(tmp_path: Path) -> AsyncIterator[EpisodeManager]:
     write_pack(
         packs / "scrash", "test/scrash", StepCrashFamily.name, [echo_task("t1", "test-step-crash")]
     )
-    manager = build_manager(Settings(data_dir=tmp_path / "data", packs_dirs=[REPO_PACKS]))
+    manager = build_manager(make_settings(data_dir=tmp_path / "data", packs_dirs=[REPO_PACKS]))
     manager.families.add(VerifyCrashFamily())
     manager.families.add(StepCrashFamily())
     manager.packs.load_dirs([packs], [f.name for f in manager.families.all()])
@@ -270,7 +270,7 @@ class FlakyBackend(Backend):
 
 async def test_verification_sandbox_cannot_be_created(tmp_path: Path) -> None:
     backend = FlakyBackend()
-    manager = build_manager(Settings(data_dir=tmp_path / "data"), backend=backend)
+    manager = build_manager(make_settings(data_dir=tmp_path / "data"), backend=backend)
     await manager.start()
     try:
         client = AsyncInProcessClient(manager)
@@ -332,7 +332,7 @@ def repo_pack_names() -> set[str]:
 async def test_broken_packs_are_recorded_and_good_ones_served(
     tmp_path: Path, broken_packs: Path
 ) -> None:
-    settings = Settings(data_dir=tmp_path / "data", packs_dirs=[REPO_PACKS, broken_packs])
+    settings = make_settings(data_dir=tmp_path / "data", packs_dirs=[REPO_PACKS, broken_packs])
     manager = build_manager(settings)
     await manager.start()
     try:
@@ -385,7 +385,7 @@ def test_server_with_broken_packs_starts_and_reports(tmp_path: Path, broken_pack
 
 
 async def test_idle_episode_expires_and_frees_its_sandbox(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data", idle_ttl_s=0.2, reaper_interval_s=0.05)
+    settings = make_settings(data_dir=tmp_path / "data", idle_ttl_s=0.2, reaper_interval_s=0.05)
     manager = build_manager(settings)
     await manager.start()
     try:
@@ -419,7 +419,7 @@ async def test_idle_episode_expires_and_frees_its_sandbox(tmp_path: Path) -> Non
 
 
 async def test_reset_at_capacity_is_refused_with_retry_after(tmp_path: Path) -> None:
-    manager = build_manager(Settings(data_dir=tmp_path / "data", max_episodes=1))
+    manager = build_manager(make_settings(data_dir=tmp_path / "data", max_episodes=1))
     await manager.start()
     try:
         client = AsyncInProcessClient(manager)

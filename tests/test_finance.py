@@ -298,7 +298,7 @@ def client(finance_env: tuple[Path, Path]) -> Iterator[InProcessClient]:
     packs, cache = finance_env
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PALAESTRA_CACHE", str(cache))
-        settings = Settings(data_dir=cache.parent / "data", packs_dirs=[packs])
+        settings = Settings(data_dir=cache.parent / "data", packs_dirs=[packs], cache=cache)
         with InProcessClient(settings) as c:
             yield c
 

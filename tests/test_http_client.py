@@ -162,3 +162,46 @@ def test_unreachable_server_raises_transport_error() -> None:
             client.reset(ECHO)
     assert failed.value.retryable
     assert "POST /v1/episodes" in failed.value.message
+
+
+def test_sync_client_in_a_thread_and_inside_a_running_loop(server: ServerProcess) -> None:
+    """The sync client needs no event loop of its own and never touches the caller's: it
+    works in a thread without one, and when user code calls it from inside a running loop."""
+    say = {"tool": "echo", "arguments": {"text": "t"}}
+
+    def play(client: HTTPClient) -> str:
+        episode = client.reset(ECHO)
+        text = client.step(episode.episode_id, say).observation.text
+        client.close(episode.episode_id)
+        return text
+
+    with server.client() as client:
+        got: list[str] = []
+        worker = threading.Thread(target=lambda: got.append(play(client)))
+        worker.start()
+        worker.join(60)
+        assert got == ["t"]
+
+        async def inside_a_loop() -> str:
+            return play(client)  # blocking, as a sync client is; the loop is left alone
+
+        assert asyncio.run(inside_a_loop()) == "t"
+
+
+def test_one_client_surface() -> None:
+    """The sync clients are generated from the async interface: the same methods, the same
+    signatures, in the HTTP and the in-process clients alike."""
+    import inspect
+
+    from palaestra.sdk.client import AsyncServerClient, Client
+    from palaestra.server.inprocess import AsyncInProcessClient, InProcessClient
+
+    public = [n for n in dir(AsyncServerClient) if not n.startswith("_")]
+    assert {"reset", "step", "verify", "batch_step", "tasks", "sampler"} <= set(public)
+    for name in public:
+        want = inspect.signature(getattr(AsyncServerClient, name))
+        for sync in (Client, HTTPClient, InProcessClient):
+            assert inspect.signature(getattr(sync, name)) == want, (sync, name)
+        for concrete in (AsyncHTTPClient, AsyncInProcessClient):
+            assert inspect.signature(getattr(concrete, name)) == want, (concrete, name)
+    assert issubclass(HTTPClient, Client) and issubclass(InProcessClient, Client)

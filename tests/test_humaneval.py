@@ -16,9 +16,9 @@ import pytest
 from palaestra.envs.coding import cheats as coding_cheats
 from palaestra.envs.coding.examples import docstring_examples
 from palaestra.envs.coding.family import CodingFamily, task_tests
-from palaestra.sdk.evaluation import run_eval
+from palaestra.sdk.evaluation.runner import run_eval
 from palaestra.sdk.models import StepResponse, TaskInfo
-from palaestra.sdk.policies import NullPolicy, OraclePolicy
+from palaestra.sdk.policies.base import NullPolicy, OraclePolicy
 from palaestra.sdk.task import Task
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.inprocess import AsyncInProcessClient

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_settings
 
 from palaestra.envs.coding.family import task_solution
 from palaestra.envs.paths import workspace_abspath, workspace_relpath
 from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action
-from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
@@ -85,7 +85,7 @@ def test_every_file_taking_tool_is_one_this_file_covers() -> None:
 
 @pytest.fixture
 async def manager(tmp_path: Path) -> AsyncIterator[EpisodeManager]:
-    built = build_manager(Settings(data_dir=tmp_path / "data"))
+    built = build_manager(make_settings(data_dir=tmp_path / "data"))
     built.packs.add(load_pack(_app_pack(tmp_path / "app-pack")))
     await built.start()
     try:

@@ -16,9 +16,9 @@ import pytest
 
 from palaestra.envs.reasoning import guard, gym
 from palaestra.envs.reasoning.family import ReasoningFamily, score_task
-from palaestra.sdk.evaluation import run_eval
+from palaestra.sdk.evaluation.runner import run_eval
 from palaestra.sdk.models import TaskInfo
-from palaestra.sdk.policies import NullPolicy, OraclePolicy
+from palaestra.sdk.policies.base import NullPolicy, OraclePolicy
 from palaestra.sdk.task import Task
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient

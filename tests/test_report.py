@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from palaestra.sdk.evaluation import Attempt, RunDir, RunError, pending
+from palaestra.sdk.evaluation.attempt import Attempt
+from palaestra.sdk.evaluation.rundir import RunDir, RunError, pending
 from palaestra.sdk.models import TaskInfo
-from palaestra.sdk.policies import parse_policy, parse_tool_call
+from palaestra.sdk.policies.prompts import parse_tool_call
+from palaestra.sdk.policies.spec import parse_policy
 from palaestra.sdk.report import CompareError, bootstrap_delta, build_report, compare
 from palaestra.sdk.report_html import render_html
 

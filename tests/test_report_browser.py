@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-from palaestra.sdk.evaluation import run_eval
+from palaestra.sdk.evaluation.runner import run_eval
 from palaestra.sdk.models import Action, ResetResponse, StepResponse
-from palaestra.sdk.policies import Session
+from palaestra.sdk.policies.base import Session
 from palaestra.sdk.report import build_report
 from palaestra.sdk.report_html import render_html
 from palaestra.server.inprocess import AsyncInProcessClient

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from conftest import make_settings
 
 from palaestra.sandbox import SandboxGone, SandboxPathError, SandboxSpec, SandboxSpecError
 from palaestra.sandbox.docker import BASE_IMAGE, DockerBackend, DockerSandbox
@@ -212,13 +213,12 @@ async def test_spec_too_large(backend: DockerBackend) -> None:
 
 async def test_coding_episodes_on_docker(tmp_path: Path) -> None:
     """`palaestra serve --sandbox docker`: the oracle on two HumanEval tasks scores 1."""
-    from palaestra.sdk.evaluation import run_eval
-    from palaestra.sdk.policies import OraclePolicy
-    from palaestra.server.config import Settings
+    from palaestra.sdk.evaluation.runner import run_eval
+    from palaestra.sdk.policies.base import OraclePolicy
     from palaestra.server.inprocess import AsyncInProcessClient
     from palaestra.server.runtime import build_manager
 
-    manager = build_manager(Settings(data_dir=tmp_path / "data", sandbox="docker"))
+    manager = build_manager(make_settings(data_dir=tmp_path / "data", sandbox="docker"))
     await manager.start()
     try:
         assert manager.backend is not None and manager.backend.name == "docker"

@@ -9,6 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs the `train` extra (torch)")
 
+from conftest import make_settings  # noqa: E402
+
 from palaestra.sdk.train.backends import HFBackend  # noqa: E402
 from palaestra.sdk.train.collector import CollectorConfig, RolloutCollector  # noqa: E402
 from palaestra.sdk.train.grpo import (  # noqa: E402
@@ -21,7 +23,6 @@ from palaestra.sdk.train.grpo import (  # noqa: E402
 from palaestra.sdk.train.letters_demo import VOCAB, LettersFormat, tiny_model  # noqa: E402
 from palaestra.sdk.train.tokenizers import CharTokenizer  # noqa: E402
 from palaestra.sdk.train.types import Group, SamplingParams, Trajectory  # noqa: E402
-from palaestra.server.config import Settings  # noqa: E402
 from palaestra.server.inprocess import AsyncInProcessClient  # noqa: E402
 from palaestra.server.runtime import build_manager  # noqa: E402
 
@@ -123,7 +124,7 @@ def test_generator_and_trainer_logprobs_agree_at_step_0(tmp_path: Path) -> None:
     model = tiny_model(TOK.vocab_size)
 
     async def go() -> list[Group]:
-        manager = build_manager(Settings(data_dir=tmp_path / "data"))
+        manager = build_manager(make_settings(data_dir=tmp_path / "data"))
         await manager.start()
         backend = HFBackend(model)
         try:

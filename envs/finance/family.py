@@ -3,7 +3,7 @@
 At reset the episode's PDF is generated from the task's private seeds (or typeset from an
 imported task's table and text), written to the cache, and parsed with pdfplumber; both
 steps are CPU-bound and run in a worker thread, and both are cached: the PDF and its parse
-on disk under `$PALAESTRA_CACHE/finance/` keyed by the task digest, the parse in memory per
+on disk under `<cache>/finance/` (Settings.cache) keyed by the task digest, the parse in memory per
 family (an LRU), so later episodes and every tool call are lookups. The tools only ever
 read the PDF's parse (or render its pages), never the accounts behind it.
 
@@ -50,8 +50,8 @@ MAX_HITS = 40
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("PALAESTRA_CACHE") or Path.home() / ".cache" / "palaestra"
-    return Path(base) / "finance"
+    """Where parsed reports go when the server names no folder (it passes `<cache>/finance`)."""
+    return Path.home() / ".cache" / "palaestra" / "finance"
 
 
 class PageArgs(ToolArgs):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import make_settings
 
 from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
@@ -36,7 +37,7 @@ GZIP = {"content-type": "application/gzip"}
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", max_pack_files=50)
+    return make_settings(data_dir=tmp_path / "data", max_pack_files=50)
 
 
 def zeros_bomb(mib: int, name: str = "pack.toml") -> bytes:

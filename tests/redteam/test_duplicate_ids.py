@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from conftest import make_settings
 
 from palaestra.envs.base import EpisodeContext
 from palaestra.envs.echo import EchoFamily
 from palaestra.sdk.models import Observation
-from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 from tests.redteam.tenants import ECHO, Tenant, client, tenant
@@ -40,7 +40,7 @@ class SlowStart(EchoFamily):
 
 @pytest.fixture
 async def slow_manager(tmp_path: Path) -> AsyncIterator[EpisodeManager]:
-    built = build_manager(Settings(data_dir=tmp_path / "slow"))
+    built = build_manager(make_settings(data_dir=tmp_path / "slow"))
     built.families.add(SlowStart())
     await built.start()
     try:
@@ -101,7 +101,7 @@ async def test_reused_id_leaves_the_original_alone(manager: EpisodeManager) -> N
 
 
 async def test_reused_id_after_restart(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data")
+    settings = make_settings(data_dir=tmp_path / "data")
     before = build_manager(settings)
     await before.start()
     alice: Tenant = tenant(before, ["train"])

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import HELDOUT_SECRET
 
 from palaestra.envs.cad.tasks import generate_task as cad_task
 from palaestra.envs.finance.tasks import generate_task as finance_task
@@ -139,7 +140,7 @@ def test_held_out_sets_are_per_secret_and_stable() -> None:
 def test_held_out_reasoning_tasks_cannot_be_recomputed() -> None:
     """The session's shared secret (tests/conftest.py) against the public seed rule."""
     root = REPO_PACKS / "reasoning-gym"
-    secret = ensure_secret(Path(Settings().heldout_secret_file or ""))
+    secret = ensure_secret(HELDOUT_SECRET)
     mine = load_pack(root, secret=secret)
     public = load_pack(root)  # what anyone computes from the public code
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import docker_skip_reason
+from conftest import docker_skip_reason, make_settings
 
 from palaestra.sandbox import SandboxSpec, SandboxSpecError
 from palaestra.sandbox.bwrap import BwrapBackend
@@ -68,7 +68,7 @@ ATTACKS: list[tuple[dict[str, Any], dict[str, Any], str]] = [
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", pool_size=0)
+    return make_settings(data_dir=tmp_path / "data", pool_size=0)
 
 
 @pytest.mark.parametrize(("public", "private", "field"), ATTACKS)
@@ -115,7 +115,7 @@ def test_the_operators_images_are_accepted(tmp_path: Path) -> None:
 
 def test_a_stored_pack_that_names_the_host_is_refused_at_load(tmp_path: Path) -> None:
     """A pack installed under a wider policy (or before these checks) is not served."""
-    settings = Settings(data_dir=tmp_path / "data")
+    settings = make_settings(data_dir=tmp_path / "data")
     registry = PackRegistry(settings.data_dir, settings.db_path)
     wide = HostPolicy(images=frozenset({"/"}), toolchains=frozenset())
     data = archive(tmp_path, "acme/old", tasks=[terminal_task(image="/")])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import BIN, ServerProcess
+from conftest import BIN, ServerProcess, make_settings
 
 from palaestra.sdk.errors import NotFoundError
 from palaestra.server.auth import create_token
@@ -30,7 +30,9 @@ HUMANEVAL = "openai/humaneval"
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", publisher_max_versions=3, publisher_max_bytes=4000)
+    return make_settings(
+        data_dir=tmp_path / "data", publisher_max_versions=3, publisher_max_bytes=4000
+    )
 
 
 def resolved_version(manager: EpisodeManager, name: str) -> str:

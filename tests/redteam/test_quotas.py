@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_settings
 
 from palaestra.envs.base import EpisodeContext, StepOutcome, Tool, ToolArgs
 from palaestra.envs.echo import EchoArgs, EchoFamily
-from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 from tests.redteam.tenants import Tenant, tenant
@@ -88,7 +88,7 @@ async def test_cpu_seconds_per_hour(tenants: Factory, manager: EpisodeManager) -
 
 
 async def test_server_wide_defaults_bind_tokens_without_their_own(tmp_path: Path) -> None:
-    manager = build_manager(Settings(data_dir=tmp_path / "data", token_max_live=1))
+    manager = build_manager(make_settings(data_dir=tmp_path / "data", token_max_live=1))
     await manager.start()
     try:
         plain = tenant(manager, ["train"])
@@ -116,7 +116,7 @@ class SlowEcho(EchoFamily):
 
 
 async def test_pending_batch_work_is_bounded_per_token(tmp_path: Path) -> None:
-    manager = build_manager(Settings(data_dir=tmp_path / "data", token_max_pending=2))
+    manager = build_manager(make_settings(data_dir=tmp_path / "data", token_max_pending=2))
     manager.families.add(SlowEcho())
     await manager.start()
     try:

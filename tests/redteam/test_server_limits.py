@@ -16,9 +16,8 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from conftest import ServerProcess
+from conftest import ServerProcess, make_settings
 
-from palaestra.server.config import Settings
 from palaestra.server.runtime import build_manager
 
 from .conftest import app_client
@@ -34,7 +33,7 @@ module_loop = pytest.mark.asyncio(loop_scope="module")  # the module's one manag
 async def api(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     """One manager for the module (its start is most of a test's cost), small limits."""
     data = tmp_path_factory.mktemp("limits-api") / "data"
-    settings = Settings(data_dir=data, max_body_bytes=BODY_LIMIT, max_batch_items=8)
+    settings = make_settings(data_dir=data, max_body_bytes=BODY_LIMIT, max_batch_items=8)
     manager = build_manager(settings)
     await manager.start()
     try:

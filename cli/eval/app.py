@@ -14,47 +14,26 @@ import asyncio
 import datetime
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 import palaestra
 from palaestra.cli.clients import open_client
-from palaestra.sdk.client import AsyncClient
+from palaestra.cli.eval.console import console, err, fail, open_run
+from palaestra.cli.eval.report import load_report, write_report
+from palaestra.cli.eval.server import all_tasks, find_pack, server_version
+from palaestra.cli.eval.session import execute, progress_bar
 from palaestra.sdk.errors import PalaestraError
-from palaestra.sdk.evaluation import (
-    Attempt,
-    AttemptLimits,
-    RunDir,
-    RunError,
-    ServerGone,
-    pending,
-    regrade,
-    run_suite,
-)
-from palaestra.sdk.models import PackInfo, TaskInfo
-from palaestra.sdk.policies import (
-    Policy,
-    PolicyError,
-    PolicySpec,
-    build_policy,
-    parse_policy,
-)
-from palaestra.sdk.report import CompareError, build_report, compare
-from palaestra.sdk.report_html import render_html
+from palaestra.sdk.evaluation.attempt import Attempt, AttemptLimits
+from palaestra.sdk.evaluation.regrade import regrade
+from palaestra.sdk.evaluation.rundir import RunDir, RunError, pending
+from palaestra.sdk.models import TaskInfo
+from palaestra.sdk.policies.base import Policy, PolicyError
+from palaestra.sdk.policies.spec import PolicySpec, build_policy, parse_policy
+from palaestra.sdk.report import CompareError, compare
 
 eval_app = typer.Typer(
     help="Evaluate a policy on a split (k attempts a task) into a resumable run directory; "
@@ -63,8 +42,6 @@ eval_app = typer.Typer(
     no_args_is_help=False,
     invoke_without_command=True,
 )
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True, soft_wrap=True)  # messages with paths stay on one line
 
 Url = Annotated[
     str | None,
@@ -103,11 +80,6 @@ PatienceOpt = Annotated[
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60]
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[red]error[/red]: {message}")
-    return typer.Exit(code)
 
 
 @eval_app.callback()
@@ -195,9 +167,9 @@ def run(
 
     async def go() -> Path:
         async with open_client(url, token, data_dir) as client:
-            info = await _find_pack(client, pack)
+            info = await find_pack(client, pack)
             ref = f"{info.name}@{info.version}"
-            everything = await _all_tasks(client, ref, split)
+            everything = await all_tasks(client, ref, split)
             chosen = everything[:limit] if limit else everything
             if not chosen:
                 splits = ", ".join(s.name for s in info.splits) or "none"
@@ -224,7 +196,7 @@ def run(
                 "concurrency": concurrency,
                 "server": url or "embedded",
                 "data_dir": str(data_dir.resolve()) if data_dir else None,
-                "server_version": await _server_version(url),
+                "server_version": await server_version(url),
                 "palaestra_version": palaestra.__version__,
                 "status": "running",
                 "sessions": [],
@@ -232,13 +204,13 @@ def run(
             try:
                 store = RunDir.create(path, manifest)
             except RunError as exc:
-                raise _fail(str(exc)) from None
+                raise fail(str(exc)) from None
             err.print(f"run directory: {path}")
-            await _execute(client, live, store, chosen, k, concurrency, limits, server_patience_s)
+            await execute(client, live, store, chosen, k, concurrency, limits, server_patience_s)
             return path
 
     path = _run_async(go())
-    _finish(RunDir.open(path), out=out)
+    write_report(RunDir.open(path), out=out)
 
 
 @eval_app.command()
@@ -260,7 +232,7 @@ def resume(
 ) -> None:
     """Continue a run after a crash or Ctrl-C: only the attempts without a result run
     (and, unless --no-retry-void, the void ones); nothing finished is recomputed."""
-    store = _open(run_path)
+    store = open_run(run_path)
     manifest = store.manifest()
     spec = PolicySpec.model_validate(manifest["policy"])
     live = _build(spec)
@@ -272,19 +244,19 @@ def resume(
     todo = pending(tasks, k, store.latest(), retry_void=retry_void, retry_errors=retry_errors)
     if not todo:
         err.print(f"{run_path}: every attempt has a result; nothing to resume")
-        _finish(store, out=out)
+        write_report(store, out=out)
         return
 
     async def go() -> None:
         async with open_client(target_url, token, target_dir) as client:
-            info = await _find_pack(client, f"{manifest['pack']}@{manifest['version']}")
+            info = await find_pack(client, f"{manifest['pack']}@{manifest['version']}")
             if info.digest != manifest["pack_digest"]:
-                raise _fail(
+                raise fail(
                     f"the server's {info.name}@{info.version} has digest {info.digest}, but the "
                     f"run was made on {manifest['pack_digest']}: refusing to mix them"
                 )
             err.print(f"resuming {run_path}: {len(todo)} attempt(s) to run")
-            await _execute(
+            await execute(
                 client,
                 live,
                 store,
@@ -298,7 +270,7 @@ def resume(
             )
 
     _run_async(go())
-    _finish(store, out=out)
+    write_report(store, out=out)
 
 
 @eval_app.command()
@@ -318,7 +290,7 @@ def report(
     data_dir: DataDir = None,
 ) -> None:
     """Rebuild the report (JSON + HTML) of a run, regrading where the verifier allows it."""
-    store = _open(run_path)
+    store = open_run(run_path)
     manifest = store.manifest()
     attempts = list(store.latest().values())
     grading: dict[str, Any] = {
@@ -344,7 +316,7 @@ def report(
                 "note": "rebuilt from the stored verdicts: the server could not regrade "
                 f"({message})",
             }
-    _finish(store, out=out, attempts=attempts, grading=grading)
+    write_report(store, out=out, attempts=attempts, grading=grading)
     err.print(f"grading: {grading['note']}")
 
 
@@ -357,14 +329,14 @@ async def _regrade(
     concurrency: int,
 ) -> tuple[list[Attempt], dict[str, Any]]:
     async with open_client(url, token, data_dir) as client:
-        info = await _find_pack(client, f"{manifest['pack']}@{manifest['version']}")
+        info = await find_pack(client, f"{manifest['pack']}@{manifest['version']}")
         if info.digest != manifest["pack_digest"]:
             raise PalaestraError(
                 f"the server's pack digest {info.digest} is not the run's "
                 f"{manifest['pack_digest']}",
                 code="digest_mismatch",
             )
-        with _progress(stats=False) as progress:
+        with progress_bar(stats=False) as progress:
             bar = progress.add_task("regrading by replay", total=len(attempts))
             return await regrade(
                 client,
@@ -383,11 +355,11 @@ def compare_cmd(
     out: OutOpt = None,
 ) -> None:
     """Per-domain deltas of mean reward (B − A) with 95% bootstrap CIs (paired by task)."""
-    a, b = _load_report(run_a), _load_report(run_b)
+    a, b = load_report(run_a), load_report(run_b)
     try:
         result = compare(a, b, samples=samples, seed=seed)
     except CompareError as exc:
-        raise _fail(f"cannot compare {run_a} and {run_b}: {exc}") from None
+        raise fail(f"cannot compare {run_a} and {run_b}: {exc}") from None
     table = Table(
         "domain",
         "tasks",
@@ -424,7 +396,7 @@ def _build(spec: PolicySpec) -> Policy:
     try:
         return build_policy(spec)
     except PolicyError as exc:
-        raise _fail(f"policy {spec.label}: {exc}") from None
+        raise fail(f"policy {spec.label}: {exc}") from None
 
 
 def _limits_json(limits: AttemptLimits) -> dict[str, Any]:
@@ -435,287 +407,10 @@ def _limits_json(limits: AttemptLimits) -> dict[str, Any]:
     }
 
 
-def _open(path: Path) -> RunDir:
-    try:
-        return RunDir.open(path)
-    except RunError as exc:
-        raise _fail(str(exc)) from None
-
-
 def _run_async(coro: Any, *, exit_on_error: bool = True) -> Any:
     try:
         return asyncio.run(coro)
     except PalaestraError as exc:
         if not exit_on_error:
             raise
-        raise _fail(f"({exc.code}) {exc.message}") from None
-
-
-async def _find_pack(client: AsyncClient, pack: str) -> PackInfo:
-    name, _, version = pack.partition("@")
-    infos = [p for p in await client.packs() if p.name == name]
-    if not infos:
-        raise PalaestraError(f"the server has no pack {pack!r}", code="not_found")
-    if version:
-        match = next((p for p in infos if p.version == version), None)
-        if match is None:
-            served = sorted({v for p in infos for v in (p.versions or [p.version])})
-            raise PalaestraError(
-                f"the server has no version {version} of {name} (it serves {', '.join(served)})",
-                code="not_found",
-            )
-        return match
-    return infos[-1] if len(infos) > 1 else infos[0]
-
-
-async def _all_tasks(client: AsyncClient, pack: str, split: str) -> list[TaskInfo]:
-    """Every task of the split, a page at a time (the server caps a page)."""
-    out: list[TaskInfo] = []
-    while True:
-        page = await client.tasks(pack=pack, split=split, limit=1000, offset=len(out))
-        out.extend(page.tasks)
-        if not page.tasks or len(out) >= page.total:
-            return out
-
-
-async def _server_version(url: str | None) -> str:
-    """The server's palaestra version (its OpenAPI document says it)."""
-    if not url:
-        return palaestra.__version__
-    try:
-        async with httpx.AsyncClient(timeout=10) as http:
-            doc = (await http.get(f"{url.rstrip('/')}/openapi.json")).json()
-            return str(doc["info"]["version"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return "unknown"
-
-
-def _progress(stats: bool = True) -> Progress:
-    """A live bar: done/total, reward so far, voids and errors, elapsed time and ETA."""
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
-    if stats:
-        columns.append(
-            TextColumn(
-                "reward {task.fields[reward]:.3f} · void {task.fields[void]} · "
-                "errors {task.fields[errors]}"
-            )
-        )
-    return Progress(
-        *columns, TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err
-    )
-
-
-async def _execute(
-    client: AsyncClient,
-    policy: Policy,
-    store: RunDir,
-    tasks: list[TaskInfo],
-    k: int,
-    concurrency: int,
-    limits: AttemptLimits,
-    server_patience_s: float,
-    *,
-    retry_void: bool = True,
-    retry_errors: bool = False,
-) -> None:
-    """Run what the directory lacks under a live progress bar; record how the session ended."""
-    done = store.latest()
-    todo = pending(tasks, k, done, retry_void=retry_void, retry_errors=retry_errors)
-    redo = {(t.id, i) for t, i in todo}
-    kept = [a for key, a in done.items() if key not in redo]
-    rewards = [a.reward for a in kept if a.status != "void"]
-    counts = {"void": sum(a.status == "void" for a in kept), "errors": 0}
-    counts["errors"] = sum(a.status == "error" for a in kept)
-    session: dict[str, Any] = {
-        "started_at": datetime.datetime.now(datetime.UTC).isoformat(),
-        "to_run": len(todo),
-    }
-    ended, reason = "complete", ""
-    with _progress() as progress:
-        bar = progress.add_task(
-            f"{policy.name} · {len(tasks)} tasks × {k}",
-            total=len(tasks) * k,
-            completed=len(tasks) * k - len(todo),
-            reward=sum(rewards) / len(rewards) if rewards else 0.0,
-            void=counts["void"],
-            errors=counts["errors"],
-        )
-
-        def tick(a: Attempt) -> None:
-            if a.status != "void":
-                rewards.append(a.reward)
-            counts["void"] += a.status == "void"
-            counts["errors"] += a.status == "error"
-            progress.update(
-                bar,
-                advance=1,
-                reward=sum(rewards) / len(rewards) if rewards else 0.0,
-                void=counts["void"],
-                errors=counts["errors"],
-            )
-
-        try:
-            await run_suite(
-                client,
-                policy,
-                store,
-                tasks,
-                k=k,
-                concurrency=concurrency,
-                limits=limits,
-                retry_void=retry_void,
-                retry_errors=retry_errors,
-                server_patience_s=server_patience_s,
-                on_attempt=tick,
-            )
-            ended = "complete"
-        except ServerGone as exc:
-            ended, reason = "server_unreachable", str(exc)
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            ended = "interrupted"
-        except PalaestraError:
-            _record_session(store, session, "refused")
-            raise
-    _record_session(store, session, ended)
-    resume_hint = f"continue with `palaestra eval resume {store.path}`"
-    if ended == "server_unreachable":
-        raise _fail(
-            f"{reason}. Every finished attempt is saved in {store.path}; {resume_hint}", code=3
-        )
-    if ended == "interrupted":
-        err.print(f"interrupted: finished attempts are saved in {store.path}; {resume_hint}")
-        raise typer.Exit(130)
-
-
-def _record_session(store: RunDir, session: dict[str, Any], how: str) -> None:
-    manifest = store.manifest()
-    session["ended"] = how
-    session["ended_at"] = datetime.datetime.now(datetime.UTC).isoformat()
-    complete = how == "complete" and not pending(
-        [TaskInfo.model_validate(t) for t in manifest["tasks"]],
-        int(manifest["k"]),
-        store.latest(),
-        retry_void=False,
-    )
-    store.update_manifest(
-        status="complete" if complete else how,
-        sessions=[*manifest.get("sessions", []), session],
-    )
-
-
-def report_header(manifest: dict[str, Any], store: RunDir) -> dict[str, Any]:
-    spec = PolicySpec.model_validate(manifest["policy"])
-    records = store.records()
-    return {
-        "run_id": manifest.get("run_id"),
-        "pack": manifest["pack"],
-        "version": manifest["version"],
-        "pack_digest": manifest["pack_digest"],
-        "split": manifest["split"],
-        "policy": spec.label,
-        "policy_spec": spec.model_dump(mode="json"),
-        "sampling": {
-            "temperature": spec.temperature,
-            "max_tokens_per_call": spec.max_tokens,
-            "seed": spec.seed,
-        },
-        "seeds": manifest["seeds"],
-        "limits": manifest["limits"],
-        "server": manifest["server"],
-        "server_version": manifest.get("server_version", "unknown"),
-        "palaestra_version": palaestra.__version__,
-        "max_steps": manifest["limits"]["max_steps"],
-        "run_status": manifest.get("status"),
-        "sessions": len(manifest.get("sessions", [])),
-        "superseded": len(records) - len({a.key for a in records}),
-        "planned_attempts": len(manifest["tasks"]) * int(manifest["k"]),
-    }
-
-
-def _finish(
-    store: RunDir,
-    *,
-    out: Path | None,
-    attempts: list[Attempt] | None = None,
-    grading: dict[str, Any] | None = None,
-) -> None:
-    """Write report.json and report.html into the run directory; print the table."""
-    manifest = store.manifest()
-    chosen = attempts if attempts is not None else list(store.latest().values())
-    header = report_header(manifest, store)
-    header["grading"] = grading or {
-        "mode": "stored",
-        "note": "from the verdicts recorded during the run",
-    }
-    built = build_report(chosen, k=int(manifest["k"]), header=header)
-    (store.path / "report.json").write_text(json.dumps(built, indent=1))
-    page = store.path / "report.html"
-    page.write_text(render_html(built))
-    print_report(built)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(built, indent=1))
-        console.print(f"report written to {out}")
-    missing = header["planned_attempts"] - len(chosen)
-    console.print(f"run: {store.path}")
-    console.print(f"report: {store.path / 'report.json'} and {page}")
-    if missing:
-        console.print(
-            f"[yellow]{missing} attempt(s) have no result yet[/yellow]: "
-            f"`palaestra eval resume {store.path}`"
-        )
-    if built["summary"]["attempts"] == 0:
-        raise typer.Exit(1)
-
-
-def _load_report(path: Path) -> dict[str, Any]:
-    """A run directory's report (rebuilt from stored verdicts if it has none), or a report file."""
-    if path.is_file():
-        try:
-            data: dict[str, Any] = json.loads(path.read_text())
-            return data
-        except (OSError, json.JSONDecodeError) as exc:
-            raise _fail(f"{path} is not a report: {exc}") from None
-    store = _open(path)
-    saved = store.path / "report.json"
-    if saved.is_file() and saved.stat().st_mtime >= store.attempts_path.stat().st_mtime:
-        loaded: dict[str, Any] = json.loads(saved.read_text())
-        return loaded
-    manifest = store.manifest()
-    header = report_header(manifest, store)
-    return build_report(list(store.latest().values()), k=int(manifest["k"]), header=header)
-
-
-def print_report(report: dict[str, Any]) -> None:
-    h = report["header"]
-    k = int(h["k"])
-    passes = ["pass@1"] + ([f"pass@{k}"] if k > 1 else [])
-    table = Table(
-        "domain",
-        "tasks",
-        "attempts",
-        "mean reward",
-        "passed",
-        *passes,
-        "void",
-        "errors",
-        title=f"{h['policy']} on {h['pack']}@{h['version']} ({h['split']})",
-    )
-    rows = [*report["by"]["domain"].items(), ("all", report["summary"])]
-    for name, s in rows:
-        table.add_row(
-            name,
-            str(s["tasks"]),
-            str(s["attempts"]),
-            f"{s['mean_reward']:.3f} ± {s['stderr']:.3f}",
-            str(s["passed"]),
-            *(f"{s['pass_at_k'].get(p.removeprefix('pass@'), 0):.3f}" for p in passes),
-            str(s["void"]),
-            str(s["errors"]),
-        )
-    console.print(table)
-    failures = report["process"]["failure_classes"]
-    if failures:
-        console.print(
-            "failure classes: " + ", ".join(f"{name} {n}" for name, n in failures.items())
-        )
+        raise fail(f"({exc.code}) {exc.message}") from None
