@@ -335,7 +335,7 @@ async def check_pack(
     families = FamilyRegistry.discover()
     for extra in extra_families:
         families.add(extra)
-    names = [f.name for f in families.all()]
+    names = families.all()
     pack, problems = inspect_pack(root, names)
     report.problems.extend(_load_problem(root, p) for p in problems)
     if pack is None:
@@ -496,8 +496,7 @@ def build_pack(root: Path, out: Path | None = None) -> tuple[Pack, Path, bytes]:
     root = Path(root)
     read_manifest(root)  # a pack.toml that does not validate gets no lock
     write_lock(root)
-    names = [f.name for f in FamilyRegistry.discover().all()]
-    pack, problems = inspect_pack(root, names)
+    pack, problems = inspect_pack(root, FamilyRegistry.discover().all())
     if pack is None or problems:
         raise PackError(problems)
     data = pack_archive(root)

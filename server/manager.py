@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 import uuid
@@ -21,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from palaestra.envs.base import EpisodeContext, Family
+from palaestra.envs.base import Assessment, EpisodeContext, Family, Sandboxes, StepOutcome
 from palaestra.sandbox import AgentFault, Backend, Sandbox, SandboxError, SandboxSpec
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sdk.errors import (
@@ -119,16 +118,23 @@ def _void_verdict(task: Task, reason: str, duration: float) -> Verdict:
     )
 
 
-def _agent_fault_verdict(episode: Episode, exc: AgentFault, duration: float) -> Verdict:
-    family = episode.family
+def _verdict(episode: Episode, judged: Assessment, duration: float) -> Verdict:
+    """The wire verdict: what the family decided, and what every verdict shares."""
     return Verdict(
-        reward=0.0,
-        passed=False,
-        failure=exc.failure,
-        feedback=f"{exc.failure}: {exc}"[:2000],
-        verifier=VerifierInfo(name=family.name, version=family.version),
+        reward=judged.reward,
+        passed=judged.passed,
+        failure=judged.failure,
+        components=judged.components,
+        feedback=judged.feedback,
+        verifier=episode.family.verifier_info(),
         task_digest=episode.task.digest,
         duration_s=duration,
+    )
+
+
+def _agent_fault(exc: AgentFault) -> Assessment:
+    return Assessment(
+        reward=0.0, passed=False, failure=exc.failure, feedback=f"{exc.failure}: {exc}"[:2000]
     )
 
 
@@ -183,6 +189,8 @@ class EpisodeManager:
         self.tenancy = Tenancy(settings)
         self._reaper: asyncio.Task[None] | None = None
         self._detached: set[asyncio.Future[Any]] = set()
+        # Per family, whether the backend has the family's image (envs/base.py Sandboxes).
+        self._images: dict[str, dict[str, bool]] = {}
         self.metrics.bind_live(self._live_by_status, self._live_sandboxes)
         self.sampler = Sampler(settings, packs)
         self.metrics.bind_sampler(self.sampler.quarantined_count)
@@ -288,7 +296,7 @@ class EpisodeManager:
         pack, created = await self.pack_store.ainstall(  # its own bounded threads
             data,
             publisher=principal.name,
-            families=[f.name for f in self.families.all()],
+            families=self.families.all(),
             registry=self.packs,
             allow_code=principal.is_admin,
             rights=rights,
@@ -395,9 +403,7 @@ class EpisodeManager:
         family = self.families.get(task.family)
         check_task(task, self.settings)  # 422 over an operator ceiling (server/ceilings.py)
         limits = client_limits(request.options, self.settings)
-        family_limits = getattr(family, "episode_limits", None)  # a family's own caps
-        if callable(family_limits):
-            limits = family_limits(task, request.options, limits)
+        limits = family.episode_limits(task, request.options, limits)  # a family's own caps
         admitted = self.tenancy.admit(principal)  # 429 over the token's quota
         self._reserved.add(episode_id)
         self._pending += 1
@@ -406,21 +412,19 @@ class EpisodeManager:
                 await self.store.aflush()
                 if await asyncio.to_thread(self.store.owners, (episode_id,)):
                     raise _id_taken(request.episode_id)
-            sandbox = await self._new_sandbox_or_none(family.sandbox_spec(task))
+            sandboxes = self._sandboxes(family, task)
             ctx = EpisodeContext(
                 episode_id=episode_id,
                 task=task,
                 seed=request.seed,
                 options=request.options,
-                sandbox=sandbox,
-                new_sandbox=functools.partial(self._new_sandbox, where=f"task {task.ref}"),
-                run_python=self.fork_server.run if self.fork_server is not None else None,
+                sandboxes=sandboxes,
             )
             try:
+                await self._start_sandbox(sandboxes, family.sandbox_spec(task))
                 observation = await family.reset(ctx)
             except BaseException as exc:
-                # Ours, or the one the family made itself (sandbox_spec None): freed either way.
-                await self._free(ctx.sandbox)
+                await self._free(sandboxes)  # whatever it made before the fault
                 if isinstance(exc, SandboxError):
                     raise UnavailableError(
                         f"the sandbox failed while starting the episode: {exc}",
@@ -512,7 +516,7 @@ class EpisodeManager:
             try:
                 action, recorded = self._resolve_action(episode, request.action)
                 tool, args = episode.family.parse_action(action)
-                reply = await self._run_step(episode, tool, args)
+                reply, outcome = await self._run_step(episode, tool, args)
             except InvalidActionError:
                 episode.tally.add_refused()
                 raise
@@ -520,7 +524,16 @@ class EpisodeManager:
                 metered = self._meter(episode)
                 spent = time.perf_counter() - started if metered is None else metered
                 self.tenancy.charge(episode.owner, spent)
-            episode.tally.add_step(reply)
+            size = outcome.output_bytes if outcome is not None else None
+            episode.tally.add_step(
+                tool_ok=outcome.tool_ok
+                if outcome is not None
+                else reply.info.get("status") != "void",
+                timed_out=outcome is not None and outcome.timed_out,
+                output_bytes=size
+                if size is not None
+                else len(reply.observation.text.encode("utf-8", errors="replace")),
+            )
             if reply.terminated or reply.truncated:
                 reply.info["metrics"] = episode.settled_state().metrics.model_dump(mode="json")
             duration = time.perf_counter() - started
@@ -564,10 +577,14 @@ class EpisodeManager:
         shown = Action(tool=real.tool, arguments={"oracle": True}) if episode.task.sealed else real
         return real, shown
 
-    async def _run_step(self, episode: Episode, tool: Any, args: Any) -> StepResponse:
+    async def _run_step(
+        self, episode: Episode, tool: Any, args: Any
+    ) -> tuple[StepResponse, StepOutcome | None]:
+        """The reply, and the family's outcome (None: the step never reached the family, or
+        the episode went void)."""
         if time.monotonic() - episode.started > episode.limits.max_wall_s:
             text = f"wall-time limit of {episode.limits.max_wall_s:g} s reached"
-            return await self._finish(episode, Observation(text=text), truncated=True)
+            return await self._finish(episode, Observation(text=text), truncated=True), None
         try:
             outcome = await episode.family.step(episode.ctx, tool, args)
         except InvalidActionError:
@@ -575,19 +592,22 @@ class EpisodeManager:
         except AgentFault as exc:  # a path or file the agent made (before SandboxError)
             raise InvalidActionError(str(exc), code=exc.failure) from None
         except SandboxError as exc:
-            return await self._void(episode, f"sandbox failed: {exc}")
+            return await self._void(episode, f"sandbox failed: {exc}"), None
         except Exception as exc:
             _log_crash(episode, f"family {episode.family.name} crashed in step", exc)
-            return await self._void(episode, f"the environment crashed ({type(exc).__name__})")
+            reason = f"the environment crashed ({type(exc).__name__})"
+            return await self._void(episode, reason), None
         if outcome.done:
-            return await self._finish(
+            reply = await self._finish(
                 episode, outcome.observation, terminated=True, info=outcome.info
             )
+            return reply, outcome
         if episode.state.step_count + 1 >= episode.limits.max_steps:
             obs = outcome.observation.model_copy()
             obs.text += f"\n[step limit of {episode.limits.max_steps} reached]"
-            return await self._finish(episode, obs, truncated=True, info=outcome.info)
-        return StepResponse(observation=outcome.observation, info=outcome.info)
+            reply = await self._finish(episode, obs, truncated=True, info=outcome.info)
+            return reply, outcome
+        return StepResponse(observation=outcome.observation, info=dict(outcome.info)), outcome
 
     async def _finish(
         self,
@@ -630,16 +650,16 @@ class EpisodeManager:
             return episode.state.verdict
         started = time.perf_counter()
         try:
-            verdict = await episode.family.verify(episode.ctx)
+            judged = await episode.family.verify(episode.ctx)
+            verdict = _verdict(episode, judged, time.perf_counter() - started)
             if episode.task.sealed:  # the one place a sealed verdict is made servable
                 episode.full_feedback = verdict.feedback  # admin tokens only, never stored
                 verdict = seal(verdict)
-            status = EpisodeStatus.DONE if verdict.status == "ok" else EpisodeStatus.VOID
-            reason = None if status is EpisodeStatus.DONE else verdict.feedback
+            status, reason = EpisodeStatus.DONE, None
         except AgentFault as exc:
             # The agent's doing (an odd file, a tree too deep, a sparse giant): ok, reward 0,
             # never void: a void would let a policy escape a sure 0 (docs/decisions.md).
-            verdict = _agent_fault_verdict(episode, exc, time.perf_counter() - started)
+            verdict = _verdict(episode, _agent_fault(exc), time.perf_counter() - started)
             if episode.task.sealed:
                 episode.full_feedback, verdict = verdict.feedback, seal(verdict)
             status, reason = EpisodeStatus.DONE, None
@@ -687,8 +707,7 @@ class EpisodeManager:
         )
         self.store.update_episode(episode.settled_state())
         self.tenancy.charge(episode.owner, self._meter(episode) or 0.0)  # what verify used
-        sandbox, episode.ctx.sandbox = episode.ctx.sandbox, None
-        await self._free(sandbox)
+        await self._free(episode.ctx.sandboxes)
         log.info(
             "episode ended: %s",
             status.value,
@@ -789,9 +808,8 @@ class EpisodeManager:
     def _meter(self, episode: Episode) -> float | None:
         """CPU-seconds the episode's sandbox used since the last reading, from its cgroup;
         None when it has no counter (then a step is billed its wall time)."""
-        read = getattr(episode.ctx.sandbox, "cpu_seconds", None)
-        total = read() if callable(read) else None
-        if not isinstance(total, float | int):
+        total = episode.ctx.sandboxes.episode_cpu_seconds()
+        if total is None:
             return 0.0 if episode.cpu_mark is not None else None  # metered, now freed
         used = float(total) - (episode.cpu_mark or 0.0)
         episode.cpu_mark = float(total)
@@ -816,22 +834,31 @@ class EpisodeManager:
             raise SandboxError("this server has no sandbox backend")
         return await self.backend.create(spec)
 
-    async def _new_sandbox_or_none(self, spec: SandboxSpec | None) -> Sandbox | None:
-        if spec is None:
-            return None
+    def _sandboxes(self, family: Family, task: Task) -> Sandboxes:
+        """The episode's sandbox owner: every sandbox it makes is checked against the
+        operator's ceilings, and freed by `_free` when the episode ends."""
+
+        async def create(spec: SandboxSpec) -> Sandbox:
+            return await self._new_sandbox(spec, f"task {task.ref}")
+
+        return Sandboxes(
+            create,
+            image=family.image,
+            images=self._images.setdefault(family.name, {}),
+            fork_server=self.fork_server.run if self.fork_server is not None else None,
+        )
+
+    async def _start_sandbox(self, sandboxes: Sandboxes, spec: SandboxSpec | None) -> None:
         try:
-            return await self._new_sandbox(spec)
+            await sandboxes.start(spec)
         except SandboxError as exc:
             raise UnavailableError(
                 f"no sandbox could be created: {exc}", code="sandbox_failed"
             ) from None
 
-    async def _free(self, sandbox: Sandbox | None) -> None:
-        if sandbox is not None:
-            try:
-                await sandbox.close()
-            except Exception:
-                log.exception("closing a sandbox failed")
+    async def _free(self, sandboxes: Sandboxes) -> None:
+        for exc in await sandboxes.aclose():
+            log.error("closing a sandbox failed", exc_info=exc)
 
     async def _reap_forever(self) -> None:
         while True:

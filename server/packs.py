@@ -50,6 +50,7 @@ from pydantic import (
     model_validator,
 )
 
+from palaestra.envs.base import Family, TaskFieldsError
 from palaestra.sdk.errors import BadRequestError, NotFoundError
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
@@ -665,7 +666,7 @@ def read_manifest(root: Path) -> PackManifest:
 
 def inspect_pack(
     root: Path,
-    known_families: Iterable[str] | None = None,
+    known_families: Iterable[str | Family] | None = None,
     policy: HostPolicy | None = None,
     *,
     secret: bytes | None = None,
@@ -688,7 +689,13 @@ def inspect_pack(
         if path.is_symlink():
             problems.append(f"{path}: symlinks are not allowed in a pack; copy the file")
     problems.extend(verify_lock(root, hashes))
-    known = set(known_families) if known_families is not None else None
+    # A Family (not only its name) also checks its tasks' fields (Family.validate_task).
+    checkers = {f.name: f for f in known_families or () if not isinstance(f, str)}
+    known = (
+        {f if isinstance(f, str) else f.name for f in known_families}
+        if known_families is not None
+        else None
+    )
     sealed = {name: split.sealed for name, split in manifest.splits.items()}
     pack_short = manifest.name.split("/")[1]
     found: list[Iterator[Found]] = []
@@ -769,6 +776,13 @@ def inspect_pack(
                 secret if sealed[record.split] else None,
             ),
         )
+        try:
+            if record.family in checkers:
+                checkers[record.family].validate_task(tasks[record.id])
+        except TaskFieldsError as exc:
+            problems.append(f"{where}: pack {manifest.name}, {exc}")
+            del tasks[record.id]
+            continue
         expected[record.id] = (
             record.expected_reward
             if record.expected_reward is not None
@@ -794,7 +808,7 @@ def inspect_pack(
 
 def load_pack(
     root: Path,
-    known_families: Iterable[str] | None = None,
+    known_families: Iterable[str | Family] | None = None,
     policy: HostPolicy | None = None,
     *,
     secret: bytes | None = None,
@@ -837,7 +851,7 @@ class PackRegistry:
     def load_dirs(
         self,
         dirs: Iterable[Path],
-        known_families: Iterable[str],
+        known_families: Iterable[str | Family],
         policy: HostPolicy | None = None,
     ) -> None:
         """Load every pack under `dirs`; a broken pack is recorded in `errors`, never fatal."""

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.base import Family
 from palaestra.sdk.errors import (
     BadRequestError,
     CapacityError,
@@ -271,7 +272,10 @@ class PackStore:
 
     # -- load at start ----------------------------------------------------------------------
     def load_into(
-        self, registry: PackRegistry, families: Iterable[str], policy: HostPolicy | None = None
+        self,
+        registry: PackRegistry,
+        families: Iterable[str | Family],
+        policy: HostPolicy | None = None,
     ) -> int:
         """Serve every published pack; a broken one goes to `registry.errors`, never fatal.
 
@@ -299,7 +303,7 @@ class PackStore:
         data: bytes,
         *,
         publisher: str,
-        families: Iterable[str],
+        families: Iterable[str | Family],
         registry: PackRegistry | None = None,
         allow_code: bool = False,
         expect_digest: str | None = None,

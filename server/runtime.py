@@ -49,7 +49,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
     packs = PackRegistry(secret=heldout.ensure_secret(secret_file))  # sealed generated seeds
     policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
-    packs.load_dirs(settings.packs_dirs, [f.name for f in families.all()], policy)
+    packs.load_dirs(settings.packs_dirs, families.all(), policy)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db_path)
     if settings.auth == "token":

@@ -15,7 +15,6 @@ from palaestra.sdk.models import (
     ResetRequest,
     StepRecord,
     StepRequest,
-    StepResponse,
     step_record_json,
 )
 from palaestra.server.manager import EpisodeManager
@@ -61,14 +60,9 @@ def test_step_record_json_is_the_models_json() -> None:
 def test_step_tally_counts_as_the_wire_model_says() -> None:
     tally = StepTally()
     assert tally.model().tool_success_rate is None
-    tally.add_step(StepResponse(observation=Observation(text="héllo")))
-    tally.add_step(
-        StepResponse(
-            observation=Observation(text="x"),
-            info={"tool_ok": False, "timed_out": True, "output_bytes": 100},
-        )
-    )
-    tally.add_step(StepResponse(observation=Observation(text="void"), info={"status": "void"}))
+    tally.add_step(tool_ok=True, timed_out=False, output_bytes=len("héllo".encode()))
+    tally.add_step(tool_ok=False, timed_out=True, output_bytes=100)
+    tally.add_step(tool_ok=False, timed_out=False, output_bytes=len(b"void"))  # a void step
     tally.add_refused()
     metrics = tally.model()
     assert metrics.steps == 3
