@@ -123,10 +123,10 @@ class AsyncInProcessClient:
         await self.manager.close(episode_id)
 
     async def families(self) -> list[FamilyInfo]:
-        return self.manager.family_infos()
+        return self.manager.catalog.family_infos()
 
     async def packs(self) -> list[PackInfo]:
-        return self.manager.pack_infos()
+        return self.manager.catalog.pack_infos()
 
     async def tasks(
         self,
@@ -138,7 +138,7 @@ class AsyncInProcessClient:
         limit: int = 1000,
         offset: int = 0,
     ) -> TaskList:
-        return self.manager.task_list(
+        return self.manager.catalog.task_list(
             pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
         )
 
@@ -150,10 +150,12 @@ class AsyncInProcessClient:
         domain: str | None = None,
         limit: int = 1000,
     ) -> SamplerReport:
-        return self.manager.sampler_report(pack=pack, split=split, domain=domain, limit=limit)
+        return self.manager.catalog.sampler_report(
+            pack=pack, split=split, domain=domain, limit=limit
+        )
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
-        return self.manager.sampler_release(task)
+        return self.manager.catalog.sampler_release(task)
 
 
 class InProcessClient:

@@ -345,7 +345,7 @@ async def test_broken_packs_are_recorded_and_good_ones_served(
         assert "TOML" in errors[str(broken_packs / "bad-toml")]
         assert "not JSON" in errors[str(broken_packs / "bad-json")]
         assert "no-such-family" in errors[str(broken_packs / "bad-family")]
-        names = {p.name for p in manager.pack_infos()}
+        names = {p.name for p in manager.catalog.pack_infos()}
         assert names == {*repo_pack_names(), "test/good"}
         client = AsyncInProcessClient(manager)
         reset = await client.reset("test/good:t1")
