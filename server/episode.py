@@ -15,7 +15,7 @@ from typing import Any
 
 from palaestra.envs.base import Assessment, EpisodeContext, Family, StepOutcome
 from palaestra.sandbox import AgentFault
-from palaestra.sdk.errors import ConflictError, NotFoundError
+from palaestra.sdk.errors import ConflictError, InvalidActionError, NotFoundError
 from palaestra.sdk.models import (
     Action,
     EpisodeState,
@@ -29,6 +29,12 @@ from palaestra.sdk.task import Task
 from palaestra.server.tally import StepTally
 
 log = logging.getLogger("palaestra.episodes")
+
+ORACLE_TOOL = "oracle"
+# The last replies of a live episode kept whole, for retried request ids; older ones come
+# back from the store (a terminal step's reply can be 64 KiB, and there may be thousands of
+# live episodes).
+REPLAY_CACHE = 16
 
 
 @dataclass
@@ -59,6 +65,23 @@ class Episode:
         """The state with its metrics brought up to date (before it is read or stored)."""
         self.state.metrics = self.tally.model()
         return self.state
+
+    def resolve_action(self, action: Action) -> tuple[Action, Action]:
+        """The action to run and the one to record (an oracle's answer on a sealed split is not)."""
+        if action.tool != ORACLE_TOOL or self.oracle is None:
+            return action, action
+        if not self.oracle:
+            raise InvalidActionError("the oracle has no actions left for this episode")
+        real = self.oracle.pop(0)
+        shown = Action(tool=real.tool, arguments={"oracle": True}) if self.task.sealed else real
+        return real, shown
+
+    def remember(self, request_id: str, reply: StepResponse) -> None:
+        """A stepped request id, and its reply while it is among the last REPLAY_CACHE."""
+        self.request_ids.add(request_id)
+        self.replies[request_id] = reply
+        if len(self.replies) > REPLAY_CACHE:
+            self.replies.popitem(last=False)
 
     def count_step(self, reply: StepResponse, outcome: StepOutcome | None) -> None:
         """Count a stepped action in the metrics: what the family's outcome says; without

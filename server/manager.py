@@ -30,7 +30,6 @@ from palaestra.sdk.errors import (
     UnavailableError,
 )
 from palaestra.sdk.models import (
-    Action,
     EpisodeState,
     EpisodeStatus,
     Observation,
@@ -66,12 +65,7 @@ from palaestra.server.tenancy import Tenancy, candidate_keys, episode_key
 
 log = logging.getLogger("palaestra.episodes")
 
-ORACLE_TOOL = "oracle"
 ENDED_CACHE = 4096
-# The last replies of a live episode kept whole, for retried request ids; older ones come
-# back from the store (a terminal step's reply can be 64 KiB, and there may be thousands of
-# live episodes).
-REPLAY_CACHE = 16
 
 
 class EpisodeManager:
@@ -303,7 +297,7 @@ class EpisodeManager:
             started = time.perf_counter()
             episode.last_active = time.monotonic()
             try:
-                action, recorded = self._resolve_action(episode, request.action)
+                action, recorded = episode.resolve_action(request.action)
                 tool, args = episode.family.parse_action(action)
                 reply, outcome = await self._run_step(episode, tool, args)
             except InvalidActionError:
@@ -337,25 +331,12 @@ class EpisodeManager:
             episode.state.step_count = index + 1
             episode.state.updated_at = now
             if request.request_id:
-                episode.request_ids.add(request.request_id)
-                episode.replies[request.request_id] = reply
-                if len(episode.replies) > REPLAY_CACHE:
-                    episode.replies.popitem(last=False)
+                episode.remember(request.request_id, reply)
             if reply.terminated or reply.truncated:
                 self.store.update_episode(episode.settled_state())
                 # The client learns that the episode ended only once it is on disk.
                 await self.store.aflush()
             return reply
-
-    def _resolve_action(self, episode: Episode, action: Action) -> tuple[Action, Action]:
-        """The action to run and the one to record (an oracle's answer on a sealed split is not)."""
-        if action.tool != ORACLE_TOOL or episode.oracle is None:
-            return action, action
-        if not episode.oracle:
-            raise InvalidActionError("the oracle has no actions left for this episode")
-        real = episode.oracle.pop(0)
-        shown = Action(tool=real.tool, arguments={"oracle": True}) if episode.task.sealed else real
-        return real, shown
 
     async def _run_step(
         self, episode: Episode, tool: Any, args: Any

@@ -132,7 +132,7 @@ async def test_a_retry_older_than_the_reply_cache_is_answered_from_the_store(
 ) -> None:
     """Live episodes keep only their last replies whole; an older request id is still never
     stepped twice."""
-    from palaestra.server.manager import REPLAY_CACHE
+    from palaestra.server.episode import REPLAY_CACHE
 
     reset = await manager.reset(ResetRequest(task=TASK, options={"max_steps": 1000}))
     episode_id = reset.episode_id
