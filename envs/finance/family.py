@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from palaestra.envs.base import (
     Assessment,
@@ -122,11 +122,32 @@ def parse_key() -> str:
 
 
 class FinancePublic(PublicFields):
-    """The question and what the report is (an imported task's table and text are read by
-    envs/finance/imported.py)."""
+    """The question, and an imported task's table and text (envs/finance/imported.py)."""
 
     instruction: str = ""
     question: str = ""
+    table: list[list[str]] = Field(default_factory=list)  # rows of cells
+    pre_text: list[str] = Field(default_factory=list)  # paragraphs
+    post_text: list[str] = Field(default_factory=list)
+
+    @field_validator("table", mode="before")
+    @classmethod
+    def _rows(cls, value: object) -> object:
+        """Rows that are not lists are skipped; a missing table is none."""
+        if not value:
+            return []
+        return [r for r in value if isinstance(r, list)] if isinstance(value, list) else value
+
+    @field_validator("pre_text", "post_text", mode="before")
+    @classmethod
+    def _paragraphs(cls, value: object) -> object:
+        """One paragraph may be given as a string; a missing text is none."""
+        if not value:
+            return []
+        return value if isinstance(value, list) else [value]
+
+    def imported(self) -> tuple[list[list[str]], list[str], list[str]]:
+        return self.table, self.pre_text, self.post_text
 
 
 class DocumentSpec(PrivateFields):
@@ -192,7 +213,7 @@ class FinanceFamily(Family):
     def _numbers(self, task: Task) -> vf.Numbers:
         private = FinancePrivate.of(task)
         if private.document.kind == "imported":
-            return imported_numbers(task.public)
+            return imported_numbers(*FinancePublic.of(task).imported())
         return build_document(*private.seeds()).numbers
 
     def _pdf(self, task: Task) -> bytes:
@@ -200,7 +221,7 @@ class FinanceFamily(Family):
 
         private = FinancePrivate.of(task)
         if private.document.kind == "imported":
-            return render_imported(task.public)
+            return render_imported(*FinancePublic.of(task).imported())
         built = build_document(*private.seeds(), text=True)
         return render(built.layout, built.accounts.structure.style)
 
