@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pdfplumber
 
-from palaestra.envs.base import EpisodeContext
+from palaestra.envs.base import EpisodeContext, Sandboxes
 from palaestra.envs.finance.family import FinanceFamily
 from palaestra.envs.finance.tasks import generate_task
+from palaestra.sandbox import Sandbox, SandboxSpec
 from palaestra.sdk.models import Action
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
@@ -49,7 +50,7 @@ def _task() -> Task:
     )
 
 
-async def _no_sandbox(spec: object) -> object:
+async def _no_sandbox(spec: SandboxSpec) -> Sandbox:
     raise RuntimeError("no sandbox")
 
 
@@ -90,7 +91,7 @@ async def main(calls: int, json_path: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         family = FinanceFamily(cache_dir=Path(tmp) / "cache" / "finance")
         task = _task()
-        ctx = EpisodeContext("bench", task, None, {}, None, _no_sandbox)  # type: ignore[arg-type]
+        ctx = EpisodeContext("bench", task, None, {}, Sandboxes(_no_sandbox))
         started = time.perf_counter()
         await family.reset(ctx)
         first = time.perf_counter() - started

@@ -133,8 +133,7 @@ def build_pack(root: Path, out: Path | None = None) -> tuple[Pack, Path, bytes]:
     root = Path(root)
     read_manifest(root)  # a pack.toml that does not validate gets no lock
     write_lock(root)
-    names = [f.name for f in FamilyRegistry.discover().all()]
-    pack, problems = inspect_pack(root, names)
+    pack, problems = inspect_pack(root, FamilyRegistry.discover().all())
     if pack is None or problems:
         raise PackError(problems)
     data = pack_archive(root)

@@ -1,26 +1,31 @@
-"""What a family is: its tools, its episode logic and its verifier (DESIGN §1).
+"""What a family is: its tools, its task fields, its episode logic and its verifier (DESIGN §1).
 
-A family never imports the server. The episode manager hands it an `EpisodeContext`
-(the task, the episode's sandbox, a factory for fresh sandboxes, a scratch dict) and
-calls `reset`, `step` and `verify`. Tool arguments are pydantic models, so their JSON
-Schema is what trainers see and a malformed action is refused with a 422.
+This module is the whole contract a family is written against. A family never imports the
+server: the episode manager validates each task against the family's field models when a
+pack loads, hands the family an `EpisodeContext` per episode, and calls the hooks of
+`Family` below (each says when it is called and what it may do). Tool arguments are
+pydantic models, so their JSON Schema is what trainers see and a malformed action is
+refused with a 422. Sandboxes come from `ctx.sandboxes` only; the manager frees them.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from palaestra.sandbox import Sandbox, SandboxSpec
-from palaestra.sandbox.forkserver import PythonRunner
+from palaestra.sandbox import ExecResult, Sandbox, SandboxSpec, SandboxSpecError
+from palaestra.sandbox.forkserver import PYTHON, ForkServerUnavailable, PythonRunner
 from palaestra.sdk.errors import InvalidActionError
-from palaestra.sdk.models import Action, Observation, ToolSpec, Verdict
+from palaestra.sdk.models import Action, Limits, Observation, ToolSpec, VerifierInfo
 from palaestra.sdk.task import Task
+
+# -- tools -----------------------------------------------------------------------------------
 
 
 class ToolArgs(BaseModel):
@@ -51,38 +56,256 @@ def _tool_spec(name: str, description: str, args: type[ToolArgs]) -> ToolSpec:
     return ToolSpec(name=name, description=description, parameters=schema)
 
 
+# -- task fields -----------------------------------------------------------------------------
+
+
+class TaskFieldsError(ValueError):
+    """A task whose public or private fields do not fit its family's model."""
+
+    def __init__(self, task: Task, problem: str) -> None:
+        super().__init__(f"task {task.id} (family {task.family}): {problem}")
+        self.problem = problem  # 'field: what is wrong', without the task
+
+
+class TaskFields(BaseModel):
+    """Base of a family's task field models. Fields a model does not name are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, coerce_numbers_to_str=True)
+
+    @classmethod
+    def side(cls) -> str:
+        """ "public" or "private": which of a task's field sets this model reads."""
+        raise NotImplementedError
+
+    @classmethod
+    def of(cls, task: Task) -> Self:
+        """The task's fields as this model (the pack loader checked that they fit)."""
+        return cls.model_validate(task.public if cls.side() == "public" else task.private)
+
+    @classmethod
+    def check(cls, task: Task) -> None:
+        """Raise TaskFieldsError where the task's fields do not fit this model."""
+        try:
+            cls.of(task)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{cls.side()}.{'.'.join(str(p) for p in e['loc']) or '<fields>'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise TaskFieldsError(task, problems) from None
+
+
+class PublicFields(TaskFields):
+    """What the agent may see of a task (sent to clients)."""
+
+    @classmethod
+    def side(cls) -> str:
+        return "public"
+
+
+class PrivateFields(TaskFields):
+    """What only the family's oracle and verifier see (never sent to clients)."""
+
+    @classmethod
+    def side(cls) -> str:
+        return "private"
+
+
+# -- steps and verdicts ----------------------------------------------------------------------
+
+
 @dataclass
 class StepOutcome:
+    """What one step did. The manager counts `tool_ok`, `timed_out` and `output_bytes` in the
+    episode's metrics; `info` is the family's own extras, passed to the client unread."""
+
     observation: Observation
     done: bool = False
+    tool_ok: bool = True  # did the call do what was asked (a command: exit 0, no timeout)
+    timed_out: bool = False
+    output_bytes: int | None = None  # None: the size of the observation's text
     info: dict[str, Any] = field(default_factory=dict)
 
+
+@dataclass(frozen=True)
+class Assessment:
+    """What a verifier decides. The manager adds what every verdict shares (the task digest,
+    the duration, the family's `verifier_info()`) and makes the wire `Verdict`."""
+
+    reward: float
+    passed: bool
+    components: dict[str, float] = field(default_factory=dict)
+    feedback: str = ""
+    failure: str | None = None  # on a failed attempt, its class (sdk.models.FAILURE_CLASSES)
+
+
+# -- sandboxes -------------------------------------------------------------------------------
 
 SandboxFactory = Callable[[SandboxSpec], Awaitable[Sandbox]]
 
 
+class Sandboxes:
+    """The one way a family gets sandboxes: the episode's own, verifier sandboxes and one-shot
+    Python runs. It records every sandbox it creates and the manager frees them all when the
+    episode ends (done, void, closed, expired); a family never creates or frees one itself.
+
+    Image choice: a spec with `image=None` runs on the family's `image` where the backend has
+    it and on the backend's default where it refuses that image as unknown (bwrap without the
+    family's rootfs); `images` remembers the answer across episodes. A spec naming an image
+    gets exactly that image."""
+
+    def __init__(
+        self,
+        create: SandboxFactory,
+        *,
+        image: str | None = None,
+        images: dict[str, bool] | None = None,
+        fork_server: PythonRunner | None = None,
+    ) -> None:
+        self._create = create
+        self._image = image
+        self._images = images if images is not None else {}
+        self._fork_server = fork_server
+        self._episode: Sandbox | None = None
+        self._spec: SandboxSpec | None = None
+        self._made: list[Sandbox] = []
+
+    @property
+    def episode(self) -> Sandbox | None:
+        """The episode's own sandbox (from `Family.sandbox_spec`); None when the family asks
+        for none, and once the episode has ended."""
+        return self._episode
+
+    async def start(self, spec: SandboxSpec | None) -> None:
+        """The manager's: create the episode's sandbox before `Family.reset`."""
+        if spec is not None:
+            self._episode = await self._new(spec)
+            self._spec = self._episode.spec
+
+    async def verifier(self, spec: SandboxSpec | None = None) -> Sandbox:
+        """A fresh sandbox for the verifier (default: the episode sandbox's spec, image
+        included); it lives until the episode ends."""
+        if spec is None:
+            if self._spec is None:
+                raise ValueError("this episode has no sandbox whose spec a verifier could copy")
+            return await self._new(self._spec)
+        return await self._new(spec)
+
+    async def run_python(
+        self,
+        code: str,
+        *,
+        files: Mapping[str, bytes],
+        stdin: bytes,
+        timeout: float,
+        max_output: int,
+        memory_mb: int,
+        workspace_mb: int,
+    ) -> ExecResult:
+        """Run `code` as `python3 -I -S -c code` in a one-shot sandbox whose /work holds
+        `files` alone: a fork of the server's Python fork server where it has one, else a
+        fresh sandbox, freed as soon as the run is over. Timeouts and exit codes are data."""
+        if self._fork_server is not None:
+            try:
+                return await self._fork_server(
+                    code,
+                    files=files,
+                    stdin=stdin,
+                    timeout=timeout,
+                    max_output=max_output,
+                    memory_mb=memory_mb,
+                    workspace_mb=workspace_mb,
+                )
+            except ForkServerUnavailable:
+                pass  # logged once by the fork server; a fresh sandbox does it
+        box = await self._new(SandboxSpec(memory_mb=memory_mb, workspace_mb=workspace_mb))
+        try:
+            for path, data in files.items():
+                await box.write_file(path, data)
+            return await box.exec(
+                [PYTHON, "-I", "-S", "-c", code],
+                stdin=stdin,
+                timeout=timeout,
+                max_output=max_output,
+            )
+        finally:
+            self._made.remove(box)
+            await box.close()
+
+    async def retire_episode(self) -> None:
+        """Free the episode's sandbox now, before the episode ends (a verifier that wants
+        every process the agent started dead before its tests run); its spec stays what
+        `verifier()` copies."""
+        box, self._episode = self._episode, None
+        if box is not None:
+            self._made.remove(box)
+            await box.close()
+
+    def episode_cpu_seconds(self) -> float | None:
+        """The manager's: CPU time the episode's sandbox used so far (None: no counter)."""
+        return self._episode.cpu_seconds() if self._episode is not None else None
+
+    async def aclose(self) -> list[BaseException]:
+        """The manager's: free every sandbox this episode has; returns what failed."""
+        made, self._made, self._episode = self._made, [], None
+        failed: list[BaseException] = []
+        for box in made:
+            try:
+                await box.close()
+            except Exception as exc:
+                failed.append(exc)
+        return failed
+
+    async def _new(self, spec: SandboxSpec) -> Sandbox:
+        box = await self._on_image(spec)
+        self._made.append(box)
+        return box
+
+    async def _on_image(self, spec: SandboxSpec) -> Sandbox:
+        image = self._image
+        if spec.image is not None or image is None or self._images.get(image) is False:
+            return await self._create(spec)
+        try:
+            box = await self._create(dataclasses.replace(spec, image=image))
+        except SandboxSpecError:
+            box = await self._create(spec)  # raises where the spec itself is at fault
+            self._images[image] = False
+            return box
+        self._images[image] = True
+        return box
+
+
+# -- episodes --------------------------------------------------------------------------------
+
+
 @dataclass
 class EpisodeContext:
-    """Everything a family sees of one episode."""
+    """Everything a family sees of one episode; `state` is the family's scratch space."""
 
     episode_id: str
     task: Task
     seed: int | None
     options: dict[str, Any]
-    sandbox: Sandbox | None
-    new_sandbox: SandboxFactory
+    sandboxes: Sandboxes
     state: dict[str, Any] = field(default_factory=dict)
-    # One-shot fresh Python sandboxes (`PythonForkServer.run`), when the server has them.
-    run_python: PythonRunner | None = None
 
 
 class Family(abc.ABC):
-    """A kind of environment. Subclasses set `name`, `description`, `version` and `tools`."""
+    """A kind of environment.
+
+    Subclasses set `name`, `description`, `version`, `tools` and the task field models
+    `public_fields` and `private_fields`, and implement `reset`, `step`, `verify` and
+    `oracle`. Every other hook has a default that does nothing special."""
 
     name: ClassVar[str]
     description: ClassVar[str]
     version: ClassVar[str] = "0.1.0"
     tools: ClassVar[tuple[Tool, ...]]
+    public_fields: ClassVar[type[PublicFields]]
+    private_fields: ClassVar[type[PrivateFields]]
+    # The family's own image: what a sandbox spec with `image=None` runs on where the
+    # backend has it (see `Sandboxes`).
+    image: ClassVar[str | None] = None
 
     def tool_specs(self) -> list[ToolSpec]:
         return [tool.spec() for tool in self.tools]
@@ -104,19 +327,44 @@ class Family(abc.ABC):
         names = ", ".join(t.name for t in self.tools)
         raise InvalidActionError(f"unknown tool {action.tool!r}; this family's tools are: {names}")
 
+    def validate_task(self, task: Task) -> None:
+        """Called by the pack loader on every task of this family: raises TaskFieldsError
+        (naming the task and the field) where the fields do not fit the models, and the
+        pack is refused. Override to add checks across fields; call super() first."""
+        self.public_fields.check(task)
+        self.private_fields.check(task)
+
     def sandbox_spec(self, task: Task) -> SandboxSpec | None:
-        """The sandbox an episode of `task` needs, or None if it runs no code."""
+        """Called at reset, before `reset`: the episode's own sandbox (`ctx.sandboxes.episode`),
+        or None if an episode of `task` runs no code. Must not touch the network or disk."""
         return None
 
-    @abc.abstractmethod
-    async def reset(self, ctx: EpisodeContext) -> Observation: ...
+    def episode_limits(self, task: Task, options: dict[str, Any], limits: Limits) -> Limits:
+        """Called at reset with the limits the server grants (from the client's options
+        within the operator's ceilings): the episode's limits, e.g. with this family's own
+        per-step caps added. Sent to the client with the reset reply."""
+        return limits
+
+    def verifier_info(self) -> VerifierInfo:
+        """The verifier named in every verdict of this family (default: the family itself)."""
+        return VerifierInfo(name=self.name, version=self.version)
 
     @abc.abstractmethod
-    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome: ...
+    async def reset(self, ctx: EpisodeContext) -> Observation:
+        """Called once per episode after its sandbox exists: set up `ctx.state` (and the
+        sandbox), return the first observation. SandboxError here refuses the reset (503)."""
 
     @abc.abstractmethod
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
-        """Turn the final state into a Verdict; raise SandboxError on infrastructure faults."""
+    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+        """Called for each action, one at a time per episode, with arguments already
+        validated. Raise InvalidActionError for an action the family refuses (422, the
+        episode goes on); SandboxError ends the episode void. `done=True` ends it verified."""
+
+    @abc.abstractmethod
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
+        """Called once, when the episode ends by `done`, a limit or the client's verify:
+        judge the final state. AgentFault is a 0 with its failure class; SandboxError or
+        any other exception makes the episode void (never a 0)."""
 
     @abc.abstractmethod
     def oracle(self, task: Task) -> list[Action]:

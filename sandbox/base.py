@@ -276,6 +276,11 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def alive(self) -> bool: ...
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time this sandbox's processes used so far (None: the backend has no counter);
+        the server bills it to the episode's token (server/tenancy.py)."""
+        return None
+
     async def __aenter__(self) -> Self:
         return self
 

@@ -173,9 +173,9 @@ def step_record_json(
 class EpisodeMetrics(WireModel):
     """Process metrics of one episode, kept by the manager for every family.
 
-    A family reports per step in `StepResponse.info`: `tool_ok` (did the tool call do what
-    was asked: for a command, exit 0 and no timeout), `timed_out` and `output_bytes`; a
-    refused (422) action counts as a failed call."""
+    A family reports per step in its typed `StepOutcome` (envs/base.py): `tool_ok` (did the
+    tool call do what was asked: for a command, exit 0 and no timeout), `timed_out` and
+    `output_bytes`; a refused (422) action counts as a failed call."""
 
     steps: int = 0
     tool_calls: int = 0

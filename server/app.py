@@ -297,19 +297,19 @@ def create_app(
     @app.get("/v1/families", response_model=list[FamilyInfo], tags=["discovery"])
     async def families(request: Request) -> list[FamilyInfo]:
         who(request)
-        return mgr(request).family_infos()
+        return mgr(request).catalog.family_infos()
 
     @app.get("/v1/packs", response_model=list[PackInfo], tags=["discovery"])
     async def packs(request: Request) -> list[PackInfo]:
         who(request)
-        return mgr(request).pack_infos()
+        return mgr(request).catalog.pack_infos()
 
     @app.get(
         "/v1/packs/{org}/{name}", response_model=PackInfo, responses=ERRORS, tags=["discovery"]
     )
     async def pack(org: str, name: str, request: Request) -> PackInfo:
         who(request)
-        return mgr(request).pack_info(f"{org}/{name}")
+        return mgr(request).catalog.pack_info(f"{org}/{name}")
 
     @app.get("/v1/tasks", response_model=TaskList, tags=["discovery"])
     async def tasks(
@@ -323,7 +323,7 @@ def create_app(
     ) -> Response:
         who(request)
         return _json(
-            mgr(request).task_list(
+            mgr(request).catalog.task_list(
                 pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
             )
         )
@@ -340,7 +340,7 @@ def create_app(
         (tasks of sealed splits: `eval` and admin tokens only)."""
         principal = who(request)
         return _json(
-            mgr(request).sampler_report(
+            mgr(request).catalog.sampler_report(
                 pack=pack, split=split, domain=domain, limit=limit, principal=principal
             )
         )
@@ -354,7 +354,7 @@ def create_app(
     async def sampler_release(body: SamplerReleaseRequest, request: Request) -> Response:
         """Let the sampler draw a quarantined task again (an admin action)."""
         who(request).require(scopes.ADMIN, "releasing a quarantined task")
-        return _json(mgr(request).sampler_release(body.task))
+        return _json(mgr(request).catalog.sampler_release(body.task))
 
     @app.post(
         "/v1/packs",
@@ -383,7 +383,7 @@ def create_app(
             if size > limit:
                 return _error(413, "too_large", f"a pack archive may be at most {limit} bytes")
             chunks.append(chunk)
-        pack, created = await mgr(request).publish(b"".join(chunks), principal)
+        pack, created = await mgr(request).catalog.publish(b"".join(chunks), principal)
         reply = PublishResponse(
             name=pack.name, version=pack.version, digest=pack.digest, created=created
         )
@@ -397,7 +397,7 @@ def create_app(
     async def pack_download(org: str, name: str, request: Request) -> Response:
         """The archive of `org/name[@version]` (for `pack install`); packs with sealed splits:
         admin only, since an archive carries their private fields."""
-        pack, data = await mgr(request).pack_archive(f"{org}/{name}", who(request))
+        pack, data = await mgr(request).catalog.pack_archive(f"{org}/{name}", who(request))
         filename = f"{pack.name.replace('/', '-')}-{pack.version}.tar.gz"
         headers = {
             "x-palaestra-digest": pack.digest,
@@ -413,7 +413,7 @@ def create_app(
     )
     async def pack_enable(org: str, name: str, request: Request) -> Response:
         """Let unfiltered sampling draw a published pack (admin; a new one is held out)."""
-        changed = await mgr(request).enable_pack(f"{org}/{name}", who(request))
+        changed = await mgr(request).catalog.enable_pack(f"{org}/{name}", who(request))
         return _json(PackEnableResponse(name=f"{org}/{name}", changed=changed))
 
     @app.get("/v1/tokens", response_model=list[TokenRecord], responses=ERRORS, tags=["tokens"])

@@ -113,19 +113,19 @@ class AsyncInProcessClient(AsyncServerClient):
         await self.manager.close(episode_id)
 
     async def families(self) -> list[FamilyInfo]:
-        return self.manager.family_infos()
+        return self.manager.catalog.family_infos()
 
     async def packs(self) -> list[PackInfo]:
-        return self.manager.pack_infos()
+        return self.manager.catalog.pack_infos()
 
     async def _tasks(self, query: TaskQuery) -> TaskList:
-        return self.manager.task_list(**asdict(query))
+        return self.manager.catalog.task_list(**asdict(query))
 
     async def _sampler(self, query: SamplerQuery) -> SamplerReport:
-        return self.manager.sampler_report(**asdict(query))
+        return self.manager.catalog.sampler_report(**asdict(query))
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
-        return self.manager.sampler_release(task)
+        return self.manager.catalog.sampler_release(task)
 
 
 class InProcessClient(Client):

@@ -13,148 +13,59 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
-from palaestra.envs.base import EpisodeContext, Family
-from palaestra.sandbox import AgentFault, Backend, Sandbox, SandboxError, SandboxSpec
+from palaestra.envs.base import EpisodeContext, StepOutcome
+from palaestra.sandbox import AgentFault, Backend, SandboxError
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sdk.errors import (
     CapacityError,
     ConflictError,
     InvalidActionError,
-    NotFoundError,
     PermissionDeniedError,
     UnavailableError,
 )
 from palaestra.sdk.models import (
-    Action,
     EpisodeState,
     EpisodeStatus,
-    FamilyInfo,
-    Limits,
     Observation,
-    PackInfo,
     ResetRequest,
     ResetResponse,
-    SamplerReleaseResponse,
-    SamplerReport,
     StepRequest,
     StepResponse,
-    TaskList,
     Verdict,
-    VerifierInfo,
     step_record_json,
 )
-from palaestra.sdk.task import Task
-from palaestra.server.auth import ADMIN, ADMIN_PRINCIPAL, EVAL, PUBLISH, Principal
-from palaestra.server.ceilings import check_spec, check_task, client_limits
+from palaestra.server.auth import ADMIN, ADMIN_PRINCIPAL, Principal
+from palaestra.server.catalog import Catalog
+from palaestra.server.ceilings import check_task, client_limits
 from palaestra.server.config import Settings
+from palaestra.server.episode import (
+    Episode,
+    agent_fault,
+    id_taken,
+    log_crash,
+    unknown_episode,
+    verdict_of,
+    void_verdict,
+)
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.metrics import Metrics
-from palaestra.server.packs.archive import pack_archive
 from palaestra.server.packs.catalog import PackCatalog
-from palaestra.server.packs.loader import Pack
-from palaestra.server.packs.manifest import semver_key
-from palaestra.server.packs.registry import ADMIN_RIGHTS, PackRegistry, PublishRights
-from palaestra.server.packs.taskfields import HostPolicy
+from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.sampler import Sampler
+from palaestra.server.sandboxes import SandboxOwner
 from palaestra.server.sealed import seal
 from palaestra.server.store import Store
-from palaestra.server.tally import StepTally
 from palaestra.server.tenancy import Tenancy, candidate_keys, episode_key
 
 log = logging.getLogger("palaestra.episodes")
 
-ORACLE_TOOL = "oracle"
 ENDED_CACHE = 4096
-# The last replies of a live episode kept whole, for retried request ids; older ones come
-# back from the store (a terminal step's reply can be 64 KiB, and there may be thousands of
-# live episodes).
-REPLAY_CACHE = 16
-
-
-@dataclass
-class Episode:
-    task: Task
-    family: Family
-    ctx: EpisodeContext
-    limits: Limits
-    state: EpisodeState
-    started: float
-    last_active: float
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    replies: OrderedDict[str, StepResponse] = field(default_factory=OrderedDict)
-    request_ids: set[str] = field(default_factory=set)  # every request id this episode stepped
-    oracle: list[Action] | None = None
-    step_timer: Any = None  # the family's step-latency histogram child, looked up once
-    tally: StepTally = field(default_factory=StepTally)
-    full_feedback: str | None = None  # a sealed verdict's own feedback: admin tokens only
-    owner: str = ""  # the token id that started it (server/tenancy.py)
-    cpu_mark: float | None = None  # the sandbox's CPU counter at the last reading
-
-    @property
-    def id(self) -> str:
-        """The store key (a client-chosen id is scoped by its owner: tenancy.episode_key)."""
-        return self.state.episode_id
-
-    def settled_state(self) -> EpisodeState:
-        """The state with its metrics brought up to date (before it is read or stored)."""
-        self.state.metrics = self.tally.model()
-        return self.state
-
-
-def _void_verdict(task: Task, reason: str, duration: float) -> Verdict:
-    return Verdict(
-        reward=0.0,
-        passed=False,
-        status="void",
-        feedback=reason,
-        verifier=VerifierInfo(name="none", version="0"),
-        task_digest=task.digest,
-        duration_s=duration,
-    )
-
-
-def _agent_fault_verdict(episode: Episode, exc: AgentFault, duration: float) -> Verdict:
-    family = episode.family
-    return Verdict(
-        reward=0.0,
-        passed=False,
-        failure=exc.failure,
-        feedback=f"{exc.failure}: {exc}"[:2000],
-        verifier=VerifierInfo(name=family.name, version=family.version),
-        task_digest=episode.task.digest,
-        duration_s=duration,
-    )
-
-
-def _log_crash(episode: Episode, what: str, exc: BaseException) -> None:
-    """A traceback on a public split; on a sealed one only the exception's type, since its
-    message and frames may quote private fields (the log is no way around the seal)."""
-    extra = {"episode_id": episode.id, "task_digest": episode.task.digest}
-    if episode.task.sealed:
-        log.error("%s (%s; sealed split: details withheld)", what, type(exc).__name__, extra=extra)
-    else:
-        log.error("%s", what, exc_info=exc, extra=extra)
-
-
-def _unknown(episode_id: str) -> NotFoundError:
-    """The one answer for an id the caller does not own, whether or not it exists."""
-    return NotFoundError(f"unknown episode {episode_id!r}")
-
-
-def _id_taken(episode_id: str) -> ConflictError:
-    return ConflictError(
-        f"episode id {episode_id!r} is already in use by this token (live, ended or being "
-        "started); choose another episode_id, or omit it to get a fresh one",
-        code="episode_exists",
-    )
 
 
 class EpisodeManager:
@@ -185,9 +96,18 @@ class EpisodeManager:
         self.tenancy = Tenancy(settings)
         self._reaper: asyncio.Task[None] | None = None
         self._detached: set[asyncio.Future[Any]] = set()
-        self.metrics.bind_live(self._live_by_status, self._live_sandboxes)
+        self.metrics.bind_live(self._live_by_status, lambda: self.sandboxes.live_count)
         self.sampler = Sampler(settings, packs)
         self.metrics.bind_sampler(self.sampler.quarantined_count)
+        self.sandboxes = SandboxOwner(settings, backend, fork_server)
+        self.catalog = Catalog(
+            settings,
+            families=families,
+            packs=packs,
+            sampler=self.sampler,
+            store=store,
+            pack_store=pack_store,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -213,10 +133,7 @@ class EpisodeManager:
         await asyncio.gather(*self._detached, return_exceptions=True)
         for episode in list(self._live.values()):
             await self._end(episode, EpisodeStatus.VOID, reason="server shut down")
-        if self.fork_server is not None:
-            await self.fork_server.aclose()
-        if self.backend is not None:
-            await self.backend.aclose()
+        await self.sandboxes.aclose()
         await asyncio.to_thread(self.store.close)
 
     def detach(self, work: asyncio.Future[Any], owner: str | None = None) -> None:
@@ -233,136 +150,8 @@ class EpisodeManager:
     def ready(self) -> bool:
         return self._reaper is not None and not self._reaper.done()
 
-    def _live_sandboxes(self) -> int:
-        return self.backend.live_count if self.backend is not None else 0
-
     def _live_by_status(self) -> dict[str, int]:
         return {EpisodeStatus.ACTIVE.value: len(self._live)}
-
-    # -- discovery ------------------------------------------------------------------------
-    def family_infos(self) -> list[FamilyInfo]:
-        domains: dict[str, set[str]] = {}
-        for pack in self.packs.all():
-            for task in pack.tasks.values():
-                domains.setdefault(task.family, set()).add(task.domain)
-        return [
-            FamilyInfo(
-                name=f.name,
-                description=f.description,
-                tools=f.tool_specs(),
-                domains=sorted(domains.get(f.name, ())),
-            )
-            for f in self.families.all()
-        ]
-
-    def pack_infos(self) -> list[PackInfo]:
-        return [self._with_versions(p) for p in self.packs.all()]
-
-    def pack_info(self, name: str) -> PackInfo:
-        """The latest version (or `name@version`), listing every version served."""
-        return self._with_versions(self.packs.get(name))
-
-    def _with_versions(self, pack: Pack) -> PackInfo:
-        versions = sorted(
-            (p.version for p in self.packs.all() if p.name == pack.name), key=semver_key
-        )
-        return pack.info().model_copy(update={"versions": versions})
-
-    # -- the pack registry (publish, download) ----------------------------------------------
-    async def publish(
-        self, data: bytes, principal: Principal = ADMIN_PRINCIPAL
-    ) -> tuple[Pack, bool]:
-        """Verify and install a pack archive (DESIGN §6); (pack, whether it is new)."""
-        principal.require(PUBLISH, "publishing a pack")
-        if self.pack_store is None:
-            raise UnavailableError("this server has no pack store", code="no_pack_store")
-        s = self.settings
-        rights = (
-            ADMIN_RIGHTS
-            if principal.is_admin
-            else PublishRights.publisher(
-                principal.orgs,
-                builtin_orgs=s.builtin_orgs,
-                max_bytes=s.publisher_max_bytes,
-                max_versions=s.publisher_max_versions,
-            )
-        )
-        pack, created = await self.pack_store.ainstall(  # its own bounded threads
-            data,
-            publisher=principal.name,
-            families=[f.name for f in self.families.all()],
-            catalog=self.packs,
-            allow_code=principal.is_admin,
-            rights=rights,
-            policy=HostPolicy.from_settings(s),
-        )
-        if created:
-            self.sampler.refresh()
-        return pack, created
-
-    async def enable_pack(self, name: str, principal: Principal = ADMIN_PRINCIPAL) -> bool:
-        """Let unfiltered sampling draw a published pack (admin); False if it already could."""
-        principal.require(ADMIN, "enabling a pack for unfiltered sampling")
-        if self.pack_store is None:
-            raise UnavailableError("this server has no pack store", code="no_pack_store")
-        changed = await asyncio.to_thread(self.pack_store.enable, name, principal.name, self.packs)
-        self.sampler.refresh()
-        return changed
-
-    async def pack_archive(
-        self, name: str, principal: Principal = ADMIN_PRINCIPAL
-    ) -> tuple[Pack, bytes]:
-        """The archive of `name[@version]`; refused (403) to non-admins when a split is sealed.
-
-        A sealed split's private fields, verifier files and solutions never leave the server,
-        and an archive holds them: only an admin (the server's operator) may take one."""
-        pack = self.packs.get(name)
-        sealed = sorted(s for s, is_sealed in pack.sealed.items() if is_sealed)
-        if sealed and not principal.is_admin:
-            raise PermissionDeniedError(
-                f"pack {pack.name}@{pack.version} has sealed splits ({', '.join(sealed)}); "
-                "its archive would carry their private data, so only an admin token may "
-                "download it",
-                code="sealed_pack",
-            )
-        return pack, await asyncio.to_thread(pack_archive, pack.root)
-
-    def task_list(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        family: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> TaskList:
-        tasks = self.packs.select(pack=pack, split=split, family=family, domain=domain)
-        return TaskList(tasks=[t.info() for t in tasks[offset : offset + limit]], total=len(tasks))
-
-    def sampler_report(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-        principal: Principal = ADMIN_PRINCIPAL,
-    ) -> SamplerReport:
-        """Per-task results of sealed splits only for `eval` and admin tokens."""
-        return self.sampler.report(
-            pack=pack, split=split, domain=domain, limit=limit, sealed=principal.has(EVAL)
-        )
-
-    def sampler_release(self, task: str) -> SamplerReleaseResponse:
-        """Release a quarantined task (by its full ref, or any ref the registry resolves)."""
-        ref = task
-        if self.sampler.quarantine_note(ref) is None:
-            ref = self.packs.resolve(task).ref  # 404 for an unknown task
-        released = self.sampler.release(ref)
-        if released:
-            self.store.add_sampler_release(ref, time.time())
-        return SamplerReleaseResponse(task=ref, released=released)
 
     # -- episodes -------------------------------------------------------------------------
     async def reset(
@@ -385,7 +174,7 @@ class EpisodeManager:
         owner = principal.token_id
         episode_id = episode_key(owner, request.episode_id, uuid.uuid4().hex)
         if episode_id in self._live or episode_id in self._ended or episode_id in self._reserved:
-            raise _id_taken(request.episode_id or episode_id)
+            raise id_taken(request.episode_id or episode_id)
         wants_oracle = bool(request.options.get("oracle"))
         if wants_oracle and not self.settings.allow_oracle:
             raise PermissionDeniedError("this server does not allow oracle-driven episodes")
@@ -397,9 +186,7 @@ class EpisodeManager:
         family = self.families.get(task.family)
         check_task(task, self.settings)  # 422 over an operator ceiling (server/ceilings.py)
         limits = client_limits(request.options, self.settings)
-        family_limits = getattr(family, "episode_limits", None)  # a family's own caps
-        if callable(family_limits):
-            limits = family_limits(task, request.options, limits)
+        limits = family.episode_limits(task, request.options, limits)  # a family's own caps
         admitted = self.tenancy.admit(principal)  # 429 over the token's quota
         self._reserved.add(episode_id)
         self._pending += 1
@@ -407,22 +194,20 @@ class EpisodeManager:
             if request.episode_id:  # also taken when stored by an earlier server
                 await self.store.aflush()
                 if await asyncio.to_thread(self.store.owners, (episode_id,)):
-                    raise _id_taken(request.episode_id)
-            sandbox = await self._new_sandbox_or_none(family.sandbox_spec(task))
+                    raise id_taken(request.episode_id)
+            sandboxes = self.sandboxes.for_episode(family, task)
             ctx = EpisodeContext(
                 episode_id=episode_id,
                 task=task,
                 seed=request.seed,
                 options=request.options,
-                sandbox=sandbox,
-                new_sandbox=functools.partial(self._new_sandbox, where=f"task {task.ref}"),
-                run_python=self.fork_server.run if self.fork_server is not None else None,
+                sandboxes=sandboxes,
             )
             try:
+                await self.sandboxes.start(sandboxes, family.sandbox_spec(task))
                 observation = await family.reset(ctx)
             except BaseException as exc:
-                # Ours, or the one the family made itself (sandbox_spec None): freed either way.
-                await self._free(ctx.sandbox)
+                await self.sandboxes.free(sandboxes)  # whatever it made before the fault
                 if isinstance(exc, SandboxError):
                     raise UnavailableError(
                         f"the sandbox failed while starting the episode: {exc}",
@@ -512,17 +297,17 @@ class EpisodeManager:
             started = time.perf_counter()
             episode.last_active = time.monotonic()
             try:
-                action, recorded = self._resolve_action(episode, request.action)
+                action, recorded = episode.resolve_action(request.action)
                 tool, args = episode.family.parse_action(action)
-                reply = await self._run_step(episode, tool, args)
+                reply, outcome = await self._run_step(episode, tool, args)
             except InvalidActionError:
                 episode.tally.add_refused()
                 raise
             finally:
-                metered = self._meter(episode)
+                metered = episode.meter()
                 spent = time.perf_counter() - started if metered is None else metered
                 self.tenancy.charge(episode.owner, spent)
-            episode.tally.add_step(reply)
+            episode.count_step(reply, outcome)
             if reply.terminated or reply.truncated:
                 reply.info["metrics"] = episode.settled_state().metrics.model_dump(mode="json")
             duration = time.perf_counter() - started
@@ -546,30 +331,21 @@ class EpisodeManager:
             episode.state.step_count = index + 1
             episode.state.updated_at = now
             if request.request_id:
-                episode.request_ids.add(request.request_id)
-                episode.replies[request.request_id] = reply
-                if len(episode.replies) > REPLAY_CACHE:
-                    episode.replies.popitem(last=False)
+                episode.remember(request.request_id, reply)
             if reply.terminated or reply.truncated:
                 self.store.update_episode(episode.settled_state())
                 # The client learns that the episode ended only once it is on disk.
                 await self.store.aflush()
             return reply
 
-    def _resolve_action(self, episode: Episode, action: Action) -> tuple[Action, Action]:
-        """The action to run and the one to record (an oracle's answer on a sealed split is not)."""
-        if action.tool != ORACLE_TOOL or episode.oracle is None:
-            return action, action
-        if not episode.oracle:
-            raise InvalidActionError("the oracle has no actions left for this episode")
-        real = episode.oracle.pop(0)
-        shown = Action(tool=real.tool, arguments={"oracle": True}) if episode.task.sealed else real
-        return real, shown
-
-    async def _run_step(self, episode: Episode, tool: Any, args: Any) -> StepResponse:
+    async def _run_step(
+        self, episode: Episode, tool: Any, args: Any
+    ) -> tuple[StepResponse, StepOutcome | None]:
+        """The reply, and the family's outcome (None: the step never reached the family, or
+        the episode went void)."""
         if time.monotonic() - episode.started > episode.limits.max_wall_s:
             text = f"wall-time limit of {episode.limits.max_wall_s:g} s reached"
-            return await self._finish(episode, Observation(text=text), truncated=True)
+            return await self._finish(episode, Observation(text=text), truncated=True), None
         try:
             outcome = await episode.family.step(episode.ctx, tool, args)
         except InvalidActionError:
@@ -577,19 +353,22 @@ class EpisodeManager:
         except AgentFault as exc:  # a path or file the agent made (before SandboxError)
             raise InvalidActionError(str(exc), code=exc.failure) from None
         except SandboxError as exc:
-            return await self._void(episode, f"sandbox failed: {exc}")
+            return await self._void(episode, f"sandbox failed: {exc}"), None
         except Exception as exc:
-            _log_crash(episode, f"family {episode.family.name} crashed in step", exc)
-            return await self._void(episode, f"the environment crashed ({type(exc).__name__})")
+            log_crash(episode, f"family {episode.family.name} crashed in step", exc)
+            reason = f"the environment crashed ({type(exc).__name__})"
+            return await self._void(episode, reason), None
         if outcome.done:
-            return await self._finish(
+            reply = await self._finish(
                 episode, outcome.observation, terminated=True, info=outcome.info
             )
+            return reply, outcome
         if episode.state.step_count + 1 >= episode.limits.max_steps:
             obs = outcome.observation.model_copy()
             obs.text += f"\n[step limit of {episode.limits.max_steps} reached]"
-            return await self._finish(episode, obs, truncated=True, info=outcome.info)
-        return StepResponse(observation=outcome.observation, info=outcome.info)
+            reply = await self._finish(episode, obs, truncated=True, info=outcome.info)
+            return reply, outcome
+        return StepResponse(observation=outcome.observation, info=dict(outcome.info)), outcome
 
     async def _finish(
         self,
@@ -613,7 +392,7 @@ class EpisodeManager:
 
     async def _void(self, episode: Episode, reason: str) -> StepResponse:
         await self._end(episode, EpisodeStatus.VOID, reason=reason)
-        verdict = _void_verdict(episode.task, reason, 0.0)
+        verdict = void_verdict(episode.task, reason, 0.0)
         episode.state.verdict = verdict
         self.store.put_verdict(episode.id, verdict)
         return StepResponse(
@@ -632,24 +411,24 @@ class EpisodeManager:
             return episode.state.verdict
         started = time.perf_counter()
         try:
-            verdict = await episode.family.verify(episode.ctx)
+            judged = await episode.family.verify(episode.ctx)
+            verdict = verdict_of(episode, judged, time.perf_counter() - started)
             if episode.task.sealed:  # the one place a sealed verdict is made servable
                 episode.full_feedback = verdict.feedback  # admin tokens only, never stored
                 verdict = seal(verdict)
-            status = EpisodeStatus.DONE if verdict.status == "ok" else EpisodeStatus.VOID
-            reason = None if status is EpisodeStatus.DONE else verdict.feedback
+            status, reason = EpisodeStatus.DONE, None
         except AgentFault as exc:
             # The agent's doing (an odd file, a tree too deep, a sparse giant): ok, reward 0,
             # never void: a void would let a policy escape a sure 0 (docs/decisions.md).
-            verdict = _agent_fault_verdict(episode, exc, time.perf_counter() - started)
+            verdict = verdict_of(episode, agent_fault(exc), time.perf_counter() - started)
             if episode.task.sealed:
                 episode.full_feedback, verdict = verdict.feedback, seal(verdict)
             status, reason = EpisodeStatus.DONE, None
         except Exception as exc:
             kind = "sandbox failed" if isinstance(exc, SandboxError) else "verifier crashed"
-            _log_crash(episode, f"{kind} while verifying", exc)
+            log_crash(episode, f"{kind} while verifying", exc)
             reason = f"{kind} ({type(exc).__name__})"
-            verdict = _void_verdict(episode.task, reason, time.perf_counter() - started)
+            verdict = void_verdict(episode.task, reason, time.perf_counter() - started)
             status = EpisodeStatus.VOID
         self.metrics.verify_seconds.labels(episode.task.family).observe(
             time.perf_counter() - started
@@ -688,9 +467,8 @@ class EpisodeManager:
             at=now,
         )
         self.store.update_episode(episode.settled_state())
-        self.tenancy.charge(episode.owner, self._meter(episode) or 0.0)  # what verify used
-        sandbox, episode.ctx.sandbox = episode.ctx.sandbox, None
-        await self._free(sandbox)
+        self.tenancy.charge(episode.owner, episode.meter() or 0.0)  # what verify used
+        await self.sandboxes.free(episode.ctx.sandboxes)
         log.info(
             "episode ended: %s",
             status.value,
@@ -768,7 +546,7 @@ class EpisodeManager:
             if row[0] == principal.token_id:
                 principal.require_episodes(row[1], None)
                 return key
-        raise _unknown(episode_id)
+        raise unknown_episode(episode_id)
 
     def _find(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> Episode | None:
         """The live or recently ended episode `episode_id` names for `principal`; None for
@@ -784,20 +562,9 @@ class EpisodeManager:
         await self.store.aflush()
         state = await asyncio.to_thread(self.store.load_episode, key)
         if state is None:
-            raise _unknown(episode_id)
+            raise unknown_episode(episode_id)
         state.episode_id = episode_id
         return state
-
-    def _meter(self, episode: Episode) -> float | None:
-        """CPU-seconds the episode's sandbox used since the last reading, from its cgroup;
-        None when it has no counter (then a step is billed its wall time)."""
-        read = getattr(episode.ctx.sandbox, "cpu_seconds", None)
-        total = read() if callable(read) else None
-        if not isinstance(total, float | int):
-            return 0.0 if episode.cpu_mark is not None else None  # metered, now freed
-        used = float(total) - (episode.cpu_mark or 0.0)
-        episode.cpu_mark = float(total)
-        return max(0.0, used)
 
     async def _replay_or_refuse(
         self, key: str, episode_id: str, request_id: str | None
@@ -811,29 +578,6 @@ class EpisodeManager:
         raise ConflictError(
             f"episode {episode_id} has ended ({state.status.value}); start a new one"
         )
-
-    async def _new_sandbox(self, spec: SandboxSpec, where: str = "a sandbox") -> Sandbox:
-        check_spec(spec, self.settings, where)  # what a family built, within the ceilings
-        if self.backend is None:
-            raise SandboxError("this server has no sandbox backend")
-        return await self.backend.create(spec)
-
-    async def _new_sandbox_or_none(self, spec: SandboxSpec | None) -> Sandbox | None:
-        if spec is None:
-            return None
-        try:
-            return await self._new_sandbox(spec)
-        except SandboxError as exc:
-            raise UnavailableError(
-                f"no sandbox could be created: {exc}", code="sandbox_failed"
-            ) from None
-
-    async def _free(self, sandbox: Sandbox | None) -> None:
-        if sandbox is not None:
-            try:
-                await sandbox.close()
-            except Exception:
-                log.exception("closing a sandbox failed")
 
     async def _reap_forever(self) -> None:
         while True:

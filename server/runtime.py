@@ -58,7 +58,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
     packs = PackCatalog(secret=heldout.ensure_secret(secret_file))  # sealed generated seeds
     policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
-    packs.load_dirs(settings.packs_dirs, [f.name for f in families.all()], policy)
+    packs.load_dirs(settings.packs_dirs, families.all(), policy)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db_path)
     if settings.auth == "token":
@@ -66,7 +66,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     # Published packs (the server's content-addressed store) after the built-in ones.
     limits = ArchiveLimits.from_settings(settings)  # bombs are refused while they inflate
     pack_store = PackRegistry(settings.data_dir, settings.db_path, archive_limits=limits)
-    pack_store.load_into(packs, [f.name for f in families.all()], policy)
+    pack_store.load_into(packs, families.all(), policy)
     fork_server = None
     if backend is None:
         backend = with_pool(make_backend(settings), settings)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from palaestra.sdk.models import EpisodeMetrics, StepResponse
+from palaestra.sdk.models import EpisodeMetrics
 
 
 @dataclass(slots=True)
@@ -20,21 +20,15 @@ class StepTally:
     timed_out: int = 0
     output_bytes: int = 0
 
-    def add_step(self, reply: StepResponse) -> None:
-        """Count one stepped action: what the family reported in `info` (`tool_ok`,
-        `timed_out`, `output_bytes`), else a call that ran (a void step failed) and the
-        size of its observation."""
-        info = reply.info
+    def add_step(self, *, tool_ok: bool, timed_out: bool, output_bytes: int) -> None:
+        """Count one stepped action (what the family's StepOutcome said, envs/base.py)."""
         self.steps += 1
         self.tool_calls += 1
-        if not info.get("tool_ok", info.get("status") != "void"):
+        if not tool_ok:
             self.tool_failures += 1
-        if info.get("timed_out"):
+        if timed_out:
             self.timed_out += 1
-        size = info.get("output_bytes")
-        if not isinstance(size, int):
-            size = len(reply.observation.text.encode("utf-8", errors="replace"))
-        self.output_bytes += size
+        self.output_bytes += output_bytes
 
     def add_refused(self) -> None:
         """A refused (422) action: a failed tool call, not a step."""

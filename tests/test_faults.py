@@ -13,12 +13,12 @@ import httpx
 import pytest
 from conftest import ServerProcess, make_settings
 
-from palaestra.envs.base import EpisodeContext, StepOutcome, Tool, ToolArgs
+from palaestra.envs.base import Assessment, EpisodeContext, StepOutcome, Tool, ToolArgs
 from palaestra.envs.echo import EchoFamily
 from palaestra.sandbox import Backend, Sandbox, SandboxCreateError, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend
 from palaestra.sdk.errors import CapacityError, ConflictError
-from palaestra.sdk.models import EpisodeState, StepResponse, Verdict
+from palaestra.sdk.models import EpisodeState, StepResponse
 from palaestra.server.app import create_app
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.inprocess import AsyncInProcessClient
@@ -40,7 +40,7 @@ class VerifyCrashFamily(EchoFamily):
     name = "test-verify-crash"
     description = "echo whose verifier crashes"
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         raise RuntimeError("the verifier fell over")
 
 
@@ -211,7 +211,7 @@ async def test_sandbox_dies_mid_episode(manager: EpisodeManager) -> None:
     eid = reset.episode_id
     ok = await client.step(eid, {"tool": "run_python", "arguments": {"code": "print(6 * 7)"}})
     assert "42" in ok.observation.text
-    sandbox = manager._live[eid].ctx.sandbox
+    sandbox = manager._live[eid].ctx.sandboxes.episode
     assert sandbox is not None
     await sandbox.close()  # the sandbox is gone under the episode
     reply = await client.step(eid, {"tool": "run_python", "arguments": {"code": "print(1)"}})
@@ -236,7 +236,7 @@ async def test_sandbox_dies_before_verification(manager: EpisodeManager) -> None
     await client.step(
         eid, {"tool": "write_file", "arguments": {"path": "solution.py", "content": HE0_SOLUTION}}
     )
-    sandbox = manager._live[eid].ctx.sandbox
+    sandbox = manager._live[eid].ctx.sandboxes.episode
     assert sandbox is not None
     await sandbox.close()
     reply = await client.step(eid, {"tool": "submit"})
@@ -345,7 +345,7 @@ async def test_broken_packs_are_recorded_and_good_ones_served(
         assert "TOML" in errors[str(broken_packs / "bad-toml")]
         assert "not JSON" in errors[str(broken_packs / "bad-json")]
         assert "no-such-family" in errors[str(broken_packs / "bad-family")]
-        names = {p.name for p in manager.pack_infos()}
+        names = {p.name for p in manager.catalog.pack_infos()}
         assert names == {*repo_pack_names(), "test/good"}
         client = AsyncInProcessClient(manager)
         reset = await client.reset("test/good:t1")
@@ -392,7 +392,7 @@ async def test_idle_episode_expires_and_frees_its_sandbox(tmp_path: Path) -> Non
         client = AsyncInProcessClient(manager)
         reset = await client.reset(HE0)
         eid = reset.episode_id
-        sandbox = manager._live[eid].ctx.sandbox
+        sandbox = manager._live[eid].ctx.sandboxes.episode
         assert sandbox is not None
         root: Path = sandbox.root  # type: ignore[attr-defined]
         assert root.exists()

@@ -101,3 +101,28 @@ def test_programs_are_files() -> None:
         patterns = data.get(package, [])
         for suffix in suffixes - {".py"}:
             assert f"*{suffix}" in patterns, f"{package}: *{suffix} is missing from package-data"
+
+
+SHARED_ENVS = {"base", "paths", "cheats"}  # the contract pieces every family may use
+
+
+@pytest.mark.parametrize(
+    "family", sorted(p.name for p in (ROOT / "envs").iterdir() if (p / "__init__.py").exists())
+)
+def test_a_family_touches_one_folder_under_envs(family: str) -> None:
+    """A family imports from its own folder and the shared contract only, never another's."""
+    bad = set()
+    for path in (ROOT / "envs" / family).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                parts = node.module.split(".")
+                if parts[:2] == ["palaestra", "envs"] and len(parts) > 2:
+                    if parts[2] not in SHARED_ENVS | {family}:
+                        bad.add(f"{path.relative_to(ROOT)} imports {node.module}")
+                elif parts == ["palaestra", "envs"]:
+                    names = {a.name for a in node.names}
+                    bad |= {
+                        f"{path.relative_to(ROOT)} imports palaestra.envs.{n}"
+                        for n in names - SHARED_ENVS - {family}
+                    }
+    assert not bad, sorted(bad)

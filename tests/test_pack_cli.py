@@ -11,9 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from palaestra.cli.main import app
-from palaestra.envs.base import EpisodeContext
+from palaestra.envs.base import Assessment, EpisodeContext
 from palaestra.envs.echo import EchoFamily
-from palaestra.sdk.models import Verdict
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.packs.archive import extract_archive
 from palaestra.server.packs.check import CheckReport, check_pack
@@ -200,14 +199,14 @@ def test_every_problem_is_listed(tmp_path: Path) -> None:
 class CrashFamily(EchoFamily):
     name = "crashy"
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         raise RuntimeError("boom")
 
 
 class HangFamily(EchoFamily):
     name = "hangy"
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
 
@@ -217,7 +216,7 @@ class StubbornHangFamily(EchoFamily):
 
     name = "stubborn"
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:

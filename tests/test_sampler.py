@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from conftest import ServerProcess
 
-from palaestra.envs.base import EpisodeContext
+from palaestra.envs.base import Assessment, EpisodeContext
 from palaestra.envs.echo import EchoFamily
 from palaestra.sdk.errors import NotFoundError
 from palaestra.sdk.http import HTTPClient
-from palaestra.sdk.models import EpisodeState, Verdict
+from palaestra.sdk.models import EpisodeState
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings, load_settings
 from palaestra.server.inprocess import AsyncInProcessClient
@@ -328,7 +328,7 @@ class VerifyCrashFamily(EchoFamily):
     name = "test-sampler-crash"
     description = "echo whose verifier crashes on the answer 'crash'"
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         if ctx.state.get("answer") == "crash":
             raise RuntimeError("the verifier fell over")
         return await super().verify(ctx)

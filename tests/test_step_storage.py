@@ -15,7 +15,6 @@ from palaestra.sdk.models import (
     ResetRequest,
     StepRecord,
     StepRequest,
-    StepResponse,
     step_record_json,
 )
 from palaestra.server.manager import EpisodeManager
@@ -61,14 +60,9 @@ def test_step_record_json_is_the_models_json() -> None:
 def test_step_tally_counts_as_the_wire_model_says() -> None:
     tally = StepTally()
     assert tally.model().tool_success_rate is None
-    tally.add_step(StepResponse(observation=Observation(text="héllo")))
-    tally.add_step(
-        StepResponse(
-            observation=Observation(text="x"),
-            info={"tool_ok": False, "timed_out": True, "output_bytes": 100},
-        )
-    )
-    tally.add_step(StepResponse(observation=Observation(text="void"), info={"status": "void"}))
+    tally.add_step(tool_ok=True, timed_out=False, output_bytes=len("héllo".encode()))
+    tally.add_step(tool_ok=False, timed_out=True, output_bytes=100)
+    tally.add_step(tool_ok=False, timed_out=False, output_bytes=len(b"void"))  # a void step
     tally.add_refused()
     metrics = tally.model()
     assert metrics.steps == 3
@@ -138,7 +132,7 @@ async def test_a_retry_older_than_the_reply_cache_is_answered_from_the_store(
 ) -> None:
     """Live episodes keep only their last replies whole; an older request id is still never
     stepped twice."""
-    from palaestra.server.manager import REPLAY_CACHE
+    from palaestra.server.episode import REPLAY_CACHE
 
     reset = await manager.reset(ResetRequest(task=TASK, options={"max_steps": 1000}))
     episode_id = reset.episode_id

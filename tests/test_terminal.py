@@ -243,8 +243,8 @@ async def test_dead_sandbox_voids_the_episode(tmp_path: Path) -> None:
         client = AsyncInProcessClient(manager)
         reset = await client.reset(WORDS)
         episode = manager._live[reset.episode_id]
-        assert episode.ctx.sandbox is not None
-        await episode.ctx.sandbox.close()  # the sandbox dies under the episode
+        assert episode.ctx.sandboxes.episode is not None
+        await episode.ctx.sandboxes.episode.close()  # the sandbox dies under the episode
         reply = await client.step(
             reset.episode_id, Action(tool="bash", arguments={"command": "echo hi"})
         )

@@ -28,7 +28,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from palaestra.sandbox import Sandbox, programs
+from palaestra.sandbox import programs
 from palaestra.sandbox.forkserver import PythonRunner
 
 VERSION = "1.4.0"
@@ -215,25 +215,21 @@ class TestRun:
 
 
 async def run_python_tests(
-    sandbox: Sandbox | None,
+    run_python: PythonRunner,
     *,
     solution_path: str,
+    solution: bytes,
     plan: TestPlan,
     entry_point: str,
     context: str = "",
     test_timeout: float = 6.0,
     load_timeout: float = 6.0,
     total_timeout: float = 60.0,
-    run_python: PythonRunner | None = None,
-    solution: bytes | None = None,
     memory_mb: int = 1024,
     workspace_mb: int = 64,
 ) -> TestRun:
-    """Run `plan` against the solution already written at `solution_path` in `sandbox`.
-
-    Or, with `run_python` (a `PythonForkServer.run`) and `solution` (its bytes) instead of a
-    sandbox, in a fresh one-shot sandbox whose /work holds only `solution_path`; that raises
-    `ForkServerUnavailable` where the fork server cannot run.
+    """Run `plan` against `solution` (its bytes) in a one-shot sandbox whose /work holds only
+    `solution_path`, through `run_python` (an episode's `Sandboxes.run_python`).
 
     `context` is trusted public code the tests may call (HumanEval's prompt: helpers such as
     `encode_shift`); it runs in the tests' namespace, so a solution cannot redefine it.
@@ -250,27 +246,15 @@ async def run_python_tests(
         "load_timeout": load_timeout,
     }
     started = time.perf_counter()
-    if run_python is not None:
-        if solution is None:
-            raise ValueError("run_python needs the solution's bytes")
-        result = await run_python(
-            RUNNER,
-            files={solution_path: solution},
-            stdin=json.dumps(config).encode(),
-            timeout=total_timeout,
-            max_output=1 << 20,
-            memory_mb=memory_mb,
-            workspace_mb=workspace_mb,
-        )
-    else:
-        if sandbox is None:
-            raise ValueError("run_python_tests needs a sandbox or run_python")
-        result = await sandbox.exec(
-            [PYTHON, "-I", "-S", "-c", RUNNER],
-            stdin=json.dumps(config),
-            timeout=total_timeout,
-            max_output=1 << 20,
-        )
+    result = await run_python(
+        RUNNER,
+        files={solution_path: solution},
+        stdin=json.dumps(config).encode(),
+        timeout=total_timeout,
+        max_output=1 << 20,
+        memory_mb=memory_mb,
+        workspace_mb=workspace_mb,
+    )
     duration = time.perf_counter() - started
     for line in reversed(result.stdout.splitlines()):
         head, _, body = line.partition(" ")

@@ -13,6 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.cad.fields import CadPrivate
 from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE, SCRIPT, sample_params
 from palaestra.sdk.models import Action
 from palaestra.sdk.task import Task
@@ -47,8 +48,9 @@ def builders_source() -> str:
 def _script(task: Task, body: str) -> str:
     """builders.py, then a main that loads the parameters (params.json if present) and runs
     `body` with `solid` built and `build`, `export_stl`, `M` in scope."""
-    params = json.dumps(task.private["params"], sort_keys=True)
-    domain = task.private["domain"]
+    private = CadPrivate.of(task)
+    params = json.dumps(private.params, sort_keys=True)
+    domain = private.domain
     main = f"""
 
 if __name__ == "__main__":
@@ -195,7 +197,7 @@ PRINT_PASS = 'print("PASS")\nprint("all checks passed: 1.0")\n'
 
 
 def _without_feature(task: Task) -> str:
-    domain = task.private["domain"]
+    domain = CadPrivate.of(task).domain
     body = f"    params.update({FEATURE_OFF[domain]!r})\n"
     body += f"    solid, _probes = build({domain!r}, params)\n"
     body += f"    export_stl(solid, {OUTPUT!r})\n"
@@ -236,9 +238,9 @@ def ascii_stl(solid: Any) -> str:
 def _foreign(task: Task) -> list[Action]:
     from palaestra.envs.cad import builders
 
-    level = int(task.private.get("level", 1))
-    domain = task.private["domain"]
-    other = foreign_params(domain, task.private["params"], level)
+    private = CadPrivate.of(task)
+    domain = private.domain
+    other = foreign_params(domain, private.params, private.level)
     stl = ascii_stl(builders.build(domain, other)[0])
     script = f"import shutil\nshutil.copyfile({FOREIGN_FILE!r}, {OUTPUT!r})\n"
     return write_run_submit(script, {FOREIGN_FILE: stl})
@@ -272,7 +274,8 @@ def mirror_is_another_part(task: Task) -> bool:
     symmetric part's mirror is the part itself, which rightly scores 1."""
     from palaestra.envs.cad import builders
 
-    solid = builders.build(task.private["domain"], task.private["params"])[0]
+    private = CadPrivate.of(task)
+    solid = builders.build(private.domain, private.params)[0]
 
     def centred(s: Any) -> Any:
         b = s.bounding_box()

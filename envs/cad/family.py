@@ -17,19 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any, Literal
 
 from pydantic import Field
 
-from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
+from palaestra.envs.base import (
+    Assessment,
+    EpisodeContext,
+    Family,
+    NoArgs,
+    StepOutcome,
+    TaskFieldsError,
+    Tool,
+    ToolArgs,
+)
 from palaestra.envs.cad import cheats, runtime
+from palaestra.envs.cad.fields import CadPrivate, CadPublic
 from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE, SCRIPT
-from palaestra.envs.images import PreferredImage
 from palaestra.envs.paths import workspace_relpath
 from palaestra.sandbox import AgentFault, ExecResult, Sandbox, SandboxSpec
 from palaestra.sdk.errors import InvalidActionError
-from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 from palaestra.verifiers import mesh as mesh_verifier
 
@@ -116,15 +124,12 @@ class CadFamily(Family):
     description = "Build a solid part with trimesh/manifold3d or Blender; verified by geometry."
     version = "1.0.0"
     tools = TOOLS
+    public_fields = CadPublic
+    private_fields = CadPrivate
+    image = IMAGE  # docker: images/cad (bpy's X and GL libraries); bwrap: the host's /usr
 
-    def __init__(self) -> None:
-        # docker: images/cad (bpy's X and GL libraries); bwrap: the host's /usr.
-        self._image = PreferredImage(IMAGE)
-
-    @staticmethod
-    def spec(image: str | None) -> SandboxSpec:
+    def sandbox_spec(self, task: Task) -> SandboxSpec | None:
         return SandboxSpec(
-            image=image,
             workspace_mb=256,
             memory_mb=2048,
             pids=512,
@@ -132,22 +137,28 @@ class CadFamily(Family):
             ro_binds=runtime.ro_binds(),
         )
 
-    def sandbox_spec(self, task: Task) -> SandboxSpec | None:
-        return None  # `reset` creates it: the image depends on the backend
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        if CadPublic.of(task).parametric and not CadPrivate.of(task).hidden_params:
+            raise TaskFieldsError(task, "private.hidden_params: a parametric task needs them")
+
+    def verifier_info(self) -> VerifierInfo:
+        return VerifierInfo(name="cad-mesh", version=mesh_verifier.VERSION)
 
     async def reset(self, ctx: EpisodeContext) -> Observation:
-        public = ctx.task.public
-        ctx.sandbox = await self._image.create(ctx, self.spec)
-        if public.get("parametric"):
-            await ctx.sandbox.write_file(PARAMS_FILE, json.dumps(public["params"], indent=2))
+        public = CadPublic.of(ctx.task)
+        sandbox = ctx.sandboxes.episode
+        assert sandbox is not None
+        if public.parametric:
+            await sandbox.write_file(PARAMS_FILE, json.dumps(public.params, indent=2))
         chains = {c: runtime.toolchain(c) for c in runtime.TOOLCHAINS}
         off = [f"{c} ({t.reason})" for c, t in chains.items() if not t.available]
-        text = public["instruction"] + "\n\nParameters: " + json.dumps(public["params"])
+        text = public.instruction + "\n\nParameters: " + json.dumps(public.params)
         if off:
             text += "\nUnavailable on this server: " + "; ".join(off)
         data = {
-            "params": public["params"],
-            "parametric": bool(public.get("parametric")),
+            "params": public.params,
+            "parametric": public.parametric,
             "script": SCRIPT,
             "output": OUTPUT,
             "toolchains": [c for c, t in chains.items() if t.available],
@@ -155,7 +166,7 @@ class CadFamily(Family):
         return Observation(text=text, data=data)
 
     async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
-        sandbox = ctx.sandbox
+        sandbox = ctx.sandboxes.episode
         assert sandbox is not None
         if isinstance(args, WriteFileArgs):
             path = _workspace_path(args.path)
@@ -211,13 +222,12 @@ class CadFamily(Family):
             return Observation(text=f"cannot render {OUTPUT}: {message}")
         return Observation(text=f"{OUTPUT}: {message}", images=[png])
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
-        started = time.perf_counter()
-        info = VerifierInfo(name="cad-mesh", version=mesh_verifier.VERSION)
-        assert ctx.sandbox is not None
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
+        sandbox = ctx.sandboxes.episode
+        assert sandbox is not None
         path = str(ctx.state.get("script", SCRIPT))
         chain = runtime.toolchain(str(ctx.state.get("toolchain", "trimesh")))
-        private = ctx.task.private
+        private = CadPrivate.of(ctx.task)
 
         def verdict(
             reward: float,
@@ -225,64 +235,61 @@ class CadFamily(Family):
             comps: dict[str, float],
             fb: str,
             failure: str | None = None,
-        ) -> Verdict:
-            return Verdict(
+        ) -> Assessment:
+            return Assessment(
                 reward=reward,
                 passed=passed,
                 failure=failure if reward == 0.0 else None,
                 components=comps,
                 feedback=fb,
-                verifier=info,
-                task_digest=ctx.task.digest,
-                duration_s=time.perf_counter() - started,
             )
 
         try:
-            await ctx.sandbox.read_file(path)
+            await sandbox.read_file(path)
         except FileNotFoundError:
             return verdict(
                 0.0, False, {"gate": 0.0}, f"no script {path} was written", "missing_file"
             )
         if not chain.available:  # an infrastructure fault: void, never 0
             raise RuntimeError(f"toolchain {chain.name} unavailable: {chain.reason}")
-        workspace = await ctx.sandbox.download_tar()
-        runs = [("", private["params"])]
-        if ctx.task.public.get("parametric"):
-            runs.append(("hidden_", private["hidden_params"]))
+        workspace = await sandbox.download_tar()
+        runs = [("", private.params)]
+        if CadPublic.of(ctx.task).parametric:
+            runs.append(("hidden_", private.hidden_params))
         comps: dict[str, float] = {}
         rewards, notes, passed = [], [], True
         failure: str | None = None  # the first run's that failed as a whole
-        async with await self._image.create(ctx, self.spec) as fresh:
-            await fresh.upload_tar(workspace)
-            for prefix, params in runs:
-                await fresh.write_file(PARAMS_FILE, json.dumps(params, indent=2))
-                result, data = await run_in(fresh, path, chain, VERIFY_TIMEOUT_S)
-                label = "hidden parameters" if prefix else "task parameters"
-                if not result.ok:
-                    await _preflight(fresh, chain)
-                if not result.ok or data is None:
-                    why = "no mesh written" if result.ok else f"exit code {result.exit_code}"
-                    if result.timed_out:
-                        why = "timed out"
-                    failure = failure or (
-                        "timeout"
-                        if result.timed_out
-                        else "oom"
-                        if result.oom_killed
-                        else "missing_file"
-                        if result.ok
-                        else "crash"
-                    )
-                    rewards.append(0.0)
-                    passed = False
-                    comps[f"{prefix}gate"] = 0.0
-                    notes.append(f"{label}: the script failed ({why}): {_tail(result.stderr)}")
-                    continue
-                report = await asyncio.to_thread(score_mesh, private["domain"], params, data)
-                rewards.append(report.reward)
-                passed = passed and report.passed
-                comps.update({prefix + k: v for k, v in report.components.items()})
-                notes.append(f"{label}: {report.feedback}")
+        fresh = await ctx.sandboxes.verifier()
+        await fresh.upload_tar(workspace)
+        for prefix, params in runs:
+            await fresh.write_file(PARAMS_FILE, json.dumps(params, indent=2))
+            result, data = await run_in(fresh, path, chain, VERIFY_TIMEOUT_S)
+            label = "hidden parameters" if prefix else "task parameters"
+            if not result.ok:
+                await _preflight(fresh, chain)
+            if not result.ok or data is None:
+                why = "no mesh written" if result.ok else f"exit code {result.exit_code}"
+                if result.timed_out:
+                    why = "timed out"
+                failure = failure or (
+                    "timeout"
+                    if result.timed_out
+                    else "oom"
+                    if result.oom_killed
+                    else "missing_file"
+                    if result.ok
+                    else "crash"
+                )
+                rewards.append(0.0)
+                passed = False
+                comps[f"{prefix}gate"] = 0.0
+                notes.append(f"{label}: the script failed ({why}): {_tail(result.stderr)}")
+                continue
+            report = await asyncio.to_thread(score_mesh, private.domain, params, data)
+            rewards.append(report.reward)
+            passed = passed and report.passed
+            comps.update({prefix + k: v for k, v in report.components.items()})
+            notes.append(f"{label}: {report.feedback}")
         reward = min(rewards)
         if len(runs) > 1:
             comps["hidden_rerun"] = rewards[1]

@@ -10,19 +10,28 @@ only that file into a fresh sandbox, stages the hidden tests, and runs them.
 
 from __future__ import annotations
 
-import time
+from typing import Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
+from palaestra.envs.base import (
+    Assessment,
+    EpisodeContext,
+    Family,
+    NoArgs,
+    PrivateFields,
+    PublicFields,
+    StepOutcome,
+    Tool,
+    ToolArgs,
+)
 from palaestra.envs.coding import cheats
 from palaestra.envs.coding.examples import EXAMPLES_RUNNER, examples_input, public_examples
 from palaestra.envs.paths import workspace_relpath
 from palaestra.sandbox import AgentFault, ExecResult, Sandbox, SandboxSpec
 from palaestra.sandbox.base import DEFAULT_MAX_OUTPUT
-from palaestra.sandbox.forkserver import ForkServerUnavailable
 from palaestra.sdk.errors import InvalidActionError
-from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 from palaestra.verifiers import python_tests
 
@@ -61,23 +70,37 @@ TOOLS = (
 TESTS_FILE = "tests.py"
 
 
+class CodingPublic(PublicFields):
+    prompt: str  # the signature and docstring
+    entry_point: str
+
+
+class CodingPrivate(PrivateFields):
+    tests: str | None = None  # HumanEval's `check(candidate)` code
+    verifier: dict[str, str] = Field(default_factory=dict)  # or verifier/tests.py
+    solution: str | dict[str, str]  # the canonical body, or solution/solution.py
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        if self.tests is None and TESTS_FILE not in self.verifier:
+            raise ValueError(f"neither private.tests nor verifier/{TESTS_FILE} is given")
+        if isinstance(self.solution, dict) and SOLUTION not in self.solution:
+            raise ValueError(f"solution/ has no {SOLUTION}")
+        return self
+
+
 def task_tests(task: Task) -> str:
     """The hidden `check(candidate)` code: `private.tests`, or the pack's verifier/tests.py."""
-    tests = task.private.get("tests")
-    if isinstance(tests, str):
-        return tests
-    files = task.private.get("verifier") or {}
-    if TESTS_FILE not in files:
-        raise KeyError(f"task {task.id} has neither private.tests nor verifier/{TESTS_FILE}")
-    return str(files[TESTS_FILE])
+    private = CodingPrivate.of(task)
+    return private.tests if private.tests is not None else private.verifier[TESTS_FILE]
 
 
 def task_solution(task: Task) -> str:
     """The reference solution.py: solution/solution.py, or the prompt plus the canonical body."""
-    solution = task.private["solution"]
+    solution = CodingPrivate.of(task).solution
     if isinstance(solution, dict):
-        return str(solution[SOLUTION])
-    return str(task.public["prompt"]) + str(solution)
+        return solution[SOLUTION]
+    return CodingPublic.of(task).prompt + solution
 
 
 def _format(result: ExecResult) -> Observation:
@@ -104,13 +127,18 @@ class CodingFamily(Family):
     description = "Function-level Python tasks graded by hidden unit tests."
     version = "0.1.0"
     tools = TOOLS
+    public_fields = CodingPublic
+    private_fields = CodingPrivate
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         return SandboxSpec(workspace_mb=32, memory_mb=1024, default_timeout_s=10.0)
 
+    def verifier_info(self) -> VerifierInfo:
+        return VerifierInfo(name="python-hidden-tests", version=python_tests.VERSION)
+
     async def reset(self, ctx: EpisodeContext) -> Observation:
-        prompt = ctx.task.public["prompt"]
-        entry = ctx.task.public["entry_point"]
+        public = CodingPublic.of(ctx.task)
+        prompt, entry = public.prompt, public.entry_point
         text = (
             f"Implement the Python function `{entry}`.\n\n```python\n{prompt}```\n\n"
             f"Write the complete function (signature included, with any imports it needs) "
@@ -120,7 +148,7 @@ class CodingFamily(Family):
         return Observation(text=text, data={"entry_point": entry, "solution_path": SOLUTION})
 
     async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
-        sandbox = ctx.sandbox
+        sandbox = ctx.sandboxes.episode
         assert sandbox is not None
         if isinstance(args, WriteFileArgs):
             path = workspace_relpath(args.path, WORKDIR)
@@ -136,7 +164,8 @@ class CodingFamily(Family):
             )
             return StepOutcome(_format(await sandbox.exec(argv, timeout=args.timeout)))
         if tool.name == "run_tests":
-            examples = examples_input(ctx.task.public["prompt"], ctx.task.public["entry_point"])
+            public = CodingPublic.of(ctx.task)
+            examples = examples_input(public.prompt, public.entry_point)
             if not examples:
                 return StepOutcome(
                     Observation(
@@ -151,57 +180,45 @@ class CodingFamily(Family):
     async def _run_examples(
         self, ctx: EpisodeContext, sandbox: Sandbox, examples: str
     ) -> ExecResult:
-        """The examples against solution.py, in a one-shot sandbox from the fork server that
-        holds solution.py alone, as the grader sees it (a fork costs a third of a fresh
-        interpreter in a fresh jail); in the episode's sandbox where there is no fork server."""
-        if ctx.run_python is not None:
-            try:
-                files = {SOLUTION: await sandbox.read_file(SOLUTION)}
-            except FileNotFoundError:
-                files = {}  # the runner reports it, as it would in the sandbox
-            if len(files.get(SOLUTION, b"")) > MAX_SOLUTION_BYTES:
-                raise InvalidActionError(
-                    f"{SOLUTION} is over {MAX_SOLUTION_BYTES} bytes; write the function alone"
-                )
-            spec = self.sandbox_spec(ctx.task)
-            try:
-                return await ctx.run_python(
-                    EXAMPLES_RUNNER,
-                    files=files,
-                    stdin=examples.encode(),
-                    timeout=EXAMPLES_TIMEOUT_S,
-                    max_output=DEFAULT_MAX_OUTPUT,
-                    memory_mb=spec.memory_mb,
-                    workspace_mb=spec.workspace_mb,
-                )
-            except ForkServerUnavailable:
-                pass  # logged once by the fork server
-        return await sandbox.exec(
-            [PYTHON, "-c", EXAMPLES_RUNNER], stdin=examples, timeout=EXAMPLES_TIMEOUT_S
+        """The examples against solution.py, in a one-shot sandbox that holds solution.py
+        alone, as the grader sees it."""
+        try:
+            files = {SOLUTION: await sandbox.read_file(SOLUTION)}
+        except FileNotFoundError:
+            files = {}  # the runner reports it, as it would in the sandbox
+        if len(files.get(SOLUTION, b"")) > MAX_SOLUTION_BYTES:
+            raise InvalidActionError(
+                f"{SOLUTION} is over {MAX_SOLUTION_BYTES} bytes; write the function alone"
+            )
+        spec = self.sandbox_spec(ctx.task)
+        return await ctx.sandboxes.run_python(
+            EXAMPLES_RUNNER,
+            files=files,
+            stdin=examples.encode(),
+            timeout=EXAMPLES_TIMEOUT_S,
+            max_output=DEFAULT_MAX_OUTPUT,
+            memory_mb=spec.memory_mb,
+            workspace_mb=spec.workspace_mb,
         )
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         """Reward 1 when every hidden test passes, else 0 (docs/decisions.md: a fraction of
         tests pays constant and echo answers on many tasks); `tests_passed` is the fraction.
         Whatever the agent left instead of a solution is a 0 with a failure class."""
-        started = time.perf_counter()
-        info = VerifierInfo(name="python-hidden-tests", version=python_tests.VERSION)
 
-        def zero(failure: str, feedback: str) -> Verdict:
-            return Verdict(
+        def zero(failure: str, feedback: str) -> Assessment:
+            return Assessment(
                 reward=0.0,
                 passed=False,
                 failure=failure,
                 components={"tests_passed": 0.0},
                 feedback=feedback,
-                verifier=info,
-                task_digest=ctx.task.digest,
-                duration_s=time.perf_counter() - started,
             )
 
-        assert ctx.sandbox is not None
+        sandbox = ctx.sandboxes.episode
+        assert sandbox is not None
         try:
-            solution = await ctx.sandbox.read_file(SOLUTION)
+            solution = await sandbox.read_file(SOLUTION)
         except FileNotFoundError:
             return zero("missing_file", f"no {SOLUTION} was written")
         except AgentFault as exc:  # a directory, symlink, fifo, sparse giant: the agent's
@@ -210,55 +227,38 @@ class CodingFamily(Family):
             return zero("too_large", f"{SOLUTION} is over {MAX_SOLUTION_BYTES} bytes")
         plan = python_tests.split_tests(task_tests(ctx.task))
         spec = self.sandbox_spec(ctx.task)
-        run: python_tests.TestRun | None = None
-        if ctx.run_python is not None:
-            try:
-                run = await python_tests.run_python_tests(
-                    None,
-                    solution_path=SOLUTION,
-                    plan=plan,
-                    entry_point=ctx.task.public["entry_point"],
-                    context=ctx.task.public["prompt"],
-                    run_python=ctx.run_python,
-                    solution=solution,
-                    memory_mb=spec.memory_mb,
-                    workspace_mb=spec.workspace_mb,
-                )
-            except ForkServerUnavailable:
-                run = None  # logged once by the fork server; use a bwrap sandbox
-        if run is None:
-            async with await ctx.new_sandbox(spec) as fresh:
-                await fresh.write_file(SOLUTION, solution)
-                run = await python_tests.run_python_tests(
-                    fresh,
-                    solution_path=SOLUTION,
-                    plan=plan,
-                    entry_point=ctx.task.public["entry_point"],
-                    context=ctx.task.public["prompt"],
-                )
-        examples = public_examples(ctx.task.public["prompt"], ctx.task.public["entry_point"])
+        public = CodingPublic.of(ctx.task)
+        run = await python_tests.run_python_tests(
+            ctx.sandboxes.run_python,
+            solution_path=SOLUTION,
+            solution=solution,
+            plan=plan,
+            entry_point=public.entry_point,
+            context=public.prompt,
+            memory_mb=spec.memory_mb,
+            workspace_mb=spec.workspace_mb,
+        )
+        examples = public_examples(public.prompt, public.entry_point)
         fraction = run.hidden_fraction(python_tests.public_duplicates(plan, examples))
         passed = run.all_passed
-        return Verdict(
+        return Assessment(
             reward=1.0 if passed else 0.0,
             passed=passed,
             failure=run.failure,
             components={"tests_passed": fraction},
             feedback=run.summary(),
-            verifier=info,
-            task_digest=ctx.task.digest,
-            duration_s=time.perf_counter() - started,
         )
 
     def oracle(self, task: Task) -> list[Action]:
         return _write_and_submit(task_solution(task))
 
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
-        entry = str(task.public["entry_point"])
+        public = CodingPublic.of(task)
+        entry = public.entry_point
         return [
             (
                 "docstring-examples",
-                _write_and_submit(cheats.examples_only(task.public["prompt"], entry)),
+                _write_and_submit(cheats.examples_only(public.prompt, entry)),
             ),
             ("always-equal", _write_and_submit(cheats.ALWAYS_EQUAL.format(entry=entry))),
             ("print-pass", _write_and_submit(cheats.PRINT_PASS.format(entry=entry))),

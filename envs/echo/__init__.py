@@ -7,12 +7,20 @@ episode and the verifier compares the answer with the private one, exactly.
 from __future__ import annotations
 
 import re
-import time
 
 from pydantic import Field
 
-from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
-from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.envs.base import (
+    Assessment,
+    EpisodeContext,
+    Family,
+    PrivateFields,
+    PublicFields,
+    StepOutcome,
+    Tool,
+    ToolArgs,
+)
+from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 
 
@@ -24,6 +32,14 @@ class SubmitArgs(ToolArgs):
     answer: str = Field(default="", max_length=100_000)
 
 
+class EchoPublic(PublicFields):
+    instruction: str = ""
+
+
+class EchoPrivate(PrivateFields):
+    answer: str
+
+
 class EchoFamily(Family):
     name = "echo"
     description = "Echo text back; submit an exact answer. For API benchmarks and as an example."
@@ -32,9 +48,11 @@ class EchoFamily(Family):
         Tool("echo", "Return the given text unchanged.", EchoArgs),
         Tool("submit", "End the episode with an answer.", SubmitArgs),
     )
+    public_fields = EchoPublic
+    private_fields = EchoPrivate
 
     async def reset(self, ctx: EpisodeContext) -> Observation:
-        return Observation(text=str(ctx.task.public.get("instruction", "")))
+        return Observation(text=EchoPublic.of(ctx.task).instruction)
 
     async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
         if isinstance(args, SubmitArgs):
@@ -43,25 +61,24 @@ class EchoFamily(Family):
         assert isinstance(args, EchoArgs)
         return StepOutcome(Observation(text=args.text))
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
-        started = time.perf_counter()
+    def verifier_info(self) -> VerifierInfo:
+        return VerifierInfo(name="exact-match", version="1.0.0")
+
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         answer = ctx.state.get("answer")
-        correct = answer is not None and answer.strip() == str(ctx.task.private["answer"]).strip()
-        return Verdict(
+        correct = answer is not None and answer.strip() == EchoPrivate.of(ctx.task).answer.strip()
+        return Assessment(
             reward=1.0 if correct else 0.0,
             passed=correct,
             components={"exact_match": 1.0 if correct else 0.0},
             feedback="correct" if correct else "incorrect" if answer is not None else "no answer",
-            verifier=VerifierInfo(name="exact-match", version="1.0.0"),
-            task_digest=ctx.task.digest,
-            duration_s=time.perf_counter() - started,
         )
 
     def oracle(self, task: Task) -> list[Action]:
-        return [Action(tool="submit", arguments={"answer": str(task.private["answer"])})]
+        return [Action(tool="submit", arguments={"answer": EchoPrivate.of(task).answer})]
 
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
-        instruction = str(task.public.get("instruction", ""))
+        instruction = EchoPublic.of(task).instruction
         quoted = re.findall(r"'([^']*)'", instruction)
         cheats = [
             ("submit-instruction", [Action(tool="submit", arguments={"answer": instruction})]),

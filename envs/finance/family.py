@@ -19,15 +19,23 @@ import hashlib
 import json
 import os
 import re
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
+from palaestra.envs.base import (
+    Assessment,
+    EpisodeContext,
+    Family,
+    PrivateFields,
+    PublicFields,
+    StepOutcome,
+    Tool,
+    ToolArgs,
+)
 from palaestra.envs.finance import cheats as finance_cheats
 from palaestra.envs.finance.accounts import variant_seed
 from palaestra.envs.finance.document import (
@@ -39,7 +47,7 @@ from palaestra.envs.finance.document import (
 )  # pdfplumber and pypdfium2 are imported inside parse_pdf / render_png
 from palaestra.envs.finance.imported import imported_numbers, render_imported
 from palaestra.envs.finance.tasks import build_document
-from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 from palaestra.verifiers import finance as vf
 from palaestra.verifiers import finance_program as fp
@@ -113,6 +121,59 @@ def parse_key() -> str:
     return h.hexdigest()[:12]
 
 
+class FinancePublic(PublicFields):
+    """The question, and an imported task's table and text (envs/finance/imported.py)."""
+
+    instruction: str = ""
+    question: str = ""
+    table: list[list[str]] = Field(default_factory=list)  # rows of cells
+    pre_text: list[str] = Field(default_factory=list)  # paragraphs
+    post_text: list[str] = Field(default_factory=list)
+
+    @field_validator("table", mode="before")
+    @classmethod
+    def _rows(cls, value: object) -> object:
+        """Rows that are not lists are skipped; a missing table is none."""
+        if not value:
+            return []
+        return [r for r in value if isinstance(r, list)] if isinstance(value, list) else value
+
+    @field_validator("pre_text", "post_text", mode="before")
+    @classmethod
+    def _paragraphs(cls, value: object) -> object:
+        """One paragraph may be given as a string; a missing text is none."""
+        if not value:
+            return []
+        return value if isinstance(value, list) else [value]
+
+    def imported(self) -> tuple[list[list[str]], list[str], list[str]]:
+        return self.table, self.pre_text, self.post_text
+
+
+class DocumentSpec(PrivateFields):
+    """How the report is made: generated from seeds, or typeset from an imported task."""
+
+    kind: str = "generated"
+    structure_seed: int = 0
+    value_seed: int = 0
+    level: int = 0
+
+
+class Prior(PrivateFields):
+    value: float
+    program: str
+
+
+class FinancePrivate(PrivateFields):
+    document: DocumentSpec
+    gold: dict[str, Any]
+    prior: Prior | None = None
+
+    def seeds(self) -> tuple[int, int, int]:
+        doc = self.document
+        return doc.structure_seed, doc.value_seed, doc.level
+
+
 def _task_hex(task: Task) -> str:
     return task.digest.removeprefix("sha256:")[:40]
 
@@ -137,6 +198,8 @@ class FinanceFamily(Family):
         Tool("calculate", "Run a FinQA-style program and show every step's value.", CalculateArgs),
         Tool("submit", "End the episode with {value, unit, scale, program}.", SubmitArgs),
     )
+    public_fields = FinancePublic
+    private_fields = FinancePrivate
 
     def __init__(self, cache_dir: Path | None = None) -> None:
         self.cache_dir = cache_dir
@@ -148,22 +211,18 @@ class FinanceFamily(Family):
         return self.cache_dir or default_cache_dir()
 
     def _numbers(self, task: Task) -> vf.Numbers:
-        spec = task.private["document"]
-        if spec.get("kind") == "imported":
-            return imported_numbers(task.public)
-        return build_document(
-            int(spec["structure_seed"]), int(spec["value_seed"]), int(spec["level"])
-        ).numbers
+        private = FinancePrivate.of(task)
+        if private.document.kind == "imported":
+            return imported_numbers(*FinancePublic.of(task).imported())
+        return build_document(*private.seeds()).numbers
 
     def _pdf(self, task: Task) -> bytes:
         from palaestra.envs.finance.report import render  # reportlab: on first use
 
-        spec = task.private["document"]
-        if spec.get("kind") == "imported":
-            return render_imported(task.public)
-        built = build_document(
-            int(spec["structure_seed"]), int(spec["value_seed"]), int(spec["level"]), text=True
-        )
+        private = FinancePrivate.of(task)
+        if private.document.kind == "imported":
+            return render_imported(*FinancePublic.of(task).imported())
+        built = build_document(*private.seeds(), text=True)
         return render(built.layout, built.accounts.structure.style)
 
     def load_sync(self, task: Task) -> LoadedDocument:
@@ -216,7 +275,7 @@ class FinanceFamily(Family):
         doc = await self.load(ctx.task)
         ctx.state["doc"] = doc
         pages = len(doc.parsed.pages)
-        text = f"{ctx.task.public.get('instruction', '')}\n\nThe report has {pages} pages."
+        text = f"{FinancePublic.of(ctx.task).instruction}\n\nThe report has {pages} pages."
         return Observation(text=text, data={"pages": pages})
 
     def _page(self, doc: LoadedDocument, page: int) -> Any:
@@ -306,46 +365,41 @@ class FinanceFamily(Family):
             lines.append("note: not printed in the report: " + ", ".join(missing[:10]))
         return Observation(text="\n".join(lines), data={"result": values[-1], "steps": values})
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
-        started = time.perf_counter()
+    def verifier_info(self) -> VerifierInfo:
+        return VerifierInfo(name="finance-answer-program", version=vf.VERSION)
+
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         answer: vf.Answer | None = ctx.state.get("answer")
-        info = VerifierInfo(name="finance-answer-program", version=vf.VERSION)
         if answer is None:
-            return Verdict(
+            return Assessment(
                 reward=0.0,
                 passed=False,
                 failure="no_answer",
                 feedback="no answer submitted",
                 components={"value": 0.0, "program": 0.0, "grounded": 0.0},
-                verifier=info,
-                task_digest=ctx.task.digest,
-                duration_s=time.perf_counter() - started,
             )
         doc: LoadedDocument = ctx.state["doc"]
-        gold = vf.Gold.from_json(ctx.task.private["gold"])
+        gold = vf.Gold.from_json(FinancePrivate.of(ctx.task).gold)
         variant = await asyncio.to_thread(variant_of, ctx.task, gold)
-        question = str(ctx.task.public.get("question", ""))
+        question = FinancePublic.of(ctx.task).question
         graded = vf.grade(answer, gold, doc.numbers, variant, question)
-        return Verdict(
+        return Assessment(
             reward=graded.reward,
             passed=graded.passed,
             components=graded.components,
             feedback=graded.feedback,
-            verifier=info,
-            task_digest=ctx.task.digest,
-            duration_s=time.perf_counter() - started,
         )
 
     # -- reference attempts ------------------------------------------------------------------
     def oracle(self, task: Task) -> list[Action]:
-        gold = vf.Gold.from_json(task.private["gold"])
+        gold = vf.Gold.from_json(FinancePrivate.of(task).gold)
         return [_submit(gold.asked_value, gold.unit, gold.scale, gold.program)]
 
     def null(self, task: Task) -> list[Action]:
         return [_submit(0.0, "ratio", "units", "0")]
 
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
-        gold = vf.Gold.from_json(task.private["gold"])
+        gold = vf.Gold.from_json(FinancePrivate.of(task).gold)
         programs = finance_cheats.program_cheats(gold, self._numbers(task))
         return cheat_answers(task) + [
             (name, [Action(tool="submit", arguments=args)]) for name, args in programs
@@ -363,10 +417,10 @@ def variant_of(task: Task, gold: vf.Gold) -> tuple[vf.Numbers, float] | None:
 
     The gold program is re-run through the same cell binding as an agent's program, so both
     read a cell whose sign flips in the regenerated document the same way."""
-    spec = task.private["document"]
-    if spec.get("kind") != "generated":
+    private = FinancePrivate.of(task)
+    if private.document.kind != "generated":
         return None
-    seeds = int(spec["structure_seed"]), int(spec["value_seed"]), int(spec["level"])
+    seeds = private.seeds()
     doc = build_document(*seeds).numbers
     built = build_document(seeds[0], variant_seed(seeds[1]), seeds[2])
     try:
@@ -386,9 +440,10 @@ _SCALE_UP = {
 
 def cheat_answers(task: Task) -> list[tuple[str, list[Action]]]:
     """The known ways to game the verifier; each must score 0."""
-    gold = vf.Gold.from_json(task.private["gold"])
+    private = FinancePrivate.of(task)
+    gold = vf.Gold.from_json(private.gold)
     asked = gold.asked_value
-    question = str(task.public.get("question", ""))
+    question = FinancePublic.of(task).question
     cheats = [
         ("wrong-scale", [_submit(asked, gold.unit, _SCALE_UP[gold.scale], gold.program)]),
         (
@@ -410,12 +465,7 @@ def cheat_answers(task: Task) -> list[tuple[str, list[Action]]]:
         cheats.append(
             ("percent-as-ratio", [_submit(gold.value * 100, "ratio", "units", gold.program)])
         )
-    prior = task.private.get("prior")
-    if isinstance(prior, dict):
-        cheats.append(
-            (
-                "prior-year",
-                [_submit(float(prior["value"]), gold.unit, gold.scale, str(prior["program"]))],
-            )
-        )
+    prior = private.prior
+    if prior is not None:
+        cheats.append(("prior-year", [_submit(prior.value, gold.unit, gold.scale, prior.program)]))
     return cheats

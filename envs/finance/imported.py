@@ -19,17 +19,7 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _texts(public: dict[str, Any], key: str) -> list[str]:
-    value = public.get(key) or []
-    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
-
-
-def _table(public: dict[str, Any]) -> list[list[str]]:
-    table = public.get("table") or []
-    return [[str(c) for c in row] for row in table if isinstance(row, list)]
-
-
-def render_imported(public: dict[str, Any]) -> bytes:
+def render_imported(table: list[list[str]], pre_text: list[str], post_text: list[str]) -> bytes:
     from reportlab.lib import colors
     from reportlab.lib.pagesizes import letter
     from reportlab.lib.styles import ParagraphStyle
@@ -39,26 +29,26 @@ def render_imported(public: dict[str, Any]) -> bytes:
     doc = SimpleDocTemplate(buf, pagesize=letter, invariant=True, title="Imported document")
     body = ParagraphStyle("b", fontName="Helvetica", fontSize=9.5, leading=12.5, spaceAfter=6)
     cell = ParagraphStyle("c", fontName="Helvetica", fontSize=8.5, leading=10)
-    story: list[Any] = [Paragraph(_escape(t), body) for t in _texts(public, "pre_text")]
-    rows = _table(public)
+    story: list[Any] = [Paragraph(_escape(t), body) for t in pre_text]
+    rows = table
     if rows:
         width = max(len(r) for r in rows)
         data = [[Paragraph(_escape(c), cell) for c in r] + [""] * (width - len(r)) for r in rows]
-        table = Table(data, repeatRows=1)
-        table.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.5, colors.grey)]))
-        story += [Spacer(1, 6), table, Spacer(1, 6)]
-    story += [Paragraph(_escape(t), body) for t in _texts(public, "post_text")]
+        grid = Table(data, repeatRows=1)
+        grid.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.5, colors.grey)]))
+        story += [Spacer(1, 6), grid, Spacer(1, 6)]
+    story += [Paragraph(_escape(t), body) for t in post_text]
     if not story:
         story.append(Paragraph("(empty document)", body))
     doc.build(story)
     return buf.getvalue()
 
 
-def imported_numbers(public: dict[str, Any]) -> Numbers:
+def imported_numbers(table: list[list[str]], pre_text: list[str], post_text: list[str]) -> Numbers:
     """Every number printed in the table and the text, each as its own figure."""
     figures: dict[str, float] = {}
     rows: dict[str, list[list[str]]] = {}
-    for r, row in enumerate(_table(public)):
+    for r, row in enumerate(table):
         keys = []
         for c, text in enumerate(row):
             for k, token in enumerate(numbers_in(text)):
@@ -70,7 +60,7 @@ def imported_numbers(public: dict[str, Any]) -> Numbers:
                         keys.append(key)
         if row and keys:
             rows.setdefault(normalize_label(row[0]), []).append(keys)
-    for i, text in enumerate(_texts(public, "pre_text") + _texts(public, "post_text")):
+    for i, text in enumerate(pre_text + post_text):
         for k, token in enumerate(numbers_in(text)):
             value = parse_number(token)
             if value is not None:

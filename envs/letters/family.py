@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import time
-
 from pydantic import Field
 
-from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
+from palaestra.envs.base import (
+    Assessment,
+    EpisodeContext,
+    Family,
+    PrivateFields,
+    PublicFields,
+    StepOutcome,
+    Tool,
+    ToolArgs,
+)
 from palaestra.sdk.errors import InvalidActionError
-from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 
 DEFAULT_ATTEMPTS = 3
@@ -22,13 +29,15 @@ class SubmitArgs(ToolArgs):
     answer: str = Field(default="", max_length=8, description="the final answer")
 
 
-def _task_fields(task: Task) -> tuple[str, str, int, int]:
-    """(alphabet, letter, shift, attempts) of a task; the answer is private."""
-    alphabet = str(task.public["alphabet"])
-    letter = str(task.public["letter"])
-    shift = int(task.public["shift"])
-    attempts = int(task.public.get("attempts", DEFAULT_ATTEMPTS))
-    return alphabet, letter, shift, attempts
+class LettersPublic(PublicFields):
+    alphabet: str
+    letter: str
+    shift: int
+    attempts: int = DEFAULT_ATTEMPTS
+
+
+class LettersPrivate(PrivateFields):
+    answer: str
 
 
 class LettersFamily(Family):
@@ -47,9 +56,17 @@ class LettersFamily(Family):
         ),
         Tool("submit", "End the episode with a final answer.", SubmitArgs),
     )
+    public_fields = LettersPublic
+    private_fields = LettersPrivate
 
     async def reset(self, ctx: EpisodeContext) -> Observation:
-        alphabet, letter, shift, attempts = _task_fields(ctx.task)
+        fields = LettersPublic.of(ctx.task)
+        alphabet, letter, shift, attempts = (
+            fields.alphabet,
+            fields.letter,
+            fields.shift,
+            fields.attempts,
+        )
         ctx.state.update(attempts=0, solved_at=None)
         text = (
             f"Which letter comes {shift} after {letter!r} in {alphabet!r} (wrapping around)? "
@@ -59,8 +76,9 @@ class LettersFamily(Family):
         return Observation(text=text, data=data)
 
     async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
-        alphabet, _, _, attempts = _task_fields(ctx.task)
-        answer = str(ctx.task.private["answer"])
+        fields = LettersPublic.of(ctx.task)
+        alphabet, attempts = fields.alphabet, fields.attempts
+        answer = LettersPrivate.of(ctx.task).answer
         if isinstance(args, SubmitArgs):
             ctx.state["attempts"] += 1
             if args.answer.strip() == answer:
@@ -84,26 +102,25 @@ class LettersFamily(Family):
             return StepOutcome(Observation(text="wrong; no attempts left", data=data), done=True)
         return StepOutcome(Observation(text=f"wrong; {hint} ({left} left)", data=data))
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
-        started = time.perf_counter()
+    def verifier_info(self) -> VerifierInfo:
+        return VerifierInfo(name="letters-exact", version="1.0.0")
+
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         solved_at = ctx.state.get("solved_at")
         reward = 0.0 if solved_at is None else 0.5 ** (int(solved_at) - 1)
-        return Verdict(
+        return Assessment(
             reward=reward,
             passed=solved_at == 1,
             components={"named": float(solved_at is not None), "attempts": ctx.state["attempts"]},
             feedback="never named" if solved_at is None else f"named at attempt {solved_at}",
-            verifier=VerifierInfo(name="letters-exact", version="1.0.0"),
-            task_digest=ctx.task.digest,
-            duration_s=time.perf_counter() - started,
         )
 
     def oracle(self, task: Task) -> list[Action]:
-        return [Action(tool="guess", arguments={"letter": str(task.private["answer"])})]
+        return [Action(tool="guess", arguments={"letter": LettersPrivate.of(task).answer})]
 
     def null(self, task: Task) -> list[Action]:
         return [Action(tool="submit", arguments={})]
 
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
-        _, letter, _, _ = _task_fields(task)
+        letter = LettersPublic.of(task).letter
         return [("copy-letter", [Action(tool="submit", arguments={"answer": letter})])]

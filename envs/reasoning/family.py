@@ -17,14 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from pydantic import Field
 
-from palaestra.envs.base import EpisodeContext, Family, StepOutcome, Tool, ToolArgs
+from palaestra.envs.base import (
+    Assessment,
+    EpisodeContext,
+    Family,
+    PrivateFields,
+    PublicFields,
+    StepOutcome,
+    Tool,
+    ToolArgs,
+)
 from palaestra.envs.reasoning import guard, gym
-from palaestra.sdk.models import Action, Observation, Verdict, VerifierInfo
+from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,23 @@ class SubmitArgs(ToolArgs):
     )
 
 
+class ReasoningPublic(PublicFields):
+    question: str = ""
+    dataset: str = ""
+
+
+class ReasoningPrivate(PrivateFields):
+    """What rebuilds the entry on the server, and the entry's own answer and metadata."""
+
+    dataset: str
+    level: str
+    seed: int
+    size: int
+    index: int
+    answer: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
 class ReasoningFamily(Family):
     name = "reasoning"
     description = (
@@ -53,9 +78,11 @@ class ReasoningFamily(Family):
         Tool("think", "Write a note to yourself; it changes nothing.", ThinkArgs),
         Tool("submit", "End the episode with your final answer.", SubmitArgs),
     )
+    public_fields = ReasoningPublic
+    private_fields = ReasoningPrivate
 
     async def reset(self, ctx: EpisodeContext) -> Observation:
-        return Observation(text=str(ctx.task.public.get("question", "")))
+        return Observation(text=ReasoningPublic.of(ctx.task).question)
 
     async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
         if isinstance(args, SubmitArgs):
@@ -64,37 +91,36 @@ class ReasoningFamily(Family):
             return StepOutcome(Observation(text="submitted"), done=True)
         return StepOutcome(Observation(text="noted"))
 
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
-        started = time.perf_counter()
+    def verifier_info(self) -> VerifierInfo:
+        return VerifierInfo(name="reasoning-gym", version=gym.rg_version())
+
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         answer: str | None = ctx.state.get("answer")
         reward, feedback = await asyncio.to_thread(score_task, ctx.task, answer)
         passed = reward >= PASS_THRESHOLD
         if not ctx.state.get("submitted"):
             feedback = "no answer submitted"
-        return Verdict(
+        return Assessment(
             reward=reward,
             passed=passed,
             failure=None if ctx.state.get("submitted") else "no_answer",
             components={"score": reward},
             feedback=feedback,
-            verifier=VerifierInfo(name="reasoning-gym", version=gym.rg_version()),
-            task_digest=ctx.task.digest,
-            duration_s=time.perf_counter() - started,
         )
 
     def oracle(self, task: Task) -> list[Action]:
-        return [Action(tool="submit", arguments={"answer": str(task.private["answer"])})]
+        return [Action(tool="submit", arguments={"answer": ReasoningPrivate.of(task).answer})]
 
     def null(self, task: Task) -> list[Action]:
         return [Action(tool="submit", arguments={})]
 
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
-        question = str(task.public.get("question", ""))[:MAX_ANSWER]
+        question = ReasoningPublic.of(task).question[:MAX_ANSWER]
         out = [
             ("empty-answer", [Action(tool="submit", arguments={"answer": ""})]),
             ("submit-question", [Action(tool="submit", arguments={"answer": question})]),
         ]
-        for name, text in guard.degenerate_answers(question, str(task.private["answer"])):
+        for name, text in guard.degenerate_answers(question, ReasoningPrivate.of(task).answer):
             if name in ("label-empty", "echo-question"):  # the two above
                 continue
             # An answer the guarded scorer calls fully correct is another form of the answer
@@ -106,8 +132,8 @@ class ReasoningFamily(Family):
 
 
 def rebuild_args(task: Task) -> tuple[str, str, int, int, int]:
-    p: dict[str, Any] = task.private
-    return str(p["dataset"]), str(p["level"]), int(p["seed"]), int(p["size"]), int(p["index"])
+    p = ReasoningPrivate.of(task)
+    return p.dataset, p.level, p.seed, p.size, p.index
 
 
 def score_task(task: Task, answer: str | None) -> tuple[float, str]:
@@ -122,13 +148,14 @@ def score_task(task: Task, answer: str | None) -> tuple[float, str]:
     if answer is None:
         return 0.0, "no answer"
     args = rebuild_args(task)
+    public, private = ReasoningPublic.of(task), ReasoningPrivate.of(task)
     entry: dict[str, Any] | None = gym.entry(*args)
-    served = (task.public.get("question"), task.private["answer"])
+    served = (public.question, private.answer)
     if entry is None or (entry["question"], entry["answer"]) != served:
         entry = {
-            "question": task.public.get("question"),
-            "answer": task.private["answer"],
-            "metadata": task.private.get("metadata", {}),
+            "question": public.question,
+            "answer": private.answer,
+            "metadata": private.metadata,
         }
     try:
         reward = gym.score(*args, answer, entry=entry)
@@ -136,7 +163,7 @@ def score_task(task: Task, answer: str | None) -> tuple[float, str]:
         log.info("scorer of %s raised %s on an answer; scored 0", args[0], type(exc).__name__)
         return 0.0, "the scorer could not read the answer"
     reward = min(1.0, max(0.0, reward))
-    question = str(entry.get("question") or task.public.get("question", ""))
+    question = str(entry.get("question") or public.question)
     reward, refused = guard.guarded(args[0], reward, answer, question, str(entry["answer"]))
     if refused is not None:
         return 0.0, f"incorrect ({refused})"

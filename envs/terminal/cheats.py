@@ -18,6 +18,7 @@ Repository tasks (with `fail_to_pass` / `pass_to_pass`) also get:
 from __future__ import annotations
 
 from palaestra.envs import cheats as generic
+from palaestra.envs.terminal.fields import TerminalPrivate
 from palaestra.sdk.models import Action
 from palaestra.sdk.task import Task
 
@@ -103,7 +104,8 @@ def for_task(task: Task) -> list[tuple[str, list[Action]]]:
         ("shadow-pytest", _bash_then_submit(SHADOW_PYTEST)),
         *generic.command_cheats(),
     ]
-    if task.private.get("fail_to_pass") or task.private.get("pass_to_pass"):
+    private = TerminalPrivate.of(task)
+    if private.fail_to_pass or private.pass_to_pass:
         cheats += [
             ("edit-tests", _bash_then_submit(EDIT_TESTS)),
             ("conftest-hook", _bash_then_submit(CONFTEST_HOOK)),

@@ -21,33 +21,38 @@ sandbox, with the tests staged only then. docs/terminal.md is the task authors' 
 from __future__ import annotations
 
 import asyncio
-import posixpath
 import shlex
 import time
 from typing import Any
 
 from pydantic import Field
 
-from palaestra.envs.base import EpisodeContext, Family, NoArgs, StepOutcome, Tool, ToolArgs
-from palaestra.envs.images import PreferredImage
+from palaestra.envs.base import (
+    Assessment,
+    EpisodeContext,
+    Family,
+    NoArgs,
+    StepOutcome,
+    Tool,
+    ToolArgs,
+)
 from palaestra.envs.paths import workspace_abspath
 from palaestra.envs.terminal import cheats
+from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
 from palaestra.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, ShellSession
 from palaestra.sandbox.base import BASE_PATH
 from palaestra.sdk.errors import InvalidActionError
-from palaestra.sdk.models import Action, Limits, Observation, Verdict, VerifierInfo
+from palaestra.sdk.models import Action, Limits, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 from palaestra.verifiers import terminal as verifier
 
 DEFAULT_IMAGE = "terminal"  # docker: palaestra/terminal:latest; bwrap: the host's /usr
-DEFAULT_WORKDIR = "/work"
 DEFAULT_STEP_TIMEOUT_S = 30.0
 MAX_STEP_S = 600.0
 DEFAULT_STEP_OUTPUT = 16 * 1024
 MAX_STEP_OUTPUT = 1024 * 1024
 DEFAULT_EPISODE_OUTPUT = 2 * 1024 * 1024
 SETUP_SCRIPT = "setup.sh"
-SETUP_TIMEOUT_S = 120.0
 MAX_EDIT_BYTES = 1024 * 1024
 MAX_LIST = 1000
 PROBE_TIMEOUT_S = 10.0
@@ -147,32 +152,26 @@ class TerminalFamily(Family):
     version = "0.1.0"
     tools = TOOLS
 
-    def __init__(self) -> None:
-        self._image = PreferredImage(DEFAULT_IMAGE)  # docker: its image; bwrap: host /usr
+    public_fields = TerminalPublic
+    private_fields = TerminalPrivate
+    image = DEFAULT_IMAGE  # where a task names none (docker: its image; bwrap: host /usr)
 
     # -- task fields ---------------------------------------------------------------------
     @staticmethod
     def workdir(task: Task) -> str:
-        workdir = str(task.public.get("workdir") or DEFAULT_WORKDIR)
-        if not posixpath.isabs(workdir) or posixpath.normpath(workdir) == "/":
-            raise ValueError(f"task {task.id}: workdir must be an absolute path, got {workdir!r}")
-        return posixpath.normpath(workdir)
-
-    def spec(self, task: Task, image: str | None) -> SandboxSpec:
-        env = task.public.get("env") or {}
-        return SandboxSpec(
-            image=image,
-            workdir=self.workdir(task),
-            workspace_mb=int(task.public.get("workspace_mb", 256)),
-            memory_mb=int(task.public.get("memory_mb", 1024)),
-            pids=int(task.public.get("pids", 512)),
-            env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
-            default_timeout_s=DEFAULT_STEP_TIMEOUT_S,
-        )
+        return TerminalPublic.of(task).workdir
 
     def sandbox_spec(self, task: Task) -> SandboxSpec | None:
-        # The family creates its sandbox itself (`_create`): the image depends on the backend.
-        return None
+        public = TerminalPublic.of(task)
+        return SandboxSpec(
+            image=public.image,
+            workdir=public.workdir,
+            workspace_mb=public.workspace_mb,
+            memory_mb=public.memory_mb,
+            pids=public.pids,
+            env=tuple(sorted(public.env.items())),
+            default_timeout_s=DEFAULT_STEP_TIMEOUT_S,
+        )
 
     def episode_limits(self, task: Task, options: dict[str, Any], limits: Limits) -> Limits:
         """The manager's limits with this family's per-step output cap (reset's `limits`)."""
@@ -185,49 +184,40 @@ class TerminalFamily(Family):
             }
         )
 
-    async def _create(self, ctx: EpisodeContext) -> Sandbox:
-        """A sandbox on the task's image; the default image falls back to the host's /usr
-        where the backend has no such image (bwrap without a `terminal` rootfs)."""
-        explicit = ctx.task.public.get("image")
-        if explicit:
-            return await ctx.new_sandbox(self.spec(ctx.task, str(explicit)))
-        return await self._image.create(ctx, lambda image: self.spec(ctx.task, image))
+    def verifier_info(self) -> VerifierInfo:
+        return VerifierInfo(name="terminal-tests", version=verifier.VERSION)
 
     # -- episode -------------------------------------------------------------------------
     async def reset(self, ctx: EpisodeContext) -> Observation:
         limits = step_limits(ctx.options)
         task = ctx.task
-        workdir = self.workdir(task)
-        box = await self._create(ctx)
-        try:
-            env_files = {str(k): str(v) for k, v in (task.public.get("environment") or {}).items()}
-            if env_files:
-                await box.upload_tar(await asyncio.to_thread(verifier.files_tar, env_files))
-            if SETUP_SCRIPT in env_files:
-                result = await box.exec(
-                    [
-                        "/bin/bash",
-                        "-c",
-                        f"bash ./{SETUP_SCRIPT} </dev/null; rc=$?; "
-                        f"rm -f ./{SETUP_SCRIPT}; exit $rc",
-                    ],
-                    cwd=workdir,
-                    timeout=float(task.public.get("setup_timeout_s", SETUP_TIMEOUT_S)),
+        public = TerminalPublic.of(task)
+        workdir = public.workdir
+        box = ctx.sandboxes.episode
+        assert box is not None
+        env_files = public.environment
+        if env_files:
+            await box.upload_tar(await asyncio.to_thread(verifier.files_tar, env_files))
+        if SETUP_SCRIPT in env_files:
+            result = await box.exec(
+                [
+                    "/bin/bash",
+                    "-c",
+                    f"bash ./{SETUP_SCRIPT} </dev/null; rc=$?; rm -f ./{SETUP_SCRIPT}; exit $rc",
+                ],
+                cwd=workdir,
+                timeout=public.setup_timeout_s,
+            )
+            if not result.ok:
+                raise SandboxError(
+                    f"task {task.id}: environment/{SETUP_SCRIPT} failed "
+                    f"(exit {result.exit_code}{', timed out' if result.timed_out else ''}): "
+                    f"{(result.stdout + result.stderr)[-1500:]}"
                 )
-                if not result.ok:
-                    raise SandboxError(
-                        f"task {task.id}: environment/{SETUP_SCRIPT} failed "
-                        f"(exit {result.exit_code}{', timed out' if result.timed_out else ''}): "
-                        f"{(result.stdout + result.stderr)[-1500:]}"
-                    )
-        except BaseException:
-            await box.close()
-            raise
-        ctx.sandbox = box
         ctx.state[USAGE_KEY] = 0
         ctx.state[STARTED_KEY] = time.monotonic()
         ctx.state[LIMITS_KEY] = limits
-        instruction = str(task.public.get("instruction", "")).strip()
+        instruction = public.instruction.strip()
         text = (
             f"{instruction}\n\n---\nYou are in a Linux sandbox; your working directory is "
             f"{workdir}. Tools: bash (a persistent shell; each command is killed after its "
@@ -240,7 +230,7 @@ class TerminalFamily(Family):
         return Observation(text=text, data=data)
 
     async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
-        box = ctx.sandbox
+        box = ctx.sandboxes.episode
         if box is None:
             raise SandboxError("the episode's sandbox is gone")
         limits: dict[str, float] = ctx.state.get(LIMITS_KEY) or step_limits({})
@@ -248,7 +238,8 @@ class TerminalFamily(Family):
             return StepOutcome(
                 Observation(text="Submitted; the hidden tests now judge the working directory."),
                 done=True,
-                info={"tool_ok": True, "output_bytes": 0},
+                tool_ok=True,
+                output_bytes=0,
             )
         if isinstance(args, BashArgs):
             outcome = await self._bash(ctx, box, args, limits)
@@ -262,7 +253,7 @@ class TerminalFamily(Family):
             outcome = await self._list(box, self.workdir(ctx.task), args, limits)
         else:  # pragma: no cover - parse_action only yields the tools above
             raise InvalidActionError(f"tool {tool.name!r} is not handled")
-        used = int(ctx.state.get(USAGE_KEY, 0)) + int(outcome.info.get("output_bytes", 0))
+        used = int(ctx.state.get(USAGE_KEY, 0)) + (outcome.output_bytes or 0)
         ctx.state[USAGE_KEY] = used
         budget = int(limits["max_episode_output_bytes"])
         if used > budget:
@@ -335,12 +326,12 @@ class TerminalFamily(Family):
             "duration_s": round(result.duration_s, 4),
             "output_bytes": nbytes,
         }
-        info = {
-            "tool_ok": result.exit_code == 0 and not result.timed_out,
-            "timed_out": result.timed_out,
-            "output_bytes": nbytes,
-        }
-        return StepOutcome(Observation(text=text, data=data), info=info)
+        return StepOutcome(
+            Observation(text=text, data=data),
+            tool_ok=result.exit_code == 0 and not result.timed_out,
+            timed_out=result.timed_out,
+            output_bytes=nbytes,
+        )
 
     @staticmethod
     def _path(workdir: str, path: str, *, allow_root: bool = False) -> str:
@@ -353,8 +344,12 @@ class TerminalFamily(Family):
         if result.timed_out:
             reason = "timed out"
         text = f"error: {what} {path}: {reason[-2000:]}"
-        info = {"tool_ok": False, "timed_out": result.timed_out, "output_bytes": len(text)}
-        return StepOutcome(Observation(text=text, data={"error": reason[-2000:]}), info=info)
+        return StepOutcome(
+            Observation(text=text, data={"error": reason[-2000:]}),
+            tool_ok=False,
+            timed_out=result.timed_out,
+            output_bytes=len(text),
+        )
 
     async def _read(
         self, box: Sandbox, workdir: str, args: ReadFileArgs, limits: dict[str, float]
@@ -385,9 +380,7 @@ class TerminalFamily(Family):
             text += f"\n[truncated: bytes {args.offset}-{end} of {size}; read on with offset={end}]"
         data = {"path": path, "size": size, "offset": args.offset, "truncated": truncated}
         nbytes = len(content.encode("utf-8", errors="replace"))
-        return StepOutcome(
-            Observation(text=text, data=data), info={"tool_ok": True, "output_bytes": nbytes}
-        )
+        return StepOutcome(Observation(text=text, data=data), tool_ok=True, output_bytes=nbytes)
 
     async def _put(self, box: Sandbox, workdir: str, path: str, content: str) -> ExecResult:
         script = 'mkdir -p -- "$(dirname -- "$1")" && cat >"$1"'
@@ -402,7 +395,7 @@ class TerminalFamily(Family):
             return self._failed("cannot write", result, path)
         text = f"wrote {len(args.content.encode())} bytes to {path}"
         return StepOutcome(
-            Observation(text=text, data={"path": path}), info={"tool_ok": True, "output_bytes": 0}
+            Observation(text=text, data={"path": path}), tool_ok=True, output_bytes=0
         )
 
     async def _edit(self, box: Sandbox, workdir: str, args: EditFileArgs) -> StepOutcome:
@@ -425,7 +418,8 @@ class TerminalFamily(Family):
             text = f"error: {message}"
             return StepOutcome(
                 Observation(text=text, data={"error": message, "path": path}),
-                info={"tool_ok": False, "output_bytes": len(text)},
+                tool_ok=False,
+                output_bytes=len(text),
             )
 
         if result.truncated or len(result.stdout.encode()) > MAX_EDIT_BYTES:
@@ -451,7 +445,8 @@ class TerminalFamily(Family):
         text = f"replaced {count} occurrence{'s' if count > 1 else ''} in {path}"
         return StepOutcome(
             Observation(text=text, data={"path": path, "replacements": count}),
-            info={"tool_ok": True, "output_bytes": 0},
+            tool_ok=True,
+            output_bytes=0,
         )
 
     async def _list(
@@ -493,82 +488,52 @@ class TerminalFamily(Family):
         data = {"path": path, "entries": entries, "truncated": more}
         return StepOutcome(
             Observation(text=f"{path}:\n{text}", data=data),
-            info={"tool_ok": True, "output_bytes": len(text)},
+            tool_ok=True,
+            output_bytes=len(text),
         )
 
     # -- verification ---------------------------------------------------------------------
-    async def verify(self, ctx: EpisodeContext) -> Verdict:
-        started = time.perf_counter()
+    async def verify(self, ctx: EpisodeContext) -> Assessment:
         task = ctx.task
-        info = VerifierInfo(name="terminal-tests", version=verifier.VERSION)
+        public, private = TerminalPublic.of(task), TerminalPrivate.of(task)
         shell = ctx.state.pop(SHELL_KEY, None)
         if isinstance(shell, ShellSession):
             await shell.close()
-        box, ctx.sandbox = ctx.sandbox, None
+        box = ctx.sandboxes.episode
         if box is None:
             raise SandboxError("the episode's sandbox is gone; nothing to verify")
         try:
             workspace = await box.download_tar()
         finally:
             # Every process the agent started dies with its sandbox, before any test runs.
-            await box.close()
-        private = task.private
-        timeout = float(private.get("verifier_timeout_s") or task.public.get("timeout_s") or 120)
-        verifier_files = private.get("verifier") or {}
-        if not isinstance(verifier_files, dict) or not (
-            "test.sh" in verifier_files
-            or private.get("fail_to_pass")
-            or private.get("pass_to_pass")
-        ):
-            # A task that cannot be verified is the task's fault, not the agent's: void, and
-            # say what to fix (pack check shows it).
-            return Verdict(
-                reward=0.0,
-                passed=False,
-                status="void",
-                feedback=f"task {task.id} has neither verifier/test.sh nor "
-                "[private] fail_to_pass / pass_to_pass; it cannot be verified",
-                verifier=info,
-                task_digest=task.digest,
-                duration_s=time.perf_counter() - started,
-            )
-        async with await self._fresh(ctx, box) as fresh:
-            run = await verifier.verify_workspace(
-                fresh,
-                workspace,
-                workdir=self.workdir(task),
-                verifier={str(k): str(v) for k, v in verifier_files.items()},
-                environment={
-                    str(k): str(v) for k, v in (task.public.get("environment") or {}).items()
-                },
-                fail_to_pass=[str(i) for i in private.get("fail_to_pass") or []],
-                pass_to_pass=[str(i) for i in private.get("pass_to_pass") or []],
-                timeout_s=timeout,
-                path=str((task.public.get("env") or {}).get("PATH") or BASE_PATH),
-                reward_file=bool(private.get("reward_file")),
-            )
+            await ctx.sandboxes.retire_episode()
+        fresh = await ctx.sandboxes.verifier()  # the agent's spec, image included
+        run = await verifier.verify_workspace(
+            fresh,
+            workspace,
+            workdir=public.workdir,
+            verifier=private.verifier,
+            environment=public.environment,
+            fail_to_pass=private.fail_to_pass,
+            pass_to_pass=private.pass_to_pass,
+            timeout_s=private.verifier_timeout_s or public.timeout_s or 120.0,
+            path=public.env.get("PATH") or BASE_PATH,
+            reward_file=private.reward_file,
+        )
         reward = run.reward
-        return Verdict(
+        return Assessment(
             reward=reward,
             passed=reward >= 1.0,
             components=run.components,
             feedback=run.feedback(),
-            verifier=info,
-            task_digest=task.digest,
-            duration_s=time.perf_counter() - started,
         )
-
-    async def _fresh(self, ctx: EpisodeContext, like: Sandbox) -> Sandbox:
-        """A new sandbox of the agent's spec (same image), for the tests."""
-        return await ctx.new_sandbox(like.spec)
 
     # -- oracle, null, cheats -------------------------------------------------------------
     def oracle(self, task: Task) -> list[Action]:
-        solution = task.private.get("solution") or {}
-        script = solution.get("solve.sh") if isinstance(solution, dict) else None
-        if not isinstance(script, str):
+        script = TerminalPrivate.of(task).solution.get("solve.sh")
+        if script is None:
             raise KeyError(f"task {task.id} has no solution/solve.sh")
-        timeout = min(float(task.public.get("timeout_s") or 120), MAX_STEP_S)
+        timeout = min(TerminalPublic.of(task).timeout_s or 120.0, MAX_STEP_S)
         return [
             Action(
                 tool="bash",

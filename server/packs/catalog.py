@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from palaestra.envs.base import Family
 from palaestra.sdk.errors import BadRequestError, NotFoundError
 from palaestra.sdk.task import Task
 from palaestra.server.packs.loader import Pack, load_pack
@@ -56,7 +57,7 @@ class PackCatalog:
     def load_dirs(
         self,
         dirs: Iterable[Path],
-        known_families: Iterable[str],
+        known_families: Iterable[str | Family],
         policy: HostPolicy | None = None,
     ) -> None:
         """Load every pack under `dirs`; a broken pack is recorded in `errors`, never fatal."""

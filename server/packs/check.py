@@ -322,7 +322,7 @@ async def check_pack(
     families = FamilyRegistry.discover()
     for extra in extra_families:
         families.add(extra)
-    names = [f.name for f in families.all()]
+    names = families.all()  # Family objects: the loader also checks each task's fields
     pack, problems = inspect_pack(root, names)
     report.problems.extend(_load_problem(root, p) for p in problems)
     if pack is None:

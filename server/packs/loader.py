@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from palaestra.envs.base import Family, TaskFieldsError
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
 from palaestra.server import heldout
@@ -335,16 +336,23 @@ def build_task(record: TaskRecord, manifest: PackManifest, secret: bytes | None)
     )
 
 
-def finalize_task(task: Task, policy: HostPolicy) -> list[str]:
+def finalize_task(task: Task, policy: HostPolicy, family: Family | None = None) -> list[str]:
     """The one check every built task of a loaded pack passes before the pack holds it:
     its problems as 'field: what to fix' (the caller names the pack and the task); any
-    problem refuses the pack. Here: no field names a host path (server/packs/taskfields.py)."""
-    return task_field_problems(task.public, task.private, policy)
+    problem refuses the pack. No field names a host path (server/packs/taskfields.py), and
+    the fields fit the family's models (`Family.validate_task`) where the family is known."""
+    problems = task_field_problems(task.public, task.private, policy)
+    if family is not None:
+        try:
+            family.validate_task(task)
+        except TaskFieldsError as exc:
+            problems.append(f"family {family.name}: {exc.problem}")
+    return problems
 
 
 def inspect_pack(
     root: Path,
-    known_families: Iterable[str] | None = None,
+    known_families: Iterable[str | Family] | None = None,
     policy: HostPolicy | None = None,
     *,
     secret: bytes | None = None,
@@ -367,7 +375,12 @@ def inspect_pack(
         if path.is_symlink():
             problems.append(f"{path}: symlinks are not allowed in a pack; copy the file")
     problems.extend(verify_lock(root, hashes))
-    known = set(known_families) if known_families is not None else None
+    # A Family (not only its name) also checks its tasks' fields (Family.validate_task).
+    families = list(known_families) if known_families is not None else None
+    checkers = {f.name: f for f in families or () if not isinstance(f, str)}
+    known = (
+        {f if isinstance(f, str) else f.name for f in families} if families is not None else None
+    )
     sealed = {name: split.sealed for name, split in manifest.splits.items()}
     found: list[Iterator[Found]] = []
     if (root / "tasks.jsonl").exists():
@@ -398,7 +411,7 @@ def inspect_pack(
             continue
         bad = len(task_problems) > 0
         task = build_task(record, manifest, secret)
-        refused = finalize_task(task, policy)
+        refused = finalize_task(task, policy, checkers.get(record.family))
         if refused:
             problems.extend(f"{where}: pack {manifest.name}, task {task.id}: {p}" for p in refused)
             bad = True
@@ -456,7 +469,7 @@ def inspect_pack(
 
 def load_pack(
     root: Path,
-    known_families: Iterable[str] | None = None,
+    known_families: Iterable[str | Family] | None = None,
     policy: HostPolicy | None = None,
     *,
     secret: bytes | None = None,

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.base import Family
 from palaestra.sdk.errors import (
     BadRequestError,
     CapacityError,
@@ -241,7 +242,10 @@ class PackRegistry:
 
     # -- load at start ----------------------------------------------------------------------
     def load_into(
-        self, catalog: PackCatalog, families: Iterable[str], policy: HostPolicy | None = None
+        self,
+        catalog: PackCatalog,
+        families: Iterable[str | Family],
+        policy: HostPolicy | None = None,
     ) -> int:
         """Serve every published pack; a broken one goes to `catalog.errors`, never fatal.
 
@@ -270,7 +274,7 @@ class PackRegistry:
         data: bytes,
         *,
         publisher: str,
-        families: Iterable[str],
+        families: Iterable[str | Family],
         catalog: PackCatalog | None = None,
         allow_code: bool = False,
         expect_digest: str | None = None,

@@ -4,7 +4,8 @@ Before: `options.max_steps` went through `int()` (1e308 became a 300-digit step 
 "inf" an OverflowError: a 500), `max_wall_s` took NaN and infinity, a task's `memory_mb`
 reached the sandbox as asked (a billion MB, or NaN: `int()` raised, a 500), and nothing
 capped any of them. Now each is a 422 in the contract's error shape that names the limit
-(and, over a ceiling, the ceiling), on the single route and per item of a batch reset.
+(and, over a ceiling, the ceiling), on the single route and per item of a batch reset; a
+task limit that is no finite number is refused earlier, when its pack loads.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import httpx
 import pytest
 
 from palaestra.server.config import REPO_PACKS, Settings
+from palaestra.server.families import FamilyRegistry
+from palaestra.server.packs.loader import load_pack
+from palaestra.server.packs.manifest import PackError
 
 ECHO = "palaestra/echo:say-birch"
 
@@ -105,13 +109,33 @@ def terminal_task(task_id: str, **public: Any) -> dict[str, Any]:
 
 BAD_TASKS = {
     "huge-memory": ({"memory_mb": 10**9}, "public.memory_mb", "ceiling_memory_mb"),
-    "nan-memory": ({"memory_mb": float("nan")}, "public.memory_mb", "finite"),
-    "inf-pids": ({"pids": float("inf")}, "public.pids", "finite"),
     "neg-workspace": ({"workspace_mb": -64}, "public.workspace_mb", "positive"),
     "str-workspace": ({"workspace_mb": "64"}, "public.workspace_mb", "JSON number"),
     "huge-setup": ({"setup_timeout_s": 1e12}, "public.setup_timeout_s", "ceiling_task_timeout_s"),
     "many-pids": ({"pids": 10**7}, "public.pids", "ceiling_pids"),
 }
+
+
+# Not a number at all: the family's field model refuses the task when its pack loads.
+MALFORMED_TASKS = {
+    "nan-memory": ({"memory_mb": float("nan")}, "public.memory_mb", "finite"),
+    "inf-pids": ({"pids": float("inf")}, "public.pids", "finite"),
+}
+
+
+def test_non_finite_task_limits_are_refused_when_the_pack_loads(tmp_path: Path) -> None:
+    root = tmp_path / "malformed"
+    root.mkdir()
+    (root / "pack.toml").write_text(
+        'name = "acme/malformed"\nversion = "1.0.0"\n\n[splits.train]\nsealed = false\n'
+    )
+    lines = [terminal_task(name, **fields) for name, (fields, _, _) in MALFORMED_TASKS.items()]
+    (root / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in lines))
+    with pytest.raises(PackError) as refused:
+        load_pack(root, FamilyRegistry.discover().all())
+    for task_id, (_, field, words) in MALFORMED_TASKS.items():
+        line = next(p for p in refused.value.problems if task_id in p)
+        assert "acme/malformed" in line and field in line and words in line, line
 
 
 @pytest.fixture

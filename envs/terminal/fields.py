@@ -1,0 +1,66 @@
+"""The fields of a terminal task (the pack loader checks them; the family reads them)."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Self
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from palaestra.envs.base import PrivateFields, PublicFields
+from palaestra.envs.paths import DEFAULT_WORKDIR
+
+SETUP_TIMEOUT_S = 120.0
+
+
+class TerminalPublic(PublicFields):
+    instruction: str = ""
+    workdir: str = DEFAULT_WORKDIR
+    image: str | None = None  # default: the family's image where the backend has it
+    workspace_mb: int = 256
+    memory_mb: int = 1024
+    pids: int = 512
+    env: dict[str, str] = Field(default_factory=dict)
+    environment: dict[str, str] = Field(default_factory=dict)  # files put in the workdir
+    setup_timeout_s: float = SETUP_TIMEOUT_S
+    timeout_s: float | None = None
+
+    @field_validator("workdir", "env", "environment", mode="before")
+    @classmethod
+    def _unset(cls, value: object, info: ValidationInfo) -> object:
+        """An empty or null field reads as not given."""
+        if value in (None, ""):
+            return DEFAULT_WORKDIR if info.field_name == "workdir" else {}
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, workdir: str) -> str:
+        if not posixpath.isabs(workdir) or posixpath.normpath(workdir) == "/":
+            raise ValueError(f"workdir must be an absolute path, got {workdir!r}")
+        return posixpath.normpath(workdir)
+
+
+class TerminalPrivate(PrivateFields):
+    verifier: dict[str, str] = Field(default_factory=dict)  # verifier/test.sh and its files
+    fail_to_pass: list[str] = Field(default_factory=list)
+    pass_to_pass: list[str] = Field(default_factory=list)
+    verifier_timeout_s: float | None = None
+    reward_file: bool = False
+    solution: dict[str, str] = Field(default_factory=dict)  # solution/solve.sh
+
+    @field_validator("verifier", "solution", "fail_to_pass", "pass_to_pass", mode="before")
+    @classmethod
+    def _unset(cls, value: object, info: ValidationInfo) -> object:
+        if value is None:
+            return [] if info.field_name in ("fail_to_pass", "pass_to_pass") else {}
+        return value
+
+    @model_validator(mode="after")
+    def _verifiable(self) -> Self:
+        if "test.sh" not in self.verifier and not (self.fail_to_pass or self.pass_to_pass):
+            raise ValueError(
+                "neither verifier/test.sh nor [private] fail_to_pass / pass_to_pass: "
+                "the task cannot be verified"
+            )
+        return self

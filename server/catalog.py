@@ -1,0 +1,173 @@
+"""What the server serves, for the routes that read or change it: families, packs, tasks,
+the sampler's report and the pack registry (publish, enable, download). Episodes are the
+manager's (server/manager.py); this holds no episode state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from palaestra.sdk.errors import PermissionDeniedError, UnavailableError
+from palaestra.sdk.models import (
+    FamilyInfo,
+    PackInfo,
+    SamplerReleaseResponse,
+    SamplerReport,
+    TaskList,
+)
+from palaestra.server.auth import ADMIN, ADMIN_PRINCIPAL, EVAL, PUBLISH, Principal
+from palaestra.server.config import Settings
+from palaestra.server.families import FamilyRegistry
+from palaestra.server.packs.archive import pack_archive
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.loader import Pack
+from palaestra.server.packs.manifest import semver_key
+from palaestra.server.packs.registry import ADMIN_RIGHTS, PackRegistry, PublishRights
+from palaestra.server.packs.taskfields import HostPolicy
+from palaestra.server.sampler import Sampler
+from palaestra.server.store import Store
+
+
+class Catalog:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        families: FamilyRegistry,
+        packs: PackCatalog,
+        sampler: Sampler,
+        store: Store,
+        pack_store: PackRegistry | None,
+    ) -> None:
+        self.settings = settings
+        self.families = families
+        self.packs = packs
+        self.sampler = sampler
+        self.store = store
+        self.pack_store = pack_store
+
+    # -- discovery ------------------------------------------------------------------------
+    def family_infos(self) -> list[FamilyInfo]:
+        domains: dict[str, set[str]] = {}
+        for pack in self.packs.all():
+            for task in pack.tasks.values():
+                domains.setdefault(task.family, set()).add(task.domain)
+        return [
+            FamilyInfo(
+                name=f.name,
+                description=f.description,
+                tools=f.tool_specs(),
+                domains=sorted(domains.get(f.name, ())),
+            )
+            for f in self.families.all()
+        ]
+
+    def pack_infos(self) -> list[PackInfo]:
+        return [self._with_versions(p) for p in self.packs.all()]
+
+    def pack_info(self, name: str) -> PackInfo:
+        """The latest version (or `name@version`), listing every version served."""
+        return self._with_versions(self.packs.get(name))
+
+    def _with_versions(self, pack: Pack) -> PackInfo:
+        versions = sorted(
+            (p.version for p in self.packs.all() if p.name == pack.name), key=semver_key
+        )
+        return pack.info().model_copy(update={"versions": versions})
+
+    # -- the pack registry (publish, download) ----------------------------------------------
+    async def publish(
+        self, data: bytes, principal: Principal = ADMIN_PRINCIPAL
+    ) -> tuple[Pack, bool]:
+        """Verify and install a pack archive (DESIGN §6); (pack, whether it is new)."""
+        principal.require(PUBLISH, "publishing a pack")
+        if self.pack_store is None:
+            raise UnavailableError("this server has no pack store", code="no_pack_store")
+        s = self.settings
+        rights = (
+            ADMIN_RIGHTS
+            if principal.is_admin
+            else PublishRights.publisher(
+                principal.orgs,
+                builtin_orgs=s.builtin_orgs,
+                max_bytes=s.publisher_max_bytes,
+                max_versions=s.publisher_max_versions,
+            )
+        )
+        pack, created = await self.pack_store.ainstall(  # its own bounded threads
+            data,
+            publisher=principal.name,
+            families=self.families.all(),
+            catalog=self.packs,
+            allow_code=principal.is_admin,
+            rights=rights,
+            policy=HostPolicy.from_settings(s),
+        )
+        if created:
+            self.sampler.refresh()
+        return pack, created
+
+    async def enable_pack(self, name: str, principal: Principal = ADMIN_PRINCIPAL) -> bool:
+        """Let unfiltered sampling draw a published pack (admin); False if it already could."""
+        principal.require(ADMIN, "enabling a pack for unfiltered sampling")
+        if self.pack_store is None:
+            raise UnavailableError("this server has no pack store", code="no_pack_store")
+        changed = await asyncio.to_thread(self.pack_store.enable, name, principal.name, self.packs)
+        self.sampler.refresh()
+        return changed
+
+    async def pack_archive(
+        self, name: str, principal: Principal = ADMIN_PRINCIPAL
+    ) -> tuple[Pack, bytes]:
+        """The archive of `name[@version]`; refused (403) to non-admins when a split is sealed.
+
+        A sealed split's private fields, verifier files and solutions never leave the server,
+        and an archive holds them: only an admin (the server's operator) may take one."""
+        pack = self.packs.get(name)
+        sealed = sorted(s for s, is_sealed in pack.sealed.items() if is_sealed)
+        if sealed and not principal.is_admin:
+            raise PermissionDeniedError(
+                f"pack {pack.name}@{pack.version} has sealed splits ({', '.join(sealed)}); "
+                "its archive would carry their private data, so only an admin token may "
+                "download it",
+                code="sealed_pack",
+            )
+        return pack, await asyncio.to_thread(pack_archive, pack.root)
+
+    def task_list(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> TaskList:
+        tasks = self.packs.select(pack=pack, split=split, family=family, domain=domain)
+        return TaskList(tasks=[t.info() for t in tasks[offset : offset + limit]], total=len(tasks))
+
+    def sampler_report(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        domain: str | None = None,
+        limit: int = 1000,
+        principal: Principal = ADMIN_PRINCIPAL,
+    ) -> SamplerReport:
+        """Per-task results of sealed splits only for `eval` and admin tokens."""
+        return self.sampler.report(
+            pack=pack, split=split, domain=domain, limit=limit, sealed=principal.has(EVAL)
+        )
+
+    def sampler_release(self, task: str) -> SamplerReleaseResponse:
+        """Release a quarantined task (by its full ref, or any ref the registry resolves)."""
+        ref = task
+        if self.sampler.quarantine_note(ref) is None:
+            ref = self.packs.resolve(task).ref  # 404 for an unknown task
+        released = self.sampler.release(ref)
+        if released:
+            self.store.add_sampler_release(ref, time.time())
+        return SamplerReleaseResponse(task=ref, released=released)

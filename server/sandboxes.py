@@ -1,0 +1,77 @@
+"""Who owns the sandboxes: every one an episode uses is made here and freed here.
+
+A family asks through its episode's `Sandboxes` (envs/base.py); this makes that object, so
+each sandbox is checked against the operator's ceilings and created on the server's
+backend, the episode's own is started before `reset`, and all of them are freed when the
+episode ends, whatever the family did.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from palaestra.envs.base import Family, Sandboxes
+from palaestra.sandbox import Backend, Sandbox, SandboxError, SandboxSpec
+from palaestra.sandbox.forkserver import PythonForkServer
+from palaestra.sdk.errors import UnavailableError
+from palaestra.sdk.task import Task
+from palaestra.server.ceilings import check_spec
+from palaestra.server.config import Settings
+
+log = logging.getLogger("palaestra.episodes")
+
+
+class SandboxOwner:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend | None,
+        fork_server: PythonForkServer | None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.fork_server = fork_server
+        # Per family, whether the backend has the family's image (see `Sandboxes`).
+        self._images: dict[str, dict[str, bool]] = {}
+
+    @property
+    def live_count(self) -> int:
+        return self.backend.live_count if self.backend is not None else 0
+
+    async def create(self, spec: SandboxSpec, where: str = "a sandbox") -> Sandbox:
+        check_spec(spec, self.settings, where)  # what a family built, within the ceilings
+        if self.backend is None:
+            raise SandboxError("this server has no sandbox backend")
+        return await self.backend.create(spec)
+
+    def for_episode(self, family: Family, task: Task) -> Sandboxes:
+        """An episode's sandbox object; `start` it before `reset`, `free` it at the end."""
+
+        async def create(spec: SandboxSpec) -> Sandbox:
+            return await self.create(spec, f"task {task.ref}")
+
+        return Sandboxes(
+            create,
+            image=family.image,
+            images=self._images.setdefault(family.name, {}),
+            fork_server=self.fork_server.run if self.fork_server is not None else None,
+        )
+
+    async def start(self, sandboxes: Sandboxes, spec: SandboxSpec | None) -> None:
+        """The episode's own sandbox; 503 when none can be made."""
+        try:
+            await sandboxes.start(spec)
+        except SandboxError as exc:
+            raise UnavailableError(
+                f"no sandbox could be created: {exc}", code="sandbox_failed"
+            ) from None
+
+    async def free(self, sandboxes: Sandboxes) -> None:
+        for exc in await sandboxes.aclose():
+            log.error("closing a sandbox failed", exc_info=exc)
+
+    async def aclose(self) -> None:
+        if self.fork_server is not None:
+            await self.fork_server.aclose()
+        if self.backend is not None:
+            await self.backend.aclose()
