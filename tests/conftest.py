@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,33 @@ def make_settings(**values: Any) -> Settings:
     """Settings of an embedded server of this session: the session's held-out secret unless
     `values` name another (or None: the data dir's own)."""
     return Settings(**{"heldout_secret_file": HELDOUT_SECRET, **values})
+
+
+# The terminal matrices take ~40 min on our 2-core machines when they play every task: the
+# test command plays one task of each category (the verifier path differs by category, not
+# by task), and PALAESTRA_FULL_CHECKS=1 plays them all.
+FULL_CHECKS = os.environ.get("PALAESTRA_FULL_CHECKS") == "1"
+
+
+def one_per_category(task_ids: Iterable[str]) -> list[str]:
+    """The first task id of each category (`c-`, `git-`, `perf-`, `py-`, `rr-`, …)."""
+    first: dict[str, str] = {}
+    for task_id in sorted(task_ids):
+        first.setdefault(task_id.split("-", 1)[0], task_id)
+    return sorted(first.values())
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a `palaestra` subprocess: none of this shell's PALAESTRA_* or E2B_*
+    settings, but the session's held-out secret (a fresh secret would regenerate the held-out
+    tasks at every start, ~25 s), and wide rich tables so ids stay on one line."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PALAESTRA_", "E2B_"))}
+    return {
+        **clean,
+        "PALAESTRA_HELDOUT_SECRET_FILE": str(HELDOUT_SECRET),
+        "COLUMNS": "200",
+        **extra,
+    }
 
 
 @pytest.fixture

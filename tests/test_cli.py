@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess
+from conftest import ServerProcess, cli_env
 
 from palaestra.sdk.report import pass_at_k
 
@@ -21,12 +20,10 @@ CLI = str(Path(sys.executable).parent / "palaestra")
 def cli(
     *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PALAESTRA_", "E2B_"))}
-    env = {**clean, "COLUMNS": "200", **(env or {})}  # rich tables: keep ids on one line
     return subprocess.run(
         [CLI, *args],
         cwd=cwd,
-        env=env,
+        env=cli_env(**(env or {})),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess, free_port
+from conftest import ServerProcess, cli_env, free_port
 
 from palaestra.sdk.evaluation.attempt import AttemptLimits
 from palaestra.sdk.evaluation.rundir import RunDir
@@ -184,10 +183,8 @@ def garbage_model() -> Iterator[GarbageModel]:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PALAESTRA_")}
-    env["COLUMNS"] = "200"
     return subprocess.run(
-        [CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [CLI, *args], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=120
     )
 
 

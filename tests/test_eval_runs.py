@@ -4,7 +4,6 @@ directories on disk, a crash (SIGKILL) and a Ctrl-C (SIGINT) mid-run, bad polici
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import cli_env
 
 CLI = str(Path(sys.executable).parent / "palaestra")
 
@@ -57,10 +57,7 @@ def cli(
 
 
 def _env(cwd: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PALAESTRA_")}
-    env["COLUMNS"] = "200"
-    env["PYTHONPATH"] = str(cwd)
-    return {**env, **(extra or {})}
+    return cli_env(PYTHONPATH=str(cwd), **(extra or {}))
 
 
 @pytest.fixture

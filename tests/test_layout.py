@@ -126,3 +126,19 @@ def test_a_family_touches_one_folder_under_envs(family: str) -> None:
                         for n in names - SHARED_ENVS - {family}
                     }
     assert not bad, sorted(bad)
+
+
+MAX_MODULE_LINES = 650  # "about 600": one concept a module
+
+
+def test_no_source_module_is_over_about_600_lines() -> None:
+    """A module past this holds more than one concept: split it (tests are exempt)."""
+    folders = [*ALLOWED, "scripts", "bench"]
+    long = {
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+        if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
+        and (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, sorted(long)

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +32,7 @@ from palaestra.server.packs.check import play_episode
 from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.runtime import build_manager
 from palaestra.verifiers.terminal import _channel, files_tar, judge_set, verify_workspace
-from tests.conftest import docker_skip_reason
+from tests.conftest import FULL_CHECKS, docker_skip_reason, one_per_category
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "packs" / "terminal-core"
@@ -42,11 +41,6 @@ IMAGE = "palaestra/terminal:latest"
 NONCE = "a" * 32
 WHY_NO_BWRAP = "" if bwrap_available()[0] else f"bwrap unavailable: {bwrap_available()[1]}"
 WHY_NO_DOCKER = docker_skip_reason(IMAGE)
-# The whole docker matrix (~560 episodes, two containers each) takes about 40 min on our
-# 2-core machines: the test command plays every cheat on one task of each category (the
-# verifier path differs by category, not by task) and PALAESTRA_FULL_CHECKS=1 plays them all.
-# bwrap plays the full matrix every run (tests/test_terminal_core.py::test_pack_check_bwrap).
-FULL_CHECKS = os.environ.get("PALAESTRA_FULL_CHECKS") == "1"
 
 
 def _result(stdout: str, *, timed_out: bool = False) -> ExecResult:
@@ -200,18 +194,11 @@ def test_every_cheat_on_docker_terminal_core() -> None:
     pack = _load(CORE)
     names = (*cheats.NAMES, "print-pass", "write-verifier-result", "shadow-pytest")
     names += ("edit-tests", "conftest-hook")
-    task_ids = sorted(pack.tasks) if FULL_CHECKS else _one_per_category(pack)
+    # ~560 episodes, two containers each, with every task: see conftest.FULL_CHECKS.
+    task_ids = sorted(pack.tasks) if FULL_CHECKS else one_per_category(pack.tasks)
     results = asyncio.run(_play_all(pack, "docker", task_ids, names))
     assert len(results) >= len(task_ids) * (3 + len(cheats.NAMES))
     _check(results)
-
-
-def _one_per_category(pack: Pack) -> list[str]:
-    """The first task (by id) of each category (`c-`, `git-`, `perf-`, `py-`, `rr-`, …)."""
-    first: dict[str, str] = {}
-    for task_id in sorted(pack.tasks):
-        first.setdefault(task_id.split("-", 1)[0], task_id)
-    return sorted(first.values())
 
 
 @pytest.mark.skipif(bool(WHY_NO_DOCKER), reason=WHY_NO_DOCKER)
