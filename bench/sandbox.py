@@ -38,6 +38,7 @@ from typing import Any
 
 from palaestra.sandbox.base import SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
+from palaestra.sandbox.forkrun import PythonRun
 
 SPEC = SandboxSpec(workspace_mb=16, memory_mb=256)
 DEFAULT_IMAGE = "palaestra/base:bookworm"
@@ -197,10 +198,8 @@ async def forkserver_row(args: argparse.Namespace) -> Row:
         return row
 
     async def run() -> None:
-        r = await server.run(
-            "pass", files={}, stdin=b"", timeout=10, max_output=65536, memory_mb=256,
-            workspace_mb=16,
-        )  # fmt: skip
+        job = PythonRun("pass", timeout=10, max_output=65536, memory_mb=256, workspace_mb=16)
+        r = await server.run(job)
         if r.exit_code != 0:
             raise RuntimeError(f"fork server run failed: {r}")
 

@@ -15,6 +15,7 @@ from rich.table import Table
 from palaestra.cli.clients import open_client
 from palaestra.cli.eval.app import eval_app
 from palaestra.cli.images import images_app
+from palaestra.cli.options import DataDir, Token, Url
 from palaestra.cli.pack import pack_app
 from palaestra.cli.pack_import import import_app
 from palaestra.cli.registry import register as register_registry_commands
@@ -40,13 +41,6 @@ register_train_command(app)  # palaestra train (cli/train.py)
 # Tables stay readable when the output is a pipe or a CI log (Rich would assume 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
-
-Url = Annotated[
-    str | None,
-    typer.Option(envvar="PALAESTRA_URL", help="server URL; without it an embedded server runs"),
-]
-Token = Annotated[str | None, typer.Option(envvar="PALAESTRA_TOKEN", help="bearer token")]
-DataDir = Annotated[Path | None, typer.Option(help="data dir of the embedded server")]
 
 
 @app.command()

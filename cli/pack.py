@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from palaestra.cli.options import DataDir, Token, Url, sandbox_setting
 from palaestra.sdk.errors import PalaestraError
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.archive import pack_archive
@@ -99,7 +100,7 @@ def check_cmd(
     sandbox: Annotated[
         str | None,
         typer.Option(
-            envvar="PALAESTRA_SANDBOX", help="sandbox backend: bwrap (default), docker, e2b"
+            callback=sandbox_setting, help="sandbox backend (setting `sandbox`): bwrap, docker, e2b"
         ),
     ] = None,
     json_path: Annotated[
@@ -169,14 +170,9 @@ def build_cmd(
 # -- list ----------------------------------------------------------------------------------------
 @pack_app.command("list")
 def list_cmd(
-    url: Annotated[
-        str | None,
-        typer.Option(envvar="PALAESTRA_URL", help="server URL; without it an embedded server runs"),
-    ] = None,
-    token: Annotated[
-        str | None, typer.Option(envvar="PALAESTRA_TOKEN", help="bearer token")
-    ] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="data dir of the embedded server")] = None,
+    url: Url = None,
+    token: Token = None,
+    data_dir: DataDir = None,
 ) -> None:
     """The packs a server has: version, tasks, domains, splits, digest."""
     from palaestra.cli.clients import open_client

@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 
 from palaestra.cli.clients import resolve_token, settings_for
+from palaestra.cli.options import Token, Url
 from palaestra.sdk.errors import PalaestraError, error_from_response
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.archive import ArchiveError, pack_archive
@@ -33,8 +34,6 @@ from palaestra.server.packs.registry import PackRegistry
 console = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
 
-Url = Annotated[str | None, typer.Option(envvar="PALAESTRA_URL", help="server URL")]
-Token = Annotated[str | None, typer.Option(envvar="PALAESTRA_TOKEN", help="bearer token")]
 DataDir = Annotated[
     Path | None,
     typer.Option(help="local data dir (install target; its admin.token is used with --url)"),

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from palaestra.cli.clients import resolve_token, settings_for
+from palaestra.cli.options import token_setting
 from palaestra.sdk.errors import PalaestraError, error_from_response
 from palaestra.server import auth
 
@@ -27,7 +28,9 @@ err = Console(stderr=True)
 Url = Annotated[
     str | None, typer.Option(help="manage the tokens of this server over HTTP (admin token)")
 ]
-Token = Annotated[str | None, typer.Option(envvar="PALAESTRA_TOKEN", help="admin token (--url)")]
+Token = Annotated[
+    str | None, typer.Option(callback=token_setting, help="admin token (--url; setting `token`)")
+]
 DataDir = Annotated[Path | None, typer.Option(help="the server's data dir")]
 
 

@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from palaestra.cli.options import Token, Url
+
 err = Console(stderr=True)
 
 
@@ -62,13 +64,8 @@ def train(
     ] = None,
     out: Annotated[Path, typer.Option(help="the reward curve (PNG)")] = Path("train-reward.png"),
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
-    url: Annotated[
-        str | None,
-        typer.Option(envvar="PALAESTRA_URL", help="server URL; without it an embedded server"),
-    ] = None,
-    token: Annotated[
-        str | None, typer.Option(envvar="PALAESTRA_TOKEN", help="bearer token")
-    ] = None,
+    url: Url = None,
+    token: Token = None,
     data_dir: Annotated[
         Path | None, typer.Option(help="embedded server's data dir (default: a temp dir)")
     ] = None,

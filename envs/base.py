@@ -13,13 +13,14 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from palaestra.sandbox import ExecResult, Sandbox, SandboxSpec, SandboxSpecError
+from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import PYTHON, ForkServerUnavailable, PythonRunner
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Limits, Observation, ToolSpec, VerifierInfo
@@ -191,42 +192,24 @@ class Sandboxes:
             return await self._new(self._spec)
         return await self._new(spec)
 
-    async def run_python(
-        self,
-        code: str,
-        *,
-        files: Mapping[str, bytes],
-        stdin: bytes,
-        timeout: float,
-        max_output: int,
-        memory_mb: int,
-        workspace_mb: int,
-    ) -> ExecResult:
-        """Run `code` as `python3 -I -S -c code` in a one-shot sandbox whose /work holds
-        `files` alone: a fork of the server's Python fork server where it has one, else a
-        fresh sandbox, freed as soon as the run is over. Timeouts and exit codes are data."""
+    async def run_python(self, job: PythonRun) -> ExecResult:
+        """Run `job` (`python3 -I -S -c code`) in a one-shot sandbox whose /work holds its
+        files alone: a fork of the server's Python fork server where it has one, else a fresh
+        sandbox, freed as soon as the run is over. Timeouts and exit codes are data."""
         if self._fork_server is not None:
             try:
-                return await self._fork_server(
-                    code,
-                    files=files,
-                    stdin=stdin,
-                    timeout=timeout,
-                    max_output=max_output,
-                    memory_mb=memory_mb,
-                    workspace_mb=workspace_mb,
-                )
+                return await self._fork_server(job)
             except ForkServerUnavailable:
                 pass  # logged once by the fork server; a fresh sandbox does it
-        box = await self._new(SandboxSpec(memory_mb=memory_mb, workspace_mb=workspace_mb))
+        box = await self._new(SandboxSpec(memory_mb=job.memory_mb, workspace_mb=job.workspace_mb))
         try:
-            for path, data in files.items():
+            for path, data in job.files.items():
                 await box.write_file(path, data)
             return await box.exec(
-                [PYTHON, "-I", "-S", "-c", code],
-                stdin=stdin,
-                timeout=timeout,
-                max_output=max_output,
+                [PYTHON, "-I", "-S", "-c", job.code],
+                stdin=job.stdin,
+                timeout=job.timeout,
+                max_output=job.max_output,
             )
         finally:
             self._made.remove(box)

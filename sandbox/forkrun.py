@@ -1,5 +1,6 @@
-"""What one fork-server run receives: a sealed memfd holding a header, the program, the
-files for its /work and then the program's stdin (the zygote reads it in that order)."""
+"""What one fork-server run receives: a `PythonRun`, sent as a sealed memfd holding a
+header, the program, the files for its /work and then the program's stdin (the zygote reads
+it in that order)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,25 @@ import os
 import posixpath
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from palaestra.sandbox.base import SandboxPathError
+from palaestra.sandbox.base import DEFAULT_MAX_OUTPUT, SandboxPathError
 
 WORKDIR = "/work"
+
+
+@dataclass(frozen=True)
+class PythonRun:
+    """One run of `python3 -I -S -c code` in a fresh sandbox whose /work holds `files` alone
+    (the fork server's, or a one-shot sandbox's: `Sandboxes.run_python`)."""
+
+    code: str
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    stdin: bytes = b""
+    timeout: float = 30.0
+    max_output: int = DEFAULT_MAX_OUTPUT
+    memory_mb: int = 512
+    workspace_mb: int = 64
 
 
 def payload(code: str, files: Mapping[str, bytes], stdin: bytes) -> bytes:

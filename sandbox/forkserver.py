@@ -80,7 +80,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,7 @@ from palaestra.sandbox.bwrap.jail import KILL_GRACE_S
 from palaestra.sandbox.bwrap.launch import CgroupMode, resolve_cgroups
 from palaestra.sandbox.bwrap.mounts import etc_args, usr_symlinks, write_etc_files
 from palaestra.sandbox.cgroups import CgroupManager
-from palaestra.sandbox.forkrun import WORKDIR, payload, sealed_memfd
+from palaestra.sandbox.forkrun import WORKDIR, PythonRun, payload, sealed_memfd
 from palaestra.sandbox.preamble import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -119,7 +119,7 @@ CGROUP_SLACK_MB = 64
 REPORT_SLACK_S = 5.0
 
 # What `run` looks like, for callers that only need "run this Python program somewhere fresh".
-PythonRunner = Callable[..., Awaitable[ExecResult]]
+PythonRunner = Callable[[PythonRun], Awaitable[ExecResult]]
 
 
 class ForkServerUnavailable(SandboxError):
@@ -291,13 +291,13 @@ class PythonForkServer:
         # Probe: one trivial run proves nested namespaces work here.
         try:
             probe = await self._run_started(
-                "import os\nassert os.getcwd() == '/work'",
-                files={},
-                stdin=b"",
-                timeout=10.0,
-                max_output=4096,
-                memory_mb=256,
-                workspace_mb=1,
+                PythonRun(
+                    "import os\nassert os.getcwd() == '/work'",
+                    timeout=10.0,
+                    max_output=4096,
+                    memory_mb=256,
+                    workspace_mb=1,
+                )
             )
         except SandboxError as e:
             raise ForkServerUnavailable(f"the fork server's probe run failed: {e}") from e
@@ -376,17 +376,7 @@ class PythonForkServer:
 
     # ---- runs ------------------------------------------------------------------------------
 
-    async def run(
-        self,
-        code: str,
-        *,
-        files: Mapping[str, bytes],
-        stdin: bytes,
-        timeout: float,
-        max_output: int,
-        memory_mb: int,
-        workspace_mb: int,
-    ) -> ExecResult:
+    async def run(self, job: PythonRun) -> ExecResult:
         """Run `code` as `python3 -I -S -c code` in a fresh sandbox whose /work holds `files`.
 
         Timeouts, exit codes and truncation are data; faults raise SandboxError
@@ -395,27 +385,9 @@ class PythonForkServer:
             raise SandboxError("the Python fork server is closed")
         if not self.alive or self._loop is not asyncio.get_running_loop():
             await self.start()
-        return await self._run_started(
-            code,
-            files=files,
-            stdin=stdin,
-            timeout=timeout,
-            max_output=max_output,
-            memory_mb=memory_mb,
-            workspace_mb=workspace_mb,
-        )
+        return await self._run_started(job)
 
-    async def _run_started(
-        self,
-        code: str,
-        *,
-        files: Mapping[str, bytes],
-        stdin: bytes,
-        timeout: float,
-        max_output: int,
-        memory_mb: int,
-        workspace_mb: int,
-    ) -> ExecResult:
+    async def _run_started(self, job: PythonRun) -> ExecResult:
         sock = self._sock
         if sock is None:
             raise SandboxError("the Python fork server is not running")
@@ -423,13 +395,11 @@ class PythonForkServer:
         run_id = self._next_id
         rc = None
         if self.cgroups is not None:
-            mem = (int(memory_mb) + CGROUP_SLACK_MB) << 20
+            mem = (int(job.memory_mb) + CGROUP_SLACK_MB) << 20
             name = f"fork-{self.starts}-{run_id}"
             rc = RunCgroup(self.cgroups, name, mem, self.pids, self.cpus)
         try:
-            return await self._run_in(
-                sock, rc, run_id, code, files, stdin, timeout, max_output, memory_mb, workspace_mb
-            )
+            return await self._run_in(sock, rc, run_id, job)
         finally:
             if rc is not None:  # off the result's path; `aclose` waits for it
                 task = asyncio.ensure_future(rc.cleanup())
@@ -441,16 +411,11 @@ class PythonForkServer:
         sock: socket.socket,
         rc: RunCgroup | None,
         run_id: int,
-        code: str,
-        files: Mapping[str, bytes],
-        stdin: bytes,
-        timeout: float,
-        max_output: int,
-        memory_mb: int,
-        workspace_mb: int,
+        job: PythonRun,
     ) -> ExecResult:
         loop = asyncio.get_running_loop()
-        memfd = sealed_memfd(payload(code, files, stdin))
+        memfd = sealed_memfd(payload(job.code, job.files, job.stdin))
+        timeout, max_output = job.timeout, job.max_output
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         sync_ours = sync_theirs = None
@@ -461,8 +426,8 @@ class PythonForkServer:
         request = {
             "id": run_id,
             "timeout": max(0.001, float(timeout)),
-            "memory_mb": int(memory_mb),
-            "workspace_mb": int(workspace_mb),
+            "memory_mb": int(job.memory_mb),
+            "workspace_mb": int(job.workspace_mb),
             "nproc": self.nproc,
             "net_ns": self.net_ns,
             "cgroup": rc is not None,

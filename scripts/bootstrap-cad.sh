@@ -4,7 +4,8 @@
 #   $ROOT/trimesh  numpy, trimesh, manifold3d, scipy, networkx at the server venv's versions
 #                  (pip --target), so a script builds the same mesh the verifier expects;
 #   $ROOT/blender  Blender as a Python module (bpy 5.0.1) in its own venv: it needs numpy < 2.
-# ROOT is $PALAESTRA_TOOLCHAINS, else /opt/palaestra/toolchains as root, else .toolchains here.
+# ROOT is $PALAESTRA_TOOLCHAINS_DIR (the toolchains_dir setting), else /opt/palaestra/toolchains
+# as root, else .toolchains here.
 # It lives outside the checkout because the sandbox's uid must be able to reach it: a clone in
 # a private (0700) directory would hide it. envs/cad/runtime.py looks in the same places.
 #
@@ -14,7 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-ROOT="${PALAESTRA_TOOLCHAINS:-}"
+ROOT="${PALAESTRA_TOOLCHAINS_DIR:-}"
 if [ -z "$ROOT" ]; then
   if [ "$(id -u)" -eq 0 ]; then ROOT=/opt/palaestra/toolchains; else ROOT="$PWD/.toolchains"; fi
 fi

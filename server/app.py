@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import palaestra
+from palaestra.sdk.client import TaskQuery
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import (
     BatchResetRequest,
@@ -323,9 +324,7 @@ def create_app(
     ) -> Response:
         who(request)
         return _json(
-            mgr(request).catalog.task_list(
-                pack=pack, split=split, family=family, domain=domain, limit=limit, offset=offset
-            )
+            mgr(request).catalog.task_list(TaskQuery(pack, split, family, domain, limit, offset))
         )
 
     @app.get("/v1/sampler", response_model=SamplerReport, responses=ERRORS, tags=["sampler"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from palaestra.sdk.client import TaskQuery
 from palaestra.sdk.errors import PermissionDeniedError, UnavailableError
 from palaestra.sdk.models import (
     FamilyInfo,
@@ -38,14 +39,14 @@ class Catalog:
         packs: PackCatalog,
         sampler: Sampler,
         store: Store,
-        pack_store: PackRegistry | None,
+        registry: PackRegistry | None,
     ) -> None:
         self.settings = settings
         self.families = families
         self.packs = packs
         self.sampler = sampler
         self.store = store
-        self.pack_store = pack_store
+        self.registry = registry
 
     # -- discovery ------------------------------------------------------------------------
     def family_infos(self) -> list[FamilyInfo]:
@@ -82,8 +83,8 @@ class Catalog:
     ) -> tuple[Pack, bool]:
         """Verify and install a pack archive (DESIGN §6); (pack, whether it is new)."""
         principal.require(PUBLISH, "publishing a pack")
-        if self.pack_store is None:
-            raise UnavailableError("this server has no pack store", code="no_pack_store")
+        if self.registry is None:
+            raise UnavailableError("this server has no pack registry", code="no_registry")
         s = self.settings
         rights = (
             ADMIN_RIGHTS
@@ -95,7 +96,7 @@ class Catalog:
                 max_versions=s.publisher_max_versions,
             )
         )
-        pack, created = await self.pack_store.ainstall(  # its own bounded threads
+        pack, created = await self.registry.ainstall(  # its own bounded threads
             data,
             publisher=principal.name,
             families=self.families.all(),
@@ -111,9 +112,9 @@ class Catalog:
     async def enable_pack(self, name: str, principal: Principal = ADMIN_PRINCIPAL) -> bool:
         """Let unfiltered sampling draw a published pack (admin); False if it already could."""
         principal.require(ADMIN, "enabling a pack for unfiltered sampling")
-        if self.pack_store is None:
-            raise UnavailableError("this server has no pack store", code="no_pack_store")
-        changed = await asyncio.to_thread(self.pack_store.enable, name, principal.name, self.packs)
+        if self.registry is None:
+            raise UnavailableError("this server has no pack registry", code="no_registry")
+        changed = await asyncio.to_thread(self.registry.enable, name, principal.name, self.packs)
         self.sampler.refresh()
         return changed
 
@@ -135,18 +136,11 @@ class Catalog:
             )
         return pack, await asyncio.to_thread(pack_archive, pack.root)
 
-    def task_list(
-        self,
-        *,
-        pack: str | None = None,
-        split: str | None = None,
-        family: str | None = None,
-        domain: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> TaskList:
-        tasks = self.packs.select(pack=pack, split=split, family=family, domain=domain)
-        return TaskList(tasks=[t.info() for t in tasks[offset : offset + limit]], total=len(tasks))
+    def task_list(self, query: TaskQuery) -> TaskList:
+        q = query
+        tasks = self.packs.select(pack=q.pack, split=q.split, family=q.family, domain=q.domain)
+        page = tasks[q.offset : q.offset + q.limit]
+        return TaskList(tasks=[t.info() for t in page], total=len(tasks))
 
     def sampler_report(
         self,

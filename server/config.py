@@ -41,6 +41,11 @@ class Settings(BaseModel):
             "start; default <data_dir>/heldout.secret); share it to share a held-out set"
         ),
     )
+    # The CLI's side: the server its commands talk to (cli/options.py).
+    url: str | None = Field(
+        default=None, description="CLI: the server URL; without it an embedded server runs"
+    )
+    token: SecretStr | None = Field(default=None, description="CLI: the bearer token it sends")
     host: str = "127.0.0.1"
     port: int = 8000
     sandbox: str = Field(default="bwrap", description="sandbox backend")
@@ -48,7 +53,14 @@ class Settings(BaseModel):
         default_factory=lambda: default_cache(),
         description=(
             "cache folder: the exec helper's build, image rootfs folders, docker's bash, "
-            "generated finance reports and tasks"
+            "generated tasks and finance reports"
+        ),
+    )
+    toolchains_dir: Path | None = Field(
+        default=None,
+        description=(
+            "cad toolchains (scripts/bootstrap-cad.sh; default /opt/palaestra/toolchains "
+            "where it exists, else .toolchains in the checkout)"
         ),
     )
     images_dir: Path | None = Field(

@@ -119,7 +119,7 @@ class AsyncInProcessClient(AsyncServerClient):
         return self.manager.catalog.pack_infos()
 
     async def _tasks(self, query: TaskQuery) -> TaskList:
-        return self.manager.catalog.task_list(**asdict(query))
+        return self.manager.catalog.task_list(query)
 
     async def _sampler(self, query: SamplerQuery) -> SamplerReport:
         return self.manager.catalog.sampler_report(**asdict(query))

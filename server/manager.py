@@ -79,10 +79,10 @@ class EpisodeManager:
         store: Store,
         metrics: Metrics | None = None,
         fork_server: PythonForkServer | None = None,
-        pack_store: PackRegistry | None = None,
+        registry: PackRegistry | None = None,
     ) -> None:
         self.settings = settings
-        self.pack_store = pack_store
+        self.registry = registry
         self.fork_server = fork_server
         self.families = families
         self.packs = packs
@@ -106,7 +106,7 @@ class EpisodeManager:
             packs=packs,
             sampler=self.sampler,
             store=store,
-            pack_store=pack_store,
+            registry=registry,
         )
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from palaestra.server.manager import EpisodeManager
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs.archive import ArchiveLimits
 from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.gencache import GeneratedTaskCache
 from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.store import Store
@@ -49,14 +50,18 @@ def with_pool(backend: Backend, settings: Settings) -> Backend:
 
 def family_options(settings: Settings) -> dict[str, dict[str, Any]]:
     """What the built-in families are made with: the settings they take, as arguments."""
-    return {"finance": {"cache_dir": settings.cache / "finance"}}
+    return {
+        "finance": {"cache_dir": settings.cache / "finance"},
+        "cad": {"toolchains_dir": settings.toolchains_dir},
+    }
 
 
 def build_manager(settings: Settings, *, backend: Backend | None = None) -> EpisodeManager:
     """A manager on the embedded defaults; call `await manager.start()` inside the event loop."""
     families = FamilyRegistry.discover(family_options(settings))
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
-    packs = PackCatalog(secret=heldout.ensure_secret(secret_file))  # sealed generated seeds
+    secret = heldout.ensure_secret(secret_file)  # sealed generated seeds
+    packs = PackCatalog(secret, GeneratedTaskCache(settings.cache / "generated"))
     policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
     packs.load_dirs(settings.packs_dirs, families.all(), policy)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -65,8 +70,8 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
         ensure_admin_token(settings.data_dir, settings.db_path)
     # Published packs (the server's content-addressed store) after the built-in ones.
     limits = ArchiveLimits.from_settings(settings)  # bombs are refused while they inflate
-    pack_store = PackRegistry(settings.data_dir, settings.db_path, archive_limits=limits)
-    pack_store.load_into(packs, families.all(), policy)
+    registry = PackRegistry(settings.data_dir, settings.db_path, archive_limits=limits)
+    registry.load_into(packs, families.all(), policy)
     fork_server = None
     if backend is None:
         backend = with_pool(make_backend(settings), settings)
@@ -82,7 +87,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
         store=store,
         metrics=metrics,
         fork_server=fork_server,
-        pack_store=pack_store,
+        registry=registry,
     )
 
 

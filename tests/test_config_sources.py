@@ -22,10 +22,6 @@ ALLOWED = {
     "envs/cheat_scripts/forge.py": "a cheat program run inside the agent's sandbox",
     "sdk/policies/chat.py": "the key of the user's model endpoint, in the variable "
     "--api-key-env names (never stored; no palaestra setting)",
-    "envs/finance/tasks.py": "PALAESTRA_CACHE for the task cache of the pack's generator: "
-    "the pack loader passes generators no settings yet",
-    "envs/cad/runtime.py": "PALAESTRA_TOOLCHAINS, the rule scripts/bootstrap-cad.sh installs "
-    "by; the cad family takes no settings yet",
     "sandbox/docker/engine.py": "DOCKER_HOST, the docker SDK's own variable for the engine's "
     "socket (what `docker` itself reads)",
     "sandbox/exechelper.py": "CC, the compiler the exec helper is built with (the build's own "

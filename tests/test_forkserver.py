@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from palaestra.sandbox import ExecResult, SandboxError, SandboxPathError
+from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
 
 
@@ -44,15 +45,8 @@ async def run(
     memory_mb: int = 512,
     workspace_mb: int = 16,
 ) -> ExecResult:
-    return await fs.run(
-        code,
-        files=files or {},
-        stdin=stdin,
-        timeout=timeout,
-        max_output=max_output,
-        memory_mb=memory_mb,
-        workspace_mb=workspace_mb,
-    )
+    job = PythonRun(code, files or {}, stdin, timeout, max_output, memory_mb, workspace_mb)
+    return await fs.run(job)
 
 
 def last_json(result: ExecResult) -> Any:

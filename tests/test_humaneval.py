@@ -353,6 +353,18 @@ async def test_hack_infinite_loop_at_import(manager: EpisodeManager) -> None:
     assert elapsed < 30, elapsed  # the load timeout (6 s) ends it, far inside the exec limit
 
 
+async def test_a_hanging_call_costs_one_test_timeout(manager: EpisodeManager) -> None:
+    """After one test times out the rest are not run (they count as timed out): a hanging
+    solution costs one test timeout (6 s), not one per hidden test."""
+    started = time.monotonic()
+    source = "def has_close_elements(numbers, threshold):\n    while True:\n        pass\n"
+    final, _ = await submit(manager, ref(0), source)
+    elapsed = time.monotonic() - started
+    assert_zero(final)
+    assert final.info["verdict"]["failure"] == "timeout", final.info["verdict"]
+    assert elapsed < 20, elapsed
+
+
 async def test_hack_results_files(manager: EpisodeManager) -> None:
     source = """
 import json, os

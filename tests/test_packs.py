@@ -11,6 +11,7 @@ import pytest
 
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.gencache import GeneratedTaskCache
 from palaestra.server.packs.loader import generator_seeds, inspect_pack, load_pack
 from palaestra.server.packs.lock import (
     LOCK_FILE,
@@ -348,6 +349,49 @@ def test_generators_draw_each_split_from_its_seed_range(tmp_path: Path) -> None:
     assert spec is not None
     seeds = generator_seeds("acme/demo", "rev", "train", spec)
     assert seeds == sorted(random.Random("acme/demo/rev/train").sample(range(0, 100000), 50))
+
+
+COUNTING = GENERATOR.replace(
+    "def generate(seed: int, index: int, level: int) -> dict:\n",
+    "def generate(seed: int, index: int, level: int) -> dict:\n"
+    "    with open(CALLS, 'a') as log:\n"
+    "        log.write('x')\n",
+)
+
+
+def test_generated_tasks_are_cached_by_everything_they_depend_on(tmp_path: Path) -> None:
+    """A second load reads the cache (no generator call) and gives the same tasks; a changed
+    generator, another secret or a failing call is never served from it."""
+    calls = tmp_path / "calls"
+    source = f"CALLS = {str(calls)!r}\n" + COUNTING
+    root = make_generator_pack(tmp_path / "g", source=source)
+    cache = GeneratedTaskCache(tmp_path / "cache")
+    first = load_pack(root, FAMILIES, secret=b"k" * 32, cache=cache)
+    assert calls.read_text() == "x" * 70
+    entries = sorted((tmp_path / "cache").iterdir())
+    assert len(entries) == 2 and all(e.stat().st_mode & 0o077 == 0 for e in entries)
+    again = load_pack(root, FAMILIES, secret=b"k" * 32, cache=cache)
+    assert calls.read_text() == "x" * 70  # nothing generated again
+    assert {k: t.digest for k, t in again.tasks.items()} == {
+        k: t.digest for k, t in first.tasks.items()
+    }
+    other = load_pack(root, FAMILIES, secret=b"o" * 32, cache=cache)
+    assert calls.read_text() == "x" * 90  # new sealed seeds: the held-out split again
+    assert {t.id for t in other.tasks.values() if t.sealed} == {
+        t.id for t in first.tasks.values() if t.sealed
+    }
+    assert {t.digest for t in other.tasks.values() if t.sealed}.isdisjoint(
+        t.digest for t in first.tasks.values() if t.sealed
+    )
+    (root / "generators" / "rev.py").write_text(source.replace("reverse", "flip"))
+    changed = load_pack(root, FAMILIES, secret=b"k" * 32, cache=cache)
+    assert calls.read_text() == "x" * 160
+    assert all(t.public["instruction"].startswith("flip") for t in changed.tasks.values())
+    # A corrupt entry is a miss, not an error.
+    for entry in (tmp_path / "cache").iterdir():
+        entry.write_text("[1, 2")
+    load_pack(root, FAMILIES, secret=b"k" * 32, cache=cache)
+    assert calls.read_text() == "x" * 230
 
 
 @pytest.mark.parametrize(

@@ -461,19 +461,14 @@ async def test_image_rootfs_base(backend: BwrapBackend, monkeypatch: pytest.Monk
 
 
 async def test_forkserver_runs_are_filtered() -> None:
+    from palaestra.sandbox.forkrun import PythonRun
     from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
 
     server = PythonForkServer()
     try:
-        r = await server.run(
-            SECCOMP_PROBE + "print(open('/proc/self/status').read().count('Seccomp:\\t2'))\n",
-            files={},
-            stdin=b"",
-            timeout=20,
-            max_output=1 << 16,
-            memory_mb=512,
-            workspace_mb=8,
-        )
+        probe = "print(open('/proc/self/status').read().count('Seccomp:\\t2'))\n"
+        job = PythonRun(SECCOMP_PROBE + probe, timeout=20, max_output=1 << 16, workspace_mb=8)
+        r = await server.run(job)
     except ForkServerUnavailable as e:
         pytest.skip(f"fork server unavailable: {e}")
     finally:

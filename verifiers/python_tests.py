@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from palaestra.sandbox import programs
+from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import PythonRunner
 
 VERSION = "1.4.0"
@@ -246,7 +247,7 @@ async def run_python_tests(
         "load_timeout": load_timeout,
     }
     started = time.perf_counter()
-    result = await run_python(
+    job = PythonRun(
         RUNNER,
         files={solution_path: solution},
         stdin=json.dumps(config).encode(),
@@ -255,6 +256,7 @@ async def run_python_tests(
         memory_mb=memory_mb,
         workspace_mb=workspace_mb,
     )
+    result = await run_python(job)
     duration = time.perf_counter() - started
     for line in reversed(result.stdout.splitlines()):
         head, _, body = line.partition(" ")

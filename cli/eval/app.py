@@ -26,6 +26,7 @@ from palaestra.cli.eval.console import console, err, fail, open_run
 from palaestra.cli.eval.report import load_report, write_report
 from palaestra.cli.eval.server import all_tasks, find_pack, server_version
 from palaestra.cli.eval.session import execute, progress_bar
+from palaestra.cli.options import DataDir, Token, Url
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.evaluation.attempt import Attempt, AttemptLimits
 from palaestra.sdk.evaluation.regrade import regrade
@@ -43,12 +44,6 @@ eval_app = typer.Typer(
     invoke_without_command=True,
 )
 
-Url = Annotated[
-    str | None,
-    typer.Option(envvar="PALAESTRA_URL", help="server URL; without it an embedded server runs"),
-]
-Token = Annotated[str | None, typer.Option(envvar="PALAESTRA_TOKEN", help="bearer token")]
-DataDir = Annotated[Path | None, typer.Option(help="data dir of the embedded server")]
 PackOpt = Annotated[str | None, typer.Option(help="org/name[@version]")]
 SplitOpt = Annotated[str, typer.Option(help="split to evaluate")]
 PolicyOpt = Annotated[

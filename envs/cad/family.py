@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -128,13 +129,16 @@ class CadFamily(Family):
     private_fields = CadPrivate
     image = IMAGE  # docker: images/cad (bpy's X and GL libraries); bwrap: the host's /usr
 
+    def __init__(self, toolchains_dir: Path | None = None) -> None:
+        self.toolchains_dir = toolchains_dir  # None: the bootstrap script's rule (runtime.py)
+
     def sandbox_spec(self, task: Task) -> SandboxSpec | None:
         return SandboxSpec(
             workspace_mb=256,
             memory_mb=2048,
             pids=512,
             default_timeout_s=60.0,
-            ro_binds=runtime.ro_binds(),
+            ro_binds=runtime.ro_binds(self.toolchains_dir),
         )
 
     def validate_task(self, task: Task) -> None:
@@ -151,7 +155,7 @@ class CadFamily(Family):
         assert sandbox is not None
         if public.parametric:
             await sandbox.write_file(PARAMS_FILE, json.dumps(public.params, indent=2))
-        chains = {c: runtime.toolchain(c) for c in runtime.TOOLCHAINS}
+        chains = {c: runtime.toolchain(c, self.toolchains_dir) for c in runtime.TOOLCHAINS}
         off = [f"{c} ({t.reason})" for c, t in chains.items() if not t.available]
         text = public.instruction + "\n\nParameters: " + json.dumps(public.params)
         if off:
@@ -186,7 +190,7 @@ class CadFamily(Family):
         self, ctx: EpisodeContext, sandbox: Sandbox, args: RunScriptArgs
     ) -> Observation:
         path = _workspace_path(args.path)
-        chain = runtime.toolchain(args.toolchain)
+        chain = runtime.toolchain(args.toolchain, self.toolchains_dir)
         if not chain.available:
             raise InvalidActionError(
                 f"the {args.toolchain} toolchain is unavailable on this server: {chain.reason}"
@@ -226,7 +230,7 @@ class CadFamily(Family):
         sandbox = ctx.sandboxes.episode
         assert sandbox is not None
         path = str(ctx.state.get("script", SCRIPT))
-        chain = runtime.toolchain(str(ctx.state.get("toolchain", "trimesh")))
+        chain = runtime.toolchain(str(ctx.state.get("toolchain", "trimesh")), self.toolchains_dir)
         private = CadPrivate.of(ctx.task)
 
         def verdict(

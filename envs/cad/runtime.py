@@ -9,8 +9,9 @@ fixed path and put on PYTHONPATH:
 * ``blender``: the venv ``<toolchains>/blender`` (bpy 5.0.1, numpy<2), bound at
   /opt/palaestra/blender.
 
-``<toolchains>`` is ``$PALAESTRA_TOOLCHAINS``, else /opt/palaestra/toolchains where it
-exists, else ``.toolchains`` in the checkout; scripts/bootstrap-cad.sh builds both there. The
+``<toolchains>`` is the `toolchains_dir` setting (the family's argument), else
+/opt/palaestra/toolchains where it exists, else ``.toolchains`` in the checkout;
+scripts/bootstrap-cad.sh builds both there by the same rule. The
 sandbox's uid must be able to reach a bound directory, so every one is checked for that.
 
 PYTHONPATH does not run ``.pth`` files, so nothing of the server (its editable install) is
@@ -32,15 +33,14 @@ from pathlib import Path
 PYTHON = "/usr/bin/python3"
 SANDBOX_SITE = {"trimesh": "/opt/palaestra/trimesh", "blender": "/opt/palaestra/blender"}
 TOOLCHAINS = ("trimesh", "blender")
-TOOLCHAINS_ENV = "PALAESTRA_TOOLCHAINS"
 SYSTEM_TOOLCHAINS = Path("/opt/palaestra/toolchains")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def toolchains_root() -> Path:
+def toolchains_root(configured: Path | None = None) -> Path:
     """Where scripts/bootstrap-cad.sh put the toolchains (the same rule as the script)."""
-    if env := os.environ.get(TOOLCHAINS_ENV):
-        return Path(env)
+    if configured is not None:
+        return configured
     return SYSTEM_TOOLCHAINS if SYSTEM_TOOLCHAINS.is_dir() else REPO_ROOT / ".toolchains"
 
 
@@ -53,8 +53,8 @@ def unreachable_by_others(path: Path) -> str | None:
         if not mode & stat.S_IXOTH or (part == path and not mode & stat.S_IROTH):
             return (
                 f"{path} is not readable by the sandbox's uid ({part} lacks o+rx); "
-                "run scripts/bootstrap-cad.sh as root or set PALAESTRA_TOOLCHAINS to a "
-                "world-readable directory"
+                "run scripts/bootstrap-cad.sh as root or set the toolchains_dir setting to "
+                "a world-readable directory"
             )
     return None
 
@@ -96,8 +96,8 @@ def _module_dir(name: str) -> Path | None:
 
 
 @functools.cache
-def trimesh_toolchain() -> Toolchain:
-    own = toolchains_root() / "trimesh"
+def trimesh_toolchain(root: Path | None = None) -> Toolchain:
+    own = toolchains_root(root) / "trimesh"
     if (own / "UNAVAILABLE").is_file():
         return Toolchain("trimesh", None, (own / "UNAVAILABLE").read_text().strip())
     if (own / "trimesh").is_dir() and (own / ".palaestra-installed").is_file():
@@ -125,8 +125,8 @@ def _reachable(chain: Toolchain) -> Toolchain:
 
 
 @functools.cache
-def blender_toolchain() -> Toolchain:
-    venv = toolchains_root() / "blender"
+def blender_toolchain(root: Path | None = None) -> Toolchain:
+    venv = toolchains_root(root) / "blender"
     why = venv / "UNAVAILABLE"
     if why.is_file():
         return Toolchain("blender", None, why.read_text().strip())
@@ -139,14 +139,15 @@ def blender_toolchain() -> Toolchain:
     return _reachable(Toolchain("blender", str(site)))
 
 
-def toolchain(name: str) -> Toolchain:
-    return trimesh_toolchain() if name == "trimesh" else blender_toolchain()
+def toolchain(name: str, root: Path | None = None) -> Toolchain:
+    """Toolchain `name` under `root` (default: the bootstrap script's rule)."""
+    return trimesh_toolchain(root) if name == "trimesh" else blender_toolchain(root)
 
 
-def ro_binds() -> tuple[tuple[str, str], ...]:
-    """The read-only binds of every available toolchain."""
+def ro_binds(root: Path | None = None) -> tuple[tuple[str, str], ...]:
+    """The read-only binds of every available toolchain under `root`."""
     out = []
-    for chain in (trimesh_toolchain(), blender_toolchain()):
+    for chain in (trimesh_toolchain(root), blender_toolchain(root)):
         if chain.site is not None:
             out.append((chain.site, SANDBOX_SITE[chain.name]))
     return tuple(out)

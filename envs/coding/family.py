@@ -30,6 +30,7 @@ from palaestra.envs.coding.examples import EXAMPLES_RUNNER, examples_input, publ
 from palaestra.envs.paths import workspace_relpath
 from palaestra.sandbox import AgentFault, ExecResult, Sandbox, SandboxSpec
 from palaestra.sandbox.base import DEFAULT_MAX_OUTPUT
+from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
@@ -191,7 +192,7 @@ class CodingFamily(Family):
                 f"{SOLUTION} is over {MAX_SOLUTION_BYTES} bytes; write the function alone"
             )
         spec = self.sandbox_spec(ctx.task)
-        return await ctx.sandboxes.run_python(
+        job = PythonRun(
             EXAMPLES_RUNNER,
             files=files,
             stdin=examples.encode(),
@@ -200,6 +201,7 @@ class CodingFamily(Family):
             memory_mb=spec.memory_mb,
             workspace_mb=spec.workspace_mb,
         )
+        return await ctx.sandboxes.run_python(job)
 
     async def verify(self, ctx: EpisodeContext) -> Assessment:
         """Reward 1 when every hidden test passes, else 0 (docs/decisions.md: a fraction of

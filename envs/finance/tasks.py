@@ -10,12 +10,8 @@ the cheat checks.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from palaestra.envs.finance.accounts import Accounts, build_accounts, sub_seed, variant_seed
@@ -104,45 +100,11 @@ def _usable(question: Question, built: Built, gold: Gold) -> bool:
     return abs(_asked(gold, again) - asked) > 4 * step
 
 
-@functools.cache
-def code_digest() -> str:
-    """A digest of the code that shapes a task (the task cache is keyed by it)."""
-    from palaestra.envs.finance import accounts, layout, profiles, questions
-    from palaestra.verifiers import finance, finance_program
-
-    h = hashlib.sha256()
-    for module in (accounts, layout, profiles, questions, finance, finance_program):
-        h.update(Path(str(module.__file__)).read_bytes())
-    h.update(Path(__file__).read_bytes())
-    return h.hexdigest()[:20]
-
-
-def _cache_file(seed: int, index: int, level: int, domain: str) -> Path:
-    base = os.environ.get("PALAESTRA_CACHE") or Path.home() / ".cache" / "palaestra"
-    return Path(base) / "finance" / "tasks" / code_digest() / f"{domain}-{level}-{seed}.json"
-
-
 def generate_task(seed: int, index: int, level: int, domain: str | None = None) -> dict[str, Any]:
-    """One task: a question of `domain` (default: by index) on the report of `seed`.
-
-    A pure function of its arguments; the result is cached on disk (keyed by the code's
-    digest) because a server loads every task of the pack at each start."""
+    """One task: a question of `domain` (default: by index) on the report of `seed`; a pure
+    function of its arguments (the pack loader caches generated tasks, server/packs/gencache.py)."""
     domain = domain or DOMAINS[(index // 3) % len(DOMAINS)]
-    path = _cache_file(seed, index, level, domain)
-    try:
-        cached: dict[str, Any] = json.loads(path.read_text("utf-8"))
-        return cached
-    except (OSError, ValueError):
-        pass
-    task = _generate(seed, level, domain)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(task), "utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    return task
+    return _generate(seed, level, domain)
 
 
 def _generate(seed: int, level: int, domain: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from palaestra.envs.base import Family
 from palaestra.sdk.errors import BadRequestError, NotFoundError
 from palaestra.sdk.task import Task
+from palaestra.server.packs.gencache import GeneratedTaskCache
 from palaestra.server.packs.loader import Pack, load_pack
 from palaestra.server.packs.manifest import semver_key
 from palaestra.server.packs.taskfields import HostPolicy
@@ -29,10 +30,13 @@ REF_RE = re.compile(r"^(?P<pack>[^@:\s]+/[^@:\s]+)(?:@(?P<version>[^:\s]+))?:(?P
 class PackCatalog:
     """The packs the server serves, by name and version."""
 
-    def __init__(self, secret: bytes | None = None) -> None:
+    def __init__(
+        self, secret: bytes | None = None, task_cache: GeneratedTaskCache | None = None
+    ) -> None:
         self._packs: dict[str, dict[str, Pack]] = {}
         self.errors: dict[str, str] = {}
         self.secret = secret  # the held-out secret packs load with (server/heldout.py)
+        self.task_cache = task_cache  # generated tasks kept between starts
         # Published packs an admin has not enabled: served by explicit ref or `pack=`, never
         # drawn by the sampler's unfiltered mode (DESIGN §5b).
         self._held: set[str] = set()
@@ -65,7 +69,10 @@ class PackCatalog:
         for base in dirs:
             for root in sorted(p.parent for p in Path(base).glob("*/pack.toml")):
                 try:
-                    self.add(load_pack(root, families, policy, secret=self.secret))
+                    pack = load_pack(
+                        root, families, policy, secret=self.secret, cache=self.task_cache
+                    )
+                    self.add(pack)
                 except Exception as exc:
                     self.errors[str(root)] = str(exc)
                     log.error("pack %s not loaded: %s", root, exc)

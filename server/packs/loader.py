@@ -38,6 +38,7 @@ from palaestra.envs.base import Family, TaskFieldsError
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
 from palaestra.server import heldout
+from palaestra.server.packs.gencache import GeneratedTaskCache, as_json
 from palaestra.server.packs.lock import file_hashes, files_digest, ignored, pack_files, verify_lock
 from palaestra.server.packs.manifest import (
     GeneratorSplit,
@@ -226,11 +227,16 @@ def generator_seeds(
 
 
 def _generated_tasks(
-    root: Path, manifest: PackManifest, secret: bytes | None = None
+    root: Path,
+    manifest: PackManifest,
+    secret: bytes | None = None,
+    cache: GeneratedTaskCache | None = None,
+    pack_files: dict[str, str] | None = None,
 ) -> Iterator[Found]:
     """A sealed split's tasks get secret seeds (with `secret`) and ids that name no seed
     (`<generator>-<split>-<index>`, whatever the generator says), and their problems quote
-    neither the seed nor the generator's error text (pack errors are shown by /readyz)."""
+    neither the seed nor the generator's error text (pack errors are shown by /readyz).
+    A split whose every call succeeded is kept in `cache` (keyed by `pack_files`' hashes)."""
     for gen_name, gen in manifest.generators.items():
         where = f"{root / 'pack.toml'}: generators.{gen_name}"
         try:
@@ -250,16 +256,28 @@ def _generated_tasks(
             sealed = manifest.splits[split].sealed
             key = secret if sealed else None
             seeds = generator_seeds(manifest.name, gen_name, split, spec, key)
+            levels = [gen.levels[index % len(gen.levels)] for index in range(len(seeds))]
+            entry = None
+            if cache is not None and pack_files is not None:
+                entry = cache.key(pack_files, gen_name, split, seeds, levels)
+            cached = cache.get(entry, len(seeds)) if cache is not None and entry else None
+            results: list[str | None] = []  # each call's task as JSON, None if it failed
             for index, seed in enumerate(seeds):
-                level = gen.levels[index % len(gen.levels)]
+                level = levels[index]
                 shown = "<sealed>" if sealed else seed
                 at = f"{root / gen.module}: generate(seed={shown}, index={index}, level={level})"
                 try:
-                    raw = generate(seed=seed, index=index, level=level)
+                    raw = (
+                        cached[index]
+                        if cached is not None
+                        else generate(seed=seed, index=index, level=level)
+                    )
                 except Exception as exc:
                     why = "" if sealed else f": {exc}"
+                    results.append(None)
                     yield at, None, [f"{at} raised {type(exc).__name__}{why}"]
                     continue
+                results.append(as_json(raw))  # before anything below can change it
                 if not isinstance(raw, dict):
                     yield at, None, [f"{at} returned {type(raw).__name__}, not a task dict"]
                     continue
@@ -277,6 +295,8 @@ def _generated_tasks(
                     problems.append(f"{at}: returned split {task['split']!r}, not {split!r}")
                     task["split"] = split
                 yield at, task, problems
+            if cache is not None and entry and cached is None:
+                cache.put(entry, results)
 
 
 def _source_tasks(
@@ -356,13 +376,15 @@ def inspect_pack(
     policy: HostPolicy | None = None,
     *,
     secret: bytes | None = None,
+    cache: GeneratedTaskCache | None = None,
 ) -> tuple[Pack | None, list[str]]:
     """Load what can be loaded and list every problem; the pack is None if pack.toml is unusable.
 
     Tasks with problems are left out of the pack; `load_pack` refuses any problem. `policy`
     (default: Settings' defaults) is what a task's image, toolchain and paths may name.
     `secret` (a server's, server/heldout.py) seeds sealed generated tasks; without it they
-    come from public seeds (local tools: `palaestra pack check`)."""
+    come from public seeds (local tools: `palaestra pack check`). `cache` keeps generated
+    tasks between loads (server/packs/gencache.py)."""
     root = Path(root)
     policy = policy or HostPolicy.default()
     try:
@@ -388,7 +410,7 @@ def inspect_pack(
     if (root / "tasks").is_dir():
         found.append(_directory_tasks(root))
     if manifest.generators:
-        found.append(_generated_tasks(root, manifest, secret))
+        found.append(_generated_tasks(root, manifest, secret, cache, hashes))
     if manifest.source is not None:
         found.append(_source_tasks(root, manifest, secret))
     if not found:
@@ -473,9 +495,10 @@ def load_pack(
     policy: HostPolicy | None = None,
     *,
     secret: bytes | None = None,
+    cache: GeneratedTaskCache | None = None,
 ) -> Pack:
     """Read and validate one pack directory; raises PackError listing what to fix."""
-    pack, problems = inspect_pack(root, known_families, policy, secret=secret)
+    pack, problems = inspect_pack(root, known_families, policy, secret=secret, cache=cache)
     if problems or pack is None:
         raise PackError(problems)
     return pack

@@ -258,7 +258,9 @@ class PackRegistry:
             where = f"{row.name}@{row.version}"
             try:
                 path = self.store.path_of(row.digest)
-                pack = load_pack(path, known, policy, secret=catalog.secret)
+                pack = load_pack(
+                    path, known, policy, secret=catalog.secret, cache=catalog.task_cache
+                )
                 if pack.digest != row.digest:
                     raise PackError(f"its files hash to {pack.digest}, published as {row.digest}")
                 catalog.add(pack, held=row.name not in enabled)
@@ -300,7 +302,8 @@ class PackRegistry:
                 )
             try:
                 secret = catalog.secret if catalog is not None else None  # sealed seeds
-                pack = load_pack(root, list(families), policy, secret=secret)
+                cache = catalog.task_cache if catalog is not None else None
+                pack = load_pack(root, list(families), policy, secret=secret, cache=cache)
             except Exception as exc:
                 raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
             if expect_digest is not None and pack.digest != expect_digest:

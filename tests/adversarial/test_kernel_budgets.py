@@ -25,6 +25,7 @@ import pytest
 
 from palaestra.sandbox import seccomp
 from palaestra.sandbox.base import Backend, ExecResult, Sandbox
+from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
 
 from .harness import ATTACK_SPEC, Guard, bwrap_cgroups, on_backends
@@ -62,15 +63,9 @@ def needs_cgroups(forks: PythonForkServer) -> None:
 async def fork_run(
     forks: PythonForkServer, code: str, args: dict[str, Any] | None = None, timeout: float = 10
 ) -> ExecResult:
-    return await forks.run(
-        code,
-        files={},
-        stdin=json.dumps(args or {}).encode(),
-        timeout=timeout,
-        max_output=1 << 16,
-        memory_mb=MEM,
-        workspace_mb=ATTACK_SPEC.workspace_mb,
-    )
+    stdin = json.dumps(args or {}).encode()
+    job = PythonRun(code, {}, stdin, timeout, 1 << 16, MEM, ATTACK_SPEC.workspace_mb)
+    return await forks.run(job)
 
 
 async def neighbours_fine(forks: PythonForkServer, neighbour: Sandbox) -> None:

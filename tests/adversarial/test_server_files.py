@@ -26,8 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from palaestra.envs.cad.runtime import unreachable_by_others
 from palaestra.sandbox.base import Backend, Sandbox
 from palaestra.sandbox.bwrap import BwrapBackend
+from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
 from palaestra.server.auth import ensure_admin_token
 from palaestra.server.store import Store
@@ -130,15 +132,9 @@ async def test_forkserver_cannot_reach_server_files(
     try:
         reader = (PROGRAMS / "nonroot_server.py").read_text()
         code = reader.split('READER = """', 1)[1].split('"""', 1)[0]
-        r = await forks.run(
-            code,
-            files={},
-            stdin=f"{data_dir} {os.getpid()}".encode(),
-            timeout=20,
-            max_output=1 << 20,
-            memory_mb=256,
-            workspace_mb=16,
-        )
+        stdin = f"{data_dir} {os.getpid()}".encode()
+        job = PythonRun(code, stdin=stdin, timeout=20, max_output=1 << 20, memory_mb=256)
+        r = await forks.run(job)
     except ForkServerUnavailable as exc:
         pytest.skip(f"fork server unavailable here: {exc}")
     finally:
@@ -169,6 +165,9 @@ def test_server_as_a_normal_user_keeps_its_files() -> None:
     if os.getuid() != 0 or user is None or shutil.which("setpriv") is None:
         pytest.skip("needs root (to become a normal user with a home) and setpriv")
     site = next(p for p in sys.path if p.endswith("site-packages") and "venv" in p)
+    for needed in (PROGRAMS / "nonroot_server.py", Path(site)):
+        if why := unreachable_by_others(needed):
+            pytest.skip(f"the checkout is private to root here: {why}")
     secret = f"s3cret-{new_marker()}"
     argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
     argv += ["env", "-i", f"HOME={user.pw_dir}", "PATH=/usr/bin:/bin", "/usr/bin/python3"]

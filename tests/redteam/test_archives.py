@@ -153,8 +153,8 @@ async def test_publishing_a_bomb_is_413_and_the_server_goes_on(
     reply = await api.post("/v1/packs", content=many, headers=GZIP)
     assert reply.status_code == 413 and "max_pack_files" in reply.text
     # Nothing is left behind in the pack store's scratch space.
-    assert manager.pack_store is not None
-    assert not any(manager.pack_store.store.tmp.iterdir())
+    assert manager.registry is not None
+    assert not any(manager.registry.store.tmp.iterdir())
     good = pack_archive(tiny_pack(tmp_path / "tiny"))
     reply = await api.post("/v1/packs", content=good, headers=GZIP)
     assert reply.status_code == 201, reply.text

@@ -262,8 +262,12 @@ def main() -> None:
     exec(compile(cfg["context"], "<prompt>", "exec"), tests)
     exec(preamble, tests)
     tests["candidate"] = tests[cfg["entry_point"]] = candidate
-    letters = []
+    letters: list[str] = []
     for kind, code in steps:
+        if "T" in letters:  # after a timeout nothing more runs: one hang costs one timeout
+            if kind == "test":
+                letters.append("T")
+            continue
         tests["__builtins__"] = dict(clean)
         result = guarded(cfg["test_timeout"], code, tests)
         if kind == "test":

@@ -20,6 +20,7 @@ site.addsitedir(sys.argv[1])
 
 from palaestra.sandbox.base import SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend
+from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import PythonForkServer
 
 args = json.loads(sys.stdin.read())
@@ -55,15 +56,8 @@ async def main(data: Path, cache: Path) -> dict[str, object]:
         finally:
             await box.close()
         stdin = f"{data} {os.getpid()}".encode()
-        r = await forks.run(
-            READER,
-            files={},
-            stdin=stdin,
-            timeout=20,
-            max_output=1 << 20,
-            memory_mb=256,
-            workspace_mb=16,
-        )
+        job = PythonRun(READER, stdin=stdin, timeout=20, max_output=1 << 20, memory_mb=256)
+        r = await forks.run(job)
         out["fork"] = [r.exit_code, r.stdout + r.stderr]
     finally:
         await forks.aclose()
