@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from palaestra.cli.console import console, err, error
 from palaestra.server.config import REPO_IMAGES, load_settings
 
 BASE_TAG = "palaestra/base:bookworm"
 
 images_app = typer.Typer(help="Build and list the sandbox images (images/).", no_args_is_help=True)
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
 
 
 def images_dir() -> Path:
@@ -64,13 +61,13 @@ def _client() -> Any:
     try:
         import docker
     except ImportError:
-        err.print("[red]error[/red]: the docker SDK is missing: pip install 'palaestra[docker]'")
+        error("the docker SDK is missing: pip install 'palaestra[docker]'")
         raise typer.Exit(2) from None
     try:
         client = docker.from_env(timeout=300)
         client.ping()
     except Exception as e:
-        err.print(f"[red]error[/red]: docker engine unavailable: {e} (scripts/docker-up.sh)")
+        error(f"docker engine unavailable: {e} (scripts/docker-up.sh)")
         raise typer.Exit(2) from None
     return client
 
@@ -120,7 +117,7 @@ def build(
     """Build the base image, then each family's (or only NAME, with the base it needs)."""
     known = recipes()
     if name is not None and name not in known:
-        err.print(f"[red]error[/red]: no recipe {name!r}; images/ has: {', '.join(known)}")
+        error(f"no recipe {name!r}; images/ has: {', '.join(known)}")
         raise typer.Exit(2)
     client = _client()
     wanted = list(known) if name is None else [name]
@@ -137,7 +134,7 @@ def build(
                     continue
                 build_family(client, image, force=force)
         except (RuntimeError, subprocess.CalledProcessError) as e:
-            err.print(f"[red]error[/red]: building {image}: {e}")
+            error(f"building {image}: {e}")
             raise typer.Exit(1) from None
         err.print(f"images/{image}: {tag_of(image)} ready ({time.perf_counter() - started:.1f} s)")
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from palaestra.cli.clients import open_client
+from palaestra.cli.console import console, err, error, styled
 from palaestra.cli.eval.app import eval_app
 from palaestra.cli.images import images_app
 from palaestra.cli.options import DataDir, Token, Url
@@ -38,9 +37,6 @@ pack_app.add_typer(import_app, name="import")  # pack import terminal-bench|harb
 app.add_typer(token_app, name="token")
 app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cli/eval/)
 register_train_command(app)  # palaestra train (cli/train.py)
-# Tables stay readable when the output is a pipe or a CI log (Rich would assume 80 columns).
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
 
 
 @app.command()
@@ -114,7 +110,7 @@ def _run(coro: Any) -> Any:
     try:
         return asyncio.run(coro)
     except PalaestraError as exc:
-        err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
+        error(exc.message, exc.code)
         raise typer.Exit(2) from None
 
 
@@ -206,7 +202,7 @@ async def _one_episode(client: AsyncClient, task: str, policy: str, script: Path
                 break
             action = scripted.pop(0)
         else:
-            line = console.input("[bold]action>[/bold] ")
+            line = console.input(styled("action>", "bold", " "))
             try:
                 action = json.loads(line)
             except json.JSONDecodeError:
@@ -215,7 +211,7 @@ async def _one_episode(client: AsyncClient, task: str, policy: str, script: Path
         try:
             last = await client.step(reset.episode_id, action)
         except PalaestraError as exc:
-            err.print(f"[yellow]{exc.code}[/yellow]: {exc.message}")
+            err.print(styled(exc.code, "yellow", f": {exc.message}"))
             if exc.status != 422:
                 raise
             continue

@@ -6,15 +6,14 @@ The check itself is server/packs/check.py; this module parses arguments and prin
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from palaestra.cli.console import console, err, error, styled
 from palaestra.cli.options import DataDir, Token, Url, sandbox_setting
 from palaestra.sdk.errors import PalaestraError
 from palaestra.server.families import FamilyRegistry
@@ -28,8 +27,6 @@ pack_app = typer.Typer(
     help="Write, check, build and list task packs (docs/writing-a-pack.md).",
     no_args_is_help=True,
 )
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
 
 
 def _fmt(reward: float | None) -> str:
@@ -45,17 +42,17 @@ def render_results(report: CheckReport, out: Console) -> None:
         r = report.results[task_id]
         worst = r.worst_cheat()
         table.add_row(
-            escape(task_id),
-            escape(r.split),
+            task_id,
+            r.split,
             _fmt(r.oracle),
             _fmt(r.rerun),
             _fmt(r.null),
-            f"{escape(worst[0])} {worst[1]:.2f}" if worst else "-",
+            f"{worst[0]} {worst[1]:.2f}" if worst else "-",
         )
     out.print(table)
     for cheat, stats in report.cheat_summary().items():
         out.print(
-            f"cheat {escape(cheat)}: max {stats['max']:.2f}, mean {stats['mean']:.3f} "
+            f"cheat {cheat}: max {stats['max']:.2f}, mean {stats['mean']:.3f} "
             f"over {stats['tasks']} task(s)"
         )
 
@@ -64,27 +61,21 @@ def render_report(report: CheckReport, out: Console) -> None:
     name = report.pack or str(report.root)
     render_results(report, out)
     for note in report.notes:
-        out.print(f"[dim]note:[/dim] {escape(note)}")
+        out.print(styled("note:", "dim", f" {note}"))
     reasons = report.allow_reasons
     for cheat, task_ids in sorted(report.allowed.items()):
-        out.print(
-            f"[yellow]allowed cheat[/yellow] {escape(cheat)} scored above the limit on "
-            f"{len(task_ids)} task(s) ({escape(reasons.get(cheat, ''))})"
-        )
+        rest = f" {cheat} scored above the limit on {len(task_ids)} task(s) "
+        out.print(styled("allowed cheat", "yellow", rest + f"({reasons.get(cheat, '')})"))
     if report.ok:
-        out.print(
-            f"[green]ok[/green] {name}: {report.checked}/{report.tasks} tasks checked, "
-            f"{report.episodes} episodes, every check passed ({report.digest})"
-        )
+        rest = f" {name}: {report.checked}/{report.tasks} tasks checked, {report.episodes} "
+        out.print(styled("ok", "green", rest + f"episodes, every check passed ({report.digest})"))
         return
     table = Table("where", "check", "problem (what to fix)", title=f"{name}: pack check failed")
     for p in report.problems:
-        table.add_row(escape(p.where), escape(p.check), escape(p.message))
+        table.add_row(p.where, p.check, p.message)
     out.print(table)
-    out.print(
-        f"[red]{len(report.problems)} problem(s)[/red]; {report.checked}/{report.tasks} tasks "
-        f"checked, {report.episodes} episodes"
-    )
+    rest = f"; {report.checked}/{report.tasks} tasks checked, {report.episodes} episodes"
+    out.print(styled(f"{len(report.problems)} problem(s)", "red", rest))
 
 
 @pack_app.command("check")
@@ -158,7 +149,7 @@ def build_cmd(
         pack, target, data = build_pack(directory, out)
     except PackError as exc:
         for problem in exc.problems:
-            err.print(f"[red]problem[/red] {problem}")
+            err.print(styled("problem", "red", f" {problem}"))
         raise typer.Exit(1) from None
     console.print(
         f"{pack.name}@{pack.version}: {len(pack.tasks)} tasks, digest {pack.digest}\n"
@@ -181,8 +172,8 @@ def list_cmd(
         table = Table("pack", "version", "tasks", "domains", "splits", "digest")
         async with open_client(url, token, data_dir) as client:
             for info in await client.packs():
-                listing = await client.tasks(pack=f"{info.name}@{info.version}", limit=100_000)
-                domains = {t.domain for t in listing.tasks}
+                listing = await client.all_tasks(pack=f"{info.name}@{info.version}")
+                domains = {t.domain for t in listing}
                 splits = ", ".join(
                     f"{s.name} {s.tasks}" + (" (sealed)" if s.sealed else "") for s in info.splits
                 )
@@ -195,7 +186,7 @@ def list_cmd(
     try:
         console.print(asyncio.run(go()))
     except PalaestraError as exc:
-        err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
+        error(exc.message, exc.code)
         raise typer.Exit(2) from None
 
 
@@ -215,7 +206,7 @@ def init_cmd(
     try:
         written = scaffold(directory, name=name, family=family, form=form)
     except ScaffoldError as exc:
-        err.print(f"[red]error[/red]: {exc}")
+        error(str(exc))
         raise typer.Exit(2) from None
     for path in written:
         console.print(f"wrote {path}")

@@ -6,15 +6,14 @@ The importers live beside the family whose tasks they produce: envs/terminal/imp
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from palaestra.cli.console import console, error, styled
 from palaestra.envs.finance.importer import ImportProblem, import_file
 from palaestra.envs.terminal.importer import REPORT_FILE, ImportReport, import_tasks
 
@@ -22,16 +21,14 @@ import_app = typer.Typer(
     help="Import tasks from other formats into a pack (docs/terminal.md, docs/finance.md).",
     no_args_is_help=True,
 )
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
 
 
 def render_import(report: ImportReport, out: Console) -> None:
     table = Table("task", "result", "why / notes", title=f"{report.format} → {report.out}")
     for tid, notes in sorted(report.imported.items()):
-        table.add_row(escape(tid), "[green]imported[/green]", escape("; ".join(notes)))
+        table.add_row(tid, styled("imported", "green"), "; ".join(notes))
     for tid, reasons in sorted(report.skipped.items()):
-        table.add_row(escape(tid), "[red]skipped[/red]", escape("; ".join(reasons)))
+        table.add_row(tid, styled("skipped", "red"), "; ".join(reasons))
     out.print(table)
     out.print(
         f"{len(report.imported)} imported, {len(report.skipped)} skipped (reasons above and in "
@@ -55,7 +52,7 @@ def _run(
     try:
         report = import_tasks(fmt, src, out, name=name, version=version, split=split, force=force)
     except ValueError as exc:
-        err.print(f"[red]error[/red]: {escape(str(exc))}")
+        error(str(exc))
         raise typer.Exit(2) from None
     render_import(report, console)
     if not report.imported or (strict and report.skipped):

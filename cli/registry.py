@@ -16,23 +16,19 @@ server lists, and installs it into the local data dir's content-addressed store,
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
-from rich.console import Console
 
 from palaestra.cli.clients import resolve_token, settings_for
+from palaestra.cli.console import console, error
 from palaestra.cli.options import Token, Url
 from palaestra.sdk.errors import PalaestraError, error_from_response
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.archive import ArchiveError, pack_archive
 from palaestra.server.packs.registry import PackRegistry
-
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
 
 DataDir = Annotated[
     Path | None,
@@ -41,7 +37,7 @@ DataDir = Annotated[
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error[/red] {message}")
+    error(message)
     return typer.Exit(2)
 
 

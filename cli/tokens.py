@@ -7,23 +7,20 @@ They work on the SQLite store of `--data-dir` (the server's, on its machine), or
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from palaestra.cli.clients import resolve_token, settings_for
+from palaestra.cli.console import console, error
 from palaestra.cli.options import token_setting
 from palaestra.sdk.errors import PalaestraError, error_from_response
 from palaestra.server import auth
 
 token_app = typer.Typer(help="Make, list and revoke bearer tokens.", no_args_is_help=True)
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
 
 Url = Annotated[
     str | None, typer.Option(help="manage the tokens of this server over HTTP (admin token)")
@@ -50,7 +47,7 @@ def _guard(fn: Any) -> Any:
     try:
         return fn()
     except PalaestraError as exc:
-        err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
+        error(exc.message, exc.code)
         raise typer.Exit(2) from None
 
 

@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from palaestra.cli.console import err, styled
 from palaestra.cli.options import Token, Url
-
-err = Console(stderr=True)
 
 
 def plot_rewards(curves: dict[str, list[float]], out: Path, title: str) -> None:
@@ -76,7 +74,7 @@ def train(
 
         from palaestra.sdk.train.letters_demo import DemoConfig
     except ImportError as exc:
-        err.print(f"[red]palaestra train needs the `train` extra[/red] (torch): {exc}")
+        err.print(styled("palaestra train needs the `train` extra", "red", f" (torch): {exc}"))
         raise typer.Exit(2) from None
     torch.set_num_threads(threads)
     runs = [("GRPO", False)] + ([("shuffled-reward control", True)] if control else [])

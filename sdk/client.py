@@ -25,6 +25,7 @@ from palaestra.sdk.models import (
     SamplerReleaseResponse,
     SamplerReport,
     StepResponse,
+    TaskInfo,
     TaskList,
     Verdict,
 )
@@ -47,6 +48,9 @@ def step_item(item: StepItemLike) -> BatchStepItem:
         return item
     episode_id, action = item
     return BatchStepItem(episode_id=episode_id, action=as_action(action))
+
+
+PAGE = 1000  # tasks a page when `all_tasks` pages through a listing
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,23 @@ class AsyncClient(Protocol):
         query = TaskQuery(pack, split, family, domain, limit, offset)
         return await self._tasks(query)
 
+    async def all_tasks(
+        self,
+        *,
+        pack: str | None = None,
+        split: str | None = None,
+        family: str | None = None,
+        domain: str | None = None,
+    ) -> list[TaskInfo]:
+        """Every task the filters select, a page at a time (a server caps its pages)."""
+        out: list[TaskInfo] = []
+        while True:
+            query = TaskQuery(pack, split, family, domain, PAGE, len(out))
+            page = await self._tasks(query)
+            out.extend(page.tasks)
+            if not page.tasks or len(out) >= page.total:
+                return out
+
     async def _reset(self, request: ResetRequest) -> ResetResponse: ...
 
     async def _tasks(self, query: TaskQuery) -> TaskList: ...
@@ -210,6 +231,7 @@ class Client(ABC):
     families = blocking(AsyncServerClient.families)
     packs = blocking(AsyncServerClient.packs)
     tasks = blocking(AsyncServerClient.tasks)
+    all_tasks = blocking(AsyncServerClient.all_tasks)
     batch_reset = blocking(AsyncServerClient.batch_reset)
     batch_step = blocking(AsyncServerClient.batch_step)
     sampler = blocking(AsyncServerClient.sampler)

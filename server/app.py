@@ -178,6 +178,14 @@ def create_app(
         owned = manager or build_manager(settings)
         app.state.manager = owned
         await owned.start()
+        log.info(
+            "palaestra %s serving on http://%s:%d (sandbox %s, data dir %s)",
+            palaestra.__version__,
+            settings.host,
+            settings.port,
+            settings.sandbox,
+            settings.data_dir.resolve(),
+        )
         if freeze_gc:
             gc.collect()
             gc.freeze()

@@ -18,6 +18,7 @@ from palaestra.server.packs.archive import extract_archive
 from palaestra.server.packs.check import CheckReport, check_pack
 from palaestra.server.packs.loader import load_pack
 from palaestra.server.packs.lock import LOCK_FILE
+from tests.conftest import ServerProcess
 
 runner = CliRunner()
 
@@ -119,6 +120,24 @@ def test_pack_list_embedded(tmp_path: Path) -> None:
     assert code == 0, out
     assert "openai/humaneval" in out and "palaestra/echo" in out
     assert "heldout 33 (sealed)" in out
+
+
+def test_pack_list_over_http_pages_through_tasks(server: ServerProcess) -> None:
+    """`pack list --url` asks for the tasks a page at a time (the server caps a page)."""
+    code, out = cli("pack", "list", "--url", server.url, "--token", server.token or "")
+    assert code == 0, out
+    assert "openai/humaneval" in out and "heldout 33 (sealed)" in out
+    assert f"serving on {server.url}" in server.logs()  # `serve` says where it listens
+
+
+def test_messages_print_verbatim(tmp_path: Path) -> None:
+    """Pack and server text is never read as console markup: `[source]` stays `[source]`."""
+    root = tmp_path / "empty"
+    root.mkdir()
+    (root / "pack.toml").write_text('name = "acme/empty"\nversion = "0.1.0"\n[splits.train]\n')
+    code, out = cli("pack", "check", str(root))
+    assert code == 1, out
+    assert "[generators.<name>] or [source] python in pack.toml" in out, out
 
 
 # -- bad input: one message per problem, exit 1 ----------------------------------------------------

@@ -22,9 +22,10 @@ from rich.table import Table
 
 import palaestra
 from palaestra.cli.clients import open_client
-from palaestra.cli.eval.console import console, err, fail, open_run
+from palaestra.cli.console import console, err, styled
+from palaestra.cli.eval.console import fail, open_run
 from palaestra.cli.eval.report import load_report, write_report
-from palaestra.cli.eval.server import all_tasks, find_pack, server_version
+from palaestra.cli.eval.server import find_pack, server_version
 from palaestra.cli.eval.session import execute, progress_bar
 from palaestra.cli.options import DataDir, Token, Url
 from palaestra.sdk.errors import PalaestraError
@@ -164,7 +165,7 @@ def run(
         async with open_client(url, token, data_dir) as client:
             info = await find_pack(client, pack)
             ref = f"{info.name}@{info.version}"
-            everything = await all_tasks(client, ref, split)
+            everything = await client.all_tasks(pack=ref, split=split)
             chosen = everything[:limit] if limit else everything
             if not chosen:
                 splits = ", ".join(s.name for s in info.splits) or "none"
@@ -302,10 +303,8 @@ def report(
             )
         except (PalaestraError, OSError) as exc:
             message = getattr(exc, "message", str(exc))
-            err.print(
-                f"[yellow]cannot regrade[/yellow] ({message}); the report is rebuilt from the "
-                "stored verdicts"
-            )
+            rest = f" ({message}); the report is rebuilt from the stored verdicts"
+            err.print(styled("cannot regrade", "yellow", rest))
             grading = {
                 "mode": "stored",
                 "note": "rebuilt from the stored verdicts: the server could not regrade "

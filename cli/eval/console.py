@@ -1,22 +1,18 @@
-"""The consoles of `palaestra eval` (tables on stdout, progress and messages on stderr) and
-its error exit."""
+"""The error exit of `palaestra eval` and how it opens a run directory (the consoles are
+cli/console.py's)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from palaestra.cli.console import error
 from palaestra.sdk.evaluation.rundir import RunDir, RunError
-
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True, soft_wrap=True)  # messages with paths stay on one line
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[red]error[/red]: {message}")
+    error(message)
     return typer.Exit(code)
 
 

@@ -11,7 +11,8 @@ import typer
 from rich.table import Table
 
 import palaestra
-from palaestra.cli.eval.console import console, fail, open_run
+from palaestra.cli.console import console, styled
+from palaestra.cli.eval.console import fail, open_run
 from palaestra.sdk.evaluation.attempt import Attempt
 from palaestra.sdk.evaluation.rundir import RunDir
 from palaestra.sdk.policies.spec import PolicySpec
@@ -76,10 +77,8 @@ def write_report(
     console.print(f"run: {store.path}")
     console.print(f"report: {store.path / 'report.json'} and {page}")
     if missing:
-        console.print(
-            f"[yellow]{missing} attempt(s) have no result yet[/yellow]: "
-            f"`palaestra eval resume {store.path}`"
-        )
+        rest = f": `palaestra eval resume {store.path}`"
+        console.print(styled(f"{missing} attempt(s) have no result yet", "yellow", rest))
     if built["summary"]["attempts"] == 0:
         raise typer.Exit(1)
 

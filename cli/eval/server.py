@@ -8,7 +8,7 @@ import httpx
 import palaestra
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
-from palaestra.sdk.models import PackInfo, TaskInfo
+from palaestra.sdk.models import PackInfo
 
 
 async def find_pack(client: AsyncClient, pack: str) -> PackInfo:
@@ -26,16 +26,6 @@ async def find_pack(client: AsyncClient, pack: str) -> PackInfo:
             )
         return match
     return infos[-1] if len(infos) > 1 else infos[0]
-
-
-async def all_tasks(client: AsyncClient, pack: str, split: str) -> list[TaskInfo]:
-    """Every task of the split, a page at a time (the server caps a page)."""
-    out: list[TaskInfo] = []
-    while True:
-        page = await client.tasks(pack=pack, split=split, limit=1000, offset=len(out))
-        out.extend(page.tasks)
-        if not page.tasks or len(out) >= page.total:
-            return out
 
 
 async def server_version(url: str | None) -> str:

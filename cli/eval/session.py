@@ -17,7 +17,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from palaestra.cli.eval.console import err, fail
+from palaestra.cli.console import err
+from palaestra.cli.eval.console import fail
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.evaluation.attempt import Attempt, AttemptLimits
