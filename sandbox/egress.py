@@ -87,7 +87,7 @@ def _host_name(raw: str) -> str:
     """`raw` as a lower-case host name, or ValueError saying why it is none."""
     host = raw.strip().lower().rstrip(".")
     labels = host.split(".")
-    if len(host) > 253 or len(labels) < 2 or not all(_LABEL.match(x) for x in labels):
+    if len(host) > 253 or not all(_LABEL.match(x) for x in labels):
         raise ValueError(f"{raw!r} is not a host name (letters, digits, '-', dots)")
     if labels[-1].isdigit() or _ip(host) is not None:
         raise ValueError(f"{raw!r} is an IP address, not a host name")

@@ -1,0 +1,148 @@
+"""Egress of a task that declares internet access: only through the server's allow-list proxy.
+
+Real proxy, real sandboxes (bwrap and docker), loopback only: a local HTTP server on
+127.0.0.1 stands for the allowed package mirror (its ``ip:port`` is the operator's
+`egress_private` exemption, as a mirror on a private address would be), another for the
+server's own port. Where this machine reaches the real mirrors, one real fetch of each kind
+(plain http from deb.debian.org, the PyPI simple index through a CONNECT tunnel) too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from palaestra.sandbox.base import PROXY_PORT, Backend, SandboxSpec
+from palaestra.sandbox.bwrap import BwrapBackend
+from palaestra.sandbox.egress import EgressProxy
+
+from .harness import BACKENDS, backend_unavailable
+
+PROBE = (Path(__file__).parent / "programs" / "egress_probe.py").read_text()
+SPEC = SandboxSpec(network=True, memory_mb=512, pids=64, default_timeout_s=90.0)
+
+
+async def _respond(text: bytes, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+        line = (await r.readuntil(b"\r\n\r\n")).split(b"\r\n", 1)[0]
+        body = text + b" " + line
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await w.drain()
+    w.close()
+
+
+@contextlib.asynccontextmanager
+async def http_server(host: str, text: bytes) -> AsyncIterator[int]:
+    server = await asyncio.start_server(lambda r, w: _respond(text, r, w), host, 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+def real_mirror() -> str:
+    """The address deb.debian.org has from this host if it answers there, else "-"."""
+    try:
+        with socket.create_connection(("deb.debian.org", 80), timeout=3) as s:
+            return str(s.getpeername()[0])
+    except OSError:
+        return "-"
+
+
+@pytest.fixture(scope="module")
+def real() -> Iterator[str]:
+    yield real_mirror()
+
+
+def make_backend(name: str, proxy: EgressProxy) -> Backend:
+    if (why := backend_unavailable(name)) is not None:
+        pytest.skip(why)
+    if name == "bwrap":
+        return BwrapBackend(egress=proxy)
+    from palaestra.sandbox.docker import DockerBackend
+
+    return DockerBackend(egress=proxy)
+
+
+def blocked(result: str) -> bool:
+    return result.startswith("blocked:")
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_only_the_allowed_mirror_through_the_proxy(
+    backend_name: str, real: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with (
+        http_server("127.0.0.1", b"MIRROR-OK") as mirror,
+        http_server("0.0.0.0", b"SERVER-SECRET") as server,
+    ):
+        # localhost:<server> is allowed by name, and refused: it resolves to loopback.
+        allow = [f"localhost:{mirror}", f"localhost:{server}", "deb.debian.org", "pypi.org"]
+        exempt = [f"127.0.0.1:{mirror}"]
+        proxy = EgressProxy.from_settings(allow, exempt)
+        backend = make_backend(backend_name, proxy)
+        caplog.set_level(logging.WARNING, logger="palaestra.egress")
+        try:
+            async with await backend.create(SPEC) as box:
+                r = await box.exec(["python3", "-c", PROBE, str(mirror), str(server), real])
+                assert r.exit_code == 0, r
+                seen = json.loads(r.stdout)
+            assert not proxy._servers  # closing the sandbox stopped its listener
+        finally:
+            await backend.aclose()
+    # The allowed mirror, plain and through CONNECT.
+    assert seen["mirror_plain"].startswith("ok: 200 MIRROR-OK GET /plain HTTP/1.1"), seen
+    assert "MIRROR-OK GET /tunnel" in seen["mirror_connect"], seen
+    # A host not on the allow-list: a 403 that says why.
+    for k in ("disallowed_host", "disallowed_connect"):
+        assert blocked(seen[k]) and "403" in seen[k] and "egress allow-list" in seen[k], seen
+    # IP literals (the metadata service, loopback) and a name resolving to loopback.
+    for k in ("metadata_literal", "metadata_connect", "loopback_literal"):
+        assert blocked(seen[k]) and "403" in seen[k] and "IP address" in seen[k], seen
+    for k in ("loopback_name", "server_plain"):
+        assert blocked(seen[k]) and "forbidden address" in seen[k], seen
+    # No way around the proxy: the sandbox's loopback is its own, nothing routes out.
+    for k in ("direct_mirror", "direct_server", "direct_public", "udp_dns", "resolve", "raw_socket"):
+        assert blocked(seen[k]), (k, seen)
+    assert "SERVER-SECRET" not in r.stdout
+    if real != "-":
+        assert seen["real_plain"].startswith("ok: 200"), seen
+        assert "HTTP/1.1 200" in seen["real_pypi"] and blocked(seen["direct_real"]), seen
+    refusals = [m.getMessage() for m in caplog.records if "egress refused" in m.getMessage()]
+    assert any("example.com:443" in m for m in refusals), refusals
+    assert any("169.254.169.254" in m for m in refusals), refusals
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_no_internet_declared_means_no_network(backend_name: str) -> None:
+    """A backend with the proxy still gives a sandbox that declares nothing no network: no
+    proxy variables, nothing on the proxy's port, only a loopback of its own."""
+    async with http_server("127.0.0.1", b"MIRROR-OK") as mirror:
+        proxy = EgressProxy.from_settings([f"localhost:{mirror}"], [f"127.0.0.1:{mirror}"])
+        backend = make_backend(backend_name, proxy)
+        try:
+            async with await backend.create(SandboxSpec(default_timeout_s=30.0)) as box:
+                assert not proxy._servers
+                code = (
+                    "import os, socket\n"
+                    "print(sorted(k for k in os.environ if 'proxy' in k.lower()))\n"
+                    f"for port in ({PROXY_PORT}, {mirror}):\n"
+                    "    try:\n"
+                    "        socket.create_connection(('127.0.0.1', port), timeout=3)\n"
+                    "        print('CONNECTED', port)\n"
+                    "    except OSError as e:\n"
+                    "        print('blocked', port, e)\n"
+                )
+                r = await box.exec(["python3", "-c", code])
+        finally:
+            await backend.aclose()
+    assert r.exit_code == 0, r
+    assert r.stdout.startswith("[]\n") and "CONNECTED" not in r.stdout, r
+    assert r.stdout.count("blocked") == 2, r
