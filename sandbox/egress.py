@@ -19,6 +19,8 @@ import logging
 import os
 import re
 import socket
+from asyncio import StreamReader as Reader
+from asyncio import StreamWriter as Writer
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -26,7 +28,6 @@ from urllib.parse import urlsplit
 from palaestra.sandbox.base import SandboxSpec, SandboxSpecError
 
 log = logging.getLogger("palaestra.egress")
-Reader, Writer = asyncio.StreamReader, asyncio.StreamWriter
 
 # The registries apt, pip and npm use on this project's machines (docs/security.md).
 DEFAULT_ALLOW = (
@@ -118,7 +119,7 @@ class Rule:
 def parse_rule(entry: str) -> Rule:
     """``host``, ``*.domain`` or either with ``:port``; ValueError naming the entry."""
     text = entry.strip()
-    ports = DEFAULT_PORTS
+    ports: tuple[int, ...] = DEFAULT_PORTS
     if ":" in text:
         text, _, port = text.rpartition(":")
         if not port.isdigit() or not 0 < int(port) < 65536:
@@ -277,7 +278,7 @@ class EgressProxy:
     def _refuse(self, lst: _Listener, w: Writer, host: str, port: int, e: Refused) -> None:
         lst.refused += 1
         if lst.refused <= LOGGED_REFUSALS:
-            log.warning("egress refused for sandbox %s: %s:%s: %s", lst.owner, host, port, e)
+            log.warning("egress refused for sandbox %s: %r:%s: %s", lst.owner, host, port, e)
         body = f"palaestra egress proxy: {host}:{port} refused: {e}\n".encode()
         phrase = {400: "Bad Request", 403: "Forbidden", 501: "Not Implemented"}
         w.write(
@@ -372,10 +373,10 @@ def parse_head(head: bytes) -> tuple[str, str, int, bytes]:
         raise Refused(400, "not an HTTP/1.x request line")
     method, target, _ = parts
     if method == "CONNECT":
-        host, sep, port = target.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        host, sep, num = target.rpartition(":")
+        if not sep or not num.isdigit() or not 0 < int(num) < 65536:
             raise Refused(400, f"CONNECT target {target[:200]!r} is not host:port")
-        return method, host.strip("[]"), int(port), b""
+        return method, host.strip("[]"), int(num), b""
     url = urlsplit(target)
     if url.scheme != "http" or not url.hostname:
         raise Refused(400, "a plain request must name an absolute http:// URL")

@@ -220,7 +220,8 @@ class TerminalFamily(Family):
         ctx.state[LIMITS_KEY] = limits
         instruction = public.instruction.strip()
         network = (
-            "Only package registries are reachable, through the proxy in $HTTPS_PROXY."
+            "Only the hosts the operator allows (package registries) are reachable, through"
+            " the proxy in $HTTPS_PROXY."
             if public.allow_internet
             else "There is no network."
         )

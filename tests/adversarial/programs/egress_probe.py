@@ -83,7 +83,8 @@ def udp_dns() -> str:
     try:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.settimeout(3)
-        s.sendto(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01", ("8.8.8.8", 53))
+        query = b"\x12\x34\x01\x00\x00\x01" + b"\x00" * 6 + b"\x00\x00\x01\x00\x01"
+        s.sendto(query, ("8.8.8.8", 53))
         return f"ok: {s.recv(512)!r}"
     except OSError as e:
         return f"blocked: {e}"
