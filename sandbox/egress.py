@@ -216,6 +216,11 @@ class EgressProxy:
         """The proxy of the `egress_allow` and `egress_private` settings."""
         return cls(AllowList.parse(allow), parse_reachable(private))
 
+    @property
+    def listeners(self) -> int:
+        """Sandboxes served now (each closes its own when it closes)."""
+        return len(self._servers)
+
     async def serve(self, sock: socket.socket, owner: str) -> asyncio.Server:
         """Serve the listening socket `sock` (in sandbox `owner`'s namespace) until the
         returned server is closed (`close` or `aclose`)."""

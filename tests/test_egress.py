@@ -4,7 +4,10 @@ and real sandboxes: tests/adversarial/test_egress.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
+import logging
 import shutil
 import socket
 from pathlib import Path
@@ -18,6 +21,7 @@ from palaestra.sandbox.base import PROXY_ENV, SandboxSpec, sandbox_env
 from palaestra.sandbox.egress import (
     DEFAULT_ALLOW,
     AllowList,
+    EgressProxy,
     Refused,
     forbidden_address,
     parse_head,
@@ -171,3 +175,78 @@ def test_harbor_internet_maps_to_the_field(tmp_path: Path, extra: str, internet:
     toml.write_text(toml.read_text() + extra)
     public = convert_harbor(folder, "train", "h").toml["public"]
     assert public.get("allow_internet", False) is internet
+
+
+def test_the_server_backends_get_the_configured_proxy() -> None:
+    from palaestra.server.runtime import make_backend
+
+    settings = Settings(sandbox="bwrap", egress_allow=["pypi.org"], egress_private=[])
+    backend = make_backend(settings)
+    egress = getattr(backend, "egress", None)
+    assert egress is not None and egress.allow.allows("pypi.org", 443)
+    assert not egress.allow.allows("deb.debian.org", 80)
+
+
+async def _upstream(seen: list[bytes]) -> tuple[asyncio.Server, int]:
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        seen.append(await r.read(65536))
+        await asyncio.sleep(0.2)  # whatever else the client pipelined has arrived by now
+        with contextlib.suppress(asyncio.TimeoutError):
+            seen.append(await asyncio.wait_for(r.read(65536), 0.2))
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await w.drain()
+        w.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _via(proxy: EgressProxy, request: bytes) -> bytes:
+    """`request` sent through `proxy` served on a loopback listener (no sandbox)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    server = await proxy.serve(listener, "test")
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request)
+        await w.drain()
+        reply = await asyncio.wait_for(r.read(), 10)
+        w.close()
+        return reply
+    finally:
+        await proxy.close(server)
+
+
+async def test_a_plain_request_forwards_one_request_and_nothing_after_it() -> None:
+    seen: list[bytes] = []
+    up, port = await _upstream(seen)
+    proxy = EgressProxy.from_settings([f"localhost:{port}"], [f"127.0.0.1:{port}"])
+    try:
+        reply = await _via(
+            proxy,
+            f"GET http://localhost:{port}/a HTTP/1.1\r\nHost: evil\r\n\r\n"
+            "GET http://pypi.org/smuggled HTTP/1.1\r\nHost: pypi.org\r\n\r\n".encode(),
+        )
+    finally:
+        up.close()
+    assert reply.startswith(b"HTTP/1.1 200 OK") and reply.endswith(b"ok")
+    first = seen[0]
+    assert first.startswith(b"GET /a HTTP/1.1\r\nHost: localhost:%d\r\n" % port), seen
+    assert b"smuggled" not in b"".join(seen) and b"evil" not in first
+
+
+async def test_refusals_are_403_with_the_cause_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = EgressProxy.from_settings(["pypi.org"], [])
+    caplog.set_level(logging.WARNING, logger="palaestra.egress")
+    reply = await _via(proxy, b"CONNECT evil.example.com:443 HTTP/1.1\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 403 Forbidden\r\n")
+    assert b"evil.example.com:443 refused: not on the operator's egress allow-list" in reply
+    reply = await _via(proxy, b"CONNECT [::ffff:169.254.169.254]:80 HTTP/1.1\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 403") and b"an IP address" in reply
+    reply = await _via(proxy, b"CONNECT pypi.org:22 HTTP/1.1\r\n\r\n")  # only 80 and 443
+    assert reply.startswith(b"HTTP/1.1 403")
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("'evil.example.com':443" in m for m in logged), logged
