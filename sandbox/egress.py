@@ -274,7 +274,7 @@ class EgressProxy:
                     await self._pipe(None, up_w, up_r, w)
             finally:
                 up_w.close()
-        except (OSError, ConnectionError, Refused):
+        except (OSError, ConnectionError, Refused, ValueError):  # the client or upstream went
             pass
         finally:
             lst.open -= 1
@@ -312,7 +312,12 @@ class EgressProxy:
             raise Refused(502, f"cannot resolve: {e}") from None
         addrs = [str(i[4][0]) for i in infos]
         for a in addrs:
-            why = "" if (a, port) in self.reachable else forbidden_address(ipaddress.ip_address(a))
+            if (a, port) in self.reachable:
+                continue
+            try:
+                why = forbidden_address(ipaddress.ip_address(a))
+            except ValueError:  # a scoped (link-local) address, say
+                why = f"{a} is no address the proxy reaches"
             if why:
                 raise Refused(403, f"resolves to a forbidden address: {why}")
         err: Exception | None = None
@@ -374,7 +379,8 @@ def parse_head(head: bytes) -> tuple[str, str, int, bytes]:
     upstream; Refused (400/501) for anything else."""
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+    controls = any(ord(c) < 0x21 or ord(c) == 0x7F for c in "".join(parts))
+    if len(parts) != 3 or controls or not parts[2].startswith("HTTP/1."):
         raise Refused(400, "not an HTTP/1.x request line")
     method, target, _ = parts
     if method == "CONNECT":

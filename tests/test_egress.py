@@ -135,6 +135,7 @@ def test_parse_head() -> None:
         (b"CONNECT pypi.org HTTP/1.1\r\n\r\n", 400),
         (b"POST http://x.org/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 501),
         (b"garbage\r\n\r\n", 400),
+        (b"GET http://pypi.org/x\nInjected:1 HTTP/1.1\r\n\r\n", 400),
     ]:
         with pytest.raises(Refused) as e:
             parse_head(bad)
