@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,12 +23,17 @@ import pytest
 from palaestra.sandbox.base import PROXY_PORT, Backend, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend
 from palaestra.sandbox.egress import EgressProxy
+from palaestra.sdk.models import Action
+from palaestra.server.config import Settings
+from palaestra.server.inprocess import AsyncInProcessClient
+from palaestra.server.runtime import build_manager
 
 from .harness import BACKENDS, backend_unavailable
 
 PROGRAMS = Path(__file__).parent / "programs"
 PROBE = (PROGRAMS / "egress_probe.py").read_text()
 NO_NETWORK_PROBE = (PROGRAMS / "no_network_probe.py").read_text()
+PACK = Path(__file__).parents[1] / "fixtures" / "egress-pack"
 SPEC = SandboxSpec(network=True, memory_mb=512, pids=64, default_timeout_s=90.0)
 
 
@@ -141,3 +147,36 @@ async def test_no_internet_declared_means_no_network(backend_name: str) -> None:
     assert r.exit_code == 0, r
     assert r.stdout.startswith("[]\n") and "CONNECTED" not in r.stdout, r
     assert r.stdout.count("blocked") == 2, r
+
+
+@pytest.mark.skipif(backend_unavailable("bwrap") is not None, reason="bwrap unavailable")
+async def test_a_task_that_declares_internet_reaches_the_allowed_mirror(tmp_path: Path) -> None:
+    """The whole path: the task's `allow_internet`, the server's `egress_allow`, the agent's
+    shell and the verifier (tests/fixtures/egress-pack); the agent is told of the proxy."""
+    async with http_server("127.0.0.1", b"MIRROR-OK") as mirror:
+        pack = tmp_path / "packs" / "egress-pack"
+        shutil.copytree(PACK, pack)
+        toml = pack / "tasks" / "fetch-index" / "task.toml"
+        toml.write_text(toml.read_text().replace("localhost:1/", f"localhost:{mirror}/"))
+        settings = Settings(
+            data_dir=tmp_path / "data",
+            packs_dirs=[tmp_path / "packs"],
+            pool_size=0,
+            egress_allow=[f"localhost:{mirror}"],
+            egress_private=[f"127.0.0.1:{mirror}"],
+        )
+        manager = build_manager(settings)
+        await manager.start()
+        try:
+            client = AsyncInProcessClient(manager)
+            reset = await client.reset("test/egress:fetch-index")
+            assert "through the proxy in $HTTPS_PROXY" in reset.observation.text
+            solve = (toml.parent / "solution" / "solve.sh").read_text()
+            reply = await client.step(
+                reset.episode_id, Action(tool="bash", arguments={"command": solve})
+            )
+            assert not reply.terminated, reply
+            reply = await client.step(reset.episode_id, Action(tool="submit", arguments={}))
+        finally:
+            await manager.shutdown()
+    assert reply.terminated and reply.reward == 1.0, reply
