@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from palaestra.sandbox import exechelper
 from palaestra.sandbox.base import (
+    BASE_PATH,
     Backend,
     SandboxCreateError,
     SandboxSpec,
+    SandboxSpecError,
     close_all,
     default_cache,
 )
@@ -111,6 +114,11 @@ class BwrapBackend(Backend):
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
         check_spec(spec, self.images_dir)
         check_network(spec, self.egress, self.name)
+        if spec.network and shutil.which("nsenter", path=BASE_PATH) is None:
+            raise SandboxSpecError(
+                "network=True: bwrap jails enter the sandbox's network namespace with"
+                f" nsenter (util-linux), which is not in {BASE_PATH}"
+            )
         if self._bwrap is None:  # probed once per backend (off the event loop), then known
             ok, why = await asyncio.to_thread(bwrap_available)
             if not ok:
