@@ -19,6 +19,14 @@ from typing import Any, Self
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Where a sandbox with `network` reaches the server's egress proxy: 127.0.0.1 of its own
+# network namespace, which has no other way out (palaestra.sandbox.netns).
+PROXY_PORT = 3128
+_PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
+PROXY_ENV = {
+    **{k: _PROXY_URL for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")},
+    **{k: "localhost,127.0.0.1,::1" for k in ("NO_PROXY", "no_proxy")},
+}
 
 
 def default_cache() -> Path:
@@ -122,6 +130,8 @@ class SandboxSpec:
     memory_mb: int = 1024
     cpus: float = 1.0
     pids: int = 256
+    # Egress only through the server's allow-list proxy (palaestra.sandbox.egress), never
+    # open: the sandbox keeps its own network namespace with no route out. False: no network.
     network: bool = False
     env: tuple[tuple[str, str], ...] = ()
     default_timeout_s: float = 30.0
@@ -220,6 +230,8 @@ def sandbox_env(
     """The whole environment a command sees in every backend: a fixed base, then the spec's,
     then the exec's own variables. Nothing of the server's environment."""
     env = {"PATH": BASE_PATH, "HOME": workdir, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    if spec.network:
+        env.update(PROXY_ENV)
     env.update(dict(spec.env))
     env.update(extra or {})
     return env

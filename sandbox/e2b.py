@@ -58,6 +58,7 @@ from palaestra.sandbox.base import (
     close_all,
     upload_member,
 )
+from palaestra.sandbox.egress import check_network
 from palaestra.sandbox.preamble import (
     TIMEOUT_EXIT_CODE,
     append_capped,
@@ -158,6 +159,7 @@ class E2BBackend(Backend):
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
         if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) == "/":
             raise SandboxCreateError(f"workdir must be an absolute path below /: {spec.workdir!r}")
+        check_network(spec, None, self.name)  # no way to put the server's proxy in a cloud VM
         if spec.ro_binds:
             # A cloud sandbox cannot see this host's directories: say so rather than run
             # without the toolchain the family asked for.
@@ -168,7 +170,7 @@ class E2BBackend(Backend):
         kwargs: dict[str, Any] = {
             "template": spec.image or self.template,
             "timeout": self.sandbox_timeout_s,
-            "allow_internet_access": spec.network,
+            "allow_internet_access": False,
             "metadata": {"owner": "palaestra"},
         }
         if self.api_key:

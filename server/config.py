@@ -9,10 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from palaestra.sandbox.base import default_cache
 from palaestra.sandbox.docker.engine import BASE_IMAGE
+from palaestra.sandbox.egress import DEFAULT_ALLOW, AllowList, parse_reachable
 
 REPO_PACKS = Path(__file__).resolve().parent.parent / "packs"
 REPO_IMAGES = Path(__file__).resolve().parent.parent / "images"
@@ -201,6 +202,21 @@ class Settings(BaseModel):
     publisher_max_versions: int = Field(
         default=200, ge=0, description="pack versions one publisher may publish"
     )
+    # Egress of tasks that declare internet access (docs/security.md "Network").
+    egress_allow: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_ALLOW),
+        description=(
+            "hosts a sandbox with internet access may reach through the egress proxy:"
+            " host, *.domain, either with :port (default ports 80, 443); [] for none"
+        ),
+    )
+    egress_private: list[str] = Field(
+        default_factory=list,
+        description=(
+            "ip:port of a mirror on a private address the egress proxy may connect to"
+            " (its name still must be on egress_allow)"
+        ),
+    )
     # The sampler (docs/sampler.md): mixture, curriculum, quarantine.
     sampler_weights: dict[str, Annotated[float, Field(ge=0)]] = Field(
         default_factory=dict,
@@ -232,6 +248,18 @@ class Settings(BaseModel):
         default=100_000, ge=0, description="recent episodes read at start to rebuild the stats"
     )
     log_level: str = "info"
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _egress_rules(cls, value: list[str]) -> list[str]:
+        AllowList.parse(value)
+        return value
+
+    @field_validator("egress_private")
+    @classmethod
+    def _egress_pairs(cls, value: list[str]) -> list[str]:
+        parse_reachable(value)
+        return value
 
     @model_validator(mode="after")
     def _void_limit_fits(self) -> Settings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from palaestra.sandbox import Backend
+from palaestra.sandbox.egress import EgressProxy
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
 from palaestra.server import heldout
@@ -23,16 +24,23 @@ from palaestra.server.store import Store
 
 def make_backend(settings: Settings) -> Backend:
     name = settings.sandbox
+    # The only way out of a sandbox whose task declares internet access.
+    egress = EgressProxy.from_settings(settings.egress_allow, settings.egress_private)
     if name == "bwrap":
         from palaestra.sandbox.bwrap import BwrapBackend
 
         return BwrapBackend(
-            cache=settings.cache, images_dir=settings.images_dir, exec_helper=settings.exec_helper
+            cache=settings.cache,
+            images_dir=settings.images_dir,
+            exec_helper=settings.exec_helper,
+            egress=egress,
         )
     if name == "docker":
         from palaestra.sandbox.docker import DockerBackend
 
-        return DockerBackend(default_image=settings.docker_image, cache=settings.cache)
+        return DockerBackend(
+            default_image=settings.docker_image, cache=settings.cache, egress=egress
+        )
     if name == "e2b":
         from palaestra.sandbox.e2b import E2BBackend
 

@@ -170,6 +170,7 @@ class TerminalFamily(Family):
             memory_mb=public.memory_mb,
             pids=public.pids,
             env=tuple(sorted(public.env.items())),
+            network=public.allow_internet,
             default_timeout_s=DEFAULT_STEP_TIMEOUT_S,
         )
 
@@ -218,11 +219,17 @@ class TerminalFamily(Family):
         ctx.state[STARTED_KEY] = time.monotonic()
         ctx.state[LIMITS_KEY] = limits
         instruction = public.instruction.strip()
+        network = (
+            "Only the hosts the operator allows (package registries) are reachable, through"
+            " the proxy in $HTTPS_PROXY."
+            if public.allow_internet
+            else "There is no network."
+        )
         text = (
             f"{instruction}\n\n---\nYou are in a Linux sandbox; your working directory is "
             f"{workdir}. Tools: bash (a persistent shell; each command is killed after its "
             f"timeout, default {limits['step_timeout_s']:g} s, at most {MAX_STEP_S:g} s), "
-            "read_file, write_file, edit_file, list_dir. There is no network. Call submit "
+            f"read_file, write_file, edit_file, list_dir. {network} Call submit "
             "when you are done: hidden tests then check the final state of the working "
             "directory."
         )

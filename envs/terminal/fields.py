@@ -24,6 +24,9 @@ class TerminalPublic(PublicFields):
     environment: dict[str, str] = Field(default_factory=dict)  # files put in the workdir
     setup_timeout_s: float = SETUP_TIMEOUT_S
     timeout_s: float | None = None
+    # Egress through the server's allow-list proxy (the operator's egress_allow), never
+    # open; False (the default): no network at all.
+    allow_internet: bool = False
 
     @field_validator("workdir", "env", "environment", mode="before")
     @classmethod

@@ -350,8 +350,12 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
     gpus = env_meta.get("gpus") or env_meta.get("gpu_count") or 0
     if isinstance(gpus, int | float) and gpus > 0:
         problems.append(f"the task asks for {gpus:g} GPU(s); the sandbox has none")
-    if env_meta.get("allow_internet") is True and env_meta.get("require_internet") is True:
-        problems.append("the task requires internet access")
+    # Internet only where the task says so (Harbor's own default is open): then egress
+    # through the operator's allow-list proxy (docs/security.md "Network").
+    internet = env_meta.get("allow_internet") is True or env_meta.get("network_mode") in (
+        "public",
+        "allowlist",
+    )
     env_dir = folder / "environment"
     problems.extend(_compose_problems(env_dir, "environment/"))
     dockerfile = env_dir / "Dockerfile"
@@ -398,6 +402,9 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
     info = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
     assert isinstance(verifier_meta, dict) and isinstance(info, dict)
     memory = env_meta.get("memory_mb")
+    public: dict[str, Any] = {"allow_internet": True} if internet else {}
+    if isinstance(memory, int) and memory > 0:
+        public["memory_mb"] = min(memory, 4096)
     return _task_out(
         folder,
         plan,
@@ -409,9 +416,7 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
         verifier=verifier,
         solve=solve,
         notes=notes,
-        public_extra=(
-            {"memory_mb": min(memory, 4096)} if isinstance(memory, int) and memory > 0 else None
-        ),
+        public_extra=public,
         # Harbor's tests/test.sh decides through $VERIFIER_LOGS/reward.txt: the task says
         # so, and only a task that says so has its reward file read (docs/terminal.md).
         private={"reward_file": True},

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from palaestra.sandbox import exechelper
 from palaestra.sandbox.base import (
+    BASE_PATH,
     Backend,
     SandboxCreateError,
     SandboxSpec,
+    SandboxSpecError,
     close_all,
     default_cache,
 )
@@ -29,6 +32,7 @@ from palaestra.sandbox.bwrap.launch import CgroupMode, LimitMode, resolve_cgroup
 from palaestra.sandbox.bwrap.sandbox import BwrapSandbox
 from palaestra.sandbox.bwrap.spec import check_spec
 from palaestra.sandbox.cgroups import CgroupManager
+from palaestra.sandbox.egress import EgressProxy, check_network
 from palaestra.sandbox.preamble import SANDBOX_UID
 
 
@@ -36,7 +40,8 @@ class BwrapBackend(Backend):
     """Creates `BwrapSandbox`es, by default under /run/palaestra/sandboxes/<pid>/ as root.
 
     `cache` is the operator's cache folder (the exec helper is built under it); `images_dir`
-    holds the image rootfs folders a spec's `image` names (default ``<cache>/images``)."""
+    holds the image rootfs folders a spec's `image` names (default ``<cache>/images``);
+    `egress` is the server's proxy, the only way out of a sandbox whose spec has `network`."""
 
     name = "bwrap"
 
@@ -53,6 +58,7 @@ class BwrapBackend(Backend):
         exec_helper: bool = True,
         prespawn: bool = True,
         max_ready_jails: int = 256,
+        egress: EgressProxy | None = None,
     ) -> None:
         self.cache = cache if cache is not None else default_cache()
         self.images_dir = images_dir if images_dir is not None else self.cache / "images"
@@ -78,6 +84,7 @@ class BwrapBackend(Backend):
         self._helper: Path | None = None
         self.helper_status = "exec helper not resolved yet" if exec_helper else "exec helper off"
         self._live: set[BwrapSandbox] = set()
+        self.egress = egress  # what a sandbox with spec.network reaches (and nothing else)
 
     def _resolve_helper(self) -> Path | None:
         """Build (once per machine) and install (once per backend) the exec helper."""
@@ -106,6 +113,12 @@ class BwrapBackend(Backend):
 
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
         check_spec(spec, self.images_dir)
+        check_network(spec, self.egress, self.name)
+        if spec.network and shutil.which("nsenter", path=BASE_PATH) is None:
+            raise SandboxSpecError(
+                "network=True: bwrap jails enter the sandbox's network namespace with"
+                f" nsenter (util-linux), which is not in {BASE_PATH}"
+            )
         if self._bwrap is None:  # probed once per backend (off the event loop), then known
             ok, why = await asyncio.to_thread(bwrap_available)
             if not ok:
@@ -128,6 +141,7 @@ class BwrapBackend(Backend):
             helper=helper,
             prespawn=self.prespawn,
             jails=self.jails,
+            egress=self.egress,
         )
         try:
             await box.setup()

@@ -137,8 +137,10 @@ class Launcher:
     host_uid: int | None
     helper: Path | None
     seccomp_filter: bool
+    netns: str | None = None  # a network namespace every bwrap joins (``nsenter --net``)
 
     def __post_init__(self) -> None:
+        self.enter = ["nsenter", f"--net={self.netns}"] if self.netns is not None else []
         self.rlimits = rlimits(self.spec, memory_cgroup=self.cgroup is not None)
         procs_files = self.cgroup.procs_files if self.cgroup is not None else []
         ulimits: list[tuple[str, int]] = []
@@ -155,7 +157,7 @@ class Launcher:
                 a += ["--rl", f"{k}={v}"]
             if self.host_uid is not None:
                 a += ["--ids", f"{self.host_uid}:{self.host_uid}"]
-            self.prefix = [*a, "--"]
+            self.prefix = [*self.enter, *a, "--"]
 
     def wrap(self, args: list[str]) -> tuple[list[str], dict[str, Any]]:
         """Put the rlimits, the host uid and the cgroup join around a bwrap argv without
@@ -175,7 +177,7 @@ class Launcher:
             args = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *args]
         if self.script is not None:
             args = ["/bin/sh", "-c", self.script, "sh", *args]
-        return args, kwargs
+        return [*self.enter, *args], kwargs
 
     def launch(self, args: list[str]) -> tuple[list[str], dict[str, Any]]:
         """The argv (and spawn kwargs) that starts the bwrap argv `args` confined: behind

@@ -200,7 +200,11 @@ def static_args(
     a += ["--bind", str(workspace), workdir]
     for host, target in spec.ro_binds:
         a += ["--ro-bind", host, posixpath.normpath(target)]
-    a += ["--unshare-all", "--unshare-user", "--disable-userns"]
+    if spec.network:  # its own namespace, made with the egress proxy's socket (netns.py)
+        a += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts"]
+        a += ["--unshare-cgroup-try", "--disable-userns"]
+    else:
+        a += ["--unshare-all", "--unshare-user", "--disable-userns"]
     a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
     a += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
     return a

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from palaestra.sandbox import exechelper
+from palaestra.sandbox import exechelper, netns
 from palaestra.sandbox.base import (
     DEFAULT_MAX_OUTPUT,
     ExecResult,
@@ -65,6 +65,7 @@ from palaestra.sandbox.bwrap.run import run_stub, supervise
 from palaestra.sandbox.bwrap.shell import open_shell
 from palaestra.sandbox.bwrap.spec import check_env, resolve_image
 from palaestra.sandbox.cgroups import Cgroup, CgroupManager
+from palaestra.sandbox.egress import EgressProxy
 from palaestra.sandbox.preamble import SANDBOX_UID, memory_error, prepare_exec
 from palaestra.sandbox.shell import BashSession
 from palaestra.sandbox.spawn import killpg
@@ -88,6 +89,7 @@ class BwrapSandbox(Sandbox):
         helper: Path | None = None,
         prespawn: bool = True,
         jails: JailBudget | None = None,
+        egress: EgressProxy | None = None,
     ) -> None:
         if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) == "/":
             raise SandboxSpecError(f"workdir must be an absolute path below /: {spec.workdir!r}")
@@ -125,6 +127,11 @@ class BwrapSandbox(Sandbox):
         # The exec helper (palaestra.sandbox.exechelper): with it, every exec's bwrap jail
         # is started by its launcher and its stub receives the command once the jail is up.
         self._helper = helper
+        # With spec.network: the namespace every jail joins (its fd) and the proxy serving
+        # the listener in it.
+        self._egress = egress
+        self._netns_fd: int | None = None
+        self._egress_server: asyncio.Server | None = None
         self.jails = Jails(
             self.id,
             workdir=self.workdir,
@@ -198,8 +205,14 @@ class BwrapSandbox(Sandbox):
             etc_tree=etc_tree,
             workspace=self.workspace,
         )
+        ns: str | None = None
+        if self.spec.network:
+            assert self._egress is not None  # BwrapBackend.create checked it
+            self._netns_fd, sock = await asyncio.to_thread(netns.new_netns)
+            self._egress_server = await self._egress.serve(sock, self.id)
+            ns = f"/proc/{os.getpid()}/fd/{self._netns_fd}"
         self.launcher = self.jails.launcher = Launcher(
-            self.spec, self._limits, self.cgroup, self.host_uid, self._helper, self._seccomp
+            self.spec, self._limits, self.cgroup, self.host_uid, self._helper, self._seccomp, ns
         )
         # No jail yet: a first exec right after create is one bwrap with its command on the
         # command line (the cold path); a warm pool starts one with `wait_ready`.
@@ -242,6 +255,12 @@ class BwrapSandbox(Sandbox):
             killpg(proc)
         self.jails.drop_next()
         await self.jails.drain(KILL_GRACE_S)
+        server, self._egress_server = self._egress_server, None
+        if server is not None and self._egress is not None:
+            await self._egress.close(server)
+        fd, self._netns_fd = self._netns_fd, None
+        if fd is not None:
+            os.close(fd)
         mounted, self._mounted = self._mounted, False
         cg, self.cgroup = self.cgroup, None
         if cg is not None:

@@ -76,8 +76,6 @@ def check_spec(spec: SandboxSpec, images_dir: Path) -> None:
     """Raise SandboxSpecError, naming the limit, if this host cannot give `spec`."""
     if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) == "/":
         raise SandboxSpecError(f"workdir must be an absolute path below /: {spec.workdir!r}")
-    if spec.network:
-        raise SandboxSpecError("network=True: the bwrap backend has no network support")
     mem = host_memory_mb()
     if not MIN_MEMORY_MB <= spec.memory_mb <= mem:
         raise SandboxSpecError(

@@ -24,18 +24,26 @@ from palaestra.sandbox.docker.engine import (
     reap_stale,
 )
 from palaestra.sandbox.docker.sandbox import DockerSandbox
+from palaestra.sandbox.egress import EgressProxy, check_network
 
 
 class DockerBackend(Backend):
     """Creates `DockerSandbox`es on the local engine; `cache` holds the execute-only copies
-    of the images' bash (``<cache>/docker-shell``)."""
+    of the images' bash (``<cache>/docker-shell``); `egress` is the server's proxy, the only
+    way out of a sandbox whose spec has `network` (the engine must be on this host)."""
 
     name = "docker"
 
     def __init__(
-        self, *, default_image: str = BASE_IMAGE, client: Any = None, cache: Path | None = None
+        self,
+        *,
+        default_image: str = BASE_IMAGE,
+        client: Any = None,
+        cache: Path | None = None,
+        egress: EgressProxy | None = None,
     ) -> None:
         self.default_image = default_image
+        self.egress = egress  # what a sandbox with spec.network reaches (and nothing else)
         self.cache = cache if cache is not None else default_cache()
         self._client = client
         self._started = False
@@ -74,8 +82,7 @@ class DockerBackend(Backend):
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         check_spec(spec)
-        if spec.network:
-            raise SandboxCreateError("the docker backend runs sandboxes without network")
+        check_network(spec, self.egress, self.name)
         await self._start()
         box = DockerSandbox(
             spec,
@@ -83,9 +90,12 @@ class DockerBackend(Backend):
             image_ref(spec.image, self.default_image),
             self._live.discard,
             cache=self.cache,
+            egress=self.egress,
         )
         try:
             await asyncio.to_thread(box.create_sync)
+            if spec.network:
+                await box.attach_egress()
         except BaseException:
             await asyncio.shield(box.close())
             raise

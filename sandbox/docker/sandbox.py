@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from palaestra.sandbox import netns
 from palaestra.sandbox.base import (
     BASE_PATH,
     DEFAULT_MAX_OUTPUT,
@@ -62,6 +63,7 @@ from palaestra.sandbox.docker.shell import (
     DockerShellProcess,
     shell_binary,
 )
+from palaestra.sandbox.egress import EgressProxy
 from palaestra.sandbox.preamble import (
     NOFILE,
     SANDBOX_UID,
@@ -86,8 +88,11 @@ class DockerSandbox(Sandbox):
         on_close: Callable[[DockerSandbox], None] | None = None,
         *,
         cache: Path,
+        egress: EgressProxy | None = None,
     ) -> None:
         self.spec = spec
+        self._egress = egress
+        self._egress_server: asyncio.Server | None = None
         self.id = secrets.token_hex(8)
         self.image = image
         self.client = client
@@ -182,6 +187,25 @@ class DockerSandbox(Sandbox):
         except docker.errors.DockerException as e:
             raise SandboxCreateError(f"docker could not create the sandbox: {e}") from e
 
+    def _init_pid(self) -> int:
+        self._container.reload()
+        state = self._container.attrs.get("State", {})
+        pid = state.get("Pid") if state.get("Running") else None
+        if not isinstance(pid, int) or pid <= 0:
+            raise SandboxCreateError(f"sandbox {self.id}: its container is not running")
+        return pid
+
+    async def attach_egress(self) -> None:
+        """Serve the server's egress proxy on 127.0.0.1:PROXY_PORT of the container's own
+        network namespace (``network_mode=none``: loopback only), before any exec runs."""
+        assert self._egress is not None
+        pid = await asyncio.to_thread(self._init_pid)
+        sock = await asyncio.to_thread(netns.listen_in, pid)
+        if await asyncio.to_thread(self._init_pid) != pid:  # never another process's
+            sock.close()
+            raise SandboxCreateError(f"sandbox {self.id}: its container restarted")
+        self._egress_server = await self._egress.serve(sock, self.id)
+
     @property
     def alive(self) -> bool:
         return not self._closed
@@ -194,6 +218,9 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
+        server, self._egress_server = self._egress_server, None
+        if server is not None and self._egress is not None:
+            await self._egress.close(server)
         try:
             await asyncio.to_thread(self._remove_sync)
         finally:

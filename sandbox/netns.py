@@ -1,0 +1,111 @@
+"""Network namespaces for sandboxes with egress: a fresh one with only loopback (bwrap), or a
+container's (docker), each given the server's own listening socket on 127.0.0.1:PROXY_PORT.
+
+The socket is made by the server in a short-lived thread that joined the namespace
+(``unshare``/``setns`` affect only the calling thread); a socket stays in the namespace it
+was made in, so the server accepts on it from its event loop and serves it with
+`palaestra.sandbox.egress.EgressProxy`. Nothing runs inside the sandbox for this.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from palaestra.sandbox.base import PROXY_PORT, SandboxCreateError
+
+CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+T = TypeVar("T")
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _in_fresh_thread(fn: Callable[[], T]) -> T:
+    """Run `fn` in a new OS thread that ends with it: a namespace it joins dies with it."""
+    out: list[T] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # handed to the caller
+            err.append(e)
+
+    t = threading.Thread(target=run, name="palaestra-netns", daemon=True)
+    t.start()
+    t.join()
+    if err:
+        raise err[0]
+    return out[0]
+
+
+def _listener() -> socket.socket:
+    """The proxy's listening socket, in the calling thread's namespace."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", PROXY_PORT))
+        s.listen(64)
+        s.setblocking(False)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, _SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
+
+
+def new_netns() -> tuple[int, socket.socket]:
+    """A fresh network namespace (loopback only, no route out) and its proxy listener: the
+    namespace's fd (it lives while the fd, the socket or a process in it does) and the
+    socket. Blocking (a thread); needs root. SandboxCreateError if the host refuses."""
+
+    def make() -> tuple[int, socket.socket]:
+        if _libc().unshare(CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+        _loopback_up()
+        fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return fd, _listener()
+        except BaseException:
+            os.close(fd)
+            raise
+
+    try:
+        return _in_fresh_thread(make)
+    except OSError as e:
+        raise SandboxCreateError(f"cannot make the sandbox's network namespace: {e}") from e
+
+
+def listen_in(pid: int) -> socket.socket:
+    """The proxy listener inside the network namespace of process `pid` (a container's
+    init). Blocking (a thread); needs root. SandboxCreateError if it cannot be made."""
+
+    def make() -> socket.socket:
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if _libc().setns(fd, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into process {pid}'s network")
+        finally:
+            os.close(fd)
+        return _listener()
+
+    try:
+        return _in_fresh_thread(make)
+    except OSError as e:
+        raise SandboxCreateError(f"cannot reach the sandbox's network namespace: {e}") from e
