@@ -40,7 +40,7 @@ def _skipped(report: dict[str, object]) -> dict[str, str]:
 
 def test_terminal_bench_import(tmp_path: Path) -> None:
     out = tmp_path / "tb"
-    code, output, report = _import("terminal-bench", out, "--name", "tb/fixtures")
+    code, output, report = _import("terminal-bench", out, "--name", "tb/fixtures", "--verbose")
     assert code == 0, output
     assert [i["id"] for i in report["imported"]] == ["grep-errors"]  # type: ignore[index,union-attr]
     skipped = _skipped(report)
