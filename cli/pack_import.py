@@ -105,8 +105,8 @@ def ceilings() -> Ceilings:
 
 
 def _run(
-    fmt: str, src: Path, out: Path, name: str | None, version: str, split: str, force: bool,
-    strict: bool, verbose: bool = False,
+    fmt: str, src: Path, out: Path, name: str | None, version: str, split: str | None,
+    force: bool, strict: bool, verbose: bool = False,
 ) -> None:  # fmt: skip
     try:
         report = import_tasks(

@@ -66,7 +66,7 @@ class HarborReader:
             meta = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise Unsupported([f"task.toml cannot be read: {exc}"]) from None
-        problems, notes = list(self.problems), []
+        problems, notes = list(self.problems), list[str]()
         self._check_digest(folder, meta, problems, notes)
         info = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
         assert isinstance(info, dict)

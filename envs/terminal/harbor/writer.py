@@ -21,7 +21,7 @@ import shlex
 import shutil
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from string import Template
 from typing import Any
 
@@ -54,12 +54,17 @@ def _program(name: str) -> Template:
     return Template(text.read_text(encoding="utf-8"))
 
 
+def plain_parts(rel: str) -> tuple[str, ...]:
+    """The parts of a plain relative path (no leading '/', '..', '.', '//', '\\', NUL)."""
+    parts = tuple(rel.split("/"))
+    if not rel or "\\" in rel or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{rel!r} is not a plain relative path")
+    return parts
+
+
 def safe_path(base: Path, rel: str) -> Path:
     """`base/rel`, or ValueError when `rel` is not a plain relative path that stays in base."""
-    parts = PurePosixPath(rel).parts
-    if not rel or rel.startswith("/") or "\\" in rel or "\0" in rel or ".." in parts:
-        raise ValueError(f"{rel!r} is not a plain relative path")
-    path = base.joinpath(*parts)
+    path = base.joinpath(*plain_parts(rel))
     if not path.resolve().is_relative_to(base.resolve()):
         raise ValueError(f"{rel!r} would be written outside {base}")
     return path
@@ -163,6 +168,7 @@ def task_files(task: Task, org: str) -> dict[str, str]:
         ("solution/", private.solution),
     ):
         for rel, text in table.items():
+            plain_parts(rel)
             files[prefix + rel] = text
     return files
 
