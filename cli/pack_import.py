@@ -33,6 +33,7 @@ err = Console(stderr=True)
 # Skip reasons by class (the first that matches), for the summary line.
 REASON_CLASSES = (
     ("digest mismatch", r"digest"),
+    ("another reward format", r"reward\.json"),
     ("needs the network", r"network|downloads|https?://"),
     ("another base image", r"base image|multi-stage"),
     ("apt packages the sandbox lacks", r"apt packages"),

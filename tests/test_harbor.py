@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from palaestra.cli.main import app
+from palaestra.cli.pack_import import ceilings
 from palaestra.envs.terminal.family import TerminalFamily
 from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
 from palaestra.envs.terminal.harbor.config import Ceilings
@@ -32,6 +33,7 @@ from palaestra.server.packs.loader import Pack, inspect_pack
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "harbor"
+COOKBOOK = ROOT / "tests" / "fixtures" / "harbor-cookbook"  # real tasks, current format
 CORE = ROOT / "packs" / "terminal-core"
 runner = CliRunner()
 
@@ -145,6 +147,23 @@ def test_what_a_sandbox_cannot_give_is_named(tmp_path: Path, extra: str, reason:
     assert reason in " ".join(report.skipped["sum-column"]), report.skipped
 
 
+def test_real_harbor_tasks_in_the_current_format(tmp_path: Path) -> None:
+    out = tmp_path / "out"  # clamped to this machine's ceilings, as `pack import` does
+    report = import_tasks("harbor", COOKBOOK, out, name="harbor/cookbook", ceilings=ceilings())
+    assert list(report.imported) == ["simple-task"]
+    assert "reward.json" in " ".join(report.skipped["multi-reward"])
+    assert "multi-step" in " ".join(report.skipped["multi-step"])
+    task = _load(tmp_path / "out").tasks["simple-task"]
+    public, private = TerminalPublic.of(task), TerminalPrivate.of(task)
+    assert (public.agent_timeout_s, private.verifier_timeout_s, public.setup_timeout_s) == (
+        120,
+        120,
+        600,
+    )
+    assert (public.cpus, public.memory_mb, public.workspace_mb) == (1, 2048, 8192)
+    assert private.harbor == {"version": "1.0"} and private.reward_file
+
+
 def test_round_trip_keeps_every_task_field(tmp_path: Path) -> None:
     """terminal-core (directory form) → Harbor → palaestra: the same typed fields, splits
     included; a Harbor import → export → import: the very same task dicts."""
@@ -247,7 +266,9 @@ def test_export_is_accepted_by_harbors_own_tooling(tmp_path: Path) -> None:
     out = tmp_path / "h"
     hb = tmp_path / "hb"
     import_tasks("harbor", FIXTURES, hb, name="imported/harbor")
+    import_tasks("harbor", COOKBOOK, tmp_path / "cb", name="harbor/cookbook", ceilings=ceilings())
     tasks = [*_load(CORE).tasks.values(), *_load(hb).tasks.values()]
+    tasks += _load(tmp_path / "cb").tasks.values()
     report = export_tasks(tasks, out, pack="palaestra/mixed", version="1.0.0")
     checked = subprocess.run([str(python), str(ROOT / "scripts" / "harbor_check.py"), str(out)],
                              capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -262,6 +283,7 @@ def test_export_is_accepted_by_harbors_own_tooling(tmp_path: Path) -> None:
     assert (harbor_row["cpus"], harbor_row["memory_mb"]) == (1, 2048)
     assert harbor_row["metadata"]["tags"] == ["awk", "csv"]
     assert harbor_row["network_mode"] == "no-network"
+    assert seen["tasks"]["simple-task"]["agent_timeout_sec"] == 120
     core_row = seen["tasks"][sorted(report.exported)[0]]
     assert core_row["instruction"].strip() and core_row["memory_mb"] == 1024
 

@@ -4,7 +4,8 @@ What palaestra can hold maps to typed fields, resources clamped to the operator'
 `[agent] timeout_sec` → `agent_timeout_s` (the episode's wall time) and `timeout_s` (the
 oracle's command); `[verifier] timeout_sec` → `verifier_timeout_s`; `[environment]
 build_timeout_sec` → `setup_timeout_s`, `cpus`, `memory_mb` (or the older `memory = "2G"`),
-`storage_mb` (`storage`) → `workspace_mb`, `workdir`; `[metadata] difficulty / category` →
+`storage_mb` (`storage`) → `workspace_mb`, `workdir`, `env` (literal values; a `${VAR}` from
+the host is a problem: a sandbox gets none); `[metadata] difficulty / category` →
 difficulty and domain. Every other field is kept as given in `[private] harbor`, so an
 export writes it back. What a sandbox cannot give (GPUs, TPUs, Windows, steps) is a problem.
 """
@@ -28,6 +29,7 @@ MAPPED = {
     ("environment", "storage_mb"),
     ("environment", "storage"),
     ("environment", "workdir"),
+    ("environment", "env"),
 }
 SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK])B?\s*$", re.IGNORECASE)
 
@@ -117,6 +119,15 @@ def map_config(meta: dict[str, Any], ceilings: Ceilings | None) -> Mapped:
             out.problems.append(f"[environment] workdir = {workdir!r} must be an absolute path")
         else:
             out.public["workdir"] = posixpath.normpath(workdir)
+    variables = env.get("env")
+    if isinstance(variables, dict) and variables:
+        host = sorted(k for k, v in variables.items() if "${" in str(v))
+        if host:
+            out.problems.append(
+                f"[environment] env {', '.join(host)} come from the host at run time; "
+                "a sandbox is given none"
+            )
+        out.public["env"] = {k: str(v) for k, v in variables.items() if k not in host}
     out.problems += _unsupported(meta, env)
     out.notes += _not_carried(env, verifier)
     kept = remainder(meta)

@@ -89,6 +89,8 @@ class HarborReader:
                 f"[environment] workdir {workdir} differs from the Dockerfile's WORKDIR "
                 f"{plan.workdir}, where its files are copied"
             )
+        if "env" in mapped.public:  # set at run time, over the Dockerfile's ENV
+            mapped.public["env"] = {**plan.env, **mapped.public["env"]}
         if isinstance(export, dict):
             parts = _exported(folder, export, mapped, plan, problems)
         else:
@@ -181,6 +183,11 @@ def _native(folder: Path, problems: list[str], notes: list[str]) -> Parts:
         test_sh, tests_dir="$VERIFIER_DIR/tests", logs_dir="$VERIFIER_LOGS"
     )
     problems += bad
+    if "reward.json" in script and "reward.txt" not in script:
+        problems.append(
+            "the tests write /logs/verifier/reward.json (named rewards); palaestra reads "
+            "one reward from reward.txt"
+        )
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["harbor-test.sh"] = script
     verifier["test.sh"] = verifier_wrapper("harbor", "harbor-test.sh")
