@@ -34,6 +34,7 @@ err = Console(stderr=True)
 REASON_CLASSES = (
     ("digest mismatch", r"digest"),
     ("another reward format", r"reward\.json"),
+    ("host variables", r"from the host"),
     ("needs the network", r"network|downloads|https?://"),
     ("another base image", r"base image|multi-stage"),
     ("apt packages the sandbox lacks", r"apt packages"),
