@@ -35,7 +35,13 @@ from typing import Any
 
 import yaml
 
-from palaestra.envs.terminal.dockerfile import NETWORK, EnvPlan, convert_dockerfile, read_text
+from palaestra.envs.terminal.dockerfile import (
+    NETWORK,
+    EnvPlan,
+    convert_dockerfile,
+    read_text,
+    within,
+)
 from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.sdk.packwriter import write_manifest, write_task_folder
 
@@ -161,9 +167,12 @@ def text_files(folder: Path, exclude: Iterable[str] = ()) -> tuple[dict[str, str
     skip = set(exclude)
     if not folder.is_dir():
         return files, problems
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink()):
         rel = path.relative_to(folder).as_posix()
         if rel in skip or "__pycache__" in rel.split("/") or rel.split("/")[0].startswith("."):
+            continue
+        if not within(path, folder):
+            problems.append(f"{folder.name}/{rel} is a symlink; packs hold files only")
             continue
         text = read_text(path)
         if text is None:

@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.terminal.dockerfile import EnvPlan, convert_dockerfile
+from palaestra.envs.terminal.dockerfile import EnvPlan, convert_dockerfile, within
 from palaestra.envs.terminal.harbor.config import Ceilings, Mapped, map_config
 from palaestra.envs.terminal.harbor.digest import content_digest, has_ignore_rules, pinned_digests
 from palaestra.envs.terminal.importer import (
@@ -62,6 +62,9 @@ class HarborReader:
 
     def convert(self, folder: Path, split: str, pack_short: str) -> TaskOut:
         """One Harbor task folder as a terminal task; raises Unsupported naming each cause."""
+        links = [n for n in ("task.toml", "instruction.md") if not within(folder / n, folder)]
+        if links:
+            raise Unsupported([f"{n} is a symlink; packs hold files only" for n in links])
         try:
             meta = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
