@@ -126,7 +126,7 @@ def task_config(task: Task, org: str) -> dict[str, Any]:
     put("environment.cpus", public.cpus, "cpus" in given)
     put("environment.memory_mb", public.memory_mb, "memory_mb" in given)
     put("environment.storage_mb", public.workspace_mb, "workspace_mb" in given)
-    if "network_mode" not in kept.get("environment", {}):
+    if not {"network_mode", "allow_internet"} & set(kept.get("environment", {})):
         put("environment.network_mode", "no-network", False)  # a sandbox has no network
     config = _merge(kept, config)
     config.setdefault("metadata", {})[EXPORT_KEY] = {
