@@ -164,6 +164,18 @@ def test_real_harbor_tasks_in_the_current_format(tmp_path: Path) -> None:
     assert private.harbor == {"version": "1.0"} and private.reward_file
 
 
+def test_a_harbor_folder_named_files_is_copied_as_any_other(tmp_path: Path) -> None:
+    """Only an export's environment/files/ is read as a file map; a task's own is COPYed."""
+    task = _sum_column(tmp_path / "src", (FIXTURES / "sum-column" / "task.toml").read_text())
+    (task / "environment" / "files").mkdir()
+    (task / "environment" / "files" / "a.txt").write_text("A\n")
+    dockerfile = task / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "COPY files/ /app/data/\n")
+    import_tasks("harbor", tmp_path / "src", tmp_path / "out")
+    environment = TerminalPublic.of(_load(tmp_path / "out").tasks["sum-column"]).environment
+    assert environment["data/a.txt"] == "A\n" and "orders.csv" in environment
+
+
 def test_round_trip_keeps_every_task_field(tmp_path: Path) -> None:
     """terminal-core (directory form) → Harbor → palaestra: the same typed fields, splits
     included; a Harbor import → export → import: the very same task dicts."""

@@ -84,7 +84,7 @@ class HarborReader:
         except (OSError, UnicodeDecodeError):
             problems.append("no instruction.md")
             instruction = ""
-        plan = _environment(folder, meta, problems)
+        plan = _environment(folder, meta, problems, exported=isinstance(export, dict))
         notes += plan.notes
         workdir = mapped.public.get("workdir")
         if workdir and workdir != plan.workdir and plan.files:
@@ -143,14 +143,18 @@ class HarborReader:
             notes.append(f"content digest {digest[:19]}… matches dataset.toml")
 
 
-def _environment(folder: Path, meta: dict[str, Any], problems: list[str]) -> EnvPlan:
+def _environment(
+    folder: Path, meta: dict[str, Any], problems: list[str], *, exported: bool
+) -> EnvPlan:
+    """The environment a Dockerfile (or `docker_image`) describes; an export's own files are
+    read as they are (`_exported`), not through its COPY."""
     env_dir = folder / "environment"
     env = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
     assert isinstance(env, dict)
     problems.extend(compose_problems(env_dir, "environment/"))
     dockerfile = env_dir / "Dockerfile"
     if dockerfile.exists():
-        exclude = COMPOSE | {ENV_FILES}
+        exclude = COMPOSE | ({ENV_FILES} if exported else set())
         plan = convert_dockerfile(dockerfile.read_text(encoding="utf-8"), env_dir, exclude)
     elif isinstance(env.get("docker_image"), str):
         plan = convert_dockerfile(f"FROM {env['docker_image']}\n", env_dir, exclude=set())
