@@ -137,6 +137,8 @@ def test_every_task_toml_field_is_read_clamped_or_kept(tmp_path: Path) -> None:
         ('[[steps]]\nname = "one"\n', "multi-step"),
         ('[agent]\ntimeout_sec = "soon"\n', "[agent] timeout_sec = 'soon' must be a positive"),
         ('[environment]\nworkdir = "/srv"\n', "differs from the Dockerfile's WORKDIR"),
+        ('[environment]\nmemory = "lots"\n', "is not a size like '2G'"),
+        ("[verifier]\ntimeout_sec = inf\n", "must be a positive number"),
     ],
 )
 def test_what_a_sandbox_cannot_give_is_named(tmp_path: Path, extra: str, reason: str) -> None:

@@ -13,6 +13,7 @@ export writes it back. What a sandbox cannot give (GPUs, TPUs, Windows, steps) i
 from __future__ import annotations
 
 import copy
+import math
 import posixpath
 import re
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ def _table(meta: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _positive(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value) if value > 0 else None
 
@@ -108,6 +109,11 @@ def map_config(meta: dict[str, Any], ceilings: Ceilings | None) -> Mapped:
     put(out.public, "setup_timeout_s", "[environment] build_timeout_sec",
         env.get("build_timeout_sec"), c.task_timeout_s if c else None)  # fmt: skip
     put(out.public, "cpus", "[environment] cpus", env.get("cpus"), c.cpus if c else None)
+    for legacy in ("memory", "storage"):
+        if legacy in env and f"{legacy}_mb" not in env and size_mb(env[legacy]) is None:
+            out.problems.append(
+                f"[environment] {legacy} = {env[legacy]!r} is not a size like '2G' or '512M'"
+            )
     memory = env.get("memory_mb", size_mb(env["memory"]) if "memory" in env else None)
     put(out.public, "memory_mb", "[environment] memory_mb", memory, c.memory_mb if c else None)
     storage = env.get("storage_mb", size_mb(env["storage"]) if "storage" in env else None)
