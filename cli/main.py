@@ -16,6 +16,7 @@ from palaestra.cli.eval.app import eval_app
 from palaestra.cli.images import images_app
 from palaestra.cli.options import DataDir, Token, Url
 from palaestra.cli.pack import pack_app
+from palaestra.cli.pack_export import export_app
 from palaestra.cli.pack_import import import_app
 from palaestra.cli.registry import register as register_registry_commands
 from palaestra.cli.tokens import token_app
@@ -34,6 +35,7 @@ app.add_typer(images_app, name="images")
 app.add_typer(pack_app, name="pack")
 register_registry_commands(pack_app)  # pack publish, pack install
 pack_app.add_typer(import_app, name="import")  # pack import terminal-bench|harbor|finqa
+pack_app.add_typer(export_app, name="export")  # pack export harbor
 app.add_typer(token_app, name="token")
 app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cli/eval/)
 register_train_command(app)  # palaestra train (cli/train.py)

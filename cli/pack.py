@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from palaestra.cli.console import console, err, error, styled
 from palaestra.cli.options import DataDir, Token, Url, sandbox_setting
@@ -33,21 +34,41 @@ def _fmt(reward: float | None) -> str:
     return "-" if reward is None else f"{reward:.2f}"
 
 
+def _verdict(report: CheckReport, task_id: str) -> Text:
+    """pass, or the checks that failed; a void episode's reason after it."""
+    failed = report.failed_checks(task_id)
+    text = styled("pass", "green") if not failed else styled("fail", "red", f" {', '.join(failed)}")
+    voids = report.results[task_id].void
+    for label, reason in sorted(voids.items()):
+        text.append("\n")
+        text.append_text(styled("void", "yellow", f" {label}: {reason[:80]}"))
+    return text
+
+
+def _cheats(cheats: dict[str, float | None]) -> str:
+    """Every cheat that scored above 0 or gave no verdict, with its reward; else the max."""
+    shown = [f"{n} {_fmt(r)}" for n, r in sorted(cheats.items()) if r is None or r > 0]
+    if shown:
+        return ", ".join(shown)
+    return f"all {len(cheats)} at 0.00" if cheats else "-"
+
+
 def render_results(report: CheckReport, out: Console) -> None:
-    """One row per task (oracle, rerun, null, worst cheat), then each cheat's max and mean."""
+    """One row per task (oracle, rerun, null, the cheats that scored, verdict), each cheat's
+    max and mean over the tasks, and the summary line (`--json` has every cheat's reward)."""
     if not report.results:
         return
-    table = Table("task", "split", "oracle", "rerun", "null", "worst cheat", title="per task")
+    table = Table("task", "split", "oracle", "rerun", "null", "cheats", "verdict", title="per task")
     for task_id in sorted(report.results):
         r = report.results[task_id]
-        worst = r.worst_cheat()
         table.add_row(
             task_id,
             r.split,
             _fmt(r.oracle),
             _fmt(r.rerun),
             _fmt(r.null),
-            f"{worst[0]} {worst[1]:.2f}" if worst else "-",
+            _cheats(r.cheats),
+            _verdict(report, task_id),
         )
     out.print(table)
     for cheat, stats in report.cheat_summary().items():
@@ -55,6 +76,7 @@ def render_results(report: CheckReport, out: Console) -> None:
             f"cheat {cheat}: max {stats['max']:.2f}, mean {stats['mean']:.3f} "
             f"over {stats['tasks']} task(s)"
         )
+    out.print(report.summary_line())
 
 
 def render_report(report: CheckReport, out: Console) -> None:
@@ -96,7 +118,10 @@ def check_cmd(
     ] = None,
     json_path: Annotated[
         Path | None,
-        typer.Option("--json", help="also write the per-task results and problems as JSON here"),
+        typer.Option(
+            "--json",
+            help="also write the per-task rows, summary and problems as JSON here (-: stdout only)",
+        ),
     ] = None,
 ) -> None:
     """Prove a pack: schema, lock, oracle ≥ expected, rerun identical, null 0, cheats ≤ 0.1."""
@@ -107,8 +132,11 @@ def check_cmd(
             directory, limit=limit, concurrency=concurrency, timeout_s=timeout, sandbox=sandbox
         )
     )
-    render_report(report, console)
-    if json_path is not None:
+    if json_path == Path("-"):
+        console.file.write(json.dumps(report.to_json(), indent=1) + "\n")
+    else:
+        render_report(report, console)
+    if json_path is not None and json_path != Path("-"):
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report.to_json(), indent=1) + "\n")
     if not report.ok:

@@ -6,6 +6,8 @@ The importers live beside the family whose tasks they produce: envs/terminal/imp
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +17,9 @@ from rich.table import Table
 
 from palaestra.cli.console import console, error, styled
 from palaestra.envs.finance.importer import ImportProblem, import_file
+from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.importer import REPORT_FILE, ImportReport, import_tasks
+from palaestra.server.config import load_settings
 
 import_app = typer.Typer(
     help="Import tasks from other formats into a pack (docs/terminal.md, docs/finance.md).",
@@ -23,16 +27,54 @@ import_app = typer.Typer(
 )
 
 
-def render_import(report: ImportReport, out: Console) -> None:
-    table = Table("task", "result", "why / notes", title=f"{report.format} → {report.out}")
-    for tid, notes in sorted(report.imported.items()):
-        table.add_row(tid, styled("imported", "green"), "; ".join(notes))
-    for tid, reasons in sorted(report.skipped.items()):
-        table.add_row(tid, styled("skipped", "red"), "; ".join(reasons))
-    out.print(table)
+# Skip reasons by class (the first that matches), for the summary line.
+REASON_CLASSES = (
+    ("digest mismatch", r"digest"),
+    ("another reward format", r"reward\.json"),
+    ("host variables", r"from the host"),
+    ("needs the network", r"network|downloads|https?://"),
+    ("another base image", r"base image|multi-stage"),
+    ("apt packages the sandbox lacks", r"apt packages"),
+    ("services", r"service|daemon|expose|volume"),
+    ("GPU/TPU", r"gpu|tpu"),
+    ("needs root", r"needs root"),
+    ("writes outside the workdir", r"outside"),
+    ("binary files", r"binary"),
+    ("missing files", r"^no |cannot be read|not in the task"),
+    ("not supported", r"not supported|os ="),
+)
+
+
+def reason_class(reason: str) -> str:
+    """A skip reason's class (REASON_CLASSES), 'other' for the rest."""
+    text = reason.lower()
+    return next((name for name, pattern in REASON_CLASSES if re.search(pattern, text)), "other")
+
+
+def import_summary(report: ImportReport) -> str:
+    """'N imported, M skipped: k × class; …' (each skipped task counted once a class)."""
+    classes: Counter[str] = Counter()
+    for reasons in report.skipped.values():
+        classes.update({reason_class(r) for r in reasons})
+    why = "; ".join(f"{n} × {c}" for c, n in sorted(classes.items(), key=lambda kv: -kv[1]))
+    return f"{len(report.imported)} imported, {len(report.skipped)} skipped" + (
+        f" ({why})" if why else ""
+    )
+
+
+def render_import(report: ImportReport, out: Console, *, verbose: bool = False) -> None:
+    """The summary line; with `verbose`, first the table of every task and why."""
+    if verbose:
+        table = Table("task", "result", "why / notes", title=f"{report.format} → {report.out}")
+        for tid, notes in sorted(report.imported.items()):
+            table.add_row(tid, styled("imported", "green"), "; ".join(notes))
+        for tid, reasons in sorted(report.skipped.items()):
+            table.add_row(tid, styled("skipped", "red"), "; ".join(reasons))
+        out.print(table)
+    out.print(import_summary(report))
     out.print(
-        f"{len(report.imported)} imported, {len(report.skipped)} skipped (reasons above and in "
-        f"{Path(report.out) / REPORT_FILE}); next: palaestra pack check {report.out}"
+        f"each task and why: {Path(report.out) / REPORT_FILE}"
+        f"{'' if verbose else ' (or --verbose)'}; next: palaestra pack check {report.out}"
     )
 
 
@@ -40,21 +82,40 @@ Src = Annotated[Path, typer.Argument(help="a task folder, or a folder of task fo
 Out = Annotated[Path, typer.Argument(help="the pack folder to write (new or empty)")]
 Name = Annotated[str | None, typer.Option(help="pack name org/name (default imported/<src>)")]
 Version = Annotated[str, typer.Option(help="pack version")]
-Split = Annotated[str, typer.Option(help="the split every task goes to")]
+Split = Annotated[
+    str | None,
+    typer.Option(help="the split every task goes to (default train; an exported task's own)"),
+]
 Force = Annotated[bool, typer.Option(help="replace OUT if it is not empty")]
 Strict = Annotated[bool, typer.Option(help="exit 1 if any task was skipped")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="print every task and why")]
+
+
+def ceilings() -> Ceilings:
+    """This machine's operator ceilings (palaestra.toml, PALAESTRA_*), which imports clamp to."""
+    s = load_settings()
+    return Ceilings(
+        memory_mb=s.ceiling_memory_mb,
+        cpus=s.ceiling_cpus,
+        workspace_mb=s.ceiling_workspace_mb,
+        task_timeout_s=s.ceiling_task_timeout_s,
+        wall_s=s.ceiling_wall_s,
+    )
 
 
 def _run(
-    fmt: str, src: Path, out: Path, name: str | None, version: str, split: str, force: bool,
-    strict: bool,
+    fmt: str, src: Path, out: Path, name: str | None, version: str, split: str | None,
+    force: bool, strict: bool, verbose: bool = False,
 ) -> None:  # fmt: skip
     try:
-        report = import_tasks(fmt, src, out, name=name, version=version, split=split, force=force)
+        report = import_tasks(
+            fmt, src, out, name=name, version=version, split=split, force=force,
+            ceilings=ceilings(),
+        )  # fmt: skip
     except ValueError as exc:
         error(str(exc))
         raise typer.Exit(2) from None
-    render_import(report, console)
+    render_import(report, console, verbose=verbose)
     if not report.imported or (strict and report.skipped):
         raise typer.Exit(1)
 
@@ -65,13 +126,14 @@ def terminal_bench_cmd(
     out: Out,
     name: Name = None,
     version: Version = "0.1.0",
-    split: Split = "train",
+    split: Split = None,
     force: Force = False,
     strict: Strict = False,
+    verbose: Verbose = False,
 ) -> None:
     """Convert Terminal-Bench task folders (task.yaml, Dockerfile, run-tests.sh, solution.sh,
     tests/) into a pack of `terminal` tasks; unsupported ones are reported with the reason."""
-    _run("terminal-bench", src, out, name, version, split, force, strict)
+    _run("terminal-bench", src, out, name, version, split, force, strict, verbose)
 
 
 @import_app.command("harbor")
@@ -80,14 +142,15 @@ def harbor_cmd(
     out: Out,
     name: Name = None,
     version: Version = "0.1.0",
-    split: Split = "train",
+    split: Split = None,
     force: Force = False,
     strict: Strict = False,
+    verbose: Verbose = False,
 ) -> None:
     """Convert Harbor task folders (task.toml, instruction.md, environment/Dockerfile,
-    tests/test.sh, solution/solve.sh) into a pack of `terminal` tasks; unsupported ones are
-    reported with the reason."""
-    _run("harbor", src, out, name, version, split, force, strict)
+    tests/test.sh, solution/solve.sh; a dataset.toml's digests are checked) into a pack of
+    `terminal` tasks; unsupported ones are reported with the reason."""
+    _run("harbor", src, out, name, version, split, force, strict, verbose)
 
 
 @import_app.command("finqa")

@@ -40,11 +40,13 @@ OPTION_LIMITS: dict[str, LimitRule] = {
 # Task fields (top level of `public` or `private`) that size a sandbox or a timer.
 TASK_LIMITS: dict[str, LimitRule] = {
     "memory_mb": LimitRule("ceiling_memory_mb", True),
+    "cpus": LimitRule("ceiling_cpus", False),
     "pids": LimitRule("ceiling_pids", True),
     "workspace_mb": LimitRule("ceiling_workspace_mb", True),
     "timeout_s": LimitRule("ceiling_task_timeout_s", False),
     "setup_timeout_s": LimitRule("ceiling_task_timeout_s", False),
     "verifier_timeout_s": LimitRule("ceiling_task_timeout_s", False),
+    "agent_timeout_s": LimitRule("ceiling_wall_s", False),
 }
 
 
@@ -113,7 +115,7 @@ def check_task(task: Task, settings: Settings) -> None:
 
 def check_spec(spec: SandboxSpec, settings: Settings, where: str) -> None:
     """A sandbox spec a family built, before it reaches the backend."""
-    for key in ("memory_mb", "pids", "workspace_mb"):
+    for key in ("memory_mb", "cpus", "pids", "workspace_mb"):
         check_limit(
             f"{where}: sandbox {key}",
             getattr(spec, key),

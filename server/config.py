@@ -126,6 +126,9 @@ class Settings(BaseModel):
         default=1 << 30, ge=1, description="options.max_episode_output_bytes at most"
     )
     ceiling_memory_mb: int = Field(default=16_384, ge=1, description="a sandbox's memory_mb")
+    ceiling_cpus: float = Field(
+        default=4.0, gt=0, allow_inf_nan=False, description="a sandbox's cpus"
+    )
     ceiling_pids: int = Field(default=4096, ge=1, description="a sandbox's pids")
     ceiling_workspace_mb: int = Field(default=8192, ge=1, description="a sandbox's workspace_mb")
     ceiling_task_timeout_s: float = Field(

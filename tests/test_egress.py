@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from palaestra.envs.terminal.family import TerminalFamily
-from palaestra.envs.terminal.importer import convert_harbor
+from palaestra.envs.terminal.harbor.reader import HarborReader
 from palaestra.sandbox.base import PROXY_ENV, SandboxSpec, sandbox_env
 from palaestra.sandbox.egress import (
     DEFAULT_ALLOW,
@@ -174,7 +174,7 @@ def test_harbor_internet_maps_to_the_field(tmp_path: Path, extra: str, internet:
     shutil.copytree(FIXTURES / "harbor" / "sum-column", folder)
     toml = folder / "task.toml"
     toml.write_text(toml.read_text() + extra)
-    public = convert_harbor(folder, "train", "h").toml["public"]
+    public = HarborReader(tmp_path, None).convert(folder, "train", "h").toml["public"]
     assert public.get("allow_internet", False) is internet
 
 

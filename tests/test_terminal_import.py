@@ -40,7 +40,7 @@ def _skipped(report: dict[str, object]) -> dict[str, str]:
 
 def test_terminal_bench_import(tmp_path: Path) -> None:
     out = tmp_path / "tb"
-    code, output, report = _import("terminal-bench", out, "--name", "tb/fixtures")
+    code, output, report = _import("terminal-bench", out, "--name", "tb/fixtures", "--verbose")
     assert code == 0, output
     assert [i["id"] for i in report["imported"]] == ["grep-errors"]  # type: ignore[index,union-attr]
     skipped = _skipped(report)
@@ -100,8 +100,9 @@ def test_harbor_import(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not bwrap_available()[0], reason=f"bwrap unavailable: {bwrap_available()[1]}")
 def test_imported_packs_pass_pack_check(tmp_path: Path) -> None:
-    """oracle 1, null 0, cheats <= 0.1 for what was imported, on bwrap."""
-    outs = [tmp_path / fmt for fmt in ("terminal-bench", "harbor")]
+    """oracle 1, null 0, cheats <= 0.1 for what was imported, on bwrap (the Harbor import:
+    tests/test_harbor.py::test_importing_doc_end_to_end)."""
+    outs = [tmp_path / "terminal-bench"]
     for out in outs:
         assert _import(out.name, out)[0] == 0
 

@@ -188,11 +188,19 @@ def _copy(plan: EnvPlan, context: Path, sources: list[str], dest: str, exclude: 
         matches = sorted(context.glob(src.lstrip("/"))) if any(c in src for c in "*?[") else []
         paths = matches or [context / src.lstrip("/")]
         for path in paths:
+            if not within(path, context):
+                plan.problems.append(
+                    f"the Dockerfile copies {src}, which is outside the task folder or a symlink"
+                )
+                continue
             if not path.exists():
                 plan.problems.append(f"the Dockerfile copies {src}, which is not in the task")
                 continue
             if path.is_dir():
                 for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                    if not within(f, context):
+                        plan.problems.append(f"{f.name} is a symlink; packs hold files only")
+                        continue
                     rel_src = f.relative_to(context).as_posix()
                     if _excluded(rel_src, exclude):
                         continue
@@ -203,6 +211,17 @@ def _copy(plan: EnvPlan, context: Path, sources: list[str], dest: str, exclude: 
                     continue
                 target = posixpath.join(rel_dest, path.name) if as_dir else rel_dest
                 _add_file(plan, path, posixpath.normpath(target))
+
+
+def within(path: Path, root: Path) -> bool:
+    """`path` is inside `root` with no symlink on the way (a task's files are its own)."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        return False
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        return False
+    return not any((root.joinpath(*parts[: i + 1])).is_symlink() for i in range(len(parts)))
 
 
 def _excluded(rel: str, exclude: set[str]) -> bool:

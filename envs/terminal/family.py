@@ -168,6 +168,7 @@ class TerminalFamily(Family):
             workdir=public.workdir,
             workspace_mb=public.workspace_mb,
             memory_mb=public.memory_mb,
+            cpus=public.cpus,
             pids=public.pids,
             env=tuple(sorted(public.env.items())),
             network=public.allow_internet,
@@ -175,10 +176,14 @@ class TerminalFamily(Family):
         )
 
     def episode_limits(self, task: Task, options: dict[str, Any], limits: Limits) -> Limits:
-        """The manager's limits with this family's per-step output cap (reset's `limits`)."""
+        """The manager's limits with this family's per-step output cap (reset's `limits`);
+        the task's `agent_timeout_s` is the wall time unless the client asked for one."""
         mine = step_limits(options)
+        agent_s = TerminalPublic.of(task).agent_timeout_s
+        wall = {"max_wall_s": agent_s} if agent_s and "max_wall_s" not in options else {}
         return limits.model_copy(
             update={
+                **wall,
                 "max_output_bytes": int(mine["max_output_bytes"]),
                 "max_step_s": mine["max_step_s"],
                 "max_episode_output_bytes": int(mine["max_episode_output_bytes"]),

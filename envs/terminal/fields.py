@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import posixpath
-from typing import Self
+from typing import Any, Self
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -19,6 +19,7 @@ class TerminalPublic(PublicFields):
     image: str | None = None  # default: the family's image where the backend has it
     workspace_mb: int = 256
     memory_mb: int = 1024
+    cpus: float = 1.0
     pids: int = 512
     env: dict[str, str] = Field(default_factory=dict)
     environment: dict[str, str] = Field(default_factory=dict)  # files put in the workdir
@@ -27,6 +28,7 @@ class TerminalPublic(PublicFields):
     # Egress through the server's allow-list proxy (the operator's egress_allow), never
     # open; False (the default): no network at all.
     allow_internet: bool = False
+    agent_timeout_s: float | None = None  # the episode's wall time unless the client sets one
 
     @field_validator("workdir", "env", "environment", mode="before")
     @classmethod
@@ -51,6 +53,9 @@ class TerminalPrivate(PrivateFields):
     verifier_timeout_s: float | None = None
     reward_file: bool = False
     solution: dict[str, str] = Field(default_factory=dict)  # solution/solve.sh
+    # The fields of an imported Harbor task.toml that no field above holds, as given (for
+    # `palaestra pack export harbor`; envs/terminal/harbor/).
+    harbor: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("verifier", "solution", "fail_to_pass", "pass_to_pass", mode="before")
     @classmethod

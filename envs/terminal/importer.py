@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import shutil
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +35,14 @@ from typing import Any
 
 import yaml
 
-from palaestra.envs.terminal.dockerfile import NETWORK, EnvPlan, convert_dockerfile, read_text
+from palaestra.envs.terminal.dockerfile import (
+    NETWORK,
+    EnvPlan,
+    convert_dockerfile,
+    read_text,
+    within,
+)
+from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.sdk.packwriter import write_manifest, write_task_folder
 
 REPORT_FILE = "import-report.json"
@@ -133,7 +138,7 @@ def solution_problems(script: str) -> list[str]:
     return []
 
 
-def _compose_problems(folder: Path, shown: str) -> list[str]:
+def compose_problems(folder: Path, shown: str) -> list[str]:
     """A compose file with more than one service needs daemons the sandbox cannot run."""
     for name in ("docker-compose.yaml", "docker-compose.yml"):
         if (folder / name).exists():
@@ -156,15 +161,18 @@ def _compose_services(path: Path) -> list[str]:
     return sorted(services) if isinstance(services, dict) else []
 
 
-def _text_files(folder: Path, exclude: Iterable[str] = ()) -> tuple[dict[str, str], list[str]]:
+def text_files(folder: Path, exclude: Iterable[str] = ()) -> tuple[dict[str, str], list[str]]:
     files: dict[str, str] = {}
     problems: list[str] = []
     skip = set(exclude)
     if not folder.is_dir():
         return files, problems
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink()):
         rel = path.relative_to(folder).as_posix()
         if rel in skip or "__pycache__" in rel.split("/") or rel.split("/")[0].startswith("."):
+            continue
+        if not within(path, folder):
+            problems.append(f"{folder.name}/{rel} is a symlink; packs hold files only")
             continue
         text = read_text(path)
         if text is None:
@@ -179,16 +187,16 @@ def task_id(name: str) -> str:
     return clean if clean[0].isalnum() else f"t-{clean}"
 
 
-def _difficulty(value: Any) -> str:
+def difficulty_of(value: Any) -> str:
     text = str(value or "").lower()
     return text if text in ("easy", "medium", "hard") else "medium"
 
 
-def _category(value: Any) -> str:
+def category_of(value: Any) -> str:
     return TASK_ID_RE.sub("-", str(value or "misc").lower()).strip("-") or "misc"
 
 
-def _verifier_wrapper(kind: str, script_name: str) -> str:
+def verifier_wrapper(kind: str, script_name: str) -> str:
     """test.sh: run the original test script from the verifier directory, as its format does."""
     if kind == "terminal-bench":
         return (
@@ -239,7 +247,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     if not isinstance(instruction, str) or not instruction.strip():
         problems.append("task.yaml has no instruction")
         instruction = ""
-    problems.extend(_compose_problems(folder, ""))
+    problems.extend(compose_problems(folder, ""))
     dockerfile = folder / "Dockerfile"
     if not dockerfile.exists():
         raise Unsupported([*problems, "no Dockerfile"])
@@ -257,7 +265,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     else:
         problems.append("no solution.sh")
         solve = ""
-    tests, bad = _text_files(folder / "tests")
+    tests, bad = text_files(folder / "tests")
     problems += bad
     run_tests = folder / "run-tests.sh"
     original = (
@@ -271,13 +279,13 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
         raise Unsupported(problems)
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["run-tests.sh"] = script
-    verifier["test.sh"] = _verifier_wrapper("terminal-bench", "run-tests.sh")
-    return _task_out(
+    verifier["test.sh"] = verifier_wrapper("terminal-bench", "run-tests.sh")
+    return task_out(
         folder,
         plan,
         split=split,
-        domain=f"{pack_short}/{_category(meta.get('category'))}",
-        difficulty=_difficulty(meta.get("difficulty")),
+        domain=f"{pack_short}/{category_of(meta.get('category'))}",
+        difficulty=difficulty_of(meta.get("difficulty")),
         timeout=meta.get("max_test_timeout_sec"),
         instruction=instruction,
         verifier=verifier,
@@ -286,7 +294,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     )
 
 
-def _task_out(
+def task_out(
     folder: Path,
     plan: EnvPlan,
     *,
@@ -331,114 +339,6 @@ def _task_out(
     )
 
 
-# -- Harbor ------------------------------------------------------------------------------------
-def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
-    """One Harbor task folder as a terminal task; raises Unsupported."""
-    problems: list[str] = []
-    notes: list[str] = []
-    try:
-        meta = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise Unsupported([f"task.toml cannot be read: {exc}"]) from None
-    try:
-        instruction = (folder / "instruction.md").read_text(encoding="utf-8")
-    except OSError:
-        problems.append("no instruction.md")
-        instruction = ""
-    env_meta = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
-    assert isinstance(env_meta, dict)
-    gpus = env_meta.get("gpus") or env_meta.get("gpu_count") or 0
-    if isinstance(gpus, int | float) and gpus > 0:
-        problems.append(f"the task asks for {gpus:g} GPU(s); the sandbox has none")
-    # Internet only where the task says so (Harbor's own default is open): then egress
-    # through the operator's allow-list proxy (docs/security.md "Network").
-    internet = env_meta.get("allow_internet") is True or env_meta.get("network_mode") in (
-        "public",
-        "allowlist",
-    )
-    env_dir = folder / "environment"
-    problems.extend(_compose_problems(env_dir, "environment/"))
-    dockerfile = env_dir / "Dockerfile"
-    if dockerfile.exists():
-        plan = convert_dockerfile(
-            dockerfile.read_text(encoding="utf-8"),
-            env_dir,
-            exclude={"Dockerfile", "docker-compose.yaml", "docker-compose.yml"},
-        )
-    elif isinstance(env_meta.get("docker_image"), str):
-        plan = convert_dockerfile(f"FROM {env_meta['docker_image']}\n", env_dir, exclude=set())
-    else:
-        plan = EnvPlan()
-        problems.append("no environment/Dockerfile")
-    problems += plan.problems
-    notes += plan.notes
-    solve_path = folder / "solution" / "solve.sh"
-    solution_files, bad = _text_files(folder / "solution")
-    problems += bad
-    solve = solution_files.pop("solve.sh", None)
-    if solve is None or not solve_path.exists():
-        problems.append("no solution/solve.sh")
-        solve = ""
-    problems += solution_problems(solve)
-    if solution_files:
-        solve = _embed_solution_files(solve, solution_files)
-        notes.append(f"solution files embedded in solve.sh: {', '.join(sorted(solution_files))}")
-    tests, bad = _text_files(folder / "tests")
-    problems += bad
-    test_sh = tests.pop("test.sh", None)
-    if test_sh is None:
-        problems.append("no tests/test.sh")
-        test_sh = ""
-    script, bad = clean_test_script(
-        test_sh, tests_dir="$VERIFIER_DIR/tests", logs_dir="$VERIFIER_LOGS"
-    )
-    problems += bad
-    if problems:
-        raise Unsupported(problems)
-    verifier = {f"tests/{k}": v for k, v in tests.items()}
-    verifier["harbor-test.sh"] = script
-    verifier["test.sh"] = _verifier_wrapper("harbor", "harbor-test.sh")
-    verifier_meta = meta.get("verifier") if isinstance(meta.get("verifier"), dict) else {}
-    info = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
-    assert isinstance(verifier_meta, dict) and isinstance(info, dict)
-    memory = env_meta.get("memory_mb")
-    public: dict[str, Any] = {"allow_internet": True} if internet else {}
-    if isinstance(memory, int) and memory > 0:
-        public["memory_mb"] = min(memory, 4096)
-    return _task_out(
-        folder,
-        plan,
-        split=split,
-        domain=f"{pack_short}/{_category(info.get('category'))}",
-        difficulty=_difficulty(info.get("difficulty")),
-        timeout=verifier_meta.get("timeout_sec"),
-        instruction=instruction,
-        verifier=verifier,
-        solve=solve,
-        notes=notes,
-        public_extra=public,
-        # Harbor's tests/test.sh decides through $VERIFIER_LOGS/reward.txt: the task says
-        # so, and only a task that says so has its reward file read (docs/terminal.md).
-        private={"reward_file": True},
-    )
-
-
-def _embed_solution_files(solve: str, files: dict[str, str]) -> str:
-    """solve.sh that first writes Harbor's other solution files (its /solution) to a temp dir."""
-    lines = ["#!/bin/bash", "SOLUTION_DIR=$(mktemp -d)"]
-    for rel, text in sorted(files.items()):
-        tag = "PALAESTRA_EOF"
-        while tag in text:
-            tag += "_"
-        target = f'"$SOLUTION_DIR"/{shlex.quote(rel)}'
-        lines.append(f'mkdir -p "$(dirname {target})"')
-        newline = "" if text.endswith("\n") else "\n"
-        lines.append(f"cat > {target} <<'{tag}'\n{text}{newline}{tag}")
-    body = re.sub(r"(?<![\w/$])/solution(?=/|\b)", '"$SOLUTION_DIR"', solve)
-    lines.append(f"bash -c {shlex.quote(body)}")
-    return "\n".join(lines) + "\n"
-
-
 def write_task(tasks_dir: Path, task: TaskOut) -> None:
     """The converted task as `tasks_dir/<id>/` (the directory form)."""
     folders = {
@@ -463,12 +363,16 @@ def import_tasks(
     *,
     name: str | None = None,
     version: str = "0.1.0",
-    split: str = "train",
+    split: str | None = None,
     force: bool = False,
+    ceilings: Ceilings | None = None,
 ) -> ImportReport:
     """Convert every task folder under `src` into a new pack at `out` (see the module doc)."""
+    from palaestra.envs.terminal.harbor.reader import HarborReader  # it builds on this module
+
+    harbor = HarborReader(src, ceilings)
     converters = {"terminal-bench": (convert_terminal_bench, "task.yaml"),
-                  "harbor": (convert_harbor, "task.toml")}  # fmt: skip
+                  "harbor": (harbor.convert, "task.toml")}  # fmt: skip
     convert, marker = converters[fmt]
     if not src.is_dir():
         raise ValueError(f"{src} is not a directory")
@@ -487,7 +391,9 @@ def import_tasks(
     for folder in folders:
         tid = task_id(folder.name)
         try:
-            task = convert(folder, split, pack_short)
+            task = convert(folder, split or "train", pack_short)
+            if fmt == "harbor" and split is None:  # an exported task keeps its own split
+                task.toml["split"] = harbor.split_of(folder) or task.toml["split"]
         except Unsupported as exc:
             report.skipped[tid] = exc.reasons
             continue
@@ -504,7 +410,10 @@ def import_tasks(
         "version": version,
         "description": f"Imported from {fmt} tasks in {src.name} by `palaestra pack import`.",
         "families": ["terminal"],
-        "splits": {split: {"sealed": split == "heldout"}},
+        "splits": {
+            s: {"sealed": s == "heldout"}
+            for s in sorted({t.toml["split"] for t in converted} or {split or "train"})
+        },
         "checks": {"timeout_s": max(timeouts) * 2 + 60},
     }
     write_manifest(out, manifest)

@@ -55,6 +55,7 @@ class CheckReport:
 
     allow_reasons: dict[str, str] = field(default_factory=dict)
     results: dict[str, TaskResult] = field(default_factory=dict)  # task id -> its rewards
+    cheat_max: float = 0.1  # the pack's [checks] cheat_max_reward
 
     @property
     def ok(self) -> bool:
@@ -72,6 +73,32 @@ class CheckReport:
             for name, xs in sorted(by_cheat.items())
         }
 
+    def failed_checks(self, task_id: str) -> list[str]:
+        """The checks that failed on one task (oracle, rerun, null, cheat:<name>, …)."""
+        return sorted({p.check for p in self.problems if p.where == task_id})
+
+    def summary(self) -> dict[str, int]:
+        """Counts over the checked tasks: oracle at its expected reward, null 0, every cheat
+        at most the limit (or allowed), tasks with a void episode."""
+        rows = list(self.results.values())
+        return {
+            "tasks": len(rows),
+            "oracle_pass": sum(
+                r.oracle is not None and r.oracle >= r.expected - 1e-9 for r in rows
+            ),
+            "null_zero": sum(r.null == 0 for r in rows),
+            "cheats_ok": sum(r.cheats_ok(self.cheat_max, set(self.allow_reasons)) for r in rows),
+            "void": sum(bool(r.void) for r in rows),
+        }
+
+    def summary_line(self) -> str:
+        s = self.summary()
+        n = s["tasks"]
+        return (
+            f"oracle {s['oracle_pass']}/{n} pass, null {s['null_zero']}/{n} zero, "
+            f"cheats {s['cheats_ok']}/{n} ≤ {self.cheat_max:g}, void {s['void']}"
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The report as `pack check --json` writes it."""
         summary = self.cheat_summary()
@@ -83,7 +110,10 @@ class CheckReport:
             "tasks": self.tasks,
             "checked": self.checked,
             "episodes": self.episodes,
-            "results": [self.results[k].to_json() for k in sorted(self.results)],
+            "summary": {**self.summary(), "line": self.summary_line()},
+            "results": [
+                {**self.results[k].to_json(), **self._verdict(k)} for k in sorted(self.results)
+            ],
             "cheats": summary,
             "worst_cheat": {"name": worst[0], **worst[1]} if worst else None,
             "problems": [
@@ -92,6 +122,11 @@ class CheckReport:
             "allowed": self.allowed,
             "notes": self.notes,
         }
+
+    def _verdict(self, task_id: str) -> dict[str, Any]:
+        """A task's verdict class: pass, or the checks it failed (void episodes say why)."""
+        failed = self.failed_checks(task_id)
+        return {"verdict": "fail" if failed else "pass", "failed": failed}
 
 
 @dataclass
@@ -104,11 +139,14 @@ class TaskResult:
     rerun: float | None = None
     null: float | None = None
     cheats: dict[str, float | None] = field(default_factory=dict)
-    void: list[str] = field(default_factory=list)  # labels of the episodes that were void
+    void: dict[str, str] = field(default_factory=dict)  # void episode's label -> its reason
+    expected: float = 1.0  # the oracle's expected reward
 
-    def worst_cheat(self) -> tuple[str, float] | None:
-        scored = [(r, n) for n, r in self.cheats.items() if r is not None]
-        return (max(scored)[1], max(scored)[0]) if scored else None
+    def cheats_ok(self, limit: float, allowed: set[str]) -> bool:
+        """Every cheat ran to a verdict at most `limit` (or is allowed by the pack)."""
+        return all(
+            n in allowed or (r is not None and r <= limit + 1e-9) for n, r in self.cheats.items()
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,6 +157,7 @@ class TaskResult:
             "null": self.null,
             "cheats": self.cheats,
             "void": self.void,
+            "expected": self.expected,
         }
 
 
@@ -233,7 +272,7 @@ async def _check_task(
         report.episodes += 1
         problem = _failure(label, run, timeout_s)
         if run.verdict is not None and run.verdict.status == "void":
-            result.void.append(label)
+            result.void[label] = run.verdict.feedback
         reward = None if problem else run.verdict.reward if run.verdict else None
         if label.startswith("cheat:"):
             result.cheats[label.removeprefix("cheat:")] = reward
@@ -245,6 +284,7 @@ async def _check_task(
         return run.verdict
 
     expected = pack.expected_reward(task.id)
+    result.expected = expected
     try:
         oracle = family.oracle(task)
     except Exception as exc:
@@ -331,6 +371,7 @@ async def check_pack(
     report.pack = f"{pack.name}@{pack.version}"
     report.digest = pack.digest
     report.allow_reasons = dict(pack.manifest.checks.allow_cheats)
+    report.cheat_max = pack.manifest.checks.cheat_max_reward
     report.tasks = len(pack.tasks)
     if not (root / LOCK_FILE).exists():
         report.notes.append(f"no {LOCK_FILE} yet: `palaestra pack build` writes it")

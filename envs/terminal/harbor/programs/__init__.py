@@ -1,0 +1,1 @@
+"""The files `palaestra pack export harbor` writes into each Harbor task (templates)."""

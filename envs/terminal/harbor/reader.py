@@ -1,0 +1,249 @@
+"""`palaestra pack import harbor`: one Harbor task folder as a terminal task.
+
+A Harbor task is `task.toml` (config.py maps its fields), `instruction.md`,
+`environment/Dockerfile` (or `[environment] docker_image`), `tests/test.sh` (+ files; it
+writes `/logs/verifier/reward.txt`) and `solution/solve.sh` (+ files). The tests go to
+`verifier/harbor-test.sh` with `/tests` → `$VERIFIER_DIR/tests` and `/logs/verifier` →
+`$VERIFIER_LOGS`; the task declares `reward_file`, so that file decides. A folder listed in
+the source's `dataset.toml` must match its pinned content digest (digest.py).
+
+A folder that `pack export harbor` wrote (`[metadata.palaestra]`, writer.py) is read back
+exactly: `environment/files/`, `tests/palaestra/` and `solution/` are the task's own file
+maps, so import(export(pack)) gives the same tasks.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from palaestra.envs.terminal.dockerfile import EnvPlan, convert_dockerfile, within
+from palaestra.envs.terminal.harbor.config import Ceilings, Mapped, map_config
+from palaestra.envs.terminal.harbor.digest import content_digest, has_ignore_rules, pinned_digests
+from palaestra.envs.terminal.importer import (
+    TaskOut,
+    Unsupported,
+    category_of,
+    clean_test_script,
+    compose_problems,
+    difficulty_of,
+    solution_problems,
+    task_out,
+    text_files,
+    verifier_wrapper,
+)
+
+EXPORT_KEY = "palaestra"  # [metadata.palaestra]: written by writer.py
+ENV_FILES, VERIFIER_DIR = "files", "palaestra"  # environment/files/, tests/palaestra/
+COMPOSE = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml"}
+
+
+class HarborReader:
+    """Converts the Harbor task folders of one source (its dataset.toml pins, if any)."""
+
+    def __init__(self, src: Path, ceilings: Ceilings | None) -> None:
+        self.ceilings = ceilings
+        self.pins, self.problems = pinned_digests(src) if src.is_dir() else ({}, [])
+
+    def split_of(self, folder: Path) -> str | None:
+        """The split an exported task was in (`[metadata.palaestra] split`), or None."""
+        try:
+            meta = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return None
+        info = meta.get("metadata")
+        export = info.get(EXPORT_KEY) if isinstance(info, dict) else None
+        split = export.get("split") if isinstance(export, dict) else None
+        return split if isinstance(split, str) and split else None
+
+    def convert(self, folder: Path, split: str, pack_short: str) -> TaskOut:
+        """One Harbor task folder as a terminal task; raises Unsupported naming each cause."""
+        links = [n for n in ("task.toml", "instruction.md") if not within(folder / n, folder)]
+        if links:
+            raise Unsupported([f"{n} is a symlink; packs hold files only" for n in links])
+        try:
+            meta = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise Unsupported([f"task.toml cannot be read: {exc}"]) from None
+        problems, notes = list(self.problems), list[str]()
+        self._check_digest(folder, meta, problems, notes)
+        info = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
+        assert isinstance(info, dict)
+        export = info.get(EXPORT_KEY)
+        if isinstance(export, dict):
+            meta = _without_generated(meta, export)
+        mapped = map_config(meta, self.ceilings)
+        problems += mapped.problems
+        notes += mapped.notes
+        try:
+            instruction = (folder / "instruction.md").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            problems.append("no instruction.md")
+            instruction = ""
+        plan = _environment(folder, meta, problems, exported=isinstance(export, dict))
+        notes += plan.notes
+        workdir = mapped.public.get("workdir")
+        if workdir and workdir != plan.workdir and plan.files:
+            problems.append(
+                f"[environment] workdir {workdir} differs from the Dockerfile's WORKDIR "
+                f"{plan.workdir}, where its files are copied"
+            )
+        if "env" in mapped.public:  # set at run time, over the Dockerfile's ENV
+            mapped.public["env"] = {**plan.env, **mapped.public["env"]}
+        if isinstance(export, dict):
+            parts = _exported(folder, export, mapped, plan, problems)
+        else:
+            parts = _native(folder, problems, notes)
+        if problems:
+            raise Unsupported(problems)
+        verifier, solution, private = parts
+        out = task_out(
+            folder,
+            plan,
+            split=split,
+            domain=f"{pack_short}/{category_of(mapped.category)}",
+            difficulty=difficulty_of(mapped.difficulty),
+            timeout=None,
+            instruction=instruction,
+            verifier=verifier,
+            solve=solution.get("solve.sh", ""),
+            notes=notes,
+            public_extra=mapped.public,
+            private={**private, **mapped.private},
+        )
+        out.solution = solution
+        if isinstance(export, dict):
+            out.toml["domain"] = str(export.get("domain") or out.toml["domain"])
+            out.toml["difficulty"] = str(export.get("difficulty") or out.toml["difficulty"])
+        return out
+
+    def _check_digest(
+        self, folder: Path, meta: dict[str, Any], problems: list[str], notes: list[str]
+    ) -> None:
+        task = meta.get("task") if isinstance(meta.get("task"), dict) else {}
+        assert isinstance(task, dict)
+        name = str(task.get("name") or folder.name).rsplit("/", 1)[-1]
+        pin = self.pins.get(name) or self.pins.get(folder.name)
+        if not pin:
+            return
+        if has_ignore_rules(folder):
+            notes.append("dataset.toml digest not verified: the folder has ignore rules")
+            return
+        digest = content_digest(folder)
+        if digest != pin:
+            problems.append(
+                f"content digest {digest[:19]}… does not match dataset.toml's pin "
+                f"{pin[:19]}…: the task changed after it was pinned"
+            )
+        else:
+            notes.append(f"content digest {digest[:19]}… matches dataset.toml")
+
+
+def _environment(
+    folder: Path, meta: dict[str, Any], problems: list[str], *, exported: bool
+) -> EnvPlan:
+    """The environment a Dockerfile (or `docker_image`) describes; an export's own files are
+    read as they are (`_exported`), not through its COPY."""
+    env_dir = folder / "environment"
+    env = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
+    assert isinstance(env, dict)
+    problems.extend(compose_problems(env_dir, "environment/"))
+    dockerfile = env_dir / "Dockerfile"
+    if dockerfile.exists():
+        exclude = COMPOSE | ({ENV_FILES} if exported else set())
+        plan = convert_dockerfile(dockerfile.read_text(encoding="utf-8"), env_dir, exclude)
+    elif isinstance(env.get("docker_image"), str):
+        plan = convert_dockerfile(f"FROM {env['docker_image']}\n", env_dir, exclude=set())
+    else:
+        plan = EnvPlan()
+        problems.append("no environment/Dockerfile and no [environment] docker_image")
+    problems += plan.problems
+    return plan
+
+
+Parts = tuple[dict[str, str], dict[str, str], dict[str, Any]]  # verifier, solution, private
+
+
+def _native(folder: Path, problems: list[str], notes: list[str]) -> Parts:
+    """A Harbor task as Harbor writes it (see the module docstring)."""
+    solution, bad = text_files(folder / "solution")
+    problems += bad
+    solve = solution.pop("solve.sh", None)
+    if solve is None:
+        problems.append("no solution/solve.sh")
+        solve = ""
+    problems += solution_problems(solve)
+    if solution:
+        solve = _embed_solution_files(solve, solution)
+        notes.append(f"solution files embedded in solve.sh: {', '.join(sorted(solution))}")
+    tests, bad = text_files(folder / "tests")
+    problems += bad
+    test_sh = tests.pop("test.sh", None)
+    if test_sh is None:
+        problems.append("no tests/test.sh")
+        test_sh = ""
+    script, bad = clean_test_script(
+        test_sh, tests_dir="$VERIFIER_DIR/tests", logs_dir="$VERIFIER_LOGS"
+    )
+    problems += bad
+    if "reward.json" in script and "reward.txt" not in script:
+        problems.append(
+            "the tests write /logs/verifier/reward.json (named rewards); palaestra reads "
+            "one reward from reward.txt"
+        )
+    verifier = {f"tests/{k}": v for k, v in tests.items()}
+    verifier["harbor-test.sh"] = script
+    verifier["test.sh"] = verifier_wrapper("harbor", "harbor-test.sh")
+    # Harbor's tests/test.sh decides through $VERIFIER_LOGS/reward.txt: the task says
+    # so, and only a task that says so has its reward file read (docs/terminal.md).
+    return verifier, {"solve.sh": solve}, {"reward_file": True}
+
+
+def _exported(
+    folder: Path, export: dict[str, Any], mapped: Mapped, plan: EnvPlan, problems: list[str]
+) -> Parts:
+    """A folder `pack export harbor` wrote: its file maps as they were."""
+    environment, bad = text_files(folder / "environment" / ENV_FILES)
+    problems += bad
+    plan.files, plan.setup = environment, []
+    verifier, bad = text_files(folder / "tests" / VERIFIER_DIR)
+    problems += bad
+    solution, bad = text_files(folder / "solution")
+    problems += bad
+    if "solve.sh" not in solution:
+        problems.append("no solution/solve.sh")
+    return verifier, solution, {"reward_file": bool(export.get("reward_file", False))}
+
+
+def _without_generated(meta: dict[str, Any], export: dict[str, Any]) -> dict[str, Any]:
+    """task.toml less what the writer generated (the task did not give it) and its marker."""
+    meta = copy.deepcopy(meta)
+    generated = export.get("generated")
+    for dotted in [*(generated if isinstance(generated, list) else []), "metadata." + EXPORT_KEY]:
+        *sections, key = str(dotted).split(".")
+        table: Any = meta
+        for name in sections:
+            table = table.get(name) if isinstance(table, dict) else None
+        if isinstance(table, dict):
+            table.pop(key, None)
+    return {k: v for k, v in meta.items() if v != {}}
+
+
+def _embed_solution_files(solve: str, files: dict[str, str]) -> str:
+    """solve.sh that first writes Harbor's other solution files (its /solution) to a temp dir."""
+    lines = ["#!/bin/bash", "SOLUTION_DIR=$(mktemp -d)"]
+    for rel, text in sorted(files.items()):
+        tag = "PALAESTRA_EOF"
+        while tag in text:
+            tag += "_"
+        target = f'"$SOLUTION_DIR"/{shlex.quote(rel)}'
+        lines.append(f'mkdir -p "$(dirname {target})"')
+        newline = "" if text.endswith("\n") else "\n"
+        lines.append(f"cat > {target} <<'{tag}'\n{text}{newline}{tag}")
+    body = re.sub(r"(?<![\w/$])/solution(?=/|\b)", '"$SOLUTION_DIR"', solve)
+    lines.append(f"bash -c {shlex.quote(body)}")
+    return "\n".join(lines) + "\n"
