@@ -96,16 +96,19 @@ def harbor_cmd(
 @import_app.command("finqa")
 def finqa_cmd(
     source: Annotated[Path, typer.Argument(help="FinQA or TAT-QA JSON file")],
-    out: Annotated[Path, typer.Argument(help="pack directory to write")],
+    out: Out,
     name: Annotated[str, typer.Option(help="pack name, org/name")] = "imported/finqa",
-    split: Annotated[str, typer.Option(help="split of every task")] = "train",
+    split: Split = "train",
+    force: Force = False,
+    strict: Strict = False,
 ) -> None:
-    """Import FinQA/TAT-QA-style JSON (table, text, question, program) as a finance pack."""
+    """Import FinQA/TAT-QA JSON (table, text, question, program or derivation) as a finance
+    pack; each question that cannot be imported is reported with the reason."""
     try:
-        count, problems = import_file(source, out, name, split)
-    except (ImportProblem, OSError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        report = import_file(source, out, name, split, force=force)
+    except ImportProblem as exc:
+        err.print(f"[red]error[/red]: {escape(str(exc))}")
         raise typer.Exit(2) from None
-    for problem in problems:
-        typer.echo(f"skipped {problem}", err=True)
-    typer.echo(f"wrote {count} tasks to {out} (check it: palaestra pack check {out})")
+    render_import(report, console)
+    if strict and report.skipped:
+        raise typer.Exit(1)
