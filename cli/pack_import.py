@@ -16,7 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from palaestra.envs.finance.importer import ImportProblem, import_file
-from palaestra.envs.terminal.importer import REPORT_FILE, ImportReport, import_tasks
+from palaestra.envs.terminal.importer import import_tasks
+from palaestra.sdk.packwriter import REPORT_FILE, ImportReport
 
 import_app = typer.Typer(
     help="Import tasks from other formats into a pack (docs/terminal.md, docs/finance.md).",

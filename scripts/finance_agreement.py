@@ -29,7 +29,7 @@ from typing import Any
 
 from palaestra.envs.finance.importer import convert
 from palaestra.envs.finance.sources import task_id
-from palaestra.envs.terminal.importer import ImportReport
+from palaestra.sdk.packwriter import ImportReport
 from palaestra.verifiers import finance as vf
 from palaestra.verifiers import finance_program as fp
 

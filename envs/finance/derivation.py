@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 _TOKEN = re.compile(
@@ -89,21 +89,19 @@ class _Parser:
         self.steps.append(f"{op}({a}, {b})")
         return f"#{len(self.steps) - 1}"
 
-    def expression(self) -> str:
-        left = self.term()
-        while self.peek() in ("+", "-"):
-            op = self.tokens[self.pos][0]
+    def binary(self, ops: str, operand: Callable[[], str]) -> str:
+        """Operands joined left to right by operators of one precedence."""
+        left = operand()
+        while (op := self.peek()) is not None and op in ops:
             self.pos += 1
-            left = self.emit(_OPS[op], left, self.term())
+            left = self.emit(_OPS[op], left, operand())
         return left
 
+    def expression(self) -> str:
+        return self.binary("+-", self.term)
+
     def term(self) -> str:
-        left = self.unary()
-        while self.peek() in ("*", "/"):
-            op = self.tokens[self.pos][0]
-            self.pos += 1
-            left = self.emit(_OPS[op], left, self.unary())
-        return left
+        return self.binary("*/", self.unary)
 
     def unary(self) -> str:
         if self.peek() == "-":

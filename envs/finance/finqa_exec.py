@@ -14,13 +14,19 @@ official evaluator by construction; scripts/finance_agreement.py measures it aga
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 OPERATIONS = (
     "add", "subtract", "multiply", "divide", "exp", "greater",
     "table_max", "table_min", "table_sum", "table_average",
 )  # fmt: skip
 Result = float | str  # a number, or "yes" / "no"
+_TABLE: dict[str, Callable[[list[float]], float]] = {
+    "table_max": max,
+    "table_min": min,
+    "table_sum": sum,
+    "table_average": lambda row: sum(row) / len(row),
+}
 
 
 class InvalidProgram(ValueError):
@@ -111,16 +117,8 @@ def execute(program: str, table: Sequence[Sequence[str]]) -> Result:
     results: list[Result] = []
     for index, (op, a, b) in enumerate(steps(program)):
         result: Result
-        if op.startswith("table_"):
-            row = _row(a, table, index)
-            if op == "table_max":
-                result = max(row)
-            elif op == "table_min":
-                result = min(row)
-            elif op == "table_sum":
-                result = sum(row)
-            else:
-                result = sum(row) / len(row)
+        if op in _TABLE:
+            result = _TABLE[op](_row(a, table, index))
         else:
             x, y = _operand(a, results, index), _operand(b, results, index)
             try:

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.envs.finance.sources import Skip, finqa_task, tatqa_tasks
-from palaestra.envs.terminal.importer import REPORT_FILE, ImportReport
-from palaestra.sdk.packwriter import write_jsonl, write_manifest
+from palaestra.sdk.packwriter import ImportReport, write_jsonl, write_manifest, write_report
 
 
 class ImportProblem(ValueError):
@@ -90,9 +89,7 @@ def _write(
 ) -> None:
     write_manifest(out, manifest)
     write_jsonl(out, tasks)
-    (out / REPORT_FILE).write_text(
-        json.dumps(report.as_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
+    write_report(out, report)
 
 
 def import_file(

@@ -30,7 +30,7 @@ from palaestra.verifiers import finance_text as ft
 
 FINQA_DECIMALS = 5  # FinQA's evaluator rounds to 5 decimals and compares exactly
 TATQA_DECIMALS = 2  # TAT-QA's metric rounds numbers to 2 decimals
-_TAT_SCALE: dict[str, tuple[str, str, float]] = {
+_TAT_SCALE: dict[str, tuple[vf.Kind, vf.Scale, float]] = {
     "": ("ratio", "units", 1.0),
     "thousand": ("money", "thousands", 1e3),
     "million": ("money", "millions", 1e6),
@@ -136,9 +136,10 @@ def grounded_program(program: str, numbers: vf.Numbers) -> str:
 
 def _oracle_feedback(gold: vf.Gold, numbers: vf.Numbers, question: str) -> str | None:
     """None when the verifier accepts the gold answer and program; else its feedback."""
-    answer = vf.Answer(
-        value=gold.asked_value, unit=gold.unit, scale=gold.scale, program=gold.program
-    )  # type: ignore[arg-type]
+    answer = vf.Answer.model_validate(
+        {"value": gold.asked_value, "unit": gold.unit, "scale": gold.scale,
+         "program": gold.program}
+    )  # fmt: skip
     graded = vf.grade(answer, gold, numbers, None, question)
     return None if graded.passed else graded.feedback
 
@@ -175,7 +176,7 @@ def finqa_task(entry: dict[str, Any], split: str) -> dict[str, Any]:
     return _task(tid, question, _YES_NO if yes_no else _NUMERIC, doc, gold.to_json(), split)
 
 
-def _tatqa_numeric(q: dict[str, Any], doc: Any, numbers: vf.Numbers) -> tuple[dict, str]:
+def _tatqa_numeric(q: dict[str, Any], numbers: vf.Numbers) -> tuple[dict[str, Any], str]:
     answer, scale = q.get("answer"), str(q.get("scale") or "")
     if isinstance(answer, bool) or not isinstance(answer, int | float):
         raise Skip(f"an arithmetic answer must be a number, got {answer!r}")
@@ -197,7 +198,7 @@ def _tatqa_numeric(q: dict[str, Any], doc: Any, numbers: vf.Numbers) -> tuple[di
             problem = f"program {program!r}: {exc}"
             continue
         gold = vf.Gold(kind=kind, value=float(answer) * factor, decimals=TATQA_DECIMALS,
-                       scale=our_scale, program=ours)  # type: ignore[arg-type]  # fmt: skip
+                       scale=our_scale, program=ours)  # fmt: skip
         feedback = _oracle_feedback(gold, numbers, str(q.get("question", "")))
         if feedback is None:
             return gold.to_json(), _NUMERIC
@@ -205,7 +206,7 @@ def _tatqa_numeric(q: dict[str, Any], doc: Any, numbers: vf.Numbers) -> tuple[di
     raise Skip(f"no reading of the derivation {derivation!r} reproduces {answer}: {problem}")
 
 
-def _tatqa_text(q: dict[str, Any]) -> tuple[dict, str]:
+def _tatqa_text(q: dict[str, Any]) -> tuple[dict[str, Any], str]:
     answer, kind = q.get("answer"), q.get("answer_type")
     scale = str(q.get("scale") or "")
     if scale not in ft.SCALES:
@@ -241,7 +242,9 @@ def tatqa_tasks(entry: dict[str, Any], split: str) -> Iterator[tuple[str, dict[s
     try:
         table = _table((entry.get("table") or {}).get("table"))
         paragraphs = sorted(entry.get("paragraphs") or [], key=lambda p: p.get("order", 0))
-        doc = (table, [str(p.get("text", "")) for p in paragraphs], [])
+        doc: tuple[list[list[str]], list[str], list[str]] = (
+            table, [str(p.get("text", "")) for p in paragraphs], []
+        )  # fmt: skip
     except (Skip, AttributeError, TypeError) as exc:
         raise Skip(f"the table or its paragraphs are malformed: {exc}") from None
     numbers = imported_numbers(*doc)
@@ -256,7 +259,7 @@ def tatqa_tasks(entry: dict[str, Any], split: str) -> Iterator[tuple[str, dict[s
                 raise Skip("the question text is missing")
             kind = q.get("answer_type")
             if kind == "arithmetic":
-                gold, how = _tatqa_numeric(q, doc, numbers)
+                gold, how = _tatqa_numeric(q, numbers)
             elif kind in ("span", "multi-span", "count"):
                 gold, how = _tatqa_text(q)
             else:
