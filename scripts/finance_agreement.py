@@ -61,8 +61,8 @@ def peer(which: str, repo: Path, cases: list[dict[str, Any]]) -> list[Any]:
 
 def cause(reason: str) -> str:
     """A skip reason without its particulars (numbers, quoted text)."""
-    text = re.sub(r"'[^']*'|\"[^\"]*\"", "…", reason)
-    return re.sub(r"-?\d[\d.,]*", "N", text)[:90]
+    text = re.sub(r"(?<![A-Za-z])'[^']*'|\"[^\"]*\"", "…", reason.split(": ")[0])
+    return re.sub(r"-?\d[\d.,]*", "N", text)[:100]
 
 
 def summary(name: str, entries: list[Any], questions: int) -> tuple[ImportReport, dict[str, Any]]:
@@ -124,9 +124,9 @@ def tatqa(path: Path, repo: Path, work: Path) -> None:
             continue
         gold = vf.Gold.from_json(gold_json)
         scale = "percent" if gold.unit == "percent" else _OUR_TO_TAT[gold.scale]
-        oracle.append({"question": q, "prediction": f"{gold.asked_value:.10g}", "scale": scale})
+        oracle.append({"question": q, "prediction": f"{gold.asked_value:.15g}", "scale": scale})
         program.append(
-            {"question": q, "prediction": f"{_program_result(gold):.10g}", "scale": scale}
+            {"question": q, "prediction": f"{_program_result(gold):.15g}", "scale": scale}
         )
     tat = checkout(repo, ["tatqa_metric.py", "tatqa_utils.py"], work / "tatqa")
     share("oracle answer, TAT-QA exact match", int(sum(peer("tatqa", tat, oracle))), len(oracle))

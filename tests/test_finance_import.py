@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,8 @@ def programs(derivation: str) -> list[str]:
 def test_derivations_become_programs_under_each_reading() -> None:
     assert programs("72,414 - 68,911") == ["subtract(72414, 68911)"]
     assert programs("(5,829 - 5,735) / 5,735 * 100%") == [
-        "subtract(5829, 5735), divide(#0, 5735), multiply(#1, 100%)",
-        "subtract(5829, 5735), divide(#0, 5735), multiply(#1, 100)",
+        "subtract(5829, 5735), divide(#0, 5735), multiply(#1, const_1)",
+        "subtract(5829, 5735), divide(#0, 5735), multiply(#1, const_100)",
     ]
     # an accounting negative, or grouping parentheses: the answer decides
     assert programs("(71) + 12") == ["add(71, 12)", "add(-71, 12)"]
@@ -143,15 +144,19 @@ def test_one_bad_question_loses_nothing_else(tmp_path: Path) -> None:
     first[0].update(derivation="max(1, 2)", answer_type="arithmetic", answer=5)
     first[1]["answer_type"] = "guess"
     first.append("not a question")
+    arithmetic = next(q for q in entries[1]["questions"] if q["answer_type"] == "arithmetic")
+    figure = re.findall(r"[\d,.]+", arithmetic["derivation"])[0]
+    arithmetic.update(derivation=f"{figure} - {figure}", answer=0)  # 0 whatever the numbers
     entries.append({"questions": 3, "table": {"uid": "t-bad"}})
     entries.append(["not", "an", "entry"])
     source = tmp_path / "bad.json"
     source.write_text(json.dumps(entries))
     report = import_file(source, tmp_path / "pack", "acme/bad")
-    assert len(report.imported) == 36 - 2
+    assert len(report.imported) == 36 - 3
     skipped = {k: v[0] for k, v in report.skipped.items()}
     assert "cannot read" in skipped[first[0]["uid"]]
     assert "unknown answer_type 'guess'" in skipped[first[1]["uid"]]
+    assert "does not depend on the document's numbers" in skipped[arithmetic["uid"]]
     assert "not an object" in skipped[f"question-{len(first) - 1}"]
     assert "questions is not a list" in skipped["t-bad"]
     assert "is a list, not an object" in skipped[f"entry-{len(entries) - 1}"]

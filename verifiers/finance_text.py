@@ -12,8 +12,9 @@ What passes, for a verifiable reward: **exact match** (TAT-QA's EM). F1 is repor
 component but pays nothing: a longer answer that contains the span, or a list with extra
 items, earns F1 without being right. One deviation from TAT-QA's scorer: its strings make a
 bare 0.5 equal to 50 with the scale percent (and 2,000 equal to 2 thousand); here the
-declared scale must also be the gold's, as the unit must be for a numeric answer. A count is answered with the items
-counted (the annotators' list), not the number alone, which a guess would hit.
+declared scale must also be the gold's, as the unit must be for a numeric answer. A count
+is answered with the items counted (the annotators' list), not the number alone, which a
+guess would hit.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ annotator's answer decides between them (the importer tries each, `readings`):
 - `15%`: the fraction 0.15, or a percent figure written with its unit (15).
 
 A program's steps are FinQA's binary operations; a negated sub-expression is multiplied
-by `const_m1`, a scale word by `const_1000` etc. Numbers are written as printed (no
+by `const_m1`, a scale word by `const_1000` etc., and a factor 100 (a conversion to percent,
+not a figure) is `const_100` (`100%` is `const_1`). Numbers are written as printed (no
 separators) so the verifier binds each to its figure in the document.
 """
 
@@ -26,6 +27,7 @@ _TOKEN = re.compile(
     r"|(?P<op>[-+*/()\[\]]))"
 )
 _OPS = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
+_UNIT_CONVERSION = {"100": "const_100", "100%": "const_1"}
 _SCALE_WORDS = {"thousand": "const_1000", "million": "const_1000000", "billion": "const_1000000000"}
 
 
@@ -86,6 +88,8 @@ class _Parser:
         return self.tokens[self.pos][0] if self.pos < len(self.tokens) else None
 
     def emit(self, op: str, a: str, b: str) -> str:
+        if op in ("multiply", "divide"):  # `* 100` converts to percent: not a figure
+            a, b = (_UNIT_CONVERSION.get(x, x) for x in (a, b))
         self.steps.append(f"{op}({a}, {b})")
         return f"#{len(self.steps) - 1}"
 

@@ -436,7 +436,10 @@ class FinanceFamily(Family):
         numbers = self._numbers(task)
         programs = finance_cheats.program_cheats(gold, numbers)
         programs += finance_cheats.yes_no_cheats(gold, numbers)
-        return cheat_answers(task) + [
+        answers = cheat_answers(task)
+        if numbers.key_of(abs(gold.asked_value)) is not None:  # the answer is printed as is
+            answers = [(name, a) for name, a in answers if name != "invented-operands"]
+        return answers + [
             (name, [Action(tool="submit", arguments=args)]) for name, args in programs
         ]
 

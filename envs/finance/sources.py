@@ -12,11 +12,14 @@ answers (`verifiers/finance_text.py`; a count is answered with the items counted
 Every numeric question is imported only if the verifier accepts its own gold answer on the
 document as typeset (the oracle passes): a program literal that is not printed becomes
 FinQA's constant of that value (`divide(#0, 3)` → `const_3`) or the question is skipped.
-A skipped question raises `Skip` with its cause; nothing else in the file is lost.
+A gold program whose result does not depend on the document (`(0 - x) / x`) is skipped:
+any program would pass its check. A skipped question raises `Skip` with its cause; nothing
+else in the file is lost.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -134,6 +137,28 @@ def grounded_program(program: str, numbers: vf.Numbers) -> str:
     return ", ".join(steps)
 
 
+CONSTANT = (
+    "the gold program's result does not depend on the document's numbers (x - x, "
+    "(0 - x) / x), so no program for it can be checked"
+)
+
+
+def _constant(gold: vf.Gold, numbers: vf.Numbers) -> bool:
+    """Whether the gold program gives the same result whatever the document's numbers
+    (`(0 - x) / x`): its answer is well defined, but no program for it can be checked."""
+    if gold.yes_no:  # the comparison's sides are checked instead
+        return False
+    try:
+        base = vf.rerun(gold.program, numbers, numbers)
+        return all(
+            math.isclose(vf.rerun(gold.program, numbers, vf.perturbed(numbers, salt)), base,
+                         rel_tol=1e-9, abs_tol=1e-12)
+            for salt in vf.PERTURB_SALTS
+        )  # fmt: skip
+    except (fp.ProgramError, KeyError):
+        return False
+
+
 def _oracle_feedback(gold: vf.Gold, numbers: vf.Numbers, question: str) -> str | None:
     """None when the verifier accepts the gold answer and program; else its feedback."""
     answer = vf.Answer.model_validate(
@@ -172,6 +197,8 @@ def finqa_task(entry: dict[str, Any], split: str) -> dict[str, Any]:
     problem = _oracle_feedback(gold, numbers, question)
     if problem is not None:
         raise Skip(f"the verifier cannot check the gold program on the document: {problem}")
+    if _constant(gold, numbers):
+        raise Skip(f"{CONSTANT}: {program!r}")
     tid = task_id(str(entry.get("id", ""))) or "finqa"
     return _task(tid, question, _YES_NO if yes_no else _NUMERIC, doc, gold.to_json(), split)
 
@@ -201,6 +228,8 @@ def _tatqa_numeric(q: dict[str, Any], numbers: vf.Numbers) -> tuple[dict[str, An
                        scale=our_scale, program=ours)  # fmt: skip
         feedback = _oracle_feedback(gold, numbers, str(q.get("question", "")))
         if feedback is None:
+            if _constant(gold, numbers):
+                raise Skip(f"{CONSTANT}: {derivation!r}")
             return gold.to_json(), _NUMERIC
         problem = f"program {ours!r}: {feedback}"
     raise Skip(f"no reading of the derivation {derivation!r} reproduces {answer}: {problem}")
