@@ -10,7 +10,8 @@ under /work/.mirror) and run in their own venv (scripts/finance-peer-venv.sh) th
 scripts/finance_peer_eval.py. FinQA: their `eval_program` of each imported gold program
 against our gold answer (equal at 5 decimals, or the same yes/no). TAT-QA: their metric's
 exact match of (a) the answer our oracle submits and (b) our gold program's own result, in
-the question's unit and scale, against the question's gold answer.
+the question's unit and scale, against the question's gold answer. Then, on every imported
+question, what `pack check` plays: the oracle (1), the null attempt (0) and every cheat.
 """
 
 from __future__ import annotations
@@ -27,14 +28,21 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.finance.importer import convert
+from palaestra.envs.finance.family import FinanceFamily, FinancePublic
+from palaestra.envs.finance.imported import imported_numbers
+from palaestra.envs.finance.importer import convert, import_file
 from palaestra.envs.finance.sources import task_id
+from palaestra.sdk.models import Action
 from palaestra.sdk.packwriter import ImportReport
+from palaestra.sdk.task import Task
+from palaestra.server.packs.loader import load_pack
 from palaestra.verifiers import finance as vf
 from palaestra.verifiers import finance_program as fp
+from palaestra.verifiers import finance_text as ft
 
 HERE = Path(__file__).resolve().parent
 MIRROR = Path("/work/.mirror")
+CHEAT_MAX = 0.1  # `pack check`'s default checks.cheat_max_reward
 _OUR_TO_TAT = {"units": "", "thousands": "thousand", "millions": "million", "billions": "billion"}
 
 
@@ -75,6 +83,41 @@ def summary(name: str, entries: list[Any], questions: int) -> tuple[ImportReport
     return report, tasks
 
 
+def _play(task: Task, family: FinanceFamily, action: Action) -> float:
+    """An attempt's reward as the family's verifier gives it (the document's numbers from the
+    task's table and text, as at episode time; no PDF is typeset)."""
+    gold = task.private["gold"]
+    public = FinancePublic.of(task)
+    if gold.get("kind") == "text":
+        if action.tool != "submit_text":
+            return 0.0
+        return ft.grade(ft.TextAnswer(**action.arguments), gold).reward
+    if action.tool != "submit":
+        return 0.0
+    numbers = imported_numbers(*public.imported())
+    answer = vf.Answer(**action.arguments)
+    return vf.grade(answer, vf.Gold.from_json(gold), numbers, None, public.question).reward
+
+
+def reference_plays(path: Path, work: Path) -> None:
+    """Oracle, null and every cheat on every imported question (what `pack check` plays)."""
+    out = work / f"pack-{path.stem}"
+    import_file(path, out, "figures/finance", force=True)
+    family = FinanceFamily()
+    tasks = list(load_pack(out).tasks.values())
+    oracle = sum(_play(t, family, family.oracle(t)[0]) == 1.0 for t in tasks)
+    null = sum(_play(t, family, family.null(t)[0]) == 0.0 for t in tasks)
+    worst: dict[str, float] = {}
+    for task in tasks:
+        for name, actions in family.cheats(task):
+            worst[name] = max(worst.get(name, 0.0), _play(task, family, actions[0]))
+    share("oracle 1", oracle, len(tasks))
+    share("null 0", null, len(tasks))
+    over = {n: r for n, r in worst.items() if r > CHEAT_MAX}
+    print(f"  cheats: worst {max(worst.values(), default=0):.2f} over {len(worst)} kinds; "
+          f"over {CHEAT_MAX}: {over or 'none'}")  # fmt: skip
+
+
 def share(label: str, hits: int, total: int) -> None:
     print(f"  {label}: {hits}/{total} = {100 * hits / max(total, 1):.2f} %")
 
@@ -90,11 +133,9 @@ def finqa(path: Path, repo: Path, work: Path) -> None:
             gold = vf.Gold.from_json(task["private"]["gold"])
             ours.append(("yes" if gold.value else "no") if gold.yes_no else round(gold.value, 5))
     theirs = peer("finqa", checkout(repo, ["code/evaluate/evaluate.py"], work / "finqa"), cases)
-    share(
-        "gold agrees with FinQA's eval_program",
-        sum(a == b for a, b in zip(ours, theirs, strict=True)),
-        len(cases),
-    )
+    agree = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    share("gold agrees with FinQA's eval_program", agree, len(cases))
+    reference_plays(path, work)
 
 
 def _program_result(gold: vf.Gold) -> float:
@@ -132,6 +173,7 @@ def tatqa(path: Path, repo: Path, work: Path) -> None:
     share("oracle answer, TAT-QA exact match", int(sum(peer("tatqa", tat, oracle))), len(oracle))
     share("arithmetic: gold program's result, TAT-QA exact match",
           int(sum(peer("tatqa", tat, program))), len(program))  # fmt: skip
+    reference_plays(path, work)
 
 
 def main() -> None:
