@@ -14,6 +14,7 @@ official evaluator by construction; scripts/finance_agreement.py measures it aga
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 
 OPERATIONS = (
@@ -21,6 +22,13 @@ OPERATIONS = (
     "table_max", "table_min", "table_sum", "table_average",
 )  # fmt: skip
 Result = float | str  # a number, or "yes" / "no"
+_BINARY: dict[str, Callable[[float, float], float]] = {
+    "add": operator.add,
+    "subtract": operator.sub,
+    "multiply": operator.mul,
+    "divide": operator.truediv,
+    "exp": operator.pow,
+}
 _TABLE: dict[str, Callable[[list[float]], float]] = {
     "table_max": max,
     "table_min": min,
@@ -122,18 +130,7 @@ def execute(program: str, table: Sequence[Sequence[str]]) -> Result:
         else:
             x, y = _operand(a, results, index), _operand(b, results, index)
             try:
-                if op == "add":
-                    result = x + y
-                elif op == "subtract":
-                    result = x - y
-                elif op == "multiply":
-                    result = x * y
-                elif op == "divide":
-                    result = x / y
-                elif op == "exp":
-                    result = x**y
-                else:
-                    result = "yes" if x > y else "no"
+                result = ("yes" if x > y else "no") if op == "greater" else _BINARY[op](x, y)
             except (ZeroDivisionError, OverflowError) as exc:
                 raise InvalidProgram(f"step {index} ({op}): {exc}") from None
             if isinstance(result, complex):
