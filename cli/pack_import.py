@@ -18,7 +18,8 @@ from rich.table import Table
 from palaestra.cli.console import console, error, styled
 from palaestra.envs.finance.importer import ImportProblem, import_file
 from palaestra.envs.terminal.harbor.config import Ceilings
-from palaestra.envs.terminal.importer import REPORT_FILE, ImportReport, import_tasks
+from palaestra.envs.terminal.importer import import_tasks
+from palaestra.sdk.packwriter import REPORT_FILE, ImportReport
 from palaestra.server.config import load_settings
 
 import_app = typer.Typer(
@@ -156,16 +157,20 @@ def harbor_cmd(
 @import_app.command("finqa")
 def finqa_cmd(
     source: Annotated[Path, typer.Argument(help="FinQA or TAT-QA JSON file")],
-    out: Annotated[Path, typer.Argument(help="pack directory to write")],
+    out: Out,
     name: Annotated[str, typer.Option(help="pack name, org/name")] = "imported/finqa",
-    split: Annotated[str, typer.Option(help="split of every task")] = "train",
+    split: Annotated[str, typer.Option(help="the split every question goes to")] = "train",
+    force: Force = False,
+    strict: Strict = False,
+    verbose: Verbose = False,
 ) -> None:
-    """Import FinQA/TAT-QA-style JSON (table, text, question, program) as a finance pack."""
+    """Import FinQA/TAT-QA JSON (table, text, question, program or derivation) as a finance
+    pack; each question that cannot be imported is reported with the reason."""
     try:
-        count, problems = import_file(source, out, name, split)
-    except (ImportProblem, OSError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        report = import_file(source, out, name, split, force=force)
+    except ImportProblem as exc:
+        error(str(exc))
         raise typer.Exit(2) from None
-    for problem in problems:
-        typer.echo(f"skipped {problem}", err=True)
-    typer.echo(f"wrote {count} tasks to {out} (check it: palaestra pack check {out})")
+    render_import(report, console, verbose=verbose)
+    if strict and report.skipped:
+        raise typer.Exit(1)

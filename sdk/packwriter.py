@@ -9,8 +9,38 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+REPORT_FILE = "import-report.json"
+
+
+@dataclass
+class ImportReport:
+    """What an importer did with each task or question: imported (with notes) or skipped
+    (with the reasons); written as OUT/import-report.json (`write_report`)."""
+
+    format: str
+    source: str
+    out: str
+    imported: dict[str, list[str]] = field(default_factory=dict)  # id -> notes
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # id -> reasons
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "source": self.source,
+            "imported": [{"id": k, "notes": v} for k, v in sorted(self.imported.items())],
+            "skipped": [{"id": k, "reasons": v} for k, v in sorted(self.skipped.items())],
+        }
+
+
+def write_report(out: Path, report: ImportReport) -> Path:
+    """Write `out/import-report.json`."""
+    path = out / REPORT_FILE
+    path.write_text(json.dumps(report.as_json(), indent=2, ensure_ascii=False) + "\n", "utf-8")
+    return path
 
 
 def toml_value(value: Any) -> str:

@@ -128,6 +128,14 @@ class Gold:
         return KIND_UNIT[self.kind]
 
     @property
+    def yes_no(self) -> bool:
+        """A yes/no question (FinQA's `greater`): 1 is yes, 0 is no."""
+        try:
+            return fp.parse(self.program).steps[-1].op == "greater"
+        except fp.ProgramError:
+            return False
+
+    @property
     def asked_value(self) -> float:
         """The gold value in the unit and scale the question asks for."""
         return to_unit(self.value, self.unit, self.scale)
@@ -316,8 +324,45 @@ def perturbed(doc: Numbers, salt: str) -> Numbers:
     return Numbers(figures=figures, labels=doc.labels, rows=doc.rows)
 
 
+def _sides(program: fp.Program, resolve: fp.Resolve, rows: fp.RowValues) -> list[float]:
+    """The two sides a program's final `greater` compares (its yes/no is their order)."""
+    values = fp.run(program, resolve, rows)
+
+    def value(arg: fp.Arg) -> float:
+        if arg.kind == "ref":
+            return values[arg.ref]
+        if arg.kind == "const":
+            return fp.CONSTANTS[arg.text]
+        assert arg.literal is not None
+        return resolve(arg.literal)
+
+    return [value(a) for a in program.steps[-1].args]
+
+
+def _same_comparison(program: fp.Program, gold: Gold, doc: Numbers) -> bool:
+    """A yes/no answer: the program's final `greater` compares what the gold's does (both
+    sides agree on perturbed documents), so a comparison that is always true does not pass."""
+    try:
+        gold_program = fp.parse(gold.program)
+        if program.steps[-1].op != "greater":
+            return False
+        gold_binding, binding = _Binding(gold_program, doc), _Binding(program, doc)
+        for salt in PERTURB_SALTS:
+            target = perturbed(doc, salt)
+            want = _sides(gold_program, _resolver(gold_binding, doc, target), _rows(target))
+            got = _sides(program, _resolver(binding, doc, target), _rows(target))
+            pairs = zip(got, want, strict=True)
+            if not all(math.isclose(g, w, rel_tol=PERTURB_REL_TOL) for g, w in pairs):
+                return False
+    except (fp.ProgramError, KeyError):
+        return False
+    return True
+
+
 def _same_function(program: fp.Program, factor: float, gold: Gold, doc: Numbers) -> bool:
     """Whether `program` agrees with the gold program on perturbed copies of `doc`."""
+    if gold.yes_no:
+        return _same_comparison(program, gold, doc)
     try:
         gold_program = fp.parse(gold.program)
         gold_binding = _Binding(gold_program, doc)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from palaestra.envs.finance.imported import imported_numbers
 from palaestra.verifiers import finance as vf
 from palaestra.verifiers import finance_program as fp
+from palaestra.verifiers import finance_text as ft
 
 
 def constant_expression(value: float, decimals: int, first_step: int) -> list[str]:
@@ -98,3 +100,47 @@ def program_cheats(gold: vf.Gold, numbers: vf.Numbers) -> list[tuple[str, dict[s
     if zeroed is not None:
         out.append(("zeroed-operands", {**answer, "program": zeroed}))
     return [(n, a) for n, a in out if len(a["program"]) <= fp.MAX_CHARS]
+
+
+def yes_no_cheats(gold: vf.Gold, numbers: vf.Numbers) -> list[tuple[str, dict[str, Any]]]:
+    """A yes/no guess dressed as a comparison that is always true (or always false): the right
+    answer from a program that does not compare the question's quantities."""
+    if not gold.yes_no or not numbers.figures:
+        return []
+    figure = _printed(max(abs(v) for v in numbers.figures.values()))
+    sides = (figure, "const_m1") if gold.value == 1 else ("const_m1", figure)
+    program = f"greater({sides[0]}, {sides[1]})"
+    return [("yes-no-guess", {"value": gold.value, "unit": "ratio", "program": program})]
+
+
+def text_cheats(
+    gold: dict[str, Any], table: list[list[str]], pre_text: list[str], post_text: list[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """Text answers that overlap the gold without being it: the passage that contains it,
+    every row label, every number printed, the count alone, and the answer in another scale."""
+    answers = [str(a) for a in gold["answers"]]
+    scale = str(gold["scale"])
+    out: list[tuple[str, dict[str, Any]]] = []
+    passages = pre_text + post_text + [" ".join(row) for row in table]
+    first = answers[0].strip().lower()
+    around = next(
+        (p for p in passages if first and first in p.lower() and p.strip() != first), None
+    )
+    if around is not None:
+        out.append(("whole-passage", {"answers": [around[:2000]], "scale": scale}))
+    labels = [row[0] for row in table if row and row[0].strip()]
+    if len(labels) > len(answers):
+        out.append(("every-row-label", {"answers": labels[:50], "scale": scale}))
+    printed = [f"{v:g}" for v in list(numbers_of(table, pre_text, post_text))[:50]]
+    if printed:
+        out.append(("many-numbers", {"answers": printed, "scale": scale}))
+    if gold.get("answer_type") == "count":
+        out.append(("count-alone", {"answers": [str(len(answers))], "scale": scale}))
+    other = "thousand" if scale != "thousand" else "million"
+    out.append(("wrong-scale", {"answers": answers, "scale": other}))
+    # one that happens to be the answer itself (a passage that is the span) is no cheat
+    return [(n, a) for n, a in out if not ft.score(a["answers"], a["scale"], answers, scale).exact]
+
+
+def numbers_of(table: list[list[str]], pre_text: list[str], post_text: list[str]) -> list[float]:
+    return list(imported_numbers(table, pre_text, post_text).figures.values())

@@ -51,6 +51,7 @@ from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 from palaestra.verifiers import finance as vf
 from palaestra.verifiers import finance_program as fp
+from palaestra.verifiers import finance_text as ft
 
 MEMORY_DOCS = 32
 MAX_TEXT = 20_000
@@ -76,6 +77,10 @@ class CalculateArgs(ToolArgs):
 
 class SubmitArgs(vf.Answer, ToolArgs):
     """The answer: {value, unit, scale, program} (verifiers/finance.py)."""
+
+
+class SubmitTextArgs(ft.TextAnswer, ToolArgs):
+    """A text answer: {answers, scale} (verifiers/finance_text.py)."""
 
 
 @dataclass
@@ -197,6 +202,12 @@ class FinanceFamily(Family):
         Tool("page_image", "One page as a PNG image.", PageArgs),
         Tool("calculate", "Run a FinQA-style program and show every step's value.", CalculateArgs),
         Tool("submit", "End the episode with {value, unit, scale, program}.", SubmitArgs),
+        Tool(
+            "submit_text",
+            "End the episode with a text answer {answers, scale}: a span or list of the "
+            "document's text (imported TAT-QA questions that ask for one).",
+            SubmitTextArgs,
+        ),
     )
     public_fields = FinancePublic
     private_fields = FinancePrivate
@@ -289,7 +300,7 @@ class FinanceFamily(Family):
 
     async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
         doc: LoadedDocument = ctx.state["doc"]
-        if isinstance(args, vf.Answer):
+        if isinstance(args, vf.Answer | ft.TextAnswer):
             ctx.state["answer"] = args
             return StepOutcome(Observation(text="submitted"), done=True)
         if tool.name == "list_pages":
@@ -369,7 +380,7 @@ class FinanceFamily(Family):
         return VerifierInfo(name="finance-answer-program", version=vf.VERSION)
 
     async def verify(self, ctx: EpisodeContext) -> Assessment:
-        answer: vf.Answer | None = ctx.state.get("answer")
+        answer: vf.Answer | ft.TextAnswer | None = ctx.state.get("answer")
         if answer is None:
             return Assessment(
                 reward=0.0,
@@ -378,11 +389,7 @@ class FinanceFamily(Family):
                 feedback="no answer submitted",
                 components={"value": 0.0, "program": 0.0, "grounded": 0.0},
             )
-        doc: LoadedDocument = ctx.state["doc"]
-        gold = vf.Gold.from_json(FinancePrivate.of(ctx.task).gold)
-        variant = await asyncio.to_thread(variant_of, ctx.task, gold)
-        question = FinancePublic.of(ctx.task).question
-        graded = vf.grade(answer, gold, doc.numbers, variant, question)
+        graded = await self._grade(ctx, answer)
         return Assessment(
             reward=graded.reward,
             passed=graded.passed,
@@ -390,20 +397,55 @@ class FinanceFamily(Family):
             feedback=graded.feedback,
         )
 
+    async def _grade(self, ctx: EpisodeContext, answer: vf.Answer | ft.TextAnswer) -> vf.Grade:
+        gold_json = FinancePrivate.of(ctx.task).gold
+        if gold_json.get("kind") == "text":
+            if isinstance(answer, ft.TextAnswer):
+                return ft.grade(answer, gold_json)
+            return _wrong_tool("this question asks for text: answer with submit_text")
+        if isinstance(answer, ft.TextAnswer):
+            return _wrong_tool("this question asks for a number and its program: use submit")
+        doc: LoadedDocument = ctx.state["doc"]
+        gold = vf.Gold.from_json(gold_json)
+        variant = await asyncio.to_thread(variant_of, ctx.task, gold)
+        question = FinancePublic.of(ctx.task).question
+        return vf.grade(answer, gold, doc.numbers, variant, question)
+
     # -- reference attempts ------------------------------------------------------------------
     def oracle(self, task: Task) -> list[Action]:
-        gold = vf.Gold.from_json(FinancePrivate.of(task).gold)
+        gold_json = FinancePrivate.of(task).gold
+        if gold_json.get("kind") == "text":
+            args = {"answers": gold_json["answers"], "scale": gold_json["scale"]}
+            return [Action(tool="submit_text", arguments=args)]
+        gold = vf.Gold.from_json(gold_json)
         return [_submit(gold.asked_value, gold.unit, gold.scale, gold.program)]
 
     def null(self, task: Task) -> list[Action]:
-        return [_submit(0.0, "ratio", "units", "0")]
+        """An empty answer (a numeric 0 would be the right value of a yes/no "no")."""
+        return [Action(tool="submit_text", arguments={"answers": [""]})]
 
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
-        gold = vf.Gold.from_json(FinancePrivate.of(task).gold)
-        programs = finance_cheats.program_cheats(gold, self._numbers(task))
-        return cheat_answers(task) + [
+        gold_json = FinancePrivate.of(task).gold
+        if gold_json.get("kind") == "text":
+            public = FinancePublic.of(task)
+            return [
+                (name, [Action(tool="submit_text", arguments=args)])
+                for name, args in finance_cheats.text_cheats(gold_json, *public.imported())
+            ]
+        gold = vf.Gold.from_json(gold_json)
+        numbers = self._numbers(task)
+        programs = finance_cheats.program_cheats(gold, numbers)
+        programs += finance_cheats.yes_no_cheats(gold, numbers)
+        answers = cheat_answers(task)
+        if numbers.key_of(abs(gold.asked_value)) is not None:  # the answer is printed as is
+            answers = [(name, a) for name, a in answers if name != "invented-operands"]
+        return answers + [
             (name, [Action(tool="submit", arguments=args)]) for name, args in programs
         ]
+
+
+def _wrong_tool(feedback: str) -> vf.Grade:
+    return vf.Grade(reward=0.0, passed=False, components={"value": 0.0}, feedback=feedback)
 
 
 def _submit(value: float, unit: str, scale: str, program: str) -> Action:
@@ -445,12 +487,14 @@ def cheat_answers(task: Task) -> list[tuple[str, list[Action]]]:
     asked = gold.asked_value
     question = FinancePublic.of(task).question
     cheats = [
-        ("wrong-scale", [_submit(asked, gold.unit, _SCALE_UP[gold.scale], gold.program)]),
         (
             "invented-operands",
             [_submit(asked, gold.unit, gold.scale, f"add({asked:.10g}, const_0)")],
         ),
     ]
+    if asked == 0:  # 0 in any unit or scale is the right answer, not a cheat
+        return cheats
+    cheats.append(("wrong-scale", [_submit(asked, gold.unit, _SCALE_UP[gold.scale], gold.program)]))
     numbers = re.findall(r"\d+(?:\.\d+)?", question)
     if numbers:
         copied = float(numbers[0])

@@ -12,6 +12,7 @@ import io
 from typing import Any
 
 from palaestra.envs.finance.document import numbers_in, parse_number
+from palaestra.envs.finance.finqa_exec import cell_value
 from palaestra.verifiers.finance import Numbers, normalize_label
 
 
@@ -45,19 +46,23 @@ def render_imported(table: list[list[str]], pre_text: list[str], post_text: list
 
 
 def imported_numbers(table: list[list[str]], pre_text: list[str], post_text: list[str]) -> Numbers:
-    """Every number printed in the table and the text, each as its own figure."""
+    """Every number printed in the table and the text, each as its own figure; a row's
+    values for the table operations are its cells as FinQA reads them (`cell_value`: the
+    first number of each cell), and a row with a cell that is not a number has none."""
     figures: dict[str, float] = {}
     rows: dict[str, list[list[str]]] = {}
     for r, row in enumerate(table):
-        keys = []
+        keys: list[str] | None = []
         for c, text in enumerate(row):
+            cell_keys = []
             for k, token in enumerate(numbers_in(text)):
                 value = parse_number(token)
                 if value is not None:
                     key = f"t.{r}.{c}.{k}"
                     figures[key] = value
-                    if c > 0:
-                        keys.append(key)
+                    cell_keys.append(key)
+            if c > 0 and keys is not None:
+                keys = keys + cell_keys[:1] if cell_keys and cell_value(text) is not None else None
         if row and keys:
             rows.setdefault(normalize_label(row[0]), []).append(keys)
     for i, text in enumerate(pre_text + post_text):

@@ -43,9 +43,8 @@ from palaestra.envs.terminal.dockerfile import (
     within,
 )
 from palaestra.envs.terminal.harbor.config import Ceilings
-from palaestra.sdk.packwriter import write_manifest, write_task_folder
+from palaestra.sdk.packwriter import REPORT_FILE, ImportReport, write_manifest, write_task_folder
 
-REPORT_FILE = "import-report.json"
 TASK_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -61,23 +60,6 @@ class TaskOut:
     verifier: dict[str, str] = field(default_factory=dict)
     solution: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ImportReport:
-    format: str
-    source: str
-    out: str
-    imported: dict[str, list[str]] = field(default_factory=dict)  # id -> notes
-    skipped: dict[str, list[str]] = field(default_factory=dict)  # id -> reasons
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "source": self.source,
-            "imported": [{"id": k, "notes": v} for k, v in sorted(self.imported.items())],
-            "skipped": [{"id": k, "reasons": v} for k, v in sorted(self.skipped.items())],
-        }
 
 
 class Unsupported(Exception):
