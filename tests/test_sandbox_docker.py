@@ -127,7 +127,8 @@ async def test_nothing_survives_an_exec(box: DockerSandbox) -> None:
 
 async def test_fork_bomb_times_out_and_is_cleared(box: DockerSandbox) -> None:
     r = await box.exec("f() { f | f & }; f; sleep 30", timeout=2.0)
-    assert r.timed_out
+    # The pids limit stops it: by the timeout, or sooner where even `sleep` cannot fork.
+    assert r.timed_out or (r.exit_code != 0 and "fork" in r.stderr), r
     assert user_procs(box) == []
     assert (await box.exec(["echo", "ok"])).stdout == "ok\n"
 
