@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from palaestra.envs.terminal.verifierimage import build_tools_image
 from palaestra.server.config import REPO_IMAGES, load_settings
 
 BASE_TAG = "palaestra/base:bookworm"
@@ -129,6 +130,10 @@ def build(
         try:
             if image == "base":
                 build_base(force=force)
+            elif image == "verifier":  # wheels come from the host's pip first
+                if not _has_image(client, tag_of("terminal")):
+                    build_family(client, "terminal")
+                build_tools_image(client, cache_dir(), force=force)
             else:
                 if not _has_image(client, BASE_TAG):
                     build_base()

@@ -12,8 +12,11 @@ script and an oracle solution.
 Each becomes a `terminal` task folder: its Dockerfile becomes the environment
 (envs/terminal/dockerfile.py); the tests go to `verifier/` with a `test.sh` that runs the
 original script with its paths moved (``/tests`` → the verifier directory,
-``/logs/verifier`` → ``$VERIFIER_LOGS``) and the usual "install uv and pytest from the
-network" preamble dropped (the sandbox has pytest and no network).
+``/logs/verifier`` → ``$VERIFIER_LOGS``), the steps that would build a Python environment in
+the workdir dropped and the rest unchanged: a script that calls uv/uvx (the standard
+``uvx -p 3.13 -w pytest==… pytest`` line) is verified on the verifier image, which runs it
+offline; a task with ``tests/Dockerfile`` on its own verifier image
+(envs/terminal/verifierimage.py).
 
 A task that needs what the sandbox cannot give -- the network (pip/uv/npm installs, curl,
 git clone), a base image with another toolchain, services (docker-compose with more than
@@ -38,6 +41,7 @@ from typing import Any
 import yaml
 
 from palaestra.envs.terminal.dockerfile import NETWORK, EnvPlan, convert_dockerfile, read_text
+from palaestra.envs.terminal.verifierimage import TOOLS_IMAGE, task_verifier_tag
 from palaestra.sdk.packwriter import write_manifest, write_task_folder
 
 REPORT_FILE = "import-report.json"
@@ -84,15 +88,23 @@ class Unsupported(Exception):
 
 
 # -- test and solution scripts -----------------------------------------------------------------
-_PREAMBLE = [
+# Kept as they are: offline in the verifier sandbox they do nothing (apt-get cannot fetch,
+# the uv installer cannot download; uv/uvx are the verifier image's, `$HOME/.local/bin/env`
+# exists and adds nothing), so they are not counted as needing the network.
+_OFFLINE_NOOPS = [
     re.compile(p)
     for p in (
-        r"^\s*(sudo\s+)?apt(-get)?\s+(update|install|clean)\b.*$",
+        r"^\s*(sudo\s+)?apt(-get)?\s+(-\S+\s+)*(update|install|clean)\b.*$",
         r"^\s*rm\s+-rf\s+/var/lib/apt.*$",
         r"^\s*curl\s.*astral\.sh/uv.*$",
         r"^\s*wget\s.*astral\.sh/uv.*$",
-        r"^\s*(source|\.)\s+\$HOME/\.local/bin/env\s*$",
-        r"^\s*export\s+PATH=\"?\$HOME/\.local/bin.*$",
+    )
+]
+# Dropped: they would build a Python environment in the agent's workdir, which the tests
+# then trust (the image's pytest, or uvx's tool environment, serves instead).
+_PREAMBLE = [
+    re.compile(p)
+    for p in (
         r"^\s*uv\s+(init|venv)\b.*$",
         r"^\s*(source|\.)\s+\.?venv/bin/activate\s*$",
         r"^\s*(uv\s+)?pip3?\s+install\s+(-q\s+)?(pytest|pytest-timeout)([=<>~!][^\s]*)?"
@@ -104,7 +116,7 @@ _PREAMBLE = [
 
 
 def clean_test_script(text: str, *, tests_dir: str, logs_dir: str | None) -> tuple[str, list[str]]:
-    """The script with the pytest-install preamble dropped and paths moved; plus problems."""
+    """The script with the workdir-venv preamble dropped and paths moved; plus problems."""
     lines = []
     dropped = 0
     for line in text.splitlines():
@@ -118,11 +130,27 @@ def clean_test_script(text: str, *, tests_dir: str, logs_dir: str | None) -> tup
         lines.append(line)
     script = "\n".join(lines) + "\n"
     problems = []
-    body = "\n".join(ln for ln in lines if not ln.lstrip().startswith("#"))
+    body = "\n".join(
+        ln
+        for ln in lines
+        if not ln.lstrip().startswith("#") and not any(p.match(ln) for p in _OFFLINE_NOOPS)
+    )
     found = NETWORK.search(body)
     if found:
         problems.append(f"the tests need the network (`{found.group(0)}` in the test script)")
     return script, problems
+
+
+USES_UV = re.compile(r"(^|[\s;&|(])(uvx|uv)\s", re.M)
+
+
+def verifier_image_for(verifier: dict[str, str], script: str) -> str | None:
+    """The verifier image a converted task needs: its own (tests/Dockerfile), the tools
+    image when its tests call uv/uvx, else None (the agent's image)."""
+    own = task_verifier_tag(verifier)
+    if own is not None:
+        return own
+    return TOOLS_IMAGE if USES_UV.search(script) else None
 
 
 def solution_problems(script: str) -> list[str]:
@@ -272,6 +300,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["run-tests.sh"] = script
     verifier["test.sh"] = _verifier_wrapper("terminal-bench", "run-tests.sh")
+    image = verifier_image_for(verifier, script)
     return _task_out(
         folder,
         plan,
@@ -283,6 +312,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
         verifier=verifier,
         solve=solve,
         notes=notes,
+        private={"verifier_image": image} if image is not None else None,
     )
 
 
@@ -394,6 +424,10 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["harbor-test.sh"] = script
     verifier["test.sh"] = _verifier_wrapper("harbor", "harbor-test.sh")
+    private: dict[str, Any] = {"reward_file": True}
+    image = verifier_image_for(verifier, script)
+    if image is not None:
+        private["verifier_image"] = image
     verifier_meta = meta.get("verifier") if isinstance(meta.get("verifier"), dict) else {}
     info = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
     assert isinstance(verifier_meta, dict) and isinstance(info, dict)
@@ -414,7 +448,7 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
         ),
         # Harbor's tests/test.sh decides through $VERIFIER_LOGS/reward.txt: the task says
         # so, and only a task that says so has its reward file read (docs/terminal.md).
-        private={"reward_file": True},
+        private=private,
     )
 
 
