@@ -543,7 +543,9 @@ class TerminalFamily(Family):
         says which `palaestra images build` makes it)."""
         if image is None:
             return await ctx.sandboxes.verifier()
-        spec = dataclasses.replace(self.sandbox_spec(ctx.task), image=image)
+        own = self.sandbox_spec(ctx.task)
+        assert own is not None  # the terminal family always asks for a sandbox
+        spec = dataclasses.replace(own, image=image)
         try:
             return await ctx.sandboxes.verifier(spec)
         except SandboxSpecError:

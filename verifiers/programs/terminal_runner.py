@@ -22,7 +22,9 @@ Modes:
   a folder where they can run (or reports INFRA: a step that cannot run voids, never skips),
   runs `bash $VERIFIER_DIR/test.sh` with a fresh HOME, an isolated environment and a PATH
   holding no workspace folder, kills whatever it left behind, then reports its exit status
-  (and the reward file, only for a task that declares one).
+  (and the reward file, only for a task that declares one) with the per-file counts of the
+  CTRF / JUnit reports the run wrote into the fresh logs folder. Where the verifier image
+  has uv (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline.
 """
 
 import contextlib
