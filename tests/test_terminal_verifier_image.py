@@ -159,3 +159,29 @@ async def test_verifier_images_score_oracle_null_and_planted_results(
         assert verdict["reward"] == 0.0, verdict["feedback"]
         failed = sum(v for k, v in verdict["components"].items() if k.endswith(":failed"))
         assert failed == 1, verdict["components"]  # the image check passed, the status not
+
+
+def test_runner_reads_reports_and_named_rewards(tmp_path: Path) -> None:
+    """The runner's readers: CTRF and JUnit per-file counts, Harbor's reward.json."""
+    from palaestra.verifiers.programs import terminal_runner as runner
+
+    (tmp_path / "ctrf.json").write_text(
+        '{"results": {"tests": [{"status": "passed", "file_path": "t.py"},'
+        ' {"status": "failed", "file_path": "t.py"}, {"status": "skipped", "file_path": "t.py"}]}}'
+    )
+    (tmp_path / "junit.xml").write_text(
+        '<testsuites><testsuite><testcase classname="u" name="a"/><testcase classname="u" '
+        'name="b"><failure/></testcase><testcase classname="u" name="c"><error/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    (tmp_path / "other.json").write_text('{"not": "a report"}')
+    found = runner.read_results(str(tmp_path))
+    assert found == {
+        "ctrf.json": {"format": "ctrf", "files": {"t.py": [1, 1, 3]}},
+        "junit.xml": {"format": "junit", "files": {"u": [1, 2, 3]}},
+    }
+    assert runner.read_reward_json(str(tmp_path)) == (None, "no reward file")
+    (tmp_path / "reward.json").write_text('{"correctness": 1, "performance": 0.5}')
+    assert runner.read_reward_json(str(tmp_path)) == (0.5, "")
+    (tmp_path / "reward.json").write_text('{"correctness": 2}')
+    assert runner.read_reward_json(str(tmp_path))[0] is None

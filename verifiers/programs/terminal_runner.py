@@ -189,6 +189,28 @@ def read_reward(path: str) -> tuple[float | None, str]:
     return value, ""
 
 
+def read_reward_json(logs: str) -> tuple[float | None, str]:
+    """Harbor's named rewards (``reward.json``: an object of numbers in [0, 1]) as one
+    reward: the least of them (full credit only when every named reward is met)."""
+    path = os.path.join(logs, "reward.json")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, "no reward file"
+    if not stat.S_ISREG(st.st_mode) or st.st_size > 65536:
+        return None, "reward.json is not a regular file of at most 64 KiB"
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except ValueError:
+        return None, "reward.json is not JSON"
+    values = list(data.values()) if isinstance(data, dict) else []
+    ok = [v for v in values if type(v) in (int, float) and 0.0 <= v <= 1.0]
+    if not values or len(ok) != len(values):
+        return None, "reward.json is not an object of numbers in [0, 1]"
+    return round(float(min(ok)), 2), ""
+
+
 def _count(files: dict[str, list[int]], name: str, ok: bool | None) -> None:
     """One test of file `name`: ok True passed, False failed, None neither (skipped)."""
     entry = files.setdefault(name or "?", [0, 0, 0])
@@ -316,6 +338,8 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     result: dict[str, object] = {"rc": proc.returncode, "results": read_results(logs)}
     if cfg.get("reward_file"):
         result["reward"], result["reward_note"] = read_reward(os.path.join(logs, "reward.txt"))
+        if result["reward_note"] == "no reward file":
+            result["reward"], result["reward_note"] = read_reward_json(logs)
     chan.emit("RESULT", result)
 
 
