@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from palaestra.envs.cheats import SCRIPTS
 from palaestra.envs.terminal.importer import clean_test_script, import_tasks, verifier_image_for
 from palaestra.envs.terminal.verifierimage import (
     TOOLS_IMAGE,
@@ -135,10 +136,12 @@ async def test_verifier_images_score_oracle_null_and_planted_results(
     own_tag = task_verifier_tag(_verifier_files(pack, "own-verifier"))
     assert _private(pack, "own-verifier")["verifier_image"] == own_tag == images["own"]
     client = AsyncInProcessClient(manager)
-    oracle, null, planted, own, own_null, own_planted = await asyncio.gather(
+    uv_config = (SCRIPTS / "uv-config.sh").read_text()
+    oracle, null, planted, uv_cheat, own, own_null, own_planted = await asyncio.gather(
         _play(client, "csv-stats", [], oracle=True),
         _play(client, "csv-stats", []),
         _play(client, "csv-stats", [PLANT]),
+        _play(client, "csv-stats", [uv_config]),
         _play(client, "own-verifier", [], oracle=True),
         _play(client, "own-verifier", []),
         _play(client, "own-verifier", [PLANT]),
@@ -148,7 +151,7 @@ async def test_verifier_images_score_oracle_null_and_planted_results(
     # the runner read the CTRF report the verifier's own pytest run wrote
     counts = {k: v for k, v in oracle["components"].items() if k.startswith("tests/")}
     assert counts == {f"{file}:passed": 3, f"{file}:failed": 0, f"{file}:total": 3}
-    for verdict in (null, planted):
+    for verdict in (null, planted, uv_cheat):
         assert verdict["status"] == "ok" and verdict["reward"] == 0.0, verdict["feedback"]
         assert verdict["components"][f"{file}:failed"] >= 2, verdict["components"]
 
