@@ -20,7 +20,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from palaestra.envs.terminal.verifierimage import build_tools_image
+from palaestra.envs.terminal.verifierimage import (
+    DEFAULT_TAG,
+    TOOLS_IMAGE,
+    build_tools_image,
+    export_rootfs,
+)
 from palaestra.server.config import REPO_IMAGES, load_settings
 
 BASE_TAG = "palaestra/base:bookworm"
@@ -134,6 +139,9 @@ def build(
                 if not _has_image(client, tag_of("terminal")):
                     build_family(client, "terminal")
                 build_tools_image(client, cache_dir(), force=force)
+                settings = load_settings()  # bwrap runs it as the rootfs image "verifier"
+                images = settings.images_dir or settings.cache / "images"
+                export_rootfs(client, DEFAULT_TAG, images, TOOLS_IMAGE)
             else:
                 if not _has_image(client, BASE_TAG):
                     build_base()

@@ -18,15 +18,19 @@ import pytest
 from palaestra.envs.cheats import SCRIPTS
 from palaestra.envs.terminal.importer import clean_test_script, import_tasks, verifier_image_for
 from palaestra.envs.terminal.verifierimage import (
+    DEFAULT_TAG,
     TOOLS_IMAGE,
     build_task_verifier_image,
     build_tools_image,
+    export_rootfs,
     task_verifier_tag,
 )
+from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.sdk.models import Action
 from palaestra.server.config import Settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
+from palaestra.server.runtime import build_manager
 from palaestra.verifiers.terminal import results_counts
 from tests.conftest import docker_skip_reason
 
@@ -188,3 +192,37 @@ def test_runner_reads_reports_and_named_rewards(tmp_path: Path) -> None:
     assert runner.read_reward_json(str(tmp_path)) == (0.5, "")
     (tmp_path / "reward.json").write_text('{"correctness": 2}')
     assert runner.read_reward_json(str(tmp_path))[0] is None
+
+
+@docker_only
+async def test_tools_image_as_a_bwrap_rootfs(pack: Path, tmp_path: Path) -> None:
+    """The same image unpacked as bwrap's rootfs "verifier": the standard script runs there
+    too (oracle 1, null 0); the agent's sandbox stays on the host's /usr."""
+    import docker
+
+    if not bwrap_available()[0]:
+        pytest.skip(f"bwrap unavailable: {bwrap_available()[1]}")
+    client = docker.from_env(timeout=300)
+    cache = Settings().cache
+    build_tools_image(client, cache)
+    images = cache / "verifier-images"  # cached per image id across runs
+    export_rootfs(client, DEFAULT_TAG, images, TOOLS_IMAGE)
+    settings = Settings(
+        data_dir=tmp_path / "bwrap-data",
+        packs_dirs=[pack.parent],
+        sandbox="bwrap",
+        pool_size=0,
+        images_dir=images,
+    )
+    manager = build_manager(settings)
+    await manager.start()
+    try:
+        client_ = AsyncInProcessClient(manager)
+        oracle, null = await asyncio.gather(
+            _play(client_, "csv-stats", [], oracle=True), _play(client_, "csv-stats", [])
+        )
+    finally:
+        await manager.shutdown()
+    assert oracle["reward"] == 1.0, oracle["feedback"]
+    assert oracle["components"]["tests/test_outputs.py:passed"] == 3
+    assert null["reward"] == 0.0 and null["status"] == "ok", null["feedback"]

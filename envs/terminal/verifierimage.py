@@ -12,6 +12,9 @@ Two kinds, both built into the local docker engine and cached by content digest:
   ``tests/Dockerfile`` (its separate verifier environment), built with tests/ as context,
   then the tools layer on top; tagged ``palaestra/task-verifier:<digest of tests/>``, which
   the importer writes into the task as ``[private] verifier_image``.
+
+`export_rootfs` unpacks an image as a bwrap rootfs (``<images_dir>/verifier/rootfs`` for the
+tools image), once per image id.
 """
 
 from __future__ import annotations
@@ -201,3 +204,38 @@ def build_task_verifier_image(
     built = build_tools_image(client, cache, own, force=force)
     client.images.get(built).tag(*tag.split(":", 1))
     return tag
+
+
+def export_rootfs(client: Any, tag: str, images_dir: Path, name: str) -> Path:
+    """`tag` unpacked as the bwrap image `name` (``<images_dir>/<name>/rootfs``), once per
+    image id (``.image-id`` beside it); returns the rootfs folder."""
+    image_id = str(client.images.get(tag).id)
+    folder = images_dir / name
+    root = folder / "rootfs"
+    stamp = folder / ".image-id"
+    if root.is_dir() and stamp.is_file() and stamp.read_text().strip() == image_id:
+        return root
+    folder.mkdir(parents=True, exist_ok=True)
+    part = folder / "rootfs.part"
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir()
+    container = client.containers.create(tag, command=["/bin/true"])
+    try:
+        tar = subprocess.Popen(
+            ["tar", "-x", "--numeric-owner", "--exclude=dev/*", "-C", str(part), "-f", "-"],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert tar.stdin is not None
+        for chunk in container.export():
+            tar.stdin.write(chunk)
+        tar.stdin.close()
+        if tar.wait() != 0:
+            err = tar.stderr.read().decode(errors="replace") if tar.stderr else ""
+            raise VerifierImageError(f"unpacking {tag} as a rootfs failed: {err[-MAX_LOG:]}")
+    finally:
+        container.remove(force=True)
+    shutil.rmtree(root, ignore_errors=True)
+    part.rename(root)
+    stamp.write_text(image_id + "\n")
+    return root
