@@ -23,6 +23,7 @@ from palaestra.envs.terminal.verifierimage import (
     build_task_verifier_image,
     build_tools_image,
     export_rootfs,
+    missing_wheels,
     task_verifier_tag,
 )
 from palaestra.sandbox.bwrap import bwrap_available
@@ -70,6 +71,9 @@ def test_standard_tb2_script_is_kept() -> None:
     assert "--ctrf $VERIFIER_LOGS/ctrf.json $VERIFIER_DIR/tests/test_outputs.py" in script
     assert verifier_image_for({"test.sh": ""}, script) == TOOLS_IMAGE
     assert verifier_image_for({"test.sh": ""}, "python3 -m pytest x\n") is None
+    assert missing_wheels(script) == []
+    extra = "uvx \\\n  -w pytest==8.4.1 \\\n  -w numpy==2.2.3 --with pandas -w pytest==8.3.5 t"
+    assert missing_wheels(extra) == ["numpy==2.2.3", "pandas", "pytest==8.3.5"]
     # a workdir venv is still never built: the tests would trust what the agent can edit
     venv, _ = clean_test_script("uv venv\nuv pip install pytest\n", tests_dir="/v", logs_dir=None)
     assert venv.strip() == ""

@@ -41,7 +41,11 @@ from typing import Any
 import yaml
 
 from palaestra.envs.terminal.dockerfile import NETWORK, EnvPlan, convert_dockerfile, read_text
-from palaestra.envs.terminal.verifierimage import TOOLS_IMAGE, task_verifier_tag
+from palaestra.envs.terminal.verifierimage import (
+    TOOLS_IMAGE,
+    missing_wheels,
+    task_verifier_tag,
+)
 from palaestra.sdk.packwriter import write_manifest, write_task_folder
 
 REPORT_FILE = "import-report.json"
@@ -151,6 +155,17 @@ def verifier_image_for(verifier: dict[str, str], script: str) -> str | None:
     if own is not None:
         return own
     return TOOLS_IMAGE if USES_UV.search(script) else None
+
+
+def _wheel_notes(script: str) -> list[str]:
+    missing = missing_wheels(script)
+    if not missing:
+        return []
+    return [
+        f"the tests ask uv for {', '.join(missing)}, which the verifier image cannot install "
+        "offline: add them to images/verifier/wheels.txt and rebuild it (until then the "
+        "tests fail)"
+    ]
 
 
 def solution_problems(script: str) -> list[str]:
@@ -301,6 +316,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     verifier["run-tests.sh"] = script
     verifier["test.sh"] = _verifier_wrapper("terminal-bench", "run-tests.sh")
     image = verifier_image_for(verifier, script)
+    notes += _wheel_notes(script) if image is not None else []
     return _task_out(
         folder,
         plan,
@@ -428,6 +444,7 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
     image = verifier_image_for(verifier, script)
     if image is not None:
         private["verifier_image"] = image
+        notes += _wheel_notes(script)
     verifier_meta = meta.get("verifier") if isinstance(meta.get("verifier"), dict) else {}
     info = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
     assert isinstance(verifier_meta, dict) and isinstance(info, dict)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -83,6 +84,37 @@ def task_verifier_tag(verifier: Mapping[str, str]) -> str | None:
 
 
 # -- wheels ---------------------------------------------------------------------------------
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_pins() -> dict[str, str]:
+    """images/verifier/wheels.txt as {normalized name: pinned version}."""
+    pins: dict[str, str] = {}
+    for line in (RECIPE / "wheels.txt").read_text().splitlines():
+        name, _, version = line.split("#", 1)[0].strip().partition("==")
+        if name:
+            pins[_norm(name)] = version.strip()
+    return pins
+
+
+def missing_wheels(script: str) -> list[str]:
+    """The `uvx -w/--with` requirements of `script` the verifier image cannot install
+    offline (not in wheels.txt, or pinned to another version)."""
+    pins = wheel_pins()
+    text = script.replace("\\\n", " ")
+    missing = []
+    for req in re.findall(r"(?:^|\s)(?:-w|--with)(?:\s+|=)([^\s;&|]+)", text):
+        req = req.strip("'\"")
+        found = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(==\s*([^,\s]+))?", req)
+        if found is None:
+            continue
+        name, version = _norm(found.group(1)), found.group(3)
+        if name not in pins or (version is not None and version != pins[name]):
+            missing.append(req)
+    return sorted(set(missing))
 
 
 def wheels_dir(cache: Path) -> Path:
