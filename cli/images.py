@@ -25,6 +25,7 @@ from palaestra.envs.terminal.verifierimage import (
     TOOLS_IMAGE,
     build_tools_image,
     export_rootfs,
+    has_image,
 )
 from palaestra.server.config import REPO_IMAGES, load_settings
 
@@ -81,14 +82,6 @@ def _client() -> Any:
     return client
 
 
-def _has_image(client: Any, tag: str) -> bool:
-    try:
-        client.images.get(tag)
-    except Exception:
-        return False
-    return True
-
-
 def build_base(*, force: bool = False) -> None:
     script = recipes().get("base")
     if script is None:
@@ -136,16 +129,16 @@ def build(
             if image == "base":
                 build_base(force=force)
             elif image == "verifier":  # wheels come from the host's pip first
-                if not _has_image(client, tag_of("terminal")):
+                if not has_image(client, tag_of("terminal")):
                     build_family(client, "terminal")
                 build_tools_image(client, cache_dir(), force=force)
                 settings = load_settings()  # bwrap runs it as the rootfs image "verifier"
                 images = settings.images_dir or settings.cache / "images"
                 export_rootfs(client, DEFAULT_TAG, images, TOOLS_IMAGE)
             else:
-                if not _has_image(client, BASE_TAG):
+                if not has_image(client, BASE_TAG):
                     build_base()
-                if not force and _has_image(client, tag_of(image)):
+                if not force and has_image(client, tag_of(image)):
                     err.print(f"images/{image}: {tag_of(image)} already built")
                     continue
                 build_family(client, image, force=force)

@@ -17,7 +17,8 @@ sandbox made from it:
    from stdin into ``/tmp/verifier`` ($VERIFIER_DIR, a directory no agent process ever saw:
    a fresh sandbox's /tmp), then ``bash $VERIFIER_DIR/test.sh`` with cwd the workdir. Exit
    0 passes. A test may instead write a reward in [0, 1] to ``$VERIFIER_LOGS/reward.txt``
-   (Harbor's convention); the harness turns it into its own exit status.
+   (Harbor's convention); the harness turns it into its own exit status. The CTRF / JUnit
+   reports the run wrote into that fresh logs folder give per-file test counts.
 
 Nothing is read from text a test or the agent could print: each result is the exit status
 of an exec as the sandbox backend reports it (the harness maps statuses so that a test's
