@@ -9,6 +9,7 @@ why, without the engine or palaestra/terminal."""
 from __future__ import annotations
 
 import asyncio
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,11 @@ def test_runner_reads_reports_and_named_rewards(tmp_path: Path) -> None:
     assert runner.read_reward_json(str(tmp_path)) == (0.5, "")
     (tmp_path / "reward.json").write_text('{"correctness": 2}')
     assert runner.read_reward_json(str(tmp_path))[0] is None
+    # a run that reports thousands of files cannot flood the verdict: 200 names, then "…"
+    many = [{"status": "passed", "file_path": f"f{i}.py"} for i in range(250)]
+    (tmp_path / "ctrf.json").write_text(json.dumps({"results": {"tests": many}}))
+    files = runner.read_results(str(tmp_path))["ctrf.json"]["files"]
+    assert len(files) == 201 and files["…"] == [50, 0, 50]
 
 
 @docker_only

@@ -51,6 +51,8 @@ TOOLS_WHEELS = "/opt/palaestra-verifier/wheels"
 # uv's installer, which standard test scripts run and then source; offline it cannot run.
 UV_ENV_FILE = "# palaestra: uv is preinstalled in the verifier image; nothing to add\n"
 MAX_RESULTS_FILE = 8 * 1024 * 1024
+MAX_REPORTS = 20  # CTRF / JUnit files read a run
+MAX_RESULT_NAMES = 200  # test files counted a run (the rest are summed under "…")
 GIT_CONFIG = (
     ("core.fsmonitor", "false"),
     ("core.hooksPath", "/dev/null"),
@@ -213,7 +215,10 @@ def read_reward_json(logs: str) -> tuple[float | None, str]:
 
 def _count(files: dict[str, list[int]], name: str, ok: bool | None) -> None:
     """One test of file `name`: ok True passed, False failed, None neither (skipped)."""
-    entry = files.setdefault(name or "?", [0, 0, 0])
+    name = (name or "?")[:200]
+    if name not in files and len(files) >= MAX_RESULT_NAMES:
+        name = "…"
+    entry = files.setdefault(name, [0, 0, 0])
     entry[2] += 1
     if ok is True:
         entry[0] += 1
@@ -272,7 +277,7 @@ def read_results(logs: str) -> dict[str, dict[str, object]]:
                     continue
             except (OSError, ValueError, ET.ParseError, RecursionError):
                 continue
-            if counts is not None:
+            if counts is not None and len(found) < MAX_REPORTS:
                 found[rel] = {"format": kind, "files": counts}
     return found
 
