@@ -23,11 +23,13 @@ from rich.table import Table
 from palaestra.envs.terminal.verifierimage import (
     DEFAULT_TAG,
     TOOLS_IMAGE,
+    build_declared,
     build_tools_image,
     export_rootfs,
     has_image,
 )
 from palaestra.server.config import REPO_IMAGES, load_settings
+from palaestra.server.packs.loader import inspect_pack
 
 BASE_TAG = "palaestra/base:bookworm"
 
@@ -146,6 +148,29 @@ def build(
             err.print(f"[red]error[/red]: building {image}: {e}")
             raise typer.Exit(1) from None
         err.print(f"images/{image}: {tag_of(image)} ready ({time.perf_counter() - started:.1f} s)")
+
+
+@images_app.command("verifiers")
+def verifiers(
+    pack: Annotated[Path, typer.Argument(help="a pack folder")],
+) -> None:
+    """Build the verifier images PACK's terminal tasks declare ([private] verifier_image)."""
+    loaded, problems = inspect_pack(pack)
+    if loaded is None:
+        err.print(f"[red]error[/red]: {pack}: {'; '.join(problems)}")
+        raise typer.Exit(2)
+    declared = {
+        tid: (str(task.private["verifier_image"]), dict(task.private.get("verifier") or {}))
+        for tid, task in loaded.tasks.items()
+        if task.family == "terminal" and task.private.get("verifier_image")
+    }
+    built = build_declared(_client(), cache_dir(), declared)
+    for tid, result in built.items():
+        err.print(f"{tid}: {result}")
+    failed = [tid for tid, result in built.items() if result.startswith("error:")]
+    err.print(f"{len(built) - len(failed)} of {len(built)} verifier images ready")
+    if failed:
+        raise typer.Exit(1)
 
 
 @images_app.command("list")

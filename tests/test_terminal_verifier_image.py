@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -236,3 +237,30 @@ async def test_tools_image_as_a_bwrap_rootfs(pack: Path, tmp_path: Path) -> None
     assert oracle["reward"] == 1.0, oracle["feedback"]
     assert oracle["components"]["tests/test_outputs.py:passed"] == 3
     assert null["reward"] == 0.0 and null["status"] == "ok", null["feedback"]
+
+
+@docker_only
+def test_images_verifiers_builds_each_declared_image(tmp_path: Path) -> None:
+    """`palaestra images verifiers PACK` builds what each task declares; a tests/Dockerfile
+    that fails is named with the build's cause and the others are still built."""
+    from typer.testing import CliRunner
+
+    from palaestra.cli.main import app
+
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES, src)
+    broken = src / "broken-verifier"
+    shutil.copytree(src / "own-verifier", broken)
+    (broken / "tests" / "Dockerfile").write_text(
+        "FROM palaestra/terminal:latest\nRUN echo no checker here >&2; exit 3\n"
+    )
+    out = tmp_path / "pack"
+    import_tasks("harbor", src, out, name=PACK)
+    result = CliRunner().invoke(app, ["images", "verifiers", str(out)])
+    assert result.exit_code == 1, result.output
+    lines = {line.split(":", 1)[0]: line for line in result.output.splitlines() if ":" in line}
+    assert "error: the task's tests/Dockerfile" in lines["broken-verifier"], result.output
+    assert "non-zero code: 3" in result.output  # the build's own cause
+    assert "palaestra/verifier:" in lines["csv-stats"]
+    assert "palaestra/task-verifier:" in lines["own-verifier"]
+    assert "2 of 3 verifier images ready" in result.output

@@ -271,3 +271,23 @@ def export_rootfs(client: Any, tag: str, images_dir: Path, name: str) -> Path:
     part.rename(root)
     stamp.write_text(image_id + "\n")
     return root
+
+
+def build_declared(
+    client: Any, cache: Path, declared: Mapping[str, tuple[str, Mapping[str, str]]]
+) -> dict[str, str]:
+    """Build what each task declares ({task id: (verifier_image, its verifier files)}):
+    the tools image for ``"verifier"``, its own for a tests/Dockerfile tag. Returns {task
+    id: the tag built, or "error: <cause>"}; one task's failure never stops the others."""
+    out: dict[str, str] = {}
+    for task_id, (image, files) in sorted(declared.items()):
+        try:
+            if image == TOOLS_IMAGE:
+                out[task_id] = build_tools_image(client, cache)
+            elif image == task_verifier_tag(files):
+                out[task_id] = build_task_verifier_image(client, cache, files)
+            else:
+                out[task_id] = f"error: {image} is neither {TOOLS_IMAGE!r} nor this task's tag"
+        except VerifierImageError as exc:
+            out[task_id] = f"error: {exc}"
+    return out
