@@ -72,7 +72,7 @@ def test_standard_tb2_script_is_kept() -> None:
     assert "uvx \\\n  -p 3.13 \\\n  -w pytest==8.4.1" in script
     assert "--ctrf $VERIFIER_LOGS/ctrf.json $VERIFIER_DIR/tests/test_outputs.py" in script
     assert verifier_image_for({"test.sh": ""}, script) == TOOLS_IMAGE
-    assert verifier_image_for({"test.sh": ""}, "python3 -m pytest x\n") is None
+    assert verifier_image_for({"test.sh": ""}, "# Install uv\npython3 -m pytest x\n") is None
     assert missing_wheels(script) == []
     extra = "uvx \\\n  -w pytest==8.4.1 \\\n  -w numpy==2.2.3 --with pandas -w pytest==8.3.5 t"
     assert missing_wheels(extra) == ["numpy==2.2.3", "pandas", "pytest==8.3.5"]

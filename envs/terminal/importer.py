@@ -154,7 +154,8 @@ def verifier_image_for(verifier: dict[str, str], script: str) -> str | None:
     own = task_verifier_tag(verifier)
     if own is not None:
         return own
-    return TOOLS_IMAGE if USES_UV.search(script) else None
+    body = "\n".join(ln for ln in script.splitlines() if not ln.lstrip().startswith("#"))
+    return TOOLS_IMAGE if USES_UV.search(body) else None
 
 
 def _wheel_notes(script: str) -> list[str]:
