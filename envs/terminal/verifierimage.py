@@ -132,7 +132,12 @@ def wheels_dir(cache: Path) -> Path:
                 "--only-binary=:all:", "--platform", f"manylinux_2_17_{machine}",
                 "--python-version", version, "-r", str(RECIPE / "wheels.txt"),
             ]  # fmt: skip
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise VerifierImageError(
+                    f"pip download of images/verifier/wheels.txt: {exc}"
+                ) from exc
             if done.returncode != 0:
                 raise VerifierImageError(
                     f"pip download of images/verifier/wheels.txt (python {version}) failed: "
