@@ -28,6 +28,7 @@ from palaestra.envs.terminal.verifierimage import (
     export_rootfs,
     has_image,
 )
+from palaestra.sandbox.docker.engine import image_ref
 from palaestra.server.config import REPO_IMAGES, load_settings
 from palaestra.server.packs.loader import inspect_pack
 
@@ -160,7 +161,11 @@ def verifiers(
         err.print(f"[red]error[/red]: {pack}: {'; '.join(problems)}")
         raise typer.Exit(2)
     declared = {
-        tid: (str(task.private["verifier_image"]), dict(task.private.get("verifier") or {}))
+        tid: (
+            str(task.private["verifier_image"]),
+            dict(task.private.get("verifier") or {}),
+            image_ref(task.public.get("image") or "terminal"),
+        )
         for tid, task in loaded.tasks.items()
         if task.family == "terminal" and task.private.get("verifier_image")
     }

@@ -279,20 +279,27 @@ def export_rootfs(client: Any, tag: str, images_dir: Path, name: str) -> Path:
 
 
 def build_declared(
-    client: Any, cache: Path, declared: Mapping[str, tuple[str, Mapping[str, str]]]
+    client: Any, cache: Path, declared: Mapping[str, tuple[str, Mapping[str, str], str]]
 ) -> dict[str, str]:
-    """Build what each task declares ({task id: (verifier_image, its verifier files)}):
-    the tools image for ``"verifier"``, its own for a tests/Dockerfile tag. Returns {task
-    id: the tag built, or "error: <cause>"}; one task's failure never stops the others."""
+    """Build what each task declares ({task id: (verifier_image, its verifier files, its
+    agent image reference)}): the tools image for ``"verifier"``, the tools layer on the
+    task's own image for ``tools_tag(<that image>)`` (a task with its own environment
+    image), its own image for a tests/Dockerfile tag. Returns {task id: the tag built, or
+    "error: <cause>"}; one task's failure never stops the others."""
     out: dict[str, str] = {}
-    for task_id, (image, files) in sorted(declared.items()):
+    for task_id, (image, files, base) in sorted(declared.items()):
         try:
             if image == TOOLS_IMAGE:
                 out[task_id] = build_tools_image(client, cache)
+            elif image == tools_tag(base):
+                out[task_id] = build_tools_image(client, cache, base)
             elif image == task_verifier_tag(files):
                 out[task_id] = build_task_verifier_image(client, cache, files)
             else:
-                out[task_id] = f"error: {image} is neither {TOOLS_IMAGE!r} nor this task's tag"
+                out[task_id] = (
+                    f"error: {image} is none of {TOOLS_IMAGE!r}, the tools layer on {base} "
+                    f"({tools_tag(base)}) or this task's tests/Dockerfile image"
+                )
         except VerifierImageError as exc:
             out[task_id] = f"error: {exc}"
     return out
