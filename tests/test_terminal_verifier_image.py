@@ -22,11 +22,13 @@ from palaestra.envs.terminal.importer import clean_test_script, import_tasks, ve
 from palaestra.envs.terminal.verifierimage import (
     DEFAULT_TAG,
     TOOLS_IMAGE,
+    build_declared,
     build_task_verifier_image,
     build_tools_image,
     export_rootfs,
     missing_wheels,
     task_verifier_tag,
+    tools_tag,
 )
 from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.sdk.models import Action
@@ -79,6 +81,16 @@ def test_standard_tb2_script_is_kept() -> None:
     # a workdir venv is still never built: the tests would trust what the agent can edit
     venv, _ = clean_test_script("uv venv\nuv pip install pytest\n", tests_dir="/v", logs_dir=None)
     assert venv.strip() == ""
+
+
+def test_declared_verifier_images_are_checked() -> None:
+    """A task's verifier_image must be one of the three kinds; anything else is named."""
+    base = "palaestra/some-env:abc"
+    assert tools_tag(base) != tools_tag("palaestra/terminal:latest")
+    assert tools_tag(base).startswith("palaestra/verifier:")
+    out = build_declared(None, Path("/nonexistent"), {"t": ("palaestra/other:1", {}, base)})
+    assert out["t"].startswith("error: palaestra/other:1 is none of")
+    assert tools_tag(base) in out["t"]
 
 
 def test_results_counts_prefers_ctrf() -> None:
