@@ -19,7 +19,17 @@ import typer
 from rich.table import Table
 
 from palaestra.cli.console import console, err, error
+from palaestra.envs.terminal.verifierimage import (
+    DEFAULT_TAG,
+    TOOLS_IMAGE,
+    build_declared,
+    build_tools_image,
+    export_rootfs,
+    has_image,
+)
+from palaestra.sandbox.docker.engine import image_ref
 from palaestra.server.config import REPO_IMAGES, load_settings
+from palaestra.server.packs.loader import inspect_pack
 
 BASE_TAG = "palaestra/base:bookworm"
 
@@ -72,14 +82,6 @@ def _client() -> Any:
     return client
 
 
-def _has_image(client: Any, tag: str) -> bool:
-    try:
-        client.images.get(tag)
-    except Exception:
-        return False
-    return True
-
-
 def build_base(*, force: bool = False) -> None:
     script = recipes().get("base")
     if script is None:
@@ -126,10 +128,17 @@ def build(
         try:
             if image == "base":
                 build_base(force=force)
+            elif image == "verifier":  # wheels come from the host's pip first
+                if not has_image(client, tag_of("terminal")):
+                    build_family(client, "terminal")
+                build_tools_image(client, cache_dir(), force=force)
+                settings = load_settings()  # bwrap runs it as the rootfs image "verifier"
+                images = settings.images_dir or settings.cache / "images"
+                export_rootfs(client, DEFAULT_TAG, images, TOOLS_IMAGE)
             else:
-                if not _has_image(client, BASE_TAG):
+                if not has_image(client, BASE_TAG):
                     build_base()
-                if not force and _has_image(client, tag_of(image)):
+                if not force and has_image(client, tag_of(image)):
                     err.print(f"images/{image}: {tag_of(image)} already built")
                     continue
                 build_family(client, image, force=force)
@@ -137,6 +146,33 @@ def build(
             error(f"building {image}: {e}")
             raise typer.Exit(1) from None
         err.print(f"images/{image}: {tag_of(image)} ready ({time.perf_counter() - started:.1f} s)")
+
+
+@images_app.command("verifiers")
+def verifiers(
+    pack: Annotated[Path, typer.Argument(help="a pack folder")],
+) -> None:
+    """Build the verifier images PACK's terminal tasks declare ([private] verifier_image)."""
+    loaded, problems = inspect_pack(pack)
+    if loaded is None:
+        error(f"{pack}: {'; '.join(problems)}")
+        raise typer.Exit(2)
+    declared = {
+        tid: (
+            str(task.private["verifier_image"]),
+            dict(task.private.get("verifier") or {}),
+            image_ref(task.public.get("image") or "terminal"),
+        )
+        for tid, task in loaded.tasks.items()
+        if task.family == "terminal" and task.private.get("verifier_image")
+    }
+    built = build_declared(_client(), cache_dir(), declared)
+    for tid, result in built.items():
+        err.print(f"{tid}: {result}")
+    failed = [tid for tid, result in built.items() if result.startswith("error:")]
+    err.print(f"{len(built) - len(failed)} of {len(built)} verifier images ready")
+    if failed:
+        raise typer.Exit(1)
 
 
 @images_app.command("list")

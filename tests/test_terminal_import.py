@@ -57,7 +57,7 @@ def test_terminal_bench_import(tmp_path: Path) -> None:
     assert (task / "environment" / "logs" / "server.log").is_file()
     assert "mkdir -p /app/out" in (task / "environment" / "setup.sh").read_text()
     tests = (task / "verifier" / "run-tests.sh").read_text()
-    assert "astral.sh" not in tests and "uv add" not in tests
+    assert "uv add" not in tests  # the uv installer line stays: offline it does nothing
     assert "python3 -m pytest $TEST_DIR/test_outputs.py" in tests
     assert (task / "verifier" / "tests" / "test_outputs.py").is_file()
 
@@ -146,8 +146,9 @@ def test_test_script_cleaning() -> None:
         logs_dir="$VERIFIER_LOGS",
     )
     assert problems == []
-    assert script == (
-        "#!/bin/bash\npytest $VERIFIER_DIR/tests/test_outputs.py -rA\n"
+    assert script == (  # offline no-ops kept; the workdir venv steps dropped
+        "#!/bin/bash\napt-get update\ncurl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\n"
+        "source $HOME/.local/bin/env\npytest $VERIFIER_DIR/tests/test_outputs.py -rA\n"
         "echo $? > $VERIFIER_LOGS/reward.txt\n"
     )
     _, needs = clean_test_script(

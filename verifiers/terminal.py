@@ -17,7 +17,8 @@ sandbox made from it:
    from stdin into ``/tmp/verifier`` ($VERIFIER_DIR, a directory no agent process ever saw:
    a fresh sandbox's /tmp), then ``bash $VERIFIER_DIR/test.sh`` with cwd the workdir. Exit
    0 passes. A test may instead write a reward in [0, 1] to ``$VERIFIER_LOGS/reward.txt``
-   (Harbor's convention); the harness turns it into its own exit status.
+   (Harbor's convention); the harness turns it into its own exit status. The CTRF / JUnit
+   reports the run wrote into that fresh logs folder give per-file test counts.
 
 Nothing is read from text a test or the agent could print: each result is the exit status
 of an exec as the sandbox backend reports it (the harness maps statuses so that a test's
@@ -47,7 +48,7 @@ from palaestra.verifiers.programs.terminal_runner import safe_path
 VERSION = "2.0.0"
 PROGRAMS = "palaestra.verifiers.programs"
 # What the test-sh runner writes as its python3/pytest wrappers (programs/).
-BOOT_PROGRAMS = ("python_wrapper.sh", "pytest_boot.py", "script_boot.py")
+BOOT_PROGRAMS = ("python_wrapper.sh", "pytest_boot.py", "script_boot.py", "uv_boot.py")
 MAX_CHANNEL = 1024 * 1024
 VERIFIER_DIR = "/tmp/verifier"
 VERIFIER_LOGS = "/tmp/verifier-logs"
@@ -85,6 +86,9 @@ class TerminalRun:
     script: float | None = None  # test.sh's reward, if the task has one
     script_note: str = ""
     notes: list[str] = field(default_factory=list)
+    # test file -> [passed, failed, total], from the CTRF / JUnit reports test.sh's run
+    # wrote into the verifier's fresh logs folder (read by the runner after it ended)
+    tests: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def reward(self) -> float:
@@ -98,6 +102,9 @@ class TerminalRun:
         out = {s.name: s.fraction for s in self.sets}
         if self.script is not None:
             out["test_sh"] = self.script
+        for name, (passed, failed, total) in sorted(self.tests.items()):
+            out.update({f"{name}:passed": passed, f"{name}:failed": failed})
+            out[f"{name}:total"] = total
         return out
 
     def feedback(self) -> str:
@@ -110,6 +117,8 @@ class TerminalRun:
                 f"test.sh: reward {self.script:g}"
                 + (f"; {self.script_note}" if self.script_note else "")
             )
+        for name, (passed, failed, total) in sorted(self.tests.items()):
+            lines.append(f"{name}: {passed}/{total} passed, {failed} failed")
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -399,6 +408,26 @@ async def _run_sets(
         run.sets.append(judge_set(name, ids, res, messages))
 
 
+def results_counts(results: object) -> dict[str, list[int]]:
+    """Per test file [passed, failed, total] from the runner's `results` (CTRF reports
+    first; a JUnit report adds only the files no CTRF report covered)."""
+    out: dict[str, list[int]] = {}
+    if not isinstance(results, dict):
+        return out
+    reports = [r for r in results.values() if isinstance(r, dict)]
+    for kind in ("ctrf", "junit"):
+        seen: dict[str, list[int]] = {}
+        for report in (r for r in reports if r.get("format") == kind):
+            files = report.get("files")
+            for name, counts in files.items() if isinstance(files, dict) else ():
+                ok = isinstance(counts, list) and len(counts) == 3
+                if ok and all(isinstance(c, int) and c >= 0 for c in counts) and name not in out:
+                    prev = seen.setdefault(str(name), [0, 0, 0])
+                    seen[str(name)] = [a + b for a, b in zip(prev, counts, strict=True)]
+        out.update(seen)
+    return out
+
+
 async def _run_test_sh(
     box: Sandbox,
     run: TerminalRun,
@@ -435,6 +464,7 @@ async def _run_test_sh(
         run.script, run.script_note = 0.0, "the test harness was killed before it reported"
         return
     report = reports[-1]
+    run.tests = results_counts(report.get("results"))
     rc, reward = report.get("rc"), report.get("reward")
     if reward_file and isinstance(reward, int | float):
         run.script, run.script_note = float(reward), "from reward.txt"

@@ -10,6 +10,9 @@ Every task gets:
 - the generic cheats of `palaestra.envs.cheats` (startup files, workspace pytest config,
   PATH shadowing, results written anywhere, background processes, symlinks, exit on
   import).
+Tasks verified on a verifier image (uv/uvx tests) also get:
+- `uv-config`: a uv.toml / pyproject.toml [tool.uv] in the workdir pointing at a planted
+  passing "pytest" wheel, a .venv whose python exits 0 (`cheat_scripts/uv-config.sh`).
 Repository tasks (with `fail_to_pass` / `pass_to_pass`) also get:
 - `edit-tests`: rewrites every test file into tests that always pass;
 - `conftest-hook`: adds a conftest.py whose hook reports every test as passed.
@@ -105,6 +108,9 @@ def for_task(task: Task) -> list[tuple[str, list[Action]]]:
         *generic.command_cheats(),
     ]
     private = TerminalPrivate.of(task)
+    if private.verifier_image is not None:
+        uv_config = (generic.SCRIPTS / "uv-config.sh").read_text()
+        cheats.append(("uv-config", _bash_then_submit(uv_config)))
     if private.fail_to_pass or private.pass_to_pass:
         cheats += [
             ("edit-tests", _bash_then_submit(EDIT_TESTS)),

@@ -21,6 +21,7 @@ sandbox, with the tests staged only then. docs/terminal.md is the task authors' 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shlex
 import time
 from typing import Any
@@ -39,7 +40,14 @@ from palaestra.envs.base import (
 from palaestra.envs.paths import workspace_abspath
 from palaestra.envs.terminal import cheats
 from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
-from palaestra.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, ShellSession
+from palaestra.sandbox import (
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    SandboxSpecError,
+    ShellSession,
+)
 from palaestra.sandbox.base import BASE_PATH
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Limits, Observation, VerifierInfo
@@ -519,7 +527,7 @@ class TerminalFamily(Family):
         finally:
             # Every process the agent started dies with its sandbox, before any test runs.
             await ctx.sandboxes.retire_episode()
-        fresh = await ctx.sandboxes.verifier()  # the agent's spec, image included
+        fresh = await self._verifier_sandbox(ctx, private.verifier_image)
         run = await verifier.verify_workspace(
             fresh,
             workspace,
@@ -539,6 +547,21 @@ class TerminalFamily(Family):
             components=run.components,
             feedback=run.feedback(),
         )
+
+    async def _verifier_sandbox(self, ctx: EpisodeContext, image: str | None) -> Sandbox:
+        """A fresh sandbox on the task's verifier image, else on the agent's spec (its image
+        included). A backend that has no such image at all (bwrap without its rootfs) falls
+        back to the agent's; docker without the built image voids (`SandboxCreateError`
+        says which `palaestra images build` makes it)."""
+        if image is None:
+            return await ctx.sandboxes.verifier()
+        own = self.sandbox_spec(ctx.task)
+        assert own is not None  # the terminal family always asks for a sandbox
+        spec = dataclasses.replace(own, image=image)
+        try:
+            return await ctx.sandboxes.verifier(spec)
+        except SandboxSpecError:
+            return await ctx.sandboxes.verifier()
 
     # -- oracle, null, cheats -------------------------------------------------------------
     def oracle(self, task: Task) -> list[Action]:

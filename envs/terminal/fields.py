@@ -52,6 +52,10 @@ class TerminalPrivate(PrivateFields):
     pass_to_pass: list[str] = Field(default_factory=list)
     verifier_timeout_s: float | None = None
     reward_file: bool = False
+    # The verifier sandbox's image (default: the agent's): "verifier" (uv/uvx and pytest
+    # wheels on the default image) or a task's own tests/Dockerfile image (the importer
+    # writes its digest tag); envs/terminal/verifierimage.py builds both.
+    verifier_image: str | None = None
     solution: dict[str, str] = Field(default_factory=dict)  # solution/solve.sh
     # The fields of an imported Harbor task.toml that no field above holds, as given (for
     # `palaestra pack export harbor`; envs/terminal/harbor/).

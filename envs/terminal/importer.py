@@ -12,8 +12,11 @@ script and an oracle solution.
 Each becomes a `terminal` task folder: its Dockerfile becomes the environment
 (envs/terminal/dockerfile.py); the tests go to `verifier/` with a `test.sh` that runs the
 original script with its paths moved (``/tests`` → the verifier directory,
-``/logs/verifier`` → ``$VERIFIER_LOGS``) and the usual "install uv and pytest from the
-network" preamble dropped (the sandbox has pytest and no network).
+``/logs/verifier`` → ``$VERIFIER_LOGS``), the steps that would build a Python environment in
+the workdir dropped and the rest unchanged: a script that calls uv/uvx (the standard
+``uvx -p 3.13 -w pytest==… pytest`` line) is verified on the verifier image, which runs it
+offline; a task with ``tests/Dockerfile`` on its own verifier image
+(envs/terminal/verifierimage.py).
 
 A task that needs what the sandbox cannot give -- the network (pip/uv/npm installs, curl,
 git clone), a base image with another toolchain, services (docker-compose with more than
@@ -43,6 +46,11 @@ from palaestra.envs.terminal.dockerfile import (
     within,
 )
 from palaestra.envs.terminal.harbor.config import Ceilings
+from palaestra.envs.terminal.verifierimage import (
+    TOOLS_IMAGE,
+    missing_wheels,
+    task_verifier_tag,
+)
 from palaestra.sdk.packwriter import REPORT_FILE, ImportReport, write_manifest, write_task_folder
 
 TASK_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -71,15 +79,23 @@ class Unsupported(Exception):
 
 
 # -- test and solution scripts -----------------------------------------------------------------
-_PREAMBLE = [
+# Kept as they are: offline in the verifier sandbox they do nothing (apt-get cannot fetch,
+# the uv installer cannot download; uv/uvx are the verifier image's, `$HOME/.local/bin/env`
+# exists and adds nothing), so they are not counted as needing the network.
+_OFFLINE_NOOPS = [
     re.compile(p)
     for p in (
-        r"^\s*(sudo\s+)?apt(-get)?\s+(update|install|clean)\b.*$",
+        r"^\s*(sudo\s+)?apt(-get)?\s+(-\S+\s+)*(update|install|clean)\b.*$",
         r"^\s*rm\s+-rf\s+/var/lib/apt.*$",
         r"^\s*curl\s.*astral\.sh/uv.*$",
         r"^\s*wget\s.*astral\.sh/uv.*$",
-        r"^\s*(source|\.)\s+\$HOME/\.local/bin/env\s*$",
-        r"^\s*export\s+PATH=\"?\$HOME/\.local/bin.*$",
+    )
+]
+# Dropped: they would build a Python environment in the agent's workdir, which the tests
+# then trust (the image's pytest, or uvx's tool environment, serves instead).
+_PREAMBLE = [
+    re.compile(p)
+    for p in (
         r"^\s*uv\s+(init|venv)\b.*$",
         r"^\s*(source|\.)\s+\.?venv/bin/activate\s*$",
         r"^\s*(uv\s+)?pip3?\s+install\s+(-q\s+)?(pytest|pytest-timeout)([=<>~!][^\s]*)?"
@@ -91,7 +107,7 @@ _PREAMBLE = [
 
 
 def clean_test_script(text: str, *, tests_dir: str, logs_dir: str | None) -> tuple[str, list[str]]:
-    """The script with the pytest-install preamble dropped and paths moved; plus problems."""
+    """The script with the workdir-venv preamble dropped and paths moved; plus problems."""
     lines = []
     dropped = 0
     for line in text.splitlines():
@@ -105,11 +121,39 @@ def clean_test_script(text: str, *, tests_dir: str, logs_dir: str | None) -> tup
         lines.append(line)
     script = "\n".join(lines) + "\n"
     problems = []
-    body = "\n".join(ln for ln in lines if not ln.lstrip().startswith("#"))
+    body = "\n".join(
+        ln
+        for ln in lines
+        if not ln.lstrip().startswith("#") and not any(p.match(ln) for p in _OFFLINE_NOOPS)
+    )
     found = NETWORK.search(body)
     if found:
         problems.append(f"the tests need the network (`{found.group(0)}` in the test script)")
     return script, problems
+
+
+USES_UV = re.compile(r"(^|[\s;&|(])(uvx|uv)\s", re.M)
+
+
+def verifier_image_for(verifier: dict[str, str], script: str) -> str | None:
+    """The verifier image a converted task needs: its own (tests/Dockerfile), the tools
+    image when its tests call uv/uvx, else None (the agent's image)."""
+    own = task_verifier_tag(verifier)
+    if own is not None:
+        return own
+    body = "\n".join(ln for ln in script.splitlines() if not ln.lstrip().startswith("#"))
+    return TOOLS_IMAGE if USES_UV.search(body) else None
+
+
+def wheel_notes(script: str) -> list[str]:
+    missing = missing_wheels(script)
+    if not missing:
+        return []
+    return [
+        f"the tests ask uv for {', '.join(missing)}, which the verifier image cannot install "
+        "offline: add them to images/verifier/wheels.txt and rebuild it (until then the "
+        "tests fail)"
+    ]
 
 
 def solution_problems(script: str) -> list[str]:
@@ -262,6 +306,8 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["run-tests.sh"] = script
     verifier["test.sh"] = verifier_wrapper("terminal-bench", "run-tests.sh")
+    image = verifier_image_for(verifier, script)
+    notes += wheel_notes(script) if image is not None else []
     return task_out(
         folder,
         plan,
@@ -273,6 +319,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
         verifier=verifier,
         solve=solve,
         notes=notes,
+        private={"verifier_image": image} if image is not None else None,
     )
 
 

@@ -22,7 +22,9 @@ Modes:
   a folder where they can run (or reports INFRA: a step that cannot run voids, never skips),
   runs `bash $VERIFIER_DIR/test.sh` with a fresh HOME, an isolated environment and a PATH
   holding no workspace folder, kills whatever it left behind, then reports its exit status
-  (and the reward file, only for a task that declares one).
+  (and the reward file, only for a task that declares one) with the per-file counts of the
+  CTRF / JUnit reports the run wrote into the fresh logs folder. Where the verifier image
+  has uv (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline.
 """
 
 import contextlib
@@ -36,11 +38,21 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import xml.etree.ElementTree as ET
 
 PR_SET_DUMPABLE = 4
 EXEC_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
-DROP_PREFIXES = ("PYTHON", "PYTEST_", "LD_", "BASH_FUNC_", "GIT_")
-DROP_NAMES = ("BASH_ENV", "ENV", "CDPATH", "GLOBIGNORE", "PROMPT_COMMAND", "SHELLOPTS")
+DROP_PREFIXES = ("PYTHON", "PYTEST_", "LD_", "BASH_FUNC_", "GIT_", "UV_")
+DROP_NAMES = ("BASH_ENV", "ENV", "CDPATH", "GLOBIGNORE", "PROMPT_COMMAND", "SHELLOPTS",
+              "VIRTUAL_ENV", "CONDA_PREFIX")  # fmt: skip
+# The verifier image's test-time tools (images/verifier/): uv, uvx and their wheels.
+TOOLS_UV = "/opt/palaestra-verifier/bin/uv"
+TOOLS_WHEELS = "/opt/palaestra-verifier/wheels"
+# uv's installer, which standard test scripts run and then source; offline it cannot run.
+UV_ENV_FILE = "# palaestra: uv is preinstalled in the verifier image; nothing to add\n"
+MAX_RESULTS_FILE = 8 * 1024 * 1024
+MAX_REPORTS = 20  # CTRF / JUnit files read a run
+MAX_RESULT_NAMES = 200  # test files counted a run (the rest are summed under "…")
 GIT_CONFIG = (
     ("core.fsmonitor", "false"),
     ("core.hooksPath", "/dev/null"),
@@ -179,6 +191,97 @@ def read_reward(path: str) -> tuple[float | None, str]:
     return value, ""
 
 
+def read_reward_json(logs: str) -> tuple[float | None, str]:
+    """Harbor's named rewards (``reward.json``: an object of numbers in [0, 1]) as one
+    reward: the least of them (full credit only when every named reward is met)."""
+    path = os.path.join(logs, "reward.json")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, "no reward file"
+    if not stat.S_ISREG(st.st_mode) or st.st_size > 65536:
+        return None, "reward.json is not a regular file of at most 64 KiB"
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except ValueError:
+        return None, "reward.json is not JSON"
+    values = list(data.values()) if isinstance(data, dict) else []
+    ok = [v for v in values if type(v) in (int, float) and 0.0 <= v <= 1.0]
+    if not values or len(ok) != len(values):
+        return None, "reward.json is not an object of numbers in [0, 1]"
+    return round(float(min(ok)), 2), ""
+
+
+def _count(files: dict[str, list[int]], name: str, ok: bool | None) -> None:
+    """One test of file `name`: ok True passed, False failed, None neither (skipped)."""
+    name = (name or "?")[:200]
+    if name not in files and len(files) >= MAX_RESULT_NAMES:
+        name = "…"
+    entry = files.setdefault(name, [0, 0, 0])
+    entry[2] += 1
+    if ok is True:
+        entry[0] += 1
+    elif ok is False:
+        entry[1] += 1
+
+
+def ctrf_counts(data: object) -> dict[str, list[int]] | None:
+    """A CTRF report's [passed, failed, total] per test file, or None if it is not one."""
+    results = data.get("results") if isinstance(data, dict) else None
+    tests = results.get("tests") if isinstance(results, dict) else None
+    if not isinstance(tests, list):
+        return None
+    files: dict[str, list[int]] = {}
+    for test in tests:
+        if not isinstance(test, dict):
+            continue
+        status = test.get("status")
+        name = str(test.get("filePath") or test.get("file_path") or test.get("suite") or "")
+        _count(files, name, True if status == "passed" else None if status == "skipped" else False)
+    return files
+
+
+def junit_counts(root: object) -> dict[str, list[int]] | None:
+    """A JUnit XML report's [passed, failed, total] per test file, or None."""
+    tag = getattr(root, "tag", None)
+    if tag not in ("testsuites", "testsuite"):
+        return None
+    files: dict[str, list[int]] = {}
+    for case in root.iter("testcase"):  # type: ignore[attr-defined]
+        name = case.get("file") or case.get("classname") or ""
+        kinds = {child.tag for child in case}
+        ok = False if kinds & {"failure", "error"} else None if "skipped" in kinds else True
+        _count(files, name, ok)
+    return files
+
+
+def read_results(logs: str) -> dict[str, dict[str, object]]:
+    """The CTRF JSON and JUnit XML reports this run's tests wrote into `logs` (a folder
+    made fresh for this run): per report, its format and per-file counts."""
+    found: dict[str, dict[str, object]] = {}
+    for base, _dirs, names in os.walk(logs):
+        for name in sorted(names):
+            path = os.path.join(base, name)
+            rel = os.path.relpath(path, logs)
+            try:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RESULTS_FILE:
+                    continue
+                if name.endswith(".json"):
+                    with open(path, "rb") as f:
+                        counts, kind = ctrf_counts(json.loads(f.read())), "ctrf"
+                elif name.endswith(".xml"):
+                    counts, kind = junit_counts(ET.parse(path).getroot()), "junit"
+                else:
+                    continue
+            except (OSError, ValueError, ET.ParseError, RecursionError):
+                continue
+            if counts is not None and len(found) < MAX_REPORTS:
+                found[rel] = {"format": kind, "files": counts}
+    return found
+
+
 def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     workdir, vdir, logs = str(cfg["workdir"]), str(cfg["verifier_dir"]), str(cfg["logs"])
     try:
@@ -208,16 +311,25 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
             .replace("@PYTEST_BOOT@", _quote(boot["pytest_boot.py"]))
             .replace("@SCRIPT_BOOT@", _quote(boot["script_boot.py"]))
         )
-        for name, text in (
+        wrappers = [
             ("python3", wrapper),
             ("python", wrapper),
             ("pytest", f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'),
             ("py.test", f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'),
-        ):
+        ]
+        if os.access(TOOLS_UV, os.X_OK):
+            uv_boot = f"exec {_quote(real)} -I -c {_quote(boot['uv_boot.py'])}"
+            wrappers += [(n, f'#!/bin/sh\n{uv_boot} {n} "$@"\n') for n in ("uv", "uvx")]
+        for name, text in wrappers:
             with open(os.path.join(bindir, name), "w") as f:
                 f.write(text)
             os.chmod(os.path.join(bindir, name), 0o755)
+    os.makedirs(os.path.join(home, ".local", "bin"))
+    with open(os.path.join(home, ".local", "bin", "env"), "w") as f:
+        f.write(UV_ENV_FILE)
     env = clean_env(workdir, home, f"{bindir}:{path}")
+    env.update(PALAESTRA_UV=TOOLS_UV, PALAESTRA_UV_WHEELS=TOOLS_WHEELS, PALAESTRA_BIN=bindir)
+    env["PALAESTRA_PYTHON"] = real or ""
     env.update(VERIFIER_DIR=vdir, VERIFIER_LOGS=logs)
     env["PALAESTRA_PYTEST_INI"] = os.path.join(bindir, "pytest.ini")
     if not os.path.isdir(workdir):
@@ -228,9 +340,11 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
         [bash, os.path.join(vdir, "test.sh")], cwd=workdir, env=env, stdin=subprocess.DEVNULL
     )
     kill_others()
-    result: dict[str, object] = {"rc": proc.returncode}
+    result: dict[str, object] = {"rc": proc.returncode, "results": read_results(logs)}
     if cfg.get("reward_file"):
         result["reward"], result["reward_note"] = read_reward(os.path.join(logs, "reward.txt"))
+        if result["reward_note"] == "no reward file":
+            result["reward"], result["reward_note"] = read_reward_json(logs)
     chan.emit("RESULT", result)
 
 

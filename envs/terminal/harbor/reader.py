@@ -34,7 +34,9 @@ from palaestra.envs.terminal.importer import (
     solution_problems,
     task_out,
     text_files,
+    verifier_image_for,
     verifier_wrapper,
+    wheel_notes,
 )
 
 EXPORT_KEY = "palaestra"  # [metadata.palaestra]: written by writer.py
@@ -190,17 +192,17 @@ def _native(folder: Path, problems: list[str], notes: list[str]) -> Parts:
         test_sh, tests_dir="$VERIFIER_DIR/tests", logs_dir="$VERIFIER_LOGS"
     )
     problems += bad
-    if "reward.json" in script and "reward.txt" not in script:
-        problems.append(
-            "the tests write /logs/verifier/reward.json (named rewards); palaestra reads "
-            "one reward from reward.txt"
-        )
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["harbor-test.sh"] = script
     verifier["test.sh"] = verifier_wrapper("harbor", "harbor-test.sh")
-    # Harbor's tests/test.sh decides through $VERIFIER_LOGS/reward.txt: the task says
-    # so, and only a task that says so has its reward file read (docs/terminal.md).
-    return verifier, {"solve.sh": solve}, {"reward_file": True}
+    # Harbor's tests/test.sh decides through $VERIFIER_LOGS/reward.txt (or reward.json): the
+    # task says so, and only a task that says so has its reward file read (docs/terminal.md).
+    private: dict[str, Any] = {"reward_file": True}
+    image = verifier_image_for(verifier, script)
+    if image is not None:  # its own tests/Dockerfile, or uv/uvx in its tests
+        private["verifier_image"] = image
+        notes += wheel_notes(script)
+    return verifier, {"solve.sh": solve}, private
 
 
 def _exported(
