@@ -10,8 +10,10 @@ rootfs tarball under $PALAESTRA_CACHE (default ~/.cache/palaestra), the images i
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,9 +22,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from palaestra.cli import envimages
 from palaestra.server.config import REPO_IMAGES, load_settings
 
 BASE_TAG = "palaestra/base:bookworm"
+SITE_CA = "site-ca.crt"
 
 images_app = typer.Typer(help="Build and list the sandbox images (images/).", no_args_is_help=True)
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -92,32 +96,60 @@ def build_base(*, force: bool = False) -> None:
 
 
 def build_family(client: Any, name: str, *, force: bool = False) -> None:
-    """`docker build` images/NAME as palaestra/NAME:latest (the legacy builder: no pulls)."""
+    """`docker build` images/NAME as palaestra/NAME:latest (the legacy builder: no pulls),
+    from a copy of the folder with the site's trust store as site-ca.crt
+    (Settings.build_ca_file; empty without one) for the recipes that add it."""
     folder = recipes()[name].parent
     tag = tag_of(name)
-    # The build's RUN steps use the host's network (apt-get); dockerd runs without a bridge.
-    for chunk in client.api.build(
-        path=str(folder),
-        tag=tag,
-        rm=True,
-        forcerm=True,
-        nocache=force,
-        decode=True,
-        network_mode="host",
-    ):
-        if "error" in chunk:
-            raise RuntimeError(f"docker build {name}: {chunk['error'].strip()}")
-        line = str(chunk.get("stream", "")).rstrip()
-        if line.startswith("Step ") or line.startswith("Successfully tagged"):
-            err.print(f"images/{name}: {line}")
+    ca = load_settings().build_ca_file
+    with tempfile.TemporaryDirectory(prefix="palaestra-image-") as tmp:
+        context = Path(tmp) / name
+        shutil.copytree(folder, context)
+        ca_text = ca.read_bytes() if ca is not None and ca.is_file() else b""
+        (context / SITE_CA).write_bytes(ca_text)
+        # The build's RUN steps use the host's network (apt-get); dockerd runs without a bridge.
+        for chunk in client.api.build(
+            path=str(context),
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            nocache=force,
+            decode=True,
+            network_mode="host",
+        ):
+            if "error" in chunk:
+                raise RuntimeError(f"docker build {name}: {chunk['error'].strip()}")
+            line = str(chunk.get("stream", "")).rstrip()
+            if line.startswith("Step ") or line.startswith("Successfully tagged"):
+                err.print(f"images/{name}: {line}")
+
+
+def ensure_image(client: Any, name: str) -> None:
+    """images/NAME built (with the base it needs) unless the engine has it."""
+    if not _has_image(client, BASE_TAG):
+        build_base()
+    if name != "base" and not _has_image(client, tag_of(name)):
+        build_family(client, name)
 
 
 @images_app.command("build")
 def build(
     name: Annotated[str | None, typer.Argument(help="one image (default: all)")] = None,
     force: Annotated[bool, typer.Option(help="rebuild even when cached")] = False,
+    pack: Annotated[
+        Path | None,
+        typer.Option(help="build this pack's task environments (docker) instead of images/"),
+    ] = None,
 ) -> None:
-    """Build the base image, then each family's (or only NAME, with the base it needs)."""
+    """Build the base image, then each family's (or only NAME, with the base it needs); with
+    --pack, the environment image of every task of the pack that has one."""
+    if pack is not None:
+        client = _client()
+        results = envimages.build_pack(
+            pack, load_settings(), lambda image: ensure_image(client, image), force=force
+        )
+        envimages.render(results, err)
+        raise typer.Exit(1 if any(r.status == "failed" for r in results) else 0)
     known = recipes()
     if name is not None and name not in known:
         err.print(f"[red]error[/red]: no recipe {name!r}; images/ has: {', '.join(known)}")

@@ -48,8 +48,11 @@ class TerminalPrivate(PrivateFields):
     verifier_timeout_s: float | None = None
     reward_file: bool = False
     solution: dict[str, str] = Field(default_factory=dict)  # solution/solve.sh
+    # build/: the Docker build context the task's environment image is built from
+    # (envs/terminal/envimage.py); the task then runs in that image on docker.
+    build: dict[str, str] = Field(default_factory=dict)
 
-    @field_validator("verifier", "solution", "fail_to_pass", "pass_to_pass", mode="before")
+    @field_validator("verifier", "solution", "build", "fail_to_pass", "pass_to_pass", mode="before")
     @classmethod
     def _unset(cls, value: object, info: ValidationInfo) -> object:
         if value is None:

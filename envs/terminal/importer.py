@@ -38,6 +38,8 @@ from typing import Any
 import yaml
 
 from palaestra.envs.terminal.dockerfile import NETWORK, EnvPlan, convert_dockerfile, read_text
+from palaestra.envs.terminal.envimage import DOCKERFILE, collect_context
+from palaestra.sandbox.base import BASE_PATH
 from palaestra.sdk.packwriter import write_manifest, write_task_folder
 
 REPORT_FILE = "import-report.json"
@@ -55,6 +57,7 @@ class TaskOut:
     environment: dict[str, str] = field(default_factory=dict)
     verifier: dict[str, str] = field(default_factory=dict)
     solution: dict[str, str] = field(default_factory=dict)
+    build: dict[str, str] = field(default_factory=dict)  # the environment's build context
     notes: list[str] = field(default_factory=list)
 
 
@@ -206,6 +209,28 @@ def _verifier_wrapper(kind: str, script_name: str) -> str:
     )
 
 
+def build_context(
+    plan: EnvPlan, folder: Path, exclude: set[str], dockerfile: str | None = None
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """The task's Docker build context when its Dockerfile needs more than the terminal
+    image gives (files, problems, notes); nothing when the plan converts as it is. The task
+    then runs in the image built from it (envs/terminal/envimage.py) and the plan's files
+    and setup steps are dropped: the image holds them."""
+    if not plan.problems:
+        return {}, [], []
+    files, problems, notes = collect_context(folder, exclude) if folder.is_dir() else ({}, [], [])
+    if dockerfile is not None:
+        files[DOCKERFILE] = dockerfile
+    notes.append(
+        "runs in the image built from its Dockerfile (docker; `palaestra images build "
+        f"--pack`): {'; '.join(plan.problems)}"
+    )
+    plan.files, plan.setup, plan.problems = {}, [], []
+    if plan.path:
+        plan.env["PATH"] = re.sub(r"\$\{PATH\}|\$PATH\b", BASE_PATH, plan.path)
+    return files, problems, notes
+
+
 # -- Terminal-Bench ------------------------------------------------------------------------------
 TB_META = {
     "task.yaml",
@@ -218,6 +243,8 @@ TB_META = {
     "tests",
     "solution",
 }
+# What of a Terminal-Bench folder is not its build context (the task's own metadata).
+TB_CONTEXT_EXCLUDE = {"task.yaml", "solution.yaml", "docker-compose.yaml", "docker-compose.yml"}
 
 
 def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut:
@@ -246,8 +273,10 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     plan = convert_dockerfile(
         dockerfile.read_text(encoding="utf-8"), folder, exclude=TB_META | {"Dockerfile"}
     )
-    problems += plan.problems
     notes += plan.notes
+    build, bad, more = build_context(plan, folder, TB_CONTEXT_EXCLUDE)
+    problems += bad
+    notes += more
     if (folder / "solution.sh").exists():
         solve = (folder / "solution.sh").read_text(encoding="utf-8")
         problems += solution_problems(solve)
@@ -275,6 +304,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     return _task_out(
         folder,
         plan,
+        build=build,
         split=split,
         domain=f"{pack_short}/{_category(meta.get('category'))}",
         difficulty=_difficulty(meta.get("difficulty")),
@@ -290,6 +320,7 @@ def _task_out(
     folder: Path,
     plan: EnvPlan,
     *,
+    build: dict[str, str],
     split: str,
     domain: str,
     difficulty: str,
@@ -327,6 +358,7 @@ def _task_out(
         environment=environment,
         verifier=verifier,
         solution={"solve.sh": solve},
+        build=build,
         notes=notes,
     )
 
@@ -355,19 +387,22 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
     env_dir = folder / "environment"
     problems.extend(_compose_problems(env_dir, "environment/"))
     dockerfile = env_dir / "Dockerfile"
+    compose = {"docker-compose.yaml", "docker-compose.yml"}
+    synthetic: str | None = None
     if dockerfile.exists():
         plan = convert_dockerfile(
-            dockerfile.read_text(encoding="utf-8"),
-            env_dir,
-            exclude={"Dockerfile", "docker-compose.yaml", "docker-compose.yml"},
+            dockerfile.read_text(encoding="utf-8"), env_dir, exclude={"Dockerfile", *compose}
         )
     elif isinstance(env_meta.get("docker_image"), str):
-        plan = convert_dockerfile(f"FROM {env_meta['docker_image']}\n", env_dir, exclude=set())
+        synthetic = f"FROM {env_meta['docker_image']}\n"
+        plan = convert_dockerfile(synthetic, env_dir, exclude=set())
     else:
         plan = EnvPlan()
         problems.append("no environment/Dockerfile")
-    problems += plan.problems
     notes += plan.notes
+    build, bad, more = build_context(plan, env_dir, compose, synthetic)
+    problems += bad
+    notes += more
     solve_path = folder / "solution" / "solve.sh"
     solution_files, bad = _text_files(folder / "solution")
     problems += bad
@@ -401,6 +436,7 @@ def convert_harbor(folder: Path, split: str, pack_short: str) -> TaskOut:
     return _task_out(
         folder,
         plan,
+        build=build,
         split=split,
         domain=f"{pack_short}/{_category(info.get('category'))}",
         difficulty=_difficulty(info.get("difficulty")),
@@ -440,6 +476,7 @@ def write_task(tasks_dir: Path, task: TaskOut) -> None:
         "environment": task.environment,
         "verifier": task.verifier,
         "solution": task.solution,
+        **({"build": task.build} if task.build else {}),
     }
     write_task_folder(tasks_dir, task.id, task.toml, task.instruction, folders)
 

@@ -144,7 +144,8 @@ class DockerSandbox(Sandbox):
             ]
             self._container = self.client.containers.run(
                 self.image,
-                ["sleep", "infinity"],
+                ["infinity"],
+                entrypoint=["sleep"],  # never the image's ENTRYPOINT or CMD (a task's image)
                 detach=True,
                 init=True,
                 user=KEEPALIVE_USER,
