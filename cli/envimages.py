@@ -10,6 +10,7 @@ with the build log's cause; a failure never stops the rest.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,3 +111,9 @@ def render(results: list[BuildResult], out: Console) -> None:
             out.print(f"    {escape(line)}")
     counts = {s: sum(r.status == s for r in results) for s in ("built", "cached", "failed")}
     out.print("environments: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+
+
+def write_report(path: Path, pack: Path, results: list[BuildResult]) -> None:
+    """The build report as JSON: per environment its tag, status, cause and tasks."""
+    body = {"pack": str(pack), "environments": [r.as_json() for r in results]}
+    path.write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -10,6 +10,7 @@ rootfs tarball under $PALAESTRA_CACHE (default ~/.cache/palaestra), the images i
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def tag_of(name: str) -> str:
     return BASE_TAG if name == "base" else f"palaestra/{name}:latest"
 
 
-def _client() -> Any:
+def docker_client() -> Any:
+    """The docker engine (the SDK client), or exit 2 saying why it cannot be reached."""
     try:
         import docker
     except ImportError:
@@ -125,11 +127,18 @@ def build_family(client: Any, name: str, *, force: bool = False) -> None:
 
 
 def ensure_image(client: Any, name: str) -> None:
-    """images/NAME built (with the base it needs) unless the engine has it."""
+    """images/NAME built (with the images/ recipe it is FROM, and the base) unless the engine
+    has it."""
     if not _has_image(client, BASE_TAG):
         build_base()
-    if name != "base" and not _has_image(client, tag_of(name)):
-        build_family(client, name)
+    if name == "base" or _has_image(client, tag_of(name)):
+        return
+    parent = re.search(
+        r"^FROM\s+palaestra/([a-z0-9._-]+):latest", recipes()[name].read_text(), re.M
+    )
+    if parent and parent.group(1) in recipes():
+        ensure_image(client, parent.group(1))
+    build_family(client, name)
 
 
 @images_app.command("build")
@@ -140,21 +149,26 @@ def build(
         Path | None,
         typer.Option(help="build this pack's task environments (docker) instead of images/"),
     ] = None,
+    report: Annotated[
+        Path | None, typer.Option(help="with --pack: also write the build report (JSON) here")
+    ] = None,
 ) -> None:
     """Build the base image, then each family's (or only NAME, with the base it needs); with
     --pack, the environment image of every task of the pack that has one."""
     if pack is not None:
-        client = _client()
+        client = docker_client()
         results = envimages.build_pack(
             pack, load_settings(), lambda image: ensure_image(client, image), force=force
         )
         envimages.render(results, err)
+        if report is not None:
+            envimages.write_report(report, pack, results)
         raise typer.Exit(1 if any(r.status == "failed" for r in results) else 0)
     known = recipes()
     if name is not None and name not in known:
         err.print(f"[red]error[/red]: no recipe {name!r}; images/ has: {', '.join(known)}")
         raise typer.Exit(2)
-    client = _client()
+    client = docker_client()
     wanted = list(known) if name is None else [name]
     for image in wanted:
         started = time.perf_counter()

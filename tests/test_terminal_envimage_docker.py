@@ -21,7 +21,7 @@ from palaestra.cli.main import app
 from palaestra.envs.terminal.envimage import build_env_image, docker_tag, image_name
 from palaestra.sandbox import SandboxSpec
 from palaestra.sandbox.docker import DockerBackend
-from palaestra.server.packs.check import check_pack
+from palaestra.server.packs.check import CheckReport, check_pack
 from tests.conftest import docker_skip_reason
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -59,6 +59,15 @@ def test_build_then_cached_and_failures_with_causes() -> None:
     never = {"Dockerfile": f"FROM {BASE}\nRUN echo start && sleep 600\n"}
     slow = build_env_image(never, **{**BUILD, "timeout_s": 4.0})  # type: ignore[arg-type]
     assert slow.status == "failed" and "timeout of 4 s" in slow.cause
+    # a base no registry here has, through the operator's alias map
+    foreign = {"Dockerfile": "FROM registry.example/team/py:3.13 AS b\nRUN true\nFROM b\n"}
+    unaliased = {"Dockerfile": foreign["Dockerfile"] + "# no alias\n"}
+    missing = build_env_image(unaliased, **BUILD)  # type: ignore[arg-type]
+    assert missing.status == "failed" and "registry.example" in missing.cause, missing.cause
+    aliased = build_env_image(  # type: ignore[misc]
+        foreign, **{**BUILD, "aliases": {"registry.example/team/py": BASE}}
+    )
+    assert aliased.status in ("built", "cached"), aliased.cause
     escape = {"Dockerfile": f"FROM {BASE}\nCOPY ../../etc/passwd /app/\n"}
     refused = build_env_image(escape, **BUILD)  # type: ignore[arg-type]
     assert refused.status == "failed" and "inside the build context" in refused.cause
@@ -96,21 +105,28 @@ def test_real_tasks_import_build_and_run(tmp_path: Path) -> None:
     assert "services (api-server, main)" in skipped["multi-container"]
     for name in ("multi-container", "multi-reward", "simple-task", "dns-blacklisting"):
         shutil.rmtree(out / "tasks" / name, ignore_errors=True)
-    built = runner.invoke(app, ["images", "build", "--pack", str(out)])
+    build_report = tmp_path / "build.json"
+    built = runner.invoke(
+        app, ["images", "build", "--pack", str(out), "--report", str(build_report)]
+    )
     assert built.exit_code == 0, built.output
-    assert "1 built" in built.output or "1 cached" in built.output
-    checked = asyncio.run(check_pack(out, sandbox="docker", concurrency=2))
-    by_check = {(p.where.split(":")[0], p.check): p.message for p in checked.problems}
-    # the environment serves the task: null 0 (its oracle waits on the verifier's uvx)
-    assert not any(check == "null" for _, check in by_check), by_check
-
+    envs = json.loads(build_report.read_text())["environments"]
+    assert [(e["status"] in ("built", "cached"), e["tasks"]) for e in envs] == [(True, ["skills"])]
     tb = tmp_path / "tba"
     result = runner.invoke(
         app, ["pack", "import", "terminal-bench", str(FIXTURES / "tb-adapters"), str(tb)]
     )
-    keep = {"evoeval-10", "evoeval-11"}
+    keep = {"evoeval-10"}
     for task in (tb / "tasks").iterdir():
         if task.name not in keep:
             shutil.rmtree(task)
-    checked = asyncio.run(check_pack(tb, sandbox="docker", concurrency=2))
-    assert checked.ok, [(p.where, p.check, p.message) for p in checked.problems]
+
+    async def both() -> list[CheckReport]:
+        packs = (out, tb)
+        return list(await asyncio.gather(*(check_pack(p, sandbox="docker") for p in packs)))
+
+    harbor, plain = asyncio.run(both())
+    # the built environment serves the task: null 0 (its oracle waits on the verifier's uvx)
+    assert harbor.results["skills"].null == 0.0, harbor.problems
+    assert not [p for p in harbor.problems if p.check == "null"]
+    assert plain.ok, [(p.where, p.check, p.message) for p in plain.problems]
