@@ -18,7 +18,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from palaestra.envs.terminal.envimage import BuildResult, build_env_image, image_name
+from palaestra.envs.terminal.envimage import (
+    BuildResult,
+    build_env_image,
+    export_rootfs,
+    image_name,
+)
 from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
@@ -70,8 +75,10 @@ def build_pack(
     ensure_image: Callable[[str], None],
     *,
     force: bool = False,
+    rootfs_dir: Path | None = None,
 ) -> list[BuildResult]:
-    """Build every environment of the pack at `root` (see the module docstring)."""
+    """Build every environment of the pack at `root` (see the module docstring); with
+    `rootfs_dir`, also export each image there as a bwrap rootfs of the same name."""
     envs, problems = pack_environments(root)
     if problems and not envs:
         return [BuildResult("(pack)", "failed", "; ".join(problems))]
@@ -95,6 +102,11 @@ def build_pack(
         if result.status == "failed" and base_failures:
             result.cause += "\n" + "\n".join(base_failures.values())
         result.tasks = env.tasks
+        if rootfs_dir is not None and result.status != "failed":
+            try:
+                export_rootfs(result.image, rootfs_dir)
+            except RuntimeError as exc:
+                result.status, result.cause = "failed", f"bwrap rootfs export: {exc}"
         results.append(result)
     return results
 

@@ -152,13 +152,21 @@ def build(
     report: Annotated[
         Path | None, typer.Option(help="with --pack: also write the build report (JSON) here")
     ] = None,
+    rootfs: Annotated[
+        bool, typer.Option(help="with --pack: also export each as a bwrap rootfs (images_dir)")
+    ] = False,
 ) -> None:
     """Build the base image, then each family's (or only NAME, with the base it needs); with
     --pack, the environment image of every task of the pack that has one."""
     if pack is not None:
         client = docker_client()
+        settings = load_settings()
         results = envimages.build_pack(
-            pack, load_settings(), lambda image: ensure_image(client, image), force=force
+            pack,
+            settings,
+            lambda image: ensure_image(client, image),
+            force=force,
+            rootfs_dir=(settings.images_dir or settings.cache / "images") if rootfs else None,
         )
         envimages.render(results, err)
         if report is not None:

@@ -18,8 +18,14 @@ import pytest
 from typer.testing import CliRunner
 
 from palaestra.cli.main import app
-from palaestra.envs.terminal.envimage import build_env_image, docker_tag, image_name
+from palaestra.envs.terminal.envimage import (
+    build_env_image,
+    docker_tag,
+    export_rootfs,
+    image_name,
+)
 from palaestra.sandbox import SandboxSpec
+from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
 from palaestra.sandbox.docker import DockerBackend
 from palaestra.server.packs.check import CheckReport, check_pack
 from tests.conftest import docker_skip_reason
@@ -130,3 +136,21 @@ def test_real_tasks_import_build_and_run(tmp_path: Path) -> None:
     assert harbor.results["skills"].null == 0.0, harbor.problems
     assert not [p for p in harbor.problems if p.check == "null"]
     assert plain.ok, [(p.where, p.check, p.message) for p in plain.problems]
+
+
+@pytest.mark.skipif(not bwrap_available()[0], reason=f"bwrap unavailable: {bwrap_available()[1]}")
+async def test_same_image_serves_bwrap_as_rootfs(tmp_path: Path) -> None:
+    assert build_env_image(HOSTILE, **BUILD).status in ("built", "cached")  # type: ignore[arg-type]
+    name = image_name(HOSTILE)
+    root = export_rootfs(name, tmp_path)
+    assert root == tmp_path / name / "rootfs" and (root / "usr").is_dir()
+    assert export_rootfs(name, tmp_path) == root  # kept, not exported again
+    backend = BwrapBackend(images_dir=tmp_path)
+    try:
+        spec = SandboxSpec(image=name, workdir="/app", default_timeout_s=10.0)
+        async with await backend.create(spec) as box:
+            r = await box.exec("id -u; ls /.palaestra-env/workdir; ls /tmp/entrypoint-ran 2>&1")
+            assert r.stdout.splitlines()[:2] == ["1000", "seed.txt"], r
+            assert "No such file" in r.stdout
+    finally:
+        await backend.aclose()

@@ -291,3 +291,35 @@ def build_env_image(
     if done.returncode != 0:
         return BuildResult(name, "failed", build_cause(done.stdout + done.stderr), seconds, mapped)
     return BuildResult(name, "built", "", seconds, mapped)
+
+
+def export_rootfs(name: str, images_dir: Path) -> Path:
+    """The built image `name` as a bwrap rootfs, `images_dir/<name>/rootfs` (kept when there;
+    written beside it and renamed, so a half export is never used). Raises RuntimeError."""
+    root = images_dir / name / "rootfs"
+    if (root / "usr").is_dir():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    created = subprocess.run(
+        ["docker", "create", docker_tag(name)], capture_output=True, text=True, check=False
+    )
+    if created.returncode != 0:
+        raise RuntimeError(f"docker create {docker_tag(name)}: {created.stderr.strip()}")
+    cid = created.stdout.strip()
+    with tempfile.TemporaryDirectory(dir=root.parent, prefix=".rootfs-") as tmp:
+        try:
+            with subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE) as export:
+                untar = subprocess.run(
+                    ["tar", "-x", "-C", tmp, "--exclude=dev/*"],
+                    stdin=export.stdout,
+                    capture_output=True,
+                    check=False,
+                )
+        finally:
+            subprocess.run(["docker", "rm", cid], capture_output=True, check=False)
+        if export.returncode != 0 or untar.returncode != 0:
+            raise RuntimeError(f"docker export {name}: {untar.stderr.decode(errors='replace')}")
+        Path(tmp).chmod(0o755)  # a temp dir is 0700; the rootfs is read by the sandbox uid
+        Path(tmp).rename(root)
+        Path(tmp).mkdir()  # for the context manager's cleanup
+    return root
