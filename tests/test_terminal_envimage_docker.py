@@ -24,7 +24,7 @@ from palaestra.envs.terminal.envimage import (
     export_rootfs,
     image_name,
 )
-from palaestra.sandbox import SandboxSpec
+from palaestra.sandbox import SandboxCreateError, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
 from palaestra.sandbox.docker import DockerBackend
 from palaestra.server.packs.check import CheckReport, check_pack
@@ -152,5 +152,15 @@ async def test_same_image_serves_bwrap_as_rootfs(tmp_path: Path) -> None:
             r = await box.exec("id -u; ls /.palaestra-env/workdir; ls /tmp/entrypoint-ran 2>&1")
             assert r.stdout.splitlines()[:2] == ["1000", "seed.txt"], r
             assert "No such file" in r.stdout
+    finally:
+        await backend.aclose()
+
+
+async def test_missing_environment_image_says_how_to_build_it() -> None:
+    backend = DockerBackend()
+    spec = SandboxSpec(image="env-0000000000000000dead", workdir="/app")
+    try:
+        with pytest.raises(SandboxCreateError, match="images build --pack PACK"):
+            await backend.create(spec)
     finally:
         await backend.aclose()
