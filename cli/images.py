@@ -10,7 +10,10 @@ rootfs tarball under $PALAESTRA_CACHE (default ~/.cache/palaestra), the images i
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from palaestra.cli import envimages
 from palaestra.cli.console import console, err, error
 from palaestra.envs.terminal.verifierimage import (
     DEFAULT_TAG,
@@ -32,6 +36,7 @@ from palaestra.server.config import REPO_IMAGES, load_settings
 from palaestra.server.packs.loader import inspect_pack
 
 BASE_TAG = "palaestra/base:bookworm"
+SITE_CA = "site-ca.crt"
 
 images_app = typer.Typer(help="Build and list the sandbox images (images/).", no_args_is_help=True)
 
@@ -67,7 +72,8 @@ def tag_of(name: str) -> str:
     return BASE_TAG if name == "base" else f"palaestra/{name}:latest"
 
 
-def _client() -> Any:
+def docker_client() -> Any:
+    """The docker engine (the SDK client), or exit 2 saying why it cannot be reached."""
     try:
         import docker
     except ImportError:
@@ -91,37 +97,85 @@ def build_base(*, force: bool = False) -> None:
 
 
 def build_family(client: Any, name: str, *, force: bool = False) -> None:
-    """`docker build` images/NAME as palaestra/NAME:latest (the legacy builder: no pulls)."""
+    """`docker build` images/NAME as palaestra/NAME:latest (the legacy builder: no pulls),
+    from a copy of the folder with the site's trust store as site-ca.crt
+    (Settings.build_ca_file; empty without one) for the recipes that add it."""
     folder = recipes()[name].parent
     tag = tag_of(name)
-    # The build's RUN steps use the host's network (apt-get); dockerd runs without a bridge.
-    for chunk in client.api.build(
-        path=str(folder),
-        tag=tag,
-        rm=True,
-        forcerm=True,
-        nocache=force,
-        decode=True,
-        network_mode="host",
-    ):
-        if "error" in chunk:
-            raise RuntimeError(f"docker build {name}: {chunk['error'].strip()}")
-        line = str(chunk.get("stream", "")).rstrip()
-        if line.startswith("Step ") or line.startswith("Successfully tagged"):
-            err.print(f"images/{name}: {line}")
+    ca = load_settings().build_ca_file
+    with tempfile.TemporaryDirectory(prefix="palaestra-image-") as tmp:
+        context = Path(tmp) / name
+        shutil.copytree(folder, context)
+        ca_text = ca.read_bytes() if ca is not None and ca.is_file() else b""
+        (context / SITE_CA).write_bytes(ca_text)
+        # The build's RUN steps use the host's network (apt-get); dockerd runs without a bridge.
+        for chunk in client.api.build(
+            path=str(context),
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            nocache=force,
+            decode=True,
+            network_mode="host",
+        ):
+            if "error" in chunk:
+                raise RuntimeError(f"docker build {name}: {chunk['error'].strip()}")
+            line = str(chunk.get("stream", "")).rstrip()
+            if line.startswith("Step ") or line.startswith("Successfully tagged"):
+                err.print(f"images/{name}: {line}")
+
+
+def ensure_image(client: Any, name: str) -> None:
+    """images/NAME built (with the images/ recipe it is FROM, and the base) unless the engine
+    has it."""
+    if not has_image(client, BASE_TAG):
+        build_base()
+    if name == "base" or has_image(client, tag_of(name)):
+        return
+    parent = re.search(
+        r"^FROM\s+palaestra/([a-z0-9._-]+):latest", recipes()[name].read_text(), re.M
+    )
+    if parent and parent.group(1) in recipes():
+        ensure_image(client, parent.group(1))
+    build_family(client, name)
 
 
 @images_app.command("build")
 def build(
     name: Annotated[str | None, typer.Argument(help="one image (default: all)")] = None,
     force: Annotated[bool, typer.Option(help="rebuild even when cached")] = False,
+    pack: Annotated[
+        Path | None,
+        typer.Option(help="build this pack's task environments (docker) instead of images/"),
+    ] = None,
+    report: Annotated[
+        Path | None, typer.Option(help="with --pack: also write the build report (JSON) here")
+    ] = None,
+    rootfs: Annotated[
+        bool, typer.Option(help="with --pack: also export each as a bwrap rootfs (images_dir)")
+    ] = False,
 ) -> None:
-    """Build the base image, then each family's (or only NAME, with the base it needs)."""
+    """Build the base image, then each family's (or only NAME, with the base it needs); with
+    --pack, the environment image of every task of the pack that has one."""
+    if pack is not None:
+        client = docker_client()
+        settings = load_settings()
+        results = envimages.build_pack(
+            pack,
+            settings,
+            lambda image: ensure_image(client, image),
+            force=force,
+            rootfs_dir=(settings.images_dir or settings.cache / "images") if rootfs else None,
+        )
+        envimages.render(results, err)
+        if report is not None:
+            envimages.write_report(report, pack, results)
+        raise typer.Exit(1 if any(r.status == "failed" for r in results) else 0)
     known = recipes()
     if name is not None and name not in known:
         error(f"no recipe {name!r}; images/ has: {', '.join(known)}")
         raise typer.Exit(2)
-    client = _client()
+    client = docker_client()
     wanted = list(known) if name is None else [name]
     for image in wanted:
         started = time.perf_counter()
@@ -166,7 +220,7 @@ def verifiers(
         for tid, task in loaded.tasks.items()
         if task.family == "terminal" and task.private.get("verifier_image")
     }
-    built = build_declared(_client(), cache_dir(), declared)
+    built = build_declared(docker_client(), cache_dir(), declared)
     for tid, result in built.items():
         err.print(f"{tid}: {result}")
     failed = [tid for tid, result in built.items() if result.startswith("error:")]

@@ -31,6 +31,35 @@ def default_images() -> list[str]:
     )
 
 
+# Base images real Terminal-Bench / Harbor tasks use -> the stand-ins under images/.
+DEFAULT_IMAGE_ALIASES = {
+    **{
+        name: "palaestra/python:latest"
+        for name in (
+            "python", "python:3", "python:3-slim", "python:latest", "python:slim",
+            *(f"python:3.{minor}{v}" for minor in range(8, 15) for v in ("", "-slim",
+              "-slim-bookworm", "-bookworm", "-slim-bullseye", "-bullseye")),
+            "ghcr.io/laude-institute/t-bench/python-3-13",
+        )
+    },
+    **{
+        name: "palaestra/ubuntu:latest"
+        for name in (
+            "ubuntu", "ubuntu:latest", "ubuntu:20.04", "ubuntu:22.04", "ubuntu:24.04",
+            "debian", "debian:bookworm", "debian:bookworm-slim", "debian:12", "debian:12-slim",
+            "debian:stable-slim", "buildpack-deps", "buildpack-deps:jammy",
+            "buildpack-deps:bookworm", "ghcr.io/laude-institute/t-bench/ubuntu-24-04",
+            "ghcr.io/laude-institute/t-bench/base",
+        )
+    },
+}  # fmt: skip
+
+
+def _host_ca() -> Path | None:
+    path = Path("/etc/ssl/certs/ca-certificates.crt")
+    return path if path.is_file() else None
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -191,6 +220,26 @@ class Settings(BaseModel):
         default_factory=lambda: default_images(),
         description="image names a task's `image` may use (default: the recipes under images/)",
     )
+    image_aliases: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_IMAGE_ALIASES),
+        description=(
+            "task environment builds: base image -> local image, for FROM lines (a key "
+            "without a tag matches every tag); toml table [image_aliases]"
+        ),
+    )
+    env_build_timeout_s: float = Field(
+        default=1800.0, gt=0, allow_inf_nan=False, description="one environment image's build"
+    )
+    env_context_max_mb: int = Field(
+        default=64, ge=1, description="a task environment's build context at most"
+    )
+    build_ca_file: Path | None = Field(
+        default_factory=lambda: _host_ca(),
+        description=(
+            "trust store copied into the stand-in base images (a TLS proxy to the package "
+            "registry); default the host's /etc/ssl/certs/ca-certificates.crt"
+        ),
+    )
     toolchains: list[str] = Field(
         default_factory=lambda: ["trimesh", "blender"],
         description="toolchain names a task's `toolchain` may use",
@@ -282,7 +331,7 @@ def _coerce(name: str, raw: str) -> Any:
         return [p for p in raw.split(os.pathsep) if p]
     if name in ("images", "toolchains", "builtin_orgs"):
         return [p.strip() for p in raw.split(",") if p.strip()]
-    if name == "sampler_weights":
+    if name in ("sampler_weights", "image_aliases"):
         if raw.lstrip().startswith("{"):
             return json.loads(raw)
         pairs = (item.rsplit("=", 1) for item in raw.split(",") if item.strip())

@@ -19,6 +19,8 @@ ALLOWED = {
     "environment the verifier gave its own process",
     "verifiers/programs/pytest_boot.py": "a program run inside the verifier's sandbox: the "
     "pytest config and verifier folder its runner handed it",
+    "verifiers/programs/uv_boot.py": "a program run inside the verifier's sandbox: the uv "
+    "wrappers read the environment its runner set",
     "envs/cheat_scripts/forge.py": "a cheat program run inside the agent's sandbox",
     "sdk/policies/chat.py": "the key of the user's model endpoint, in the variable "
     "--api-key-env names (never stored; no palaestra setting)",

@@ -261,7 +261,7 @@ def test_export_refuses_what_would_write_outside_or_over(tmp_path: Path) -> None
 def test_import_prints_a_summary_and_the_table_only_with_verbose(tmp_path: Path) -> None:
     code, output = _cli("pack", "import", "harbor", str(FIXTURES), str(tmp_path / "a"))
     assert code == 0 and "1 imported, 2 skipped (" in output
-    assert "GPU/TPU" in output and "services" in output and "node-api" not in output
+    assert "GPU/TPU" in output and "needs the network" in output and "node-api" not in output
     code, output = _cli("pack", "import", "harbor", str(FIXTURES), str(tmp_path / "b"), "-v")
     assert code == 0 and "node-api" in output and "train-gpu" in output
 

@@ -60,6 +60,7 @@ class EnvPlan:
     setup: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    path: str | None = None  # ENV PATH (kept for tasks that run in their built image)
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
@@ -270,7 +271,9 @@ def convert_dockerfile(text: str, context: Path, exclude: set[str]) -> EnvPlan:
                 else []
             )
             for pair in pairs:
-                if len(pair) == 2 and pair[0] not in ("PATH", "HOME", "DEBIAN_FRONTEND"):
+                if len(pair) == 2 and pair[0] == "PATH":
+                    plan.path = pair[1]
+                elif len(pair) == 2 and pair[0] not in ("PATH", "HOME", "DEBIAN_FRONTEND"):
                     plan.env[pair[0]] = pair[1]
         elif instr in ("COPY", "ADD"):
             words = [w for w in _words(args) if not w.startswith("--")]

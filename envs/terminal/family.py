@@ -38,8 +38,8 @@ from palaestra.envs.base import (
     ToolArgs,
 )
 from palaestra.envs.paths import workspace_abspath
-from palaestra.envs.terminal import cheats
-from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
+from palaestra.envs.terminal import cheats, envimage
+from palaestra.envs.terminal.fields import SETUP_TIMEOUT_S, TerminalPrivate, TerminalPublic
 from palaestra.sandbox import (
     ExecResult,
     Sandbox,
@@ -147,6 +147,24 @@ def step_limits(options: dict[str, Any]) -> dict[str, float]:
     }
 
 
+async def _copy_snapshot(box: Sandbox, workdir: str, task_id: str) -> None:
+    """What the environment image's build put in the workdir (kept outside it by
+    envimage's snapshot step), copied into the fresh workspace as the sandbox user."""
+    snap = shlex.quote(envimage.SNAPSHOT_DIR)
+    result = await box.exec(
+        ["/bin/sh", "-c", f"test -d {snap} || exit 3; cp -a {snap}/. ./"],
+        cwd=workdir,
+        timeout=SETUP_TIMEOUT_S,
+    )
+    if not result.ok:
+        raise SandboxError(
+            f"task {task_id}: its environment image has no workdir snapshot at "
+            f"{envimage.SNAPSHOT_DIR} or it cannot be copied (exit {result.exit_code}): "
+            f"{(result.stdout + result.stderr)[-1500:]}; rebuild it with "
+            "`palaestra images build --pack PACK`"
+        )
+
+
 def _format_bytes(n: int) -> str:
     return f"{n} bytes" if n < 10_240 else f"{n / 1024:.0f} KiB"
 
@@ -170,9 +188,11 @@ class TerminalFamily(Family):
         return TerminalPublic.of(task).workdir
 
     def sandbox_spec(self, task: Task) -> SandboxSpec | None:
+        """The task's sandbox: in its environment image where it has a build context."""
         public = TerminalPublic.of(task)
+        build = TerminalPrivate.of(task).build
         return SandboxSpec(
-            image=public.image,
+            image=envimage.image_name(build) if build else public.image,
             workdir=public.workdir,
             workspace_mb=public.workspace_mb,
             memory_mb=public.memory_mb,
@@ -210,6 +230,8 @@ class TerminalFamily(Family):
         box = ctx.sandboxes.episode
         assert box is not None
         env_files = public.environment
+        if TerminalPrivate.of(task).build:
+            await _copy_snapshot(box, workdir, task.id)
         if env_files:
             await box.upload_tar(await asyncio.to_thread(verifier.files_tar, env_files))
         if SETUP_SCRIPT in env_files:

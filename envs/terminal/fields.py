@@ -60,8 +60,11 @@ class TerminalPrivate(PrivateFields):
     # The fields of an imported Harbor task.toml that no field above holds, as given (for
     # `palaestra pack export harbor`; envs/terminal/harbor/).
     harbor: dict[str, Any] = Field(default_factory=dict)
+    # build/: the Docker build context the task's environment image is built from
+    # (envs/terminal/envimage.py); the task then runs in that image on docker.
+    build: dict[str, str] = Field(default_factory=dict)
 
-    @field_validator("verifier", "solution", "fail_to_pass", "pass_to_pass", mode="before")
+    @field_validator("verifier", "solution", "build", "fail_to_pass", "pass_to_pass", mode="before")
     @classmethod
     def _unset(cls, value: object, info: ValidationInfo) -> object:
         if value is None:

@@ -45,12 +45,14 @@ from palaestra.envs.terminal.dockerfile import (
     read_text,
     within,
 )
+from palaestra.envs.terminal.envimage import DOCKERFILE, collect_context
 from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.verifierimage import (
     TOOLS_IMAGE,
     missing_wheels,
     task_verifier_tag,
 )
+from palaestra.sandbox.base import BASE_PATH
 from palaestra.sdk.packwriter import REPORT_FILE, ImportReport, write_manifest, write_task_folder
 
 TASK_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -67,6 +69,7 @@ class TaskOut:
     environment: dict[str, str] = field(default_factory=dict)
     verifier: dict[str, str] = field(default_factory=dict)
     solution: dict[str, str] = field(default_factory=dict)
+    build: dict[str, str] = field(default_factory=dict)  # the environment's build context
     notes: list[str] = field(default_factory=list)
 
 
@@ -240,6 +243,39 @@ def verifier_wrapper(kind: str, script_name: str) -> str:
     )
 
 
+# Problems no image of the task's own can solve: what it names is not a file of the task
+# (a link out of it, `..`, a URL), or not text.
+NOT_BY_AN_IMAGE = (
+    "outside the task folder",
+    "symlink",
+    "binary file",
+    "is not in the task",
+    "from a URL",
+)
+
+
+def build_context(
+    plan: EnvPlan, folder: Path, exclude: set[str], dockerfile: str | None = None
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """The task's Docker build context when its Dockerfile needs more than the terminal
+    image gives (files, problems, notes); nothing when the plan converts as it is. The task
+    then runs in the image built from it (envs/terminal/envimage.py) and the plan's files
+    and setup steps are dropped: the image holds them."""
+    if not plan.problems or any(m in p for p in plan.problems for m in NOT_BY_AN_IMAGE):
+        return {}, [], []  # the plan's problems stand (reported as they are)
+    files, problems, notes = collect_context(folder, exclude) if folder.is_dir() else ({}, [], [])
+    if dockerfile is not None:
+        files[DOCKERFILE] = dockerfile
+    notes.append(
+        "runs in the image built from its Dockerfile (docker; `palaestra images build "
+        f"--pack`): {'; '.join(plan.problems)}"
+    )
+    plan.files, plan.setup, plan.problems = {}, [], []
+    if plan.path:
+        plan.env["PATH"] = re.sub(r"\$\{PATH\}|\$PATH\b", BASE_PATH, plan.path)
+    return files, problems, notes
+
+
 # -- Terminal-Bench ------------------------------------------------------------------------------
 TB_META = {
     "task.yaml",
@@ -252,6 +288,8 @@ TB_META = {
     "tests",
     "solution",
 }
+# What of a Terminal-Bench folder is not its build context (the task's own metadata).
+TB_CONTEXT_EXCLUDE = {"task.yaml", "solution.yaml", "docker-compose.yaml", "docker-compose.yml"}
 
 
 def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut:
@@ -280,8 +318,10 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     plan = convert_dockerfile(
         dockerfile.read_text(encoding="utf-8"), folder, exclude=TB_META | {"Dockerfile"}
     )
-    problems += plan.problems
     notes += plan.notes
+    build, bad, more = build_context(plan, folder, TB_CONTEXT_EXCLUDE)
+    problems += bad
+    notes += more
     if (folder / "solution.sh").exists():
         solve = (folder / "solution.sh").read_text(encoding="utf-8")
         problems += solution_problems(solve)
@@ -311,6 +351,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     return task_out(
         folder,
         plan,
+        build=build,
         split=split,
         domain=f"{pack_short}/{category_of(meta.get('category'))}",
         difficulty=difficulty_of(meta.get("difficulty")),
@@ -327,6 +368,7 @@ def task_out(
     folder: Path,
     plan: EnvPlan,
     *,
+    build: dict[str, str],
     split: str,
     domain: str,
     difficulty: str,
@@ -364,6 +406,7 @@ def task_out(
         environment=environment,
         verifier=verifier,
         solution={"solve.sh": solve},
+        build=build,
         notes=notes,
     )
 
@@ -374,6 +417,7 @@ def write_task(tasks_dir: Path, task: TaskOut) -> None:
         "environment": task.environment,
         "verifier": task.verifier,
         "solution": task.solution,
+        **({"build": task.build} if task.build else {}),
     }
     write_task_folder(tasks_dir, task.id, task.toml, task.instruction, folders)
 

@@ -122,6 +122,7 @@ class DockerSandbox(Sandbox):
         labels = {LABEL: self.id, **owner()}
         mb = spec.workspace_mb
         try:
+            self.client.images.get(self.image)  # never a pull: images are built here
             self.client.volumes.create(
                 name=self._volume,
                 driver="local",
@@ -149,7 +150,8 @@ class DockerSandbox(Sandbox):
             ]
             self._container = self.client.containers.run(
                 self.image,
-                ["sleep", "infinity"],
+                ["infinity"],
+                entrypoint=["sleep"],  # never the image's ENTRYPOINT or CMD (a task's image)
                 detach=True,
                 init=True,
                 user=KEEPALIVE_USER,
@@ -180,9 +182,10 @@ class DockerSandbox(Sandbox):
             self.files.container = self._container
         except docker.errors.ImageNotFound as e:
             name = self.image.split("/")[-1].split(":")[0]
+            how = "--pack PACK" if name.startswith("env-") else name  # a task's environment
             raise SandboxCreateError(
                 f"image {self.image} is not in the local docker engine; build it with "
-                f"`palaestra images build {name}` ({e.explanation})"
+                f"`palaestra images build {how}` ({e.explanation})"
             ) from e
         except docker.errors.DockerException as e:
             raise SandboxCreateError(f"docker could not create the sandbox: {e}") from e

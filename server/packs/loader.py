@@ -56,6 +56,7 @@ TASK_DIRS: dict[str, tuple[str, str]] = {
     "assets": ("public", "assets"),
     "verifier": ("private", "verifier"),
     "solution": ("private", "solution"),
+    "build": ("private", "build"),  # a task's environment build context (terminal)
 }
 
 

@@ -25,7 +25,7 @@ HOST_KEYS = frozenset(
     {"ro_binds", "rw_binds", "binds", "bind", "mounts", "mount", "volumes", "rootfs", "devices"}
 )
 # File maps {relative path: text}: written into the sandbox or the verifier's copy.
-FILE_MAPS = frozenset({"environment", "assets", "verifier", "solution", "files", "tests"})
+FILE_MAPS = frozenset({"environment", "assets", "verifier", "solution", "files", "tests", "build"})
 # Top-level sandbox directories a workdir may not be, or be under (the sandbox is built from
 # them, or the kernel owns them).
 SYSTEM_DIRS = frozenset(

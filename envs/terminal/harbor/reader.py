@@ -27,6 +27,7 @@ from palaestra.envs.terminal.harbor.digest import content_digest, has_ignore_rul
 from palaestra.envs.terminal.importer import (
     TaskOut,
     Unsupported,
+    build_context,
     category_of,
     clean_test_script,
     compose_problems,
@@ -86,8 +87,7 @@ class HarborReader:
         except (OSError, UnicodeDecodeError):
             problems.append("no instruction.md")
             instruction = ""
-        plan = _environment(folder, meta, problems, exported=isinstance(export, dict))
-        notes += plan.notes
+        plan, build = _environment(folder, meta, problems, notes, exported=isinstance(export, dict))
         workdir = mapped.public.get("workdir")
         if workdir and workdir != plan.workdir and plan.files:
             problems.append(
@@ -106,6 +106,7 @@ class HarborReader:
         out = task_out(
             folder,
             plan,
+            build=build,
             split=split,
             domain=f"{pack_short}/{category_of(mapped.category)}",
             difficulty=difficulty_of(mapped.difficulty),
@@ -146,25 +147,34 @@ class HarborReader:
 
 
 def _environment(
-    folder: Path, meta: dict[str, Any], problems: list[str], *, exported: bool
-) -> EnvPlan:
-    """The environment a Dockerfile (or `docker_image`) describes; an export's own files are
-    read as they are (`_exported`), not through its COPY."""
+    folder: Path, meta: dict[str, Any], problems: list[str], notes: list[str], *, exported: bool
+) -> tuple[EnvPlan, dict[str, str]]:
+    """The environment a Dockerfile (or `docker_image`) describes, and the build context of
+    the task's own image where the terminal image cannot stand in for it (`build_context`);
+    an export's own files are read as they are (`_exported`), not through its COPY."""
     env_dir = folder / "environment"
     env = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
     assert isinstance(env, dict)
     problems.extend(compose_problems(env_dir, "environment/"))
     dockerfile = env_dir / "Dockerfile"
+    synthetic: str | None = None
     if dockerfile.exists():
         exclude = COMPOSE | ({ENV_FILES} if exported else set())
         plan = convert_dockerfile(dockerfile.read_text(encoding="utf-8"), env_dir, exclude)
     elif isinstance(env.get("docker_image"), str):
-        plan = convert_dockerfile(f"FROM {env['docker_image']}\n", env_dir, exclude=set())
+        synthetic = f"FROM {env['docker_image']}\n"
+        plan = convert_dockerfile(synthetic, env_dir, exclude=set())
     else:
         plan = EnvPlan()
         problems.append("no environment/Dockerfile and no [environment] docker_image")
+    notes += plan.notes
+    build: dict[str, str] = {}
+    if not exported:
+        build, bad, more = build_context(plan, env_dir, COMPOSE - {"Dockerfile"}, synthetic)
+        problems += bad
+        notes += more
     problems += plan.problems
-    return plan
+    return plan, build
 
 
 Parts = tuple[dict[str, str], dict[str, str], dict[str, Any]]  # verifier, solution, private
