@@ -24,6 +24,7 @@ from typing import Any
 
 from palaestra.cli import envimages
 from palaestra.cli.images import docker_client, ensure_image
+from palaestra.cli.pack_import import ceilings
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.server.config import load_settings
 from palaestra.server.packs.check import check_pack
@@ -43,7 +44,7 @@ def _error_line(log: str) -> str:
 
 
 def figures(fmt: str, src: Path, out: Path, sandbox: str) -> dict[str, Any]:
-    report = import_tasks(fmt, src, out, force=True)
+    report = import_tasks(fmt, src, out, force=True, ceilings=ceilings())  # as `pack import`
     settings = load_settings()
     client = docker_client()
     builds = envimages.build_pack(out, settings, lambda name: ensure_image(client, name))

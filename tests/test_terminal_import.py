@@ -157,3 +157,17 @@ def test_test_script_cleaning() -> None:
         "pip install numpy\npython3 -m pytest /tests\n", tests_dir="/v", logs_dir=None
     )
     assert needs and "network" in needs[0]
+
+
+def test_tests_that_call_a_remote_server_are_named() -> None:
+    """An external judge over HTTP cannot answer a sandbox with no network: the task is
+    skipped with that cause (a URL in a comment, or a loopback server, is no such call)."""
+    from palaestra.envs.terminal.importer import tests_network_problems
+
+    judge = "import requests\nBASE = 'http://38.80.122.117:8081'\n"
+    assert tests_network_problems({"test_outputs.py": judge}) == [
+        "the tests reach 38.80.122.117 over the network (tests/test_outputs.py)"
+    ]
+    local = "import requests\nBASE = 'http://127.0.0.1:8000'\n# docs: https://example.org\n"
+    assert tests_network_problems({"test_outputs.py": local}) == []
+    assert tests_network_problems({"test_a.py": "# see https://docs.python.org/3/\n"}) == []

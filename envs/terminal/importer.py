@@ -159,6 +159,26 @@ def wheel_notes(script: str) -> list[str]:
     ]
 
 
+REMOTE_URL = re.compile(r"https?://(?!(?:localhost|127\.0\.0\.1|0\.0\.0\.0)[:/\"'\s])([^/:\"'\s]+)")
+
+
+HTTP_CLIENT = re.compile(
+    r"^\s*(?:import|from)\s+[^\n#]*\b(?:requests|httpx|urllib|aiohttp|http\.client)\b", re.M
+)
+
+
+def tests_network_problems(tests: dict[str, str]) -> list[str]:
+    """Test files that call a remote server (an external judge, a download): they cannot
+    pass in a sandbox with no network, so the oracle would score 0."""
+    problems = []
+    for name, text in sorted(tests.items()):
+        code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+        found = REMOTE_URL.search(code)
+        if found and name.endswith(".py") and HTTP_CLIENT.search(text):
+            problems.append(f"the tests reach {found.group(1)} over the network (tests/{name})")
+    return problems
+
+
 def solution_problems(script: str) -> list[str]:
     body = "\n".join(ln for ln in script.splitlines() if not ln.lstrip().startswith("#"))
     found = NETWORK.search(body)
@@ -332,7 +352,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
         problems.append("no solution.sh")
         solve = ""
     tests, bad = text_files(folder / "tests")
-    problems += bad
+    problems += bad + tests_network_problems(tests)
     run_tests = folder / "run-tests.sh"
     original = (
         run_tests.read_text(encoding="utf-8")

@@ -34,6 +34,7 @@ from palaestra.envs.terminal.importer import (
     difficulty_of,
     solution_problems,
     task_out,
+    tests_network_problems,
     text_files,
     verifier_image_for,
     verifier_wrapper,
@@ -193,7 +194,7 @@ def _native(folder: Path, problems: list[str], notes: list[str]) -> Parts:
         solve = _embed_solution_files(solve, solution)
         notes.append(f"solution files embedded in solve.sh: {', '.join(sorted(solution))}")
     tests, bad = text_files(folder / "tests")
-    problems += bad
+    problems += bad + tests_network_problems(tests)
     test_sh = tests.pop("test.sh", None)
     if test_sh is None:
         problems.append("no tests/test.sh")
