@@ -281,8 +281,11 @@ def build_context(
     image gives (files, problems, notes); nothing when the plan converts as it is. The task
     then runs in the image built from it (envs/terminal/envimage.py) and the plan's files
     and setup steps are dropped: the image holds them."""
-    if not plan.problems or any(m in p for p in plan.problems for m in NOT_BY_AN_IMAGE):
-        return {}, [], []  # the plan's problems stand (reported as they are)
+    if not plan.problems:
+        return {}, [], []
+    if any(m in p for p in plan.problems for m in NOT_BY_AN_IMAGE):
+        problems, plan.problems = plan.problems, []
+        return {}, problems, []  # no image helps: the task is refused with them all
     files, problems, notes = collect_context(folder, exclude) if folder.is_dir() else ({}, [], [])
     if dockerfile is not None:
         files[DOCKERFILE] = dockerfile

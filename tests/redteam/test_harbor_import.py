@@ -41,3 +41,22 @@ def test_a_harbor_set_cannot_smuggle_host_files_into_the_pack(tmp_path: Path) ->
     assert "solution/helper.sh is a symlink" in why["solve-link"]
     for path in (tmp_path / "out").rglob("*"):
         assert not path.is_file() or SECRET not in path.read_text(), path
+
+
+def test_a_terminal_bench_task_with_a_problem_no_image_solves_is_refused(tmp_path: Path) -> None:
+    """A Dockerfile problem an image of its own cannot fix (a COPY from outside the task)
+    refuses the task with every cause, never imports it with its setup half dropped."""
+    src = tmp_path / "src" / "copy-up"
+    src.mkdir(parents=True)
+    (src / "task.yaml").write_text("instruction: do it\n")
+    (src / "Dockerfile").write_text(
+        "FROM buildpack-deps:jammy\nRUN curl -L https://golang.org/x.tgz -o x.tgz\n"
+        "COPY ../../secret /app/\n"
+    )
+    (src / "solution.sh").write_text("true\n")
+    (src / "tests").mkdir()
+    (src / "tests" / "test_outputs.py").write_text("def test_ok():\n    assert True\n")
+    report = import_tasks("terminal-bench", tmp_path / "src", tmp_path / "out")
+    assert not report.imported
+    why = " ".join(report.skipped["copy-up"])
+    assert "outside the task folder" in why and "needs the network" in why, why
