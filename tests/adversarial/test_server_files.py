@@ -19,6 +19,7 @@ import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +27,6 @@ from pathlib import Path
 
 import pytest
 
-from palaestra.envs.cad.runtime import unreachable_by_others
 from palaestra.sandbox.base import Backend, Sandbox
 from palaestra.sandbox.bwrap import BwrapBackend
 from palaestra.sandbox.forkrun import PythonRun
@@ -158,6 +158,19 @@ def _normal_user() -> pwd.struct_passwd | None:
     return None
 
 
+def _private(path: Path) -> str | None:
+    """Why another uid could not read `path` (None if it can): o+x on every ancestor, o+r on
+    the path itself (o+x too where it is a directory)."""
+    path = path.resolve()
+    for part in path.parents:
+        if not part.stat().st_mode & stat.S_IXOTH:
+            return f"{part} lacks o+x"
+    mode = path.stat().st_mode
+    if not mode & stat.S_IROTH or (path.is_dir() and not mode & stat.S_IXOTH):
+        return f"{path} lacks o+r"
+    return None
+
+
 def test_server_as_a_normal_user_keeps_its_files() -> None:
     """The server runs as a normal user (bwrap unprivileged: the sandbox's host uid is the
     server's own, so only the mounts keep the files out), its data dir in that user's home."""
@@ -166,7 +179,7 @@ def test_server_as_a_normal_user_keeps_its_files() -> None:
         pytest.skip("needs root (to become a normal user with a home) and setpriv")
     site = next(p for p in sys.path if p.endswith("site-packages") and "venv" in p)
     for needed in (PROGRAMS / "nonroot_server.py", Path(site)):
-        if why := unreachable_by_others(needed):
+        if why := _private(needed):
             pytest.skip(f"the checkout is private to root here: {why}")
     secret = f"s3cret-{new_marker()}"
     argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
