@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 from pydantic import Field
@@ -91,12 +92,22 @@ class ReasoningFamily(Family):
             return StepOutcome(Observation(text="submitted"), done=True)
         return StepOutcome(Observation(text="noted"))
 
+    def __init__(self) -> None:
+        # reasoning-gym's scorers (sympy, eval) are not known to be thread-safe: one at a
+        # time (scoring takes milliseconds). A full run once saw two oracle answers of
+        # concurrent episodes score 0 that score 1 alone.
+        self._scoring = threading.Lock()
+
     def verifier_info(self) -> VerifierInfo:
         return VerifierInfo(name="reasoning-gym", version=gym.rg_version())
 
+    def _score(self, task: Task, answer: str | None) -> tuple[float, str]:
+        with self._scoring:
+            return score_task(task, answer)
+
     async def verify(self, ctx: EpisodeContext) -> Assessment:
         answer: str | None = ctx.state.get("answer")
-        reward, feedback = await asyncio.to_thread(score_task, ctx.task, answer)
+        reward, feedback = await asyncio.to_thread(self._score, ctx.task, answer)
         passed = reward >= PASS_THRESHOLD
         if not ctx.state.get("submitted"):
             feedback = "no answer submitted"
