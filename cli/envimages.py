@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from palaestra.envs.terminal.envimage import (
     BuildResult,
@@ -116,11 +116,14 @@ def render(results: list[BuildResult], out: Console) -> None:
     colour = {"built": "green", "cached": "cyan", "failed": "red"}
     for r in results:
         out.print(
-            f"{r.image}: [{colour.get(r.status, 'white')}]{r.status}[/] ({r.seconds:.0f} s) "
-            f"tasks: {escape(', '.join(r.tasks))}"
+            Text.assemble(
+                f"{r.image}: ",
+                (r.status, colour.get(r.status, "white")),
+                f" ({r.seconds:.0f} s) tasks: {', '.join(r.tasks)}",
+            )
         )
         for line in r.cause.splitlines():
-            out.print(f"    {escape(line)}")
+            out.print(f"    {line}")
     counts = {s: sum(r.status == s for r in results) for s in ("built", "cached", "failed")}
     out.print("environments: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
 

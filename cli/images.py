@@ -140,6 +140,26 @@ def ensure_image(client: Any, name: str) -> None:
     build_family(client, name)
 
 
+def build_pack_environments(
+    pack: Path, *, force: bool = False, report: Path | None = None, rootfs: bool = False
+) -> bool:
+    """Build (or find cached) the environment image of every task of `pack` that has one,
+    print a line per environment, and say whether all of them built."""
+    client = docker_client()
+    settings = load_settings()
+    results = envimages.build_pack(
+        pack,
+        settings,
+        lambda image: ensure_image(client, image),
+        force=force,
+        rootfs_dir=(settings.images_dir or settings.cache / "images") if rootfs else None,
+    )
+    envimages.render(results, err)
+    if report is not None:
+        envimages.write_report(report, pack, results)
+    return not any(r.status == "failed" for r in results)
+
+
 @images_app.command("build")
 def build(
     name: Annotated[str | None, typer.Argument(help="one image (default: all)")] = None,
@@ -158,19 +178,8 @@ def build(
     """Build the base image, then each family's (or only NAME, with the base it needs); with
     --pack, the environment image of every task of the pack that has one."""
     if pack is not None:
-        client = docker_client()
-        settings = load_settings()
-        results = envimages.build_pack(
-            pack,
-            settings,
-            lambda image: ensure_image(client, image),
-            force=force,
-            rootfs_dir=(settings.images_dir or settings.cache / "images") if rootfs else None,
-        )
-        envimages.render(results, err)
-        if report is not None:
-            envimages.write_report(report, pack, results)
-        raise typer.Exit(1 if any(r.status == "failed" for r in results) else 0)
+        built = build_pack_environments(pack, force=force, report=report, rootfs=rootfs)
+        raise typer.Exit(0 if built else 1)
     known = recipes()
     if name is not None and name not in known:
         error(f"no recipe {name!r}; images/ has: {', '.join(known)}")

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from palaestra.cli.console import console, error, styled
+from palaestra.cli.images import build_pack_environments
 from palaestra.envs.finance.importer import ImportProblem, import_file
 from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.importer import import_tasks
@@ -90,6 +91,13 @@ Split = Annotated[
 Force = Annotated[bool, typer.Option(help="replace OUT if it is not empty")]
 Strict = Annotated[bool, typer.Option(help="exit 1 if any task was skipped")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="print every task and why")]
+Build = Annotated[
+    bool,
+    typer.Option(
+        help="then build the imported tasks' environment images (docker), as "
+        "`palaestra images build --pack OUT` does; exit 1 if one fails"
+    ),
+]
 
 
 def ceilings() -> Ceilings:
@@ -106,7 +114,7 @@ def ceilings() -> Ceilings:
 
 def _run(
     fmt: str, src: Path, out: Path, name: str | None, version: str, split: str | None,
-    force: bool, strict: bool, verbose: bool = False,
+    force: bool, strict: bool, verbose: bool = False, build: bool = False,
 ) -> None:  # fmt: skip
     try:
         report = import_tasks(
@@ -118,6 +126,8 @@ def _run(
         raise typer.Exit(2) from None
     render_import(report, console, verbose=verbose)
     if not report.imported or (strict and report.skipped):
+        raise typer.Exit(1)
+    if build and not build_pack_environments(out):
         raise typer.Exit(1)
 
 
@@ -131,10 +141,11 @@ def terminal_bench_cmd(
     force: Force = False,
     strict: Strict = False,
     verbose: Verbose = False,
+    build: Build = False,
 ) -> None:
     """Convert Terminal-Bench task folders (task.yaml, Dockerfile, run-tests.sh, solution.sh,
     tests/) into a pack of `terminal` tasks; unsupported ones are reported with the reason."""
-    _run("terminal-bench", src, out, name, version, split, force, strict, verbose)
+    _run("terminal-bench", src, out, name, version, split, force, strict, verbose, build)
 
 
 @import_app.command("harbor")
@@ -147,11 +158,12 @@ def harbor_cmd(
     force: Force = False,
     strict: Strict = False,
     verbose: Verbose = False,
+    build: Build = False,
 ) -> None:
     """Convert Harbor task folders (task.toml, instruction.md, environment/Dockerfile,
     tests/test.sh, solution/solve.sh; a dataset.toml's digests are checked) into a pack of
     `terminal` tasks; unsupported ones are reported with the reason."""
-    _run("harbor", src, out, name, version, split, force, strict, verbose)
+    _run("harbor", src, out, name, version, split, force, strict, verbose, build)
 
 
 @import_app.command("finqa")

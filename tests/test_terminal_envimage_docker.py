@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -103,9 +104,10 @@ def test_real_tasks_import_build_and_run(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "tb2"
     result = runner.invoke(
-        app, ["pack", "import", "harbor", str(FIXTURES / "terminal-bench-2"), str(out)]
+        app, ["pack", "import", "harbor", str(FIXTURES / "terminal-bench-2"), str(out), "--build"]
     )
     assert result.exit_code == 0, result.output
+    assert re.search(r"env-\w+: (built|cached) \(\d+ s\) tasks: skills\n", result.output)
     report = json.loads((out / "import-report.json").read_text())
     skipped = {i["id"]: " ".join(i["reasons"]) for i in report["skipped"]}
     assert "services (api-server, main)" in skipped["multi-container"]
