@@ -47,9 +47,6 @@ class SandboxGone(SandboxError):
     """The sandbox is closed or died (an exec killed it); nothing more can run in it."""
 
 
-SandboxDeadError = SandboxGone  # the earlier name
-
-
 class SandboxSpecError(SandboxCreateError):
     """The spec asks for more than the host allows; the message names the limit."""
 

@@ -18,8 +18,8 @@ import pytest
 
 from palaestra.sandbox.base import (
     SandboxCreateError,
-    SandboxDeadError,
     SandboxError,
+    SandboxGone,
     SandboxPathError,
     SandboxSpec,
 )
@@ -67,7 +67,7 @@ async def test_bwrap_setup_failure_is_sandbox_error(box: BwrapSandbox) -> None:
     box.jails.static = [*args, "--ro-bind", "/nonexistent-palaestra", "/x"]
     with pytest.raises(SandboxError) as ei:
         await box.exec(["true"])
-    assert not isinstance(ei.value, SandboxDeadError)
+    assert not isinstance(ei.value, SandboxGone)
     box.jails.static = ["/nonexistent/bwrap", *args[1:]]
     with pytest.raises(SandboxError):
         await box.exec(["true"])
@@ -349,9 +349,9 @@ async def test_close_idempotent_and_dead_after(backend: BwrapBackend) -> None:
     assert not s.alive and backend.live_count == 0
     assert not s.root.exists()
     assert str(ws) not in Path("/proc/mounts").read_text()
-    with pytest.raises(SandboxDeadError):
+    with pytest.raises(SandboxGone):
         await s.exec("true")
-    with pytest.raises(SandboxDeadError):
+    with pytest.raises(SandboxGone):
         await s.read_file("x")
 
 
@@ -361,7 +361,7 @@ async def test_close_during_exec(backend: BwrapBackend) -> None:
     await asyncio.sleep(0.3)
     t0 = time.monotonic()
     await s.close()
-    with pytest.raises(SandboxDeadError):
+    with pytest.raises(SandboxGone):
         await task
     assert time.monotonic() - t0 < 2
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from palaestra.sandbox import exechelper
-from palaestra.sandbox.base import ExecResult, SandboxDeadError, SandboxError
+from palaestra.sandbox.base import ExecResult, SandboxError, SandboxGone
 from palaestra.sandbox.bwrap.jail import KILL_GRACE_S, Jail, init_gone, parse_status, read_status
 from palaestra.sandbox.bwrap.launch import JOIN_FAILED, LAUNCH_FAILED
 from palaestra.sandbox.preamble import TIMEOUT_EXIT_CODE, append_capped, memory_error
@@ -149,7 +149,7 @@ async def run_stub(
     if timed_out:
         return ExecResult(TIMEOUT_EXIT_CODE, stdout, stderr, True, False, truncated, duration)
     if closed():
-        raise SandboxDeadError(f"sandbox {sandbox_id} was closed during exec")
+        raise SandboxGone(f"sandbox {sandbox_id} was closed during exec")
     if "exit-code" in status:
         jail.reported = True
         code = int(status["exit-code"])
@@ -238,7 +238,7 @@ async def supervise(
     if timed_out:
         return ExecResult(TIMEOUT_EXIT_CODE, stdout, stderr, True, False, truncated[0], duration)
     if closed():
-        raise SandboxDeadError(f"sandbox {sandbox_id} was closed during exec")
+        raise SandboxGone(f"sandbox {sandbox_id} was closed during exec")
 
     rc = proc.returncode
     assert rc is not None

@@ -30,7 +30,6 @@ from palaestra.sandbox.base import (
     ExecResult,
     Sandbox,
     SandboxCreateError,
-    SandboxDeadError,
     SandboxError,
     SandboxGone,
     SandboxSpec,
@@ -240,7 +239,7 @@ class BwrapSandbox(Sandbox):
 
     def check_alive(self) -> None:
         if self._closed:
-            raise SandboxDeadError(f"sandbox {self.id} is closed")
+            raise SandboxGone(f"sandbox {self.id} is closed")
 
     def cpu_seconds(self) -> float | None:
         """CPU time this sandbox's processes used so far, from its cgroup (None: no counter);
@@ -294,7 +293,7 @@ class BwrapSandbox(Sandbox):
         max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> ExecResult:
         if self._closed:
-            raise SandboxDeadError(f"sandbox {self.id} is closed")
+            raise SandboxGone(f"sandbox {self.id} is closed")
         x = prepare_exec(
             self.spec, self.workdir, cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin
         )
@@ -344,7 +343,7 @@ class BwrapSandbox(Sandbox):
         """Run one exec in `jail` (sending `req` to its stub, if it has one) to its end."""
         if self._closed:
             self.jails.discard(jail)
-            raise SandboxDeadError(f"sandbox {self.id} was closed during exec")
+            raise SandboxGone(f"sandbox {self.id} was closed during exec")
         proc = jail.proc
         cg = self.cgroup
         self.procs.add(proc)
@@ -363,7 +362,7 @@ class BwrapSandbox(Sandbox):
                         proc, data, timeout, max_output, jail.status_r, start,
                         sandbox_id=self.id, closed=closed,
                     )  # fmt: skip
-            except SandboxDeadError:
+            except SandboxGone:
                 raise
             except SandboxError as e:
                 if why := self.lost():
