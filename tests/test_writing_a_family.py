@@ -18,9 +18,9 @@ from docblocks import blocks, write_files
 from palaestra.envs.base import EpisodeContext, Family, Sandboxes
 from palaestra.sandbox import SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend
+from palaestra.sdk.task import Task
 from palaestra.server.packs.check import check_pack
 from palaestra.server.packs.loader import inspect_pack
-from palaestra.sdk.task import Task
 
 PAGE = "writing-a-family.md"
 IS_ROOT = os.geteuid() == 0
