@@ -148,8 +148,9 @@ def scaffold(root: Path, *, name: str, family: str, form: str = "directory") -> 
         raise ScaffoldError(f"--name must look like 'org/name' (lowercase), got {name!r}")
     if family not in SCAFFOLDS:
         raise ScaffoldError(
-            f"no scaffold for family {family!r}; there are scaffolds for {sorted(SCAFFOLDS)} "
-            "(start from one and change the tasks)"
+            f"no scaffold for family {family!r}; there are scaffolds for {sorted(SCAFFOLDS)}: "
+            "start from one (e.g. --family echo --form jsonl), then set `families` in "
+            "pack.toml to yours and replace the tasks (docs/writing-a-pack.md, step 5)"
         )
     if form not in SCAFFOLDS[family]:
         raise ScaffoldError(f"the {family} scaffold comes in forms {list(SCAFFOLDS[family])}")
