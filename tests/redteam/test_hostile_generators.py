@@ -17,7 +17,8 @@ from conftest import make_settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.archive import pack_archive
 from palaestra.server.runtime import build_manager
-from redteam.publishers import client, error, publish
+
+from .publishers import client, error, publish
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TASK = 'return {"public": {"instruction": "x"}, "private": {"answer": "x"}}'
