@@ -35,7 +35,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +67,7 @@ log = logging.getLogger("palaestra.registry")
 
 # Runs a generator pack's generators in sandboxes (server/packs/generate.py); async on the
 # server's loop, called through `Generate` from an install thread.
-AsyncGenerate = Callable[[Path, PackManifest], Awaitable[GeneratedSet]]
+AsyncGenerate = Callable[[Path, PackManifest], Coroutine[Any, Any, GeneratedSet]]
 Generate = Callable[[Path, PackManifest], GeneratedSet]
 
 

@@ -98,12 +98,15 @@ for family, address in ((socket.AF_INET, ("127.0.0.1", 22)), (socket.AF_INET, ("
 raise ConnectionError("no way out")
 """
 
-FORKS = """
+FORKS = (
+    """
 for _ in range(2000):
     if os.fork() == 0:
         time.sleep(30)
         os._exit(0)
-""" + TASK
+"""
+    + TASK
+)
 
 CASES = {
     "loops": ("while True:\n    pass", "timed out after 3 s (generate_timeout_s)"),

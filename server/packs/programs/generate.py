@@ -19,9 +19,11 @@ def main() -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     sys.path[:0] = [str(p) for p in job["path"]]
-    spec = importlib.util.spec_from_file_location("pack_generator", os.path.abspath(job["module"]))
+    path = os.path.abspath(job["module"])
     results = []
     try:
+        spec = importlib.util.spec_from_file_location("pack_generator", path)
+        assert spec is not None and spec.loader is not None, f"{path} is not a module"
         module = importlib.util.module_from_spec(spec)
         sys.modules["pack_generator"] = module
         spec.loader.exec_module(module)
