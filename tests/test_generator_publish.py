@@ -18,6 +18,7 @@ from palaestra.cli.materialize import materialize
 from palaestra.server.auth import create_token
 from palaestra.server.packs.archive import pack_archive
 from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.genstore import GeneratedStore
 from palaestra.server.packs.loader import load_pack
 from palaestra.server.packs.manifest import PackError
 from palaestra.server.packs.registry import PackRegistry
@@ -156,3 +157,20 @@ def test_materialize_round_trip_and_force(tmp_path: Path) -> None:
     (out / "stale").write_text("x")
     assert materialize(src, out, force=True).digest == static.digest
     assert not (out / "stale").exists() and load_pack(out).digest == static.digest
+
+
+def test_stored_generated_tasks_are_checked(tmp_path: Path) -> None:
+    store = GeneratedStore(tmp_path / "packs")
+    tasks = {"g": {"train": [{"public": {"q": 1}, "private": {"a": 2}}], "heldout": []}}
+    index = store.place("sha256:ab", tasks)
+    assert store.load("sha256:ab", index) == tasks
+    folder = store.folder("sha256:ab")
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    stored = [p for p in folder.iterdir() if p.name != "index.json"]
+    assert {oct(p.stat().st_mode & 0o777) for p in stored} == {"0o600"}
+    big = max(stored, key=lambda p: p.stat().st_size)
+    big.write_text(big.read_text().replace('"a":2', '"a":3'))
+    with pytest.raises(PackError, match="stored generated tasks changed"):
+        store.load("sha256:ab", index)
+    with pytest.raises(PackError, match="changed"):
+        store.load("sha256:ab", "sha256:" + "0" * 64)  # an index that is not the row's

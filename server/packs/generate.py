@@ -174,6 +174,9 @@ def _results(stdout: str, count: int, where: str, sealed: bool) -> list[dict[str
         if isinstance(task, dict):
             tasks.append(task)
             continue
+        if task is not None:
+            kind = type(task).__name__
+            raise GenerationError(f"{where}: generate(index={index}) returned {kind}, not a dict")
         kind = entry.get("error") if isinstance(entry, dict) else None
         message = entry.get("message") if isinstance(entry, dict) else None
         kind = kind if isinstance(kind, str) else "no task dict"
