@@ -14,6 +14,7 @@ from palaestra.cli.clients import open_client
 from palaestra.cli.console import console, err, error, styled
 from palaestra.cli.eval.app import eval_app
 from palaestra.cli.images import images_app
+from palaestra.cli.materialize import register as register_materialize_command
 from palaestra.cli.options import DataDir, Token, Url
 from palaestra.cli.pack import pack_app
 from palaestra.cli.pack_export import export_app
@@ -34,6 +35,7 @@ app = typer.Typer(
 app.add_typer(images_app, name="images")
 app.add_typer(pack_app, name="pack")
 register_registry_commands(pack_app)  # pack publish, pack install
+register_materialize_command(pack_app)  # pack materialize
 pack_app.add_typer(import_app, name="import")  # pack import terminal-bench|harbor|finqa
 pack_app.add_typer(export_app, name="export")  # pack export harbor
 app.add_typer(token_app, name="token")

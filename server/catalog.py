@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
+from palaestra.sandbox import Sandbox, SandboxSpec
 from palaestra.sdk.client import TaskQuery
 from palaestra.sdk.errors import PermissionDeniedError, UnavailableError
 from palaestra.sdk.models import (
@@ -22,11 +24,13 @@ from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.archive import pack_archive
 from palaestra.server.packs.catalog import PackCatalog
-from palaestra.server.packs.loader import Pack
-from palaestra.server.packs.manifest import semver_key
+from palaestra.server.packs.generate import GenerateLimits, generate_pack
+from palaestra.server.packs.loader import GeneratedSet, Pack
+from palaestra.server.packs.manifest import PackManifest, semver_key
 from palaestra.server.packs.registry import ADMIN_RIGHTS, PackRegistry, PublishRights
 from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.sampler import Sampler
+from palaestra.server.sandboxes import SandboxOwner
 from palaestra.server.store import Store
 
 
@@ -40,6 +44,7 @@ class Catalog:
         sampler: Sampler,
         store: Store,
         registry: PackRegistry | None,
+        sandboxes: SandboxOwner | None = None,
     ) -> None:
         self.settings = settings
         self.families = families
@@ -47,6 +52,7 @@ class Catalog:
         self.sampler = sampler
         self.store = store
         self.registry = registry
+        self.sandboxes = sandboxes  # where a publish token's generators run
 
     # -- discovery ------------------------------------------------------------------------
     def family_infos(self) -> list[FamilyInfo]:
@@ -98,6 +104,7 @@ class Catalog:
         )
         pack, created = await self.registry.ainstall(  # its own bounded threads
             data,
+            generate=None if principal.is_admin else self._generate,
             publisher=principal.name,
             families=self.families.all(),
             catalog=self.packs,
@@ -108,6 +115,20 @@ class Catalog:
         if created:
             self.sampler.refresh()
         return pack, created
+
+    async def _generate(self, root: Path, manifest: PackManifest) -> GeneratedSet:
+        """A publish token's generator pack, generated in sandboxes (sealed seeds from the
+        server's secret, passed in as numbers)."""
+        if self.sandboxes is None:
+            raise UnavailableError("this server has no sandboxes", code="no_generator_sandbox")
+        owner = self.sandboxes
+        where = f"pack {manifest.name}@{manifest.version} generators"
+
+        async def create(spec: SandboxSpec) -> Sandbox:
+            return await owner.create_cold(spec, where)
+
+        limits = GenerateLimits.from_settings(self.settings)
+        return await generate_pack(create, root, manifest, limits, self.packs.secret)
 
     async def enable_pack(self, name: str, principal: Principal = ADMIN_PRINCIPAL) -> bool:
         """Let unfiltered sampling draw a published pack (admin); False if it already could."""

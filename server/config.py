@@ -254,6 +254,20 @@ class Settings(BaseModel):
     publisher_max_versions: int = Field(
         default=200, ge=0, description="pack versions one publisher may publish"
     )
+    # A publish token's generator pack runs its generators in a sandbox at publish time,
+    # one fresh sandbox per generator and split (server/packs/generate.py).
+    generate_timeout_s: float = Field(
+        default=120.0, gt=0, allow_inf_nan=False, description="one generator split's run"
+    )
+    generate_memory_mb: int = Field(
+        default=1024, ge=64, description="memory of one generator split's sandbox"
+    )
+    generate_max_output_mb: int = Field(
+        default=16, ge=1, description="the tasks one generator split may print, at most"
+    )
+    generate_pids: int = Field(
+        default=64, ge=4, description="processes one generator split's sandbox may hold"
+    )
     # Egress of tasks that declare internet access (docs/security.md "Network").
     egress_allow: list[str] = Field(
         default_factory=lambda: list(DEFAULT_ALLOW),

@@ -107,6 +107,7 @@ class EpisodeManager:
             sampler=self.sampler,
             store=store,
             registry=registry,
+            sandboxes=self.sandboxes,
         )
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import logging
 from palaestra.envs.base import Family, Sandboxes
 from palaestra.sandbox import Backend, Sandbox, SandboxError, SandboxSpec
 from palaestra.sandbox.forkserver import PythonForkServer
+from palaestra.sandbox.pool import WarmPool
 from palaestra.sdk.errors import UnavailableError
 from palaestra.sdk.task import Task
 from palaestra.server.ceilings import check_spec
@@ -43,6 +44,15 @@ class SandboxOwner:
         if self.backend is None:
             raise SandboxError("this server has no sandbox backend")
         return await self.backend.create(spec)
+
+    async def create_cold(self, spec: SandboxSpec, where: str) -> Sandbox:
+        """A sandbox for a one-off run outside episodes (a generator pack's publish), made on
+        the backend behind the warm pool, so no pool starts keeping sandboxes of its spec."""
+        check_spec(spec, self.settings, where)
+        backend = self.backend.inner if isinstance(self.backend, WarmPool) else self.backend
+        if backend is None:
+            raise SandboxError("this server has no sandbox backend")
+        return await backend.create(spec)
 
     def for_episode(self, family: Family, task: Task) -> Sandboxes:
         """An episode's sandbox object; `start` it before `reset`, `free` it at the end."""

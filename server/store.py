@@ -82,6 +82,7 @@ CREATE TABLE IF NOT EXISTS published_packs (
     published_at REAL NOT NULL,
     publisher TEXT NOT NULL,
     bytes INTEGER NOT NULL DEFAULT 0,
+    generated TEXT NOT NULL DEFAULT '',  -- index digest of sandbox-generated tasks
     PRIMARY KEY (name, version)
 );
 -- Published packs an admin let into unfiltered sampling (server/packs/registry.py).

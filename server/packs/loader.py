@@ -30,7 +30,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -122,6 +122,8 @@ def _import(root: Path, rel: str, tag: str) -> Any:
 
 
 Found = tuple[str, dict[str, Any] | None, list[str]]  # where, the task dict or None, problems
+# What a sandbox generated at publish: generator -> split -> each call's task dict.
+GeneratedSet = dict[str, dict[str, list[dict[str, Any]]]]
 
 
 def _jsonl_tasks(root: Path) -> Iterator[Found]:
@@ -233,20 +235,24 @@ def _generated_tasks(
     secret: bytes | None = None,
     cache: GeneratedTaskCache | None = None,
     pack_files: dict[str, str] | None = None,
+    stored: GeneratedSet | None = None,
 ) -> Iterator[Found]:
     """A sealed split's tasks get secret seeds (with `secret`) and ids that name no seed
     (`<generator>-<split>-<index>`, whatever the generator says), and their problems quote
     neither the seed nor the generator's error text (pack errors are shown by /readyz).
-    A split whose every call succeeded is kept in `cache` (keyed by `pack_files`' hashes)."""
+    A split whose every call succeeded is kept in `cache` (keyed by `pack_files`' hashes).
+    With `stored` (what a sandbox generated at publish, server/packs/generate.py) the
+    generators' results come from there and no generator is imported."""
     for gen_name, gen in manifest.generators.items():
         where = f"{root / 'pack.toml'}: generators.{gen_name}"
+        generate: Callable[..., Any] | None = None
         try:
-            module = _import(root, gen.module, f"gen_{gen_name}")
+            if stored is None:
+                generate = getattr(_import(root, gen.module, f"gen_{gen_name}"), "generate", None)
         except PackError as exc:
             yield where, None, exc.problems
             continue
-        generate: Callable[..., Any] | None = getattr(module, "generate", None)
-        if not callable(generate):
+        if stored is None and not callable(generate):
             yield (
                 where,
                 None,
@@ -259,9 +265,14 @@ def _generated_tasks(
             seeds = generator_seeds(manifest.name, gen_name, split, spec, key)
             levels = [gen.levels[index % len(gen.levels)] for index in range(len(seeds))]
             entry = None
-            if cache is not None and pack_files is not None:
+            if cache is not None and pack_files is not None and stored is None:
                 entry = cache.key(pack_files, gen_name, split, seeds, levels)
             cached = cache.get(entry, len(seeds)) if cache is not None and entry else None
+            if stored is not None:
+                cached = stored.get(gen_name, {}).get(split)
+                if cached is None or len(cached) != len(seeds):
+                    yield where, None, [f"{where}: split {split}: no stored generated tasks"]
+                    continue
             results: list[str | None] = []  # each call's task as JSON, None if it failed
             for index, seed in enumerate(seeds):
                 level = levels[index]
@@ -271,7 +282,7 @@ def _generated_tasks(
                     raw = (
                         cached[index]
                         if cached is not None
-                        else generate(seed=seed, index=index, level=level)
+                        else cast(Callable[..., Any], generate)(seed=seed, index=index, level=level)
                     )
                 except Exception as exc:
                     why = "" if sealed else f": {exc}"
@@ -378,6 +389,7 @@ def inspect_pack(
     *,
     secret: bytes | None = None,
     cache: GeneratedTaskCache | None = None,
+    generated: GeneratedSet | None = None,
 ) -> tuple[Pack | None, list[str]]:
     """Load what can be loaded and list every problem; the pack is None if pack.toml is unusable.
 
@@ -385,7 +397,8 @@ def inspect_pack(
     (default: Settings' defaults) is what a task's image, toolchain and paths may name.
     `secret` (a server's, server/heldout.py) seeds sealed generated tasks; without it they
     come from public seeds (local tools: `palaestra pack check`). `cache` keeps generated
-    tasks between loads (server/packs/gencache.py)."""
+    tasks between loads (server/packs/gencache.py); `generated` replaces running the
+    generators (the tasks a sandbox made at publish: no generator is imported)."""
     root = Path(root)
     policy = policy or HostPolicy.default()
     try:
@@ -411,7 +424,7 @@ def inspect_pack(
     if (root / "tasks").is_dir():
         found.append(_directory_tasks(root))
     if manifest.generators:
-        found.append(_generated_tasks(root, manifest, secret, cache, hashes))
+        found.append(_generated_tasks(root, manifest, secret, cache, hashes, generated))
     if manifest.source is not None:
         found.append(_source_tasks(root, manifest, secret))
     if not found:
@@ -497,9 +510,12 @@ def load_pack(
     *,
     secret: bytes | None = None,
     cache: GeneratedTaskCache | None = None,
+    generated: GeneratedSet | None = None,
 ) -> Pack:
     """Read and validate one pack directory; raises PackError listing what to fix."""
-    pack, problems = inspect_pack(root, known_families, policy, secret=secret, cache=cache)
+    pack, problems = inspect_pack(
+        root, known_families, policy, secret=secret, cache=cache, generated=generated
+    )
     if problems or pack is None:
         raise PackError(problems)
     return pack

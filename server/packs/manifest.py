@@ -270,15 +270,6 @@ def read_manifest(root: Path) -> PackManifest:
         raise PackError(validation_problems(str(toml_path), exc)) from None
 
 
-def runs_code(root: Path) -> bool:
-    """Whether loading the pack would run its Python in the server process."""
-    try:
-        meta = tomllib.loads((root / "pack.toml").read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return False  # read_manifest reports it
-    return bool(meta.get("source") or meta.get("generators")) or (root / "generators").exists()
-
-
 def semver_key(version: str) -> tuple[Any, ...]:
     """Semver precedence: a release sorts after its prereleases; build metadata is ignored."""
     match = SEMVER_RE.match(version)

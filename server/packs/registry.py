@@ -12,8 +12,11 @@ the on-disk store (server/packs/store.py). Rules:
 - installation is atomic: the store unpacks and renames the folder into place, then the
   index row is written; a failure at any point leaves nothing half-installed (an orphan
   folder without a row is never served, and is reused by the next publish);
-- a pack that runs Python inside the server when it loads (`[source] python = …`, or
-  `[generators.*]`) can only be published by an admin token;
+- a pack that runs Python inside the server when it loads (`[source] python = …`) can
+  only be published by an admin token; a publish token's generator pack (`[generators.*]`)
+  is generated at publish in sandboxes (server/packs/generate.py), its tasks stored beside
+  the pack (server/packs/genstore.py) and served from there: its code never runs in the
+  server (an admin's generator pack still loads in-process, docs/decisions.md);
 - pack names have owners (`PublishRights`): a publish token publishes only into the orgs an
   admin granted it, the built-in orgs (Settings.builtin_orgs) are admin-only (403
   `org_not_granted`), so nobody else can add a version that an unpinned `org/name`
@@ -32,13 +35,14 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from palaestra.envs.base import Family
+from palaestra.sandbox import SandboxError
 from palaestra.sdk.errors import (
     BadRequestError,
     CapacityError,
@@ -46,17 +50,25 @@ from palaestra.sdk.errors import (
     NotFoundError,
     PalaestraError,
     PermissionDeniedError,
+    UnavailableError,
 )
 from palaestra.server.packs.archive import ArchiveLimits
 from palaestra.server.packs.catalog import PackCatalog
-from palaestra.server.packs.loader import Pack, load_pack
+from palaestra.server.packs.generate import GenerationError
+from palaestra.server.packs.genstore import GeneratedStore, canonical
+from palaestra.server.packs.loader import GeneratedSet, Pack, load_pack
 from palaestra.server.packs.lock import pack_files
-from palaestra.server.packs.manifest import PackError, read_manifest, runs_code
+from palaestra.server.packs.manifest import PackError, PackManifest, read_manifest
 from palaestra.server.packs.store import PackStore
 from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.store import PACKS_SCHEMA
 
 log = logging.getLogger("palaestra.registry")
+
+# Runs a generator pack's generators in sandboxes (server/packs/generate.py); async on the
+# server's loop, called through `Generate` from an install thread.
+AsyncGenerate = Callable[[Path, PackManifest], Coroutine[Any, Any, GeneratedSet]]
+Generate = Callable[[Path, PackManifest], GeneratedSet]
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,7 @@ class Published:
     digest: str
     published_at: float
     publisher: str
+    generated: str = ""  # the digest of its stored generated tasks' index ("" for none)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,6 +157,7 @@ class PackRegistry:
         install_queue: int = 8,
     ) -> None:
         self.store = PackStore(data_dir, archive_limits)
+        self.generated = GeneratedStore(self.store.root)
         self.db_path = db_path
         self._lock = threading.Lock()
         # Installs run on their own few threads (never asyncio's shared pool, which every
@@ -152,8 +166,11 @@ class PackRegistry:
         self._install_queue = install_queue
         self._installing = 0
 
-    async def ainstall(self, data: bytes, **kwargs: Any) -> tuple[Pack, bool]:
-        """`install` off the event loop, on the registry's bounded pool of install threads."""
+    async def ainstall(
+        self, data: bytes, *, generate: AsyncGenerate | None = None, **kwargs: Any
+    ) -> tuple[Pack, bool]:
+        """`install` off the event loop, on the registry's bounded pool of install threads;
+        `generate` runs on this loop while its install thread waits."""
         if self._installing >= self._install_queue:
             raise CapacityError(
                 f"{self._installing} pack archives are being installed; retry shortly",
@@ -163,9 +180,15 @@ class PackRegistry:
         self._installing += 1
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._installer, functools.partial(self.install, data, **kwargs)
-            )
+            blocking: Generate | None = None
+            if generate is not None:
+                run = generate
+
+                def blocking(root: Path, manifest: PackManifest) -> GeneratedSet:
+                    return asyncio.run_coroutine_threadsafe(run(root, manifest), loop).result()
+
+            install = functools.partial(self.install, data, generate=blocking, **kwargs)
+            return await loop.run_in_executor(self._installer, install)
         finally:
             self._installing -= 1
 
@@ -177,13 +200,16 @@ class PackRegistry:
         columns = {row[1] for row in db.execute("PRAGMA table_info(published_packs)")}
         if "bytes" not in columns:  # an index made before publisher quotas
             db.execute("ALTER TABLE published_packs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
+        if "generated" not in columns:  # an index made before sandboxed generation
+            db.execute("ALTER TABLE published_packs ADD COLUMN generated TEXT NOT NULL DEFAULT ''")
         return db
 
     # -- index ------------------------------------------------------------------------------
     def published(self, name: str | None = None) -> list[Published]:
         with self._connect() as db:
             rows = db.execute(
-                "SELECT name, version, digest, published_at, publisher FROM published_packs"
+                "SELECT name, version, digest, published_at, publisher, generated"
+                " FROM published_packs"
                 + (" WHERE name=?" if name else "")
                 + " ORDER BY name, published_at",
                 (name,) if name else (),
@@ -193,7 +219,8 @@ class PackRegistry:
     def find(self, name: str, version: str) -> Published | None:
         with self._connect() as db:
             row = db.execute(
-                "SELECT name, version, digest, published_at, publisher FROM published_packs"
+                "SELECT name, version, digest, published_at, publisher, generated"
+                " FROM published_packs"
                 " WHERE name=? AND version=?",
                 (name, version),
             ).fetchone()
@@ -258,8 +285,15 @@ class PackRegistry:
             where = f"{row.name}@{row.version}"
             try:
                 path = self.store.path_of(row.digest)
+                # Generated in sandboxes at publish: served from the store, never imported.
+                stored = self.generated.load(row.digest, row.generated) if row.generated else None
                 pack = load_pack(
-                    path, known, policy, secret=catalog.secret, cache=catalog.task_cache
+                    path,
+                    known,
+                    policy,
+                    secret=catalog.secret,
+                    cache=catalog.task_cache,
+                    generated=stored,
                 )
                 if pack.digest != row.digest:
                     raise PackError(f"its files hash to {pack.digest}, published as {row.digest}")
@@ -282,28 +316,38 @@ class PackRegistry:
         expect_digest: str | None = None,
         rights: PublishRights = ADMIN_RIGHTS,
         policy: HostPolicy | None = None,
+        generate: Generate | None = None,
     ) -> tuple[Pack, bool]:
         """Verify and install one archive; returns the pack and whether it is new.
 
-        Raises BadRequestError (not a valid pack, lock mismatch, unexpected digest, a task
-        naming a host path), PermissionDeniedError (a code-running pack without
-        `allow_code`, an org `rights` does not own), QuotaExceededError or ConflictError
-        (the version is published with other bytes)."""
+        Without `allow_code`, a generator pack's tasks come from `generate` (sandboxes) and
+        are stored beside it. Raises BadRequestError (not a valid pack, lock mismatch,
+        unexpected digest, a task naming a host path, a generator that failed),
+        PermissionDeniedError (a `[source]` pack without `allow_code`, an org `rights` does
+        not own), UnavailableError (no sandbox for the generators), QuotaExceededError or
+        ConflictError (the version is published with other bytes)."""
         with self.store.unpacked(data) as root:
             try:
-                rights.check_org(read_manifest(root).name)  # before anything else is read
+                manifest = read_manifest(root)
+                rights.check_org(manifest.name)  # before anything else is read
             except PackError as exc:
                 raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
-            if runs_code(root) and not allow_code:
+            if manifest.source is not None and not allow_code:
                 raise PermissionDeniedError(
-                    "this pack runs Python inside the server when it loads ([source] or "
-                    "generators/); only an admin token may publish such packs",
+                    "this pack runs Python inside the server when it loads ([source] python); "
+                    "only an admin token may publish such packs (a [generators.*] pack is "
+                    "fine: its generators run in a sandbox at publish)",
                     code="missing_scope",
                 )
+            generated = None
+            if manifest.generators and not allow_code:
+                generated = self._generate(root, manifest, generate)
             try:
                 secret = catalog.secret if catalog is not None else None  # sealed seeds
                 cache = catalog.task_cache if catalog is not None else None
-                pack = load_pack(root, list(families), policy, secret=secret, cache=cache)
+                pack = load_pack(
+                    root, list(families), policy, secret=secret, cache=cache, generated=generated
+                )
             except Exception as exc:
                 raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
             if expect_digest is not None and pack.digest != expect_digest:
@@ -312,7 +356,25 @@ class PackRegistry:
                     code="digest_mismatch",
                 )
             with self._lock:
-                return self._place(pack, root, publisher, catalog, rights)
+                return self._place(pack, root, publisher, catalog, rights, generated)
+
+    @staticmethod
+    def _generate(root: Path, manifest: PackManifest, generate: Generate | None) -> GeneratedSet:
+        if generate is None:
+            raise UnavailableError(
+                "this server cannot run a generator pack's generators in a sandbox",
+                code="no_generator_sandbox",
+            )
+        try:
+            return generate(root, manifest)
+        except GenerationError as exc:
+            message = f"generator pack {manifest.name}@{manifest.version} refused: {exc}"
+            raise BadRequestError(message, code="generator_failed") from None
+        except SandboxError as exc:
+            raise UnavailableError(
+                f"no sandbox for the generators of {manifest.name}@{manifest.version}: {exc}",
+                code="sandbox_failed",
+            ) from None
 
     def _place(
         self,
@@ -321,6 +383,7 @@ class PackRegistry:
         publisher: str,
         catalog: PackCatalog | None,
         rights: PublishRights,
+        generated: GeneratedSet | None = None,
     ) -> tuple[Pack, bool]:
         where = f"{pack.name}@{pack.version}"
         existing = self.find(pack.name, pack.version)
@@ -336,13 +399,16 @@ class PackRegistry:
             current = served or pack
             return current, False
         size = sum(p.stat().st_size for p in pack_files(root).values())
+        if generated is not None:  # the stored tasks count toward the publisher's quota
+            size += sum(len(canonical(t)) for splits in generated.values() for t in splits.values())
         self._check_quota(rights, publisher, size)
         pack.root = self.store.place(root, pack.digest)
+        index = self.generated.place(pack.digest, generated) if generated is not None else ""
         with self._connect() as db:
             db.execute(
                 "INSERT INTO published_packs (name, version, digest, published_at, publisher,"
-                " bytes) VALUES (?,?,?,?,?,?)",
-                (pack.name, pack.version, pack.digest, time.time(), publisher, size),
+                " bytes, generated) VALUES (?,?,?,?,?,?,?)",
+                (pack.name, pack.version, pack.digest, time.time(), publisher, size, index),
             )
             if rights.enable:
                 db.execute(

@@ -1,0 +1,185 @@
+"""Running a pack's generators in sandboxes: how a publish token's generator pack is made.
+
+Each generator split runs once, in a fresh sandbox of its own (so one split's run cannot
+pass anything to another's: a sealed split's tasks never reach a public one), under the
+limits of `GenerateLimits` (Settings generate_*): no network, a time limit for the whole
+split, memory, processes and printed bytes. Its /work holds the pack's files alone; it sees
+a read-only Python, the interpreter's site-packages and palaestra's own envs, sdk,
+verifiers and sandbox packages (envs imports sandbox), each bound read-only, and nothing of
+the server: not its data dir, the pack store, other packs, its environment or its secret.
+A sealed split's seeds are drawn from the secret here and passed in as numbers.
+
+The program that runs inside is server/packs/programs/generate.py. What it prints is the
+generator's to control, so every result is checked here and again by the loader, like any
+task. A failure names the generator, the split and the cause (a timeout, a limit, an
+exception's type); a sealed split's causes quote nothing it printed or raised.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from palaestra import envs, sandbox, sdk, verifiers
+from palaestra.sandbox import Sandbox, SandboxSpec, programs
+from palaestra.sandbox.forkserver import PYTHON
+from palaestra.server.config import Settings
+from palaestra.server.packs.loader import GeneratedSet, generator_seeds
+from palaestra.server.packs.lock import pack_files
+from palaestra.server.packs.manifest import PackManifest
+
+PROGRAM = programs.text("generate.py", package="palaestra.server.packs.programs")
+LIB = "/opt/palaestra/lib"  # palaestra's packages, as the namespace package LIB/palaestra
+SITE = "/opt/palaestra/site"  # the interpreter's site-packages
+PACKAGES = (envs, sdk, verifiers, sandbox)
+
+SandboxFactory = Callable[[SandboxSpec], Awaitable[Sandbox]]
+
+
+class GenerationError(Exception):
+    """A generator split failed in its sandbox; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class GenerateLimits:
+    timeout_s: float = 120.0
+    memory_mb: int = 1024
+    max_output_mb: int = 16
+    pids: int = 64
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GenerateLimits:
+        return cls(
+            settings.generate_timeout_s,
+            settings.generate_memory_mb,
+            settings.generate_max_output_mb,
+            settings.generate_pids,
+        )
+
+
+def library_binds() -> tuple[tuple[str, str], ...]:
+    """What a generator may import, bound read-only: palaestra's packages one by one (never
+    the checkout they live in) and the interpreter's site-packages. An editable install's
+    finder there maps palaestra to checkout paths the sandbox does not have; `-S` keeps its
+    .pth from running anyway."""
+    binds = [
+        (str(Path(str(p.__file__)).parent), f"{LIB}/palaestra/{p.__name__.rsplit('.', 1)[-1]}")
+        for p in PACKAGES
+    ]
+    paths = sysconfig.get_paths()
+    sites = dict.fromkeys(paths[k] for k in ("purelib", "platlib") if Path(paths[k]).is_dir())
+    binds += [(site, f"{SITE}{i}") for i, site in enumerate(sites)]
+    return tuple(binds)
+
+
+def split_calls(
+    manifest: PackManifest, generator: str, split: str, secret: bytes | None
+) -> list[dict[str, int]]:
+    """The (seed, index, level) calls of one split, with the loader's seeds and levels."""
+    gen = manifest.generators[generator]
+    sealed = manifest.splits[split].sealed
+    seeds = generator_seeds(
+        manifest.name, generator, split, gen.splits[split], secret if sealed else None
+    )
+    levels = gen.levels
+    return [
+        {"seed": seed, "index": i, "level": levels[i % len(levels)]} for i, seed in enumerate(seeds)
+    ]
+
+
+async def generate_pack(
+    create: SandboxFactory,
+    root: Path,
+    manifest: PackManifest,
+    limits: GenerateLimits,
+    secret: bytes | None = None,
+) -> GeneratedSet:
+    """Every generator split of the pack at `root`, each in its own sandbox; raises
+    GenerationError on the first that fails."""
+    files = {rel: path.read_bytes() for rel, path in pack_files(root).items()}
+    out: GeneratedSet = {}
+    for gen_name, gen in manifest.generators.items():
+        for split in gen.splits:
+            calls = split_calls(manifest, gen_name, split, secret)
+            where = f"generators.{gen_name}, split {split}"
+            sealed = manifest.splits[split].sealed
+            tasks = await run_split(create, files, gen.module, calls, limits, where, sealed)
+            out.setdefault(gen_name, {})[split] = tasks
+    return out
+
+
+async def run_split(
+    create: SandboxFactory,
+    files: dict[str, bytes],
+    module: str,
+    calls: list[dict[str, int]],
+    limits: GenerateLimits,
+    where: str,
+    sealed: bool,
+) -> list[dict[str, Any]]:
+    """One split's calls in one fresh sandbox; each call's task dict."""
+    size_mb = sum(len(data) for data in files.values()) >> 20
+    spec = SandboxSpec(
+        workspace_mb=64 + size_mb,
+        memory_mb=limits.memory_mb,
+        pids=limits.pids,
+        network=False,
+        default_timeout_s=limits.timeout_s,
+        ro_binds=library_binds(),
+    )
+    path = [LIB, *(target for _, target in spec.ro_binds if target.startswith(SITE))]
+    job = json.dumps({"path": path, "module": module, "calls": calls}).encode()
+    max_output = limits.max_output_mb << 20
+    async with await create(spec) as box:
+        for rel, data in files.items():
+            await box.write_file(rel, data)
+        result = await box.exec(
+            [PYTHON, "-I", "-S", "-c", PROGRAM],
+            stdin=job,
+            timeout=limits.timeout_s,
+            max_output=max_output,
+        )
+    said = "" if sealed else f": {result.stderr.strip()[-300:]}"
+    if result.timed_out:
+        raise GenerationError(
+            f"{where}: timed out after {limits.timeout_s:g} s (generate_timeout_s)"
+        )
+    if result.oom_killed:
+        raise GenerationError(
+            f"{where}: ran out of memory ({limits.memory_mb} MB, generate_memory_mb)"
+        )
+    if result.truncated:
+        raise GenerationError(
+            f"{where}: printed more than {limits.max_output_mb} MB (generate_max_output_mb)"
+        )
+    if result.exit_code != 0:
+        raise GenerationError(f"{where}: the generator's process exited {result.exit_code}{said}")
+    return _results(result.stdout, len(calls), where, sealed)
+
+
+def _results(stdout: str, count: int, where: str, sealed: bool) -> list[dict[str, Any]]:
+    try:
+        results = json.loads(stdout)["results"]
+    except Exception:  # anything the generator wrote there instead (deep nesting too)
+        raise GenerationError(f"{where}: the generation run wrote no results") from None
+    if not isinstance(results, list) or len(results) != count:
+        raise GenerationError(f"{where}: the generation run wrote no results for every call")
+    tasks = []
+    for index, entry in enumerate(results):
+        task = entry.get("task") if isinstance(entry, dict) else None
+        if isinstance(task, dict):
+            tasks.append(task)
+            continue
+        if task is not None:
+            kind = type(task).__name__
+            raise GenerationError(f"{where}: generate(index={index}) returned {kind}, not a dict")
+        kind = entry.get("error") if isinstance(entry, dict) else None
+        message = entry.get("message") if isinstance(entry, dict) else None
+        kind = kind if isinstance(kind, str) else "no task dict"
+        why = "" if sealed or not isinstance(message, str) else f": {message[:300]}"
+        raise GenerationError(f"{where}: generate(index={index}) raised {kind[:100]}{why}")
+    return tasks
