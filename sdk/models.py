@@ -224,6 +224,9 @@ class FamilyInfo(WireModel):
     description: str
     tools: list[ToolSpec]
     domains: list[str] = Field(default_factory=list, description="domains of the served packs")
+    error: str | None = Field(
+        default=None, description="why an installed family failed to import (no tools then)"
+    )
 
 
 class SplitInfo(WireModel):

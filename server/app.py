@@ -474,6 +474,10 @@ def create_app(
         if not manager_.store.writer_alive:  # /healthz stays a liveness check
             reason = manager_.store.writer_error or "closed"
             return _error(503, "store_down", f"the store writer stopped ({reason})", False)
+        broken = manager_.families.broken()  # an installed family that failed to import
+        if broken:
+            message = "; ".join(b.message() for b in broken)
+            return _error(503, "family_unavailable", f"not ready: {message}", False)
         return JSONResponse({"status": "ready", "pack_errors": problems})
 
     @app.get("/metrics", tags=["operations"])

@@ -62,6 +62,9 @@ class Catalog:
                 domains=sorted(domains.get(f.name, ())),
             )
             for f in self.families.all()
+        ] + [
+            FamilyInfo(name=b.name, description="", tools=[], error=b.message())
+            for b in self.families.broken()
         ]
 
     def pack_infos(self) -> list[PackInfo]:
@@ -104,6 +107,7 @@ class Catalog:
             allow_code=principal.is_admin,
             rights=rights,
             policy=HostPolicy.from_settings(s),
+            broken=self.families.unavailable(),
         )
         if created:
             self.sampler.refresh()

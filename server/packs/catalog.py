@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from palaestra.envs.base import Family
-from palaestra.sdk.errors import BadRequestError, NotFoundError
+from palaestra.sdk.errors import BadRequestError, NotFoundError, UnavailableError
 from palaestra.sdk.task import Task
 from palaestra.server.packs.gencache import GeneratedTaskCache
-from palaestra.server.packs.loader import Pack, load_pack
+from palaestra.server.packs.loader import Pack, PackUnavailable, load_pack
 from palaestra.server.packs.manifest import semver_key
 from palaestra.server.packs.taskfields import HostPolicy
 
@@ -40,6 +40,9 @@ class PackCatalog:
         # Published packs an admin has not enabled: served by explicit ref or `pack=`, never
         # drawn by the sampler's unfiltered mode (DESIGN §5b).
         self._held: set[str] = set()
+        # Packs not served because a family their tasks use failed to import:
+        # {name: {version: why}}; asking for one is a 503 naming the family (not a 404).
+        self._unavailable: dict[str, dict[str, str]] = {}
 
     def add(self, pack: Pack, *, held: bool = False) -> None:
         self._packs.setdefault(pack.name, {})[pack.version] = pack
@@ -58,22 +61,36 @@ class PackCatalog:
         """Whether unfiltered sampling may draw this pack."""
         return name not in self._held
 
+    def unavailable(self, exc: PackUnavailable) -> None:
+        """Remember a pack its broken families keep from being served."""
+        why = "; ".join(exc.families.values())
+        self._unavailable.setdefault(exc.name, {})[exc.version] = why
+
     def load_dirs(
         self,
         dirs: Iterable[Path],
         known_families: Iterable[str | Family],
         policy: HostPolicy | None = None,
+        broken: Mapping[str, str] | None = None,
     ) -> None:
-        """Load every pack under `dirs`; a broken pack is recorded in `errors`, never fatal."""
+        """Load every pack under `dirs`; a broken pack is recorded in `errors`, never fatal.
+        `broken`: the families that failed to import (FamilyRegistry.unavailable)."""
         families = list(known_families)
         for base in dirs:
             for root in sorted(p.parent for p in Path(base).glob("*/pack.toml")):
                 try:
                     pack = load_pack(
-                        root, families, policy, secret=self.secret, cache=self.task_cache
+                        root,
+                        families,
+                        policy,
+                        secret=self.secret,
+                        cache=self.task_cache,
+                        broken=broken,
                     )
                     self.add(pack)
                 except Exception as exc:
+                    if isinstance(exc, PackUnavailable):
+                        self.unavailable(exc)
                     self.errors[str(root)] = str(exc)
                     log.error("pack %s not loaded: %s", root, exc)
 
@@ -84,6 +101,14 @@ class PackCatalog:
         if "@" in name and version is None:
             name, version = name.split("@", 1)
         versions = self._packs.get(name)
+        missing = self._unavailable.get(name, {})
+        if missing and (version in missing or (version is None and not versions)):
+            why = missing[version] if version is not None else missing[max(missing, key=semver_key)]
+            raise UnavailableError(
+                f"pack {name}{'@' + version if version else ''} is not served: {why}",
+                code="family_unavailable",
+                retryable=False,
+            )
         if not versions:
             raise NotFoundError(f"unknown pack {name!r}; GET /v1/packs lists the packs served")
         if version is None:

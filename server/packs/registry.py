@@ -32,7 +32,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +49,7 @@ from palaestra.sdk.errors import (
 )
 from palaestra.server.packs.archive import ArchiveLimits
 from palaestra.server.packs.catalog import PackCatalog
-from palaestra.server.packs.loader import Pack, load_pack
+from palaestra.server.packs.loader import Pack, PackUnavailable, load_pack
 from palaestra.server.packs.lock import pack_files
 from palaestra.server.packs.manifest import PackError, read_manifest, runs_code
 from palaestra.server.packs.store import PackStore
@@ -246,8 +246,10 @@ class PackRegistry:
         catalog: PackCatalog,
         families: Iterable[str | Family],
         policy: HostPolicy | None = None,
+        broken: Mapping[str, str] | None = None,
     ) -> int:
-        """Serve every published pack; a broken one goes to `catalog.errors`, never fatal.
+        """Serve every published pack; a broken one goes to `catalog.errors`, never fatal
+        (one of a family that failed to import, `broken`, to `catalog.unavailable`).
 
         The task checks run again (`policy`): a pack published before them, or under a
         wider image list, is refused here rather than reaching a sandbox."""
@@ -259,13 +261,20 @@ class PackRegistry:
             try:
                 path = self.store.path_of(row.digest)
                 pack = load_pack(
-                    path, known, policy, secret=catalog.secret, cache=catalog.task_cache
+                    path,
+                    known,
+                    policy,
+                    secret=catalog.secret,
+                    cache=catalog.task_cache,
+                    broken=broken,
                 )
                 if pack.digest != row.digest:
                     raise PackError(f"its files hash to {pack.digest}, published as {row.digest}")
                 catalog.add(pack, held=row.name not in enabled)
                 loaded += 1
             except Exception as exc:
+                if isinstance(exc, PackUnavailable):
+                    catalog.unavailable(exc)
                 catalog.errors[where] = f"published pack not loaded: {exc}"
                 log.error("published pack %s not loaded: %s", where, exc)
         return loaded
@@ -282,6 +291,7 @@ class PackRegistry:
         expect_digest: str | None = None,
         rights: PublishRights = ADMIN_RIGHTS,
         policy: HostPolicy | None = None,
+        broken: Mapping[str, str] | None = None,
     ) -> tuple[Pack, bool]:
         """Verify and install one archive; returns the pack and whether it is new.
 
@@ -303,7 +313,9 @@ class PackRegistry:
             try:
                 secret = catalog.secret if catalog is not None else None  # sealed seeds
                 cache = catalog.task_cache if catalog is not None else None
-                pack = load_pack(root, list(families), policy, secret=secret, cache=cache)
+                pack = load_pack(
+                    root, list(families), policy, secret=secret, cache=cache, broken=broken
+                )
             except Exception as exc:
                 raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
             if expect_digest is not None and pack.digest != expect_digest:
