@@ -32,6 +32,7 @@ from palaestra.sdk.models import (
     ErrorResponse,
     FamilyInfo,
     PackInfo,
+    PackYankResponse,
     ResetRequest,
     ResetResponse,
     SamplerReleaseRequest,
@@ -422,6 +423,29 @@ def create_app(
         """Let unfiltered sampling draw a published pack (admin; a new one is held out)."""
         changed = await mgr(request).catalog.enable_pack(f"{org}/{name}", who(request))
         return _json(PackEnableResponse(name=f"{org}/{name}", changed=changed))
+
+    @app.post(
+        "/v1/packs/{org}/{name}/yank",
+        response_model=PackYankResponse,
+        responses=ERRORS,
+        tags=["packs"],
+    )
+    async def pack_yank(org: str, name: str, request: Request) -> Response:
+        """Yank `org/name@version` (its publisher or an admin): `org/name` and sampling skip
+        it; `org/name@version` and its digest still reach it (pip and cargo semantics)."""
+        reply = await mgr(request).catalog.yank_pack(f"{org}/{name}", who(request))
+        return _json(reply)
+
+    @app.post(
+        "/v1/packs/{org}/{name}/unyank",
+        response_model=PackYankResponse,
+        responses=ERRORS,
+        tags=["packs"],
+    )
+    async def pack_unyank(org: str, name: str, request: Request) -> Response:
+        """Undo a yank of `org/name@version` (its publisher or an admin)."""
+        reply = await mgr(request).catalog.yank_pack(f"{org}/{name}", who(request), undo=True)
+        return _json(reply)
 
     @app.get("/v1/tokens", response_model=list[TokenRecord], responses=ERRORS, tags=["tokens"])
     async def tokens_list(request: Request) -> list[TokenRecord]:

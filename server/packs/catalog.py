@@ -3,7 +3,8 @@
 Packs come in from pack directories (`load_dirs`, the built-in ones) and from the
 published-pack registry (server/packs/registry.py). A published pack an admin has not
 enabled is *held*: served by explicit ref or `pack=`, never drawn by unfiltered sampling
-(DESIGN §5b).
+(DESIGN §5b). A *yanked* version (withdrawn by its publisher) is what `name` alone never
+resolves to, so sampling never draws it; `name@version` and `name@sha256:…` still reach it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class PackCatalog:
         # Packs not served because a family their tasks use failed to import:
         # {name: {version: why}}; asking for one is a 503 naming the family (not a 404).
         self._unavailable: dict[str, dict[str, str]] = {}
+        self._yanked: set[tuple[str, str]] = set()  # (name, version)
 
     def add(self, pack: Pack, *, held: bool = False) -> None:
         self._packs.setdefault(pack.name, {})[pack.version] = pack
@@ -52,6 +54,20 @@ class PackCatalog:
     def enable(self, name: str) -> None:
         """Let the sampler draw `name` with no pack filter (an admin's decision)."""
         self._held.discard(name)
+
+    def yank(self, name: str, version: str, yanked: bool = True) -> None:
+        """Withdraw `name@version` from resolution by name (or, `yanked=False`, restore it)."""
+        if yanked:
+            self._yanked.add((name, version))
+        else:
+            self._yanked.discard((name, version))
+
+    def is_yanked(self, pack: Pack) -> bool:
+        return (pack.name, pack.version) in self._yanked
+
+    @property
+    def yanked(self) -> frozenset[tuple[str, str]]:
+        return frozenset(self._yanked)
 
     @property
     def held(self) -> frozenset[str]:
@@ -112,7 +128,18 @@ class PackCatalog:
         if not versions:
             raise NotFoundError(f"unknown pack {name!r}; GET /v1/packs lists the packs served")
         if version is None:
-            return versions[max(versions, key=semver_key)]
+            live = [v for v in versions if (name, v) not in self._yanked]
+            if not live:
+                raise NotFoundError(
+                    f"every version of pack {name!r} is yanked ({', '.join(sorted(versions))}); "
+                    "pin one exactly (name@version) to use it anyway"
+                )
+            return versions[max(live, key=semver_key)]
+        if version.startswith("sha256:"):
+            for pack in versions.values():
+                if pack.digest == version:
+                    return pack
+            raise NotFoundError(f"pack {name!r} has no version with digest {version}")
         if version not in versions:
             raise NotFoundError(
                 f"pack {name!r} has no version {version!r}; it has {sorted(versions)}"

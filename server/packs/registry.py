@@ -21,7 +21,9 @@ the on-disk store (server/packs/store.py). Rules:
   and publisher_max_versions versions (413 `publish_quota`: retrying never helps, and a
   429 would tell clients to retry);
 - a pack a non-admin publishes is held out of unfiltered sampling until an admin enables
-  its name (`enable`, table `enabled_packs`); explicit refs and `pack=` still reach it.
+  its name (`enable`, table `enabled_packs`); explicit refs and `pack=` still reach it;
+- a version its publisher (or an admin) yanks (`yank`, column `yanked_at`) stays installed
+  and reachable by `name@version` or digest, but `name` alone, and so sampling, skip it.
 """
 
 from __future__ import annotations
@@ -177,6 +179,9 @@ class PackRegistry:
         columns = {row[1] for row in db.execute("PRAGMA table_info(published_packs)")}
         if "bytes" not in columns:  # an index made before publisher quotas
             db.execute("ALTER TABLE published_packs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
+        if "yanked_at" not in columns:  # an index made before yanking
+            db.execute("ALTER TABLE published_packs ADD COLUMN yanked_at REAL")
+            db.execute("ALTER TABLE published_packs ADD COLUMN yanked_by TEXT")
         return db
 
     # -- index ------------------------------------------------------------------------------
@@ -217,6 +222,53 @@ class PackRegistry:
             catalog.enable(name)
         return bool(added)
 
+    def yanked(self) -> set[tuple[str, str]]:
+        """The (name, version) pairs yanked."""
+        with self._connect() as db:
+            sql = "SELECT name, version FROM published_packs WHERE yanked_at IS NOT NULL"
+            rows = db.execute(sql)
+            return {(row[0], row[1]) for row in rows}
+
+    def yank(
+        self,
+        name: str,
+        version: str,
+        by: str,
+        *,
+        admin: bool = False,
+        undo: bool = False,
+        catalog: PackCatalog | None = None,
+    ) -> bool:
+        """Yank `name@version` (or, `undo`, restore it); only its publisher or an admin may.
+        False if it already was (or was not) yanked."""
+        row = self.find(name, version)
+        if row is None:
+            raise NotFoundError(
+                f"no published version {name}@{version}; GET /v1/packs/{name} lists its versions"
+            )
+        if not admin and row.publisher != by:
+            raise PermissionDeniedError(
+                f"{name}@{version} was published by another publisher; only its publisher or "
+                "an admin may yank it",
+                code="not_owner",
+            )
+        with self._connect() as db:
+            if undo:
+                sql = "UPDATE published_packs SET yanked_at=NULL, yanked_by=NULL"
+                changed = db.execute(
+                    sql + " WHERE name=? AND version=? AND yanked_at IS NOT NULL", (name, version)
+                ).rowcount
+            else:
+                sql = "UPDATE published_packs SET yanked_at=?, yanked_by=?"
+                changed = db.execute(
+                    sql + " WHERE name=? AND version=? AND yanked_at IS NULL",
+                    (time.time(), by, name, version),
+                ).rowcount
+        if catalog is not None:
+            catalog.yank(name, version, not undo)
+        log.info("pack %s@%s %s by %s", name, version, "unyanked" if undo else "yanked", by)
+        return bool(changed)
+
     def usage(self, publisher: str) -> tuple[int, int]:
         """(installed bytes, versions) this publisher has published."""
         with self._connect() as db:
@@ -256,6 +308,8 @@ class PackRegistry:
         known = list(families)
         loaded = 0
         enabled = self.enabled()
+        for name, version in self.yanked():
+            catalog.yank(name, version)
         for row in self.published():
             where = f"{row.name}@{row.version}"
             try:
