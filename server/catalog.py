@@ -82,7 +82,7 @@ class Catalog:
         yanked = (
             f"{pack.name}@{pack.version} is yanked: its publisher withdrew it; served only "
             "to exact pins (pin another version)"
-            if self.packs.is_yanked(pack)
+            if self.packs.is_yanked(pack.name, pack.version)
             else None
         )
         return pack.info().model_copy(update={"versions": versions, "yanked": yanked})

@@ -228,10 +228,9 @@ class Sampler:
         self._signature = signature
         self._pack_names = {name for name, _ in signature}
         self._latest = {}
-        for name in self._pack_names:
-            if any(p.name == name and not self.packs.is_yanked(p) for p in self.packs.all()):
-                latest = self.packs.get(name)  # the newest version not yanked
-                self._latest[name] = (latest.name, latest.version)
+        for name in {n for n, v in signature if not self.packs.is_yanked(n, v)}:
+            latest = self.packs.get(name)  # the newest version not yanked
+            self._latest[name] = (latest.name, latest.version)
         served = set(signature)
         for key in [k for k in self._indices if k not in served]:
             for group in self._indices.pop(key).values():

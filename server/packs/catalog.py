@@ -62,8 +62,8 @@ class PackCatalog:
         else:
             self._yanked.discard((name, version))
 
-    def is_yanked(self, pack: Pack) -> bool:
-        return (pack.name, pack.version) in self._yanked
+    def is_yanked(self, name: str, version: str) -> bool:
+        return (name, version) in self._yanked
 
     @property
     def yanked(self) -> frozenset[tuple[str, str]]:

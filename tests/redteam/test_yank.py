@@ -75,6 +75,7 @@ async def test_only_the_publisher_or_an_admin_yanks_and_exact_pins_keep_working(
         assert pinned["version"] == "1.1.0" and "yanked" in pinned["yanked"]
         reset = await trainer.post("/v1/episodes", json={"task": f"{NAME}@1.1.0:say-oak"})
         assert reset.status_code == 200, reset.text
+        assert "yanked" in reset.json()["info"]["yanked"]
         by_digest = await api.get(f"/v1/packs/{NAME}@{digests['1.1.0']}/archive")
         assert by_digest.status_code == 200
         assert by_digest.headers["x-palaestra-digest"] == digests["1.1.0"]
