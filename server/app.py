@@ -12,7 +12,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -425,27 +425,19 @@ def create_app(
         return _json(PackEnableResponse(name=f"{org}/{name}", changed=changed))
 
     @app.post(
-        "/v1/packs/{org}/{name}/yank",
+        "/v1/packs/{org}/{name}/{verb}",
         response_model=PackYankResponse,
         responses=ERRORS,
         tags=["packs"],
     )
-    async def pack_yank(org: str, name: str, request: Request) -> Response:
-        """Yank `org/name@version` (its publisher or an admin): `org/name` and sampling skip
-        it; `org/name@version` and its digest still reach it (pip and cargo semantics)."""
-        reply = await mgr(request).catalog.yank_pack(f"{org}/{name}", who(request))
-        return _json(reply)
-
-    @app.post(
-        "/v1/packs/{org}/{name}/unyank",
-        response_model=PackYankResponse,
-        responses=ERRORS,
-        tags=["packs"],
-    )
-    async def pack_unyank(org: str, name: str, request: Request) -> Response:
-        """Undo a yank of `org/name@version` (its publisher or an admin)."""
-        reply = await mgr(request).catalog.yank_pack(f"{org}/{name}", who(request), undo=True)
-        return _json(reply)
+    async def pack_yank(
+        org: str, name: str, verb: Literal["yank", "unyank"], request: Request
+    ) -> Response:
+        """Yank `org/name@version` (its publisher or an admin; `unyank` undoes it):
+        `org/name` and sampling skip it, while `org/name@version` and its digest still reach
+        it (pip and cargo semantics)."""
+        undo = verb == "unyank"
+        return _json(await mgr(request).catalog.yank_pack(f"{org}/{name}", who(request), undo=undo))
 
     @app.get("/v1/tokens", response_model=list[TokenRecord], responses=ERRORS, tags=["tokens"])
     async def tokens_list(request: Request) -> list[TokenRecord]:
