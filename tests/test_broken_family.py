@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from palaestra.server.packs.archive import pack_archive
 from tests.conftest import BIN, ServerProcess, cli_env
 
 ERROR = "ImportError: needs libfrobnicate >= 2"
@@ -105,7 +106,7 @@ def unready(world: Path, tmp_path: Path) -> Iterator[ServerProcess]:
         proc.stop()
 
 
-def test_readyz_and_reset_name_the_family(unready: ServerProcess) -> None:
+def test_readyz_reset_and_publish_name_the_family(world: Path, unready: ServerProcess) -> None:
     ready = httpx.get(f"{unready.url}/readyz", timeout=10)
     assert ready.status_code == 503
     error = ready.json()["error"]
@@ -120,6 +121,14 @@ def test_readyz_and_reset_name_the_family(unready: ServerProcess) -> None:
     families = httpx.get(f"{unready.url}/v1/families", headers=unready.headers).json()
     broken = [f for f in families if f["name"] == "frob"]
     assert broken and ERROR in broken[0]["error"] and broken[0]["tools"] == []
+    archive = pack_archive(world / "packs" / "acme-broken")
+    published = httpx.post(
+        f"{unready.url}/v1/packs",
+        content=archive,
+        headers={**unready.headers, "content-type": "application/gzip"},
+    )
+    assert published.status_code == 503, published.text
+    assert published.json()["error"]["code"] == "family_unavailable"
     # Packs of working families are still served.
     other = httpx.post(
         f"{unready.url}/v1/episodes", json={"task": "acme/none:t1"}, headers=unready.headers

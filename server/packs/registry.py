@@ -48,6 +48,7 @@ from palaestra.sdk.errors import (
     NotFoundError,
     PalaestraError,
     PermissionDeniedError,
+    UnavailableError,
 )
 from palaestra.server.packs.archive import ArchiveLimits
 from palaestra.server.packs.catalog import PackCatalog
@@ -370,6 +371,13 @@ class PackRegistry:
                 pack = load_pack(
                     root, list(families), policy, secret=secret, cache=cache, broken=broken
                 )
+            except PackUnavailable as exc:  # the server's fault, not the pack's
+                why = "; ".join(exc.families.values())
+                raise UnavailableError(
+                    f"this server cannot load the pack: {why}",
+                    code="family_unavailable",
+                    retryable=False,
+                ) from None
             except Exception as exc:
                 raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
             if expect_digest is not None and pack.digest != expect_digest:
