@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,15 +30,23 @@ def resolve_token(token: str | None, data_dir: Path | None) -> str | None:
 
 @asynccontextmanager
 async def open_client(
-    url: str | None, token: str | None, data_dir: Path | None
+    url: str | None, token: str | None, data_dir: Path | None, *, read_only: bool = False
 ) -> AsyncIterator[AsyncClient]:
+    """A client of `url`, else of an embedded server on the data dir. `read_only` (a
+    command that only lists): where the data dir does not exist yet, the embedded server
+    runs on a temporary one, so listing creates nothing."""
     if url:
         async with AsyncHTTPClient(url, token=resolve_token(token, data_dir)) as http:
             yield http
         return
-    manager = build_manager(settings_for(data_dir))
-    await manager.start()
-    try:
-        yield AsyncInProcessClient(manager)
-    finally:
-        await manager.shutdown()
+    settings = settings_for(data_dir)
+    with contextlib.ExitStack() as stack:
+        if read_only and not settings.data_dir.exists():
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="palaestra-list-"))
+            settings = settings.model_copy(update={"data_dir": Path(tmp)})
+        manager = build_manager(settings)
+        await manager.start()
+        try:
+            yield AsyncInProcessClient(manager)
+        finally:
+            await manager.shutdown()

@@ -120,18 +120,24 @@ def _run(coro: Any) -> Any:
 
 @app.command()
 def families(url: Url = None, token: Token = None, data_dir: DataDir = None) -> None:
-    """List the families and their tools."""
+    """List the families and their tools (and those that failed to import, with why)."""
 
     async def go() -> None:
-        async with open_client(url, token, data_dir) as client:
+        async with open_client(url, token, data_dir, read_only=True) as client:
             listed = await client.families()
             total = sum(len(f.domains) for f in listed)
             table = Table("family", "domains", "tools", "description", title=f"{total} domains")
+            broken = [f for f in listed if f.error is not None]
             for f in listed:
+                if f.error is not None:
+                    table.add_row(f.name, "-", "-", styled("broken", "red", " (see below)"))
+                    continue
                 table.add_row(
                     f.name, str(len(f.domains)), ", ".join(t.name for t in f.tools), f.description
                 )
             console.print(table)
+            for f in broken:
+                console.print(styled("broken", "red", f" {f.error}"), soft_wrap=True)
 
     _run(go())
 
@@ -150,7 +156,7 @@ def tasks(
     """List tasks (public fields only)."""
 
     async def go() -> None:
-        async with open_client(url, token, data_dir) as client:
+        async with open_client(url, token, data_dir, read_only=True) as client:
             listing = await client.tasks(
                 pack=pack, split=split, family=family, domain=domain, limit=limit
             )

@@ -153,7 +153,8 @@ def build_pack(root: Path, out: Path | None = None) -> tuple[Pack, Path, bytes]:
     root = Path(root)
     read_manifest(root)  # a pack.toml that does not validate gets no lock
     write_lock(root)
-    pack, problems = inspect_pack(root, FamilyRegistry.discover().all())
+    families = FamilyRegistry.discover()
+    pack, problems = inspect_pack(root, families.all(), broken=families.unavailable())
     if pack is None or problems:
         raise PackError(problems)
     data = pack_archive(root)
@@ -198,7 +199,7 @@ def list_cmd(
 
     async def go() -> Table:
         table = Table("pack", "version", "tasks", "domains", "splits", "digest")
-        async with open_client(url, token, data_dir) as client:
+        async with open_client(url, token, data_dir, read_only=True) as client:
             for info in await client.packs():
                 listing = await client.all_tasks(pack=f"{info.name}@{info.version}")
                 domains = {t.domain for t in listing}

@@ -4,6 +4,7 @@
     palaestra pack install org/name@1.0.0 --url URL [--token T] # into the local data dir
     palaestra pack install FILE.tar.gz [--data-dir D]
     palaestra pack enable org/name --url URL --token ADMIN      # joins unfiltered sampling
+    palaestra pack yank org/name@1.0.0 [--undo] --url URL --token T  # withdraw a version
 
 Publishing sends the archive (built from a directory with the same deterministic
 `pack_archive` as `pack build`; the directory is not changed) to `POST /v1/packs`, which
@@ -143,6 +144,36 @@ def register(pack_app: typer.Typer) -> None:
         except httpx.HTTPError as exc:
             raise _fail(f"{url}: {exc!r}") from None
         console.print(f"{name} {'enabled' if changed else 'was already enabled'}")
+
+    @pack_app.command("yank")
+    def yank_cmd(
+        ref: Annotated[str, typer.Argument(help="org/name@version of a published pack")],
+        undo: Annotated[bool, typer.Option("--undo", help="restore a yanked version")] = False,
+        url: Url = None,
+        token: Token = None,
+        data_dir: DataDir = None,
+    ) -> None:
+        """Withdraw a published version (its publisher or an admin): `org/name` and sampling
+        skip it, `org/name@version` and its digest still reach it. Without --url: the local
+        store."""
+        from palaestra.sdk.http import HTTPClient
+
+        if "@" not in ref:
+            raise _fail("name the version: org/name@version")
+        try:
+            if url:
+                with HTTPClient(url, token=resolve_token(token, data_dir)) as client:
+                    changed = client.yank(ref, undo=undo).changed
+            else:
+                settings = settings_for(data_dir)
+                registry = PackRegistry(settings.data_dir, settings.db_path)
+                name, _, version = ref.partition("@")
+                by = "cli (local data dir)"
+                changed = registry.yank(name, version, by, admin=True, undo=undo)
+        except PalaestraError as exc:
+            raise _fail(f"({exc.code}) {exc.message}") from None
+        state = "unyanked" if undo else "yanked"
+        console.print(f"{ref} {state if changed else 'was already ' + state}")
 
     @pack_app.command("install")
     def install_cmd(

@@ -20,6 +20,7 @@ from palaestra.sdk.models import (
     EpisodeState,
     FamilyInfo,
     PackInfo,
+    PackYankResponse,
     ResetRequest,
     ResetResponse,
     SamplerReleaseResponse,
@@ -194,6 +195,11 @@ class AsyncServerClient(AsyncBatchClient, Protocol):
         """Let the sampler draw a quarantined task again (admin)."""
         ...
 
+    async def yank(self, ref: str, *, undo: bool = False) -> PackYankResponse:
+        """Yank `org/name@version` (its publisher or an admin; `undo`: restore it): `org/name`
+        and sampling skip it, exact pins still reach it."""
+        ...
+
     async def _sampler(self, query: SamplerQuery) -> SamplerReport: ...
 
 
@@ -236,3 +242,4 @@ class Client(ABC):
     batch_step = blocking(AsyncServerClient.batch_step)
     sampler = blocking(AsyncServerClient.sampler)
     release_task = blocking(AsyncServerClient.release_task)
+    yank = blocking(AsyncServerClient.yank)

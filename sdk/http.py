@@ -37,6 +37,7 @@ from palaestra.sdk.models import (
     EpisodeState,
     FamilyInfo,
     PackInfo,
+    PackYankResponse,
     ResetRequest,
     ResetResponse,
     SamplerReleaseResponse,
@@ -259,6 +260,10 @@ class AsyncHTTPClient(AsyncServerClient):
     async def release_task(self, task: str) -> SamplerReleaseResponse:
         response = await self._request("POST", "/v1/sampler/release", json={"task": task})
         return SamplerReleaseResponse.model_validate_json(response.content)
+
+    async def yank(self, ref: str, *, undo: bool = False) -> PackYankResponse:
+        path = f"/v1/packs/{ref}/{'unyank' if undo else 'yank'}"
+        return PackYankResponse.model_validate_json((await self._request("POST", path)).content)
 
     async def aclose(self) -> None:
         await self._transport.aclose()

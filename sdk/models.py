@@ -224,6 +224,9 @@ class FamilyInfo(WireModel):
     description: str
     tools: list[ToolSpec]
     domains: list[str] = Field(default_factory=list, description="domains of the served packs")
+    error: str | None = Field(
+        default=None, description="why an installed family failed to import (no tools then)"
+    )
 
 
 class SplitInfo(WireModel):
@@ -242,6 +245,13 @@ class PackInfo(WireModel):
     splits: list[SplitInfo] = Field(default_factory=list)
     versions: list[str] = Field(
         default_factory=list, description="every version of this pack the server serves"
+    )
+    yanked: str | None = Field(
+        default=None,
+        description=(
+            "set when this version is yanked (withdrawn by its publisher): why it is still "
+            "served (an exact pin); `name` alone resolves to the newest version not yanked"
+        ),
     )
 
 
@@ -323,6 +333,13 @@ class SamplerReport(WireModel):
 
 class SamplerReleaseRequest(WireModel):
     task: str = Field(description='"org/name[@ver]:task_id"')
+
+
+class PackYankResponse(WireModel):
+    name: str
+    version: str
+    yanked: bool = Field(description="whether the version is yanked now")
+    changed: bool = Field(description="false if it already was (or was not)")
 
 
 class SamplerReleaseResponse(WireModel):

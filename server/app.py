@@ -12,7 +12,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,6 +32,7 @@ from palaestra.sdk.models import (
     ErrorResponse,
     FamilyInfo,
     PackInfo,
+    PackYankResponse,
     ResetRequest,
     ResetResponse,
     SamplerReleaseRequest,
@@ -423,6 +424,21 @@ def create_app(
         changed = await mgr(request).catalog.enable_pack(f"{org}/{name}", who(request))
         return _json(PackEnableResponse(name=f"{org}/{name}", changed=changed))
 
+    @app.post(
+        "/v1/packs/{org}/{name}/{verb}",
+        response_model=PackYankResponse,
+        responses=ERRORS,
+        tags=["packs"],
+    )
+    async def pack_yank(
+        org: str, name: str, verb: Literal["yank", "unyank"], request: Request
+    ) -> Response:
+        """Yank `org/name@version` (its publisher or an admin; `unyank` undoes it):
+        `org/name` and sampling skip it, while `org/name@version` and its digest still reach
+        it (pip and cargo semantics)."""
+        undo = verb == "unyank"
+        return _json(await mgr(request).catalog.yank_pack(f"{org}/{name}", who(request), undo=undo))
+
     @app.get("/v1/tokens", response_model=list[TokenRecord], responses=ERRORS, tags=["tokens"])
     async def tokens_list(request: Request) -> list[TokenRecord]:
         who(request).require(scopes.ADMIN, "listing tokens")
@@ -474,6 +490,10 @@ def create_app(
         if not manager_.store.writer_alive:  # /healthz stays a liveness check
             reason = manager_.store.writer_error or "closed"
             return _error(503, "store_down", f"the store writer stopped ({reason})", False)
+        broken = manager_.families.broken()  # an installed family that failed to import
+        if broken:
+            message = "; ".join(b.message() for b in broken)
+            return _error(503, "family_unavailable", f"not ready: {message}", False)
         return JSONResponse({"status": "ready", "pack_errors": problems})
 
     @app.get("/metrics", tags=["operations"])

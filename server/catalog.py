@@ -11,10 +11,11 @@ from pathlib import Path
 
 from palaestra.sandbox import Sandbox, SandboxSpec
 from palaestra.sdk.client import TaskQuery
-from palaestra.sdk.errors import PermissionDeniedError, UnavailableError
+from palaestra.sdk.errors import BadRequestError, PermissionDeniedError, UnavailableError
 from palaestra.sdk.models import (
     FamilyInfo,
     PackInfo,
+    PackYankResponse,
     SamplerReleaseResponse,
     SamplerReport,
     TaskList,
@@ -68,6 +69,9 @@ class Catalog:
                 domains=sorted(domains.get(f.name, ())),
             )
             for f in self.families.all()
+        ] + [
+            FamilyInfo(name=b.name, description="", tools=[], error=b.message())
+            for b in self.families.broken()
         ]
 
     def pack_infos(self) -> list[PackInfo]:
@@ -81,7 +85,13 @@ class Catalog:
         versions = sorted(
             (p.version for p in self.packs.all() if p.name == pack.name), key=semver_key
         )
-        return pack.info().model_copy(update={"versions": versions})
+        yanked = (
+            f"{pack.name}@{pack.version} is yanked: its publisher withdrew it; served only "
+            "to exact pins (pin another version)"
+            if self.packs.is_yanked(pack.name, pack.version)
+            else None
+        )
+        return pack.info().model_copy(update={"versions": versions, "yanked": yanked})
 
     # -- the pack registry (publish, download) ----------------------------------------------
     async def publish(
@@ -111,6 +121,7 @@ class Catalog:
             allow_code=principal.is_admin,
             rights=rights,
             policy=HostPolicy.from_settings(s),
+            broken=self.families.unavailable(),
         )
         if created:
             self.sampler.refresh()
@@ -138,6 +149,29 @@ class Catalog:
         changed = await asyncio.to_thread(self.registry.enable, name, principal.name, self.packs)
         self.sampler.refresh()
         return changed
+
+    async def yank_pack(
+        self, ref: str, principal: Principal = ADMIN_PRINCIPAL, *, undo: bool = False
+    ) -> PackYankResponse:
+        """Yank `name@version` (its publisher or an admin): `name` and sampling skip it,
+        exact pins keep it; `undo` restores it."""
+        principal.require(PUBLISH, "yanking a pack version")
+        if self.registry is None:
+            raise UnavailableError("this server has no pack registry", code="no_registry")
+        name, _, version = ref.partition("@")
+        if not version:
+            raise BadRequestError(f"name the version to yank: {name}@<version>")
+        changed = await asyncio.to_thread(
+            self.registry.yank,
+            name,
+            version,
+            principal.name,
+            admin=principal.is_admin,
+            undo=undo,
+            catalog=self.packs,
+        )
+        self.sampler.refresh()
+        return PackYankResponse(name=name, version=version, yanked=not undo, changed=changed)
 
     async def pack_archive(
         self, name: str, principal: Principal = ADMIN_PRINCIPAL

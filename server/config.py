@@ -55,6 +55,12 @@ DEFAULT_IMAGE_ALIASES = {
 }  # fmt: skip
 
 
+def default_data_dir() -> Path:
+    """Where a server keeps its store, packs and tokens when no `data_dir` is set: the XDG
+    data home's default, ~/.local/share/palaestra (never the current directory)."""
+    return Path.home() / ".local" / "share" / "palaestra"
+
+
 def _host_ca() -> Path | None:
     path = Path("/etc/ssl/certs/ca-certificates.crt")
     return path if path.is_file() else None
@@ -63,7 +69,10 @@ def _host_ca() -> Path | None:
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    data_dir: Path = Field(default=Path(".palaestra"), description="SQLite store, packs, tokens")
+    data_dir: Path = Field(
+        default_factory=lambda: default_data_dir(),
+        description="SQLite store, packs, tokens (default ~/.local/share/palaestra)",
+    )
     heldout_secret_file: Path | None = Field(
         default=None,
         description=(

@@ -1,9 +1,14 @@
-"""Where the server finds families: the built-ins, then the `palaestra.families` entry points."""
+"""Where the server finds families: the built-ins, then the `palaestra.families` entry points.
+
+An entry point that fails to load is remembered with its error (`BrokenFamily`), so pack
+check, `palaestra families`, /readyz and a reset of its packs can name it.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -15,7 +20,7 @@ from palaestra.envs.finance import FinanceFamily
 from palaestra.envs.letters import LettersFamily
 from palaestra.envs.reasoning import ReasoningFamily
 from palaestra.envs.terminal import TerminalFamily
-from palaestra.sdk.errors import NotFoundError
+from palaestra.sdk.errors import NotFoundError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +35,25 @@ BUILTIN: tuple[type[Family], ...] = (
 )
 
 
+@dataclass(frozen=True)
+class BrokenFamily:
+    """A `palaestra.families` entry point that could not be loaded."""
+
+    name: str
+    entry_point: str  # its value, 'module:attribute'
+    error: str  # 'ImportError: message'
+
+    def message(self) -> str:
+        return (
+            f"family {self.name} failed to import: {self.error} (entry point "
+            f"{self.name} = {self.entry_point}); fix or reinstall the package that provides it"
+        )
+
+
 class FamilyRegistry:
     def __init__(self, families: list[Family] | None = None) -> None:
         self._families: dict[str, Family] = {}
+        self._broken: dict[str, BrokenFamily] = {}
         for family in families or []:
             self.add(family)
 
@@ -48,8 +69,10 @@ class FamilyRegistry:
             try:
                 loaded = ep.load()
                 registry.add(loaded() if isinstance(loaded, type) else loaded)
-            except Exception:
-                log.exception("family entry point %s could not be loaded; skipped", ep.name)
+            except Exception as exc:
+                broken = BrokenFamily(ep.name, ep.value, f"{type(exc).__name__}: {exc}")
+                registry._broken[ep.name] = broken
+                log.info("%s", broken.message())  # named by /readyz and `families`
         return registry
 
     def add(self, family: Family) -> None:
@@ -59,6 +82,10 @@ class FamilyRegistry:
         try:
             return self._families[name]
         except KeyError:
+            if name in self._broken:
+                raise UnavailableError(
+                    self._broken[name].message(), code="family_unavailable"
+                ) from None
             known = ", ".join(sorted(self._families))
             raise NotFoundError(f"unknown family {name!r}; known: {known}") from None
 
@@ -67,3 +94,11 @@ class FamilyRegistry:
 
     def all(self) -> list[Family]:
         return [self._families[name] for name in sorted(self._families)]
+
+    def broken(self) -> list[BrokenFamily]:
+        """The entry points that failed to load, by name."""
+        return [self._broken[name] for name in sorted(self._broken)]
+
+    def unavailable(self) -> dict[str, str]:
+        """What the pack loader is told of the broken families: {name: message}."""
+        return {b.name: b.message() for b in self.broken()}

@@ -37,6 +37,7 @@ from palaestra.sdk.models import (
     EpisodeState,
     FamilyInfo,
     PackInfo,
+    PackYankResponse,
     ResetRequest,
     ResetResponse,
     SamplerReleaseResponse,
@@ -126,6 +127,9 @@ class AsyncInProcessClient(AsyncServerClient):
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
         return self.manager.catalog.sampler_release(task)
+
+    async def yank(self, ref: str, *, undo: bool = False) -> PackYankResponse:
+        return await self.manager.catalog.yank_pack(ref, undo=undo)
 
 
 class InProcessClient(Client):

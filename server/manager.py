@@ -263,6 +263,8 @@ class EpisodeManager:
             info["sampled"] = {"probability": probability}
         elif (note := self.sampler.quarantine_note(task.ref)) is not None:
             info["quarantined"] = f"run on request; the sampler holds it back: {note}"
+        if self.packs.is_yanked(task.pack, task.version):  # an exact pin reached it
+            info["yanked"] = f"{task.pack}@{task.version} is yanked by its publisher"
         return ResetResponse(
             episode_id=request.episode_id or episode_id,
             observation=observation,

@@ -71,7 +71,8 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     secret = heldout.ensure_secret(secret_file)  # sealed generated seeds
     packs = PackCatalog(secret, GeneratedTaskCache(settings.cache / "generated"))
     policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
-    packs.load_dirs(settings.packs_dirs, families.all(), policy)
+    broken = families.unavailable()  # families that failed to import: their packs are 503
+    packs.load_dirs(settings.packs_dirs, families.all(), policy, broken)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db_path)
     if settings.auth == "token":
@@ -79,7 +80,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     # Published packs (the server's content-addressed store) after the built-in ones.
     limits = ArchiveLimits.from_settings(settings)  # bombs are refused while they inflate
     registry = PackRegistry(settings.data_dir, settings.db_path, archive_limits=limits)
-    registry.load_into(packs, families.all(), policy)
+    registry.load_into(packs, families.all(), policy, broken)
     fork_server = None
     if backend is None:
         backend = with_pool(make_backend(settings), settings)

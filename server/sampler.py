@@ -202,12 +202,14 @@ class Sampler:
         self._quarantined: set[str] = set()
         self._pack_names: set[str] = set()
         self._held: frozenset[str] = frozenset()
+        self._yanked: frozenset[tuple[str, str]] = frozenset()
 
     # -- index ----------------------------------------------------------------------------
     def refresh(self, now: float | None = None) -> None:
         """Re-index if the served packs changed; release quarantines whose cool-down ended."""
         signature = tuple((p.name, p.version) for p in self.packs.all())
-        if signature != self._signature:
+        if signature != self._signature or self.packs.yanked != self._yanked:
+            self._yanked = self.packs.yanked  # a yank changes what `name` resolves to
             self._reindex(signature)
         if self.packs.held != self._held:  # an admin enabled a pack: plans change
             self._held = self.packs.held
@@ -226,8 +228,8 @@ class Sampler:
         self._signature = signature
         self._pack_names = {name for name, _ in signature}
         self._latest = {}
-        for name in self._pack_names:
-            latest = self.packs.get(name)
+        for name in {n for n, v in signature if not self.packs.is_yanked(n, v)}:
+            latest = self.packs.get(name)  # the newest version not yanked
             self._latest[name] = (latest.name, latest.version)
         served = set(signature)
         for key in [k for k in self._indices if k not in served]:

@@ -83,6 +83,8 @@ CREATE TABLE IF NOT EXISTS published_packs (
     publisher TEXT NOT NULL,
     bytes INTEGER NOT NULL DEFAULT 0,
     generated TEXT NOT NULL DEFAULT '',  -- index digest of sandbox-generated tasks
+    yanked_at REAL,  -- withdrawn: hidden from `name` and from sampling, exact pins still work
+    yanked_by TEXT,
     PRIMARY KEY (name, version)
 );
 -- Published packs an admin let into unfiltered sampling (server/packs/registry.py).

@@ -142,7 +142,8 @@ class ServerProcess:
         """An HTTPClient on this server with its admin token."""
         return HTTPClient(self.url, token=self.token, **kwargs)
 
-    def start(self) -> ServerProcess:
+    def start(self, ready: int = 200) -> ServerProcess:
+        """Start and wait until /readyz answers `ready` (503: a server that starts unready)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
@@ -163,7 +164,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == ready:
                     token_file = self.data_dir / "admin.token"
                     if token_file.exists():
                         self.token = token_file.read_text().strip()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sqlite3
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -244,3 +245,25 @@ def test_pack_registry_install_is_idempotent_and_immutable(tmp_path: Path) -> No
     with pytest.raises(Exception, match="bump the version"):
         registry.install(pack_archive(src), publisher="t", families=["echo"])
     assert [p.digest for p in registry.published()] == [pack.digest]
+
+
+def test_yank_from_the_cli_on_an_index_made_before_yanking(tmp_path: Path) -> None:
+    """An index without the yank columns gains them; `pack yank` (local store) and
+    `--undo` set and clear the mark."""
+    data = tmp_path / "data"
+    data.mkdir()
+    db = data / "palaestra.sqlite3"
+    with sqlite3.connect(db) as old:  # the table as it was before yanking
+        old.execute(
+            "CREATE TABLE published_packs (name TEXT NOT NULL, version TEXT NOT NULL, digest"
+            " TEXT NOT NULL, published_at REAL NOT NULL, publisher TEXT NOT NULL, bytes"
+            " INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (name, version))"
+        )
+    registry = PackRegistry(data, db)
+    src = write_pack(tmp_path / "p", "test/p", "1.0.0")
+    registry.install(pack_archive(src), publisher="t", families=["echo"])
+    run = cli("pack", "yank", "test/p@1.0.0", "--data-dir", str(data), cwd=tmp_path)
+    assert run.returncode == 0 and "test/p@1.0.0 yanked" in run.stdout, run.stdout + run.stderr
+    assert registry.yanked() == {("test/p", "1.0.0")}
+    assert not registry.yank("test/p", "1.0.0", "t")  # already yanked: no change
+    assert registry.yank("test/p", "1.0.0", "t", undo=True) and registry.yanked() == set()

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
+from palaestra.envs.coding import CodingFamily
 from palaestra.envs.echo import EchoFamily, EchoPrivate
+from palaestra.envs.finance import FinanceFamily
 from palaestra.envs.terminal import TerminalFamily
+from palaestra.sdk.errors import BadRequestError
+from palaestra.server.packs.archive import pack_archive
+from palaestra.server.packs.check import check_pack
 from palaestra.server.packs.loader import inspect_pack, load_pack
 from palaestra.server.packs.manifest import PackError
+from palaestra.server.packs.registry import PackRegistry
 
 PACK_TOML = """\
 name = "acme/fields"
@@ -71,3 +78,41 @@ def test_names_alone_do_not_check_fields(tmp_path: Path) -> None:
     bad = {"id": "no-answer", "family": "echo", "public": {}, "private": {}}
     pack = load_pack(write_pack(tmp_path / "p", [bad]), ["echo"])
     assert sorted(pack.tasks) == ["no-answer"]
+
+
+MISSING_PRIVATE = [
+    {
+        "id": "no-tests",
+        "family": "coding",
+        "public": {"prompt": "def f():\n", "entry_point": "f"},
+        "private": {"solution": "    return 1\n"},
+    },
+    {
+        "id": "no-answer",
+        "family": "finance",
+        "public": {"question": "What is the ratio?"},
+        "private": {"document": {"kind": "generated"}},
+    },
+]
+MISSING = {"no-tests": "neither private.tests nor verifier/tests.py", "no-answer": "private.gold"}
+
+
+def test_a_missing_private_field_is_refused_at_load_check_and_publish(tmp_path: Path) -> None:
+    """Not at episode time as 'verifier crashed (KeyError)': the loader, `pack check` and a
+    publish each name the task and the field."""
+    root = write_pack(tmp_path / "p", MISSING_PRIVATE)
+    families = [CodingFamily(), FinanceFamily()]
+
+    def named(text: str) -> bool:
+        return all(task in text and field in text for task, field in MISSING.items())
+
+    with pytest.raises(PackError) as refused:
+        load_pack(root, families)
+    assert named(str(refused.value)), refused.value
+    report = asyncio.run(check_pack(root))
+    assert not report.ok and report.checked == 0
+    assert named("\n".join(f"{p.where}: {p.message}" for p in report.problems)), report.problems
+    registry = PackRegistry(tmp_path / "data", tmp_path / "data" / "db.sqlite3")
+    with pytest.raises(BadRequestError) as publish:
+        registry.install(pack_archive(root), publisher="t", families=families)
+    assert named(publish.value.message) and registry.published() == []

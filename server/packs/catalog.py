@@ -3,7 +3,8 @@
 Packs come in from pack directories (`load_dirs`, the built-in ones) and from the
 published-pack registry (server/packs/registry.py). A published pack an admin has not
 enabled is *held*: served by explicit ref or `pack=`, never drawn by unfiltered sampling
-(DESIGN §5b).
+(DESIGN §5b). A *yanked* version (withdrawn by its publisher) is what `name` alone never
+resolves to, so sampling never draws it; `name@version` and `name@sha256:…` still reach it.
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from palaestra.envs.base import Family
-from palaestra.sdk.errors import BadRequestError, NotFoundError
+from palaestra.sdk.errors import BadRequestError, NotFoundError, UnavailableError
 from palaestra.sdk.task import Task
 from palaestra.server.packs.gencache import GeneratedTaskCache
-from palaestra.server.packs.loader import Pack, load_pack
+from palaestra.server.packs.loader import Pack, PackUnavailable, load_pack
 from palaestra.server.packs.manifest import semver_key
 from palaestra.server.packs.taskfields import HostPolicy
 
@@ -40,6 +41,10 @@ class PackCatalog:
         # Published packs an admin has not enabled: served by explicit ref or `pack=`, never
         # drawn by the sampler's unfiltered mode (DESIGN §5b).
         self._held: set[str] = set()
+        # Packs not served because a family their tasks use failed to import:
+        # {name: {version: why}}; asking for one is a 503 naming the family (not a 404).
+        self._unavailable: dict[str, dict[str, str]] = {}
+        self._yanked: set[tuple[str, str]] = set()  # (name, version)
 
     def add(self, pack: Pack, *, held: bool = False) -> None:
         self._packs.setdefault(pack.name, {})[pack.version] = pack
@@ -50,6 +55,20 @@ class PackCatalog:
         """Let the sampler draw `name` with no pack filter (an admin's decision)."""
         self._held.discard(name)
 
+    def yank(self, name: str, version: str, yanked: bool = True) -> None:
+        """Withdraw `name@version` from resolution by name (or, `yanked=False`, restore it)."""
+        if yanked:
+            self._yanked.add((name, version))
+        else:
+            self._yanked.discard((name, version))
+
+    def is_yanked(self, name: str, version: str) -> bool:
+        return (name, version) in self._yanked
+
+    @property
+    def yanked(self) -> frozenset[tuple[str, str]]:
+        return frozenset(self._yanked)
+
     @property
     def held(self) -> frozenset[str]:
         return frozenset(self._held)
@@ -58,22 +77,36 @@ class PackCatalog:
         """Whether unfiltered sampling may draw this pack."""
         return name not in self._held
 
+    def unavailable(self, exc: PackUnavailable) -> None:
+        """Remember a pack its broken families keep from being served."""
+        why = "; ".join(exc.families.values())
+        self._unavailable.setdefault(exc.name, {})[exc.version] = why
+
     def load_dirs(
         self,
         dirs: Iterable[Path],
         known_families: Iterable[str | Family],
         policy: HostPolicy | None = None,
+        broken: Mapping[str, str] | None = None,
     ) -> None:
-        """Load every pack under `dirs`; a broken pack is recorded in `errors`, never fatal."""
+        """Load every pack under `dirs`; a broken pack is recorded in `errors`, never fatal.
+        `broken`: the families that failed to import (FamilyRegistry.unavailable)."""
         families = list(known_families)
         for base in dirs:
             for root in sorted(p.parent for p in Path(base).glob("*/pack.toml")):
                 try:
                     pack = load_pack(
-                        root, families, policy, secret=self.secret, cache=self.task_cache
+                        root,
+                        families,
+                        policy,
+                        secret=self.secret,
+                        cache=self.task_cache,
+                        broken=broken,
                     )
                     self.add(pack)
                 except Exception as exc:
+                    if isinstance(exc, PackUnavailable):
+                        self.unavailable(exc)
                     self.errors[str(root)] = str(exc)
                     log.error("pack %s not loaded: %s", root, exc)
 
@@ -84,10 +117,29 @@ class PackCatalog:
         if "@" in name and version is None:
             name, version = name.split("@", 1)
         versions = self._packs.get(name)
+        missing = self._unavailable.get(name, {})
+        if missing and (version in missing or (version is None and not versions)):
+            why = missing[version] if version is not None else missing[max(missing, key=semver_key)]
+            raise UnavailableError(
+                f"pack {name}{'@' + version if version else ''} is not served: {why}",
+                code="family_unavailable",
+                retryable=False,
+            )
         if not versions:
             raise NotFoundError(f"unknown pack {name!r}; GET /v1/packs lists the packs served")
         if version is None:
-            return versions[max(versions, key=semver_key)]
+            live = [v for v in versions if (name, v) not in self._yanked]
+            if not live:
+                raise NotFoundError(
+                    f"every version of pack {name!r} is yanked ({', '.join(sorted(versions))}); "
+                    "pin one exactly (name@version) to use it anyway"
+                )
+            return versions[max(live, key=semver_key)]
+        if version.startswith("sha256:"):
+            for pack in versions.values():
+                if pack.digest == version:
+                    return pack
+            raise NotFoundError(f"pack {name!r} has no version with digest {version}")
         if version not in versions:
             raise NotFoundError(
                 f"pack {name!r} has no version {version!r}; it has {sorted(versions)}"

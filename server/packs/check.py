@@ -363,7 +363,8 @@ async def check_pack(
     for extra in extra_families:
         families.add(extra)
     names = families.all()  # Family objects: the loader also checks each task's fields
-    pack, problems = inspect_pack(root, names)
+    broken = families.unavailable()  # one problem per broken family its tasks use
+    pack, problems = inspect_pack(root, names, broken=broken)
     report.problems.extend(_load_problem(root, p) for p in problems)
     if pack is None:
         return report
@@ -375,7 +376,7 @@ async def check_pack(
     report.tasks = len(pack.tasks)
     if not (root / LOCK_FILE).exists():
         report.notes.append(f"no {LOCK_FILE} yet: `palaestra pack build` writes it")
-    again, _ = inspect_pack(root, names)
+    again, _ = inspect_pack(root, names, broken=broken)
     if again is not None:
         for task_id in sorted(pack.tasks.keys() | again.tasks.keys()):
             a, b = pack.tasks.get(task_id), again.tasks.get(task_id)

@@ -177,9 +177,9 @@ def _results(stdout: str, count: int, where: str, sealed: bool) -> list[dict[str
         if task is not None:
             kind = type(task).__name__
             raise GenerationError(f"{where}: generate(index={index}) returned {kind}, not a dict")
-        kind = entry.get("error") if isinstance(entry, dict) else None
+        error = entry.get("error") if isinstance(entry, dict) else None
         message = entry.get("message") if isinstance(entry, dict) else None
-        kind = kind if isinstance(kind, str) else "no task dict"
+        raised = error if isinstance(error, str) else "no task dict"
         why = "" if sealed or not isinstance(message, str) else f": {message[:300]}"
-        raise GenerationError(f"{where}: generate(index={index}) raised {kind[:100]}{why}")
+        raise GenerationError(f"{where}: generate(index={index}) raised {raised[:100]}{why}")
     return tasks

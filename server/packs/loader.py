@@ -27,7 +27,7 @@ import json
 import random
 import sys
 import tomllib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -76,6 +76,8 @@ class Pack:
     expected: dict[str, float] = field(default_factory=dict)
     manifest: PackManifest | None = None
     files: dict[str, str] = field(default_factory=dict)
+    # Families its tasks use that failed to import: {name: why}; those tasks are left out.
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     def info(self) -> PackInfo:
         counts: dict[str, int] = dict.fromkeys(self.sealed, 0)
@@ -390,6 +392,7 @@ def inspect_pack(
     secret: bytes | None = None,
     cache: GeneratedTaskCache | None = None,
     generated: GeneratedSet | None = None,
+    broken: Mapping[str, str] | None = None,
 ) -> tuple[Pack | None, list[str]]:
     """Load what can be loaded and list every problem; the pack is None if pack.toml is unusable.
 
@@ -398,8 +401,11 @@ def inspect_pack(
     `secret` (a server's, server/heldout.py) seeds sealed generated tasks; without it they
     come from public seeds (local tools: `palaestra pack check`). `cache` keeps generated
     tasks between loads (server/packs/gencache.py); `generated` replaces running the
-    generators (the tasks a sandbox made at publish: no generator is imported)."""
+    generators (the tasks a sandbox made at publish: no generator is imported). `broken`
+    (family name -> why it failed to import) turns its tasks into one problem per family
+    (`Pack.unavailable`)."""
     root = Path(root)
+    broken = broken or {}
     policy = policy or HostPolicy.default()
     try:
         manifest = read_manifest(root)
@@ -436,6 +442,7 @@ def inspect_pack(
     expected: dict[str, float] = {}
     seen: dict[str, str] = {}
     families_used: set[str] = set()
+    unavailable: dict[str, int] = {}  # tasks of each broken family
     for where, raw, task_problems in (item for source in found for item in source):
         problems.extend(task_problems)
         if raw is None:
@@ -444,6 +451,9 @@ def inspect_pack(
             record = TaskRecord.model_validate(raw)
         except ValidationError as exc:
             problems.extend(validation_problems(where, exc))
+            continue
+        if record.family in broken:
+            unavailable[record.family] = unavailable.get(record.family, 0) + 1
             continue
         bad = len(task_problems) > 0
         task = build_task(record, manifest, secret)
@@ -485,6 +495,10 @@ def inspect_pack(
             if record.expected_reward is not None
             else manifest.defaults.expected_reward
         )
+    problems.extend(
+        f"{root / 'pack.toml'}: {broken[name]}; {count} task(s) of this pack use it"
+        for name, count in sorted(unavailable.items())
+    )
     extra = [t.digest for t in tasks.values()] if manifest.source is not None else []
     pack = Pack(
         name=manifest.name,
@@ -499,6 +513,7 @@ def inspect_pack(
         expected=expected,
         manifest=manifest,
         files=hashes,
+        unavailable={name: broken[name] for name in sorted(unavailable)},
     )
     return pack, problems
 
@@ -511,11 +526,33 @@ def load_pack(
     secret: bytes | None = None,
     cache: GeneratedTaskCache | None = None,
     generated: GeneratedSet | None = None,
+    broken: Mapping[str, str] | None = None,
 ) -> Pack:
-    """Read and validate one pack directory; raises PackError listing what to fix."""
+    """Read and validate one pack directory; raises PackError listing what to fix
+    (PackUnavailable where some of its tasks are of a family that failed to import)."""
     pack, problems = inspect_pack(
-        root, known_families, policy, secret=secret, cache=cache, generated=generated
+        root,
+        known_families,
+        policy,
+        secret=secret,
+        cache=cache,
+        generated=generated,
+        broken=broken,
     )
+    if pack is not None and pack.unavailable:
+        raise PackUnavailable(pack.name, pack.version, pack.unavailable, problems)
     if problems or pack is None:
         raise PackError(problems)
     return pack
+
+
+class PackUnavailable(PackError):
+    """A pack not served because families its tasks use failed to import."""
+
+    def __init__(
+        self, name: str, version: str, families: dict[str, str], problems: list[str]
+    ) -> None:
+        super().__init__(problems)
+        self.name = name
+        self.version = version
+        self.families = families  # {family: why}

@@ -24,7 +24,9 @@ the on-disk store (server/packs/store.py). Rules:
   and publisher_max_versions versions (413 `publish_quota`: retrying never helps, and a
   429 would tell clients to retry);
 - a pack a non-admin publishes is held out of unfiltered sampling until an admin enables
-  its name (`enable`, table `enabled_packs`); explicit refs and `pack=` still reach it.
+  its name (`enable`, table `enabled_packs`); explicit refs and `pack=` still reach it;
+- a version its publisher (or an admin) yanks (`yank`, column `yanked_at`) stays installed
+  and reachable by `name@version` or digest, but `name` alone, and so sampling, skip it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +58,7 @@ from palaestra.server.packs.archive import ArchiveLimits
 from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.generate import GenerationError
 from palaestra.server.packs.genstore import GeneratedStore, canonical
-from palaestra.server.packs.loader import GeneratedSet, Pack, load_pack
+from palaestra.server.packs.loader import GeneratedSet, Pack, PackUnavailable, load_pack
 from palaestra.server.packs.lock import pack_files
 from palaestra.server.packs.manifest import PackError, PackManifest, read_manifest
 from palaestra.server.packs.store import PackStore
@@ -202,6 +204,9 @@ class PackRegistry:
             db.execute("ALTER TABLE published_packs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
         if "generated" not in columns:  # an index made before sandboxed generation
             db.execute("ALTER TABLE published_packs ADD COLUMN generated TEXT NOT NULL DEFAULT ''")
+        if "yanked_at" not in columns:  # an index made before yanking
+            db.execute("ALTER TABLE published_packs ADD COLUMN yanked_at REAL")
+            db.execute("ALTER TABLE published_packs ADD COLUMN yanked_by TEXT")
         return db
 
     # -- index ------------------------------------------------------------------------------
@@ -244,6 +249,53 @@ class PackRegistry:
             catalog.enable(name)
         return bool(added)
 
+    def yanked(self) -> set[tuple[str, str]]:
+        """The (name, version) pairs yanked."""
+        with self._connect() as db:
+            sql = "SELECT name, version FROM published_packs WHERE yanked_at IS NOT NULL"
+            rows = db.execute(sql)
+            return {(row[0], row[1]) for row in rows}
+
+    def yank(
+        self,
+        name: str,
+        version: str,
+        by: str,
+        *,
+        admin: bool = False,
+        undo: bool = False,
+        catalog: PackCatalog | None = None,
+    ) -> bool:
+        """Yank `name@version` (or, `undo`, restore it); only its publisher or an admin may.
+        False if it already was (or was not) yanked."""
+        row = self.find(name, version)
+        if row is None:
+            raise NotFoundError(
+                f"no published version {name}@{version}; GET /v1/packs/{name} lists its versions"
+            )
+        if not admin and row.publisher != by:
+            raise PermissionDeniedError(
+                f"{name}@{version} was published by another publisher; only its publisher or "
+                "an admin may yank it",
+                code="not_owner",
+            )
+        with self._connect() as db:
+            if undo:
+                sql = "UPDATE published_packs SET yanked_at=NULL, yanked_by=NULL"
+                changed = db.execute(
+                    sql + " WHERE name=? AND version=? AND yanked_at IS NOT NULL", (name, version)
+                ).rowcount
+            else:
+                sql = "UPDATE published_packs SET yanked_at=?, yanked_by=?"
+                changed = db.execute(
+                    sql + " WHERE name=? AND version=? AND yanked_at IS NULL",
+                    (time.time(), by, name, version),
+                ).rowcount
+        if catalog is not None:
+            catalog.yank(name, version, not undo)
+        log.info("pack %s@%s %s by %s", name, version, "unyanked" if undo else "yanked", by)
+        return bool(changed)
+
     def usage(self, publisher: str) -> tuple[int, int]:
         """(installed bytes, versions) this publisher has published."""
         with self._connect() as db:
@@ -273,14 +325,18 @@ class PackRegistry:
         catalog: PackCatalog,
         families: Iterable[str | Family],
         policy: HostPolicy | None = None,
+        broken: Mapping[str, str] | None = None,
     ) -> int:
-        """Serve every published pack; a broken one goes to `catalog.errors`, never fatal.
+        """Serve every published pack; a broken one goes to `catalog.errors`, never fatal
+        (one of a family that failed to import, `broken`, to `catalog.unavailable`).
 
         The task checks run again (`policy`): a pack published before them, or under a
         wider image list, is refused here rather than reaching a sandbox."""
         known = list(families)
         loaded = 0
         enabled = self.enabled()
+        for name, version in self.yanked():
+            catalog.yank(name, version)
         for row in self.published():
             where = f"{row.name}@{row.version}"
             try:
@@ -294,12 +350,15 @@ class PackRegistry:
                     secret=catalog.secret,
                     cache=catalog.task_cache,
                     generated=stored,
+                    broken=broken,
                 )
                 if pack.digest != row.digest:
                     raise PackError(f"its files hash to {pack.digest}, published as {row.digest}")
                 catalog.add(pack, held=row.name not in enabled)
                 loaded += 1
             except Exception as exc:
+                if isinstance(exc, PackUnavailable):
+                    catalog.unavailable(exc)
                 catalog.errors[where] = f"published pack not loaded: {exc}"
                 log.error("published pack %s not loaded: %s", where, exc)
         return loaded
@@ -317,6 +376,7 @@ class PackRegistry:
         rights: PublishRights = ADMIN_RIGHTS,
         policy: HostPolicy | None = None,
         generate: Generate | None = None,
+        broken: Mapping[str, str] | None = None,
     ) -> tuple[Pack, bool]:
         """Verify and install one archive; returns the pack and whether it is new.
 
@@ -346,8 +406,21 @@ class PackRegistry:
                 secret = catalog.secret if catalog is not None else None  # sealed seeds
                 cache = catalog.task_cache if catalog is not None else None
                 pack = load_pack(
-                    root, list(families), policy, secret=secret, cache=cache, generated=generated
+                    root,
+                    list(families),
+                    policy,
+                    secret=secret,
+                    cache=cache,
+                    generated=generated,
+                    broken=broken,
                 )
+            except PackUnavailable as exc:  # the server's fault, not the pack's
+                why = "; ".join(exc.families.values())
+                raise UnavailableError(
+                    f"this server cannot load the pack: {why}",
+                    code="family_unavailable",
+                    retryable=False,
+                ) from None
             except Exception as exc:
                 raise BadRequestError(f"not a valid pack: {exc}", code="invalid_pack") from None
             if expect_digest is not None and pack.digest != expect_digest:
