@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from palaestra.cli.console import console, err, error, styled
-from palaestra.server.config import load_settings
+from palaestra.server.config import Settings, load_settings
 from palaestra.server.packs.generate import GenerateLimits, GenerationError, generate_pack
 from palaestra.server.packs.loader import GeneratedSet, Pack, load_pack
 from palaestra.server.packs.lock import LOCK_FILE, pack_files
@@ -64,15 +64,22 @@ def task_record(pack: Pack, task_id: str) -> dict[str, Any]:
     }
 
 
-async def _generate(root: Path, manifest: PackManifest) -> GeneratedSet:
-    settings = load_settings()
-    backend = make_backend(settings)
-    try:
-        return await generate_pack(
-            backend.create, root, manifest, GenerateLimits.from_settings(settings)
-        )
-    finally:
-        await backend.aclose()
+def generate_in_sandboxes(
+    root: Path, manifest: PackManifest, settings: Settings, secret: bytes | None = None
+) -> GeneratedSet:
+    """Every generator split of the pack at `root`, each in its own sandbox of this
+    machine's backend, as a server generates a publish token's pack (sealed splits from
+    `secret` when given, else from the pack's public seeds)."""
+
+    async def run() -> GeneratedSet:
+        backend = make_backend(settings)
+        try:
+            limits = GenerateLimits.from_settings(settings)
+            return await generate_pack(backend.create, root, manifest, limits, secret)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(run())
 
 
 def materialize(root: Path, out: Path, *, force: bool = False) -> Pack:
@@ -85,7 +92,7 @@ def materialize(root: Path, out: Path, *, force: bool = False) -> Pack:
         raise PackError(f"{root}: no [generators.*]: the pack is static already")
     if out.exists() and not force:
         raise PackError(f"{out} exists; pass --force to replace it")
-    generated = asyncio.run(_generate(root, manifest))
+    generated = generate_in_sandboxes(root, manifest, load_settings())
     pack = load_pack(root, generated=generated)
     skip = {
         "pack.toml",

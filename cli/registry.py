@@ -25,10 +25,14 @@ import typer
 
 from palaestra.cli.clients import resolve_token, settings_for
 from palaestra.cli.console import console, error
+from palaestra.cli.materialize import generate_in_sandboxes
 from palaestra.cli.options import Token, Url
 from palaestra.sdk.errors import PalaestraError, error_from_response
+from palaestra.server import heldout
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.archive import ArchiveError, pack_archive
+from palaestra.server.packs.loader import GeneratedSet
+from palaestra.server.packs.manifest import PackManifest
 from palaestra.server.packs.registry import PackRegistry
 
 DataDir = Annotated[
@@ -202,12 +206,23 @@ def register(pack_app: typer.Typer) -> None:
                 source = f"{url.rstrip('/')}/v1/packs/{target}"
             registry = PackRegistry(settings.data_dir, settings.db_path)
             families = [f.name for f in FamilyRegistry.discover().all()]
+            secret = heldout.ensure_secret(
+                settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
+            )
+
+            def generate(root: Path, manifest: PackManifest) -> GeneratedSet:
+                # Anyone with a publish token may have written a generator pack: its
+                # generators run in sandboxes here too, never in this (or the server's)
+                # process; sealed splits are drawn with this data dir's secret.
+                return generate_in_sandboxes(root, manifest, settings, secret)
+
             pack, created = registry.install(
                 data,
                 publisher=f"install from {source}",
                 families=families,
-                allow_code=True,  # the user chose to install it on their own machine
+                allow_code=True,  # [source] packs: only an admin could have published them
                 expect_digest=expect,
+                generate=generate,
             )
         except PalaestraError as exc:
             raise _fail(f"({exc.code}) {exc.message}") from None

@@ -94,6 +94,8 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert "acme/forms@0.1.0: 9/9 tasks checked" in log
     assert "acme/sums@0.1.0:sums-heldout-4" in log  # the folder served as it is
     assert (root / "build" / "sums" / "tasks.jsonl").exists()  # materialized
+    generated = root / "server-b" / "packs" / "generated"  # installed: generated in sandboxes
+    assert [p.name for p in generated.iterdir()], "pack install ran the generators in-process"
     # The figure issue 22 asks for (`pytest -s` shows it): ~30 s on an idle 2-core machine,
     # ~58 s at a load of 9; not asserted, so a busy machine does not fail the test.
     print(f"walkthrough: {elapsed:.1f} s")

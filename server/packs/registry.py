@@ -380,10 +380,10 @@ class PackRegistry:
     ) -> tuple[Pack, bool]:
         """Verify and install one archive; returns the pack and whether it is new.
 
-        Without `allow_code`, a generator pack's tasks come from `generate` (sandboxes) and
-        are stored beside it. Raises BadRequestError (not a valid pack, lock mismatch,
-        unexpected digest, a task naming a host path, a generator that failed),
-        PermissionDeniedError (a `[source]` pack without `allow_code`, an org `rights` does
+        A generator pack's tasks come from `generate` (sandboxes) and are stored beside it,
+        whenever `generate` is given and always without `allow_code`. Raises BadRequestError
+        (not a valid pack, lock mismatch, unexpected digest, a task naming a host path, a
+        generator that failed), PermissionDeniedError (a `[source]` pack without `allow_code`, an org `rights` does
         not own), UnavailableError (no sandbox for the generators), QuotaExceededError or
         ConflictError (the version is published with other bytes)."""
         with self.store.unpacked(data) as root:
@@ -399,8 +399,8 @@ class PackRegistry:
                     "fine: its generators run in a sandbox at publish)",
                     code="missing_scope",
                 )
-            generated = None
-            if manifest.generators and not allow_code:
+            generated = None  # with `generate` (or without allow_code): never in-process
+            if manifest.generators and (generate is not None or not allow_code):
                 generated = self._generate(root, manifest, generate)
             try:
                 secret = catalog.secret if catalog is not None else None  # sealed seeds
