@@ -56,6 +56,14 @@ def serve(
         str | None,
         typer.Option(help="token (default) | off: everyone is admin, local experiments only"),
     ] = None,
+    packs: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--packs",
+            help="serve the packs in this folder (a pack folder, or a folder of them) "
+            "instead of the built-in packs/; repeat for more (the packs_dirs setting)",
+        ),
+    ] = None,
 ) -> None:
     """Run the HTTP server on the embedded defaults (bwrap, SQLite, built-in packs).
 
@@ -76,6 +84,7 @@ def serve(
             "idle_ttl_s": idle_ttl_s,
             "log_level": log_level,
             "auth": auth,
+            "packs_dirs": packs or None,
         }
     )
     configure_logging(settings.log_level)

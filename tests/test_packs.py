@@ -474,3 +474,13 @@ def test_registry_records_broken_packs(tmp_path: Path) -> None:
     catalog.load_dirs([tmp_path / "packs"], FAMILIES)
     assert [p.name for p in catalog.all()] == ["acme/demo"]
     assert "duplicate task id" in catalog.errors[str(tmp_path / "packs" / "bad")]
+
+
+def test_packs_dirs_take_a_pack_folder_itself_and_name_a_missing_one(tmp_path: Path) -> None:
+    one = make_pack(tmp_path / "one")  # a pack folder named directly, not its parent
+    catalog = PackCatalog()
+    (tmp_path / "empty-is-fine").mkdir()
+    catalog.load_dirs([one, tmp_path / "empty-is-fine", tmp_path / "nowhere"], FAMILIES)
+    assert [p.name for p in catalog.all()] == ["acme/demo"]
+    assert list(catalog.errors) == [str(tmp_path / "nowhere")]
+    assert "not a folder" in catalog.errors[str(tmp_path / "nowhere")]

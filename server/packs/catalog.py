@@ -89,11 +89,21 @@ class PackCatalog:
         policy: HostPolicy | None = None,
         broken: Mapping[str, str] | None = None,
     ) -> None:
-        """Load every pack under `dirs`; a broken pack is recorded in `errors`, never fatal.
-        `broken`: the families that failed to import (FamilyRegistry.unavailable)."""
+        """Load every pack in `dirs`: each is a folder of pack folders, or a pack folder
+        itself. A broken pack, or a folder that does not exist, is recorded in `errors`,
+        never fatal. `broken`: the families that failed to import
+        (FamilyRegistry.unavailable)."""
         families = list(known_families)
-        for base in dirs:
-            for root in sorted(p.parent for p in Path(base).glob("*/pack.toml")):
+        for base in map(Path, dirs):
+            if not base.is_dir():
+                self.errors[str(base)] = (
+                    f"packs_dirs names {base}, which is not a folder; name a pack folder or a "
+                    "folder of pack folders"
+                )
+                log.error("%s", self.errors[str(base)])
+                continue
+            found = [base] if (base / "pack.toml").is_file() else base.glob("*/pack.toml")
+            for root in sorted(p if p == base else p.parent for p in found):
                 try:
                     pack = load_pack(
                         root,
