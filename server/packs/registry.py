@@ -383,9 +383,10 @@ class PackRegistry:
         A generator pack's tasks come from `generate` (sandboxes) and are stored beside it,
         whenever `generate` is given and always without `allow_code`. Raises BadRequestError
         (not a valid pack, lock mismatch, unexpected digest, a task naming a host path, a
-        generator that failed), PermissionDeniedError (a `[source]` pack without `allow_code`, an org `rights` does
-        not own), UnavailableError (no sandbox for the generators), QuotaExceededError or
-        ConflictError (the version is published with other bytes)."""
+        generator that failed), PermissionDeniedError (a `[source]` pack without
+        `allow_code`, an org `rights` does not own), UnavailableError (no sandbox for the
+        generators), QuotaExceededError or ConflictError (the version is published with
+        other bytes)."""
         with self.store.unpacked(data) as root:
             try:
                 manifest = read_manifest(root)
