@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,6 +28,8 @@ from palaestra.server.packs.lock import LOCK_FILE, pack_files
 from palaestra.server.packs.manifest import PackError, PackManifest, read_manifest
 from palaestra.server.runtime import make_backend
 
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")  # TOML's bare keys; anything else is quoted
+
 
 def manifest_toml(manifest: PackManifest) -> str:
     """pack.toml of `manifest` without its generators (keys quoted, values as JSON, which
@@ -34,19 +37,21 @@ def manifest_toml(manifest: PackManifest) -> str:
     data = manifest.model_dump(mode="json", exclude={"generators"}, exclude_defaults=True)
     lines: list[str] = []
 
+    def key(name: str) -> str:
+        return name if BARE_KEY.fullmatch(name) else json.dumps(name)
+
     def table(prefix: str, values: dict[str, Any]) -> None:
-        lines.append(f"\n[{prefix}]")
         subs = {k: v for k, v in values.items() if isinstance(v, dict)}
-        lines.extend(
-            f"{json.dumps(k)} = {json.dumps(v)}" for k, v in values.items() if k not in subs
-        )
-        for key, sub in subs.items():
-            table(f"{prefix}.{json.dumps(key)}", sub)
+        if len(subs) < len(values) or not values:  # a table of tables needs no header
+            lines.append(f"\n[{prefix}]")
+        lines.extend(f"{key(k)} = {json.dumps(v)}" for k, v in values.items() if k not in subs)
+        for name, sub in subs.items():
+            table(f"{prefix}.{key(name)}", sub)
 
     lines.extend(f"{k} = {json.dumps(v)}" for k, v in data.items() if not isinstance(v, dict))
-    for key, value in data.items():
+    for name, value in data.items():
         if isinstance(value, dict):
-            table(key, value)
+            table(key(name), value)
     return "\n".join(lines) + "\n"
 
 
