@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from conftest import make_settings
 
+from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.archive import pack_archive
-from palaestra.server.runtime import build_manager
 
 from .publishers import client, error, publish
 
@@ -42,20 +41,15 @@ def generator_pack(root: Path, name: str, body: str, *, sealed: bool = False) ->
 
 
 @pytest.fixture
-async def hostile_manager(tmp_path: Path) -> AsyncIterator[EpisodeManager]:
-    settings = make_settings(
+def settings(tmp_path: Path) -> Settings:
+    """conftest's `manager` on tight generation limits, so each attack ends in seconds."""
+    return make_settings(
         data_dir=tmp_path / "data",
         generate_timeout_s=3.0,
         generate_memory_mb=256,
         generate_max_output_mb=1,
         generate_pids=32,
     )
-    built = build_manager(settings)
-    await built.start()
-    try:
-        yield built
-    finally:
-        await built.shutdown()
 
 
 def host_paths(data: Path) -> list[str]:
@@ -121,10 +115,7 @@ CASES = {
 }
 
 
-async def test_hostile_generators_are_contained(
-    hostile_manager: EpisodeManager, tmp_path: Path
-) -> None:
-    manager = hostile_manager
+async def test_hostile_generators_are_contained(manager: EpisodeManager, tmp_path: Path) -> None:
     os.environ["GENTEST_CANARY"] = "the server's environment"
     cases = {**CASES, "reads": (reader(manager.settings.data_dir), "raised LookupError")}
     try:
@@ -144,10 +135,10 @@ async def test_hostile_generators_are_contained(
 
 
 async def test_a_sealed_split_failure_quotes_nothing(
-    hostile_manager: EpisodeManager, tmp_path: Path
+    manager: EpisodeManager, tmp_path: Path
 ) -> None:
     body = 'raise ValueError(f"SEALED-{seed}")'
-    async with client(hostile_manager, ["publish"], orgs=("test",)) as http:
+    async with client(manager, ["publish"], orgs=("test",)) as http:
         reply = await publish(http, generator_pack(tmp_path / "s", "sealed", body, sealed=True))
     status, code, message = error(reply)
     assert (status, code) == (400, "generator_failed")
