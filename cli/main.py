@@ -64,10 +64,19 @@ def serve(
             "instead of the built-in packs/; repeat for more (the packs_dirs setting)",
         ),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="host episodes on Ray workers: ADDRESS (host:port), auto, or local:N "
+            "(an N-node cluster on this machine); see docs/operations.md",
+        ),
+    ] = None,
 ) -> None:
     """Run the HTTP server on the embedded defaults (bwrap, SQLite, built-in packs).
 
-    At first start it writes a local admin token to <data dir>/admin.token (mode 0600)."""
+    At first start it writes a local admin token to <data dir>/admin.token (mode 0600).
+    With --ray it is a cluster front: the same API, episodes on Ray workers."""
     import uvicorn
 
     from palaestra.server.app import create_app
@@ -85,9 +94,18 @@ def serve(
             "log_level": log_level,
             "auth": auth,
             "packs_dirs": packs or None,
+            "ray": ray,
         }
     )
     configure_logging(settings.log_level)
+    if settings.ray:
+        from palaestra.server.cluster.connect import ClusterError, check_address
+
+        try:
+            check_address(settings.ray)  # before the app starts: a clear error, no traceback
+        except ClusterError as exc:
+            error(str(exc), "ray_unreachable")
+            raise typer.Exit(2) from None
     uvicorn.run(
         create_app(settings, freeze_gc=True),
         host=settings.host,

@@ -322,6 +322,11 @@ class Family(abc.ABC):
         or None if an episode of `task` runs no code. Must not touch the network or disk."""
         return None
 
+    def node_labels(self, task: Task) -> frozenset[str]:
+        """Called by a cluster front (server/cluster/): the node labels a worker hosting an
+        episode of `task` must have (e.g. `bpy` for Blender), beyond the sandbox backend's."""
+        return frozenset()
+
     def episode_limits(self, task: Task, options: dict[str, Any], limits: Limits) -> Limits:
         """Called at reset with the limits the server grants (from the client's options
         within the operator's ceilings): the episode's limits, e.g. with this family's own

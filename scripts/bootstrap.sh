@@ -60,10 +60,10 @@ fi
 stamp=.venv/.palaestra-installed
 want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "bootstrap: creating .venv with $PYTHON and installing palaestra[dev,train,cad,finance]"
+  echo "bootstrap: creating .venv with $PYTHON and installing palaestra[dev,train,cad,finance,cluster]"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -m pip install -q -e '.[dev,train,cad,finance]' 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -m pip install -q -e '.[dev,train,cad,finance,cluster]' 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c 'import palaestra.server, palaestra.sdk' # fails loudly if the install did
   echo "$want" > "$stamp"
 fi

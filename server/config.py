@@ -80,6 +80,9 @@ class Settings(BaseModel):
             "start; default <data_dir>/heldout.secret); share it to share a held-out set"
         ),
     )
+    store: str = Field(
+        default="", description="the store: empty for SQLite under the data dir, else its URL"
+    )
     # The CLI's side: the server its commands talk to (cli/options.py).
     url: str | None = Field(
         default=None, description="CLI: the server URL; without it an embedded server runs"
@@ -323,6 +326,32 @@ class Settings(BaseModel):
         default=100_000, ge=0, description="recent episodes read at start to rebuild the stats"
     )
     log_level: str = "info"
+    # Cluster mode (server/cluster/, docs/operations.md).
+    ray: str = Field(
+        default="",
+        description=(
+            "run episodes on Ray workers: a cluster address (host:port), 'auto', or 'local:N' "
+            "(start an N-node cluster on this machine); empty: embedded, in this process"
+        ),
+    )
+    ray_namespace: str = Field(default="palaestra", description="Ray namespace of the workers")
+    ray_node_episodes: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "live episodes a worker hosts (a node's `palaestra_episodes` resource overrides "
+            "it; 0: max_episodes)"
+        ),
+    )
+    ray_overcommit: float = Field(
+        default=4.0,
+        gt=0,
+        description="sandbox CPUs and memory a node may promise, as a multiple of what it has",
+    )
+    ray_poll_s: float = Field(
+        default=1.0, gt=0, description="how often a front refreshes workers' load and health"
+    )
+    ray_local_cpus: int = Field(default=1, ge=1, description="local:N: CPUs each node declares")
 
     @field_validator("egress_allow")
     @classmethod
@@ -346,6 +375,8 @@ class Settings(BaseModel):
 
     @property
     def db_path(self) -> Path:
+        if self.store:
+            return Path(self.store.removeprefix("sqlite://"))
         return self.data_dir / "palaestra.sqlite3"
 
 

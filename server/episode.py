@@ -105,14 +105,14 @@ class Episode:
         return max(0.0, used)
 
 
-def void_verdict(task: Task, reason: str, duration: float) -> Verdict:
+def void_verdict(task_digest: str, reason: str, duration: float) -> Verdict:
     return Verdict(
         reward=0.0,
         passed=False,
         status="void",
         feedback=reason,
         verifier=VerifierInfo(name="none", version="0"),
-        task_digest=task.digest,
+        task_digest=task_digest,
         duration_s=duration,
     )
 

@@ -69,6 +69,8 @@ ENDED_CACHE = 4096
 
 
 class EpisodeManager:
+    catalog_class: type[Catalog] = Catalog  # a cluster front's also exports what is published
+
     def __init__(
         self,
         settings: Settings,
@@ -100,7 +102,7 @@ class EpisodeManager:
         self.sampler = Sampler(settings, packs)
         self.metrics.bind_sampler(self.sampler.quarantined_count)
         self.sandboxes = SandboxOwner(settings, backend, fork_server)
-        self.catalog = Catalog(
+        self.catalog = self.catalog_class(
             settings,
             families=families,
             packs=packs,
@@ -151,13 +153,24 @@ class EpisodeManager:
     def ready(self) -> bool:
         return self._reaper is not None and not self._reaper.done()
 
+    @property
+    def live_count(self) -> int:
+        """Live episodes, and those being started."""
+        return len(self._live) + self._pending
+
     def _live_by_status(self) -> dict[str, int]:
         return {EpisodeStatus.ACTIVE.value: len(self._live)}
 
     # -- episodes -------------------------------------------------------------------------
     async def reset(
-        self, request: ResetRequest, principal: Principal = ADMIN_PRINCIPAL
+        self,
+        request: ResetRequest,
+        principal: Principal = ADMIN_PRINCIPAL,
+        *,
+        new_id: str | None = None,
     ) -> ResetResponse:
+        """Start an episode; `new_id` is the server-made id to give it (a cluster front
+        chooses it, so the ledger knows the episode before a worker starts it)."""
         if len(self._live) + self._pending >= self.settings.max_episodes:
             raise CapacityError(
                 f"the server holds its limit of {self.settings.max_episodes} live episodes; "
@@ -173,7 +186,7 @@ class EpisodeManager:
             )
         principal.require_episodes(task.sealed, task.split)
         owner = principal.token_id
-        episode_id = episode_key(owner, request.episode_id, uuid.uuid4().hex)
+        episode_id = episode_key(owner, request.episode_id, new_id or uuid.uuid4().hex)
         if episode_id in self._live or episode_id in self._ended or episode_id in self._reserved:
             raise id_taken(request.episode_id or episode_id)
         wants_oracle = bool(request.options.get("oracle"))
@@ -395,7 +408,7 @@ class EpisodeManager:
 
     async def _void(self, episode: Episode, reason: str) -> StepResponse:
         await self._end(episode, EpisodeStatus.VOID, reason=reason)
-        verdict = void_verdict(episode.task, reason, 0.0)
+        verdict = void_verdict(episode.task.digest, reason, 0.0)
         episode.state.verdict = verdict
         self.store.put_verdict(episode.id, verdict)
         return StepResponse(
@@ -431,7 +444,7 @@ class EpisodeManager:
             kind = "sandbox failed" if isinstance(exc, SandboxError) else "verifier crashed"
             log_crash(episode, f"{kind} while verifying", exc)
             reason = f"{kind} ({type(exc).__name__})"
-            verdict = void_verdict(episode.task, reason, time.perf_counter() - started)
+            verdict = void_verdict(episode.task.digest, reason, time.perf_counter() - started)
             status = EpisodeStatus.VOID
         self.metrics.verify_seconds.labels(episode.task.family).observe(
             time.perf_counter() - started

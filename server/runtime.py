@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from palaestra.sandbox import Backend
@@ -10,6 +12,7 @@ from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
 from palaestra.server import heldout
 from palaestra.server.auth import ensure_admin_token
+from palaestra.server.cluster import depot
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.manager import EpisodeManager
@@ -64,8 +67,23 @@ def family_options(settings: Settings) -> dict[str, dict[str, Any]]:
     }
 
 
-def build_manager(settings: Settings, *, backend: Backend | None = None) -> EpisodeManager:
-    """A manager on the embedded defaults; call `await manager.start()` inside the event loop."""
+def build_manager(
+    settings: Settings,
+    *,
+    backend: Backend | None = None,
+    make: Callable[..., EpisodeManager] = EpisodeManager,
+    cluster_node: bool = False,
+    admin_token: bool = True,
+) -> EpisodeManager:
+    """A manager on the embedded defaults; call `await manager.start()` inside the event loop.
+
+    `cluster_node`: built for a cluster's worker or front (server/cluster/): published packs
+    missing from this node's data dir are fetched from the shared store by digest.
+    `admin_token`: write the local admin token (workers authenticate nobody)."""
+    if settings.ray and not cluster_node:
+        from palaestra.server.cluster.front import build_front
+
+        return build_front(settings)
     families = FamilyRegistry.discover(family_options(settings))
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
     secret = heldout.ensure_secret(secret_file)  # sealed generated seeds
@@ -75,12 +93,13 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     packs.load_dirs(settings.packs_dirs, families.all(), policy, broken)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db_path)
-    if settings.auth == "token":
+    if settings.auth == "token" and admin_token:
         ensure_admin_token(settings.data_dir, settings.db_path)
     # Published packs (the server's content-addressed store) after the built-in ones.
     limits = ArchiveLimits.from_settings(settings)  # bombs are refused while they inflate
     registry = PackRegistry(settings.data_dir, settings.db_path, archive_limits=limits)
-    registry.load_into(packs, families.all(), policy, broken)
+    fetch = functools.partial(depot.fetch, registry, store) if cluster_node else None
+    registry.load_into(packs, families.all(), policy, broken, fetch=fetch)
     fork_server = None
     if backend is None:
         backend = with_pool(make_backend(settings), settings)
@@ -88,7 +107,7 @@ def build_manager(settings: Settings, *, backend: Backend | None = None) -> Epis
     metrics = Metrics()
     if isinstance(backend, WarmPool):
         metrics.bind_pool(backend.stats)
-    return EpisodeManager(
+    return make(
         settings,
         families=families,
         packs=packs,

@@ -46,7 +46,7 @@ from palaestra.server.packs.catalog import PackCatalog
 log = logging.getLogger("palaestra.sampler")
 
 # Voids the server causes itself say nothing about the task; they never count.
-LIFECYCLE_VOIDS = frozenset({"server shut down", "server restarted"})
+LIFECYCLE_VOIDS = frozenset({"server shut down", "server restarted", "worker_lost"})
 PLAN_CACHE = 256
 REBUILD_EVERY = 100_000  # tree updates between exact rebuilds (float drift)
 

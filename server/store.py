@@ -13,6 +13,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,24 @@ CREATE TABLE IF NOT EXISTS sampler_releases (
 );
 """
 
-SCHEMA += TOKENS_SCHEMA + PACKS_SCHEMA + SAMPLER_SCHEMA
+# Cluster mode (server/cluster/): which worker hosts an episode, and content-addressed blobs
+# (pack archives) that workers on other nodes fetch by digest.
+CLUSTER_SCHEMA = """
+CREATE TABLE IF NOT EXISTS placements (
+    episode_id TEXT PRIMARY KEY,
+    worker TEXT NOT NULL,
+    node TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS placements_worker ON placements (worker);
+CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY,
+    data BLOB NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+
+SCHEMA += TOKENS_SCHEMA + PACKS_SCHEMA + SAMPLER_SCHEMA + CLUSTER_SCHEMA
 
 # A queued write: statement, parameters, and the future its caller may wait on (or None).
 _Write = tuple[str, tuple[Any, ...], "Future[None] | None"]
@@ -314,6 +332,14 @@ class Store:
             (episode_id, verdict.model_dump_json()),
         )
 
+    def put_placement(self, episode_id: str, worker: str, node: str) -> None:
+        """Queued: the worker that hosts `episode_id` (cluster mode)."""
+        self._put(
+            "INSERT OR REPLACE INTO placements (episode_id, worker, node, created_at)"
+            " VALUES (?,?,?,?)",
+            (episode_id, worker, node, time.time()),
+        )
+
     def flush(self) -> None:
         """Wait until everything queued before is committed (or dropped, or the writer died)."""
         if not self._writer.is_alive():
@@ -453,6 +479,37 @@ class Store:
             return dict(
                 db.execute("SELECT status, COUNT(*) FROM episodes GROUP BY status").fetchall()
             )
+
+    def placement(self, episode_id: str) -> tuple[str, str] | None:
+        """(worker, node) hosting `episode_id`, if it was placed in cluster mode."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT worker, node FROM placements WHERE episode_id=?", (episode_id,)
+            ).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def active_on(self, worker: str) -> list[str]:
+        """Ids of the still-active episodes placed on `worker`."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT e.id FROM placements p JOIN episodes e ON e.id = p.episode_id"
+                " WHERE p.worker=? AND e.status='active'",
+                (worker,),
+            ).fetchall()
+        return [row[0] for row in rows]
+
+    def put_blob(self, digest: str, data: bytes) -> None:
+        """Store content-addressed bytes (idempotent)."""
+        with self._connect() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO blobs (digest, data, created_at) VALUES (?,?,?)",
+                (digest, data, time.time()),
+            )
+
+    def get_blob(self, digest: str) -> bytes | None:
+        with self._connect() as db:
+            row = db.execute("SELECT data FROM blobs WHERE digest=?", (digest,)).fetchone()
+        return bytes(row[0]) if row else None
 
     def mark_unfinished(self, status: str, reason: str, now: float) -> int:
         """At start-up: episodes left `active` by a previous process can never resume."""

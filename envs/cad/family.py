@@ -132,6 +132,10 @@ class CadFamily(Family):
     def __init__(self, toolchains_dir: Path | None = None) -> None:
         self.toolchains_dir = toolchains_dir  # None: the bootstrap script's rule (runtime.py)
 
+    def node_labels(self, task: Task) -> frozenset[str]:
+        """Any step may pick the Blender toolchain: a node needs both toolchains (`bpy`)."""
+        return frozenset({"bpy"})
+
     def sandbox_spec(self, task: Task) -> SandboxSpec | None:
         return SandboxSpec(
             workspace_mb=256,

@@ -326,9 +326,13 @@ class PackRegistry:
         families: Iterable[str | Family],
         policy: HostPolicy | None = None,
         broken: Mapping[str, str] | None = None,
+        *,
+        fetch: Callable[[Published], None] | None = None,
     ) -> int:
-        """Serve every published pack; a broken one goes to `catalog.errors`, never fatal
-        (one of a family that failed to import, `broken`, to `catalog.unavailable`).
+        """Serve every published pack not served yet; a broken one goes to `catalog.errors`,
+        never fatal (one of a family that failed to import, `broken`, to
+        `catalog.unavailable`). `fetch` brings a row's folders to this node first (a
+        cluster's workers: server/cluster/depot.py).
 
         The task checks run again (`policy`): a pack published before them, or under a
         wider image list, is refused here rather than reaching a sandbox."""
@@ -339,7 +343,12 @@ class PackRegistry:
             catalog.yank(name, version)
         for row in self.published():
             where = f"{row.name}@{row.version}"
+            served = _served(catalog, row.name, row.version)
+            if served is not None and served.digest == row.digest:
+                continue
             try:
+                if fetch is not None:
+                    fetch(row)
                 path = self.store.path_of(row.digest)
                 # Generated in sandboxes at publish: served from the store, never imported.
                 stored = self.generated.load(row.digest, row.generated) if row.generated else None

@@ -1,0 +1,109 @@
+"""Published packs on every node: exported by a front into the shared store, fetched by digest.
+
+A published pack lives in its front's data dir (the pack folder and, for a generator pack,
+its sandbox-generated tasks). A front exports each one once into the shared store's
+content-addressed blobs (`pack:<digest>`: a tar of both folders); a worker, or another
+front, that lacks a pack's folder fetches the blob, unpacks it under its own data dir and
+loads it like any published pack. Nothing is trusted for being fetched: the loader hashes
+the files again (row digest, generated index chain) before serving them.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+from functools import partial
+from pathlib import Path
+
+from palaestra.server.manager import EpisodeManager
+from palaestra.server.packs.manifest import PackError
+from palaestra.server.packs.registry import PackRegistry, Published
+from palaestra.server.packs.taskfields import HostPolicy
+from palaestra.server.store import Store
+
+log = logging.getLogger("palaestra.cluster")
+
+PACK_DIR, GENERATED_DIR = "pack", "generated"
+
+
+def blob_key(digest: str) -> str:
+    return f"pack:{digest}"
+
+
+def _tar(folders: dict[str, Path]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for arcname, folder in folders.items():
+            if folder.is_dir():
+                tar.add(folder, arcname=arcname)
+    return out.getvalue()
+
+
+def export(registry: PackRegistry, store: Store, row: Published) -> bool:
+    """Put `row`'s pack into the shared store (idempotent); whether it had to."""
+    if store.get_blob(blob_key(row.digest)) is not None:
+        return False
+    folders = {PACK_DIR: registry.store.path_of(row.digest)}
+    if row.generated:
+        folders[GENERATED_DIR] = registry.generated.folder(row.digest)
+    if not folders[PACK_DIR].is_dir():
+        raise PackError(f"{row.name}@{row.version}: its folder is missing on this front")
+    store.put_blob(blob_key(row.digest), _tar(folders))
+    return True
+
+
+def export_all(registry: PackRegistry, store: Store) -> int:
+    """Export every published pack whose folder is on this node; how many were new."""
+    return sum(
+        export(registry, store, row)
+        for row in registry.published()
+        if registry.store.path_of(row.digest).is_dir()
+    )
+
+
+def fetch(registry: PackRegistry, store: Store, row: Published) -> None:
+    """Make `row`'s folders exist under this node's data dir, from the shared store."""
+    pack_dir = registry.store.path_of(row.digest)
+    gen_dir = registry.generated.folder(row.digest)
+    if pack_dir.is_dir() and (not row.generated or gen_dir.is_dir()):
+        return
+    data = store.get_blob(blob_key(row.digest))
+    if data is None:
+        raise PackError(
+            f"{row.name}@{row.version} ({row.digest}) is not in the shared store yet: "
+            "the front it was published on has not exported it"
+        )
+    registry.store.tmp.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fetch-", dir=registry.store.tmp))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(work, filter="data")  # no links out, no devices, no absolute paths
+        for name, final in ((PACK_DIR, pack_dir), (GENERATED_DIR, gen_dir)):
+            if (work / name).is_dir() and not final.is_dir():
+                final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                os.rename(work / name, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log.info("fetched %s@%s (%s) from the shared store", row.name, row.version, row.digest)
+
+
+def sync_published(manager: EpisodeManager) -> int:
+    """Serve the packs published (on any front) since `manager` loaded; how many."""
+    registry = manager.registry
+    if registry is None:
+        return 0
+    families = manager.families
+    loaded = registry.load_into(
+        manager.packs,
+        families.all(),
+        HostPolicy.from_settings(manager.settings),
+        families.unavailable(),
+        fetch=partial(fetch, registry, manager.store),
+    )
+    if loaded:
+        manager.sampler.refresh()
+    return loaded

@@ -1,0 +1,505 @@
+"""A cluster front: the same API, with episodes hosted by Ray workers (DESIGN §9).
+
+`palaestra serve --ray ADDRESS|auto|local:N` runs this manager behind the unchanged app. A
+front holds no episode: it picks the task (sampler, catalog), asks the ledger for the
+token's quota, and sends the reset to the freest worker that can host it (placement.py);
+steps go to the episode's worker over its channel. The episode → worker map is in the
+shared store (written by the worker), so a restarted front, or a second one, routes the
+same episodes. A worker whose node or actor is gone is `lost`: its active episodes end
+`void` with reason `worker_lost` (the policy did not cause it; the sampler ignores it).
+Several fronts may serve one cluster: workers and the ledger are named, detached actors
+that the first front creates and every front finds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from palaestra.sdk.errors import CapacityError, UnavailableError
+from palaestra.sdk.models import (
+    EpisodeState,
+    EpisodeStatus,
+    Observation,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+    Verdict,
+)
+from palaestra.server import heldout
+from palaestra.server.auth import ADMIN_PRINCIPAL, Principal
+from palaestra.server.catalog import Catalog
+from palaestra.server.cluster import depot
+from palaestra.server.cluster.channel import ChannelClient, WorkerUnreachable, raise_error
+from palaestra.server.cluster.connect import RayConnection
+from palaestra.server.cluster.ledger import LEDGER_NAME, Ledger
+from palaestra.server.cluster.placement import (
+    WORKER_FULL,
+    Needs,
+    WorkerInfo,
+    candidates,
+    cluster_full,
+)
+from palaestra.server.cluster.worker import (
+    EpisodeWorker,
+    principal_json,
+    settings_for_workers,
+    worker_name,
+)
+from palaestra.server.config import Settings
+from palaestra.server.episode import void_verdict
+from palaestra.server.manager import EpisodeManager
+from palaestra.server.packs.loader import Pack
+from palaestra.server.tenancy import candidate_keys, episode_key, quota_error
+
+log = logging.getLogger("palaestra.cluster")
+
+LOST = "worker_lost"
+ROUTES_CACHED = 65536
+WORKER_START_S = 300.0
+
+
+@dataclass
+class Worker:
+    info: WorkerInfo
+    handle: Any
+    channel: ChannelClient
+
+
+@dataclass(frozen=True)
+class Route:
+    worker: str
+    task: str
+
+
+class ClusterCatalog(Catalog):
+    """A front's catalog: what is published here is exported at once for the workers."""
+
+    async def publish(
+        self, data: bytes, principal: Principal = ADMIN_PRINCIPAL
+    ) -> tuple[Pack, bool]:
+        pack, created = await super().publish(data, principal)
+        if created and self.registry is not None:
+            await asyncio.to_thread(depot.export_all, self.registry, self.store)
+        return pack, created
+
+
+class ClusterManager(EpisodeManager):
+    catalog_class = ClusterCatalog
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.connection: RayConnection | None = None
+        self.ledger: Any = None
+        self.workers: dict[str, Worker] = {}
+        self._routes: OrderedDict[str, Route] = OrderedDict()
+        self._ends_seen: OrderedDict[str, None] = OrderedDict()
+        self._over_cpu: set[str] = set()
+        self._starting: dict[str, asyncio.Task[None]] = {}
+        self._published: set[str] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Join the cluster, find (or make) the ledger and a worker on every node."""
+        # Ray joins (and starts a local cluster) on the main thread only: this blocks the
+        # loop once, before the app serves anything.
+        self.connection = RayConnection(self.settings)
+        ray = self.connection.ray
+        history = await asyncio.to_thread(self.store.sampler_history, self.settings.sampler_history)
+        self.sampler.replay(history)
+        self.sampler.refresh()
+        starts = await asyncio.to_thread(self.store.starts_since, time.time() - 3600.0)
+        self.ledger = (
+            ray.remote(Ledger)
+            .options(
+                name=LEDGER_NAME,
+                namespace=self.settings.ray_namespace,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+            )
+            .remote(self.settings.model_dump_json(), starts)
+        )
+        await self._sync_packs()
+        await self._refresh_workers(wait=True)
+        self._reaper = asyncio.create_task(self._poll_forever(), name="palaestra-cluster-poll")
+
+    async def shutdown(self) -> None:
+        """Workers and the ledger stay for the other fronts (a local cluster goes with us)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for task in self._starting.values():
+            task.cancel()
+        for worker in self.workers.values():
+            await worker.channel.aclose()
+        await asyncio.to_thread(self.store.close)
+        if self.connection is not None:
+            await asyncio.to_thread(self.connection.close)
+
+    @property
+    def ready(self) -> bool:
+        return super().ready and bool(self.workers)
+
+    @property
+    def live_count(self) -> int:
+        return sum(w.info.live for w in self.workers.values())
+
+    def _live_by_status(self) -> dict[str, int]:
+        return {EpisodeStatus.ACTIVE.value: self.live_count}
+
+    # -- workers --------------------------------------------------------------------------
+    async def _poll_forever(self) -> None:
+        rounds = 0
+        while True:
+            await asyncio.sleep(self.settings.ray_poll_s)
+            rounds += 1
+            try:
+                await self._refresh_workers(wait=False)
+                self._over_cpu = set(await self.ledger.over_cpu.remote())
+                if rounds % 5 == 0:
+                    await self._sync_packs()
+            except Exception:
+                log.exception("cluster poll failed")
+
+    async def _refresh_workers(self, wait: bool) -> None:
+        ray = self._ray()
+        nodes = await asyncio.to_thread(ray.nodes)
+        alive = {n["NodeID"] for n in nodes if n.get("Alive")}
+        for name, worker in list(self.workers.items()):
+            if worker.info.node not in alive:
+                await self.lose(name, "its node left the cluster")
+        checks = [self._check(name, w) for name, w in self.workers.items()]
+        await asyncio.gather(*checks)
+        for node in alive:
+            name = worker_name(node)
+            if name not in self.workers and name not in self._starting:
+                self._starting[name] = asyncio.create_task(self._start_worker(name, node))
+        if wait and self._starting:
+            await asyncio.gather(*self._starting.values(), return_exceptions=True)
+
+    async def _check(self, name: str, worker: Worker) -> None:
+        try:
+            info = await asyncio.wait_for(worker.handle.info.remote(), 10.0)
+        except Exception as exc:
+            if self._actor_gone(exc):
+                await self.lose(name, f"its actor is gone ({type(exc).__name__})")
+            return
+        worker.info = WorkerInfo(**info)
+
+    def _actor_gone(self, exc: BaseException) -> bool:
+        errors = self._ray().exceptions
+        return isinstance(exc, errors.RayActorError | errors.ActorDiedError)
+
+    async def _start_worker(self, name: str, node: str) -> None:
+        ray = self._ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        secret_file = self.settings.heldout_secret_file or (
+            self.settings.data_dir / heldout.SECRET_FILE
+        )
+        secret = await asyncio.to_thread(heldout.ensure_secret, secret_file)
+        handle = (
+            ray.remote(EpisodeWorker)
+            .options(
+                name=name,
+                namespace=self.settings.ray_namespace,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+                max_restarts=0,
+                max_concurrency=10_000,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            )
+            .remote(name, settings_for_workers(self.settings), secret)
+        )
+        try:
+            info = WorkerInfo(
+                **await asyncio.wait_for(handle.start.remote(self.ledger), WORKER_START_S)
+            )
+        except Exception as exc:
+            log.error("worker %s on node %s did not start: %s", name, node, exc)
+            return
+        finally:
+            self._starting.pop(name, None)
+        channel = ChannelClient(info.host, info.port, bytes.fromhex(info.key))
+        self.workers[name] = Worker(info, handle, channel)
+        log.info("worker %s ready on node %s (%d slots)", name, node, info.slots)
+
+    async def lose(self, name: str, why: str) -> int:
+        """Worker `name` is gone: its active episodes end void (`worker_lost`); how many."""
+        worker = self.workers.pop(name, None)
+        if worker is not None:
+            await worker.channel.aclose()
+        await self.store.aflush()
+        keys = await asyncio.to_thread(self.store.active_on, name)
+        for key in keys:
+            await self._void_lost(key)
+        if keys:
+            self.ledger.ended.remote(keys)
+        await self.store.aflush()
+        log.warning("worker %s lost (%s): %d episodes void", name, why, len(keys))
+        return len(keys)
+
+    async def _void_lost(self, key: str) -> None:
+        state = await asyncio.to_thread(self.store.load_episode, key, False)
+        if state is None or state.status is not EpisodeStatus.ACTIVE:
+            return
+        try:
+            digest = self.packs.resolve(state.task).digest
+        except Exception:
+            digest = ""
+        now = time.time()
+        state.status, state.void_reason = EpisodeStatus.VOID, LOST
+        state.ended_at = state.updated_at = now
+        state.verdict = void_verdict(digest, LOST, 0.0)
+        self.store.put_verdict(key, state.verdict)
+        self.store.update_episode(state)
+        self.sampler.record(state.task, "void", 0.0, False, reason=LOST, at=now)
+        self.metrics.episodes_ended.labels(status="void").inc()
+
+    async def _unreachable(self, worker: Worker) -> bool:
+        """After a broken channel: whether Ray says the worker is gone (then it is lost)."""
+        try:
+            await asyncio.wait_for(worker.handle.info.remote(), 10.0)
+        except Exception as exc:
+            if self._actor_gone(exc) or isinstance(exc, TimeoutError):
+                await self.lose(worker.info.name, f"unreachable ({type(exc).__name__})")
+                return True
+        return False
+
+    def _ray(self) -> Any:
+        if self.connection is None:
+            raise UnavailableError("this front has not joined its cluster", code="not_ready")
+        return self.connection.ray
+
+    async def _sync_packs(self) -> None:
+        """Export what this front has published; load what other fronts published."""
+        registry = self.registry
+        if registry is None:
+            return
+        rows = await asyncio.to_thread(registry.published)
+        new = [r for r in rows if r.digest not in self._published]
+        if not new:
+            return
+        await asyncio.to_thread(depot.sync_published, self)
+        for row in new:
+            try:
+                await asyncio.to_thread(depot.export, registry, self.store, row)
+                self._published.add(row.digest)
+            except Exception as exc:  # not on this front: another front exports it
+                log.debug("pack %s@%s not exported here: %s", row.name, row.version, exc)
+
+    # -- episodes -------------------------------------------------------------------------
+    async def reset(
+        self,
+        request: ResetRequest,
+        principal: Principal = ADMIN_PRINCIPAL,
+        *,
+        new_id: str | None = None,
+    ) -> ResetResponse:
+        probability: float | None = None
+        if request.task:
+            task = self.packs.resolve(request.task)
+        else:
+            task, probability = self.sampler.sample(
+                request.seed, pack=request.pack, split=request.split, domain=request.domain
+            )
+        principal.require_episodes(task.sealed, task.split)
+        family = self.families.get(task.family)
+        needs = Needs.of(family, task, self.settings)
+        overcommit = self.settings.ray_overcommit
+        infos = [w.info for w in self.workers.values()]
+        order = candidates(infos, needs, overcommit, f"family {task.family!r}")  # 503 / 429
+        new_id = new_id or uuid.uuid4().hex
+        key = episode_key(principal.token_id, request.episode_id, new_id)
+        refused = await self.ledger.admit.remote(principal, key)
+        if refused is not None:
+            raise_error(refused)
+        pinned = request.model_copy(update={"task": task.ref})
+        args = {
+            "request": pinned.model_dump(mode="json"),
+            "principal": principal_json(principal),
+            "new_id": new_id,
+            "needs": needs.to_json(),
+            "task_digest": task.digest,
+        }
+        try:
+            body, chosen = await self._place(order, args)
+        except BaseException:
+            self.ledger.refund.remote(key)
+            raise
+        chosen.info.live += 1
+        self._remember(key, Route(chosen.info.name, task.ref))
+        reply = ResetResponse.model_validate_json(body)
+        if probability is not None:
+            reply.info["sampled"] = {"probability": probability}
+        elif (note := self.sampler.quarantine_note(task.ref)) is not None:
+            reply.info["quarantined"] = f"run on request; the sampler holds it back: {note}"
+        reply.info["worker"] = chosen.info.name
+        return reply
+
+    async def _place(self, order: list[WorkerInfo], args: dict[str, Any]) -> tuple[bytes, Worker]:
+        for info in order:
+            worker = self.workers.get(info.name)
+            if worker is None:
+                continue
+            try:
+                return await worker.channel.call("reset", args), worker
+            except CapacityError as exc:
+                if exc.code != WORKER_FULL:
+                    raise
+                worker.info.live = worker.info.slots  # until its next report
+            except WorkerUnreachable:
+                await self._unreachable(worker)
+        raise cluster_full(order)
+
+    def _remember(self, key: str, route: Route) -> None:
+        self._routes[key] = route
+        if len(self._routes) > ROUTES_CACHED:
+            self._routes.popitem(last=False)
+
+    async def _route(self, principal: Principal, episode_id: str) -> tuple[str, Route] | None:
+        """The key and route of the episode `episode_id` may name (its worker checks whose
+        it is); None when no worker ever hosted such an episode."""
+        keys = candidate_keys(principal.token_id, episode_id)
+        for key in keys:
+            route = self._routes.get(key)
+            if route is not None:
+                return key, route
+        for key in keys:
+            found = await asyncio.to_thread(self.store.placement, key)
+            if found is not None:
+                route = Route(found[0], "")
+                self._remember(key, route)
+                return key, route
+        return None
+
+    async def _call(self, route: Route, method: str, args: dict[str, Any]) -> bytes | None:
+        """The worker's answer; None when the worker is lost (the store answers then)."""
+        worker = self.workers.get(route.worker)
+        if worker is None:
+            return None
+        try:
+            return await worker.channel.call(method, args)
+        except WorkerUnreachable:
+            if await self._unreachable(worker):
+                return None
+            raise UnavailableError(
+                f"worker {route.worker} did not answer; retry the request",
+                code="worker_unreachable",
+                retryable=True,
+                retry_after=1.0,
+            ) from None
+
+    def _saw_end(self, key: str, route: Route, verdict: dict[str, Any] | None) -> None:
+        if key in self._ends_seen:
+            return
+        self._ends_seen[key] = None
+        if len(self._ends_seen) > ROUTES_CACHED:
+            self._ends_seen.popitem(last=False)
+        self.ledger.ended.remote([key])
+        worker = self.workers.get(route.worker)
+        if worker is not None and worker.info.live > 0:
+            worker.info.live -= 1
+        if route.task and verdict is not None:
+            self.sampler.record(
+                route.task,
+                str(verdict.get("status", "done")),
+                float(verdict.get("reward", 0.0)),
+                bool(verdict.get("passed", False)),
+                reason=verdict.get("feedback") if verdict.get("status") == "void" else None,
+                at=time.time(),
+            )
+
+    async def step(
+        self, episode_id: str, request: StepRequest, principal: Principal = ADMIN_PRINCIPAL
+    ) -> StepResponse:
+        found = await self._route(principal, episode_id)
+        if found is None:
+            return await super().step(episode_id, request, principal)  # stored, or 404
+        key, route = found
+        if principal.token_id in self._over_cpu:
+            limit = self.tenancy.limits(principal)[2] or 0.0
+            raise quota_error(
+                "sandbox CPU-seconds per hour", limit, 60.0, "wait for the hour to roll on"
+            )
+        args = {
+            "id": episode_id,
+            "request": request.model_dump(mode="json"),
+            "principal": principal_json(principal),
+        }
+        body = await self._call(route, "step", args)
+        if body is None:
+            return await self._after_loss(key, episode_id, request, principal)
+        reply = StepResponse.model_validate_json(body)
+        if reply.terminated or reply.truncated:
+            self._saw_end(key, route, reply.info.get("verdict"))
+        return reply
+
+    async def _after_loss(
+        self, key: str, episode_id: str, request: StepRequest, principal: Principal
+    ) -> StepResponse:
+        """A step for an episode whose worker is lost: a replay from the store, or void."""
+        if request.request_id:
+            await self.store.aflush()
+            stored = await asyncio.to_thread(self.store.find_step, key, request.request_id)
+            if stored is not None:
+                return stored
+        state = await self.state(episode_id, principal)  # ownership checked as always
+        if state.status is EpisodeStatus.VOID and state.void_reason == LOST:
+            verdict = state.verdict.model_dump(mode="json") if state.verdict else None
+            return StepResponse(
+                observation=Observation(text=f"episode void: {LOST} (its worker is gone)"),
+                terminated=True,
+                info={"status": "void", "void_reason": LOST, "verdict": verdict},
+            )
+        return await super().step(episode_id, request, principal)
+
+    async def verify(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> Verdict:
+        found = await self._route(principal, episode_id)
+        if found is not None:
+            key, route = found
+            args = {"id": episode_id, "principal": principal_json(principal)}
+            body = await self._call(route, "verify", args)
+            if body is not None:
+                verdict = Verdict.model_validate_json(body)
+                self._saw_end(key, route, verdict.model_dump(mode="json"))
+                return verdict
+        return await super().verify(episode_id, principal)
+
+    async def state(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> EpisodeState:
+        found = await self._route(principal, episode_id)
+        if found is not None:
+            args = {"id": episode_id, "principal": principal_json(principal)}
+            body = await self._call(found[1], "state", args)
+            if body is not None:
+                return EpisodeState.model_validate_json(body)
+        return await super().state(episode_id, principal)
+
+    async def close(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> None:
+        found = await self._route(principal, episode_id)
+        if found is not None:
+            key, route = found
+            args = {"id": episode_id, "principal": principal_json(principal)}
+            if await self._call(route, "close", args) is not None:
+                self._saw_end(key, route, None)
+                return
+        await super().close(episode_id, principal)
+
+    async def reap(self) -> int:
+        return 0  # workers expire their own idle episodes
+
+
+def build_front(settings: Settings) -> EpisodeManager:
+    from palaestra.server.runtime import build_manager
+
+    return build_manager(settings, make=ClusterManager, cluster_node=True)
