@@ -104,6 +104,7 @@ class ClusterManager(EpisodeManager):
         self._over_cpu: set[str] = set()
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._published: set[str] = set()
+        self._ledger_starts: list[tuple[str, float]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -111,22 +112,12 @@ class ClusterManager(EpisodeManager):
         # Ray joins (and starts a local cluster) on the main thread only: this blocks the
         # loop once, before the app serves anything.
         self.connection = RayConnection(self.settings)
-        ray = self.connection.ray
         history = await asyncio.to_thread(self.store.sampler_history, self.settings.sampler_history)
         self.sampler.replay(history)
         self.sampler.refresh()
         starts = await asyncio.to_thread(self.store.starts_since, time.time() - 3600.0)
-        self.ledger = (
-            ray.remote(Ledger)
-            .options(
-                name=LEDGER_NAME,
-                namespace=self.settings.ray_namespace,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=0,
-            )
-            .remote(self.settings.model_dump_json(), starts)
-        )
+        self._ledger_starts = starts
+        self.ledger = self._find_ledger()
         await self._sync_packs()
         await self._refresh_workers(wait=True)
         self._reaper = asyncio.create_task(self._poll_forever(), name="palaestra-cluster-poll")
@@ -156,6 +147,35 @@ class ClusterManager(EpisodeManager):
     def _live_by_status(self) -> dict[str, int]:
         return {EpisodeStatus.ACTIVE.value: self.live_count}
 
+    def _find_ledger(self) -> Any:
+        """The cluster's ledger (made by the first front to ask), on the head node: it lives
+        as long as the cluster does."""
+        return (
+            self._ray()
+            .remote(Ledger)
+            .options(
+                name=LEDGER_NAME,
+                namespace=self.settings.ray_namespace,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+                resources={"node:__internal_head__": 0.001},
+            )
+            .remote(self.settings.model_dump_json(), self._ledger_starts)
+        )
+
+    async def _ledger(self, method: str, *args: Any) -> Any:
+        """A ledger call; a ledger that died (its node did) is made again, once."""
+        for attempt in range(2):
+            try:
+                return await getattr(self.ledger, method).remote(*args)
+            except Exception as exc:
+                if attempt or not self._actor_gone(exc):
+                    raise
+                log.error("the ledger is gone (%s); starting a new one", type(exc).__name__)
+                self.ledger = self._find_ledger()
+        raise AssertionError("unreachable")
+
     # -- workers --------------------------------------------------------------------------
     async def _poll_forever(self) -> None:
         rounds = 0
@@ -164,7 +184,7 @@ class ClusterManager(EpisodeManager):
             rounds += 1
             try:
                 await self._refresh_workers(wait=False)
-                self._over_cpu = set(await self.ledger.over_cpu.remote())
+                self._over_cpu = set(await self._ledger("over_cpu"))
                 if rounds % 5 == 0:
                     await self._sync_packs()
             except Exception:
@@ -244,7 +264,7 @@ class ClusterManager(EpisodeManager):
         for key in keys:
             await self._void_lost(key)
         if keys:
-            self.ledger.ended.remote(keys)
+            await self._ledger("ended", keys)
         await self.store.aflush()
         log.warning("worker %s lost (%s): %d episodes void", name, why, len(keys))
         return len(keys)
@@ -318,10 +338,10 @@ class ClusterManager(EpisodeManager):
         needs = Needs.of(family, task, self.settings)
         overcommit = self.settings.ray_overcommit
         infos = [w.info for w in self.workers.values()]
-        order = candidates(infos, needs, overcommit, f"family {task.family!r}")  # 503 / 429
+        order = candidates(infos, needs, overcommit, f"family {task.family!r}")  # or 503
         new_id = new_id or uuid.uuid4().hex
         key = episode_key(principal.token_id, request.episode_id, new_id)
-        refused = await self.ledger.admit.remote(principal, key)
+        refused = await self._ledger("admit", principal, key)
         if refused is not None:
             raise_error(refused)
         pinned = request.model_copy(update={"task": task.ref})
@@ -335,7 +355,7 @@ class ClusterManager(EpisodeManager):
         try:
             body, chosen = await self._place(order, args)
         except BaseException:
-            self.ledger.refund.remote(key)
+            await self._ledger("refund", key)
             raise
         chosen.info.live += 1
         self._remember(key, Route(chosen.info.name, task.ref))
@@ -348,6 +368,8 @@ class ClusterManager(EpisodeManager):
         return reply
 
     async def _place(self, order: list[WorkerInfo], args: dict[str, Any]) -> tuple[bytes, Worker]:
+        """Try the workers in `order` until one takes the episode; 429 when all refuse."""
+        refusals: list[str] = []
         for info in order:
             worker = self.workers.get(info.name)
             if worker is None:
@@ -357,10 +379,11 @@ class ClusterManager(EpisodeManager):
             except CapacityError as exc:
                 if exc.code != WORKER_FULL:
                     raise
+                refusals.append(exc.message)
                 worker.info.live = worker.info.slots  # until its next report
             except WorkerUnreachable:
                 await self._unreachable(worker)
-        raise cluster_full(order)
+        raise cluster_full(refusals)
 
     def _remember(self, key: str, route: Route) -> None:
         self._routes[key] = route
@@ -400,13 +423,15 @@ class ClusterManager(EpisodeManager):
                 retry_after=1.0,
             ) from None
 
-    def _saw_end(self, key: str, route: Route, verdict: dict[str, Any] | None) -> None:
+    async def _saw_end(self, key: str, route: Route, verdict: dict[str, Any] | None) -> None:
+        """An episode ended through this front: the ledger hears it before the client does
+        (so the token's next reset, through any front, sees the slot free)."""
         if key in self._ends_seen:
             return
         self._ends_seen[key] = None
         if len(self._ends_seen) > ROUTES_CACHED:
             self._ends_seen.popitem(last=False)
-        self.ledger.ended.remote([key])
+        await self._ledger("ended", [key])
         worker = self.workers.get(route.worker)
         if worker is not None and worker.info.live > 0:
             worker.info.live -= 1
@@ -442,7 +467,7 @@ class ClusterManager(EpisodeManager):
             return await self._after_loss(key, episode_id, request, principal)
         reply = StepResponse.model_validate_json(body)
         if reply.terminated or reply.truncated:
-            self._saw_end(key, route, reply.info.get("verdict"))
+            await self._saw_end(key, route, reply.info.get("verdict"))
         return reply
 
     async def _after_loss(
@@ -472,7 +497,7 @@ class ClusterManager(EpisodeManager):
             body = await self._call(route, "verify", args)
             if body is not None:
                 verdict = Verdict.model_validate_json(body)
-                self._saw_end(key, route, verdict.model_dump(mode="json"))
+                await self._saw_end(key, route, verdict.model_dump(mode="json"))
                 return verdict
         return await super().verify(episode_id, principal)
 
@@ -491,7 +516,7 @@ class ClusterManager(EpisodeManager):
             key, route = found
             args = {"id": episode_id, "principal": principal_json(principal)}
             if await self._call(route, "close", args) is not None:
-                self._saw_end(key, route, None)
+                await self._saw_end(key, route, None)
                 return
         await super().close(episode_id, principal)
 

@@ -92,10 +92,11 @@ class WorkerInfo:
 def candidates(
     workers: list[WorkerInfo], needs: Needs, overcommit: float, what: str
 ) -> list[WorkerInfo]:
-    """The workers that could take an episode now, freest first.
+    """The workers that could host an episode, the ones with room (as last reported) and
+    the freest first.
 
     Raises UnavailableError (503) when no live worker could ever host it (the labels or
-    resources are missing on every node), CapacityError (429) when all that could are full."""
+    resources are missing on every node)."""
     capable = [w for w in workers if w.could_ever_host(needs, overcommit)]
     if not capable:
         have = "; ".join(
@@ -109,16 +110,15 @@ def candidates(
             code="no_capable_node",
             retryable=False,
         )
-    room = [w for w in capable if w.fits(needs, overcommit)]
-    if not room:
-        raise cluster_full(capable)
-    return sorted(room, key=lambda w: w.free, reverse=True)
+    # A front's view of the load lags (reports every ray_poll_s, other fronts' resets): it
+    # orders the tries, and the workers, who know, refuse (`worker_full`) or accept.
+    return sorted(capable, key=lambda w: (w.fits(needs, overcommit), w.free), reverse=True)
 
 
-def cluster_full(capable: list[WorkerInfo]) -> CapacityError:
-    slots = sum(w.slots for w in capable)
+def cluster_full(refusals: list[str]) -> CapacityError:
+    shown = "; ".join(refusals[:8]) or "no worker answered"
     return CapacityError(
-        f"every worker that can host this episode is full ({len(capable)} workers, {slots} "
-        "slots); close finished episodes or retry later",
+        f"every worker that can host this episode is full ({shown}); close finished "
+        "episodes or retry later",
         retry_after=1.0,
     )

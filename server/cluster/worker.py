@@ -132,7 +132,12 @@ class WorkerManager(EpisodeManager):
             or cpus + needs.cpus > self.cpus * overcommit
             or memory + needs.memory_mb > self.memory_mb * overcommit
         ):
-            raise CapacityError(f"worker {self.identity[0]} is full", code=WORKER_FULL)
+            raise CapacityError(
+                f"worker {self.identity[0]} is full: {self.live_count}/{self.slots} episodes, "
+                f"{cpus:g}+{needs.cpus:g} of {self.cpus * overcommit:g} CPUs, "
+                f"{memory:.0f}+{needs.memory_mb:.0f} of {self.memory_mb * overcommit:.0f} MB",
+                code=WORKER_FULL,
+            )
         key = episode_key(principal.token_id, request.episode_id, new_id)
         self._needs[key] = needs
         self.store.put_placement(key, *self.identity)  # before the episode's row
