@@ -45,10 +45,19 @@ class IntegrityError(Exception):
 
 class Cursor(Protocol):
     rowcount: int
+    description: Any
 
     def fetchone(self) -> Any: ...
 
     def fetchall(self) -> list[Any]: ...
+
+
+class _Rows:
+    """A statement's rows and row count, fetched while its connection was held."""
+
+    def __init__(self, cursor: Cursor) -> None:
+        self.rowcount = cursor.rowcount
+        self.rows = cursor.fetchall() if cursor.description is not None else []
 
 
 def redact(url: str) -> str:
@@ -244,8 +253,12 @@ class Database:
         try:
             yield conn
         except Exception as exc:
-            if conn.broken:
+            if conn.broken:  # the server restarted or went away: so did the idle ones
                 conn.close()
+                with self._lock:
+                    idle, self._idle = self._idle, []
+                for other in idle:
+                    other.close()
                 raise StoreUnavailableError(self._why(exc)) from None
             self._release(conn)
             raise
@@ -263,18 +276,27 @@ class Database:
         with self.connection() as conn, conn.transaction():
             yield conn
 
-    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+    def _once_more(self, sql: str, params: Sequence[Any]) -> _Rows:
+        """One statement; when the pooled connection it ran on was lost (a PostgreSQL that
+        restarted since), once more on a new one."""
+        try:
+            with self.connection() as conn:
+                return _Rows(conn.execute(sql, params))
+        except StoreUnavailableError:
+            pass  # that connection was stale: a new one, or the same error again
         with self.connection() as conn:
-            return conn.one(sql, params)
+            return _Rows(conn.execute(sql, params))
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        rows = self._once_more(sql, params).rows
+        return rows[0] if rows else None
 
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self.connection() as conn:
-            return conn.all(sql, params)
+        return self._once_more(sql, params).rows
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> int:
         """One write statement (atomic on its own); the rows it changed."""
-        with self.connection() as conn:
-            return conn.execute(sql, params).rowcount
+        return self._once_more(sql, params).rowcount
 
     def ping(self) -> str | None:
         """Why the database cannot be reached now (None: it answers)."""

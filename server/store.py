@@ -333,11 +333,10 @@ class Store:
         return [StepRecord.model_validate_json(row[0]) for row in rows]
 
     def find_step(self, episode_id: str, request_id: str) -> StepResponse | None:
-        with self.db.connection() as db:
-            row = db.execute(
-                "SELECT record FROM steps WHERE episode_id=? AND request_id=?",
-                (episode_id, request_id),
-            ).fetchone()
+        row = self.db.one(
+            "SELECT record FROM steps WHERE episode_id=? AND request_id=?",
+            (episode_id, request_id),
+        )
         if row is None:
             return None
         record = StepRecord.model_validate_json(row[0])
@@ -351,26 +350,21 @@ class Store:
 
     def is_sealed(self, episode_id: str) -> bool:
         """Whether a stored episode ran on a sealed split (unknown episodes: False)."""
-        with self.db.connection() as db:
-            row = db.execute("SELECT sealed FROM episodes WHERE id=?", (episode_id,)).fetchone()
+        row = self.db.one("SELECT sealed FROM episodes WHERE id=?", (episode_id,))
         return bool(row and row[0])
 
     def owners(self, keys: tuple[str, ...]) -> dict[str, tuple[str | None, bool]]:
         """(owner token id, sealed) of the stored episodes among `keys` (absent: unknown)."""
         marks = ",".join("?" * len(keys))
-        with self.db.connection() as db:
-            rows = db.execute(
-                f"SELECT id, owner, sealed FROM episodes WHERE id IN ({marks})", keys
-            ).fetchall()
+        rows = self.db.all(f"SELECT id, owner, sealed FROM episodes WHERE id IN ({marks})", keys)
         return {row[0]: (row[1], bool(row[2])) for row in rows}
 
     def starts_since(self, since: float) -> list[tuple[str, float]]:
         """(owner, created_at) of the episodes started since `since` (quota windows)."""
-        with self.db.connection() as db:
-            rows = db.execute(
-                "SELECT owner, created_at FROM episodes WHERE created_at > ? AND owner IS NOT NULL",
-                (since,),
-            ).fetchall()
+        rows = self.db.all(
+            "SELECT owner, created_at FROM episodes WHERE created_at > ? AND owner IS NOT NULL",
+            (since,),
+        )
         return [(row[0], float(row[1])) for row in rows]
 
     def placement(self, episode_id: str) -> tuple[str, str] | None:
@@ -400,10 +394,8 @@ class Store:
         if limit <= 0:
             return []
         with self.db.connection() as db:
-            reward, passed = (
-                db.json_field("v.verdict", "reward"),
-                db.json_field("v.verdict", "passed"),
-            )
+            reward = db.json_field("v.verdict", "reward")
+            passed = db.json_field("v.verdict", "passed")
             rows = db.execute(
                 f"SELECT e.ended_at, e.task, e.status, {reward}, {passed}, e.void_reason"
                 " FROM episodes e LEFT JOIN verdicts v ON v.episode_id = e.id"
@@ -421,17 +413,12 @@ class Store:
         return history
 
     def count_by_status(self) -> dict[str, int]:
-        with self.db.connection() as db:
-            return dict(
-                db.execute("SELECT status, COUNT(*) FROM episodes GROUP BY status").fetchall()
-            )
+        return dict(self.db.all("SELECT status, COUNT(*) FROM episodes GROUP BY status"))
 
     def mark_unfinished(self, status: str, reason: str, now: float) -> int:
         """At start-up: episodes left `active` by a previous process can never resume."""
-        with self.db.connection() as db:
-            cur = db.execute(
-                "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?"
-                " WHERE status='active'",
-                (status, reason, now, now),
-            )
-            return cur.rowcount
+        return self.db.run(
+            "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?"
+            " WHERE status='active'",
+            (status, reason, now, now),
+        )
