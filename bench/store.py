@@ -1,7 +1,7 @@
 """Store microbench: queued `add_step` (the step's hot path), committed steps/s, replay reads.
 
-    .venv/bin/python bench/store.py                        # embedded SQLite in a temp dir
-    .venv/bin/python bench/store.py postgresql://…/db      # a PostgreSQL database
+.venv/bin/python bench/store.py                        # embedded SQLite in a temp dir
+.venv/bin/python bench/store.py postgresql://…/db      # a PostgreSQL database
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
-from conftest import BIN, cli_env
+from conftest import BIN, ServerProcess, cli_env
 from pg import PostgresServer
 from test_registry import write_pack
 
@@ -36,13 +37,14 @@ from palaestra.server.store import Store, StoreWriteError
 
 PEER = Path(__file__).parent / "programs" / "store_peer.py"
 LATEST = MIGRATIONS[-1].version
+ECHO = "palaestra/echo:say-birch"
 
 
 def state(episode_id: str, status: str = "active", at: float | None = None) -> EpisodeState:
     now = time.time() if at is None else at
     return EpisodeState(
         episode_id=episode_id,
-        task="palaestra/echo:say-birch",
+        task=ECHO,
         family="echo",
         domain="echo/say",
         split="train",
@@ -395,3 +397,59 @@ def test_a_postgres_lost_mid_run(pg_server: PostgresServer) -> None:
         assert reason is not None and name in reason
     finally:
         store.close()
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+
+def test_serve_on_postgres_end_to_end(pg_url: str, tmp_path: Path) -> None:
+    """`palaestra serve --store postgresql://…`: episodes, tokens and packs land in the
+    database, and a restart on it keeps the trajectory, the verdict and the tokens."""
+    server = ServerProcess(tmp_path / "data", args=["--store", pg_url]).start()
+    try:
+        base, admin = server.url, server.headers
+        reset = httpx.post(f"{base}/v1/episodes", json={"task": ECHO}, headers=admin)
+        assert reset.status_code == 200, reset.text
+        eid = reset.json()["episode_id"]
+        submit = {"action": {"tool": "submit", "arguments": {"answer": "hcrib"}}}
+        step = httpx.post(f"{base}/v1/episodes/{eid}/step", json=submit, headers=admin)
+        assert step.status_code == 200 and step.json()["reward"] == 1.0, step.text
+        verdict = httpx.post(f"{base}/v1/episodes/{eid}/verify", headers=admin).json()
+        assert verdict["passed"], verdict
+        made = httpx.post(
+            f"{base}/v1/tokens", json={"scopes": ["train"], "name": "pg-user"}, headers=admin
+        )
+        assert made.status_code == 201, made.text
+        user = {"authorization": f"Bearer {made.json()['token']}"}
+        assert httpx.post(f"{base}/v1/episodes", json={"task": ECHO}, headers=user).is_success
+        pub = httpx.post(
+            f"{base}/v1/tokens",
+            json={"scopes": ["publish"], "name": "pg-pub", "orgs": ["test"]},
+            headers=admin,
+        ).json()["token"]
+        archive = pack_archive(write_pack(tmp_path / "p", "test/pg", "1.0.0"))
+        published = httpx.post(
+            f"{base}/v1/packs",
+            content=archive,
+            headers={"authorization": f"Bearer {pub}", "content-type": "application/gzip"},
+            timeout=60,
+        )
+        assert published.status_code == 201, published.text
+        assert not (server.data_dir / "palaestra.sqlite3").exists()  # all of it in PostgreSQL
+    finally:
+        server.stop()
+    db = Database.open(pg_url)
+    assert db.all("SELECT COUNT(*) FROM steps WHERE episode_id = ?", (eid,)) == [(1,)]
+    db.close()
+    again = ServerProcess(tmp_path / "data", args=["--store", pg_url]).start()
+    try:
+        kept = httpx.get(f"{again.url}/v1/episodes/{eid}", headers=again.headers).json()
+        assert [s["observation"]["text"] for s in kept["trajectory"]] == [
+            step.json()["observation"]["text"]
+        ]
+        assert kept["verdict"]["passed"] and kept["status"] == "done"
+        listed = httpx.get(f"{again.url}/v1/packs", headers=user).json()
+        assert "test/pg" in {p["name"] for p in listed}
+        assert httpx.post(f"{again.url}/v1/episodes", json={"task": ECHO}, headers=user).is_success
+    finally:
+        again.stop()

@@ -9,33 +9,17 @@ close) hung forever, and `/readyz` still said ready.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from test_store_engines import state
 
-from palaestra.sdk.models import EpisodeState
 from palaestra.server.db import Database
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.store import Store, StoreWriteError
 
 ECHO = "palaestra/echo:say-birch"
-
-
-def state(episode_id: str, step_count: int = 0) -> EpisodeState:
-    now = time.time()
-    return EpisodeState(
-        episode_id=episode_id,
-        task=ECHO,
-        family="echo",
-        domain="echo/say",
-        split="train",
-        status="active",
-        step_count=step_count,
-        created_at=now,
-        updated_at=now,
-    )
 
 
 def flushes(store: Store, within: float = 10.0) -> bool:
