@@ -182,9 +182,10 @@ class Database:
         if scheme in ("postgresql", "postgres"):
             db = cls(text, "postgresql", text)
         elif scheme in ("", "sqlite"):
-            path = Path(text[len("sqlite://") :] if scheme else text).expanduser()
             if scheme and not text.startswith("sqlite:///"):
                 raise StoreUnavailableError(f"store {text!r}: a SQLite URL is sqlite:///PATH")
+            # sqlite:///relative/file or sqlite:////absolute/file, as SQLAlchemy spells them
+            path = Path(text[len("sqlite:///") :] if scheme else text).expanduser()
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:

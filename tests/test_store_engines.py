@@ -453,3 +453,11 @@ def test_serve_on_postgres_end_to_end(pg_url: str, tmp_path: Path) -> None:
         assert httpx.post(f"{again.url}/v1/episodes", json={"task": ECHO}, headers=user).is_success
     finally:
         again.stop()
+
+
+def test_sqlite_urls_name_relative_and_absolute_files(tmp_path: Path) -> None:
+    absolute = Database.open(f"sqlite:///{tmp_path / 'a.sqlite3'}")  # four slashes
+    absolute.close()
+    assert (tmp_path / "a.sqlite3").is_file()
+    with pytest.raises(StoreUnavailableError, match="sqlite:///PATH"):
+        Database.open("sqlite://host/x")
