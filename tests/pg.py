@@ -20,6 +20,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+PASSWORD_ROLE = "pw_user"  # a role that logs in by password (scram), not by trust
+
 
 class PostgresUnavailable(Exception):
     """Why no test server could be started (the tests that need one skip with it)."""
@@ -82,6 +84,9 @@ class PostgresServer:
             str(self.bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
             "--no-sync", "-E", "UTF8",
         )  # fmt: skip
+        # One role that must give its password (the wrong-password test); the rest: trust.
+        hba = data / "pg_hba.conf"
+        hba.write_text(f"host all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
             " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"

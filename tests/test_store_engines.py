@@ -15,7 +15,7 @@ import httpx
 import psycopg
 import pytest
 from conftest import BIN, ServerProcess, cli_env
-from pg import PostgresServer
+from pg import PASSWORD_ROLE, PostgresServer
 from test_registry import write_pack
 
 from palaestra.sdk.errors import BadRequestError, UnavailableError
@@ -346,6 +346,13 @@ def test_wrong_store_urls_are_named_with_what_to_fix(pg_server: PostgresServer) 
     with pytest.raises(StoreUnavailableError, match="is PostgreSQL running") as down:
         Database.open("postgresql://nobody:s3cret@127.0.0.1:1/x")
     assert "s3cret" not in down.value.message and "127.0.0.1:1" in down.value.message
+    with psycopg.connect(pg_server.url, autocommit=True) as admin:
+        admin.execute(f"DROP ROLE IF EXISTS {PASSWORD_ROLE}")
+        admin.execute(f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD 'right'")
+    wrong = f"postgresql://{PASSWORD_ROLE}:wrong@127.0.0.1:{pg_server.port}/postgres"
+    with pytest.raises(StoreUnavailableError, match="fix the user or password") as denied:
+        Database.open(wrong)
+    assert ":wrong@" not in denied.value.message and ":***@" in denied.value.message
     missing = f"postgresql://postgres@127.0.0.1:{pg_server.port}/no_such_db"
     with pytest.raises(StoreUnavailableError, match="create the database"):
         Database.open(missing)
