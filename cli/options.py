@@ -48,6 +48,6 @@ StoreUrl = Annotated[
     typer.Option(
         "--store",
         help="the database (setting `store`): postgresql://USER:PASSWORD@HOST/DB or "
-        "sqlite:///PATH; default SQLite in the data dir",
+        "sqlite://PATH; default SQLite in the data dir",
     ),
 ]

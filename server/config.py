@@ -85,7 +85,7 @@ class Settings(BaseModel):
     store: str = Field(
         default="",
         description=(
-            "the database: '' for SQLite in the data dir, sqlite:///PATH, or "
+            "the database: '' for SQLite in the data dir, sqlite://PATH, or "
             "postgresql://USER:PASSWORD@HOST:PORT/DB (shared by several servers)"
         ),
     )

@@ -30,7 +30,7 @@ IDLE_CONNECTIONS = 8  # kept open between uses; more may be open at once
 BUSY_TIMEOUT_S = 30.0  # SQLite: how long a writer waits for another process's lock
 CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long to wait for the server to answer
 MIGRATION_LOCK = 0x70616C61  # PostgreSQL advisory lock: one process migrates at a time
-SCHEMES = "a path, sqlite:///PATH or postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+SCHEMES = "a path, sqlite://PATH or postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
 
 
 class StoreUnavailableError(UnavailableError):
@@ -182,10 +182,8 @@ class Database:
         if scheme in ("postgresql", "postgres"):
             db = cls(text, "postgresql", text)
         elif scheme in ("", "sqlite"):
-            if scheme and not text.startswith("sqlite:///"):
-                raise StoreUnavailableError(f"store {text!r}: a SQLite URL is sqlite:///PATH")
-            # sqlite:///relative/file or sqlite:////absolute/file, as SQLAlchemy spells them
-            path = Path(text[len("sqlite:///") :] if scheme else text).expanduser()
+            # sqlite://PATH: sqlite:///abs/file or sqlite://relative/file
+            path = Path(text.removeprefix("sqlite://")).expanduser()
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:

@@ -234,7 +234,7 @@ def pg_url(pg_server: PostgresServer) -> Iterator[str]:
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The store setting of a test run on each engine: a SQLite file, a PostgreSQL database."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.sqlite3'}"
+        return f"sqlite://{tmp_path / 'store.sqlite3'}"
     url: str = request.getfixturevalue("pg_url")
     return url
 

@@ -462,9 +462,10 @@ def test_serve_on_postgres_end_to_end(pg_url: str, tmp_path: Path) -> None:
         again.stop()
 
 
-def test_sqlite_urls_name_relative_and_absolute_files(tmp_path: Path) -> None:
-    absolute = Database.open(f"sqlite:///{tmp_path / 'a.sqlite3'}")  # four slashes
-    absolute.close()
-    assert (tmp_path / "a.sqlite3").is_file()
-    with pytest.raises(StoreUnavailableError, match="sqlite:///PATH"):
-        Database.open("sqlite://host/x")
+def test_sqlite_urls_name_absolute_and_relative_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Database.open(f"sqlite://{tmp_path / 'a.sqlite3'}").close()  # sqlite:///tmp/…/a.sqlite3
+    monkeypatch.chdir(tmp_path)
+    Database.open("sqlite://rel/b.sqlite3").close()
+    assert (tmp_path / "a.sqlite3").is_file() and (tmp_path / "rel" / "b.sqlite3").is_file()
