@@ -34,6 +34,7 @@ import httpx
 
 from palaestra.server.auth import Quota, create_token
 from palaestra.server.config import REPO_PACKS
+from palaestra.server.db import Database
 from palaestra.server.packs.archive import pack_archive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,9 +55,10 @@ def free_port() -> int:
 def server(workdir: Path) -> Iterator[tuple[str, str, str]]:
     """`palaestra serve` on a fresh data dir; (url, quiet token, flood token)."""
     data = workdir / "data"
-    quiet, _ = create_token(data / "palaestra.sqlite3", ["train"], name="quiet")
+    db = Database.open(data / "palaestra.sqlite3")
+    quiet, _ = create_token(db, ["train"], name="quiet")
     flood, _ = create_token(
-        data / "palaestra.sqlite3",
+        db,
         ["train", "publish"],
         name="flood",
         orgs=["flood"],

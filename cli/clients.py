@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -12,12 +12,23 @@ from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.http import AsyncHTTPClient
 from palaestra.server.auth import read_token_file
 from palaestra.server.config import Settings, load_settings
+from palaestra.server.db import Database
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.runtime import build_manager
 
 
-def settings_for(data_dir: Path | None) -> Settings:
-    return load_settings({"data_dir": data_dir})
+def settings_for(data_dir: Path | None, store: str | None = None) -> Settings:
+    return load_settings({"data_dir": data_dir, "store": store})
+
+
+@contextlib.contextmanager
+def local_database(settings: Settings) -> Iterator[Database]:
+    """The database of these settings (the data dir's SQLite file, or `store`), closed after."""
+    db = settings.database()
+    try:
+        yield db
+    finally:
+        db.close()
 
 
 def resolve_token(token: str | None, data_dir: Path | None) -> str | None:

@@ -15,7 +15,7 @@ from palaestra.cli.console import console, err, error, styled
 from palaestra.cli.eval.app import eval_app
 from palaestra.cli.images import images_app
 from palaestra.cli.materialize import register as register_materialize_command
-from palaestra.cli.options import DataDir, Token, Url
+from palaestra.cli.options import DataDir, StoreUrl, Token, Url
 from palaestra.cli.pack import pack_app
 from palaestra.cli.pack_export import export_app
 from palaestra.cli.pack_import import import_app
@@ -48,6 +48,7 @@ def serve(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
     port: Annotated[int | None, typer.Option(help="port")] = None,
     data_dir: DataDir = None,
+    store: StoreUrl = None,
     sandbox: Annotated[str | None, typer.Option(help="sandbox backend")] = None,
     max_episodes: Annotated[int | None, typer.Option(help="live episodes before 429")] = None,
     idle_ttl_s: Annotated[float | None, typer.Option(help="idle episode TTL (s)")] = None,
@@ -88,6 +89,7 @@ def serve(
             "host": host,
             "port": port,
             "data_dir": data_dir,
+            "store": store,
             "sandbox": sandbox,
             "max_episodes": max_episodes,
             "idle_ttl_s": idle_ttl_s,
@@ -98,6 +100,11 @@ def serve(
         }
     )
     configure_logging(settings.log_level)
+    try:  # a wrong store URL is told now, with what to fix, not as a start-up traceback
+        settings.database().close()
+    except PalaestraError as exc:
+        error(exc.message, exc.code)
+        raise typer.Exit(2) from None
     if settings.ray:
         from palaestra.server.cluster.connect import ClusterError, check_address
 

@@ -43,3 +43,11 @@ Token = Annotated[
     str | None, typer.Option(callback=token_setting, help="bearer token (setting `token`)")
 ]
 DataDir = Annotated[Path | None, typer.Option(help="data dir of the embedded server")]
+StoreUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="the database (setting `store`): postgresql://USER:PASSWORD@HOST/DB or "
+        "sqlite://PATH; default SQLite in the data dir",
+    ),
+]

@@ -23,12 +23,13 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from palaestra.cli.clients import resolve_token, settings_for
+from palaestra.cli.clients import local_database, resolve_token, settings_for
 from palaestra.cli.console import console, error
 from palaestra.cli.materialize import generate_in_sandboxes
-from palaestra.cli.options import Token, Url
+from palaestra.cli.options import StoreUrl, Token, Url
 from palaestra.sdk.errors import PalaestraError, error_from_response
 from palaestra.server import heldout
+from palaestra.server.db import Database
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.archive import ArchiveError, pack_archive
 from palaestra.server.packs.loader import GeneratedSet
@@ -125,6 +126,7 @@ def register(pack_app: typer.Typer) -> None:
         url: Url = None,
         token: Token = None,
         data_dir: DataDir = None,
+        store: StoreUrl = None,
     ) -> None:
         """Let a published pack join unfiltered sampling (an admin's decision; a pack a
         publish token publishes is held out until then). Without --url: the local store."""
@@ -140,9 +142,10 @@ def register(pack_app: typer.Typer) -> None:
                 _raise_for(response)
                 changed = bool(response.json()["changed"])
             else:
-                settings = settings_for(data_dir)
-                registry = PackRegistry(settings.data_dir, settings.db_path)
-                changed = registry.enable(name, "cli (local data dir)")
+                settings = settings_for(data_dir, store)
+                with local_database(settings) as db:
+                    registry = PackRegistry(settings.data_dir, db)
+                    changed = registry.enable(name, "cli (local data dir)")
         except PalaestraError as exc:
             raise _fail(f"({exc.code}) {exc.message}") from None
         except httpx.HTTPError as exc:
@@ -156,6 +159,7 @@ def register(pack_app: typer.Typer) -> None:
         url: Url = None,
         token: Token = None,
         data_dir: DataDir = None,
+        store: StoreUrl = None,
     ) -> None:
         """Withdraw a published version (its publisher or an admin): `org/name` and sampling
         skip it, `org/name@version` and its digest still reach it. Without --url: the local
@@ -169,11 +173,12 @@ def register(pack_app: typer.Typer) -> None:
                 with HTTPClient(url, token=resolve_token(token, data_dir)) as client:
                     changed = client.yank(ref, undo=undo).changed
             else:
-                settings = settings_for(data_dir)
-                registry = PackRegistry(settings.data_dir, settings.db_path)
+                settings = settings_for(data_dir, store)
                 name, _, version = ref.partition("@")
                 by = "cli (local data dir)"
-                changed = registry.yank(name, version, by, admin=True, undo=undo)
+                with local_database(settings) as db:
+                    registry = PackRegistry(settings.data_dir, db)
+                    changed = registry.yank(name, version, by, admin=True, undo=undo)
         except PalaestraError as exc:
             raise _fail(f"({exc.code}) {exc.message}") from None
         state = "unyanked" if undo else "yanked"
@@ -187,12 +192,14 @@ def register(pack_app: typer.Typer) -> None:
         url: Url = None,
         token: Token = None,
         data_dir: DataDir = None,
+        store: StoreUrl = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     ) -> None:
         """Install a pack into the local data dir's store (loaded by the server at start)."""
-        settings = settings_for(data_dir)
+        settings = settings_for(data_dir, store)
         expect: str | None = None
         path = Path(target)
+        db: Database | None = None
         try:
             if path.is_file():
                 data = path.read_bytes()
@@ -204,7 +211,8 @@ def register(pack_app: typer.Typer) -> None:
                     raise _fail("name the version: org/name@version")
                 data, expect = download_archive(url, resolve_token(token, data_dir), target)
                 source = f"{url.rstrip('/')}/v1/packs/{target}"
-            registry = PackRegistry(settings.data_dir, settings.db_path)
+            db = settings.database()
+            registry = PackRegistry(settings.data_dir, db)
             families = [f.name for f in FamilyRegistry.discover().all()]
             secret = heldout.ensure_secret(
                 settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
@@ -228,6 +236,9 @@ def register(pack_app: typer.Typer) -> None:
             raise _fail(f"({exc.code}) {exc.message}") from None
         except (httpx.HTTPError, OSError) as exc:
             raise _fail(repr(exc)) from None
+        finally:
+            if db is not None:
+                db.close()
         result = {
             "name": pack.name,
             "version": pack.version,

@@ -1,6 +1,6 @@
 """`palaestra token create|list|revoke`: bearer tokens in a data dir's store (server/auth.py).
 
-They work on the SQLite store of `--data-dir` (the server's, on its machine), or, with
+They work on the database of `--data-dir` (the server's, on its machine) or `--store`, or, with
 `--url`, over HTTP with an admin token. A token is printed once, when it is made.
 """
 
@@ -14,9 +14,9 @@ import httpx
 import typer
 from rich.table import Table
 
-from palaestra.cli.clients import resolve_token, settings_for
+from palaestra.cli.clients import local_database, resolve_token, settings_for
 from palaestra.cli.console import console, error
-from palaestra.cli.options import token_setting
+from palaestra.cli.options import StoreUrl, token_setting
 from palaestra.sdk.errors import PalaestraError, error_from_response
 from palaestra.server import auth
 
@@ -72,6 +72,7 @@ def create(
         typer.Option(min=0, help="sandbox CPU-seconds per hour (default: the server's)"),
     ] = None,
     data_dir: DataDir = None,
+    store: StoreUrl = None,
     url: Url = None,
     token: Token = None,
 ) -> None:
@@ -92,8 +93,8 @@ def create(
             reply = _http(url, resolve_token(token, data_dir), "POST", "/v1/tokens", json=body)
             made: str = reply.json()["token"]
             return made
-        settings = settings_for(data_dir)
-        made, _ = auth.create_token(settings.db_path, scope, name=name, orgs=orgs, quota=quota)
+        with local_database(settings_for(data_dir, store)) as db:
+            made, _ = auth.create_token(db, scope, name=name, orgs=orgs, quota=quota)
         return made
 
     print(_guard(go))
@@ -102,6 +103,7 @@ def create(
 @token_app.command("list")
 def list_(
     data_dir: DataDir = None,
+    store: StoreUrl = None,
     url: Url = None,
     token: Token = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -114,7 +116,8 @@ def list_(
                 url, resolve_token(token, data_dir), "GET", "/v1/tokens"
             ).json()
             return rows
-        return auth.list_tokens(settings_for(data_dir).db_path)
+        with local_database(settings_for(data_dir, store)) as db:
+            return auth.list_tokens(db)
 
     rows = _guard(go)
     if as_json:
@@ -131,6 +134,7 @@ def list_(
 def revoke(
     name: Annotated[str, typer.Argument(help="the token's name or id")],
     data_dir: DataDir = None,
+    store: StoreUrl = None,
     url: Url = None,
     token: Token = None,
 ) -> None:
@@ -140,7 +144,9 @@ def revoke(
         if url:
             _http(url, resolve_token(token, data_dir), "DELETE", f"/v1/tokens/{name}")
             return
-        if not auth.revoke_token(settings_for(data_dir).db_path, name):
+        with local_database(settings_for(data_dir, store)) as db:
+            revoked = auth.revoke_token(db, name)
+        if not revoked:
             raise PalaestraError(f"no live token named (or with id) {name!r}", code="not_found")
 
     _guard(go)

@@ -29,6 +29,18 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   fi
 fi
 
+# PostgreSQL, for the tests of the shared store (tests/pg.py starts a throwaway server).
+# Soft: without it those tests skip, saying why.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "bootstrap: apt-get install postgresql (the PostgreSQL store's tests)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } ||
+      echo "bootstrap: postgresql could not be installed; the PostgreSQL store tests will skip" >&2
+  else
+    echo "bootstrap: postgresql is missing (as root: apt-get install postgresql); the PostgreSQL store tests will skip" >&2
+  fi
+fi
+
 # The terminal family's tools, which bwrap sandboxes see in the host's /usr (docs/terminal.md).
 # Soft: without them the terminal pack's checks fail on bwrap, nothing else does.
 term_apt=()

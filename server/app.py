@@ -442,7 +442,7 @@ def create_app(
     @app.get("/v1/tokens", response_model=list[TokenRecord], responses=ERRORS, tags=["tokens"])
     async def tokens_list(request: Request) -> list[TokenRecord]:
         who(request).require(scopes.ADMIN, "listing tokens")
-        rows = await asyncio.to_thread(scopes.list_tokens, mgr(request).settings.db_path)
+        rows = await asyncio.to_thread(scopes.list_tokens, mgr(request).store.db)
         return [TokenRecord(**row) for row in rows]
 
     @app.post(
@@ -459,7 +459,7 @@ def create_app(
         token, record = await asyncio.to_thread(
             functools.partial(
                 scopes.create_token,
-                mgr(request).settings.db_path,
+                mgr(request).store.db,
                 body.scopes,
                 body.name,
                 orgs=body.orgs,
@@ -471,7 +471,7 @@ def create_app(
     @app.delete("/v1/tokens/{name}", status_code=204, responses=ERRORS, tags=["tokens"])
     async def tokens_revoke(name: str, request: Request) -> Response:
         who(request).require(scopes.ADMIN, "revoking tokens")
-        hashes = await asyncio.to_thread(scopes.revoke_token, mgr(request).settings.db_path, name)
+        hashes = await asyncio.to_thread(scopes.revoke_token, mgr(request).store.db, name)
         if not hashes:
             return _error(404, "not_found", f"no live token named (or with id) {name!r}")
         authenticator(request.app).forget(hashes)
@@ -490,6 +490,9 @@ def create_app(
         if not manager_.store.writer_alive:  # /healthz stays a liveness check
             reason = manager_.store.writer_error or "closed"
             return _error(503, "store_down", f"the store writer stopped ({reason})", False)
+        unreachable = await asyncio.to_thread(manager_.store.db.ping)
+        if unreachable:  # a shared database that went down between writes
+            return _error(503, "store_down", unreachable, True)
         broken = manager_.families.broken()  # an installed family that failed to import
         if broken:
             message = "; ".join(b.message() for b in broken)

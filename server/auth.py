@@ -19,7 +19,6 @@ import hashlib
 import os
 import re
 import secrets
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterable
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.sdk.errors import AuthenticationError, BadRequestError, PermissionDeniedError
-from palaestra.server.store import TOKENS_SCHEMA
+from palaestra.server.db import Database, IntegrityError
 
 TRAIN, EVAL, PUBLISH, ADMIN = "train", "eval", "publish", "admin"
 SCOPES = (TRAIN, EVAL, PUBLISH, ADMIN)
@@ -150,35 +149,11 @@ def check_quota(quota: Quota) -> Quota:
     return quota
 
 
-# -- the tokens table (SQLite; the same file as the episode store) -----------------------------
-
-_TOKEN_COLUMNS = {
-    "orgs": "TEXT NOT NULL DEFAULT ''",
-    "max_live": "INTEGER",
-    "max_episodes_per_hour": "INTEGER",
-    "max_cpu_s_per_hour": "REAL",
-}
-
-
-def migrate_tokens(db: sqlite3.Connection) -> None:
-    """Add the columns a store made before orgs and quotas lacks (idempotent)."""
-    have = {row[1] for row in db.execute("PRAGMA table_info(tokens)")}
-    for column, decl in _TOKEN_COLUMNS.items():
-        if column not in have:
-            db.execute(f"ALTER TABLE tokens ADD COLUMN {column} {decl}")
-
-
-def _connect(db_path: Path) -> sqlite3.Connection:
-    db_path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(db_path, timeout=30)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.executescript(TOKENS_SCHEMA)
-    migrate_tokens(db)
-    return db
+# -- the tokens table (in the server's database: server/db.py) ---------------------------------
 
 
 def create_token(
-    db_path: Path,
+    db: Database,
     scopes: Iterable[str],
     name: str | None = None,
     token: str | None = None,
@@ -197,27 +172,26 @@ def create_token(
     token_id = uuid.uuid4().hex[:12]
     name = name or f"token-{token_id}"
     now = time.time()
-    with _connect(db_path) as db:
-        try:
-            db.execute(
-                "INSERT INTO tokens (id, name, hash, scopes, created_at, orgs, max_live,"
-                " max_episodes_per_hour, max_cpu_s_per_hour) VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    token_id,
-                    name,
-                    hash_token(token),
-                    " ".join(chosen),
-                    now,
-                    " ".join(chosen_orgs),
-                    quota.max_live,
-                    quota.max_episodes_per_hour,
-                    quota.max_cpu_s_per_hour,
-                ),
-            )
-        except sqlite3.IntegrityError:
-            raise BadRequestError(
-                f"a token named {name!r} exists already; pick another --name", code="token_exists"
-            ) from None
+    try:
+        db.run(
+            "INSERT INTO tokens (id, name, hash, scopes, created_at, orgs, max_live,"
+            " max_episodes_per_hour, max_cpu_s_per_hour) VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                token_id,
+                name,
+                hash_token(token),
+                " ".join(chosen),
+                now,
+                " ".join(chosen_orgs),
+                quota.max_live,
+                quota.max_episodes_per_hour,
+                quota.max_cpu_s_per_hour,
+            ),
+        )
+    except IntegrityError:
+        raise BadRequestError(
+            f"a token named {name!r} exists already; pick another --name", code="token_exists"
+        ) from None
     record = _record(token_id, name, " ".join(chosen), now, None, " ".join(chosen_orgs), quota)
     return token, record
 
@@ -250,29 +224,27 @@ _SELECT = (
 )
 
 
-def list_tokens(db_path: Path) -> list[dict[str, Any]]:
-    with _connect(db_path) as db:
-        rows = db.execute(_SELECT + " ORDER BY created_at").fetchall()
+def list_tokens(db: Database) -> list[dict[str, Any]]:
+    rows = db.all(_SELECT + " ORDER BY created_at")
     return [_record(r[0], r[1], r[2], r[3], r[4], r[5], Quota(r[6], r[7], r[8])) for r in rows]
 
 
-def revoke_token(db_path: Path, name_or_id: str) -> list[str]:
+def revoke_token(db: Database, name_or_id: str) -> list[str]:
     """Revoke by name or id; returns the hashes revoked (empty: no such live token)."""
-    with _connect(db_path) as db:
-        rows = db.execute(
+    with db.transaction() as conn:
+        rows = conn.all(
             "SELECT hash FROM tokens WHERE (name=? OR id=?) AND revoked_at IS NULL",
             (name_or_id, name_or_id),
-        ).fetchall()
-        db.execute(
+        )
+        conn.execute(
             "UPDATE tokens SET revoked_at=? WHERE (name=? OR id=?) AND revoked_at IS NULL",
             (time.time(), name_or_id, name_or_id),
         )
     return [r[0] for r in rows]
 
 
-def lookup(db_path: Path, token_hash: str) -> Principal | None:
-    with _connect(db_path) as db:
-        row = db.execute(_SELECT + " WHERE hash=? AND revoked_at IS NULL", (token_hash,)).fetchone()
+def lookup(db: Database, token_hash: str) -> Principal | None:
+    row = db.one(_SELECT + " WHERE hash=? AND revoked_at IS NULL", (token_hash,))
     if row is None:
         return None
     return Principal(
@@ -284,7 +256,7 @@ def lookup(db_path: Path, token_hash: str) -> Principal | None:
     )
 
 
-def ensure_admin_token(data_dir: Path, db_path: Path) -> Path:
+def ensure_admin_token(data_dir: Path, db: Database) -> Path:
     """`<data_dir>/admin.token` (mode 0600), made at first start; registered if the store lost it.
 
     A revoked local admin token stays revoked: delete the file to get a new one."""
@@ -292,23 +264,21 @@ def ensure_admin_token(data_dir: Path, db_path: Path) -> Path:
     data_dir.mkdir(parents=True, exist_ok=True)
     if path.exists():
         token = path.read_text(encoding="utf-8").strip()
-        with _connect(db_path) as db:
-            known = db.execute("SELECT 1 FROM tokens WHERE hash=?", (hash_token(token),)).fetchone()
+        known = db.one("SELECT 1 FROM tokens WHERE hash=?", (hash_token(token),))
         if known is None:
-            name = LOCAL_ADMIN if not _name_taken(db_path, LOCAL_ADMIN) else None
-            create_token(db_path, [ADMIN], name=name, token=token)
+            name = LOCAL_ADMIN if not _name_taken(db, LOCAL_ADMIN) else None
+            create_token(db, [ADMIN], name=name, token=token)
         return path
-    name = LOCAL_ADMIN if not _name_taken(db_path, LOCAL_ADMIN) else None
-    token, _ = create_token(db_path, [ADMIN], name=name)
+    name = LOCAL_ADMIN if not _name_taken(db, LOCAL_ADMIN) else None
+    token, _ = create_token(db, [ADMIN], name=name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(token + "\n")
     return path
 
 
-def _name_taken(db_path: Path, name: str) -> bool:
-    with _connect(db_path) as db:
-        return db.execute("SELECT 1 FROM tokens WHERE name=?", (name,)).fetchone() is not None
+def _name_taken(db: Database, name: str) -> bool:
+    return db.one("SELECT 1 FROM tokens WHERE name=?", (name,)) is not None
 
 
 def read_token_file(data_dir: Path) -> str | None:
@@ -322,8 +292,8 @@ def read_token_file(data_dir: Path) -> str | None:
 class Authenticator:
     """Header → principal, with an in-memory cache of token hash → principal."""
 
-    def __init__(self, db_path: Path, mode: str = "token") -> None:
-        self.db_path = db_path
+    def __init__(self, db: Database, mode: str = "token") -> None:
+        self.db = db
         self.off = mode == "off"
         self._cache: dict[str, tuple[Principal, float]] = {}
 
@@ -356,7 +326,7 @@ class Authenticator:
         hit = self._cache.get(key)
         if hit is not None and hit[1] > now:
             return hit[0]
-        found = lookup(self.db_path, key)
+        found = lookup(self.db, key)
         if found is None:
             self._cache.pop(key, None)
             raise AuthenticationError(

@@ -9,11 +9,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from palaestra.sandbox.base import default_cache
 from palaestra.sandbox.docker.engine import BASE_IMAGE
 from palaestra.sandbox.egress import DEFAULT_ALLOW, AllowList, parse_reachable
+from palaestra.server.db import Database, redact
 
 REPO_PACKS = Path(__file__).resolve().parent.parent / "packs"
 REPO_IMAGES = Path(__file__).resolve().parent.parent / "images"
@@ -73,15 +82,19 @@ class Settings(BaseModel):
         default_factory=lambda: default_data_dir(),
         description="SQLite store, packs, tokens (default ~/.local/share/palaestra)",
     )
+    store: str = Field(
+        default="",
+        description=(
+            "the database: '' for SQLite in the data dir, sqlite://PATH, or "
+            "postgresql://USER:PASSWORD@HOST:PORT/DB (shared by several servers)"
+        ),
+    )
     heldout_secret_file: Path | None = Field(
         default=None,
         description=(
             "the secret sealed generated tasks derive their seeds from (made 0600 at first "
             "start; default <data_dir>/heldout.secret); share it to share a held-out set"
         ),
-    )
-    store: str = Field(
-        default="", description="the store: empty for SQLite under the data dir, else its URL"
     )
     # The CLI's side: the server its commands talk to (cli/options.py).
     url: str | None = Field(
@@ -373,11 +386,14 @@ class Settings(BaseModel):
             raise ValueError("max_steps and max_wall_s must be within ceiling_steps/ceiling_wall_s")
         return self
 
-    @property
-    def db_path(self) -> Path:
-        if self.store:
-            return Path(self.store.removeprefix("sqlite://"))
-        return self.data_dir / "palaestra.sqlite3"
+    @field_serializer("store", when_used="json")
+    def _store_shown(self, value: str) -> str:
+        return redact(value)  # `palaestra config` never prints a password
+
+    def database(self) -> Database:
+        """Open (and migrate) the `store`; the caller closes it (a Store closes its own).
+        StoreUnavailableError names the URL and what to fix."""
+        return Database.open(self.store or self.data_dir / "palaestra.sqlite3")
 
 
 def _coerce(name: str, raw: str) -> Any:

@@ -45,7 +45,7 @@ def authenticator(app: Any) -> Authenticator:
     auth: Authenticator | None = getattr(app.state, "auth", None)
     if auth is None:
         manager: EpisodeManager = app.state.manager
-        auth = Authenticator(manager.settings.db_path, manager.settings.auth)
+        auth = Authenticator(manager.store.db, manager.settings.auth)
         app.state.auth = auth
     return auth
 

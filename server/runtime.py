@@ -92,12 +92,12 @@ def build_manager(
     broken = families.unavailable()  # families that failed to import: their packs are 503
     packs.load_dirs(settings.packs_dirs, families.all(), policy, broken)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(settings.db_path)
+    store = Store(settings.database())
     if settings.auth == "token" and admin_token:
-        ensure_admin_token(settings.data_dir, settings.db_path)
+        ensure_admin_token(settings.data_dir, store.db)
     # Published packs (the server's content-addressed store) after the built-in ones.
     limits = ArchiveLimits.from_settings(settings)  # bombs are refused while they inflate
-    registry = PackRegistry(settings.data_dir, settings.db_path, archive_limits=limits)
+    registry = PackRegistry(settings.data_dir, store.db, archive_limits=limits)
     fetch = functools.partial(depot.fetch, registry, store) if cluster_node else None
     registry.load_into(packs, families.all(), policy, broken, fetch=fetch)
     fork_server = None

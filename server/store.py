@@ -1,8 +1,10 @@
-"""SQLite store of episodes, every step of every trajectory, and every verdict.
+"""The store of episodes, every step of every trajectory, every verdict, and where each
+episode runs (its placement on a worker), on either engine of server/db.py.
 
 Writes go through one writer thread that batches them into transactions, so the
 event loop never waits on the disk; `flush()` waits until everything queued is
-committed (on shutdown, and before a read that must see the latest writes).
+committed (on shutdown, and before a read that must see the latest writes). Several
+processes may share one database (SQLite in WAL mode with a busy timeout, or PostgreSQL).
 """
 
 from __future__ import annotations
@@ -11,119 +13,14 @@ import asyncio
 import json
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 from palaestra.sdk.errors import ServerError, UnavailableError
 from palaestra.sdk.models import EpisodeMetrics, EpisodeState, StepRecord, StepResponse, Verdict
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS episodes (
-    id TEXT PRIMARY KEY,
-    task TEXT NOT NULL,
-    task_digest TEXT NOT NULL,
-    family TEXT NOT NULL,
-    domain TEXT NOT NULL,
-    split TEXT NOT NULL,
-    sealed INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    step_count INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    ended_at REAL,
-    void_reason TEXT,
-    timings TEXT NOT NULL DEFAULT '{}',
-    info TEXT NOT NULL DEFAULT '{}',
-    metrics TEXT NOT NULL DEFAULT '{}',
-    owner TEXT
-);
-CREATE TABLE IF NOT EXISTS steps (
-    episode_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    request_id TEXT,
-    record TEXT NOT NULL,
-    PRIMARY KEY (episode_id, idx)
-);
--- No index on request_id: a replay lookup scans one episode's steps through the primary
--- key, and a second index would double the cost of every step's insert (the hot path).
-DROP INDEX IF EXISTS steps_request;
-CREATE TABLE IF NOT EXISTS verdicts (
-    episode_id TEXT PRIMARY KEY,
-    verdict TEXT NOT NULL
-);
-"""
-
-# Bearer tokens (server/auth.py): only the sha256 of a token is kept.
-TOKENS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tokens (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
-    hash TEXT NOT NULL UNIQUE,
-    scopes TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    revoked_at REAL,
-    orgs TEXT NOT NULL DEFAULT '',
-    max_live INTEGER,
-    max_episodes_per_hour INTEGER,
-    max_cpu_s_per_hour REAL
-);
-"""
-
-# The index of the content-addressed pack store (server/packs/registry.py): the pack itself is
-# under <data_dir>/packs/sha256/<hex>/; a row here is what makes a published version live.
-PACKS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS published_packs (
-    name TEXT NOT NULL,
-    version TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    published_at REAL NOT NULL,
-    publisher TEXT NOT NULL,
-    bytes INTEGER NOT NULL DEFAULT 0,
-    generated TEXT NOT NULL DEFAULT '',  -- index digest of sandbox-generated tasks
-    yanked_at REAL,  -- withdrawn: hidden from `name` and from sampling, exact pins still work
-    yanked_by TEXT,
-    PRIMARY KEY (name, version)
-);
--- Published packs an admin let into unfiltered sampling (server/packs/registry.py).
-CREATE TABLE IF NOT EXISTS enabled_packs (
-    name TEXT PRIMARY KEY,
-    enabled_at REAL NOT NULL,
-    enabled_by TEXT NOT NULL
-);
-"""
-
-# The sampler (server/sampler.py) rebuilds its stats from episodes; admin releases of
-# quarantined tasks are kept here so a restart does not quarantine them again.
-SAMPLER_SCHEMA = """
-CREATE INDEX IF NOT EXISTS episodes_ended ON episodes (ended_at);
-CREATE TABLE IF NOT EXISTS sampler_releases (
-    task TEXT NOT NULL,
-    at REAL NOT NULL
-);
-"""
-
-# Cluster mode (server/cluster/): which worker hosts an episode, and content-addressed blobs
-# (pack archives) that workers on other nodes fetch by digest.
-CLUSTER_SCHEMA = """
-CREATE TABLE IF NOT EXISTS placements (
-    episode_id TEXT PRIMARY KEY,
-    worker TEXT NOT NULL,
-    node TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS placements_worker ON placements (worker);
-CREATE TABLE IF NOT EXISTS blobs (
-    digest TEXT PRIMARY KEY,
-    data BLOB NOT NULL,
-    created_at REAL NOT NULL
-);
-"""
-
-SCHEMA += TOKENS_SCHEMA + PACKS_SCHEMA + SAMPLER_SCHEMA + CLUSTER_SCHEMA
+from palaestra.server.db import Connection, Database
 
 # A queued write: statement, parameters, and the future its caller may wait on (or None).
 _Write = tuple[str, tuple[Any, ...], "Future[None] | None"]
@@ -137,6 +34,10 @@ class StoreWriteError(ServerError):
     the writer went on. Input that reaches the store is validated first, so this is a bug."""
 
     default_code = "store_write_failed"
+
+
+class _ConnectionLost(Exception):
+    """The writer's connection to the database is gone (not one statement's fault)."""
 
 
 def _writer_down(reason: str | None) -> UnavailableError:
@@ -158,16 +59,11 @@ def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.executescript(SCHEMA)
-            columns = {row[1] for row in db.execute("PRAGMA table_info(episodes)")}
-            if "metrics" not in columns:  # a store made before per-episode metrics
-                db.execute("ALTER TABLE episodes ADD COLUMN metrics TEXT NOT NULL DEFAULT '{}'")
-            if "owner" not in columns:  # a store made before episodes had owners (tenancy.py)
-                db.execute("ALTER TABLE episodes ADD COLUMN owner TEXT")
+    """Episodes, steps, verdicts and placements in `db` (which the store then owns: closing
+    the store closes it)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self.write_errors = 0  # writes dropped because their statement failed
         self.writer_error: str | None = None  # why the writer thread stopped, if it did
@@ -177,12 +73,6 @@ class Store:
         self._writer.start()
         self._closed = False
 
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        return db
-
     @property
     def writer_alive(self) -> bool:
         """Whether queued writes are still committed (readiness, /readyz)."""
@@ -190,7 +80,7 @@ class Store:
 
     def _write_loop(self) -> None:
         try:
-            db = self._connect()
+            conn = self.db.open_connection()
         except Exception as exc:
             self._die(exc)
             return
@@ -214,31 +104,55 @@ class Store:
                     except queue.Empty:
                         break
                 if batch:
-                    self._commit(db, batch)
+                    conn = self._commit_or_reconnect(conn, batch)
                 for event in events:
                     event.set()
                 if stop:
                     return
-        except Exception as exc:  # a bug here must show in readiness, not hang flush()
+        except Exception as exc:  # a bug here, or a database gone: readiness must show it
             log.exception("the store writer failed")
             self._die(exc)
         finally:
-            db.close()
+            conn.close()
 
-    def _commit(self, db: sqlite3.Connection, batch: list[_Write]) -> None:
+    def _commit_or_reconnect(self, conn: Connection, batch: list[_Write]) -> Connection:
+        """Commit the batch; on a lost connection (PostgreSQL restarted), once more on a new
+        one. A database that stays unreachable stops the writer: every caller of the batch
+        is told `store_unavailable` and readiness fails."""
+        try:
+            self._commit(conn, batch)
+            return conn
+        except _ConnectionLost:
+            conn.close()
+        try:
+            conn = self.db.open_connection()
+            self._commit(conn, batch)
+            return conn
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            for _, _, done in batch:
+                if done is not None and not done.done():
+                    done.set_exception(_writer_down(reason))
+            raise
+
+    def _commit(self, conn: Connection, batch: list[_Write]) -> None:
         """One transaction for the batch; when a statement fails, the batch is replayed one
         write at a time so that only the failing writes are dropped (their callers' futures
         get the error) and everyone else's are committed."""
         try:
-            with db:
+            with conn.transaction():
                 for sql, rows in _runs(batch):
-                    db.executemany(sql, rows)
-        except Exception:
+                    conn.executemany(sql, rows)
+        except Exception as exc:
+            if conn.broken:
+                raise _ConnectionLost(str(exc)) from exc
             for sql, params, done in batch:
                 try:
-                    with db:
-                        db.execute(sql, params)
+                    with conn.transaction():
+                        conn.execute(sql, params)
                 except Exception as exc:
+                    if conn.broken:
+                        raise _ConnectionLost(str(exc)) from exc
                     self.write_errors += 1
                     log.error("store write dropped (%s: %s): %s", type(exc).__name__, exc, sql)
                     if done is not None and not done.done():
@@ -306,7 +220,9 @@ class Store:
     def add_step(self, episode_id: str, index: int, request_id: str | None, record: str) -> None:
         """One step; `record` is a StepRecord's JSON (`models.step_record_json`)."""
         self._put(
-            "INSERT OR REPLACE INTO steps (episode_id, idx, request_id, record) VALUES (?,?,?,?)",
+            "INSERT INTO steps (episode_id, idx, request_id, record) VALUES (?,?,?,?)"
+            " ON CONFLICT (episode_id, idx) DO UPDATE"
+            " SET request_id=excluded.request_id, record=excluded.record",
             (episode_id, index, request_id, record),
         )
 
@@ -328,16 +244,26 @@ class Store:
 
     def put_verdict(self, episode_id: str, verdict: Verdict) -> None:
         self._put(
-            "INSERT OR REPLACE INTO verdicts (episode_id, verdict) VALUES (?,?)",
+            "INSERT INTO verdicts (episode_id, verdict) VALUES (?,?)"
+            " ON CONFLICT (episode_id) DO UPDATE SET verdict=excluded.verdict",
             (episode_id, verdict.model_dump_json()),
         )
 
     def put_placement(self, episode_id: str, worker: str, node: str) -> None:
-        """Queued: the worker that hosts `episode_id` (cluster mode)."""
+        """Queued: `episode_id` runs on `worker` of `node` (cluster mode; await aflush())."""
         self._put(
-            "INSERT OR REPLACE INTO placements (episode_id, worker, node, created_at)"
-            " VALUES (?,?,?,?)",
+            "INSERT INTO placements (episode_id, worker, node, created_at) VALUES (?,?,?,?)"
+            " ON CONFLICT (episode_id) DO UPDATE"
+            " SET worker=excluded.worker, node=excluded.node, created_at=excluded.created_at",
             (episode_id, worker, node, time.time()),
+        )
+
+    def put_blob(self, digest: str, data: bytes) -> None:
+        """Store content-addressed bytes now (synchronous); the same digest again is a no-op."""
+        self.db.run(
+            "INSERT INTO blobs (digest, data, created_at) VALUES (?,?,?)"
+            " ON CONFLICT (digest) DO NOTHING",
+            (digest, data, time.time()),
         )
 
     def flush(self) -> None:
@@ -354,14 +280,16 @@ class Store:
         await asyncio.to_thread(self.flush)
 
     def close(self) -> None:
+        """Commit what is queued, stop the writer and close the database."""
         if not self._closed:
             self._closed = True
             self._queue.put(None)
             self._writer.join()
+            self.db.close()
 
     # -- reads (blocking; call through asyncio.to_thread from the server) ---------------
     def load_episode(self, episode_id: str, with_trajectory: bool = True) -> EpisodeState | None:
-        with self._connect() as db:
+        with self.db.connection() as db:
             row = db.execute(
                 "SELECT id, task, family, domain, split, status, step_count, created_at,"
                 " updated_at, ended_at, void_reason, timings, metrics FROM episodes WHERE id=?",
@@ -393,13 +321,11 @@ class Store:
 
     def load_steps(self, episode_id: str, count: int | None = None) -> list[StepRecord]:
         """An episode's trajectory, its first `count` steps (flush first to see the latest)."""
-        with self._connect() as db:
+        with self.db.connection() as db:
             return self._steps(db, episode_id, count)
 
     @staticmethod
-    def _steps(
-        db: sqlite3.Connection, episode_id: str, count: int | None = None
-    ) -> list[StepRecord]:
+    def _steps(db: Connection, episode_id: str, count: int | None = None) -> list[StepRecord]:
         rows = db.execute(
             "SELECT record FROM steps WHERE episode_id=? AND idx < ? ORDER BY idx",
             (episode_id, 2**62 if count is None else count),
@@ -407,11 +333,10 @@ class Store:
         return [StepRecord.model_validate_json(row[0]) for row in rows]
 
     def find_step(self, episode_id: str, request_id: str) -> StepResponse | None:
-        with self._connect() as db:
-            row = db.execute(
-                "SELECT record FROM steps WHERE episode_id=? AND request_id=?",
-                (episode_id, request_id),
-            ).fetchone()
+        row = self.db.one(
+            "SELECT record FROM steps WHERE episode_id=? AND request_id=?",
+            (episode_id, request_id),
+        )
         if row is None:
             return None
         record = StepRecord.model_validate_json(row[0])
@@ -425,27 +350,40 @@ class Store:
 
     def is_sealed(self, episode_id: str) -> bool:
         """Whether a stored episode ran on a sealed split (unknown episodes: False)."""
-        with self._connect() as db:
-            row = db.execute("SELECT sealed FROM episodes WHERE id=?", (episode_id,)).fetchone()
+        row = self.db.one("SELECT sealed FROM episodes WHERE id=?", (episode_id,))
         return bool(row and row[0])
 
     def owners(self, keys: tuple[str, ...]) -> dict[str, tuple[str | None, bool]]:
         """(owner token id, sealed) of the stored episodes among `keys` (absent: unknown)."""
         marks = ",".join("?" * len(keys))
-        with self._connect() as db:
-            rows = db.execute(
-                f"SELECT id, owner, sealed FROM episodes WHERE id IN ({marks})", keys
-            ).fetchall()
+        rows = self.db.all(f"SELECT id, owner, sealed FROM episodes WHERE id IN ({marks})", keys)
         return {row[0]: (row[1], bool(row[2])) for row in rows}
 
     def starts_since(self, since: float) -> list[tuple[str, float]]:
         """(owner, created_at) of the episodes started since `since` (quota windows)."""
-        with self._connect() as db:
-            rows = db.execute(
-                "SELECT owner, created_at FROM episodes WHERE created_at > ? AND owner IS NOT NULL",
-                (since,),
-            ).fetchall()
+        rows = self.db.all(
+            "SELECT owner, created_at FROM episodes WHERE created_at > ? AND owner IS NOT NULL",
+            (since,),
+        )
         return [(row[0], float(row[1])) for row in rows]
+
+    def placement(self, episode_id: str) -> tuple[str, str] | None:
+        """(worker, node) the episode was placed on (None: never placed)."""
+        row = self.db.one("SELECT worker, node FROM placements WHERE episode_id=?", (episode_id,))
+        return (row[0], row[1]) if row else None
+
+    def active_on(self, worker: str) -> list[str]:
+        """Ids of the `active` episodes placed on `worker`."""
+        rows = self.db.all(
+            "SELECT p.episode_id FROM placements p JOIN episodes e ON e.id = p.episode_id"
+            " WHERE p.worker=? AND e.status='active' ORDER BY p.episode_id",
+            (worker,),
+        )
+        return [row[0] for row in rows]
+
+    def get_blob(self, digest: str) -> bytes | None:
+        row = self.db.one("SELECT data FROM blobs WHERE digest=?", (digest,))
+        return bytes(row[0]) if row else None
 
     def add_sampler_release(self, task: str, at: float) -> None:
         self._put("INSERT INTO sampler_releases (task, at) VALUES (?,?)", (task, at))
@@ -455,11 +393,11 @@ class Store:
         (ended_at, task, status, reward, passed, void_reason); status `release` for a release."""
         if limit <= 0:
             return []
-        with self._connect() as db:
+        with self.db.connection() as db:
+            reward = db.json_field("v.verdict", "reward")
+            passed = db.json_field("v.verdict", "passed")
             rows = db.execute(
-                "SELECT e.ended_at, e.task, e.status,"
-                " COALESCE(json_extract(v.verdict, '$.reward'), 0.0),"
-                " COALESCE(json_extract(v.verdict, '$.passed'), 0), e.void_reason"
+                f"SELECT e.ended_at, e.task, e.status, {reward}, {passed}, e.void_reason"
                 " FROM episodes e LEFT JOIN verdicts v ON v.episode_id = e.id"
                 " WHERE e.ended_at IS NOT NULL AND e.status IN ('done', 'void')"
                 " ORDER BY e.ended_at DESC LIMIT ?",
@@ -469,54 +407,18 @@ class Store:
             releases = db.execute(
                 "SELECT at, task FROM sampler_releases WHERE at >= ?", (since,)
             ).fetchall()
-        history = [(r[0], r[1], r[2], float(r[3]), bool(r[4]), r[5]) for r in rows]
+        history = [(r[0], r[1], r[2], float(r[3] or 0.0), r[4] in (1, "true"), r[5]) for r in rows]
         history += [(at, task, "release", 0.0, False, None) for at, task in releases]
         history.sort(key=lambda h: h[0])
         return history
 
     def count_by_status(self) -> dict[str, int]:
-        with self._connect() as db:
-            return dict(
-                db.execute("SELECT status, COUNT(*) FROM episodes GROUP BY status").fetchall()
-            )
-
-    def placement(self, episode_id: str) -> tuple[str, str] | None:
-        """(worker, node) hosting `episode_id`, if it was placed in cluster mode."""
-        with self._connect() as db:
-            row = db.execute(
-                "SELECT worker, node FROM placements WHERE episode_id=?", (episode_id,)
-            ).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def active_on(self, worker: str) -> list[str]:
-        """Ids of the still-active episodes placed on `worker`."""
-        with self._connect() as db:
-            rows = db.execute(
-                "SELECT e.id FROM placements p JOIN episodes e ON e.id = p.episode_id"
-                " WHERE p.worker=? AND e.status='active'",
-                (worker,),
-            ).fetchall()
-        return [row[0] for row in rows]
-
-    def put_blob(self, digest: str, data: bytes) -> None:
-        """Store content-addressed bytes (idempotent)."""
-        with self._connect() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO blobs (digest, data, created_at) VALUES (?,?,?)",
-                (digest, data, time.time()),
-            )
-
-    def get_blob(self, digest: str) -> bytes | None:
-        with self._connect() as db:
-            row = db.execute("SELECT data FROM blobs WHERE digest=?", (digest,)).fetchone()
-        return bytes(row[0]) if row else None
+        return dict(self.db.all("SELECT status, COUNT(*) FROM episodes GROUP BY status"))
 
     def mark_unfinished(self, status: str, reason: str, now: float) -> int:
         """At start-up: episodes left `active` by a previous process can never resume."""
-        with self._connect() as db:
-            cur = db.execute(
-                "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?"
-                " WHERE status='active'",
-                (status, reason, now, now),
-            )
-            return cur.rowcount
+        return self.db.run(
+            "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?"
+            " WHERE status='active'",
+            (status, reason, now, now),
+        )

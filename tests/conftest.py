@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pg import PostgresServer, PostgresUnavailable
 
 from palaestra.sdk.http import HTTPClient
 from palaestra.server.config import Settings
@@ -201,6 +202,41 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
 def http(server: ServerProcess) -> Iterator[HTTPClient]:
     with server.client() as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the session (tests/pg.py); skips, saying why, where
+    PostgreSQL is not installed."""
+    server = PostgresServer()
+    try:
+        server.start()
+    except PostgresUnavailable as exc:
+        server.stop()
+        pytest.skip(f"no PostgreSQL for the tests: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresServer) -> Iterator[str]:
+    """A fresh, empty database on the session's PostgreSQL server; its URL."""
+    url = pg_server.create_database()
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store setting of a test run on each engine: a SQLite file, a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'store.sqlite3'}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -25,7 +25,6 @@ from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.manifest import read_manifest
 from palaestra.server.runtime import build_manager
-from palaestra.server.store import Store
 
 ECHO = "palaestra/echo:say-birch"
 HE0 = "openai/humaneval:HumanEval-0"
@@ -103,7 +102,7 @@ async def faulty(tmp_path: Path) -> AsyncIterator[EpisodeManager]:
 
 async def stored(manager: EpisodeManager, episode_id: str) -> EpisodeState:
     await manager.store.aflush()
-    state = await asyncio.to_thread(Store(manager.settings.db_path).load_episode, episode_id)
+    state = await asyncio.to_thread(manager.store.load_episode, episode_id)
     assert state is not None
     return state
 

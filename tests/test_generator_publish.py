@@ -16,6 +16,7 @@ from test_registry import cli
 
 from palaestra.cli.materialize import materialize
 from palaestra.server.auth import create_token
+from palaestra.server.db import Database
 from palaestra.server.packs.archive import pack_archive
 from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.genstore import GeneratedStore
@@ -82,7 +83,10 @@ def test_publish_token_generator_pack(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data", extra_env=env).start()
     try:
         publisher, _ = create_token(
-            server.data_dir / "palaestra.sqlite3", ["publish"], name="gen-author", orgs=["test"]
+            Database.open(server.data_dir / "palaestra.sqlite3"),
+            ["publish"],
+            name="gen-author",
+            orgs=["test"],
         )
         src = generator_pack(tmp_path / "gen", "test/gen")
         reply = publish(server, src, publisher)
@@ -127,7 +131,7 @@ def test_publish_token_generator_pack(tmp_path: Path) -> None:
         server.stop()
 
     # A stored file gone: that pack is a clear load error; the others load.
-    registry = PackRegistry(server.data_dir, server.data_dir / "palaestra.sqlite3")
+    registry = PackRegistry(server.data_dir, Database.open(server.data_dir / "palaestra.sqlite3"))
     folder = registry.generated.folder(registry.find("test/gen", "1.0.0").digest)
     index = json.loads((folder / "index.json").read_text())
     (folder / (index["splits"]["words/train"].removeprefix("sha256:") + ".json")).unlink()

@@ -17,6 +17,7 @@ import pytest
 from conftest import BIN, ServerProcess
 
 from palaestra.server.config import Settings
+from palaestra.server.db import Database
 from palaestra.server.packs.archive import ArchiveError, extract_archive, pack_archive
 from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.runtime import build_manager
@@ -235,7 +236,7 @@ def test_extract_archive_refuses_unsafe_entries(tmp_path: Path) -> None:
 
 
 def test_pack_registry_install_is_idempotent_and_immutable(tmp_path: Path) -> None:
-    registry = PackRegistry(tmp_path / "data", tmp_path / "data" / "db.sqlite3")
+    registry = PackRegistry(tmp_path / "data", Database.open(tmp_path / "data" / "db.sqlite3"))
     src = write_pack(tmp_path / "p", "test/p", "1.0.0")
     pack, created = registry.install(pack_archive(src), publisher="t", families=["echo"])
     assert created and registry.find("test/p", "1.0.0") is not None
@@ -259,7 +260,7 @@ def test_yank_from_the_cli_on_an_index_made_before_yanking(tmp_path: Path) -> No
             " TEXT NOT NULL, published_at REAL NOT NULL, publisher TEXT NOT NULL, bytes"
             " INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (name, version))"
         )
-    registry = PackRegistry(data, db)
+    registry = PackRegistry(data, Database.open(db))
     src = write_pack(tmp_path / "p", "test/p", "1.0.0")
     registry.install(pack_archive(src), publisher="t", families=["echo"])
     run = cli("pack", "yank", "test/p@1.0.0", "--data-dir", str(data), cwd=tmp_path)

@@ -101,7 +101,7 @@ async def test_live_trajectory_is_in_the_store_not_in_memory(manager: EpisodeMan
     # A retried request id of an ended, evicted episode is answered from the store.
     again = await manager.step(episode_id, StepRequest(action=submit, request_id="r3"))
     assert again.observation.text == "t3"
-    db = sqlite3.connect(manager.settings.db_path)
+    db = sqlite3.connect(manager.settings.data_dir / "palaestra.sqlite3")
     indexes = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert "steps_request" not in indexes  # every step's insert pays for each index
 

@@ -13,6 +13,7 @@ from palaestra.envs.echo import EchoFamily, EchoPrivate
 from palaestra.envs.finance import FinanceFamily
 from palaestra.envs.terminal import TerminalFamily
 from palaestra.sdk.errors import BadRequestError
+from palaestra.server.db import Database
 from palaestra.server.packs.archive import pack_archive
 from palaestra.server.packs.check import check_pack
 from palaestra.server.packs.loader import inspect_pack, load_pack
@@ -112,7 +113,7 @@ def test_a_missing_private_field_is_refused_at_load_check_and_publish(tmp_path: 
     report = asyncio.run(check_pack(root))
     assert not report.ok and report.checked == 0
     assert named("\n".join(f"{p.where}: {p.message}" for p in report.problems)), report.problems
-    registry = PackRegistry(tmp_path / "data", tmp_path / "data" / "db.sqlite3")
+    registry = PackRegistry(tmp_path / "data", Database.open(tmp_path / "data" / "db.sqlite3"))
     with pytest.raises(BadRequestError) as publish:
         registry.install(pack_archive(root), publisher="t", families=families)
     assert named(publish.value.message) and registry.published() == []

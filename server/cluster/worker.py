@@ -20,7 +20,6 @@ import secrets
 import socket
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from palaestra.sdk.errors import CapacityError, UnavailableError
@@ -320,5 +319,5 @@ class EpisodeWorker:
 def settings_for_workers(settings: Settings) -> str:
     """What a front sends its workers: its settings, with the store's location made
     absolute (a SQLite store stays the front's file: local clusters only)."""
-    store = settings.store or f"sqlite://{Path(settings.db_path).resolve()}"
+    store = settings.store or f"sqlite://{(settings.data_dir / 'palaestra.sqlite3').resolve()}"
     return settings.model_copy(update={"store": store}).model_dump_json()

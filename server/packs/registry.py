@@ -1,8 +1,8 @@
 """The published-pack registry: which `name@version` is published, by whom, with which digest.
 
-The SQLite table `published_packs` (name, version, digest, published_at, publisher, bytes)
-is its index, and a row there is what makes a version live; the pack itself is a folder of
-the on-disk store (server/packs/store.py). Rules:
+The table `published_packs` (name, version, digest, published_at, publisher, bytes) of the
+server's database (server/db.py) is its index, and a row there is what makes a version
+live; the pack itself is a folder of the on-disk store (server/packs/store.py). Rules:
 
 - the archive is verified before anything is installed: it extracts safely
   (server/packs/archive.py), and `load_pack` accepts it with the server's families (which
@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -54,6 +53,7 @@ from palaestra.sdk.errors import (
     PermissionDeniedError,
     UnavailableError,
 )
+from palaestra.server.db import Database
 from palaestra.server.packs.archive import ArchiveLimits
 from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.generate import GenerationError
@@ -63,7 +63,6 @@ from palaestra.server.packs.lock import pack_files
 from palaestra.server.packs.manifest import PackError, PackManifest, read_manifest
 from palaestra.server.packs.store import PackStore
 from palaestra.server.packs.taskfields import HostPolicy
-from palaestra.server.store import PACKS_SCHEMA
 
 log = logging.getLogger("palaestra.registry")
 
@@ -146,13 +145,13 @@ ADMIN_RIGHTS = PublishRights()
 
 
 class PackRegistry:
-    """Published pack versions, indexed in the SQLite file at `db_path`; their folders are in
-    the store under `<data_dir>/packs/` (`store`)."""
+    """Published pack versions, indexed in `db`; their folders are in the store under
+    `<data_dir>/packs/` (`store`)."""
 
     def __init__(
         self,
         data_dir: Path,
-        db_path: Path,
+        db: Database,
         *,
         archive_limits: ArchiveLimits | None = None,
         install_workers: int = 2,
@@ -160,7 +159,7 @@ class PackRegistry:
     ) -> None:
         self.store = PackStore(data_dir, archive_limits)
         self.generated = GeneratedStore(self.store.root)
-        self.db_path = db_path
+        self.db = db
         self._lock = threading.Lock()
         # Installs run on their own few threads (never asyncio's shared pool, which every
         # store flush needs); past `install_queue` waiting, a publish is refused with 429.
@@ -194,24 +193,9 @@ class PackRegistry:
         finally:
             self._installing -= 1
 
-    def _connect(self) -> sqlite3.Connection:
-        self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.db_path, timeout=30)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.executescript(PACKS_SCHEMA)
-        columns = {row[1] for row in db.execute("PRAGMA table_info(published_packs)")}
-        if "bytes" not in columns:  # an index made before publisher quotas
-            db.execute("ALTER TABLE published_packs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
-        if "generated" not in columns:  # an index made before sandboxed generation
-            db.execute("ALTER TABLE published_packs ADD COLUMN generated TEXT NOT NULL DEFAULT ''")
-        if "yanked_at" not in columns:  # an index made before yanking
-            db.execute("ALTER TABLE published_packs ADD COLUMN yanked_at REAL")
-            db.execute("ALTER TABLE published_packs ADD COLUMN yanked_by TEXT")
-        return db
-
     # -- index ------------------------------------------------------------------------------
     def published(self, name: str | None = None) -> list[Published]:
-        with self._connect() as db:
+        with self.db.connection() as db:
             rows = db.execute(
                 "SELECT name, version, digest, published_at, publisher, generated"
                 " FROM published_packs"
@@ -222,7 +206,7 @@ class PackRegistry:
         return [Published(*row) for row in rows]
 
     def find(self, name: str, version: str) -> Published | None:
-        with self._connect() as db:
+        with self.db.connection() as db:
             row = db.execute(
                 "SELECT name, version, digest, published_at, publisher, generated"
                 " FROM published_packs"
@@ -233,16 +217,17 @@ class PackRegistry:
 
     def enabled(self) -> set[str]:
         """Names an admin let into unfiltered sampling."""
-        with self._connect() as db:
-            return {row[0] for row in db.execute("SELECT name FROM enabled_packs")}
+        with self.db.connection() as db:
+            return {row[0] for row in db.all("SELECT name FROM enabled_packs")}
 
     def enable(self, name: str, by: str, catalog: PackCatalog | None = None) -> bool:
         """Let the sampler draw `name` unfiltered; False if it already could."""
         if not self.published(name):
             raise NotFoundError(f"no published pack {name!r}; GET /v1/packs lists the packs")
-        with self._connect() as db:
+        with self.db.connection() as db:
             added = db.execute(
-                "INSERT OR IGNORE INTO enabled_packs (name, enabled_at, enabled_by) VALUES (?,?,?)",
+                "INSERT INTO enabled_packs (name, enabled_at, enabled_by) VALUES (?,?,?)"
+                " ON CONFLICT (name) DO NOTHING",
                 (name, time.time(), by),
             ).rowcount
         if catalog is not None:
@@ -251,10 +236,9 @@ class PackRegistry:
 
     def yanked(self) -> set[tuple[str, str]]:
         """The (name, version) pairs yanked."""
-        with self._connect() as db:
+        with self.db.connection() as db:
             sql = "SELECT name, version FROM published_packs WHERE yanked_at IS NOT NULL"
-            rows = db.execute(sql)
-            return {(row[0], row[1]) for row in rows}
+            return {(row[0], row[1]) for row in db.all(sql)}
 
     def yank(
         self,
@@ -279,7 +263,7 @@ class PackRegistry:
                 "an admin may yank it",
                 code="not_owner",
             )
-        with self._connect() as db:
+        with self.db.connection() as db:
             if undo:
                 sql = "UPDATE published_packs SET yanked_at=NULL, yanked_by=NULL"
                 changed = db.execute(
@@ -298,7 +282,7 @@ class PackRegistry:
 
     def usage(self, publisher: str) -> tuple[int, int]:
         """(installed bytes, versions) this publisher has published."""
-        with self._connect() as db:
+        with self.db.connection() as db:
             row = db.execute(
                 "SELECT COALESCE(SUM(bytes), 0), COUNT(*) FROM published_packs WHERE publisher=?",
                 (publisher,),
@@ -487,7 +471,7 @@ class PackRegistry:
         self._check_quota(rights, publisher, size)
         pack.root = self.store.place(root, pack.digest)
         index = self.generated.place(pack.digest, generated) if generated is not None else ""
-        with self._connect() as db:
+        with self.db.transaction() as db:
             db.execute(
                 "INSERT INTO published_packs (name, version, digest, published_at, publisher,"
                 " bytes, generated) VALUES (?,?,?,?,?,?,?)",
@@ -495,8 +479,8 @@ class PackRegistry:
             )
             if rights.enable:
                 db.execute(
-                    "INSERT OR IGNORE INTO enabled_packs (name, enabled_at, enabled_by)"
-                    " VALUES (?,?,?)",
+                    "INSERT INTO enabled_packs (name, enabled_at, enabled_by)"
+                    " VALUES (?,?,?) ON CONFLICT (name) DO NOTHING",
                     (pack.name, time.time(), publisher),
                 )
             enabled = bool(

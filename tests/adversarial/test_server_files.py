@@ -32,6 +32,7 @@ from palaestra.sandbox.bwrap import BwrapBackend
 from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
 from palaestra.server.auth import ensure_admin_token
+from palaestra.server.db import Database
 from palaestra.server.store import Store
 
 from .harness import REPO, Guard, new_marker, on_backends
@@ -46,9 +47,9 @@ CACHE = Path(os.environ.get("PALAESTRA_CACHE") or Path.home() / ".cache" / "pala
 def make_data_dir(data: Path, secret: str) -> str:
     """The server's files in `data`, readable by anyone; returns the admin token."""
     data.mkdir(parents=True)
-    store = Store(data / "palaestra.sqlite3")
+    store = Store(Database.open(data / "palaestra.sqlite3"))
+    token = ensure_admin_token(data, store.db).read_text().strip()
     store.close()
-    token = ensure_admin_token(data, data / "palaestra.sqlite3").read_text().strip()
     pack = data / "packs" / "sha256" / ("0" * 12)
     pack.mkdir(parents=True)
     (pack / "tasks.jsonl").write_text(json.dumps({"private": {"answer": secret}}) + "\n")

@@ -53,9 +53,7 @@ async def client(
     manager: EpisodeManager, scopes: list[str], orgs: tuple[str, ...] = ()
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the real app with a new token of `scopes`, granted `orgs`."""
-    token, _ = create_token(
-        manager.settings.db_path, scopes, name=f"p-{uuid.uuid4().hex[:6]}", orgs=orgs
-    )
+    token, _ = create_token(manager.store.db, scopes, name=f"p-{uuid.uuid4().hex[:6]}", orgs=orgs)
     app = create_app(manager.settings, manager=manager)
     app.state.manager = manager  # the ASGI transport does not run the lifespan
     async with httpx.AsyncClient(

@@ -43,7 +43,7 @@ class Tenant:
 def tenant(manager: EpisodeManager, scopes: list[str], **quota: Any) -> Tenant:
     """A new token (its own quota where given) and a client of the app that uses it."""
     name = f"t-{uuid.uuid4().hex[:6]}"
-    token, record = create_token(manager.settings.db_path, scopes, name=name, quota=Quota(**quota))
+    token, record = create_token(manager.store.db, scopes, name=name, quota=Quota(**quota))
     return Tenant(name=name, token_id=record["id"], http=client(manager, token), token=token)
 
 

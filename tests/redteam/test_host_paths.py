@@ -116,7 +116,7 @@ def test_the_operators_images_are_accepted(tmp_path: Path) -> None:
 def test_a_stored_pack_that_names_the_host_is_refused_at_load(tmp_path: Path) -> None:
     """A pack installed under a wider policy (or before these checks) is not served."""
     settings = make_settings(data_dir=tmp_path / "data")
-    registry = PackRegistry(settings.data_dir, settings.db_path)
+    registry = PackRegistry(settings.data_dir, settings.database())
     wide = HostPolicy(images=frozenset({"/"}), toolchains=frozenset())
     data = archive(tmp_path, "acme/old", tasks=[terminal_task(image="/")])
     registry.install(data, publisher="t", families=["terminal"], policy=wide)

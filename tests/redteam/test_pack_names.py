@@ -19,6 +19,7 @@ from conftest import BIN, ServerProcess, make_settings
 from palaestra.sdk.errors import NotFoundError
 from palaestra.server.auth import create_token
 from palaestra.server.config import Settings
+from palaestra.server.db import Database
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.registry import PackRegistry
@@ -113,7 +114,7 @@ async def test_a_published_pack_is_sampled_only_once_an_admin_enables_it(
     assert "acme/bait" in drawn
     # The choice survives a restart: the store's index says which names are enabled.
     again = PackCatalog()
-    registry = PackRegistry(manager.settings.data_dir, manager.settings.db_path)
+    registry = PackRegistry(manager.settings.data_dir, manager.store.db)
     registry.load_into(again, [f.name for f in manager.families.all()])
     assert again.sampled("acme/bait")
 
@@ -161,7 +162,10 @@ def test_pack_enable_cli(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data").start()
     try:
         token, _ = create_token(
-            server.data_dir / "palaestra.sqlite3", ["publish"], name="cli-pub", orgs=["acme"]
+            Database.open(server.data_dir / "palaestra.sqlite3"),
+            ["publish"],
+            name="cli-pub",
+            orgs=["acme"],
         )
         src = archive(tmp_path, "acme/cli")
         (tmp_path / "p.tar.gz").write_bytes(src)

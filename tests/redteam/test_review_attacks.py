@@ -109,7 +109,7 @@ async def test_separator_in_a_chosen_id_reaches_only_its_own(
 
 
 async def test_revoked_token_stops_on_every_route(manager: EpisodeManager) -> None:
-    db = manager.settings.db_path
+    db = manager.store.db
     token, record = create_token(db, ["train"], name="doomed", quota=Quota())
     admin_token = (manager.settings.data_dir / "admin.token").read_text().strip()
     app = create_app(manager.settings, manager=manager)

@@ -9,32 +9,17 @@ close) hung forever, and `/readyz` still said ready.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from test_store_engines import state
 
-from palaestra.sdk.models import EpisodeState
+from palaestra.server.db import Database
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.store import Store, StoreWriteError
 
 ECHO = "palaestra/echo:say-birch"
-
-
-def state(episode_id: str, step_count: int = 0) -> EpisodeState:
-    now = time.time()
-    return EpisodeState(
-        episode_id=episode_id,
-        task=ECHO,
-        family="echo",
-        domain="echo/say",
-        split="train",
-        status="active",
-        step_count=step_count,
-        created_at=now,
-        updated_at=now,
-    )
 
 
 def flushes(store: Store, within: float = 10.0) -> bool:
@@ -53,7 +38,7 @@ def flushes(store: Store, within: float = 10.0) -> bool:
     ],
 )
 def test_a_failing_write_fails_alone(tmp_path: Path, poison: object) -> None:
-    store = Store(tmp_path / "s.sqlite3")
+    store = Store(Database.open(tmp_path / "s.sqlite3"))
     try:
         assert store.create_episode(state("before"), "sha256:x", False) is not None
         if poison == "dup":
@@ -80,7 +65,7 @@ def test_a_failing_write_fails_alone(tmp_path: Path, poison: object) -> None:
 
 
 def test_a_dead_writer_is_reported_and_never_hangs(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.sqlite3")
+    store = Store(Database.open(tmp_path / "s.sqlite3"))
     store.close()  # the writer is gone, as after a crash of its thread
     assert not store.writer_alive
     assert flushes(store, 5), "flush() on a stopped writer must return"

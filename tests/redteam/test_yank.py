@@ -82,7 +82,7 @@ async def test_only_the_publisher_or_an_admin_yanks_and_exact_pins_keep_working(
 
         # It survives a restart: the registry's index says so.
         again = PackCatalog()
-        PackRegistry(manager.settings.data_dir, manager.settings.db_path).load_into(again, ["echo"])
+        PackRegistry(manager.settings.data_dir, manager.store.db).load_into(again, ["echo"])
         assert again.get(NAME).version == "1.0.0" and again.get(f"{NAME}@1.1.0")
 
         status, code, _ = error(await mallory.post(f"/v1/packs/{NAME}@1.1.0/unyank"))

@@ -1,0 +1,71 @@
+"""Store microbench: queued `add_step` (the step's hot path), committed steps/s, replay reads.
+
+.venv/bin/python bench/store.py                        # embedded SQLite in a temp dir
+.venv/bin/python bench/store.py postgresql://…/db      # a PostgreSQL database
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from palaestra.sdk.models import EpisodeState
+from palaestra.server.db import Database
+from palaestra.server.store import Store
+
+EPISODES, STEPS, READS, RUNS = 50, 20_000, 500, 5
+RECORD = (
+    '{"index": 0, "action": {"tool": "echo", "arguments": {}}, "observation": {"text": "'
+    + "x" * 300
+    + '"}, "reward": 0.0}'
+)
+
+
+def once(target: str | Path, run: int) -> tuple[float, float, float]:
+    store = Store(Database.open(target))
+    now = time.time()
+    ids = [f"b{run}-{time.time_ns()}-{i}" for i in range(EPISODES)]
+    for eid in ids:
+        state = EpisodeState(
+            episode_id=eid,
+            task="t",
+            family="echo",
+            domain="d",
+            split="train",
+            status="active",
+            step_count=0,
+            created_at=now,
+            updated_at=now,
+        )
+        store.create_episode(state, "x", False)
+    store.flush()
+    start = time.perf_counter()
+    for i in range(STEPS):
+        store.add_step(ids[i % EPISODES], i, f"r{i}", RECORD)
+    queued = time.perf_counter() - start
+    store.flush()
+    total = time.perf_counter() - start
+    start = time.perf_counter()
+    for i in range(READS):
+        store.find_step(ids[i % EPISODES], f"r{i}")
+    reads = time.perf_counter() - start
+    store.close()
+    return queued / STEPS * 1e6, STEPS / total, reads / READS * 1e6
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        target = sys.argv[1] if len(sys.argv) > 1 else Path(tmp) / "bench.sqlite3"
+        runs = [once(target, run) for run in range(RUNS)]
+    queued, committed, read = (statistics.median(r[k] for r in runs) for k in range(3))
+    print(
+        f"add_step queued {queued:.2f} us/step, committed {committed:.0f} steps/s, "
+        f"find_step {read:.0f} us (median of {RUNS})"
+    )
+
+
+if __name__ == "__main__":
+    main()
