@@ -107,6 +107,10 @@ def post(path: str, body: Any, port: int, token: str = "") -> bytes:
     return head.encode() + payload
 
 
+def get(path: str, port: int, token: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{_auth(token)}\r\n".encode()
+
+
 def delete(path: str, port: int, token: str = "") -> bytes:
     return (
         f"DELETE {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{_auth(token)}"
@@ -129,6 +133,7 @@ class Target:
     proc: subprocess.Popen[bytes]
     log: Path
     token: str = ""  # palaestra: the local admin token its data dir holds
+    task: str = ECHO_TASK  # palaestra: the echo task each client opens
 
     async def open_client(self) -> tuple[Conn, bytes]:
         """A connection and the pre-built bytes of one no-op step on it."""
@@ -146,7 +151,7 @@ class Target:
 class Palaestra(Target):
     async def open_client(self) -> tuple[Conn, bytes]:
         conn = await connect(self.port)
-        reset = {"task": ECHO_TASK, "options": {"max_steps": 1_000_000_000}}
+        reset = {"task": self.task, "options": {"max_steps": 1_000_000_000}}
         body = json.loads(await checked(conn, post("/v1/episodes", reset, self.port, self.token)))
         episode = body["episode_id"]
         step = post(
@@ -185,8 +190,10 @@ def free_port() -> int:
         return port
 
 
-def wait_ready(proc: subprocess.Popen[bytes], port: int, path: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
+def wait_ready(
+    proc: subprocess.Popen[bytes], port: int, path: str, log: Path, timeout_s: float = 60.0
+) -> None:
+    deadline = time.monotonic() + timeout_s
     request = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -199,7 +206,9 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int, path: str, log: Path) -
         except OSError:
             pass
         time.sleep(0.1)
-    raise SystemExit(f"server on port {port} not ready after 60 s; log:\n{log.read_text()}")
+    raise SystemExit(
+        f"server on port {port} not ready after {timeout_s:g} s; log:\n{log.read_text()}"
+    )
 
 
 def openenv_venv() -> Path:

@@ -1,11 +1,13 @@
 """The `echo` family: the smallest complete family, with no sandbox.
 
-`echo` returns its text (the no-op step the API benchmark drives); `submit` ends the
-episode and the verifier compares the answer with the private one, exactly.
+`echo` returns its text (the no-op step the API benchmark drives), after the task's
+`delay_ms` (a step that waits on I/O, for bench/scale.py); `submit` ends the episode and the
+verifier compares the answer with the private one, exactly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from pydantic import Field
@@ -34,6 +36,7 @@ class SubmitArgs(ToolArgs):
 
 class EchoPublic(PublicFields):
     instruction: str = ""
+    delay_ms: int = Field(default=0, ge=0, le=10_000, description="wait before each echo")
 
 
 class EchoPrivate(PrivateFields):
@@ -59,6 +62,8 @@ class EchoFamily(Family):
             ctx.state["answer"] = args.answer
             return StepOutcome(Observation(text="submitted"), done=True)
         assert isinstance(args, EchoArgs)
+        if "delay_ms" in ctx.task.public:  # the no-op step skips validating the fields
+            await asyncio.sleep(EchoPublic.of(ctx.task).delay_ms / 1000)
         return StepOutcome(Observation(text=args.text))
 
     def verifier_info(self) -> VerifierInfo:

@@ -13,8 +13,10 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,9 @@ class RayConnection:
         self.cluster: Any = None
         self.temp: Path | None = None
         match = LOCAL.match(settings.ray)
+        # ray.init replaces the SIGTERM handler with sys.exit, which skips the server's
+        # graceful shutdown (the store's flush, this cluster's stop): keep the server's.
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         try:
             address = self._start_local(settings, int(match[1])) if match else settings.ray
             ray.init(
@@ -99,6 +104,9 @@ class RayConnection:
         except Exception as exc:
             self.close()
             raise ClusterError(f"cannot join the Ray cluster at {settings.ray}: {exc}") from None
+        finally:
+            if on_sigterm is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, on_sigterm)
 
     def _start_local(self, settings: Settings, nodes: int) -> str:
         from ray.cluster_utils import Cluster
