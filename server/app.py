@@ -502,7 +502,8 @@ def create_app(
     @app.get("/metrics", tags=["operations"])
     async def metrics(request: Request) -> Response:
         return Response(
-            mgr(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+            await mgr(request).render_metrics(),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
     _complete_openapi(app, [StepRequest, BatchResetRequest, BatchStepRequest])

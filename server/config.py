@@ -365,6 +365,9 @@ class Settings(BaseModel):
         default=1.0, gt=0, description="how often a front refreshes workers' load and health"
     )
     ray_local_cpus: int = Field(default=1, ge=1, description="local:N: CPUs each node declares")
+    ray_metrics_timeout_s: float = Field(
+        default=2.0, gt=0, description="how long a front's /metrics waits for each worker's"
+    )
 
     @field_validator("egress_allow")
     @classmethod

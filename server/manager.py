@@ -161,6 +161,10 @@ class EpisodeManager:
     def _live_by_status(self) -> dict[str, int]:
         return {EpisodeStatus.ACTIVE.value: len(self._live)}
 
+    async def render_metrics(self) -> bytes:
+        """This server's Prometheus exposition (a cluster front adds its workers')."""
+        return self.metrics.render()
+
     # -- episodes -------------------------------------------------------------------------
     async def reset(
         self,

@@ -141,6 +141,16 @@ def test_two_fronts_serve_the_same_episodes(ctx: Ctx) -> None:
     assert state["verdict"]["reward"] == 0.0
 
 
+def test_a_front_serves_its_workers_metrics(ctx: Ctx) -> None:
+    reply = ctx.reset(front=1).json()
+    worker = reply["info"]["worker"]
+    text = ctx.call(1, "GET", "/metrics").text
+    assert f'palaestra_worker_up{{worker="{worker}"}} 1.0' in text
+    assert f'palaestra_episodes_started_total{{family="echo",worker="{worker}"}}' in text
+    assert 'palaestra_sandboxes_live{worker="front"}' in text
+    ctx.close(1, reply["episode_id"])
+
+
 def test_quotas_hold_across_fronts(ctx: Ctx) -> None:
     made = ctx.call(
         0, "POST", "/v1/tokens", json={"scopes": ["train"], "name": "q2", "max_live": 2}

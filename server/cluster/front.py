@@ -40,6 +40,7 @@ from palaestra.server.cluster import depot
 from palaestra.server.cluster.channel import ChannelClient, WorkerUnreachable, raise_error
 from palaestra.server.cluster.connect import RayConnection
 from palaestra.server.cluster.ledger import LEDGER_NAME, Ledger
+from palaestra.server.cluster.metrics import Scrape, exposition
 from palaestra.server.cluster.placement import (
     WORKER_FULL,
     Needs,
@@ -175,6 +176,24 @@ class ClusterManager(EpisodeManager):
                 log.error("the ledger is gone (%s); starting a new one", type(exc).__name__)
                 self.ledger = self._find_ledger()
         raise AssertionError("unreachable")
+
+    async def render_metrics(self) -> bytes:
+        """The front's series and every live worker's, labelled by worker (cluster/metrics.py)."""
+        workers = list(self.workers.values())
+        texts = await asyncio.gather(*(self._worker_metrics(w) for w in workers))
+        scrapes = [Scrape(w.info, t) for w, t in zip(workers, texts, strict=True)]
+        return await asyncio.to_thread(exposition, self.metrics.render(), scrapes)
+
+    async def _worker_metrics(self, worker: Worker) -> bytes | None:
+        """The worker's exposition; None when it does not answer in time."""
+        try:
+            text = await asyncio.wait_for(
+                worker.handle.metrics.remote(), self.settings.ray_metrics_timeout_s
+            )
+        except Exception as exc:
+            log.warning("worker %s: no metrics (%s)", worker.info.name, type(exc).__name__)
+            return None
+        return text if isinstance(text, bytes) else None
 
     # -- workers --------------------------------------------------------------------------
     async def _poll_forever(self) -> None:
