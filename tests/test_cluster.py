@@ -171,6 +171,26 @@ def test_quotas_hold_across_fronts(ctx: Ctx) -> None:
         ctx.call(0, "DELETE", f"/v1/episodes/{reply.json()['episode_id']}", token)
 
 
+def test_another_tokens_episode_answers_404_through_any_front(ctx: Ctx) -> None:
+    """Routing by the shared placement map never skips the worker's ownership check."""
+    tokens = []
+    for name in ("owner-a", "intruder-b"):
+        made = ctx.call(0, "POST", "/v1/tokens", json={"scopes": ["train"], "name": name})
+        assert made.status_code == 201, made.text
+        tokens.append(made.json()["token"])
+    episode = ctx.reset(0, tokens[0]).json()["episode_id"]
+    step = {"action": {"tool": "submit", "arguments": {"answer": "x"}}}
+    for front in (0, 1):
+        path = f"/v1/episodes/{episode}"
+        assert ctx.call(front, "POST", path + "/step", tokens[1], json=step).status_code == 404
+        assert ctx.call(front, "GET", path, tokens[1]).status_code == 404
+        assert ctx.call(front, "DELETE", path, tokens[1]).status_code == 404
+        assert ctx.call(front, "POST", path + "/verify", tokens[1]).status_code == 404
+    mine = ctx.call(1, "GET", f"/v1/episodes/{episode}", tokens[0]).json()
+    assert mine["status"] == "active" and mine["step_count"] == 0  # untouched by the intruder
+    ctx.call(0, "DELETE", f"/v1/episodes/{episode}", tokens[0])
+
+
 def test_a_restarted_front_keeps_routing(ctx: Ctx) -> None:
     started = [ctx.reset(front=0) for _ in range(3)]
     assert all(r.status_code == 200 for r in started), [r.text for r in started]
