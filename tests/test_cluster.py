@@ -9,6 +9,7 @@ restarted, and last a node killed mid-run.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -189,6 +190,43 @@ def test_another_tokens_episode_answers_404_through_any_front(ctx: Ctx) -> None:
     mine = ctx.call(1, "GET", f"/v1/episodes/{episode}", tokens[0]).json()
     assert mine["status"] == "active" and mine["step_count"] == 0  # untouched by the intruder
     ctx.call(0, "DELETE", f"/v1/episodes/{episode}", tokens[0])
+
+
+def ledger_pids() -> list[int]:
+    """The ledger actor's process (Ray titles it `ray::Ledger…`)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::Ledger"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_killed_ledger_is_made_again_and_quotas_hold(ctx: Ctx) -> None:
+    made = ctx.call(
+        0, "POST", "/v1/tokens", json={"scopes": ["train"], "name": "q1", "max_live": 1}
+    )
+    token = made.json()["token"]
+    first = ctx.reset(0, token)
+    assert first.status_code == 200, first.text
+    ctx.call(0, "DELETE", f"/v1/episodes/{first.json()['episode_id']}", token)
+    pids = ledger_pids()
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while pids[0] in ledger_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    again = ctx.reset(1, token)  # the front's ledger channel broke: the ledger is remade
+    assert again.status_code == 200, again.text
+    assert ledger_pids() not in ([], pids)
+    over = ctx.reset(0, token)  # the other front finds the new ledger too, and it counts
+    assert over.status_code == 429 and over.json()["error"]["code"] == "quota_exceeded", over.text
+    ctx.call(1, "DELETE", f"/v1/episodes/{again.json()['episode_id']}", token)
+    last = ctx.reset(0, token)
+    assert last.status_code == 200, last.text
+    ctx.call(0, "DELETE", f"/v1/episodes/{last.json()['episode_id']}", token)
 
 
 def test_a_restarted_front_keeps_routing(ctx: Ctx) -> None:

@@ -37,7 +37,7 @@ from palaestra.server import heldout
 from palaestra.server.auth import ADMIN_PRINCIPAL, Principal
 from palaestra.server.catalog import Catalog
 from palaestra.server.cluster import depot
-from palaestra.server.cluster.channel import ChannelClient, WorkerUnreachable, raise_error
+from palaestra.server.cluster.channel import ChannelClient, WorkerUnreachable
 from palaestra.server.cluster.connect import RayConnection
 from palaestra.server.cluster.ledger import LEDGER_NAME, Ledger
 from palaestra.server.cluster.metrics import Scrape, exposition
@@ -99,6 +99,7 @@ class ClusterManager(EpisodeManager):
         super().__init__(*args, **kwargs)
         self.connection: RayConnection | None = None
         self.ledger: Any = None
+        self._ledger_channel: ChannelClient | None = None
         self.workers: dict[str, Worker] = {}
         self._routes: OrderedDict[str, Route] = OrderedDict()
         self._ends_seen: OrderedDict[str, None] = OrderedDict()
@@ -133,6 +134,8 @@ class ClusterManager(EpisodeManager):
             task.cancel()
         for worker in self.workers.values():
             await worker.channel.aclose()
+        if self._ledger_channel is not None:
+            await self._ledger_channel.aclose()
         await asyncio.to_thread(self.store.close)
         if self.connection is not None:
             await asyncio.to_thread(self.connection.close)
@@ -166,7 +169,7 @@ class ClusterManager(EpisodeManager):
         )
 
     async def _ledger(self, method: str, *args: Any) -> Any:
-        """A ledger call; a ledger that died (its node did) is made again, once."""
+        """A ledger call through Ray; a ledger that died (its node did) is made again, once."""
         for attempt in range(2):
             try:
                 return await getattr(self.ledger, method).remote(*args)
@@ -176,6 +179,31 @@ class ClusterManager(EpisodeManager):
                 log.error("the ledger is gone (%s); starting a new one", type(exc).__name__)
                 self.ledger = self._find_ledger()
         raise AssertionError("unreachable")
+
+    async def _quota(self, method: str, args: dict[str, Any]) -> None:
+        """An admit, refund or end over the ledger's channel (every call is idempotent by
+        episode key, so one that broke is sent again once the channel is open again)."""
+        for attempt in range(2):
+            channel = self._ledger_channel
+            if channel is None or channel.broken:
+                if channel is not None:
+                    await channel.aclose()
+                where = await self._ledger("open_channel")  # remakes a dead ledger
+                channel = ChannelClient(where["host"], where["port"], bytes.fromhex(where["key"]))
+                self._ledger_channel = channel
+            try:
+                await channel.call(method, args)
+                return
+            except WorkerUnreachable:
+                await channel.aclose()
+                self._ledger_channel = None
+                if attempt:
+                    raise UnavailableError(
+                        "the cluster's ledger did not answer; retry the request",
+                        code="ledger_unreachable",
+                        retryable=True,
+                        retry_after=1.0,
+                    ) from None
 
     async def render_metrics(self) -> bytes:
         """The front's series and every live worker's, labelled by worker (cluster/metrics.py)."""
@@ -283,7 +311,7 @@ class ClusterManager(EpisodeManager):
         for key in keys:
             await self._void_lost(key)
         if keys:
-            await self._ledger("ended", keys)
+            await self._quota("ended", {"keys": keys})
         await self.store.aflush()
         log.warning("worker %s lost (%s): %d episodes void", name, why, len(keys))
         return len(keys)
@@ -360,9 +388,7 @@ class ClusterManager(EpisodeManager):
         order = candidates(infos, needs, overcommit, f"family {task.family!r}")  # or 503
         new_id = new_id or uuid.uuid4().hex
         key = episode_key(principal.token_id, request.episode_id, new_id)
-        refused = await self._ledger("admit", principal, key)
-        if refused is not None:
-            raise_error(refused)
+        await self._quota("admit", {"principal": principal_json(principal), "key": key})
         pinned = request.model_copy(update={"task": task.ref})
         args = {
             "request": pinned.model_dump(mode="json"),
@@ -374,7 +400,7 @@ class ClusterManager(EpisodeManager):
         try:
             body, chosen = await self._place(order, args)
         except BaseException:
-            await self._ledger("refund", key)
+            await self._quota("refund", {"key": key})
             raise
         chosen.info.live += 1
         self._remember(key, Route(chosen.info.name, task.ref))
@@ -450,7 +476,7 @@ class ClusterManager(EpisodeManager):
         self._ends_seen[key] = None
         if len(self._ends_seen) > ROUTES_CACHED:
             self._ends_seen.popitem(last=False)
-        await self._ledger("ended", [key])
+        await self._quota("ended", {"keys": [key]})
         worker = self.workers.get(route.worker)
         if worker is not None and worker.info.live > 0:
             worker.info.live -= 1

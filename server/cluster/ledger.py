@@ -3,19 +3,27 @@
 One named, detached Ray actor (`palaestra-ledger`) keeps a `Tenancy` (server/tenancy.py) for
 every front: fronts admit a reset here before a worker starts it, and report the episodes
 they see end; workers report the sandbox CPU their episodes used and the episodes they end
-on their own (idle TTL). It is a plain (threaded, one call at a time) actor, so calls from
-one front run in the order they were sent, and live episodes are held as a set of episode
-keys, so an end reported twice (by the front and the worker) counts once.
+on their own (idle TTL). Fronts make the calls on an episode's path (admit, refund, ended)
+over the ledger's own episode channel (channel.py), not as Ray actor calls: an actor call
+from an asyncio front costs milliseconds, two of them a coding episode's 10 % budget
+(docs/decisions.md, "Cluster mode"). It is an async actor whose methods never await inside,
+so calls run one at a time in the order they arrived, and live episodes are held as a set
+of episode keys, so an end reported twice (by the front and the worker) counts once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import secrets
+import socket
 from typing import Any
 
-from palaestra.sdk.errors import CapacityError
+from palaestra.sdk.errors import CapacityError, ServerError
 from palaestra.server.auth import Principal
-from palaestra.server.cluster.channel import error_json
+from palaestra.server.cluster.channel import ChannelServer
+from palaestra.server.cluster.worker import principal_from
 from palaestra.server.config import Settings
 from palaestra.server.tenancy import Tenancy
 
@@ -30,19 +38,45 @@ class Ledger:
         self.tenancy.restore_starts(starts)
         self._live: dict[str, tuple[str, float]] = {}  # episode key → (owner, started at)
         self._principals: dict[str, Principal] = {}  # owner → its last principal (CPU caps)
+        self._key = secrets.token_bytes(32)
+        self._channel: ChannelServer | None = None
+        self._address: dict[str, Any] = {}
+        self._opening = asyncio.Lock()
 
-    def admit(self, principal: Principal, key: str) -> bytes | None:
-        """None when `principal` may start episode `key`; else the 429's error JSON."""
+    # -- the channel (fronts) -------------------------------------------------------------
+    async def open_channel(self) -> dict[str, Any]:
+        """Where fronts reach this ledger: host, port and key (opened on the first ask)."""
+        async with self._opening:
+            if self._channel is None:
+                import importlib
+
+                ray: Any = importlib.import_module("ray")
+                host = ray.util.get_node_ip_address() or socket.gethostname()
+                self._channel = ChannelServer(self._handle, self._key)
+                port = await self._channel.start(host)
+                self._address = {"host": host, "port": port, "key": self._key.hex()}
+        return self._address
+
+    async def _handle(self, method: str, args: dict[str, Any]) -> bytes:
+        if method == "admit":
+            self.admit(principal_from(args["principal"]), str(args["key"]))
+        elif method == "refund":
+            self.refund(str(args["key"]))
+        elif method == "ended":
+            await self.ended([str(key) for key in args["keys"]])
+        else:
+            raise ServerError(f"the ledger has no call {method!r}", code="ledger_error")
+        return json.dumps(None).encode()
+
+    # -- quotas ---------------------------------------------------------------------------
+    def admit(self, principal: Principal, key: str) -> None:
+        """Count episode `key` for `principal`; raises the 429 when its quota is full."""
         if key in self._live:
-            return None
-        try:
-            self.tenancy.check_cpu(principal)
-            started = self.tenancy.admit(principal)
-        except CapacityError as exc:
-            return error_json(exc)
+            return
+        self.tenancy.check_cpu(principal)
+        started = self.tenancy.admit(principal)
         self._live[key] = (principal.token_id, started)
         self._principals[principal.token_id] = principal
-        return None
 
     def refund(self, key: str) -> None:
         """A start that failed: its slot and its hourly start are given back."""
@@ -50,17 +84,17 @@ class Ledger:
         if held is not None:
             self.tenancy.refund(*held)
 
-    def ended(self, keys: list[str]) -> None:
+    async def ended(self, keys: list[str]) -> None:
         for key in keys:
             held = self._live.pop(key, None)
             if held is not None:
                 self.tenancy.ended(held[0])
 
-    def charge(self, spent: dict[str, float]) -> None:
+    async def charge(self, spent: dict[str, float]) -> None:
         for owner, seconds in spent.items():
             self.tenancy.charge(owner, seconds)
 
-    def over_cpu(self) -> list[str]:
+    async def over_cpu(self) -> list[str]:
         """Owners over their CPU-seconds per hour now (a front refuses their steps)."""
         over = []
         for owner, principal in self._principals.items():
@@ -69,10 +103,3 @@ class Ledger:
             except CapacityError:
                 over.append(owner)
         return over
-
-    def report(self) -> dict[str, Any]:
-        """Live episodes per owner (tests and operators)."""
-        counts: dict[str, int] = {}
-        for owner, _ in self._live.values():
-            counts[owner] = counts.get(owner, 0) + 1
-        return {"live": counts}
