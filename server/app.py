@@ -44,10 +44,9 @@ from palaestra.sdk.models import (
     Verdict,
 )
 from palaestra.server import auth as scopes
-from palaestra.server.auth import Principal
+from palaestra.server.caller import manager_of, principal_of
 from palaestra.server.config import Settings
 from palaestra.server.fastpath import (
-    PRINCIPAL_KEY,
     StepFastPath,
     authenticator,
     batch_reply,
@@ -204,19 +203,6 @@ def create_app(
 
     app.add_middleware(StepFastPath)
 
-    def mgr(request: Request) -> EpisodeManager:
-        manager_: EpisodeManager = request.app.state.manager
-        return manager_
-
-    def who(request: Request) -> Principal:
-        """The caller: checked by StepFastPath in front; checked here when mounted bare."""
-        principal: Principal | None = request.scope.get(PRINCIPAL_KEY)
-        if principal is None:
-            auth = authenticator(request.app)
-            principal = auth.from_value(request.headers.get("authorization"))
-            request.scope[PRINCIPAL_KEY] = principal
-        return principal
-
     @app.exception_handler(PalaestraError)
     async def palaestra_error(request: Request, exc: PalaestraError) -> JSONResponse:
         headers = {"Retry-After": f"{exc.retry_after:g}"} if exc.retry_after is not None else None
@@ -241,7 +227,7 @@ def create_app(
 
     @app.post("/v1/episodes", response_model=ResetResponse, responses=ERRORS, tags=["episodes"])
     async def reset(body: ResetRequest, request: Request) -> Response:
-        return _json(await mgr(request).reset(body, who(request)))
+        return _json(await manager_of(request).reset(body, principal_of(request)))
 
     @app.post(
         "/v1/episodes/{episode_id}/step",
@@ -254,7 +240,7 @@ def create_app(
         # Served by StepFastPath in front of the app; this route documents it (OpenAPI)
         # and serves callers that mount the bare router. Both go through step_reply.
         status, body, headers = await step_reply(
-            mgr(request), episode_id, await request.body(), who(request)
+            manager_of(request), episode_id, await request.body(), principal_of(request)
         )
         extra = {k.decode(): v.decode() for k, v in headers}
         return Response(body, status_code=status, media_type="application/json", headers=extra)
@@ -262,7 +248,7 @@ def create_app(
     async def batch_route(request: Request) -> Response:
         # Served by StepFastPath too (batch_reply); here for OpenAPI and the bare app.
         status, body, _ = await batch_reply(
-            request.url.path, mgr(request), await request.body(), who(request)
+            request.url.path, manager_of(request), await request.body(), principal_of(request)
         )
         return Response(body, status_code=status, media_type="application/json")
 
@@ -288,7 +274,7 @@ def create_app(
         tags=["episodes"],
     )
     async def verify(episode_id: str, request: Request) -> Response:
-        return _json(await mgr(request).verify(episode_id, who(request)))
+        return _json(await manager_of(request).verify(episode_id, principal_of(request)))
 
     @app.get(
         "/v1/episodes/{episode_id}",
@@ -297,29 +283,29 @@ def create_app(
         tags=["episodes"],
     )
     async def state(episode_id: str, request: Request) -> Response:
-        return _json(await mgr(request).state(episode_id, who(request)))
+        return _json(await manager_of(request).state(episode_id, principal_of(request)))
 
     @app.delete("/v1/episodes/{episode_id}", status_code=204, responses=ERRORS, tags=["episodes"])
     async def close(episode_id: str, request: Request) -> Response:
-        await mgr(request).close(episode_id, who(request))
+        await manager_of(request).close(episode_id, principal_of(request))
         return Response(status_code=204)
 
     @app.get("/v1/families", response_model=list[FamilyInfo], tags=["discovery"])
     async def families(request: Request) -> list[FamilyInfo]:
-        who(request)
-        return mgr(request).catalog.family_infos()
+        principal_of(request)
+        return manager_of(request).catalog.family_infos()
 
     @app.get("/v1/packs", response_model=list[PackInfo], tags=["discovery"])
     async def packs(request: Request) -> list[PackInfo]:
-        who(request)
-        return mgr(request).catalog.pack_infos()
+        principal_of(request)
+        return manager_of(request).catalog.pack_infos()
 
     @app.get(
         "/v1/packs/{org}/{name}", response_model=PackInfo, responses=ERRORS, tags=["discovery"]
     )
     async def pack(org: str, name: str, request: Request) -> PackInfo:
-        who(request)
-        return mgr(request).catalog.pack_info(f"{org}/{name}")
+        principal_of(request)
+        return manager_of(request).catalog.pack_info(f"{org}/{name}")
 
     @app.get("/v1/tasks", response_model=TaskList, tags=["discovery"])
     async def tasks(
@@ -331,9 +317,11 @@ def create_app(
         limit: int = Query(default=1000, ge=1, le=10000),
         offset: int = Query(default=0, ge=0),
     ) -> Response:
-        who(request)
+        principal_of(request)
         return _json(
-            mgr(request).catalog.task_list(TaskQuery(pack, split, family, domain, limit, offset))
+            manager_of(request).catalog.task_list(
+                TaskQuery(pack, split, family, domain, limit, offset)
+            )
         )
 
     @app.get("/v1/sampler", response_model=SamplerReport, responses=ERRORS, tags=["sampler"])
@@ -346,9 +334,9 @@ def create_app(
     ) -> Response:
         """Mixture weights, effective probabilities, per-task success rates, quarantine
         (tasks of sealed splits: `eval` and admin tokens only)."""
-        principal = who(request)
+        principal = principal_of(request)
         return _json(
-            mgr(request).catalog.sampler_report(
+            manager_of(request).catalog.sampler_report(
                 pack=pack, split=split, domain=domain, limit=limit, principal=principal
             )
         )
@@ -361,8 +349,8 @@ def create_app(
     )
     async def sampler_release(body: SamplerReleaseRequest, request: Request) -> Response:
         """Let the sampler draw a quarantined task again (an admin action)."""
-        who(request).require(scopes.ADMIN, "releasing a quarantined task")
-        return _json(mgr(request).catalog.sampler_release(body.task))
+        principal_of(request).require(scopes.ADMIN, "releasing a quarantined task")
+        return _json(manager_of(request).catalog.sampler_release(body.task))
 
     @app.post(
         "/v1/packs",
@@ -382,16 +370,16 @@ def create_app(
     )
     async def publish(request: Request) -> Response:
         """Publish a pack archive (tar.gz; `publish` scope): 201 new, 200 already published."""
-        principal = who(request)
+        principal = principal_of(request)
         principal.require(scopes.PUBLISH, "publishing a pack")
-        limit = mgr(request).settings.max_pack_bytes
+        limit = manager_of(request).settings.max_pack_bytes
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 return _error(413, "too_large", f"a pack archive may be at most {limit} bytes")
             chunks.append(chunk)
-        pack, created = await mgr(request).catalog.publish(b"".join(chunks), principal)
+        pack, created = await manager_of(request).catalog.publish(b"".join(chunks), principal)
         reply = PublishResponse(
             name=pack.name, version=pack.version, digest=pack.digest, created=created
         )
@@ -405,7 +393,9 @@ def create_app(
     async def pack_download(org: str, name: str, request: Request) -> Response:
         """The archive of `org/name[@version]` (for `pack install`); packs with sealed splits:
         admin only, since an archive carries their private fields."""
-        pack, data = await mgr(request).catalog.pack_archive(f"{org}/{name}", who(request))
+        pack, data = await manager_of(request).catalog.pack_archive(
+            f"{org}/{name}", principal_of(request)
+        )
         filename = f"{pack.name.replace('/', '-')}-{pack.version}.tar.gz"
         headers = {
             "x-palaestra-digest": pack.digest,
@@ -421,7 +411,9 @@ def create_app(
     )
     async def pack_enable(org: str, name: str, request: Request) -> Response:
         """Let unfiltered sampling draw a published pack (admin; a new one is held out)."""
-        changed = await mgr(request).catalog.enable_pack(f"{org}/{name}", who(request))
+        changed = await manager_of(request).catalog.enable_pack(
+            f"{org}/{name}", principal_of(request)
+        )
         return _json(PackEnableResponse(name=f"{org}/{name}", changed=changed))
 
     @app.post(
@@ -437,12 +429,16 @@ def create_app(
         `org/name` and sampling skip it, while `org/name@version` and its digest still reach
         it (pip and cargo semantics)."""
         undo = verb == "unyank"
-        return _json(await mgr(request).catalog.yank_pack(f"{org}/{name}", who(request), undo=undo))
+        return _json(
+            await manager_of(request).catalog.yank_pack(
+                f"{org}/{name}", principal_of(request), undo=undo
+            )
+        )
 
     @app.get("/v1/tokens", response_model=list[TokenRecord], responses=ERRORS, tags=["tokens"])
     async def tokens_list(request: Request) -> list[TokenRecord]:
-        who(request).require(scopes.ADMIN, "listing tokens")
-        rows = await asyncio.to_thread(scopes.list_tokens, mgr(request).store.db)
+        principal_of(request).require(scopes.ADMIN, "listing tokens")
+        rows = await asyncio.to_thread(scopes.list_tokens, manager_of(request).store.db)
         return [TokenRecord(**row) for row in rows]
 
     @app.post(
@@ -454,12 +450,12 @@ def create_app(
     )
     async def tokens_create(body: TokenRequest, request: Request) -> Response:
         """Make a token; the reply is the only place it is ever shown."""
-        who(request).require(scopes.ADMIN, "making tokens")
+        principal_of(request).require(scopes.ADMIN, "making tokens")
         quota = scopes.Quota(body.max_live, body.max_episodes_per_hour, body.max_cpu_s_per_hour)
         token, record = await asyncio.to_thread(
             functools.partial(
                 scopes.create_token,
-                mgr(request).store.db,
+                manager_of(request).store.db,
                 body.scopes,
                 body.name,
                 orgs=body.orgs,
@@ -470,8 +466,8 @@ def create_app(
 
     @app.delete("/v1/tokens/{name}", status_code=204, responses=ERRORS, tags=["tokens"])
     async def tokens_revoke(name: str, request: Request) -> Response:
-        who(request).require(scopes.ADMIN, "revoking tokens")
-        hashes = await asyncio.to_thread(scopes.revoke_token, mgr(request).store.db, name)
+        principal_of(request).require(scopes.ADMIN, "revoking tokens")
+        hashes = await asyncio.to_thread(scopes.revoke_token, manager_of(request).store.db, name)
         if not hashes:
             return _error(404, "not_found", f"no live token named (or with id) {name!r}")
         authenticator(request.app).forget(hashes)
@@ -483,7 +479,7 @@ def create_app(
 
     @app.get("/readyz", tags=["operations"])
     async def readyz(request: Request) -> JSONResponse:
-        manager_ = mgr(request)
+        manager_ = manager_of(request)
         problems = {"packs": manager_.packs.errors} if manager_.packs.errors else {}
         if not manager_.ready:
             return _error(503, "not_ready", "the episode manager is not running", True)
@@ -502,7 +498,7 @@ def create_app(
     @app.get("/metrics", tags=["operations"])
     async def metrics(request: Request) -> Response:
         return Response(
-            await mgr(request).render_metrics(),
+            await manager_of(request).render_metrics(),
             media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 

@@ -1,0 +1,26 @@
+"""Who is calling, and the manager that serves them: one answer for the app's routes and for
+every compatibility door (server/doors/), so auth works the same through each."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from palaestra.server.auth import Principal
+from palaestra.server.fastpath import PRINCIPAL_KEY, authenticator
+from palaestra.server.manager import EpisodeManager
+
+
+def manager_of(request: Request) -> EpisodeManager:
+    manager: EpisodeManager = request.app.state.manager
+    return manager
+
+
+def principal_of(request: Request, header: str | None = None) -> Principal:
+    """The caller: checked by StepFastPath in front; checked here when mounted bare (or
+    from `header`, a credential a door's protocol carries elsewhere)."""
+    principal: Principal | None = request.scope.get(PRINCIPAL_KEY)
+    if principal is None:
+        auth = authenticator(request.app)
+        principal = auth.from_value(header or request.headers.get("authorization"))
+        request.scope[PRINCIPAL_KEY] = principal
+    return principal
