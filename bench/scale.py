@@ -3,11 +3,15 @@
 (a) no-op echo step p50/p99 (1 client) and steps/s (N clients): `serve --ray local:1`
     vs `serve`; target: the Ray path adds ≤ 0.5 ms to the p50.
 (b) a coding episode's wall time (openai/humaneval, the oracle writes and submits the
-    canonical solution, the hidden tests grade it), median over tasks; target ≤ 1.10×.
+    canonical solution, the hidden tests grade it): each task run 5 times a side,
+    interleaved; the ratio of the summed per-task medians; target ≤ 1.10×.
 (c) steps/s and live episodes at 1, 2 and 3 local nodes for echo with a delay (a step that
     waits on I/O), each node with a fixed number of episode slots (`ray_node_episodes`),
     every slot filled by a client stepping in a closed loop; one more reset must get 429.
-    Target: steps/s at 3 nodes ≥ 0.9 × 3 × steps/s at 1 node.
+    Target: steps/s at 3 nodes ≥ 0.9 × 3 × steps/s at 1 node. The defaults (500 ms, 32
+    slots) keep the whole load under one core here (a step costs about 1.2 ms of CPU over
+    client, front and worker), so what grows is the cluster, not the 2 cores: at 200 ms and
+    64 slots, 3 nodes need about 0.9 cores more than 1 and the machine, not Ray, is the cap.
 
 Every server is a real `palaestra serve` subprocess on loopback (`--auth off`, data dirs in
 a temp dir); the load generator is bench/api.py's (raw keep-alive HTTP/1.1).
@@ -297,9 +301,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         tasks = await coding_tasks(embedded, args.coding_tasks + 1)
         for name in ("embedded", "ray"):  # warm-up: each side's first episode is not counted
             await coding_episode(pair[name], tasks[0])
-        for i, task in enumerate(tasks[1:]):
-            for name in ("embedded", "ray") if i % 2 == 0 else ("ray", "embedded"):
-                coding[name].append(await coding_episode(pair[name], task))
+        for task in tasks[1:]:  # each task `coding_reps` times a side, interleaved
+            walls: dict[str, list[float]] = {"embedded": [], "ray": []}
+            for i in range(args.coding_reps):
+                for name in ("embedded", "ray") if i % 2 == 0 else ("ray", "embedded"):
+                    walls[name].append(await coding_episode(pair[name], task))
+            for name, times in walls.items():
+                coding[name].append(statistics.median(times))
         note(
             f"(b) coding episode median: embedded {statistics.median(coding['embedded']):.3f} s, "
             f"ray {statistics.median(coding['ray']):.3f} s"
@@ -355,10 +363,11 @@ def report(
         f"{verdict(added <= TARGET_ADDED_P50_MS)}); steps/s ray/embedded {rate_ratio:.2f}×"
     )
     c_emb, c_ray = statistics.median(coding["embedded"]), statistics.median(coding["ray"])
-    ratio = c_ray / c_emb
+    ratio = sum(coding["ray"]) / sum(coding["embedded"])  # the same tasks on both sides
     print(
-        f"\n(b) coding episode ({CODING_PACK}, oracle, {len(coding['ray'])} tasks): median "
-        f"embedded {c_emb * 1000:.1f} ms, ray {c_ray * 1000:.1f} ms, ratio **{ratio:.3f}** "
+        f"\n(b) coding episode ({CODING_PACK}, oracle, {len(coding['ray'])} tasks × "
+        f"{args.coding_reps}, each task's median): median embedded {c_emb * 1000:.1f} ms, ray "
+        f"{c_ray * 1000:.1f} ms; the whole set ray/embedded **{ratio:.3f}** "
         f"(target ≤ {TARGET_CODING_RATIO}: {verdict(ratio <= TARGET_CODING_RATIO)})"
     )
     print(
@@ -410,8 +419,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=None, help="s before each (1; 0.5)")
     parser.add_argument("--clients", type=int, default=32, help="(a) concurrent clients")
     parser.add_argument("--coding-tasks", type=int, default=None, help="(b) tasks (10; 3)")
-    parser.add_argument("--delay-ms", type=int, default=200, help="(c) each echo step waits")
-    parser.add_argument("--capacity", type=int, default=64, help="(c) episode slots a node")
+    parser.add_argument("--coding-reps", type=int, default=None, help="(b) runs a task (5; 2)")
+    parser.add_argument("--delay-ms", type=int, default=500, help="(c) each echo step waits")
+    parser.add_argument("--capacity", type=int, default=32, help="(c) episode slots a node")
     parser.add_argument("--nodes", default="1,2,3", help="(c) node counts, from 1")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
@@ -419,6 +429,7 @@ def main() -> int:
     args.duration = args.duration or (2.0 if args.quick else 5.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0)
     args.coding_tasks = args.coding_tasks or (3 if args.quick else 10)
+    args.coding_reps = args.coding_reps or (2 if args.quick else 5)
     args.nodes = sorted({int(n) for n in args.nodes.split(",")})
     if args.nodes[0] != 1 or args.clients > args.capacity:
         parser.error("--nodes must start at 1, and --clients be at most --capacity")
