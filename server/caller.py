@@ -3,19 +3,19 @@ every compatibility door (server/doors/), so auth works the same through each.""
 
 from __future__ import annotations
 
-from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from palaestra.server.auth import Principal
 from palaestra.server.fastpath import PRINCIPAL_KEY, authenticator
 from palaestra.server.manager import EpisodeManager
 
 
-def manager_of(request: Request) -> EpisodeManager:
+def manager_of(request: HTTPConnection) -> EpisodeManager:
     manager: EpisodeManager = request.app.state.manager
     return manager
 
 
-def principal_of(request: Request, header: str | None = None) -> Principal:
+def principal_of(request: HTTPConnection, header: str | None = None) -> Principal:
     """The caller: checked by StepFastPath in front; checked here when mounted bare (or
     from `header`, a credential a door's protocol carries elsewhere)."""
     principal: Principal | None = request.scope.get(PRINCIPAL_KEY)

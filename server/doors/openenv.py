@@ -1,0 +1,386 @@
+"""OpenEnv's protocol (as the `openenv` 0.10.0 `EnvClient` and its reference server speak
+it) over palaestra episodes, for any pack: `/openenv/{org}/{name}/…` (the pack name's
+slash is a path segment of its own, as in `/v1/packs/{org}/{name}`).
+
+`WS /ws` is OpenEnv's session: the connection owns one episode at a time (a `reset` frame
+closes the one before; leaving closes it). The HTTP routes are stateless, as OpenEnv's
+are: `POST /reset` returns the episode id in `metadata.episode_id`, and `POST /step` and
+`GET /state` name it (`episode_id` in the body, or the query). The token travels as
+EnvClient's `headers={"Authorization": "Bearer …"}`. Every check is the episode manager's,
+so ownership, sealed splits, scopes and quotas are what `/v1` has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from palaestra.sdk.errors import (
+    BadRequestError,
+    ConflictError,
+    InvalidActionError,
+    PalaestraError,
+    TooLargeError,
+)
+from palaestra.sdk.models import (
+    Action,
+    EpisodeState,
+    Observation,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+)
+from palaestra.server import guards
+from palaestra.server.auth import Principal
+from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.manager import EpisodeManager
+
+router = APIRouter(prefix="/openenv/{org}/{name}", tags=["openenv"])
+
+RESET_KEYS = frozenset({"task", "seed", "episode_id", "split", "domain", "options"})
+STEP_KEYS = frozenset({"action", "episode_id", "request_id"})
+# OpenEnv's WSErrorCode values (openenv.core.env_server.types).
+INVALID_JSON, UNKNOWN_TYPE = "INVALID_JSON", "UNKNOWN_TYPE"
+VALIDATION_ERROR, EXECUTION_ERROR = "VALIDATION_ERROR", "EXECUTION_ERROR"
+CAPACITY_REACHED, SESSION_ERROR = "CAPACITY_REACHED", "SESSION_ERROR"
+JSONRPC_INVALID_REQUEST, JSONRPC_METHOD_NOT_FOUND = -32600, -32601
+WS_CODES = {
+    400: VALIDATION_ERROR,
+    422: VALIDATION_ERROR,
+    413: VALIDATION_ERROR,
+    429: CAPACITY_REACHED,
+    401: SESSION_ERROR,
+    403: SESSION_ERROR,
+}
+POLICY_VIOLATION = 1008  # the WebSocket close code after a refused session
+
+
+def reset_request(pack: str, kwargs: dict[str, Any]) -> ResetRequest:
+    """OpenEnv's reset kwargs as our reset: `task` is a task id of this pack (or its full
+    `org/name[@ver]:id`), with `seed`, `episode_id`, `split`, `domain` and `options`."""
+    unknown = sorted(set(kwargs) - RESET_KEYS)
+    if unknown:
+        raise BadRequestError(
+            f"unknown reset argument(s) {', '.join(unknown)}; "
+            f"this door takes {', '.join(sorted(RESET_KEYS))}"
+        )
+    fields = dict(kwargs)
+    task = fields.pop("task", None)
+    if task is not None:
+        if not isinstance(task, str) or not task:
+            raise BadRequestError("reset argument task must be a task id of pack " + pack)
+        owner, sep, _ = task.rpartition(":")
+        if sep and owner.split("@", 1)[0] != pack:
+            raise BadRequestError(f"task {task!r} is not in pack {pack} (this door's pack)")
+        fields["task"] = task if sep else f"{pack}:{task}"
+    else:
+        fields["pack"] = pack
+    try:
+        return ResetRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise BadRequestError(guards_message(exc)) from exc
+
+
+def action_of(data: Any) -> Action:
+    """OpenEnv's action as our tool call: `{"tool", "arguments"}` as it is, or OpenEnv's
+    own `CallToolAction` (`{"type": "call_tool", "tool_name", "arguments"}`)."""
+    if isinstance(data, dict) and data.get("type") == "call_tool":
+        data = {"tool": data.get("tool_name"), "arguments": data.get("arguments", {})}
+    try:
+        return Action.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidActionError(
+            'an action is {"tool": name, "arguments": {...}} (or OpenEnv\'s call_tool); '
+            + guards_message(exc)
+        ) from exc
+
+
+def guards_message(exc: ValidationError) -> str:
+    parts = [
+        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()[:5]
+    ]
+    return "; ".join(parts)
+
+
+def reset_payload(reply: ResetResponse) -> dict[str, Any]:
+    """OpenEnv's ResetResponse: observation, reward, done, metadata."""
+    return {
+        "observation": reply.observation.model_dump(mode="json"),
+        "reward": None,
+        "done": False,
+        "metadata": {
+            "episode_id": reply.episode_id,
+            "tools": [tool.model_dump(mode="json") for tool in reply.tools],
+            "limits": reply.limits.model_dump(mode="json"),
+            "info": reply.info,
+        },
+    }
+
+
+def step_payload(episode_id: str, reply: StepResponse) -> dict[str, Any]:
+    """OpenEnv's StepResponse: `done` is terminated or truncated (both kept in metadata)."""
+    return {
+        "observation": reply.observation.model_dump(mode="json"),
+        "reward": reply.reward,
+        "done": reply.terminated or reply.truncated,
+        "metadata": {
+            "episode_id": episode_id,
+            "terminated": reply.terminated,
+            "truncated": reply.truncated,
+            "info": reply.info,
+        },
+    }
+
+
+def state_payload(state: EpisodeState) -> dict[str, Any]:
+    """OpenEnv's State (`episode_id`, `step_count`, extra fields allowed): ours as it is."""
+    return state.model_dump(mode="json")
+
+
+def mcp_reply(payload: Any) -> dict[str, Any]:
+    """The MCP JSON-RPC answer: JSON-RPC 2.0 only (another version is named in the error)."""
+    request_id = payload.get("id") if isinstance(payload, dict) else None
+    if not isinstance(payload, dict) or payload.get("jsonrpc") != "2.0":
+        version = payload.get("jsonrpc") if isinstance(payload, dict) else None
+        return jsonrpc_error(
+            request_id,
+            JSONRPC_INVALID_REQUEST,
+            f"JSON-RPC version {version!r} is not supported; send jsonrpc '2.0'",
+        )
+    return jsonrpc_error(
+        request_id,
+        JSONRPC_METHOD_NOT_FOUND,
+        f"MCP method {payload.get('method')!r} is not supported on the OpenEnv door; "
+        "use an episode's tools through step (action {tool, arguments})",
+    )
+
+
+def jsonrpc_error(request_id: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+
+
+def http_error(exc: PalaestraError) -> JSONResponse:
+    """OpenEnv's HTTP error shape (FastAPI's `{"detail": …}`) with our status and code."""
+    headers = {}
+    if exc.status == 401:
+        headers["www-authenticate"] = 'Bearer realm="palaestra"'
+    if exc.retry_after is not None:
+        headers["retry-after"] = f"{exc.retry_after:g}"
+    body = {"detail": exc.message, "code": exc.code, "retryable": exc.retryable}
+    return JSONResponse(body, status_code=exc.status or 500, headers=headers)
+
+
+def ws_error(exc: PalaestraError) -> dict[str, Any]:
+    """OpenEnv's WSErrorResponse; `status` and `error` carry our HTTP status and code."""
+    code = WS_CODES.get(exc.status or 500, EXECUTION_ERROR)
+    return frame_error(exc.message, code, status=exc.status, error=exc.code)
+
+
+def frame_error(message: str, code: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "error", "data": {"message": message, "code": code, **extra}}
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequestError(f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequestError("the body must be a JSON object")
+    return body
+
+
+def episode_of(value: Any, route: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise BadRequestError(
+            f"{route} over HTTP needs episode_id (the one POST /reset returned in "
+            "metadata.episode_id); WS /ws keeps it for you"
+        )
+    return value
+
+
+async def step(
+    manager: EpisodeManager, principal: Principal, episode_id: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    request = StepRequest(action=action_of(body.get("action")), request_id=body.get("request_id"))
+    return step_payload(episode_id, await manager.step(episode_id, request, principal))
+
+
+@router.post("/reset")
+async def http_reset(org: str, name: str, request: Request) -> JSONResponse:
+    try:
+        principal = principal_of(request)
+        ask = reset_request(f"{org}/{name}", await json_body(request))
+        return JSONResponse(reset_payload(await manager_of(request).reset(ask, principal)))
+    except PalaestraError as exc:
+        return http_error(exc)
+
+
+@router.post("/step")
+async def http_step(org: str, name: str, request: Request) -> JSONResponse:
+    try:
+        principal = principal_of(request)
+        body = await json_body(request)
+        unknown = sorted(set(body) - STEP_KEYS)
+        if unknown:
+            raise BadRequestError(
+                f"unknown step field(s) {', '.join(unknown)}; this door takes "
+                f"{', '.join(sorted(STEP_KEYS))} (limits come from the task)"
+            )
+        episode_id = episode_of(body.get("episode_id"), "POST /step")
+        return JSONResponse(await step(manager_of(request), principal, episode_id, body))
+    except PalaestraError as exc:
+        return http_error(exc)
+
+
+@router.get("/state")
+async def http_state(
+    org: str, name: str, request: Request, episode_id: str | None = None
+) -> JSONResponse:
+    try:
+        principal = principal_of(request)
+        state = await manager_of(request).state(episode_of(episode_id, "GET /state"), principal)
+        return JSONResponse(state_payload(state))
+    except PalaestraError as exc:
+        return http_error(exc)
+
+
+@router.get("/schema")
+async def http_schema(org: str, name: str, request: Request) -> JSONResponse:
+    try:
+        principal_of(request)
+    except PalaestraError as exc:
+        return http_error(exc)
+    return JSONResponse(
+        {
+            "action": Action.model_json_schema(),
+            "observation": Observation.model_json_schema(),
+            "state": EpisodeState.model_json_schema(),
+        }
+    )
+
+
+@router.get("/metadata")
+async def http_metadata(org: str, name: str, request: Request) -> JSONResponse:
+    """OpenEnv's EnvironmentMetadata from the pack's own card."""
+    try:
+        principal_of(request)
+        pack = manager_of(request).catalog.pack_info(f"{org}/{name}")
+    except PalaestraError as exc:
+        return http_error(exc)
+    return JSONResponse(
+        {
+            "name": pack.name,
+            "description": pack.description,
+            "readme_content": None,
+            "version": pack.version,
+            "author": pack.name.split("/", 1)[0],
+            "documentation_url": None,
+        }
+    )
+
+
+@router.get("/health")
+async def http_health(org: str, name: str) -> JSONResponse:
+    return JSONResponse({"status": "healthy"})
+
+
+@router.post("/mcp")
+async def http_mcp(org: str, name: str, request: Request) -> JSONResponse:
+    try:
+        principal_of(request)
+        return JSONResponse(mcp_reply(await json_body(request)))
+    except PalaestraError as exc:
+        return http_error(exc)
+
+
+class Session:
+    """One WebSocket connection's episode (at most one at a time)."""
+
+    def __init__(self, manager: EpisodeManager, principal: Principal, pack: str) -> None:
+        self.manager, self.principal, self.pack = manager, principal, pack
+        self.episode_id: str | None = None
+
+    async def end(self) -> None:
+        if self.episode_id is not None:
+            episode_id, self.episode_id = self.episode_id, None
+            with contextlib.suppress(PalaestraError):
+                await self.manager.close(episode_id, self.principal)
+
+    async def frame(self, raw: str) -> dict[str, Any] | None:
+        """The answer to one frame; None: the client closed the session."""
+        settings = self.manager.settings
+        if len(raw) > settings.max_body_bytes:
+            return ws_error(TooLargeError(guards.too_large(settings.max_body_bytes, "a frame")))
+        try:
+            guards.check_json_depth(raw.encode(), settings.max_json_depth)
+            message = json.loads(raw)
+        except (ValueError, PalaestraError) as exc:
+            return frame_error(f"Invalid JSON: {exc}", INVALID_JSON)
+        kind = message.get("type") if isinstance(message, dict) else None
+        data = message.get("data", {}) if isinstance(message, dict) else None
+        try:
+            if kind == "close":
+                return None
+            if not isinstance(data, dict):
+                raise BadRequestError(f"the data of a {kind!r} frame must be a JSON object")
+            if kind == "reset":
+                ask = reset_request(self.pack, data)
+                await self.end()
+                reply = await self.manager.reset(ask, self.principal)
+                self.episode_id = reply.episode_id
+                return {"type": "observation", "data": reset_payload(reply)}
+            if kind == "step":
+                body = {"action": data}
+                return {"type": "observation", "data": await step(*self.held(), body)}
+            if kind == "state":
+                if self.episode_id is None:  # as OpenEnv's state before any reset
+                    return {"type": "state", "data": {"episode_id": None, "step_count": 0}}
+                state = await self.manager.state(self.episode_id, self.principal)
+                return {"type": "state", "data": state_payload(state)}
+            if kind == "mcp":
+                return {"type": "mcp", "data": mcp_reply(data)}
+        except PalaestraError as exc:
+            return ws_error(exc)
+        message = f"Unknown message type: {kind}; send reset, step, state, mcp or close"
+        return frame_error(message, UNKNOWN_TYPE)
+
+    def held(self) -> tuple[EpisodeManager, Principal, str]:
+        if self.episode_id is None:
+            raise ConflictError(
+                "no episode on this connection: send a reset frame first", code="no_episode"
+            )
+        return self.manager, self.principal, self.episode_id
+
+
+@router.websocket("/ws")
+async def ws(websocket: WebSocket, org: str, name: str) -> None:
+    await websocket.accept()
+    try:
+        principal = principal_of(websocket)
+    except PalaestraError as exc:  # OpenEnv's refused session: an error frame, then close
+        await websocket.send_text(json.dumps(ws_error(exc)))
+        await websocket.close(code=POLICY_VIOLATION)
+        return
+    session = Session(manager_of(websocket), principal, f"{org}/{name}")
+    try:
+        while True:
+            reply = await session.frame(await websocket.receive_text())
+            if reply is None:
+                break
+            await websocket.send_text(json.dumps(reply))
+    except WebSocketDisconnect:
+        pass
+    finally:
+        await session.end()
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+        await websocket.close()

