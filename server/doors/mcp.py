@@ -1,0 +1,282 @@
+"""MCP for one episode's tools: a JSON-RPC 2.0 handler that any transport drives.
+
+The door's HTTP route (server/doors/mcp_http.py) and the OpenEnv door's MCP endpoint and
+WebSocket `mcp` frame share it. Its interface, kept stable:
+
+- `McpEpisode(tools, step)`: what a transport gives: the episode's tools (`ToolSpec`s,
+  the OpenAI function shape) and `step(action) -> StepResponse`, the episode manager's
+  step for the caller's episode (raising `PalaestraError` as the manager does).
+- `McpSession()`: the state of one MCP session: `protocol_version`, the version
+  `initialize` negotiated (None before), and `initialized` (the client's notification came).
+- `await handle(message, episode, session)`: one parsed JSON-RPC message or batch in;
+  out the reply to send (a response object, a list for a batch), or None when nothing is
+  due (notifications and client responses only).
+- `await handle_bytes(raw, episode, session)`: the same from a raw body (-32700 on bad JSON).
+- `SUPPORTED_VERSIONS`, `LATEST_VERSION`, and `version_error(requested)`: the JSON-RPC
+  error object refusing a protocol version (code -32022, `data: {supported, requested}`),
+  for a transport's own version checks (the HTTP `MCP-Protocol-Version` header).
+- `error_response(id, error)`, `is_initialize(message)`: for transports.
+
+Methods: `initialize`, `ping`, `tools/list`, `tools/call`, `server/discover` (refused:
+no stateless 2026 revision here, so the official client falls back to `initialize`), and
+any notification (accepted, never answered). `tools/call` steps the episode with
+`{"tool": name, "arguments": ...}`: the observation becomes content blocks (text, and PNG
+images); reward, terminated, truncated, verdict, info and the observation's data go in
+`structuredContent` (`_meta["palaestra/step"]` on sessions older than 2025-06-18, which
+have no structuredContent). A refused action (422) is a tool result with `isError: true`;
+an unknown tool is -32602; every other episode error is a JSON-RPC error whose `data`
+carries the HTTP status and the /v1 error code (`ERROR_CODES`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import palaestra
+from palaestra.sdk.errors import InvalidActionError, PalaestraError
+from palaestra.sdk.models import Action, StepResponse, ToolSpec
+
+log = logging.getLogger("palaestra.server")
+
+SUPPORTED_VERSIONS: tuple[str, ...] = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+UNSTRUCTURED = frozenset({"2024-11-05", "2025-03-26"})  # revisions without structuredContent
+PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"  # the 2026 envelope's key
+STEP_META = "palaestra/step"
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+UNSUPPORTED_VERSION = -32022  # the MCP spec's code (-32020..-32099 are the spec's own)
+# Episode errors by HTTP status, in the implementation-defined range -32003..-32019.
+ERROR_CODES: dict[int, int] = {
+    401: -32003,
+    403: -32003,
+    404: -32004,
+    409: -32009,
+    413: -32013,
+    422: -32012,
+    429: -32014,
+    503: -32015,
+}
+INSTRUCTIONS = (
+    "The tools of one palaestra episode. Each tools/call is one step; `submit` ends the "
+    "episode, and its result's structuredContent carries the verdict (reward, passed)."
+)
+
+Message = dict[str, Any]
+Reply = Message | list[Message] | None
+
+
+@dataclass(frozen=True)
+class McpEpisode:
+    tools: Sequence[ToolSpec]
+    step: Callable[[Action], Awaitable[StepResponse]]
+
+
+@dataclass
+class McpSession:
+    protocol_version: str | None = None
+    initialized: bool = False
+
+
+class RpcError(Exception):
+    """A JSON-RPC error to answer a request with."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.error: Message = {"code": code, "message": message}
+        if data is not None:
+            self.error["data"] = data
+
+
+def version_error(requested: object) -> Message:
+    """The error refusing protocol version `requested`, naming the ones served."""
+    shown = requested if isinstance(requested, str) else json.dumps(requested)
+    return {
+        "code": UNSUPPORTED_VERSION,
+        "message": (
+            f"Unsupported protocol version {shown!r}; this server supports "
+            f"{', '.join(SUPPORTED_VERSIONS)} (through initialize)"
+        ),
+        "data": {"supported": list(SUPPORTED_VERSIONS), "requested": shown},
+    }
+
+
+def error_response(message_id: Any, error: Message) -> Message:
+    return {"jsonrpc": "2.0", "id": message_id, "error": error}
+
+
+def is_initialize(message: object) -> bool:
+    return isinstance(message, dict) and message.get("method") == "initialize"
+
+
+async def handle_bytes(raw: bytes, episode: McpEpisode, session: McpSession) -> Reply:
+    try:
+        message = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return error_response(None, {"code": PARSE_ERROR, "message": f"Parse error: {exc}"})
+    return await handle(message, episode, session)
+
+
+async def handle(message: object, episode: McpEpisode, session: McpSession) -> Reply:
+    if isinstance(message, list):
+        if not message:
+            return error_response(None, _invalid("an empty batch"))
+        replies = []
+        for item in message:
+            reply: Message | None
+            if is_initialize(item):
+                assert isinstance(item, dict)
+                reply = error_response(
+                    _valid_id(item), _invalid("initialize must not be part of a batch")
+                )
+            else:
+                reply = await _one(item, episode, session)
+            if reply is not None:
+                replies.append(reply)
+        return replies or None
+    return await _one(message, episode, session)
+
+
+async def _one(message: object, episode: McpEpisode, session: McpSession) -> Message | None:
+    if not isinstance(message, dict):
+        return error_response(None, _invalid("a message must be a JSON object"))
+    message_id = _valid_id(message)
+    if message.get("jsonrpc") != "2.0":
+        return error_response(message_id, _invalid('"jsonrpc" must be "2.0"'))
+    method = message.get("method")
+    if method is None and ("result" in message or "error" in message):
+        return None  # a response to a request this server never sends: nothing to do
+    if not isinstance(method, str):
+        return error_response(message_id, _invalid('"method" must be a string'))
+    if "id" not in message:
+        if method == "notifications/initialized":
+            session.initialized = True
+        return None  # notifications are never answered (cancelled, progress, ...)
+    if message_id is None:
+        return error_response(None, _invalid('"id" must be a string or an integer'))
+    params = message.get("params", {})
+    if not isinstance(params, dict):
+        return error_response(message_id, _params("params must be an object"))
+    try:
+        result = await _dispatch(method, params, episode, session)
+    except RpcError as exc:
+        return error_response(message_id, exc.error)
+    except Exception as exc:
+        log.exception("MCP %s failed", method)
+        error = {"code": INTERNAL_ERROR, "message": f"internal error ({type(exc).__name__})"}
+        return error_response(message_id, error)
+    return {"jsonrpc": "2.0", "id": message_id, "result": result}
+
+
+async def _dispatch(
+    method: str, params: Message, episode: McpEpisode, session: McpSession
+) -> Message:
+    if method == "initialize":
+        return _initialize(params, session)
+    if method == "ping":
+        return {}
+    if method == "tools/list":
+        return {"tools": [_tool(spec) for spec in episode.tools]}
+    if method == "tools/call":
+        return await _call(params, episode, session)
+    if method == "server/discover":
+        meta = params.get("_meta")
+        requested = meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
+        raise RpcError(**version_error(requested or "2026-07-28"))
+    raise RpcError(
+        METHOD_NOT_FOUND,
+        f"Method not found: {method!r}; this server serves initialize, ping, tools/list "
+        "and tools/call (no resources, prompts or completions)",
+    )
+
+
+def _initialize(params: Message, session: McpSession) -> Message:
+    requested = params.get("protocolVersion")
+    if not isinstance(requested, str) or not requested:
+        raise RpcError(INVALID_PARAMS, "initialize: params.protocolVersion must be a string")
+    # The spec: answer with the client's version when served, else with our newest one
+    # (the client then decides whether it can speak it).
+    version = requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
+    session.protocol_version = version
+    session.initialized = False
+    return {
+        "protocolVersion": version,
+        "capabilities": {"tools": {"listChanged": False}},
+        "serverInfo": {"name": "palaestra", "version": palaestra.__version__},
+        "instructions": INSTRUCTIONS,
+    }
+
+
+def _tool(spec: ToolSpec) -> Message:
+    return {"name": spec.name, "description": spec.description, "inputSchema": spec.parameters}
+
+
+async def _call(params: Message, episode: McpEpisode, session: McpSession) -> Message:
+    name = params.get("name")
+    if not isinstance(name, str):
+        raise RpcError(INVALID_PARAMS, "tools/call: params.name must be a string")
+    arguments = params.get("arguments")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise RpcError(INVALID_PARAMS, f"tools/call {name}: params.arguments must be an object")
+    names = [spec.name for spec in episode.tools]
+    if name not in names:
+        raise RpcError(
+            INVALID_PARAMS, f"Unknown tool: {name!r}; this episode's tools are: {', '.join(names)}"
+        )
+    try:
+        reply = await episode.step(Action(tool=name, arguments=arguments))
+    except InvalidActionError as exc:  # a refused action: the episode goes on
+        text = f"{exc.message} (the episode goes on; fix the call and retry)"
+        return {"content": [{"type": "text", "text": text}], "isError": True}
+    except PalaestraError as exc:
+        data: Message = {"status": exc.status, "code": exc.code, "retryable": exc.retryable}
+        if exc.retry_after is not None:
+            data["retry_after"] = exc.retry_after
+        raise RpcError(ERROR_CODES.get(exc.status, INTERNAL_ERROR), exc.message, data) from None
+    return tool_result(reply, session.protocol_version or LATEST_VERSION)
+
+
+def tool_result(reply: StepResponse, version: str = LATEST_VERSION) -> Message:
+    """A step's reply as an MCP CallToolResult (for `version`'s shapes)."""
+    observation = reply.observation
+    content: list[Message] = [{"type": "text", "text": observation.text}]
+    content += [
+        {"type": "image", "data": png, "mimeType": "image/png"} for png in observation.images
+    ]
+    info = dict(reply.info)
+    step = {
+        "reward": reply.reward,
+        "terminated": reply.terminated,
+        "truncated": reply.truncated,
+        "verdict": info.pop("verdict", None),
+        "info": info,
+        "data": observation.data,
+    }
+    if version in UNSTRUCTURED:
+        return {"content": content, "isError": False, "_meta": {STEP_META: step}}
+    return {"content": content, "structuredContent": step, "isError": False}
+
+
+def _valid_id(message: Message) -> str | int | None:
+    message_id = message.get("id")
+    if isinstance(message_id, bool) or not isinstance(message_id, (str, int)):
+        return None
+    return message_id
+
+
+def _invalid(what: str) -> Message:
+    return {"code": INVALID_REQUEST, "message": f"Invalid Request: {what}"}
+
+
+def _params(what: str) -> Message:
+    return {"code": INVALID_PARAMS, "message": f"Invalid params: {what}"}
