@@ -33,6 +33,11 @@ def problem(number: int) -> dict[str, Any]:
     raise KeyError(number)
 
 
+def rpc(request_id: int, method: str, jsonrpc: str = "2.0", **params: Any) -> dict[str, Any]:
+    """A JSON-RPC request: an OpenEnv `mcp` frame's data, and the body of POST /mcp."""
+    return {"jsonrpc": jsonrpc, "id": request_id, "method": method, "params": params}
+
+
 def write(source: str) -> dict[str, Any]:
     return {"tool": "write_file", "arguments": {"path": "solution.py", "content": source}}
 
@@ -108,11 +113,24 @@ def test_openenv_client_over_ws(
             "{not json",
             json.dumps({"type": "teleport"}),
             json.dumps({"type": "step", "data": {"tool": "echo"}}),
-            json.dumps(
-                {"type": "mcp", "data": {"jsonrpc": "1.0", "id": 7, "method": "tools/list"}}
-            ),
             json.dumps({"type": "reset", "data": {"task": "openai/humaneval:HumanEval-1"}}),
             json.dumps({"type": "reset", "data": {"turbo": True}}),
+            json.dumps({"type": "reset", "data": {"task": "say-birch"}}),
+            json.dumps({"type": "mcp", "data": rpc(1, "tools/list", jsonrpc="1.0")}),
+            json.dumps(
+                {
+                    "type": "mcp",
+                    "data": rpc(2, "initialize", protocolVersion="1999-01-01", capabilities={}),
+                }
+            ),
+            json.dumps({"type": "mcp", "data": rpc(3, "tools/list")}),
+            json.dumps(
+                {
+                    "type": "mcp",
+                    "data": rpc(4, "tools/call", name="echo", arguments={"text": "over mcp"}),
+                }
+            ),
+            json.dumps({"type": "reset", "data": {"task": "say-birch"}}),
         ],
     }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
@@ -150,20 +168,26 @@ def test_openenv_client_over_ws(
     for label, message in out["refused"].items():
         assert "SESSION_ERROR" in message and "Bearer" in message, (label, message)
 
-    bad_json, unknown, bad_action, old_rpc, foreign, bad_kwarg = out["raw"]
+    bad_json, unknown, early, foreign, bad_kwarg, first, *rpcs, second = out["raw"]
     assert bad_json["type"] == "error" and bad_json["data"]["code"] == "INVALID_JSON"
     assert unknown["data"]["code"] == "UNKNOWN_TYPE"
-    assert bad_action["data"]["code"] in ("EXECUTION_ERROR", "VALIDATION_ERROR")
-    assert "reset" in bad_action["data"]["message"]  # no episode on that socket yet
-    assert old_rpc["type"] == "mcp" and old_rpc["data"]["error"]["code"] == -32600
-    assert "'1.0'" in old_rpc["data"]["error"]["message"] and old_rpc["data"]["id"] == 7
-    assert (
-        foreign["data"]["code"] == "VALIDATION_ERROR"
-        and "palaestra/echo" in foreign["data"]["message"]
-    )
-    assert (
-        bad_kwarg["data"]["code"] == "VALIDATION_ERROR" and "turbo" in bad_kwarg["data"]["message"]
-    )
+    assert early["data"]["code"] == "EXECUTION_ERROR" and "reset" in early["data"]["message"]
+    assert foreign["data"]["code"] == "VALIDATION_ERROR"
+    assert "palaestra/echo" in foreign["data"]["message"]
+    assert bad_kwarg["data"]["code"] == "VALIDATION_ERROR"
+    assert "turbo" in bad_kwarg["data"]["message"]
+    old_rpc, negotiated, listed, called = (frame["data"] for frame in rpcs)
+    assert all(frame["type"] == "mcp" for frame in rpcs)
+    assert old_rpc["id"] == 1 and old_rpc["error"]["code"] == -32600
+    assert "2.0" in old_rpc["error"]["message"]
+    # MCP's own negotiation: an unknown version is answered with the newest one served.
+    assert negotiated["result"]["protocolVersion"] not in ("1999-01-01", None)
+    assert {t["name"] for t in listed["result"]["tools"]} >= {"echo", "submit"}
+    assert "over mcp" in json.dumps(called["result"]["content"])
+    # A reset on the socket closes the episode it held; leaving closes the last one.
+    for frame in (first, second):
+        held = admin.state(frame["data"]["metadata"]["episode_id"])
+        assert held.status != "active" and held.step_count == (1 if frame is first else 0)
 
 
 def test_http_routes(server: ServerProcess, tokens: dict[str, str]) -> None:
@@ -217,7 +241,10 @@ def test_http_routes(server: ServerProcess, tokens: dict[str, str]) -> None:
             f"{ECHO}/step", json={"episode_id": episode, "action": {}, "timeout_s": 3}, headers=a
         )
         assert extra.status_code == 400 and "timeout_s" in extra.json()["detail"]
-        rpc = http.post(
-            f"{ECHO}/mcp", json={"jsonrpc": "3.0", "id": 1, "method": "tools/list"}, headers=a
-        )
-        assert rpc.json()["error"]["code"] == -32600 and "'3.0'" in rpc.json()["error"]["message"]
+        mcp = f"{ECHO}/mcp?episode_id={episode}"
+        listed = http.post(mcp, json=rpc(1, "tools/list"), headers=a).json()
+        assert "submit" in {tool["name"] for tool in listed["result"]["tools"]}
+        version = http.post(mcp, json=rpc(2, "tools/list", jsonrpc="3.0"), headers=a).json()
+        assert version["error"]["code"] == -32600
+        foreign = http.post(mcp, json=rpc(3, "tools/list"), headers=b)
+        assert foreign.status_code == 404 and "detail" in foreign.json()

@@ -5,9 +5,10 @@ slash is a path segment of its own, as in `/v1/packs/{org}/{name}`).
 `WS /ws` is OpenEnv's session: the connection owns one episode at a time (a `reset` frame
 closes the one before; leaving closes it). The HTTP routes are stateless, as OpenEnv's
 are: `POST /reset` returns the episode id in `metadata.episode_id`, and `POST /step` and
-`GET /state` name it (`episode_id` in the body, or the query). The token travels as
-EnvClient's `headers={"Authorization": "Bearer …"}`. Every check is the episode manager's,
-so ownership, sealed splits, scopes and quotas are what `/v1` has.
+`GET /state` name it (`episode_id` in the body, or the query), as `POST /mcp?episode_id=`
+does. MCP (the endpoint and the `mcp` frame) is the shared core, server/doors/mcp.py.
+The token travels as EnvClient's `headers={"Authorization": "Bearer …"}`. Every check is
+the episode manager's, so ownership, sealed splits, scopes and quotas are what /v1 has.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from palaestra.sdk.errors import (
@@ -35,10 +36,12 @@ from palaestra.sdk.models import (
     ResetResponse,
     StepRequest,
     StepResponse,
+    ToolSpec,
 )
 from palaestra.server import guards
 from palaestra.server.auth import Principal
 from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.doors import mcp
 from palaestra.server.manager import EpisodeManager
 
 router = APIRouter(prefix="/openenv/{org}/{name}", tags=["openenv"])
@@ -49,7 +52,6 @@ STEP_KEYS = frozenset({"action", "episode_id", "request_id"})
 INVALID_JSON, UNKNOWN_TYPE = "INVALID_JSON", "UNKNOWN_TYPE"
 VALIDATION_ERROR, EXECUTION_ERROR = "VALIDATION_ERROR", "EXECUTION_ERROR"
 CAPACITY_REACHED, SESSION_ERROR = "CAPACITY_REACHED", "SESSION_ERROR"
-JSONRPC_INVALID_REQUEST, JSONRPC_METHOD_NOT_FOUND = -32600, -32601
 WS_CODES = {
     400: VALIDATION_ERROR,
     422: VALIDATION_ERROR,
@@ -143,26 +145,15 @@ def state_payload(state: EpisodeState) -> dict[str, Any]:
     return state.model_dump(mode="json")
 
 
-def mcp_reply(payload: Any) -> dict[str, Any]:
-    """The MCP JSON-RPC answer: JSON-RPC 2.0 only (another version is named in the error)."""
-    request_id = payload.get("id") if isinstance(payload, dict) else None
-    if not isinstance(payload, dict) or payload.get("jsonrpc") != "2.0":
-        version = payload.get("jsonrpc") if isinstance(payload, dict) else None
-        return jsonrpc_error(
-            request_id,
-            JSONRPC_INVALID_REQUEST,
-            f"JSON-RPC version {version!r} is not supported; send jsonrpc '2.0'",
-        )
-    return jsonrpc_error(
-        request_id,
-        JSONRPC_METHOD_NOT_FOUND,
-        f"MCP method {payload.get('method')!r} is not supported on the OpenEnv door; "
-        "use an episode's tools through step (action {tool, arguments})",
-    )
+def mcp_episode(
+    manager: EpisodeManager, principal: Principal, episode_id: str, tools: list[ToolSpec]
+) -> mcp.McpEpisode:
+    """One episode's tools for the MCP core (server/doors/mcp.py): each tools/call a step."""
 
+    async def act(action: Action) -> StepResponse:
+        return await manager.step(episode_id, StepRequest(action=action), principal)
 
-def jsonrpc_error(request_id: Any, code: int, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    return mcp.McpEpisode(tools, act)
 
 
 def http_error(exc: PalaestraError) -> JSONResponse:
@@ -295,12 +286,21 @@ async def http_health(org: str, name: str) -> JSONResponse:
 
 
 @router.post("/mcp")
-async def http_mcp(org: str, name: str, request: Request) -> JSONResponse:
+async def http_mcp(
+    org: str, name: str, request: Request, episode_id: str | None = None
+) -> Response:
+    """MCP JSON-RPC for the episode `episode_id` names (a fresh MCP session each request)."""
     try:
-        principal_of(request)
-        return JSONResponse(mcp_reply(await json_body(request)))
+        principal = principal_of(request)
+        manager = manager_of(request)
+        held = episode_of(episode_id, "POST /mcp")
+        state = await manager.state(held, principal)  # 404 for another token's episode
+        tools = manager.families.get(state.family).tool_specs()
     except PalaestraError as exc:
         return http_error(exc)
+    episode = mcp_episode(manager, principal, held, tools)
+    reply = await mcp.handle_bytes(await request.body(), episode, mcp.McpSession())
+    return Response(status_code=202) if reply is None else JSONResponse(reply)
 
 
 class Session:
@@ -309,6 +309,8 @@ class Session:
     def __init__(self, manager: EpisodeManager, principal: Principal, pack: str) -> None:
         self.manager, self.principal, self.pack = manager, principal, pack
         self.episode_id: str | None = None
+        self.tools: list[ToolSpec] = []
+        self.mcp = mcp.McpSession()
 
     async def end(self) -> None:
         if self.episode_id is not None:
@@ -337,7 +339,8 @@ class Session:
                 ask = reset_request(self.pack, data)
                 await self.end()
                 reply = await self.manager.reset(ask, self.principal)
-                self.episode_id = reply.episode_id
+                self.episode_id, self.tools = reply.episode_id, reply.tools
+                self.mcp = mcp.McpSession()
                 return {"type": "observation", "data": reset_payload(reply)}
             if kind == "step":
                 body = {"action": data}
@@ -348,7 +351,9 @@ class Session:
                 state = await self.manager.state(self.episode_id, self.principal)
                 return {"type": "state", "data": state_payload(state)}
             if kind == "mcp":
-                return {"type": "mcp", "data": mcp_reply(data)}
+                episode = mcp_episode(*self.held(), self.tools)
+                answer = await mcp.handle(data, episode, self.mcp)
+                return {"type": "mcp", "data": {} if answer is None else answer}
         except PalaestraError as exc:
             return ws_error(exc)
         message = f"Unknown message type: {kind}; send reset, step, state, mcp or close"
