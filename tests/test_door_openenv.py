@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ServerProcess
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from tests.peers import peer_python, run_peer
 
@@ -248,3 +250,22 @@ def test_http_routes(server: ServerProcess, tokens: dict[str, str]) -> None:
         assert version["error"]["code"] == -32600
         foreign = http.post(mcp, json=rpc(3, "tools/list"), headers=b)
         assert foreign.status_code == 404 and "detail" in foreign.json()
+
+
+def test_a_revoked_token_ends_its_socket(server: ServerProcess) -> None:
+    """A token revoked while its WebSocket is open: the next frame is refused, the socket
+    closes and so does its episode."""
+    held = token(server, "short-lived", "train")
+    url = server.url.replace("http://", "ws://") + f"{ECHO}/ws"
+    with connect(url, additional_headers={"authorization": f"Bearer {held}"}) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"task": "say-birch"}}))
+        episode = json.loads(ws.recv(timeout=30))["data"]["metadata"]["episode_id"]
+        revoked = httpx.delete(f"{server.url}/v1/tokens/short-lived", headers=server.headers)
+        assert revoked.status_code == 204, revoked.text
+        ws.send(json.dumps({"type": "state"}))
+        refused = json.loads(ws.recv(timeout=30))
+        assert refused["type"] == "error" and refused["data"]["code"] == "SESSION_ERROR"
+        assert refused["data"]["status"] == 401
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+    assert server.client().state(episode).status != "active"

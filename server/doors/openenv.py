@@ -42,6 +42,7 @@ from palaestra.server import guards
 from palaestra.server.auth import Principal
 from palaestra.server.caller import manager_of, principal_of
 from palaestra.server.doors import mcp
+from palaestra.server.fastpath import PRINCIPAL_KEY
 from palaestra.server.manager import EpisodeManager
 
 router = APIRouter(prefix="/openenv/{org}/{name}", tags=["openenv"])
@@ -202,7 +203,11 @@ def episode_of(value: Any, route: str) -> str:
 async def step(
     manager: EpisodeManager, principal: Principal, episode_id: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    request = StepRequest(action=action_of(body.get("action")), request_id=body.get("request_id"))
+    action = action_of(body.get("action"))
+    try:
+        request = StepRequest(action=action, request_id=body.get("request_id"))
+    except ValidationError as exc:
+        raise BadRequestError(guards_message(exc)) from exc
     return step_payload(episode_id, await manager.step(episode_id, request, principal))
 
 
@@ -367,19 +372,31 @@ class Session:
         return self.manager, self.principal, self.episode_id
 
 
+async def refuse(websocket: WebSocket, exc: PalaestraError) -> None:
+    """OpenEnv's refused session: an error frame, then the close."""
+    await websocket.send_text(json.dumps(ws_error(exc)))
+    await websocket.close(code=POLICY_VIOLATION)
+
+
 @router.websocket("/ws")
 async def ws(websocket: WebSocket, org: str, name: str) -> None:
     await websocket.accept()
     try:
         principal = principal_of(websocket)
-    except PalaestraError as exc:  # OpenEnv's refused session: an error frame, then close
-        await websocket.send_text(json.dumps(ws_error(exc)))
-        await websocket.close(code=POLICY_VIOLATION)
+    except PalaestraError as exc:
+        await refuse(websocket, exc)
         return
     session = Session(manager_of(websocket), principal, f"{org}/{name}")
     try:
         while True:
-            reply = await session.frame(await websocket.receive_text())
+            raw = await websocket.receive_text()
+            try:  # each frame, as each /v1 request: a token revoked meanwhile ends the session
+                websocket.scope.pop(PRINCIPAL_KEY, None)
+                session.principal = principal_of(websocket)
+            except PalaestraError as exc:
+                await refuse(websocket, exc)
+                return
+            reply = await session.frame(raw)
             if reply is None:
                 break
             await websocket.send_text(json.dumps(reply))
