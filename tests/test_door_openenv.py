@@ -205,6 +205,8 @@ def test_http_routes(server: ServerProcess, tokens: dict[str, str]) -> None:
         missing = http.get("/openenv/nobody/nothing/metadata", headers=a)
         assert missing.status_code == 404 and "detail" in missing.json()
 
+        drawn = http.post(f"{ECHO}/reset", headers=a)  # no task: the sampler draws from the pack
+        assert drawn.json()["metadata"]["info"]["task"].startswith("palaestra/echo@"), drawn.text
         reset = http.post(f"{ECHO}/reset", json={"task": "say-birch", "seed": 3}, headers=a)
         assert reset.status_code == 200, reset.text
         episode = reset.json()["metadata"]["episode_id"]
