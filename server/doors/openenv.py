@@ -44,6 +44,7 @@ from palaestra.server.caller import manager_of, principal_of
 from palaestra.server.doors import mcp
 from palaestra.server.fastpath import PRINCIPAL_KEY
 from palaestra.server.manager import EpisodeManager
+from palaestra.server.packs.catalog import REF_RE
 
 router = APIRouter(prefix="/openenv/{org}/{name}", tags=["openenv"])
 
@@ -78,10 +79,10 @@ def reset_request(pack: str, kwargs: dict[str, Any]) -> ResetRequest:
     if task is not None:
         if not isinstance(task, str) or not task:
             raise BadRequestError("reset argument task must be a task id of pack " + pack)
-        owner, sep, _ = task.rpartition(":")
-        if sep and owner.split("@", 1)[0] != pack:
+        full = REF_RE.match(task)
+        if full and full["pack"] != pack:
             raise BadRequestError(f"task {task!r} is not in pack {pack} (this door's pack)")
-        fields["task"] = task if sep else f"{pack}:{task}"
+        fields["task"] = task if full else f"{pack}:{task}"
     else:
         fields["pack"] = pack
     try:
