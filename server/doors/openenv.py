@@ -42,7 +42,7 @@ from palaestra.server import guards
 from palaestra.server.auth import Principal
 from palaestra.server.caller import manager_of, principal_of
 from palaestra.server.doors import mcp
-from palaestra.server.fastpath import PRINCIPAL_KEY
+from palaestra.server.fastpath import PRINCIPAL_KEY, validation_message
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.catalog import REF_RE
 
@@ -88,7 +88,7 @@ def reset_request(pack: str, kwargs: dict[str, Any]) -> ResetRequest:
     try:
         return ResetRequest.model_validate(fields)
     except ValidationError as exc:
-        raise BadRequestError(guards_message(exc)) from exc
+        raise BadRequestError(validation_message(list(exc.errors()))) from exc
 
 
 def action_of(data: Any) -> Action:
@@ -101,15 +101,8 @@ def action_of(data: Any) -> Action:
     except ValidationError as exc:
         raise InvalidActionError(
             'an action is {"tool": name, "arguments": {...}} (or OpenEnv\'s call_tool); '
-            + guards_message(exc)
+            + validation_message(list(exc.errors()))
         ) from exc
-
-
-def guards_message(exc: ValidationError) -> str:
-    parts = [
-        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()[:5]
-    ]
-    return "; ".join(parts)
 
 
 def reset_payload(reply: ResetResponse) -> dict[str, Any]:
@@ -208,7 +201,7 @@ async def step(
     try:
         request = StepRequest(action=action, request_id=body.get("request_id"))
     except ValidationError as exc:
-        raise BadRequestError(guards_message(exc)) from exc
+        raise BadRequestError(validation_message(list(exc.errors()))) from exc
     return step_payload(episode_id, await manager.step(episode_id, request, principal))
 
 
