@@ -4,9 +4,9 @@ HumanEval, per-tool rewards, stored verdicts, auth and another token's sessions.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +14,8 @@ import pytest
 from conftest import ServerProcess
 from test_api import canonical, longest_line
 
+from palaestra.sdk.models import Observation, StepResponse, ToolSpec
+from palaestra.server.doors import ors
 from tests.peers import peer_python, run_peer
 
 ORS_SDK = "ors-sdk==0.1.0"
@@ -110,7 +112,7 @@ def test_ors_sdk_drives_the_door(served: ServerProcess) -> None:
         assert theirs.status_code == 404
 
 
-def test_unsupported_protocol_version_named(served: ServerProcess, tmp_path: Path) -> None:
+def test_door_refusals_in_ors_shape(served: ServerProcess) -> None:
     answer = httpx.get(
         f"{served.url}/palaestra/echo/splits",
         headers={"user-agent": "ors-sdk/0.2.0", "x-api-key": served.token or ""},
@@ -132,3 +134,44 @@ def test_unsupported_protocol_version_named(served: ServerProcess, tmp_path: Pat
         headers={**served.headers, "x-session-id": "forged"},
     )
     assert forged.status_code == 400 and "task_spec.id" in forged.json()["detail"]
+    made = httpx.post(
+        f"{served.url}/v1/tokens",
+        json={"scopes": ["train"], "name": "ors-train"},
+        headers=served.headers,
+    )
+    sealed = httpx.post(
+        f"{served.url}/create",
+        json={"task_spec": {"id": HE_SEALED}, "env_name": "openai/humaneval"},
+        headers={"x-api-key": made.json()["token"], "x-session-id": "s1"},
+    )
+    assert sealed.status_code == 403 and "'eval'" in sealed.json()["detail"]
+    elsewhere = httpx.post(
+        f"{served.url}/create",
+        json={"task_spec": {"id": HE_SEALED}, "env_name": "palaestra/echo"},
+        headers={**served.headers, "x-session-id": "s2"},
+    )
+    assert elsewhere.status_code == 400 and "palaestra/echo" in elsewhere.json()["detail"]
+
+
+def test_answers_fit_ors_models() -> None:
+    """Our tool-call answer (with an image), tools and splits, as ors-sdk's models read them."""
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 8).decode()
+    reply = StepResponse(
+        observation=Observation(text="rendered", images=[png], data={"mesh": 1}),
+        reward=0.25,
+        terminated=True,
+    )
+    tools = [ToolSpec(name="render", description="draw it")]
+    answers = {
+        "call": ors.tool_output(reply),
+        "tools": ors.tool_view(tools),
+        "splits": [{"name": "heldout", "type": ors.split_type("heldout", True)}],
+    }
+    seen = run_peer(peer_python("ors", ORS_SDK), "ors_shapes.py", json.dumps(answers))
+    assert seen.get("error") is None and seen["ok"] is True
+    assert seen["blocks"] == [
+        {"type": "text", "text": "rendered", "detail": None},
+        {"type": "image", "data": png, "mimeType": "image/png", "detail": None},
+    ]
+    assert answers["call"]["output"]["reward"] == 0.25
+    assert answers["call"]["output"]["metadata"]["data"] == {"mesh": 1}
