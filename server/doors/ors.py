@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import wraps
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -37,6 +37,7 @@ from palaestra.sdk.models import (
 )
 from palaestra.server.auth import Principal
 from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.fastpath import validation_message
 from palaestra.server.manager import EpisodeManager
 
 SUPPORTED = "0.1"  # the ORS protocol (ors-sdk major.minor) this door speaks
@@ -47,6 +48,7 @@ MAX_TASKS = 10_000
 
 router = APIRouter(tags=["ors"])
 Handler = Callable[..., Awaitable[Any]]
+Asked = TypeVar("Asked", bound="SplitBody")
 
 
 class _Body(BaseModel):
@@ -57,13 +59,11 @@ class SplitBody(_Body):
     split: str
 
 
-class TaskBody(_Body):
-    split: str
+class TaskBody(SplitBody):
     index: int
 
 
-class RangeBody(_Body):
-    split: str
+class RangeBody(SplitBody):
     start: int | None = None
     stop: int | None = None
 
@@ -145,12 +145,12 @@ def ors(handler: Handler) -> Handler:
         try:
             answer = await handler(request, **params)
         except PalaestraError as exc:
-            return detail(exc.status, exc.message)
+            refusal = detail(exc.status, exc.message)
+            if exc.retry_after is not None:
+                refusal.headers["Retry-After"] = f"{exc.retry_after:g}"
+            return refusal
         except ValidationError as exc:
-            where = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-            )
-            return detail(422, f"bad request body: {where}")
+            return detail(422, validation_message(list(exc.errors())))
         return answer if isinstance(answer, Response) else JSONResponse(answer)
 
     return route
@@ -168,13 +168,12 @@ def sid_of(request: Request) -> str:
     return sid
 
 
-async def body(request: Request, model: type[BaseModel]) -> Any:
-    raw = await request.body()
+async def body(request: Request) -> Any:
+    """The JSON body (validated by the caller: a bad one is ORS's 422 `detail`)."""
     try:
-        data = json.loads(raw or b"{}")
+        return json.loads(await request.body() or b"{}")
     except ValueError:
         raise BadRequestError("the request body is not JSON") from None
-    return model.model_validate(data)
 
 
 def split_type(name: str, sealed: bool) -> str:
@@ -189,6 +188,12 @@ def env_tasks(manager: EpisodeManager, env: str, split: str) -> list[TaskInfo]:
         raise BadRequestError(f"environment {env!r} has no split {split!r} (it has: {names})")
     listed = manager.catalog.task_list(TaskQuery(pack=env, split=split, limit=MAX_TASKS))
     return listed.tasks
+
+
+def nth(tasks: list[TaskInfo], index: int, split: str) -> TaskInfo:
+    if not 0 <= index < len(tasks):
+        raise BadRequestError(f"index {index} is outside split {split!r} (0..{len(tasks) - 1})")
+    return tasks[index]
 
 
 def task_view(task: TaskInfo) -> dict[str, Any]:
@@ -255,42 +260,40 @@ async def list_splits(request: Request, env: str) -> Any:
     return [{"name": s.name, "type": split_type(s.name, s.sealed)} for s in pack.splits]
 
 
+async def asked_tasks(
+    request: Request, env: str, model: type[Asked]
+) -> tuple[Asked, list[TaskInfo]]:
+    """The body of a task query and the public view of the split it names."""
+    caller(request)
+    asked = model.model_validate(await body(request))
+    return asked, env_tasks(manager_of(request), env, asked.split)
+
+
 @router.post("/{env:path}/tasks")
 @ors
 async def list_tasks(request: Request, env: str) -> Any:
-    caller(request)
-    asked: SplitBody = await body(request, SplitBody)
-    tasks = env_tasks(manager_of(request), env, asked.split)
+    _, tasks = await asked_tasks(request, env, SplitBody)
     return {"tasks": [task_view(t) for t in tasks], "env_name": env}
 
 
 @router.post("/{env:path}/num_tasks")
 @ors
 async def num_tasks(request: Request, env: str) -> Any:
-    caller(request)
-    asked: SplitBody = await body(request, SplitBody)
-    return {"num_tasks": len(env_tasks(manager_of(request), env, asked.split))}
+    _, tasks = await asked_tasks(request, env, SplitBody)
+    return {"num_tasks": len(tasks)}
 
 
 @router.post("/{env:path}/task")
 @ors
 async def get_task(request: Request, env: str) -> Any:
-    caller(request)
-    asked: TaskBody = await body(request, TaskBody)
-    tasks = env_tasks(manager_of(request), env, asked.split)
-    if not 0 <= asked.index < len(tasks):
-        raise BadRequestError(
-            f"index {asked.index} is outside split {asked.split!r} (0..{len(tasks) - 1})"
-        )
-    return {"task": task_view(tasks[asked.index])}
+    asked, tasks = await asked_tasks(request, env, TaskBody)
+    return {"task": task_view(nth(tasks, asked.index, asked.split))}
 
 
 @router.post("/{env:path}/task_range")
 @ors
 async def get_task_range(request: Request, env: str) -> Any:
-    caller(request)
-    asked: RangeBody = await body(request, RangeBody)
-    tasks = env_tasks(manager_of(request), env, asked.split)
+    asked, tasks = await asked_tasks(request, env, RangeBody)
     return {"tasks": [task_view(t) for t in tasks[asked.start : asked.stop]]}
 
 
@@ -328,7 +331,7 @@ async def create_session(request: Request) -> Any:
 async def create(request: Request) -> Any:
     principal = caller(request)
     sid = sid_of(request)
-    asked: CreateBody = await body(request, CreateBody)
+    asked = CreateBody.model_validate(await body(request))
     manager = manager_of(request)
     if asked.secrets:
         raise BadRequestError("secrets are not taken: palaestra tasks carry no credentials")
@@ -340,10 +343,7 @@ async def create(request: Request) -> Any:
         if asked.env_name and not task.startswith((f"{asked.env_name}@", f"{asked.env_name}:")):
             raise BadRequestError(f"task {task!r} is not in environment {asked.env_name!r}")
     elif asked.env_name and asked.split is not None and asked.index is not None:
-        tasks = env_tasks(manager, asked.env_name, asked.split)
-        if not 0 <= asked.index < len(tasks):
-            raise BadRequestError(f"index {asked.index} is outside split {asked.split!r}")
-        task = tasks[asked.index].id
+        task = nth(env_tasks(manager, asked.env_name, asked.split), asked.index, asked.split).id
     else:
         raise BadRequestError(
             "this server serves many environments and split/index name none: open the "
@@ -388,7 +388,7 @@ async def prompt(request: Request, env: str) -> Any:
 @ors
 async def call(request: Request, env: str) -> Any:
     principal, sid, _ = await opened(request)
-    asked: CallBody = await body(request, CallBody)
+    asked = CallBody.model_validate(await body(request))
     manager = manager_of(request)
     # The call's id is the step's request id: a resumed stream replays, never re-runs.
     call_id = asked.task_id or uuid.uuid4().hex
