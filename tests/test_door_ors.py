@@ -89,6 +89,7 @@ def test_ors_sdk_drives_the_door(served: ServerProcess) -> None:
     assert train["write"]["reward"] == 0.0 and not train["write"]["finished"]
     assert train["submit"]["reward"] == 1.0 and train["submit"]["finished"]
     assert sealed["submit"]["reward"] == 0.0 and sealed["submit"]["finished"]
+    assert "withheld" in sealed["submit"]["metadata"]["verdict"]["feedback"]
     said = json.dumps(sealed["submit"])
     assert "def check(candidate)" not in said and "assert candidate" not in said
     assert longest_line(canonical(0)) not in said
