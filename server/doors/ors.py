@@ -393,8 +393,10 @@ async def call(request: Request, env: str) -> Any:
     # The call's id is the step's request id: a resumed stream replays, never re-runs.
     call_id = asked.task_id or uuid.uuid4().hex
     step = StepRequest(action=Action(tool=asked.name, arguments=asked.input), request_id=call_id)
+    manager.tenancy.check_pending(principal)  # a dropped stream's step runs on, counted
     work = asyncio.ensure_future(manager.step(sid, step, principal))
     manager.detach(work, principal.token_id)
+    work.add_done_callback(lambda done: done.cancelled() or done.exception())  # seen, if dropped
 
     async def stream() -> AsyncIterator[bytes]:
         yield sse("task_id", call_id)
