@@ -176,3 +176,36 @@ def test_answers_fit_ors_models() -> None:
     ]
     assert answers["call"]["output"]["reward"] == 0.25
     assert answers["call"]["output"]["metadata"]["data"] == {"mesh": 1}
+
+
+def sse_end(answer: httpx.Response) -> dict[str, Any]:
+    """The JSON of an ORS stream's `end` event."""
+    assert answer.status_code == 200, answer.text
+    events = [block.split("\r\n") for block in answer.text.split("\r\n\r\n") if block]
+    ends = [lines[1].removeprefix("data: ") for lines in events if lines[0] == "event: end"]
+    assert len(ends) == 1, answer.text
+    ended: dict[str, Any] = json.loads(ends[0])
+    return ended
+
+
+def test_resumed_call_replays(served: ServerProcess) -> None:
+    """A stream resumed with its task_id answers the same step again, never a second one."""
+    headers = {**served.headers, "x-session-id": "resumed"}
+    created = httpx.post(
+        f"{served.url}/create",
+        json={"task_spec": {"id": "palaestra/echo:say-birch"}, "env_name": "palaestra/echo"},
+        headers=headers,
+    )
+    assert created.status_code == 200 and created.json() == {"sid": "resumed"}
+    call = {"name": "echo", "input": {"text": "once"}, "task_id": "call-1"}
+    first = sse_end(httpx.post(f"{served.url}/palaestra/echo/call", json=call, headers=headers))
+    again = sse_end(httpx.post(f"{served.url}/palaestra/echo/call", json=call, headers=headers))
+    assert first == again and first["output"]["blocks"][0]["text"] == "once"
+    state = httpx.get(f"{served.url}/v1/episodes/resumed", headers=served.headers).json()
+    assert state["step_count"] == 1 and state["status"] == "active"
+    closed = httpx.post(f"{served.url}/delete", headers=headers)
+    assert closed.status_code == 200
+    state = httpx.get(f"{served.url}/v1/episodes/resumed", headers=served.headers).json()
+    assert state["status"] == "closed"
+    gone = httpx.get(f"{served.url}/palaestra/echo/task_tools", headers=headers)
+    assert gone.status_code == 404 and set(gone.json()) == {"detail"}
