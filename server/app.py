@@ -46,6 +46,7 @@ from palaestra.sdk.models import (
 from palaestra.server import auth as scopes
 from palaestra.server.caller import manager_of, principal_of
 from palaestra.server.config import Settings
+from palaestra.server.doors import mcp_http
 from palaestra.server.fastpath import (
     StepFastPath,
     authenticator,
@@ -502,5 +503,6 @@ def create_app(
             media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
+    app.include_router(mcp_http.router)
     _complete_openapi(app, [StepRequest, BatchResetRequest, BatchStepRequest])
     return app
