@@ -8,6 +8,7 @@ tests/peers/mcp_client.py) against a real `palaestra serve`.
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from conftest import ServerProcess, make_settings
+from docblocks import blocks
 from test_sealed import WRONG_CODE, make_token, secrets_of
 
 from palaestra.envs.coding.family import task_solution
@@ -49,13 +51,14 @@ class Echo:
         return await mcp.handle(message, self.episode, self.session)
 
 
-# One embedded manager for the core's tests (a manager loads every pack: ~3 s).
+# One embedded manager for the core's tests, with the echo pack only.
 on_module_loop = pytest.mark.asyncio(loop_scope="module")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def embedded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EpisodeManager]:
-    built = build_manager(make_settings(data_dir=tmp_path_factory.mktemp("mcp") / "data"))
+    data = tmp_path_factory.mktemp("mcp") / "data"
+    built = build_manager(make_settings(data_dir=data, packs_dirs=[REPO_PACKS / "echo"]))
     await built.start()
     try:
         yield built
@@ -220,7 +223,13 @@ HE_SEALED = "openai/humaneval:HumanEval-0"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("mcp-http") / "server-data").start()
+    """A server with the two packs these tests use (it starts in a few seconds)."""
+    base = tmp_path_factory.mktemp("mcp-http")
+    (base / "packs").mkdir()
+    for name in ("echo", "humaneval"):
+        (base / "packs" / name).symlink_to(REPO_PACKS / name)
+    env = {"PALAESTRA_PACKS_DIRS": str(base / "packs")}
+    proc = ServerProcess(base / "server-data", extra_env=env).start()
     try:
         yield proc
     finally:
@@ -313,6 +322,19 @@ def test_the_official_client_drives_episodes(served: ServerProcess, tmp_path: Pa
     for secret in secrets_of(task_of(HE_SEALED)):
         assert secret not in everything, secret
     assert "Traceback" not in final["structuredContent"]["verdict"]["feedback"]
+
+    # The example of docs/integrations.md runs as written.
+    example = [b for b in blocks("integrations.md") if b.arg == "mcp_example.py"]
+    assert len(example) == 1, "docs/integrations.md: the MCP example block is gone"
+    (tmp_path / "mcp_example.py").write_text(example[0].body)
+    ran = subprocess.run(
+        [str(python), str(tmp_path / "mcp_example.py"), served.url, a],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.splitlines() == ["['echo', 'submit']", "hi", "1.0 True"], ran.stdout
 
 
 def rpc(method: str, params: dict[str, Any] | None = None, message_id: int = 1) -> dict[str, Any]:

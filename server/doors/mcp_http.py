@@ -124,6 +124,14 @@ def _failed(exc: PalaestraError, message_id: object = None) -> Response:
     )
 
 
+def _caller(request: Request) -> Principal | Response:
+    """The caller, or the 401 to answer (before anything else is looked at)."""
+    try:
+        return principal_of(request)
+    except PalaestraError as exc:
+        return _failed(exc)
+
+
 def _accepts_sse_only(accept: str) -> bool | None:
     """False: answer JSON; True: the client takes only SSE; None: it takes neither."""
     kinds = {part.split(";")[0].strip().lower() for part in accept.split(",") if part.strip()}
@@ -172,13 +180,16 @@ def _session(request: Request, principal: Principal, episode_id: str) -> Session
     return session
 
 
-@router.post(PATH)
-async def post(episode_id: str, request: Request) -> Response:
+MESSAGES = {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}]}
+BODY = {"requestBody": {"required": True, "content": {JSON: {"schema": MESSAGES}}}}
+
+
+@router.post(PATH, openapi_extra=BODY)
+async def mcp_messages(episode_id: str, request: Request) -> Response:
     """MCP messages for the episode's tools (tools/list, tools/call: one step each)."""
-    try:
-        principal = principal_of(request)
-    except PalaestraError as exc:
-        return _failed(exc)
+    principal = _caller(request)
+    if isinstance(principal, Response):
+        return principal
     sse = _accepts_sse_only(request.headers.get("accept", ""))
     if sse is None:
         return _refused(
@@ -225,12 +236,10 @@ async def post(episode_id: str, request: Request) -> Response:
 
 
 @router.get(PATH)
-async def get(episode_id: str, request: Request) -> Response:
+async def mcp_stream(episode_id: str, request: Request) -> Response:
     """405: this server sends no requests or notifications of its own (no GET stream)."""
-    try:
-        principal_of(request)
-    except PalaestraError as exc:
-        return _failed(exc)
+    if isinstance(refused := _caller(request), Response):
+        return refused
     return _refused(
         405,
         mcp.INVALID_REQUEST,
@@ -240,12 +249,11 @@ async def get(episode_id: str, request: Request) -> Response:
 
 
 @router.delete(PATH)
-async def delete(episode_id: str, request: Request) -> Response:
+async def mcp_end_session(episode_id: str, request: Request) -> Response:
     """End the MCP session (the episode goes on: DELETE /v1/episodes/{id} closes that)."""
-    try:
-        principal = principal_of(request)
-    except PalaestraError as exc:
-        return _failed(exc)
+    principal = _caller(request)
+    if isinstance(principal, Response):
+        return principal
     refused = _unsupported(request)
     found = refused or _session(request, principal, episode_id)
     if isinstance(found, Response):
