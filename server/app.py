@@ -46,7 +46,7 @@ from palaestra.sdk.models import (
 from palaestra.server import auth as scopes
 from palaestra.server.caller import manager_of, principal_of
 from palaestra.server.config import Settings
-from palaestra.server.doors import mcp_http
+from palaestra.server.doors import mcp_http, ors
 from palaestra.server.fastpath import (
     StepFastPath,
     authenticator,
@@ -504,5 +504,6 @@ def create_app(
         )
 
     app.include_router(mcp_http.router)
+    app.include_router(ors.router)  # at the root, after /v1: ORS's client joins absolute paths
     _complete_openapi(app, [StepRequest, BatchResetRequest, BatchStepRequest])
     return app

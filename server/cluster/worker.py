@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import secrets
@@ -182,6 +183,8 @@ class EpisodeWorker:
                 self._ledger = ledger
                 self.manager = await asyncio.to_thread(self._build)
                 await self.manager.start()
+                gc.collect()  # as `palaestra serve` does: what is loaded leaves the
+                gc.freeze()  # collector's view, so collections walk only episodes' objects
                 self.channel = ChannelServer(self._handle, self.key)
                 self.port = await self.channel.start(self.host)
                 self._report = asyncio.create_task(self._report_forever())

@@ -1,0 +1,432 @@
+"""The Open Reward Standard door: ORS's routes (as the `ors-sdk` client calls them) over
+palaestra's episodes. An ORS environment is a pack (`org/name`), a session is an episode
+whose id is the session id, a tool call is a step (answered as ORS's SSE stream) and the
+verdict is the submit call's reward.
+
+The client joins absolute paths onto its base URL, so the routes sit at the server's root
+(`/create_session`, `/{org}/{name}/splits`, ...). Every route takes the token as ORS sends
+it (`X-API-Key`, or `Authorization: Bearer`) and answers errors in ORS's shape,
+`{"detail": "..."}`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from palaestra.sdk.client import TaskQuery
+from palaestra.sdk.errors import BadRequestError, NotFoundError, PalaestraError
+from palaestra.sdk.models import (
+    Action,
+    Observation,
+    ResetRequest,
+    StepRequest,
+    StepResponse,
+    TaskInfo,
+    ToolSpec,
+)
+from palaestra.server.auth import Principal
+from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.fastpath import validation_message
+from palaestra.server.manager import EpisodeManager
+
+SUPPORTED = "0.1"  # the ORS protocol (ors-sdk major.minor) this door speaks
+AGENT = re.compile(r"\bors-sdk/(\d+)\.(\d+)")
+HEARTBEAT_S = 10.0  # the client drops a stream silent for 30 s
+SPLIT_TYPES = {"train": "train", "validation": "validation", "test": "test"}
+MAX_TASKS = 10_000
+
+router = APIRouter(tags=["ors"])
+Handler = Callable[..., Awaitable[Any]]
+Asked = TypeVar("Asked", bound="SplitBody")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SplitBody(_Body):
+    split: str
+
+
+class TaskBody(SplitBody):
+    index: int
+
+
+class RangeBody(SplitBody):
+    start: int | None = None
+    stop: int | None = None
+
+
+class CreateBody(_Body):
+    env_name: str | None = None
+    task_spec: dict[str, Any] | None = None
+    split: str | None = None
+    index: int | None = None
+    secrets: dict[str, str] | None = None
+
+
+class CallBody(_Body):
+    name: str
+    input: dict[str, Any]
+    task_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What a session's reset showed: ORS asks for the prompt and tools later."""
+
+    observation: Observation
+    tools: list[ToolSpec]
+
+
+class Sessions:
+    """The reset views of this app's ORS sessions, by owner and session id (bounded; the
+    episode itself, and who may reach it, stay with the manager)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.opened: OrderedDict[tuple[str, str], Opened] = OrderedDict()
+
+    def put(self, owner: str, sid: str, opened: Opened) -> None:
+        self.opened[(owner, sid)] = opened
+        while len(self.opened) > self.limit:
+            self.opened.popitem(last=False)
+
+    def get(self, owner: str, sid: str) -> Opened | None:
+        return self.opened.get((owner, sid))
+
+    def drop(self, owner: str, sid: str) -> None:
+        self.opened.pop((owner, sid), None)
+
+
+def sessions_of(request: Request) -> Sessions:
+    state = request.app.state
+    found: Sessions | None = getattr(state, "ors_sessions", None)
+    if found is None:
+        found = state.ors_sessions = Sessions(manager_of(request).settings.max_episodes)
+    return found
+
+
+def detail(status: int, message: str) -> JSONResponse:
+    """ORS's (FastAPI's) error shape."""
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+def version_error(request: Request) -> JSONResponse | None:
+    found = AGENT.search(request.headers.get("user-agent", ""))
+    if found is None or f"{found[1]}.{found[2]}" == SUPPORTED:
+        return None
+    return detail(
+        400,
+        f"ORS protocol version {found[1]}.{found[2]} (ors-sdk) is not supported: this server "
+        f"speaks ORS {SUPPORTED} (ors-sdk {SUPPORTED}.x); use an ors-sdk {SUPPORTED} client",
+    )
+
+
+def ors(handler: Handler) -> Handler:
+    """Version check first; palaestra's errors and bad bodies in ORS's error shape."""
+
+    @wraps(handler)
+    async def route(request: Request, **params: Any) -> Response:
+        refused = version_error(request)
+        if refused is not None:
+            return refused
+        try:
+            answer = await handler(request, **params)
+        except PalaestraError as exc:
+            refusal = detail(exc.status, exc.message)
+            if exc.retry_after is not None:
+                refusal.headers["Retry-After"] = f"{exc.retry_after:g}"
+            return refusal
+        except ValidationError as exc:
+            return detail(422, validation_message(list(exc.errors())))
+        return answer if isinstance(answer, Response) else JSONResponse(answer)
+
+    return route
+
+
+def caller(request: Request) -> Principal:
+    key = request.headers.get("x-api-key")
+    return principal_of(request, f"Bearer {key.strip()}" if key else None)
+
+
+def sid_of(request: Request) -> str:
+    sid = (request.headers.get("x-session-id") or "").strip()
+    if not sid:
+        raise BadRequestError("the X-Session-ID header is required (POST /create_session)")
+    return sid
+
+
+async def body(request: Request) -> Any:
+    """The JSON body (validated by the caller: a bad one is ORS's 422 `detail`)."""
+    try:
+        return json.loads(await request.body() or b"{}")
+    except ValueError:
+        raise BadRequestError("the request body is not JSON") from None
+
+
+def split_type(name: str, sealed: bool) -> str:
+    return "test" if sealed else SPLIT_TYPES.get(name, "validation")
+
+
+def env_tasks(manager: EpisodeManager, env: str, split: str) -> list[TaskInfo]:
+    """The public view of `env`'s tasks in `split` (a sealed split: ids and public fields)."""
+    pack = manager.catalog.pack_info(env)
+    if split not in {s.name for s in pack.splits}:
+        names = ", ".join(s.name for s in pack.splits)
+        raise BadRequestError(f"environment {env!r} has no split {split!r} (it has: {names})")
+    listed = manager.catalog.task_list(TaskQuery(pack=env, split=split, limit=MAX_TASKS))
+    return listed.tasks
+
+
+def nth(tasks: list[TaskInfo], index: int, split: str) -> TaskInfo:
+    if not 0 <= index < len(tasks):
+        raise BadRequestError(f"index {index} is outside split {split!r} (0..{len(tasks) - 1})")
+    return tasks[index]
+
+
+def task_view(task: TaskInfo) -> dict[str, Any]:
+    return task.model_dump(mode="json")
+
+
+def tool_view(tools: list[ToolSpec]) -> dict[str, Any]:
+    return {
+        "tools": [
+            {"name": t.name, "description": t.description, "input_schema": t.parameters}
+            for t in tools
+        ]
+    }
+
+
+def blocks(observation: Observation) -> list[dict[str, Any]]:
+    """ORS content blocks: the text, then each image (PNG, base64)."""
+    out: list[dict[str, Any]] = [{"type": "text", "text": observation.text, "detail": None}]
+    out += [
+        {"type": "image", "data": image, "mimeType": "image/png", "detail": None}
+        for image in observation.images
+    ]
+    return out
+
+
+def tool_output(reply: StepResponse) -> dict[str, Any]:
+    """ORS's RunToolSuccess: the step's reward (the verdict's on the last step)."""
+    metadata = dict(reply.info)
+    if reply.observation.data:
+        metadata["data"] = reply.observation.data
+    return {
+        "ok": True,
+        "output": {
+            "blocks": blocks(reply.observation),
+            "metadata": metadata,
+            "reward": reply.reward,
+            "finished": reply.terminated or reply.truncated,
+        },
+    }
+
+
+def sse(event: str, data: str) -> bytes:
+    return f"event: {event}\r\ndata: {data}\r\n\r\n".encode()
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+# -- discovery ----------------------------------------------------------------------------
+
+
+@router.get("/list_environments")
+@ors
+async def list_environments(request: Request) -> Any:
+    caller(request)
+    return [p.name for p in manager_of(request).catalog.pack_infos()]
+
+
+@router.get("/{env:path}/splits")
+@ors
+async def list_splits(request: Request, env: str) -> Any:
+    caller(request)
+    pack = manager_of(request).catalog.pack_info(env)
+    return [{"name": s.name, "type": split_type(s.name, s.sealed)} for s in pack.splits]
+
+
+async def asked_tasks(
+    request: Request, env: str, model: type[Asked]
+) -> tuple[Asked, list[TaskInfo]]:
+    """The body of a task query and the public view of the split it names."""
+    caller(request)
+    asked = model.model_validate(await body(request))
+    return asked, env_tasks(manager_of(request), env, asked.split)
+
+
+@router.post("/{env:path}/tasks")
+@ors
+async def list_tasks(request: Request, env: str) -> Any:
+    _, tasks = await asked_tasks(request, env, SplitBody)
+    return {"tasks": [task_view(t) for t in tasks], "env_name": env}
+
+
+@router.post("/{env:path}/num_tasks")
+@ors
+async def num_tasks(request: Request, env: str) -> Any:
+    _, tasks = await asked_tasks(request, env, SplitBody)
+    return {"num_tasks": len(tasks)}
+
+
+@router.post("/{env:path}/task")
+@ors
+async def get_task(request: Request, env: str) -> Any:
+    asked, tasks = await asked_tasks(request, env, TaskBody)
+    return {"task": task_view(nth(tasks, asked.index, asked.split))}
+
+
+@router.post("/{env:path}/task_range")
+@ors
+async def get_task_range(request: Request, env: str) -> Any:
+    asked, tasks = await asked_tasks(request, env, RangeBody)
+    return {"tasks": [task_view(t) for t in tasks[asked.start : asked.stop]]}
+
+
+@router.get("/{env:path}/tools")
+@ors
+async def list_tools(request: Request, env: str) -> Any:
+    caller(request)
+    manager = manager_of(request)
+    families = set(manager.catalog.pack_info(env).families)
+    tools: dict[str, ToolSpec] = {}
+    for family in manager.catalog.family_infos():
+        if family.name in families:
+            tools.update((t.name, t) for t in family.tools)
+    return tool_view(list(tools.values()))
+
+
+# -- sessions -----------------------------------------------------------------------------
+
+
+@router.post("/create_session")
+@ors
+async def create_session(request: Request) -> Any:
+    caller(request)
+    sid = uuid.uuid4().hex
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield sse("task_id", sid)
+        yield sse("end", "")
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.post("/create")
+@ors
+async def create(request: Request) -> Any:
+    principal = caller(request)
+    sid = sid_of(request)
+    asked = CreateBody.model_validate(await body(request))
+    manager = manager_of(request)
+    if asked.secrets:
+        raise BadRequestError("secrets are not taken: palaestra tasks carry no credentials")
+    if asked.task_spec is not None:
+        # Only the id is read: a client-sent spec never stands in for the pack's task.
+        task = asked.task_spec.get("id")
+        if not isinstance(task, str) or not task:
+            raise BadRequestError("task_spec.id is required: a task as listed by /tasks")
+        if asked.env_name and not task.startswith((f"{asked.env_name}@", f"{asked.env_name}:")):
+            raise BadRequestError(f"task {task!r} is not in environment {asked.env_name!r}")
+    elif asked.env_name and asked.split is not None and asked.index is not None:
+        task = nth(env_tasks(manager, asked.env_name, asked.split), asked.index, asked.split).id
+    else:
+        raise BadRequestError(
+            "this server serves many environments and split/index name none: open the "
+            "session with a task from POST /{env}/tasks (env.session(task=...))"
+        )
+    reset = await manager.reset(ResetRequest(task=task, episode_id=sid), principal)
+    sessions_of(request).put(principal.token_id, sid, Opened(reset.observation, reset.tools))
+    return {"sid": sid}
+
+
+async def opened(request: Request) -> tuple[Principal, str, Opened]:
+    """The caller's session: 404 for an unknown id and for another token's alike."""
+    principal = caller(request)
+    sid = sid_of(request)
+    await manager_of(request).state(sid, principal)  # the manager's ownership check
+    found = sessions_of(request).get(principal.token_id, sid)
+    if found is None:
+        raise NotFoundError(f"session {sid!r} is not open on this server (POST /create)")
+    return principal, sid, found
+
+
+@router.post("/ping")
+@ors
+async def ping(request: Request) -> Any:
+    await opened(request)
+    return {"status": "ok"}
+
+
+@router.get("/{env:path}/task_tools")
+@ors
+async def task_tools(request: Request, env: str) -> Any:
+    return tool_view((await opened(request))[2].tools)
+
+
+@router.get("/{env:path}/prompt")
+@ors
+async def prompt(request: Request, env: str) -> Any:
+    return blocks((await opened(request))[2].observation)
+
+
+@router.post("/{env:path}/call")
+@ors
+async def call(request: Request, env: str) -> Any:
+    principal, sid, _ = await opened(request)
+    asked = CallBody.model_validate(await body(request))
+    manager = manager_of(request)
+    # The call's id is the step's request id: a resumed stream replays, never re-runs.
+    call_id = asked.task_id or uuid.uuid4().hex
+    step = StepRequest(action=Action(tool=asked.name, arguments=asked.input), request_id=call_id)
+    manager.tenancy.check_pending(principal)  # a dropped stream's step runs on, counted
+    work = asyncio.ensure_future(manager.step(sid, step, principal))
+    manager.detach(work, principal.token_id)
+    work.add_done_callback(lambda done: done.cancelled() or done.exception())  # seen, if dropped
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield sse("task_id", call_id)
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=HEARTBEAT_S)
+            if done:
+                break
+            yield b": ping\r\n\r\n"
+        try:
+            answer: dict[str, Any] = tool_output(work.result())
+        except PalaestraError as exc:  # the tool's failure, as ORS reports one
+            answer = {"ok": False, "error": exc.message}
+        yield sse("end", json.dumps(answer, separators=(",", ":")))
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.post("/delete")
+@ors
+async def delete(request: Request) -> Any:
+    principal, sid, _ = await opened(request)
+    await manager_of(request).close(sid, principal)
+    sessions_of(request).drop(principal.token_id, sid)
+    return {"sid": sid}
+
+
+@router.post("/delete_session")
+@ors
+async def delete_session(request: Request) -> Any:
+    principal = caller(request)
+    sid = sid_of(request)
+    sessions_of(request).drop(principal.token_id, sid)
+    return {"sid": sid}
