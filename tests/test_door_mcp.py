@@ -413,5 +413,14 @@ def test_the_transport_speaks_streamable_http(served: ServerProcess) -> None:
         assert http.get(url, headers=inside).status_code == 405
         assert http.delete(url, headers=inside).status_code == 200
         assert http.post(url, json=rpc("ping"), headers=inside).status_code == 404
+        # A token revoked mid-session is refused on its next message.
+        name = f"mcp-revoked-{uuid.uuid4().hex[:6]}"
+        revoked = make_token(served, "train", name=name)
+        theirs = {"authorization": f"Bearer {revoked}", **BOTH}
+        own = mcp_url(served, start(served.url, revoked, ECHO_TRAIN))
+        sid = http.post(own, json=INIT, headers=theirs).headers["mcp-session-id"]
+        assert http.delete(f"{served.url}/v1/tokens/{name}", headers=served.headers).is_success
+        late = http.post(own, json=rpc("ping"), headers={**theirs, "mcp-session-id": sid})
+        assert late.status_code == 401 and late.json()["error"]["code"] == mcp.ERROR_CODES[401]
     with HTTPClient(served.url, token=token) as client:
         assert client.state(episode).status.value == "active"
