@@ -46,7 +46,7 @@ from palaestra.sdk.models import (
 from palaestra.server import auth as scopes
 from palaestra.server.caller import manager_of, principal_of
 from palaestra.server.config import Settings
-from palaestra.server.doors import openenv, ors
+from palaestra.server.doors import mcp_http, openenv, ors
 from palaestra.server.fastpath import (
     StepFastPath,
     authenticator,
@@ -503,6 +503,7 @@ def create_app(
             media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
+    app.include_router(mcp_http.router)
     app.include_router(openenv.router)
     app.include_router(ors.router)  # at the root, after /v1: ORS's client joins absolute paths
     _complete_openapi(app, [StepRequest, BatchResetRequest, BatchStepRequest])

@@ -162,6 +162,12 @@ class Settings(BaseModel):
     )
     idle_ttl_s: float = Field(default=900.0, gt=0, description="idle episodes expire after this")
     reaper_interval_s: float = Field(default=5.0, gt=0)
+    mcp_sessions_per_token: int = Field(
+        default=64,
+        ge=1,
+        description="open MCP sessions per token (/v1/episodes/{id}/mcp); a new one past it "
+        "ends the token's least recently used",
+    )
     max_steps: int = Field(default=50, ge=1, description="default step limit per episode")
     max_wall_s: float = Field(default=1800.0, gt=0, description="default wall-time limit")
     # Operator ceilings (server/ceilings.py): the most any client option or task field may ask

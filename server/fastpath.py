@@ -38,6 +38,9 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON_HEADERS = [(b"content-type", b"application/json")]
 PRINCIPAL_KEY = "palaestra.principal"
 CHALLENGE = [(b"www-authenticate", b'Bearer realm="palaestra"')]
+# Doors under /v1 whose protocol shapes its own 401 (server/doors/mcp_http.py): their
+# routes authenticate first thing, through server/caller.py.
+OWN_AUTH_PATH = re.compile(r"^/v1/episodes/[^/]+/mcp$")
 
 
 def authenticator(app: Any) -> Authenticator:
@@ -117,7 +120,7 @@ class StepFastPath:
             )
             await _respond(send, 413, error_body("too_large", message), [])
             return
-        if scope["path"].startswith("/v1/"):
+        if scope["path"].startswith("/v1/") and not OWN_AUTH_PATH.match(scope["path"]):
             try:
                 principal = authenticator(scope["app"]).from_headers(scope["headers"])
             except PalaestraError as exc:

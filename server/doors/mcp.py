@@ -15,7 +15,8 @@ WebSocket `mcp` frame share it. Its interface, kept stable:
 - `SUPPORTED_VERSIONS`, `LATEST_VERSION`, and `version_error(requested)`: the JSON-RPC
   error object refusing a protocol version (code -32022, `data: {supported, requested}`),
   for a transport's own version checks (the HTTP `MCP-Protocol-Version` header).
-- `error_response(id, error)`, `is_initialize(message)`: for transports.
+- `episode_error(exc)`: the JSON-RPC error object for a `PalaestraError` (`ERROR_CODES`);
+  `error_response(id, error)` and `is_initialize(message)`: for transports.
 
 Methods: `initialize`, `ping`, `tools/list`, `tools/call`, `server/discover` (refused:
 no stateless 2026 revision here, so the official client falls back to `initialize`), and
@@ -106,6 +107,18 @@ def version_error(requested: object) -> Message:
             f"{', '.join(SUPPORTED_VERSIONS)} (through initialize)"
         ),
         "data": {"supported": list(SUPPORTED_VERSIONS), "requested": shown},
+    }
+
+
+def episode_error(exc: PalaestraError) -> Message:
+    """The JSON-RPC error object for an episode error (a 404, 409, 429, ... of /v1)."""
+    data: Message = {"status": exc.status, "code": exc.code, "retryable": exc.retryable}
+    if exc.retry_after is not None:
+        data["retry_after"] = exc.retry_after
+    return {
+        "code": ERROR_CODES.get(exc.status, INTERNAL_ERROR),
+        "message": exc.message,
+        "data": data,
     }
 
 
@@ -239,10 +252,7 @@ async def _call(params: Message, episode: McpEpisode, session: McpSession) -> Me
         text = f"{exc.message} (the episode goes on; fix the call and retry)"
         return {"content": [{"type": "text", "text": text}], "isError": True}
     except PalaestraError as exc:
-        data: Message = {"status": exc.status, "code": exc.code, "retryable": exc.retryable}
-        if exc.retry_after is not None:
-            data["retry_after"] = exc.retry_after
-        raise RpcError(ERROR_CODES.get(exc.status, INTERNAL_ERROR), exc.message, data) from None
+        raise RpcError(**episode_error(exc)) from None
     return tool_result(reply, session.protocol_version or LATEST_VERSION)
 
 

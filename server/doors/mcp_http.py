@@ -1,0 +1,263 @@
+"""The MCP streamable HTTP transport for one episode: `/v1/episodes/{episode_id}/mcp`.
+
+POST carries a JSON-RPC message or batch (answered by server/doors/mcp.py) and gets
+application/json, or text/event-stream when the client accepts only that; notifications
+and responses alone get 202. `initialize` opens a session (`Mcp-Session-Id`), which every
+later request must name: a session is bound to the episode and the token that opened it,
+and any other pairing is the 404 of an unknown session. `MCP-Protocol-Version` must name
+a version served (400, -32022 otherwise) and the session's own. GET is 405 (no server-
+initiated stream); DELETE ends the MCP session, never the episode. Auth is /v1's bearer
+token (server/caller.py); its 401 comes in JSON-RPC's error shape.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from palaestra.sdk.errors import PalaestraError
+from palaestra.sdk.models import Action, StepRequest, StepResponse, ToolSpec
+from palaestra.server.auth import Principal
+from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.doors import mcp
+
+router = APIRouter(tags=["mcp"])
+
+PATH = "/v1/episodes/{episode_id}/mcp"
+SESSION_HEADER = "mcp-session-id"
+VERSION_HEADER = "mcp-protocol-version"
+JSON = "application/json"
+SSE = "text/event-stream"
+CHALLENGE = {"www-authenticate": 'Bearer realm="palaestra"'}
+
+
+@dataclass
+class Session:
+    episode_id: str
+    tools: list[ToolSpec]
+    state: mcp.McpSession = field(default_factory=mcp.McpSession)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class Sessions:
+    """This server's open MCP sessions, by token, least recently used first: a session idle
+    for the episode TTL is gone, and a token past its cap loses its oldest."""
+
+    def __init__(self, per_token: int, ttl_s: float) -> None:
+        self.per_token = per_token
+        self.ttl_s = ttl_s
+        self._by_owner: dict[str, OrderedDict[str, Session]] = {}
+
+    def _mine(self, owner: str) -> OrderedDict[str, Session]:
+        mine = self._by_owner.setdefault(owner, OrderedDict())
+        deadline = time.monotonic() - self.ttl_s
+        while mine and next(iter(mine.values())).last_used < deadline:
+            mine.popitem(last=False)
+        return mine
+
+    def open(self, owner: str, session: Session) -> str:
+        mine = self._mine(owner)
+        while len(mine) >= self.per_token:
+            mine.popitem(last=False)
+        session_id = uuid.uuid4().hex
+        mine[session_id] = session
+        return session_id
+
+    def get(self, owner: str, session_id: str, episode_id: str) -> Session | None:
+        """The owner's session `session_id` on `episode_id`; None for any other."""
+        mine = self._mine(owner)
+        session = mine.get(session_id)
+        if session is None or session.episode_id != episode_id:
+            return None
+        session.last_used = time.monotonic()
+        mine.move_to_end(session_id)
+        return session
+
+    def close(self, owner: str, session_id: str, episode_id: str) -> bool:
+        if self.get(owner, session_id, episode_id) is None:
+            return False
+        del self._by_owner[owner][session_id]
+        return True
+
+
+def sessions_of(request: Request) -> Sessions:
+    """The app's MCP sessions (made on first use, from its settings)."""
+    sessions: Sessions | None = getattr(request.app.state, "mcp_sessions", None)
+    if sessions is None:
+        settings = manager_of(request).settings
+        sessions = Sessions(settings.mcp_sessions_per_token, settings.idle_ttl_s)
+        request.app.state.mcp_sessions = sessions
+    return sessions
+
+
+def _reply(
+    status: int, body: object, headers: dict[str, str] | None = None, sse: bool = False
+) -> Response:
+    if body is None:
+        return Response(status_code=status, headers=headers)
+    if sse:
+        messages = body if isinstance(body, list) else [body]
+        events = "".join(f"event: message\ndata: {json.dumps(m)}\n\n" for m in messages)
+        return Response(
+            events, status, headers={"cache-control": "no-cache", **(headers or {})}, media_type=SSE
+        )
+    return Response(json.dumps(body), status, headers=headers, media_type=JSON)
+
+
+def _refused(
+    status: int, code: int, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    return _reply(status, mcp.error_response(None, {"code": code, "message": message}), headers)
+
+
+def _failed(exc: PalaestraError, message_id: object = None) -> Response:
+    """A /v1 error (401, 403, 404, ...) at the transport, in JSON-RPC's shape."""
+    headers = CHALLENGE if exc.status == 401 else None
+    return _reply(
+        exc.status or 500, mcp.error_response(message_id, mcp.episode_error(exc)), headers
+    )
+
+
+def _caller(request: Request) -> Principal | Response:
+    """The caller, or the 401 to answer (before anything else is looked at)."""
+    try:
+        return principal_of(request)
+    except PalaestraError as exc:
+        return _failed(exc)
+
+
+def _accepts_sse_only(accept: str) -> bool | None:
+    """False: answer JSON; True: the client takes only SSE; None: it takes neither."""
+    kinds = {part.split(";")[0].strip().lower() for part in accept.split(",") if part.strip()}
+    if not kinds or kinds & {JSON, "application/*", "*/*"}:
+        return False
+    if kinds & {SSE, "text/*"}:
+        return True
+    return None
+
+
+def _unsupported(request: Request) -> Response | None:
+    """400 for an MCP-Protocol-Version not served (no header: the negotiated one)."""
+    version = request.headers.get(VERSION_HEADER)
+    if version is None or version in mcp.SUPPORTED_VERSIONS:
+        return None
+    return _reply(400, mcp.error_response(None, mcp.version_error(version)))
+
+
+def _mismatched(request: Request, session: Session) -> Response | None:
+    version = request.headers.get(VERSION_HEADER)
+    negotiated = session.state.protocol_version
+    if version is None or negotiated is None or version == negotiated:
+        return None
+    return _refused(
+        400,
+        mcp.INVALID_REQUEST,
+        f"Bad Request: {VERSION_HEADER} {version} is not the version this session "
+        f"negotiated ({negotiated})",
+    )
+
+
+def _session(request: Request, principal: Principal, episode_id: str) -> Session | Response:
+    session_id = request.headers.get(SESSION_HEADER)
+    if not session_id:
+        return _refused(
+            400,
+            mcp.INVALID_REQUEST,
+            f"Bad Request: no {SESSION_HEADER} header; send initialize first (its reply "
+            "carries the session id)",
+        )
+    session = sessions_of(request).get(principal.token_id, session_id, episode_id)
+    if session is None:
+        return _refused(
+            404, mcp.INVALID_REQUEST, "Session not found (ended or expired); initialize again"
+        )
+    return session
+
+
+MESSAGES = {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}]}
+BODY = {"requestBody": {"required": True, "content": {JSON: {"schema": MESSAGES}}}}
+
+
+@router.post(PATH, openapi_extra=BODY)
+async def mcp_messages(episode_id: str, request: Request) -> Response:
+    """MCP messages for the episode's tools (tools/list, tools/call: one step each)."""
+    principal = _caller(request)
+    if isinstance(principal, Response):
+        return principal
+    sse = _accepts_sse_only(request.headers.get("accept", ""))
+    if sse is None:
+        return _refused(
+            406, mcp.INVALID_REQUEST, f"Not Acceptable: accept {JSON} or {SSE} (or both)"
+        )
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != JSON:
+        return _refused(
+            415, mcp.INVALID_REQUEST, f"Unsupported Media Type: Content-Type must be {JSON}"
+        )
+    try:
+        message = json.loads(await request.body())
+    except (ValueError, RecursionError) as exc:
+        return _refused(400, mcp.PARSE_ERROR, f"Parse error: {exc}")
+    manager = manager_of(request)
+    headers: dict[str, str] = {}
+    if (refused := _unsupported(request)) is not None:
+        return refused
+    if mcp.is_initialize(message):
+        try:  # 404 for an unknown id and for another token's episode alike
+            state = await manager.state(episode_id, principal)
+            session = Session(episode_id, manager.families.get(state.family).tool_specs())
+        except PalaestraError as exc:
+            return _failed(exc, message.get("id"))
+    else:
+        found = _session(request, principal, episode_id)
+        if isinstance(found, Response):
+            return found
+        session = found
+        if (refused := _mismatched(request, session)) is not None:
+            return refused
+
+    async def step(action: Action) -> StepResponse:
+        return await manager.step(episode_id, StepRequest(action=action), principal)
+
+    reply = await mcp.handle(message, mcp.McpEpisode(session.tools, step), session.state)
+    if mcp.is_initialize(message) and session.state.protocol_version is not None:
+        session_id = sessions_of(request).open(principal.token_id, session)
+        headers = {SESSION_HEADER: session_id}
+    if reply is None:
+        return Response(status_code=202, headers=headers)
+    status = 400 if isinstance(reply, dict) and reply.get("id") is None else 200
+    return _reply(status, reply, headers, sse=sse and status == 200)
+
+
+@router.get(PATH)
+async def mcp_stream(episode_id: str, request: Request) -> Response:
+    """405: this server sends no requests or notifications of its own (no GET stream)."""
+    if isinstance(refused := _caller(request), Response):
+        return refused
+    return _refused(
+        405,
+        mcp.INVALID_REQUEST,
+        "Method Not Allowed: no server-initiated stream here; POST messages",
+        {"allow": "POST, DELETE"},
+    )
+
+
+@router.delete(PATH)
+async def mcp_end_session(episode_id: str, request: Request) -> Response:
+    """End the MCP session (the episode goes on: DELETE /v1/episodes/{id} closes that)."""
+    principal = _caller(request)
+    if isinstance(principal, Response):
+        return principal
+    refused = _unsupported(request)
+    found = refused or _session(request, principal, episode_id)
+    if isinstance(found, Response):
+        return found
+    session_id = request.headers.get(SESSION_HEADER, "")
+    sessions_of(request).close(principal.token_id, session_id, episode_id)
+    return Response(status_code=200)
