@@ -73,9 +73,9 @@ def test_grpo_trainer_trains_on_palaestra_episodes(server: ServerProcess, tmp_pa
             assert state.task.endswith(":say-birch") and state.ended_at is not None
             assert state.verdict is not None and state.verdict.reward == reward
             assert [s.action.tool for s in state.trajectory] == ["echo", "submit"]
-    with HTTPClient(server.url, token=train_token(server, "other")) as other:
-        with pytest.raises(NotFoundError):
-            other.state(episodes[0])
+    other = HTTPClient(server.url, token=train_token(server, "other"))
+    with other, pytest.raises(NotFoundError):
+        other.state(episodes[0])
 
 
 def test_environment_refuses_bad_rows_sealed_tasks_and_bad_tokens(server: ServerProcess) -> None:
@@ -101,5 +101,5 @@ def test_environment_refuses_bad_rows_sealed_tasks_and_bad_tokens(server: Server
         environment_factory(server.url, "no-such-family", token=token)
     with pytest.raises(AuthenticationError):
         environment_factory(server.url, "echo", token="not-a-token")
-    with pytest.raises(ValueError, match="not an identifier"):
+    with pytest.raises(ValueError, match="cannot be a TRL tool method"):
         tool_method(ToolSpec(name="get_reward", description="shadows the reward"))

@@ -100,15 +100,18 @@ def tool_method(spec: ToolSpec) -> Any:
     """A method `(self, **arguments) -> str` that steps `spec`'s tool, with the signature,
     type hints and Google-style docstring that TRL (transformers' get_json_schema) reads."""
     if not spec.name.isidentifier() or keyword.iskeyword(spec.name) or spec.name in _RESERVED:
-        raise ValueError(f"tool {spec.name!r} cannot be a TRL tool method (not an identifier)")
+        raise ValueError(
+            f"tool {spec.name!r} cannot be a TRL tool method: it must be an identifier, "
+            f"no keyword, and neither {' nor '.join(sorted(_RESERVED))}"
+        )
     if spec.name.startswith("_"):
-        raise ValueError(f"tool {spec.name!r} starts with '_': TRL would not list it")
+        raise ValueError(f"tool {spec.name!r} cannot be a TRL tool method: TRL skips '_' names")
     properties: dict[str, Any] = spec.parameters.get("properties", {})
     required = set(spec.parameters.get("required", []))
     self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     params, hints, args_doc = [self_param], {}, []
     for arg, schema in properties.items():
-        hint = _python_type(schema)
+        hint: Any = _python_type(schema)
         if arg in required:
             default: Any = inspect.Parameter.empty
         else:

@@ -103,7 +103,7 @@ class ScriptedTurns(LogitsProcessor):
             contexts = self.tok.batch_decode(input_ids)
             eos = self.tok.convert_tokens_to_ids("<|im_end|>")
             self.targets = [
-                self.tok.encode(self.plan(c, i), add_special_tokens=False) + [eos]
+                [*self.tok.encode(self.plan(c, i), add_special_tokens=False), eos]
                 for i, c in enumerate(contexts)
             ]
         t = input_ids.shape[1] - self.start
@@ -178,7 +178,9 @@ def main() -> None:
     started = time.monotonic()
     result = trainer.train()
     seconds = time.monotonic() - started
-    moved = sum(int(not torch.equal(a, b.detach())) for a, b in zip(before, model.parameters()))
+    moved = sum(
+        int(not torch.equal(a, b.detach())) for a, b in zip(before, model.parameters(), strict=True)
+    )
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     print(
         json.dumps(
