@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from palaestra.sdk.http import HTTPClient
 from tests.conftest import ServerProcess
 from tests.peers import peer_python, run_peer
-from tests.peers.sdk_site import sdk_env
+from tests.peers.our_side import sdk_env, train_token
 
 SKYRL = ("skyrl-gym==0.4.0", "httpx==0.28.1", "pydantic==2.14.4")
 TASK = "palaestra/echo:say-birch"
@@ -27,17 +26,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         proc.stop()
 
 
-def train_token(server: ServerProcess) -> str:
-    body = {"scopes": ["train"], "name": "skyrl"}
-    made = httpx.post(f"{server.url}/v1/tokens", json=body, headers=server.headers)
-    assert made.status_code == 201, made.text
-    token: str = made.json()["token"]
-    return token
-
-
 def test_skyrl_make_runs_palaestra_episodes(server: ServerProcess, tmp_path: Path) -> None:
     python = peer_python("skyrl", *SKYRL)
-    token = train_token(server)
+    token = train_token(server, "skyrl")
     out = run_peer(
         python, "skyrl_episodes.py", server.url, token, TASK, "hcrib", env=sdk_env(tmp_path)
     )

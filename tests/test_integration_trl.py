@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from palaestra.sdk.errors import AuthenticationError, NotFoundError, PalaestraError
@@ -16,7 +15,7 @@ from palaestra.sdk.integrations.trl import OVER, environment_factory, tool_metho
 from palaestra.sdk.models import ToolSpec
 from tests.conftest import ServerProcess
 from tests.peers import peer_python, run_peer
-from tests.peers.sdk_site import sdk_env
+from tests.peers.our_side import sdk_env, train_token
 
 TRL = (
     "torch==2.13.0",
@@ -38,14 +37,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
-
-
-def train_token(server: ServerProcess, name: str) -> str:
-    body = {"scopes": ["train"], "name": name}
-    made = httpx.post(f"{server.url}/v1/tokens", json=body, headers=server.headers)
-    assert made.status_code == 201, made.text
-    token: str = made.json()["token"]
-    return token
 
 
 def test_grpo_trainer_trains_on_palaestra_episodes(server: ServerProcess, tmp_path: Path) -> None:
