@@ -15,6 +15,7 @@ from tests.peers.our_side import sdk_env, train_token
 
 SKYRL = ("skyrl-gym==0.4.0", "httpx==0.28.1", "pydantic==2.14.4")
 TASK = "palaestra/echo:say-birch"
+SEALED = "palaestra/echo:say-apple"  # the heldout split of palaestra/echo is sealed
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def test_skyrl_make_runs_palaestra_episodes(server: ServerProcess, tmp_path: Pat
     python = peer_python("skyrl", *SKYRL)
     token = train_token(server, "skyrl")
     out = run_peer(
-        python, "skyrl_episodes.py", server.url, token, TASK, "hcrib", env=sdk_env(tmp_path)
+        python, "skyrl_episodes.py", server.url, token, TASK, "hcrib", SEALED, env=sdk_env(tmp_path)
     )
 
     right, wrong = out["episodes"]
@@ -44,6 +45,12 @@ def test_skyrl_make_runs_palaestra_episodes(server: ServerProcess, tmp_path: Pat
     assert right["rewards"] == [0.0, 0.0, 1.0] and wrong["rewards"] == [0.0, 0.0, 0.0]
     assert out["aggregate"]["passed"] == 0.5 and out["aggregate"]["turns"] == 3
     assert "extras needs 'task'" in out["missing_task"]
+    # A train token cannot start a sealed task through the env; its answer never shows.
+    assert (
+        out["sealed"].startswith("PermissionDeniedError")
+        and "sealed" in out["sealed"]
+        and "elppa" not in out["sealed"]
+    )
 
     # On the server: both episodes stored under the train token, ended and verified.
     with HTTPClient(server.url, token=token) as client:

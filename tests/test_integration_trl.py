@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from palaestra.sdk.errors import AuthenticationError, NotFoundError, PalaestraError
+from palaestra.sdk.errors import AuthenticationError, NotFoundError, PermissionDeniedError
 from palaestra.sdk.http import HTTPClient
 from palaestra.sdk.integrations.trl import OVER, environment_factory, tool_method
 from palaestra.sdk.models import ToolSpec
@@ -75,7 +75,7 @@ def test_environment_refuses_bad_rows_sealed_tasks_and_bad_tokens(server: Server
     env = env_class()
     with pytest.raises(ValueError, match="needs a `task` column"):
         env.reset(prompt=[])
-    with pytest.raises(PalaestraError) as sealed:
+    with pytest.raises(PermissionDeniedError, match="sealed") as sealed:
         env.reset(task=SEALED)
     assert "elppa" not in str(sealed.value)
     with pytest.raises(RuntimeError, match="get_reward before reset"):

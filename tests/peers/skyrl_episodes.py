@@ -1,7 +1,7 @@
 """SkyRL's side: register palaestra's BaseTextEnv, `skyrl_gym.make` it, play scripted turns.
 
 skyrl-gym ships no trainer, so the model's turns are scripted texts (a bad one, an echo, a
-submit). Usage: skyrl_episodes.py URL TOKEN TASK ANSWER. Last stdout line: JSON.
+submit). Usage: skyrl_episodes.py URL TOKEN TASK ANSWER SEALED_TASK. Last stdout line: JSON.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 
 import skyrl_gym
 
+from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.integrations.skyrl import PalaestraTextEnv, register
 
 
@@ -42,7 +43,7 @@ def play(url: str, token: str, task: str, answer: str, seed: int) -> dict[str, o
 
 
 def main() -> None:
-    url, token, task, answer = sys.argv[1:5]
+    url, token, task, answer, sealed = sys.argv[1:6]
     register()
     episodes = [play(url, token, task, answer if seed == 0 else "wrong", seed) for seed in (0, 1)]
     try:
@@ -50,8 +51,20 @@ def main() -> None:
         missing = ""
     except ValueError as exc:
         missing = str(exc)
+    env = skyrl_gym.make(
+        "palaestra", env_config={"base_url": url, "token": token}, extras={"task": sealed}
+    )
+    try:
+        env.init([])
+        refused = ""
+    except PalaestraError as exc:
+        refused = f"{type(exc).__name__}: {exc}"
     metrics = PalaestraTextEnv.aggregate_metrics([e["metrics"] for e in episodes])
-    print(json.dumps({"episodes": episodes, "aggregate": metrics, "missing_task": missing}))
+    print(
+        json.dumps(
+            {"episodes": episodes, "aggregate": metrics, "missing_task": missing, "sealed": refused}
+        )
+    )
 
 
 if __name__ == "__main__":
