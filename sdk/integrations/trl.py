@@ -56,13 +56,14 @@ class PalaestraEnvironment:
         self._episode, self._ended, self._verdict = reply.episode_id, False, None
         return reply.observation.text
 
-    def get_reward(self) -> float:
-        """The verifier's reward for this rollout's episode (verified as is if still live)."""
+    def get_reward(self) -> float | None:
+        """The verifier's reward for this rollout's episode (verified as is if still live);
+        None for a void episode (the server's fault, not the model's): TRL leaves it out."""
         if self._verdict is None:
             if not self._episode:
                 raise RuntimeError(f"{type(self).__name__}.get_reward before reset")
             self._verdict = self._client.verify(self._episode)
-        return self._verdict.reward
+        return None if self._verdict.status == "void" else self._verdict.reward
 
     def _step(self, tool: str, arguments: dict[str, Any]) -> str:
         if not self._episode:
