@@ -59,11 +59,16 @@ class JSONToolFormat:
         return self.tokenizer.encode(f"<obs>error: {message}</obs>\n")
 
     def parse_action(self, ids: list[int]) -> Action:
-        text = self.tokenizer.decode(ids).strip()
-        start, stop = text.find("{"), text.rfind("}")
-        if start < 0 or stop < start:
-            raise UnparseableAction('no JSON object; answer {"tool": …, "arguments": {…}}')
-        try:
-            return Action.model_validate_json(text[start : stop + 1])
-        except ValueError as exc:
-            raise UnparseableAction(f"not a tool call: {str(exc).splitlines()[0]}") from None
+        return parse_json_action(self.tokenizer.decode(ids))
+
+
+def parse_json_action(text: str) -> Action:
+    """The one JSON tool call `{"tool": …, "arguments": …}` in a turn's text."""
+    text = text.strip()
+    start, stop = text.find("{"), text.rfind("}")
+    if start < 0 or stop < start:
+        raise UnparseableAction('no JSON object; answer {"tool": …, "arguments": {…}}')
+    try:
+        return Action.model_validate_json(text[start : stop + 1])
+    except ValueError as exc:
+        raise UnparseableAction(f"not a tool call: {str(exc).splitlines()[0]}") from None
