@@ -14,7 +14,7 @@ PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 POST="$HERE/tests/peers/$NAME.post"
-STAMP="$(printf '%s\n' "$@" | cat - "$POST" 2>/dev/null | sha256sum | cut -c1-16)"
+STAMP="$({ printf '%s\n' "$@"; cat "$POST" 2>/dev/null || true; } | sha256sum | cut -c1-16)"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.stamp" 2>/dev/null)" != "$STAMP" ]; then
   rm -rf "$VENV"
   mkdir -p "$CACHE"
