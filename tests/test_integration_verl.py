@@ -6,7 +6,6 @@ the episodes stored server-side under the token that played them."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -34,15 +33,6 @@ def sdk_path(tmp_path: Path) -> str:
     (package / "__init__.py").symlink_to(ROOT / "palaestra" / "__init__.py")
     (package / "sdk").symlink_to(ROOT / "sdk")
     return str(tmp_path / "shim")
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path / "data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def test_verl_agent_loop_worker_plays_palaestra_episodes(
@@ -74,6 +64,9 @@ def test_verl_agent_loop_worker_plays_palaestra_episodes(
     )
     rows = {r["task"]: r for r in out["trajectories"]}
     assert out["generate_calls"] == 4  # two turns a trajectory: echo, then submit
+    refused = out["refused"]
+    assert refused["no_task"].startswith("ValueError") and "extra_info.task" in refused["no_task"]
+    assert refused["sealed"].startswith("PermissionDeniedError") and "sealed" in refused["sealed"]
     for task, reward in ((BIRCH, 1.0), (COBALT, 0.0)):
         row = rows[task]
         assert row["reward"] == reward

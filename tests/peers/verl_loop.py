@@ -7,7 +7,8 @@ downloads). verl's config comes from its package (hydra `ppo_trainer`), the loop
 `agent_loop_config_path` file, as verl's workers load custom loops. The LLM server client
 forces the tool calls (one `echo`, then `submit` with the answer given on the command line)
 and scores them with the tiny model's real log-probabilities. Prints one JSON line per
-trajectory's AgentLoopOutput fields, unpadded, and the episode ids.
+trajectory's AgentLoopOutput fields, unpadded, and the episode ids; then how a row without
+a task and a row on a sealed split are refused.
 """
 
 from __future__ import annotations
@@ -164,7 +165,24 @@ def main() -> None:
                 "env_text": tok.decode([t for t, m in zip(response, mask, strict=True) if not m]),
             }
         )
-    print(json.dumps({"generate_calls": server.calls, "trajectories": rows}))
+    refused = {}
+    for name, extra in (("no_task", {}), ("sealed", {"task": "palaestra/echo:say-apple"})):
+        bad = DataProto(
+            non_tensor_batch={
+                "raw_prompt": np.array([[]], dtype=object),
+                "extra_info": np.array([extra], dtype=object),
+                "agent_name": np.array(["palaestra"], dtype=object),
+                "index": np.arange(1),
+            },
+            meta_info={"global_steps": 1, "validate": False},
+        )
+        try:
+            asyncio.run(worker.generate_sequences(bad))
+            refused[name] = "not refused"
+        except Exception as exc:
+            refused[name] = f"{type(exc).__name__}: {exc}"
+    result = {"generate_calls": server.calls, "trajectories": rows, "refused": refused}
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
