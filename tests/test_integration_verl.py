@@ -1,7 +1,8 @@
 """The verl agent loop (sdk/integrations/verl.py) run by verl 0.9.1's own AgentLoopWorker,
 in verl's venv, against a real `palaestra serve`: multi-turn episodes through forced tool
-calls scored by a tiny random Qwen2, environment tokens masked, the verdict as reward, and
-the episodes stored server-side under the token that played them."""
+calls scored by a tiny random Qwen2, environment tokens masked, the verdict as reward, the
+episodes stored server-side under the token that played them, and three GRPO steps with
+verl's own advantage and policy loss on the rollouts."""
 
 from __future__ import annotations
 
@@ -64,6 +65,14 @@ def test_verl_agent_loop_worker_plays_palaestra_episodes(
     )
     rows = {r["task"]: r for r in out["trajectories"]}
     assert out["generate_calls"] == 4  # two turns a trajectory: echo, then submit
+    # verl's GRPO advantage and policy loss on these rollouts: the fresh policy's log-probs
+    # equal the rollout's on the model's tokens (tokens and masks line up), and three steps
+    # raise the rewarded trajectory's log-probs and lower the other's.
+    training = out["training"]
+    assert training["rollout_logprob_gap"] < 1e-4 and len(training["losses"]) == 3
+    assert [r["task"] for r in out["trajectories"]] == [BIRCH, COBALT]
+    rewarded, failed = training["own_logprob_moved"]
+    assert rewarded > 0 > failed
     refused = out["refused"]
     assert refused["no_task"].startswith("ValueError") and "extra_info.task" in refused["no_task"]
     assert refused["sealed"].startswith("PermissionDeniedError") and "sealed" in refused["sealed"]

@@ -7,8 +7,9 @@ downloads). verl's config comes from its package (hydra `ppo_trainer`), the loop
 `agent_loop_config_path` file, as verl's workers load custom loops. The LLM server client
 forces the tool calls (one `echo`, then `submit` with the answer given on the command line)
 and scores them with the tiny model's real log-probabilities. Prints one JSON line per
-trajectory's AgentLoopOutput fields, unpadded, and the episode ids; then how a row without
-a task and a row on a sealed split are refused.
+trajectory's AgentLoopOutput fields, unpadded, and the episode ids; then a few GRPO steps
+with verl's own advantage and policy loss on them, and how a row without a task and a row
+on a sealed split are refused.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
+from verl.trainer.ppo import core_algos
+from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
@@ -98,6 +101,58 @@ class ForcedToolCalls(LLMServerClient):
         return TokenOutput(token_ids=ids, log_probs=chosen, stop_reason="completed")
 
 
+def train(out: DataProto, model_dir: Path, config: Any, steps: int = 3) -> dict[str, Any]:
+    """A few GRPO steps on the rollouts with verl's own advantage and policy loss (the two
+    trajectories are one group). Returns the losses, how far the fresh policy's log-probs
+    are from the rollout's (the same weights: ~0 when tokens and masks line up), and how
+    each trajectory's mean log-prob of its own tokens moved."""
+    model = Qwen2ForCausalLM.from_pretrained(model_dir).train()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    b = out.batch
+    mask = b["response_mask"]
+    advantages, _ = core_algos.compute_grpo_outcome_advantage(
+        b["rm_scores"], mask, np.array(["group"] * len(out), dtype=object)
+    )
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    loss_fn = core_algos.get_policy_loss_fn("vanilla")
+    width = b["responses"].shape[1]
+
+    def log_probs() -> torch.Tensor:
+        logits = model(
+            input_ids=b["input_ids"],
+            attention_mask=b["attention_mask"],
+            position_ids=b["position_ids"],
+        ).logits[:, -width - 1 : -1]
+        return torch.log_softmax(logits.float(), -1).gather(2, b["responses"][..., None])[..., 0]
+
+    def mean_own(logp: torch.Tensor) -> list[float]:
+        return ((logp * mask).sum(1) / mask.sum(1)).tolist()
+
+    losses, first = [], None
+    for _ in range(steps):
+        logp = log_probs()
+        if first is None:
+            first = logp.detach()
+        loss, _ = loss_fn(
+            old_log_prob=b["rollout_log_probs"],
+            log_prob=logp,
+            advantages=advantages,
+            response_mask=mask,
+            loss_agg_mode="token-mean",
+            config=actor,
+        )
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(float(loss.detach()))
+    with torch.no_grad():
+        last = log_probs()
+    assert first is not None
+    gap = ((first - b["rollout_log_probs"]).abs() * mask).max()
+    moved = [a - z for a, z in zip(mean_own(last), mean_own(first), strict=True)]
+    return {"losses": losses, "rollout_logprob_gap": float(gap), "own_logprob_moved": moved}
+
+
 def main() -> None:
     url, token, *pairs = sys.argv[1:]
     torch.set_num_threads(1)
@@ -116,8 +171,9 @@ def main() -> None:
             overrides=[
                 f"actor_rollout_ref.model.path={work / 'model'}",
                 "actor_rollout_ref.rollout.name=vllm",
-                "actor_rollout_ref.rollout.prompt_length=3072",
-                "actor_rollout_ref.rollout.response_length=2048",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.rollout.prompt_length=1024",
+                "actor_rollout_ref.rollout.response_length=512",
                 "actor_rollout_ref.rollout.calculate_log_probs=True",
                 "actor_rollout_ref.rollout.multi_turn.format=hermes",
                 "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
@@ -181,7 +237,12 @@ def main() -> None:
             refused[name] = "not refused"
         except Exception as exc:
             refused[name] = f"{type(exc).__name__}: {exc}"
-    result = {"generate_calls": server.calls, "trajectories": rows, "refused": refused}
+    result = {
+        "generate_calls": server.calls,
+        "trajectories": rows,
+        "refused": refused,
+        "training": train(out, work / "model", config),
+    }
     print(json.dumps(result))
 
 
