@@ -100,7 +100,7 @@ class PalaestraAgentLoop(AgentLoopBase):  # type: ignore[misc]
         if self.parser.stop_token_ids:
             stops = set(params.get("stop_token_ids") or []) | set(self.parser.stop_token_ids)
             params["stop_token_ids"] = sorted(stops)
-        while ended is None and turns < self.max_turns and len(mask) < self.response_length:
+        while turns < self.max_turns and len(mask) < self.response_length:
             out = await self.server_manager.generate(
                 request_id=uuid4().hex, prompt_ids=ids, sampling_params=params
             )
@@ -146,7 +146,6 @@ class PalaestraAgentLoop(AgentLoopBase):  # type: ignore[misc]
             metrics={},
             extra_fields={
                 "episode_id": reply.episode_id,
-                "task": reply.info.get("task"),
                 "turn_scores": [],
                 "tool_rewards": [],
             },
