@@ -19,6 +19,7 @@ from gymnasium import spaces
 
 from palaestra.sdk.client import Client
 from palaestra.sdk.errors import InvalidActionError
+from palaestra.sdk.models import ResetResponse
 
 MAX_TEXT = 1 << 20
 
@@ -28,6 +29,28 @@ class AnyText(spaces.Text):
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
+def parse_action(action: str) -> dict[str, Any]:
+    """The JSON object an action string holds (ValueError saying why when it holds none)."""
+    parsed = json.loads(action)
+    if not isinstance(parsed, dict):
+        raise ValueError("an action is a JSON object")
+    return parsed
+
+
+def invalid_observation(message: str) -> str:
+    """What the agent sees after an action that was not a step."""
+    return f'invalid action: {message}. Send JSON like {{"tool": "submit", "arguments": {{}}}}.'
+
+
+def reset_info(reply: ResetResponse) -> dict[str, Any]:
+    """The info of a reset: the server's info, the episode id and the tools."""
+    return {
+        **reply.info,
+        "episode_id": reply.episode_id,
+        "tools": [t.model_dump() for t in reply.tools],
+    }
 
 
 class PalaestraEnv(gym.Env[str, str]):
@@ -68,27 +91,16 @@ class PalaestraEnv(gym.Env[str, str]):
         )
         self.episode_id = reply.episode_id
         self._last = reply.observation.text
-        info = {
-            **reply.info,
-            "episode_id": reply.episode_id,
-            "tools": [t.model_dump() for t in reply.tools],
-        }
-        return self._last, info
+        return self._last, reset_info(reply)
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if self.episode_id is None:
             raise RuntimeError("call reset() before step()")
         try:
-            parsed = json.loads(action)
-            if not isinstance(parsed, dict):
-                raise ValueError("an action is a JSON object")
-            reply = self.client.step(self.episode_id, parsed)
+            reply = self.client.step(self.episode_id, parse_action(action))
         except (ValueError, InvalidActionError) as exc:
             message = exc.message if isinstance(exc, InvalidActionError) else str(exc)
-            self._last = (
-                f"invalid action: {message}. "
-                'Send JSON like {"tool": "submit", "arguments": {}}.'
-            )
+            self._last = invalid_observation(message)
             return self._last, 0.0, False, False, {"invalid_action": True}
         self._last = reply.observation.text
         if reply.terminated or reply.truncated:
