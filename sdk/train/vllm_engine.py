@@ -34,7 +34,7 @@ class WeightLoadExtension:
 
     def load_named_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
         model = self.model_runner.model
-        model.load_weights(weights=[(name, _unpack(*rest)) for name, *rest in packed])
+        model.load_weights(weights=[(n, _unpack(d, s, raw)) for n, d, s, raw in packed])
         return len(packed)
 
 
