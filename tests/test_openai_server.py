@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from palaestra.sdk.policies.spec import parse_policy
 from palaestra.sdk.train.openai_server import parse_tool_calls
 from palaestra.sdk.train.remote import CompletionsBackend
 from palaestra.sdk.train.types import SamplingParams
@@ -215,3 +216,11 @@ def test_parse_tool_calls() -> None:
     assert parse_tool_calls(broken) == (broken, [])  # not JSON: left as the content
     assert parse_tool_calls('<tool_call>{"arguments": {}}</tool_call>')[1] == []  # no name
     assert parse_tool_calls('<tool_call>{"name": "a", "arguments": [1]}</tool_call>')[1] == []
+
+
+def test_openai_is_the_chat_policy_kind() -> None:
+    spec = parse_policy("openai", base_url="http://127.0.0.1:9/v1", model="m")
+    assert spec.kind == "chat" and spec.label == "chat:m@http://127.0.0.1:9/v1"
+    assert spec == parse_policy("chat", base_url="http://127.0.0.1:9/v1", model="m")
+    with pytest.raises(ValueError, match="--policy openai needs the endpoint's base URL"):
+        parse_policy("openai", model="m")
