@@ -198,6 +198,8 @@ def test_auth_and_bad_prompt_ids(hf_server: str) -> None:
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
     huge = post(hf_server, "/v1/completions", {"prompt": [1, 10**6]})
     assert huge.status_code == 400 and huge.json()["error"]["param"] == "prompt"
+    long = post(hf_server, "/v1/completions", {"prompt": [1, 2], "max_tokens": 10**6})
+    assert long.status_code == 400 and "context of 2048 tokens" in long.json()["error"]["message"]
     garbage = httpx.post(
         f"{hf_server}/v1/completions",
         content=b"{not json",

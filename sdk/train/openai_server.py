@@ -183,6 +183,13 @@ class OpenAIServer:
         vocab = len(self.tokenizer)
         if any(not 0 <= i < vocab for i in prompt_ids):
             raise RequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
+        context = getattr(self.backend.model.config, "max_position_embeddings", None)
+        if context and len(prompt_ids) + params.max_tokens > context:
+            raise RequestError(
+                f"{len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens} exceed the "
+                f"model's context of {context} tokens",
+                "max_tokens",
+            )
         return await self.backend.generate(prompt_ids, params)
 
     def _token(self, token_id: int, as_ids: bool) -> str:
