@@ -13,7 +13,9 @@ import os
 import platform
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,10 +89,21 @@ def vllm_server(
         yield url
 
 
-def test_engine_backend_on_a_real_llm(
+@pytest.fixture(scope="module")
+def engine_findings(
     vllm_python: Path, vllm_env: dict[str, str], models: dict[str, str]
+) -> Iterator[Future[dict[str, Any]]]:
+    """tests/peers/vllm_engine.py, started in the background (its `LLM()` loads while the
+    server starts: both are mostly single-threaded start-up)."""
+    program = ("vllm_engine.py", models["random"], models["tools"])
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(run_peer, vllm_python, *program, env=vllm_env)
+
+
+def test_engine_backend_on_a_real_llm(
+    engine_findings: Future[dict[str, Any]], vllm_server: str
 ) -> None:
-    found = run_peer(vllm_python, "vllm_engine.py", models["random"], models["tools"], env=vllm_env)
+    found = engine_findings.result()
     assert found["batches"] == 1  # four concurrent requests, one generate
     assert found["lengths"] == found["logprob_lengths"] and all(n > 0 for n in found["lengths"])
     assert found["logprobs_nonpositive"] and found["versions"] == [0, 0, 0, 0]
