@@ -50,8 +50,8 @@ SplitOpt = Annotated[str, typer.Option(help="split to evaluate")]
 PolicyOpt = Annotated[
     str,
     typer.Option(
-        help="oracle | null | chat (with --base-url, --model) | an OpenAI-compatible base URL "
-        "| hf:MODEL_DIR (local transformers model) | module:callable"
+        help="oracle | null | openai (alias: chat; with --base-url, --model) | an "
+        "OpenAI-compatible base URL | hf:MODEL_DIR (local transformers model) | module:callable"
     ),
 ]
 KOpt = Annotated[int, typer.Option("-k", help="attempts per task (seeds 0..k-1)", min=1)]
@@ -60,9 +60,9 @@ StepsOpt = Annotated[int, typer.Option(help="steps per attempt", min=1)]
 TokensOpt = Annotated[int, typer.Option(help="tokens per attempt (0: no limit)", min=0)]
 WallOpt = Annotated[float, typer.Option(help="wall time per attempt (s)", min=0.1)]
 LimitOpt = Annotated[int | None, typer.Option(help="only the first N tasks")]
-BaseUrlOpt = Annotated[str | None, typer.Option(help="chat policy: OpenAI-compatible URL")]
-ModelOpt = Annotated[str | None, typer.Option(help="chat policy: model name")]
-KeyEnvOpt = Annotated[str, typer.Option(help="chat policy: env var holding the key")]
+BaseUrlOpt = Annotated[str | None, typer.Option(help="openai policy: OpenAI-compatible URL")]
+ModelOpt = Annotated[str | None, typer.Option(help="openai policy: model name")]
+KeyEnvOpt = Annotated[str, typer.Option(help="openai policy: env var holding the key")]
 TempOpt = Annotated[float, typer.Option(help="sampling temperature (models)")]
 CallTokOpt = Annotated[int, typer.Option(help="max tokens per model call")]
 SeedOpt = Annotated[int, typer.Option(help="policy sampling seed (added to the attempt's)")]

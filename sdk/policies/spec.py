@@ -47,16 +47,19 @@ def parse_policy(
     max_tokens: int = 1024,
     seed: int = 0,
 ) -> PolicySpec:
-    """`oracle` | `null` | `chat` (with base_url and model) | an http(s) URL (chat there) |
-    `hf:PATH` or a directory holding a transformers model | `module:callable`."""
+    """`oracle` | `null` | `openai` or `chat` (with base_url and model) | an http(s) URL
+    (chat there) | `hf:PATH` or a directory holding a transformers model | `module:callable`.
+
+    `openai` names the same kind as `chat` (an OpenAI-compatible `/chat/completions` with
+    tool calling); the manifest records kind `chat`, so runs made either way resume alike."""
     common = {"temperature": temperature, "max_tokens": max_tokens, "seed": seed}
     if value in ("oracle", "null"):
         return PolicySpec(kind=value, **common)
-    if value == "chat" or value.startswith(("http://", "https://")):
-        url = value if value != "chat" else base_url
+    if value in ("chat", "openai") or value.startswith(("http://", "https://")):
+        url = base_url if value in ("chat", "openai") else value
         if not url or not model:
             raise ValueError(
-                "a chat policy needs the endpoint's base URL (--base-url, or the URL as "
+                f"--policy {value} needs the endpoint's base URL (--base-url, or the URL as "
                 "--policy) and --model"
             )
         return PolicySpec(kind="chat", base_url=url, model=model, api_key_env=api_key_env, **common)
@@ -69,7 +72,7 @@ def parse_policy(
     if ":" in target:
         return PolicySpec(kind="python", target=target, **common)
     raise ValueError(
-        f"unknown policy {value!r}: use oracle, null, chat (with --base-url and --model), "
+        f"unknown policy {value!r}: use oracle, null, openai (with --base-url and --model), "
         "hf:MODEL_DIR or module:callable"
     )
 

@@ -9,6 +9,8 @@
 - `backends.HFBackend` (transformers), `vllm_engine.VLLMEngineBackend` (vLLM offline
   engine), `remote.CompletionsBackend` (vLLM/OpenAI server with token ids),
   `remote.ChatBackend` (chat endpoint, evaluation only);
+- `openai_server`: an OpenAI-compatible server (chat, completions, tool calls, token ids)
+  over `HFBackend`: `python -m palaestra.sdk.train.openai_server --model DIR`;
 - `letters_demo`: a tiny random transformer that learns `palaestra/letters` on a CPU.
 
 See docs/training.md. Modules that need torch import it themselves; this package does not.

