@@ -17,7 +17,7 @@ import pytest
 from pg import PostgresServer, PostgresUnavailable
 
 from palaestra.sdk.http import HTTPClient
-from palaestra.server.config import Settings
+from palaestra.server.config import REPO_PACKS, Settings
 from palaestra.server.inprocess import InProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
@@ -192,6 +192,22 @@ class ServerProcess:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc = ServerProcess(tmp_path / "server-data").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def door_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One `palaestra serve` with the echo and humaneval packs, for the session: the tests of
+    the doors and trainer adapters (each makes its own tokens, so they stay apart)."""
+    base = tmp_path_factory.mktemp("doors")
+    (base / "packs").mkdir()
+    for name in ("echo", "humaneval"):
+        (base / "packs" / name).symlink_to(REPO_PACKS / name)
+    proc = ServerProcess(base / "server-data", {"PALAESTRA_PACKS_DIRS": str(base / "packs")})
+    proc.start()
     try:
         yield proc
     finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -222,18 +222,8 @@ HE_SEALED = "openai/humaneval:HumanEval-0"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server with the two packs these tests use (it starts in a few seconds)."""
-    base = tmp_path_factory.mktemp("mcp-http")
-    (base / "packs").mkdir()
-    for name in ("echo", "humaneval"):
-        (base / "packs" / name).symlink_to(REPO_PACKS / name)
-    env = {"PALAESTRA_PACKS_DIRS": str(base / "packs")}
-    proc = ServerProcess(base / "server-data", extra_env=env).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def served(door_server: ServerProcess) -> ServerProcess:
+    return door_server  # one server for the doors' tests (tests/conftest.py)
 
 
 def task_of(ref: str) -> Task:

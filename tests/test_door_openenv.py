@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -45,12 +44,8 @@ def write(source: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("openenv") / "server-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def server(door_server: ServerProcess) -> ServerProcess:
+    return door_server  # one server for the doors' tests (tests/conftest.py)
 
 
 def token(server: ServerProcess, name: str, scope: str) -> str:

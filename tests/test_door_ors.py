@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -24,12 +23,8 @@ HE_SEALED = "openai/humaneval@1.0.0:HumanEval-0"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("ors") / "data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def served(door_server: ServerProcess) -> ServerProcess:
+    return door_server  # one server for the doors' tests (tests/conftest.py)
 
 
 def token(server: ServerProcess, name: str) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,8 @@ LIMIT = {"max_steps": 3}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("gymvec") / "server-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def server(door_server: ServerProcess) -> ServerProcess:
+    return door_server  # one server for the doors' tests (tests/conftest.py)
 
 
 def act(tool: str, **arguments: object) -> str:

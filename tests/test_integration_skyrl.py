@@ -3,7 +3,6 @@ sdk/integrations/skyrl.py, in a venv of its own, against a real `palaestra serve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +18,8 @@ SEALED = "palaestra/echo:say-apple"  # the heldout split of palaestra/echo is se
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("skyrl") / "data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def server(door_server: ServerProcess) -> ServerProcess:
+    return door_server  # one server for the doors' tests (tests/conftest.py)
 
 
 def test_skyrl_make_runs_palaestra_episodes(server: ServerProcess, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ against a real `palaestra serve`; the episodes are then read back from the serve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,12 +30,8 @@ SEALED = "palaestra/echo:say-apple"  # the heldout split of palaestra/echo is se
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("trl") / "data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def server(door_server: ServerProcess) -> ServerProcess:
+    return door_server  # one server for the doors' tests (tests/conftest.py)
 
 
 def test_grpo_trainer_trains_on_palaestra_episodes(server: ServerProcess, tmp_path: Path) -> None:

@@ -6,14 +6,14 @@ verl's own advantage and policy loss on the rollouts."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import ServerProcess
 
-from tests.peers import ROOT, peer_python, run_peer
+from tests.peers import peer_python, run_peer
+from tests.peers.our_side import sdk_env, train_token
 
 VERL = (
     "torch==2.13.0",
@@ -26,33 +26,18 @@ VERL = (
 BIRCH, COBALT = "palaestra/echo:say-birch", "palaestra/echo:say-cobalt"
 
 
-@pytest.fixture
-def sdk_path(tmp_path: Path) -> str:
-    """A PYTHONPATH that holds `palaestra.sdk` alone (the sdk needs no server deps)."""
-    package = tmp_path / "shim" / "palaestra"
-    package.mkdir(parents=True)
-    (package / "__init__.py").symlink_to(ROOT / "palaestra" / "__init__.py")
-    (package / "sdk").symlink_to(ROOT / "sdk")
-    return str(tmp_path / "shim")
+@pytest.fixture(scope="module")
+def server(door_server: ServerProcess) -> ServerProcess:
+    return door_server  # one server for the doors' tests (tests/conftest.py)
 
 
 def test_verl_agent_loop_worker_plays_palaestra_episodes(
-    server: ServerProcess, sdk_path: str
+    server: ServerProcess, tmp_path: Path
 ) -> None:
     python = peer_python("verl", *VERL)
-    made = httpx.post(
-        f"{server.url}/v1/tokens",
-        json={"scopes": ["train"], "name": "verl-rollouts"},
-        headers=server.headers,
-    )
-    assert made.status_code in (200, 201), made.text
-    token = made.json()["token"]
-    other = httpx.post(
-        f"{server.url}/v1/tokens",
-        json={"scopes": ["train"], "name": "other"},
-        headers=server.headers,
-    ).json()["token"]
-    env = {**os.environ, "PYTHONPATH": sdk_path}
+    token = train_token(server, "verl-rollouts")
+    other = train_token(server, "verl-other")
+    env = sdk_env(tmp_path)
     out = run_peer(
         python,
         "verl_loop.py",
