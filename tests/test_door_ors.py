@@ -204,3 +204,17 @@ def test_resumed_call_replays(served: ServerProcess) -> None:
     assert state["status"] == "closed"
     gone = httpx.get(f"{served.url}/palaestra/echo/task_tools", headers=headers)
     assert gone.status_code == 404 and set(gone.json()) == {"detail"}
+
+
+def test_palaestra_prefixes_keep_the_contract_shape(served: ServerProcess) -> None:
+    """ORS's routes sit at the root; paths under /v1 and /openenv are never an ORS
+    environment, so unknown ones answer the contract's error, not ORS's."""
+    for method, path, status in (
+        ("POST", "/v1/tasks", 405),  # GET /v1/tasks exists
+        ("GET", "/v1/nothing/tools", 404),
+        ("POST", "/v1/episodes/call", 404),
+        ("GET", "/openenv/x/splits", 404),
+    ):
+        answer = httpx.request(method, served.url + path, headers=served.headers)
+        assert answer.status_code == status, (path, answer.text)
+        assert set(answer.json()) == {"error"}, (path, answer.text)

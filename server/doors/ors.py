@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from palaestra.sdk.client import TaskQuery
 from palaestra.sdk.errors import BadRequestError, NotFoundError, PalaestraError
@@ -156,6 +157,17 @@ def ors(handler: Handler) -> Handler:
     return route
 
 
+RESERVED = frozenset({"v1", "openenv"})  # palaestra's own prefixes: never an ORS environment
+
+
+def environment(org: str, name: str) -> str:
+    """The pack a route's `/{org}/{name}/…` names. Paths under palaestra's own prefixes are
+    not ORS's: they get the contract's 404, as any unknown route does."""
+    if org in RESERVED:
+        raise StarletteHTTPException(404)
+    return f"{org}/{name}"
+
+
 def caller(request: Request) -> Principal:
     key = request.headers.get("x-api-key")
     return principal_of(request, f"Bearer {key.strip()}" if key else None)
@@ -252,9 +264,9 @@ async def list_environments(request: Request) -> Any:
     return [p.name for p in manager_of(request).catalog.pack_infos()]
 
 
-@router.get("/{env:path}/splits")
+@router.get("/{org}/{name}/splits")
 @ors
-async def list_splits(request: Request, env: str) -> Any:
+async def list_splits(request: Request, env: str = Depends(environment)) -> Any:
     caller(request)
     pack = manager_of(request).catalog.pack_info(env)
     return [{"name": s.name, "type": split_type(s.name, s.sealed)} for s in pack.splits]
@@ -269,37 +281,37 @@ async def asked_tasks(
     return asked, env_tasks(manager_of(request), env, asked.split)
 
 
-@router.post("/{env:path}/tasks")
+@router.post("/{org}/{name}/tasks")
 @ors
-async def list_tasks(request: Request, env: str) -> Any:
+async def list_tasks(request: Request, env: str = Depends(environment)) -> Any:
     _, tasks = await asked_tasks(request, env, SplitBody)
     return {"tasks": [task_view(t) for t in tasks], "env_name": env}
 
 
-@router.post("/{env:path}/num_tasks")
+@router.post("/{org}/{name}/num_tasks")
 @ors
-async def num_tasks(request: Request, env: str) -> Any:
+async def num_tasks(request: Request, env: str = Depends(environment)) -> Any:
     _, tasks = await asked_tasks(request, env, SplitBody)
     return {"num_tasks": len(tasks)}
 
 
-@router.post("/{env:path}/task")
+@router.post("/{org}/{name}/task")
 @ors
-async def get_task(request: Request, env: str) -> Any:
+async def get_task(request: Request, env: str = Depends(environment)) -> Any:
     asked, tasks = await asked_tasks(request, env, TaskBody)
     return {"task": task_view(nth(tasks, asked.index, asked.split))}
 
 
-@router.post("/{env:path}/task_range")
+@router.post("/{org}/{name}/task_range")
 @ors
-async def get_task_range(request: Request, env: str) -> Any:
+async def get_task_range(request: Request, env: str = Depends(environment)) -> Any:
     asked, tasks = await asked_tasks(request, env, RangeBody)
     return {"tasks": [task_view(t) for t in tasks[asked.start : asked.stop]]}
 
 
-@router.get("/{env:path}/tools")
+@router.get("/{org}/{name}/tools")
 @ors
-async def list_tools(request: Request, env: str) -> Any:
+async def list_tools(request: Request, env: str = Depends(environment)) -> Any:
     caller(request)
     manager = manager_of(request)
     families = set(manager.catalog.pack_info(env).families)
@@ -372,21 +384,21 @@ async def ping(request: Request) -> Any:
     return {"status": "ok"}
 
 
-@router.get("/{env:path}/task_tools")
+@router.get("/{org}/{name}/task_tools")
 @ors
-async def task_tools(request: Request, env: str) -> Any:
+async def task_tools(request: Request, env: str = Depends(environment)) -> Any:
     return tool_view((await opened(request))[2].tools)
 
 
-@router.get("/{env:path}/prompt")
+@router.get("/{org}/{name}/prompt")
 @ors
-async def prompt(request: Request, env: str) -> Any:
+async def prompt(request: Request, env: str = Depends(environment)) -> Any:
     return blocks((await opened(request))[2].observation)
 
 
-@router.post("/{env:path}/call")
+@router.post("/{org}/{name}/call")
 @ors
-async def call(request: Request, env: str) -> Any:
+async def call(request: Request, env: str = Depends(environment)) -> Any:
     principal, sid, _ = await opened(request)
     asked = CallBody.model_validate(await body(request))
     manager = manager_of(request)
