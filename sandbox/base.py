@@ -11,11 +11,12 @@ import abc
 import asyncio
 import os
 import posixpath
+import socket
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -27,6 +28,19 @@ PROXY_ENV = {
     **{k: _PROXY_URL for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")},
     **{k: "localhost,127.0.0.1,::1" for k in ("NO_PROXY", "no_proxy")},
 }
+# Where a harness episode's sandbox reaches its session model proxy: 127.0.0.1 of its own
+# network namespace (a listener the server placed there, as for PROXY_PORT), nothing else.
+GATEWAY_PORT = 4000
+
+
+class SocketService(Protocol):
+    """What serves a listening socket the server placed inside a sandbox's network
+    namespace: the egress proxy (`network`) and the model gateway (`gateway`). `key` names
+    the sandbox (egress) or the session it belongs to (gateway)."""
+
+    async def serve(self, sock: socket.socket, key: str) -> asyncio.Server: ...
+
+    async def close(self, server: asyncio.Server) -> None: ...
 
 
 def default_cache() -> Path:
@@ -135,6 +149,10 @@ class SandboxSpec:
     # Host directories bound read-only inside, as (host path, sandbox path): a toolchain a
     # family needs (the cad family's trimesh/bpy site-packages). Never the server's files.
     ro_binds: tuple[tuple[str, str], ...] = ()
+    # Harness mode: the key of a model-proxy session. The sandbox gets a network namespace
+    # of its own whose only listener is 127.0.0.1:GATEWAY_PORT, served by the backend's
+    # gateway (a `SocketService`) for this key; combined with `network` it is refused.
+    gateway: str | None = None
 
 
 _RESERVED_TARGETS = ("/proc", "/dev", "/tmp", "/etc", "/usr", "/run/palaestra", "/.palaestra")
