@@ -22,8 +22,12 @@ lint:
 typecheck:
 	$(PY) scripts/typecheck.py
 
+# Two workers, a test module each at a time (module fixtures stay whole): most tests wait on
+# sandboxes, servers and subprocesses, so two keep a 2-core machine busy (docs/decisions.md).
+PYTEST_WORKERS ?= 2
+
 pytest:
-	$(PY) -m pytest -q -rs --durations=40
+	$(PY) -m pytest -q -rs --durations=40 -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: bootstrap
 	$(PY) bench/api.py

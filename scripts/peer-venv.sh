@@ -15,9 +15,11 @@ command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 POST="$HERE/tests/peers/$NAME.post"
 STAMP="$({ printf '%s\n' "$@"; cat "$POST" 2>/dev/null || true; } | sha256sum | cut -c1-16)"
+mkdir -p "$CACHE"
+exec 9>"$CACHE/peer-$NAME.lock"  # test workers run side by side: one makes it, the other waits
+flock 9
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.stamp" 2>/dev/null)" != "$STAMP" ]; then
   rm -rf "$VENV"
-  mkdir -p "$CACHE"
   "$PYTHON" -m venv "$VENV" >&2
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -U pip wheel >&2
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >&2

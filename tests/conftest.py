@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -261,13 +262,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     A cold cache takes ~20 s of generation (then every server start reads it in well under
     a second); a server subprocess started cold could miss its readiness deadline.
     """
-    import importlib.util
-
     from palaestra.server.heldout import ensure_secret
 
     # Servers started as processes read the session's secret from the environment.
     os.environ["PALAESTRA_HELDOUT_SECRET_FILE"] = str(HELDOUT_SECRET)
-    secret = ensure_secret(HELDOUT_SECRET)
+    HELDOUT_SECRET.parent.mkdir(parents=True, exist_ok=True)
+    # Test workers (pytest-xdist) start side by side: one makes the secret and the cache.
+    with open(HELDOUT_SECRET.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _warm_reasoning_gym(ensure_secret(HELDOUT_SECRET))
+
+
+def _warm_reasoning_gym(secret: bytes) -> None:
+    import importlib.util
+
     source = Path(__file__).resolve().parent.parent / "packs" / "reasoning-gym" / "source.py"
     spec = importlib.util.spec_from_file_location("_warm_reasoning_gym", source)
     if spec is None or spec.loader is None:

@@ -12,6 +12,7 @@ Prints `{"random": DIR/tiny-qwen2, "tools": DIR/tiny-qwen2-tools}` as its last l
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import sys
@@ -101,12 +102,14 @@ def make_models(root: Path) -> dict[str, str]:
     """Write both tiny models under `root` (skipped when this version is there already)."""
     made = {"random": root / "tiny-qwen2", "tools": root / "tiny-qwen2-tools"}
     stamp = root / "tiny-models.stamp"
-    if not (stamp.is_file() and stamp.read_text() == STAMP):
-        root.mkdir(parents=True, exist_ok=True)
-        tokenizer = _tokenizer(root / "tokenizer")
-        _model(made["random"], tokenizer, tool_caller=False)
-        _model(made["tools"], tokenizer, tool_caller=True)
-        stamp.write_text(STAMP)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "tiny-models.lock", "w") as lock:  # test workers run side by side
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (stamp.is_file() and stamp.read_text() == STAMP):
+            tokenizer = _tokenizer(root / "tokenizer")
+            _model(made["random"], tokenizer, tool_caller=False)
+            _model(made["tools"], tokenizer, tool_caller=True)
+            stamp.write_text(STAMP)
     return {k: str(v) for k, v in made.items()}
 
 
