@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from palaestra.envs.base import EpisodeContext, StepOutcome
 from palaestra.sandbox import AgentFault, Backend, SandboxError
@@ -63,6 +63,9 @@ from palaestra.server.sealed import seal
 from palaestra.server.store import Store
 from palaestra.server.tenancy import Tenancy, candidate_keys, episode_key
 
+if TYPE_CHECKING:
+    from palaestra.server.harness.proxy import SessionProxy
+
 log = logging.getLogger("palaestra.episodes")
 
 ENDED_CACHE = 4096
@@ -91,6 +94,7 @@ class EpisodeManager:
         self.backend = backend
         self.store = store
         self.metrics = metrics or Metrics()
+        self.llm_proxy: SessionProxy | None = None  # harness mode (server/runtime.py)
         self._live: dict[str, Episode] = {}
         self._ended: OrderedDict[str, Episode] = OrderedDict()
         self._pending = 0
