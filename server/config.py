@@ -401,6 +401,19 @@ class Settings(BaseModel):
     ray_metrics_timeout_s: float = Field(
         default=2.0, gt=0, description="how long a front's /metrics waits for each worker's"
     )
+    # Harness mode (server/harness/): the session model proxy.
+    llm_call_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="one model call through the session proxy, upstream included (void past it)",
+    )
+    llm_max_request_kb: int = Field(
+        default=8192, ge=1, description="a harness's model call body at most, KiB (413 over)"
+    )
+    llm_max_response_kb: int = Field(
+        default=32768, ge=1, description="an upstream model reply at most, KiB (void over)"
+    )
 
     @field_validator("egress_allow")
     @classmethod

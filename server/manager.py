@@ -97,6 +97,7 @@ class EpisodeManager:
         self.backend = backend
         self.store = store
         self.metrics = metrics or Metrics()
+        self.llm_proxy: SessionProxy | None = None  # harness mode (server/runtime.py)
         self._live: dict[str, Episode] = {}
         self._ended: OrderedDict[str, Episode] = OrderedDict()
         self._pending = 0
