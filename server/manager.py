@@ -89,7 +89,6 @@ class EpisodeManager:
         proxy: SessionProxy | None = None,
     ) -> None:
         self.settings = settings
-        self.harness = HarnessRunner(settings, store, proxy)  # harness episodes
         self.registry = registry
         self.fork_server = fork_server
         self.families = families
@@ -97,7 +96,8 @@ class EpisodeManager:
         self.backend = backend
         self.store = store
         self.metrics = metrics or Metrics()
-        self.llm_proxy: SessionProxy | None = None  # harness mode (server/runtime.py)
+        self.llm_proxy = proxy  # harness mode: the model sessions (server/runtime.py)
+        self.harness = HarnessRunner(settings, store, proxy)  # harness episodes
         self._live: dict[str, Episode] = {}
         self._ended: OrderedDict[str, Episode] = OrderedDict()
         self._pending = 0

@@ -15,6 +15,7 @@ from palaestra.server.auth import ensure_admin_token
 from palaestra.server.cluster import depot
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
+from palaestra.server.harness.proxy import SessionProxy
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs.archive import ArchiveLimits
@@ -25,7 +26,8 @@ from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.store import Store
 
 
-def make_backend(settings: Settings) -> Backend:
+def make_backend(settings: Settings, proxy: SessionProxy | None = None) -> Backend:
+    """The sandbox backend; `proxy`'s gateway serves harness sandboxes' one listener."""
     name = settings.sandbox
     # The only way out of a sandbox whose task declares internet access.
     egress = EgressProxy.from_settings(settings.egress_allow, settings.egress_private)
@@ -101,8 +103,9 @@ def build_manager(
     fetch = functools.partial(depot.fetch, registry, store) if cluster_node else None
     registry.load_into(packs, families.all(), policy, broken, fetch=fetch)
     fork_server = None
+    proxy = SessionProxy(settings)  # harness episodes' model sessions
     if backend is None:
-        backend = with_pool(make_backend(settings), settings)
+        backend = with_pool(make_backend(settings, proxy), settings)
         fork_server = make_fork_server(settings)
     metrics = Metrics()
     if isinstance(backend, WarmPool):
@@ -116,6 +119,7 @@ def build_manager(
         metrics=metrics,
         fork_server=fork_server,
         registry=registry,
+        proxy=proxy,
     )
 
 
