@@ -22,7 +22,10 @@ from tests.test_openai_server import CACHE, model_server
 PEER = Path(__file__).resolve().parent / "peers" / "recording_model_server.py"
 TRAIN_TASK = "openai/humaneval:HumanEval-2"  # truncate_number: `return number % 1.0`
 SEALED_TASK = "openai/humaneval:HumanEval-0"  # has_close_elements, on the sealed split
-SOLVE_2 = "printf 'def truncate_number(number: float) -> float:\\n    return number % 1.0\\n' > solution.py"
+SOLVE_2 = (
+    "printf 'def truncate_number(number: float) -> float:\\n"
+    "    return number % 1.0\\n' > solution.py"
+)
 SOLVE_0 = (
     "printf 'def has_close_elements(numbers, threshold):\\n"
     "    return any(abs(a - b) < threshold for i, a in enumerate(numbers)"

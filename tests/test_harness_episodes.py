@@ -206,8 +206,8 @@ def test_mini_swe_agent_in_bwrap(door_server: ServerProcess, token: str) -> None
 
 @pytest.fixture(scope="module")
 def docker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    from palaestra.server.config import REPO_PACKS
     from palaestra.sandbox.docker.engine import BASE_IMAGE
+    from palaestra.server.config import REPO_PACKS
 
     if why := docker_skip_reason(BASE_IMAGE):
         pytest.skip(why)
