@@ -90,7 +90,7 @@ class Ending:
     void: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class HarnessRun:
     """One harness episode's run: its session, status and background task."""
 
