@@ -335,13 +335,7 @@ class EpisodeManager:
             if episode.state.status is not EpisodeStatus.ACTIVE:
                 status = episode.state.status.value
                 raise ConflictError(f"episode {episode_id} has ended ({status}); start a new one")
-            if episode.harness is not None:
-                raise ConflictError(
-                    f"episode {episode_id} runs harness {episode.harness.plan.harness.name!r}, "
-                    "which owns the loop: read GET /v1/episodes/{id}, verify to wait for its "
-                    "end, or DELETE to stop it",
-                    code="harness_running",
-                )
+            self.harness.refuse_step(episode, episode_id)  # 409: the harness owns the loop
             self.tenancy.check_cpu(principal)  # 429 while over its CPU-seconds per hour
             started = time.perf_counter()
             episode.last_active = time.monotonic()
@@ -658,13 +652,8 @@ class EpisodeManager:
     async def reap(self) -> int:
         """Expire idle episodes; returns how many."""
         deadline = time.monotonic() - self.settings.idle_ttl_s
-        idle = [
-            e
-            for e in self._live.values()
-            if e.last_active < deadline
-            and not e.lock.locked()
-            and (e.harness is None or not e.harness.running)
-        ]
+        idle = [e for e in self._live.values() if e.last_active < deadline and not e.lock.locked()]
+        idle = [e for e in idle if e.harness is None or not e.harness.running]
         for episode in idle:
             await self._end(episode, EpisodeStatus.EXPIRED, reason="idle TTL")
         self.tenancy.prune()

@@ -34,7 +34,12 @@ from pydantic import ValidationError
 from palaestra.envs.base import Family, Sandboxes
 from palaestra.sandbox import SandboxError, SandboxSpec
 from palaestra.sandbox.base import GATEWAY_PORT
-from palaestra.sdk.errors import InvalidActionError, PermissionDeniedError, UnavailableError
+from palaestra.sdk.errors import (
+    ConflictError,
+    InvalidActionError,
+    PermissionDeniedError,
+    UnavailableError,
+)
 from palaestra.sdk.harness import (
     HARNESS_OPTION,
     LLM_CALL_TOOL,
@@ -42,7 +47,13 @@ from palaestra.sdk.harness import (
     HarnessStatus,
     LlmCall,
 )
-from palaestra.sdk.models import Action, Observation, StepResponse, step_record_json
+from palaestra.sdk.models import (
+    Action,
+    EpisodeStatus,
+    Observation,
+    StepResponse,
+    step_record_json,
+)
 from palaestra.sdk.task import Task
 from palaestra.server.auth import HARNESS, Principal
 from palaestra.server.config import Settings
@@ -256,11 +267,21 @@ class HarnessRunner:
         return run.task
 
     # -- while it runs --------------------------------------------------------------------
+    def refuse_step(self, episode: Episode, episode_id: str) -> None:
+        """A step of a harness episode: 409, the harness owns the loop."""
+        if episode.harness is not None:
+            raise ConflictError(
+                f"episode {episode_id} runs harness {episode.harness.plan.harness.name!r}, "
+                "which owns the loop: read GET /v1/episodes/{id}, POST …/verify to wait for "
+                "its end and the verdict, or DELETE to stop it",
+                code="harness_running",
+            )
+
     def _record_call(self, run: HarnessRun, call: LlmCall) -> None:
         """Each model call as a step record, as it happens: the trajectory grows live."""
         episode = run.episode
-        if episode is None:  # pragma: no cover - no call arrives before the harness starts
-            return
+        if episode is None or episode.state.status is not EpisodeStatus.ACTIVE:
+            return  # a call that finished after its episode ended is not the episode's
         store = self.store
         index, now = episode.state.step_count, time.time()
         usage = call.usage.get("completion_tokens", len(call.completion_token_ids))
@@ -352,11 +373,13 @@ class HarnessRunner:
         return Ending(f"the harness exited with code {result.exit_code}")
 
     async def stop(self, run: HarnessRun) -> None:
-        """Kill the harness without ending the episode (the caller ends it)."""
+        """Kill the harness without ending the episode (the caller ends it); a harness
+        that has stopped already is let finish its end (the verdict is being made)."""
         if run.task is not None and not run.task.done():
-            run.task.cancel()
+            if not run.done.is_set():
+                run.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await run.task
+                await asyncio.shield(run.task) if run.done.is_set() else await run.task
         elif self.proxy is not None:
             await self.proxy.close(run.key)
 
