@@ -5,9 +5,13 @@ names with path characters, config that tries to reach a shell."""
 
 from __future__ import annotations
 
+import subprocess
+import uuid
+from pathlib import Path
+
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.conftest import BIN, ServerProcess, cli_env
 from tests.harness_peers import TRAIN_TASK, call, harness, reset, started, wait_calls
 from tests.peers.fake_model import FakeModel, bash_call
 from tests.test_sealed import make_token
@@ -127,3 +131,19 @@ def test_another_tenant_cannot_reach_the_episode_or_its_model_route(
         assert call(door_server, token, "DELETE", f"/v1/episodes/{episode}").status_code == 204
     after = call(door_server, token, "GET", f"{route}/models")
     assert after.status_code == 404  # the session ended with its episode
+
+
+def test_cli_makes_a_harness_token(door_server: ServerProcess, tmp_path: Path) -> None:
+    """`palaestra token create --scope harness` on the server's data dir: the scope is
+    known, and the token passes the scope check (its reset fails further on: 403 for an
+    endpoint off the allow-list, not `missing_scope`)."""
+    name = f"cli-harness-{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(
+        [str(BIN / "palaestra"), "token", "create", "--scope", "train", "--scope", "harness",
+         "--name", name, "--data-dir", str(door_server.data_dir)],
+        env=cli_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    cli_token = made.stdout.strip().splitlines()[-1]
+    reply = reset(door_server, cli_token, TRAIN_TASK, harness("http://10.9.9.9/v1"))
+    assert reply.status_code == 403 and reply.json()["error"]["code"] == "endpoint_forbidden"
