@@ -24,7 +24,7 @@ TRAIN_TASK = "openai/humaneval:HumanEval-2"  # truncate_number: `return number %
 SEALED_TASK = "openai/humaneval:HumanEval-0"  # has_close_elements, on the sealed split
 SOLVE_2 = (
     "printf 'def truncate_number(number: float) -> float:\\n"
-    "    return number % 1.0\\n' > solution.py"
+    "    return number %% 1.0\\n' > solution.py"
 )
 SOLVE_0 = (
     "printf 'def has_close_elements(numbers, threshold):\\n"
