@@ -52,6 +52,9 @@ from palaestra.sdk.train.types import Group, SamplingParams, StopReason, Traject
 
 log = logging.getLogger("palaestra.train")
 
+# Statuses that say the collector's requests are wrong (token, scope, options): raised to
+# the caller at once, since every refill would be refused the same way.
+REFUSED = frozenset({401, 403, 422})
 X = TypeVar("X")
 Y = TypeVar("Y")
 
@@ -274,6 +277,10 @@ class GroupCollector:
                     self.stats["groups_dropped"] += 1
                     return None
                 finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                errors = [t.exception() for t in finished]  # each one retrieved
+                for error in errors:  # the server refuses the collector's own requests
+                    if isinstance(error, PalaestraError) and error.status in REFUSED:
+                        raise error
                 for episode in sorted(finished, key=lambda t: t.get_name()):
                     error = episode.exception()
                     if error is None:
