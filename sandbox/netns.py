@@ -59,11 +59,21 @@ def _in_fresh_thread(fn: Callable[[], T]) -> T:
 
 
 def _listener(port: int) -> socket.socket:
-    """A listening socket on 127.0.0.1:`port`, in the calling thread's namespace."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """A listening socket on `port` of every address of the calling thread's namespace,
+    which has loopback only: 127.0.0.1 and ::1 (one dual-stack socket), so code in the
+    sandbox can bind `port` on no address and catch what a client sends to
+    ``localhost:port``. IPv4 127.0.0.1 alone where the host has no IPv6."""
     try:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError:
+        s, addr = socket.socket(socket.AF_INET, socket.SOCK_STREAM), ("127.0.0.1", port)
+    else:
+        addr = ("::", port)
+    try:
+        if s.family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
+        s.bind(addr)
         s.listen(64)
         s.setblocking(False)
     except OSError:

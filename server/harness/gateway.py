@@ -148,6 +148,7 @@ class ModelGateway:
         body: list[bytes] = []
         size = 0
         received = False
+        taken = len(conn.trailing_data[0])  # bytes of this request so far (pipelined ones)
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
@@ -161,12 +162,15 @@ class ModelGateway:
                         return None
                     raise _Refused(408, f"the request took over {s.header_timeout_s:g} s") from None
                 received = received or bool(data)
+                taken += len(data)
                 if deadline is None:
                     deadline = time.monotonic() + s.header_timeout_s
                 conn.receive_data(data)
                 continue
             if isinstance(event, h11.Request):
                 head = event
+                if taken - len(conn.trailing_data[0]) > s.max_header_bytes:
+                    raise _Refused(431, f"the request head is over {s.max_header_bytes} bytes")
                 target = event.target.decode("latin-1")
                 if not target.startswith("/"):
                     raise _Refused(400, "only origin-form targets (/path) are served here")
