@@ -9,7 +9,9 @@ at the session proxy's base URL; cost tracking is off (a local model has no pric
 
 from __future__ import annotations
 
+import importlib
 import json
+from typing import Any
 
 from pydantic import Field
 
@@ -25,17 +27,26 @@ class MiniSweConfig(HarnessConfig):
     command_timeout_s: int = Field(default=30, ge=1, le=600, description="one command")
 
 
-def _needs(settings: Settings) -> Bound:
-    from palaestra.server.harness import toolchain
+def _toolchain() -> Any:
+    """server/harness/toolchain.py (the bootstrap's rule of where the toolchain lives)."""
+    try:
+        return importlib.import_module("palaestra.server.harness.toolchain")
+    except ImportError:
+        return None
 
-    return toolchain.mini_swe_agent(settings)
+
+def _needs(settings: Settings) -> Bound:
+    chain = _toolchain()
+    if chain is None:
+        return Bound(unavailable="this install has no mini-swe-agent toolchain support")
+    bound: Bound = chain.mini_swe_agent(settings)
+    return bound
 
 
 def _argv(launch: Launch, config: HarnessConfig) -> list[str]:
-    from palaestra.server.harness import toolchain
-
+    python: list[str] = list(getattr(_toolchain(), "MINI_SWE_AGENT_PYTHON", ["/usr/bin/python3"]))
     return [
-        *toolchain.MINI_SWE_AGENT_PYTHON,
+        *python,
         "-m",
         "minisweagent.run.mini",
         "-c",
