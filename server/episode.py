@@ -109,6 +109,18 @@ class Episode:
         return max(0.0, used)
 
 
+def task_info(task: Task) -> dict[str, Any]:
+    """What a reset reply's `info` says of its task."""
+    return {
+        "task": task.ref,
+        "task_digest": task.digest,
+        "family": task.family,
+        "domain": task.domain,
+        "split": task.split,
+        "difficulty": task.difficulty,
+    }
+
+
 def void_verdict(task_digest: str, reason: str, duration: float) -> Verdict:
     return Verdict(
         reward=0.0,

@@ -49,6 +49,7 @@ from palaestra.server.episode import (
     agent_fault,
     id_taken,
     log_crash,
+    task_info,
     unknown_episode,
     verdict_of,
     void_verdict,
@@ -285,17 +286,9 @@ class EpisodeManager:
         await self.store.aflush()  # an episode a client was told of survives a crash
         if run is not None:
             self.detach(self.harness.launch(run, episode, self._harness_ended))
-            state.harness = run.snapshot()
         self.metrics.episodes_started.labels(family=task.family).inc()
         log.info("episode started", extra={"episode_id": episode_id, "task_digest": task.digest})
-        info: dict[str, Any] = {
-            "task": task.ref,
-            "task_digest": task.digest,
-            "family": task.family,
-            "domain": task.domain,
-            "split": task.split,
-            "difficulty": task.difficulty,
-        }
+        info = task_info(task)
         if run is not None:
             info["harness"] = run.snapshot().model_dump(mode="json")
         if probability is not None:
@@ -528,8 +521,7 @@ class EpisodeManager:
                     f"episode {episode_id} ended ({stored.status.value}) unverified"
                 )
             return stored.verdict
-        if episode.harness is not None:  # its end verifies the episode
-            await self.harness.wait(episode.harness, episode)
+        await self.harness.wait(episode)  # a harness's end verifies its episode
         async with episode.lock:
             if episode.state.verdict is not None:
                 return episode.state.verdict
@@ -537,8 +529,6 @@ class EpisodeManager:
                 raise ConflictError(
                     f"episode {episode_id} ended ({episode.state.status.value}) unverified"
                 )
-            if episode.harness is not None:
-                await self.harness.stop(episode.harness)  # past its wall limit: killed
             verdict = await self._verify(episode)
             self.store.update_episode(episode.settled_state())
             await self.store.aflush()
@@ -564,8 +554,7 @@ class EpisodeManager:
         episode, _ = await self._allowed(principal, episode_id)  # 404: not the caller's
         if episode is None:
             return  # stored, so ended: closing twice is fine
-        if episode.harness is not None:
-            await self.harness.stop(episode.harness)  # killed; no verdict
+        await self.harness.stop(episode.harness)  # a harness is killed; no verdict
         async with episode.lock:
             await self._end(episode, EpisodeStatus.CLOSED)
 

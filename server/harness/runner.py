@@ -372,9 +372,11 @@ class HarnessRunner:
         run.status.state = "exited"
         return Ending(f"the harness exited with code {result.exit_code}")
 
-    async def stop(self, run: HarnessRun) -> None:
+    async def stop(self, run: HarnessRun | None) -> None:
         """Kill the harness without ending the episode (the caller ends it); a harness
         that has stopped already is let finish its end (the verdict is being made)."""
+        if run is None:
+            return
         if run.task is not None and not run.task.done():
             if not run.done.is_set():
                 run.task.cancel()
@@ -383,14 +385,20 @@ class HarnessRunner:
         elif self.proxy is not None:
             await self.proxy.close(run.key)
 
-    async def wait(self, run: HarnessRun, episode: Episode) -> None:
-        """Until the harness ended (at most the episode's wall limit, and a grace)."""
+    async def wait(self, episode: Episode) -> None:
+        """Until the episode's harness ended (at most its wall limit, and a grace; past
+        that it is killed)."""
+        run = episode.harness
+        if run is None:
+            return
         left = episode.limits.max_wall_s - (time.monotonic() - episode.started)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.done.wait(), max(0.0, left) + 2 * KILL_GRACE_S)
-        if run.task is not None:  # the end callback runs after `done`: let it finish
+        if run.task is not None and run.done.is_set():  # its end callback runs after `done`
             with contextlib.suppress(asyncio.CancelledError, Exception, TimeoutError):
                 await asyncio.wait_for(asyncio.shield(run.task), KILL_GRACE_S * 6)
+        if not run.done.is_set():
+            await self.stop(run)
 
     async def aclose(self) -> None:
         for run in list(self._runs):
