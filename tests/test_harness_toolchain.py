@@ -26,9 +26,7 @@ IMPORTS = (
 @pytest.mark.parametrize("backend_name", BACKENDS)
 async def test_mini_swe_agent_runs_inside_without_network(backend_name: str) -> None:
     backend = make_backend(backend_name)
-    spec = SandboxSpec(
-        memory_mb=1024, pids=64, default_timeout_s=60.0, ro_binds=(CHAIN.ro_bind(),)
-    )
+    spec = SandboxSpec(memory_mb=1024, pids=64, default_timeout_s=60.0, ro_binds=(CHAIN.ro_bind(),))
     env = CHAIN.env(spec.workdir)
     try:
         async with await backend.create(spec) as box:
