@@ -188,7 +188,8 @@ async def concurrent(path: Path_, seconds: float) -> tuple[float, list[float]]:
 
     try:
         t0 = time.perf_counter()
-        done = await asyncio.gather(*(loop(c, r) for c, r in zip(conns, path.requests, strict=False)))
+        pairs = zip(conns, path.requests, strict=False)
+        done = await asyncio.gather(*(loop(c, r) for c, r in pairs))
         return sum(done) / (time.perf_counter() - t0), latencies
     finally:
         for c in conns:

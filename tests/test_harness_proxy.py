@@ -8,6 +8,7 @@ will not do on demand: no token ids, 5xx, 429, slow answers; a closed port is re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -300,6 +301,14 @@ async def test_sampling_model_and_ids_are_forced(proxy: SessionProxy, fake: Fake
         assert sent["return_token_ids"] is True and sent["logprobs"] is True
         assert sent["max_tokens"] == 2 and "max_completion_tokens" not in sent
         assert h.calls[0].request == body
+    bare = proxy.open("bare", options(f"{fake.url}/ok"), owner="o", max_calls=5, max_tokens=2,
+                      on_call=lambda call: None)  # fmt: skip
+    reply = await bare.handle("POST", "/chat/completions", json.dumps({"messages": USER}).encode())
+    assert reply.status == 200
+    assert "max_tokens" not in fake.hits[-1].body  # unknown context: not invented
+    assert bare.completion_tokens == 3  # over the budget of 2 by this one call...
+    over = await bare.handle("POST", "/chat/completions", json.dumps({"messages": USER}).encode())
+    assert over.status == 400 and bare.limit is not None  # ...and the next is refused
 
 
 @pytest.mark.parametrize(
@@ -384,3 +393,43 @@ def test_settings_are_validated(tmp_path: Path) -> None:
     for bad in ({"llm_call_timeout_s": 0}, {"llm_max_request_kb": 0}, {"llm_max_response_kb": -1}):
         with pytest.raises(ValidationError):
             make_settings(data_dir=tmp_path, **bad)
+
+
+async def test_upstream_pool_reuses_retries_stale_and_reads_chunked() -> None:
+    """server/harness/upstream.py against a raw loopback server that answers chunked, keeps
+    the connection, and closes it without a word at the next request (as a server whose
+    keep-alive ran out): the request goes out again on a fresh connection, once."""
+    import asyncio
+
+    from palaestra.server.harness.upstream import Target, TooLarge, UpstreamPool
+
+    seen: list[bytes] = []
+
+    async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        head = await r.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        seen.append(await r.readexactly(length))
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")  # fmt: skip
+        await w.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            await r.readuntil(b"\r\n\r\n")  # the next request: never answered
+        w.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = UpstreamPool(connect_timeout_s=5)
+    target = Target.parse(f"http://127.0.0.1:{port}/v1/chat/completions")
+    try:
+        for k in range(3):
+            got = await pool.post(target, b'{"k": %d}' % k, 1000)
+            assert got.status == 200 and got.body == b"hello world"
+        assert seen == [b'{"k": 0}', b'{"k": 1}', b'{"k": 2}']  # each sent once
+        with pytest.raises(TooLarge):
+            await pool.post(target, b"{}", 8)
+    finally:
+        await pool.aclose()
+        server.close()
+        await server.wait_closed()
+    with pytest.raises(OSError):  # nothing listens there now
+        await UpstreamPool(connect_timeout_s=5).post(target, b"{}", 1000)

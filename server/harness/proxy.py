@@ -22,12 +22,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
+import h11
 
 from palaestra.sdk.harness import HarnessOptions, LlmApi, LlmCall
 from palaestra.server.config import Settings
 from palaestra.server.harness import anthropic
 from palaestra.server.harness.gateway import ModelGateway
+from palaestra.server.harness.upstream import Target, TooLarge, UpstreamPool
 from palaestra.server.harness.wire import SSE, Reply, openai_error, openai_sse
 
 log = logging.getLogger("palaestra.harness")
@@ -52,17 +53,12 @@ class _Refusal(Exception):
         self.status, self.code, self.param = status, code, param
 
 
-def _endpoint_url(endpoint: str) -> httpx.URL:
+def _endpoint_target(endpoint: str) -> Target:
     """The one URL a session posts to; ValueError naming what is wrong with `endpoint`."""
     try:
-        url = httpx.URL(endpoint.rstrip("/") + "/chat/completions")
-    except (httpx.InvalidURL, TypeError) as exc:
-        raise ValueError(f"model_endpoint {endpoint!r} is not a URL: {exc}") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"model_endpoint {endpoint!r}: write http(s)://HOST[:PORT]/PATH")
-    if url.query or url.fragment or url.userinfo:
-        raise ValueError(f"model_endpoint {endpoint!r}: no query, fragment or user info")
-    return url
+        return Target.parse(endpoint.rstrip("/") + "/chat/completions")
+    except ValueError as exc:
+        raise ValueError(f"model_endpoint {endpoint!r}: {exc}") from None
 
 
 def _ints(value: Any) -> list[int] | None:
@@ -120,7 +116,7 @@ class LlmSession:
         self.closed = False
         self._proxy = proxy
         self._on_call = on_call
-        self._url = _endpoint_url(options.model_endpoint)
+        self._target = _endpoint_target(options.model_endpoint)
         self._recorded = 0
         self._lock = asyncio.Lock()
 
@@ -194,7 +190,10 @@ class LlmSession:
 
     def _upstream_body(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The harness's request with the reset's sampling over it, the model named, no
-        stream, token ids asked for, and max_tokens within what the episode has left."""
+        stream, token ids asked for, and a max_tokens asked for cut to what the episode has
+        left. One not asked for stays unset: the proxy does not know the model's context,
+        and a max_tokens past it is an upstream 400 the agent did not cause; such a call
+        may go over the episode's budget, and the next is refused."""
         body = {**chat, **self.options.sampling, "model": self.options.model, "stream": False}
         body.pop("stream_options", None)
         if body.get("n", 1) not in (1, None):
@@ -204,7 +203,8 @@ class LlmSession:
         left = self.max_tokens - self.completion_tokens
         asked = [body.pop(k) for k in ("max_completion_tokens", "max_tokens") if k in body]
         sizes = [a for a in asked if isinstance(a, int) and not isinstance(a, bool) and a > 0]
-        body["max_tokens"] = min([left, *sizes])
+        if sizes:
+            body["max_tokens"] = min([left, *sizes])
         return body
 
     async def _call(self, api: LlmApi, raw: bytes) -> Reply:
@@ -221,7 +221,7 @@ class LlmSession:
             self.calls += 1
             t1 = time.perf_counter()
             status, reply, raw_reply, headers = await self._proxy.post(
-                self._url, body, self.options.model_endpoint
+                self._target, body, self.options.model_endpoint
             )
             upstream_s = time.perf_counter() - t1
             if status == 429:  # the upstream's load, not the agent's: retried, not counted
@@ -314,19 +314,13 @@ class LlmSession:
 
 
 class SessionProxy:
-    """This server's model sessions by episode key, and the one pooled HTTP client they
+    """This server's model sessions by episode key, and the one connection pool they
     share. `gateway` serves a sandbox's listener for its session (server/harness/gateway.py)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._sessions: dict[str, LlmSession] = {}
-        timeout = settings.llm_call_timeout_s
-        self._client = httpx.AsyncClient(
-            follow_redirects=False,
-            trust_env=False,  # no HTTP(S)_PROXY from the environment: the endpoint only
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-        )
+        self._pool = UpstreamPool(connect_timeout_s=min(settings.llm_call_timeout_s, 30.0))
         self.gateway = ModelGateway(self.get, settings)
 
     def open(
@@ -366,40 +360,34 @@ class SessionProxy:
     async def aclose(self) -> None:
         for key in list(self._sessions):
             await self.close(key)
-        await self._client.aclose()
+        await self._pool.aclose()
 
     async def post(
-        self, url: httpx.URL, body: dict[str, Any], endpoint: str
+        self, target: Target, body: dict[str, Any], endpoint: str
     ) -> tuple[int, dict[str, Any] | None, bytes, tuple[tuple[str, str], ...]]:
-        """POST `body` to `url`: (status, the JSON reply or None, its bytes, headers worth
-        passing on); _Fault when the upstream cannot be reached, times out, fails (5xx),
-        redirects, or answers 2xx with anything but a chat completion."""
+        """POST `body` to `target`: (status, the JSON reply or None, its bytes, headers
+        worth passing on); _Fault when the upstream cannot be reached, times out, fails
+        (5xx), redirects, or answers 2xx with anything but a chat completion."""
         s = self.settings
         where = f"model endpoint {endpoint}"
-        cap = s.llm_max_response_kb * 1024
         try:
             async with asyncio.timeout(s.llm_call_timeout_s):
-                async with self._client.stream("POST", url, json=body) as r:
-                    chunks: list[bytes] = []
-                    size = 0
-                    async for chunk in r.aiter_bytes():
-                        size += len(chunk)
-                        if size > cap:
-                            raise _Fault(
-                                f"{where} answered more than {s.llm_max_response_kb} KiB "
-                                "(llm_max_response_kb)"
-                            )
-                        chunks.append(chunk)
+                answer = await self._pool.post(
+                    target, json.dumps(body).encode(), s.llm_max_response_kb * 1024
+                )
         except TimeoutError:
             raise _Fault(
                 f"{where} did not answer within {s.llm_call_timeout_s:g} s (llm_call_timeout_s)"
             ) from None
-        except httpx.HTTPError as exc:
+        except TooLarge:
+            raise _Fault(
+                f"{where} answered more than {s.llm_max_response_kb} KiB (llm_max_response_kb)"
+            ) from None
+        except (OSError, h11.ProtocolError) as exc:
             raise _Fault(f"{where} cannot be reached: {type(exc).__name__}: {exc}") from None
-        raw = b"".join(chunks)
-        status = r.status_code
+        raw, status, got = answer.body, answer.status, answer.headers
         if 300 <= status < 400:
-            to = r.headers.get("location", "")
+            to = got.get("location", "")
             raise _Fault(
                 f"{where} answered a redirect ({status} to {to[:200]!r}); none is followed"
             )
@@ -410,7 +398,7 @@ class SessionProxy:
         with contextlib.suppress(ValueError, RecursionError):
             parsed = json.loads(raw)
             reply = parsed if isinstance(parsed, dict) else None
-        headers = tuple((k, r.headers[k]) for k in ("retry-after",) if k in r.headers)
+        headers = tuple((k, got[k]) for k in ("retry-after",) if k in got)
         if status >= 400:
             return status, reply, raw, headers
         choices = reply.get("choices") if reply else None
