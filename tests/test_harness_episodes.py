@@ -193,7 +193,7 @@ def _mini_run(server: ServerProcess, token: str) -> dict[str, Any]:
     with fake.serve() as url:
         state = finished(server, token, started(server, token, TRAIN_TASK, harness(url, MINI)))
     assert state["status"] == "done", state
-    assert len(llm_calls(state)) == 2
+    assert len(llm_calls(state)) == 2, ending(state)["info"]["harness_output"]
     return state
 
 
@@ -228,3 +228,26 @@ def test_mini_swe_agent_in_docker(docker_server: ServerProcess, tmp_path: Path) 
         pytest.skip(why)
     state = _mini_run(docker_server, token)
     assert state["verdict"]["reward"] == 1.0, ending(state)["info"]["harness_output"]
+
+
+def test_mini_swe_agent_with_the_real_model(
+    door_server: ServerProcess, token: str, model: RecordingModel
+) -> None:
+    """The tiny model calls `submit`, a tool mini-swe-agent does not have: mini answers
+    each with a format error until it gives up; every call's ids are the server's own."""
+    if why := _mini_skip(door_server, token):
+        pytest.skip(why)
+    before = len(model.generated())
+    option = harness(model.endpoint, MINI, sampling={"temperature": 0.0, "max_tokens": 48})
+    option["config"] = {"step_limit": 4}
+    state = finished(door_server, token, started(door_server, token, TRAIN_TASK, option))
+    assert state["status"] == "done" and state["verdict"]["reward"] == 0.0, state["void_reason"]
+    calls, generated = llm_calls(state), model.generated()[before:]
+    # A call the server refused (mini's growing context past the tiny model's 2048) is
+    # recorded too, with its error and no ids: the model generated nothing for it.
+    answered = [c for c in calls if "error" not in c["response"]]
+    assert answered, ending(state)["info"]["harness_output"]
+    assert all(c["completion_token_ids"] == [] for c in calls if c not in answered)
+    assert [c["prompt_token_ids"] for c in answered] == [g["prompt_token_ids"] for g in generated]
+    assert [c["completion_token_ids"] for c in answered] == [g["token_ids"] for g in generated]
+    assert ending(state)["info"]["harness"]["state"] == "exited"

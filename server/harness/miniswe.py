@@ -9,16 +9,15 @@ at the session proxy's base URL; cost tracking is off (a local model has no pric
 
 from __future__ import annotations
 
-import importlib
 import json
-from typing import Any
 
 from pydantic import Field
 
 from palaestra.server.config import Settings
-from palaestra.server.harness.registry import Bound, Harness, HarnessConfig, Launch
+from palaestra.server.harness import toolchain
+from palaestra.server.harness.registry import PYTHON, Bound, Harness, HarnessConfig, Launch
 
-CONFIG_FILE = "mini.json"
+CONFIG_FILE = "mini-palaestra.yaml"  # JSON text; mini takes only .yaml names
 TRAJECTORY_FILE = "mini.traj.json"
 
 
@@ -27,26 +26,25 @@ class MiniSweConfig(HarnessConfig):
     command_timeout_s: int = Field(default=30, ge=1, le=600, description="one command")
 
 
-def _toolchain() -> Any:
-    """server/harness/toolchain.py (the bootstrap's rule of where the toolchain lives)."""
-    try:
-        return importlib.import_module("palaestra.server.harness.toolchain")
-    except ImportError:
-        return None
-
-
 def _needs(settings: Settings) -> Bound:
-    chain = _toolchain()
-    if chain is None:
-        return Bound(unavailable="this install has no mini-swe-agent toolchain support")
-    bound: Bound = chain.mini_swe_agent(settings)
-    return bound
+    # bwrap runs a spec without an image on the host's python3; docker on the image's.
+    chain = toolchain.mini_swe_agent(
+        settings.toolchains_dir, host_python=settings.sandbox == "bwrap"
+    )
+    if chain.site is None:
+        return Bound(unavailable=chain.reason)
+    return Bound(ro_binds=(chain.ro_bind(),))
+
+
+def _env(launch: Launch) -> dict[str, str]:
+    """The toolchain's environment (its code on PYTHONPATH, no first-run prompt or network
+    look-up, one attempt a model call)."""
+    return toolchain.HarnessToolchain(toolchain.MINI_SWE_AGENT, None).env(launch.workdir)
 
 
 def _argv(launch: Launch, config: HarnessConfig) -> list[str]:
-    python: list[str] = list(getattr(_toolchain(), "MINI_SWE_AGENT_PYTHON", ["/usr/bin/python3"]))
     return [
-        *python,
+        PYTHON,
         "-m",
         "minisweagent.run.mini",
         "-c",
@@ -82,12 +80,7 @@ MINI_SWE_AGENT = Harness(
     config_model=MiniSweConfig,
     argv=_argv,
     files=_files,
-    extra_env=lambda launch: {
-        "MSWEA_CONFIGURED": "true",  # no first-run questions
-        "MSWEA_SILENT_STARTUP": "1",
-        "MSWEA_GLOBAL_CONFIG_DIR": launch.path("mini-config"),
-        "MSWEA_COST_TRACKING": "ignore_errors",
-    },
+    extra_env=_env,
     needs=_needs,
     install="run scripts/bootstrap-harness.sh as root (installs it under the toolchains dir)",
 )
