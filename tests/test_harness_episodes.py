@@ -134,6 +134,26 @@ def test_model_without_token_ids_voids_the_episode(door_server: ServerProcess, t
     assert llm_calls(state) == []
 
 
+def test_endpoint_that_fails_mid_run_voids_the_episode(
+    door_server: ServerProcess, token: str
+) -> None:
+    fake = FakeModel([bash_call(SOLVE_2), 500])  # then the upstream fails
+    with fake.serve() as url:
+        state = finished(door_server, token, started(door_server, token, TRAIN_TASK, harness(url)))
+    assert state["status"] == "void" and "HTTP 500" in state["void_reason"], state["void_reason"]
+    assert len(llm_calls(state)) == 1  # the call that was answered
+    assert ending(state)["info"]["harness"]["reason"].startswith("the model endpoint failed")
+
+
+def test_a_harness_that_gives_up_is_the_agents_zero(door_server: ServerProcess, token: str) -> None:
+    fake = FakeModel([{"content": "I will not call any tool."}])  # the agent quits (exit 1)
+    with fake.serve() as url:
+        state = finished(door_server, token, started(door_server, token, TRAIN_TASK, harness(url)))
+    assert state["status"] == "done" and state["verdict"]["reward"] == 0.0
+    harness_status = ending(state)["info"]["harness"]
+    assert harness_status["state"] == "exited" and harness_status["exit_code"] == 1
+
+
 def test_endpoint_that_does_not_answer_is_refused_at_reset(
     door_server: ServerProcess, token: str
 ) -> None:
