@@ -24,6 +24,7 @@ from typing import Any
 
 import h11
 
+from palaestra.sandbox.base import SocketService
 from palaestra.sdk.harness import HarnessOptions, LlmApi, LlmCall
 from palaestra.server.config import Settings
 from palaestra.server.harness import anthropic
@@ -124,6 +125,11 @@ class LlmSession:
     async def handle(self, method: str, path: str, body: bytes) -> Reply:
         """Answer one request of the harness (`path` relative to the session's base)."""
         path = path.partition("?")[0]
+        if self.closed:
+            api = ANTHROPIC if path in MESSAGES_PATHS else OPENAI
+            return _fail(
+                api, 409, "this model session is closed (its episode ended)", "session_closed"
+            )
         if path in MODELS_PATHS and method == "GET":
             card = {"id": self.options.model, "object": "model", "owned_by": "palaestra"}
             return Reply.json(200, {"object": "list", "data": [card]})
@@ -321,7 +327,7 @@ class SessionProxy:
         self.settings = settings
         self._sessions: dict[str, LlmSession] = {}
         self._pool = UpstreamPool(connect_timeout_s=min(settings.llm_call_timeout_s, 30.0))
-        self.gateway = ModelGateway(self.get, settings)
+        self.gateway: SocketService = ModelGateway(self.get, settings)
 
     def open(
         self,

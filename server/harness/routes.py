@@ -33,10 +33,7 @@ def session_of(request: Request, episode_id: str) -> LlmSession | None:
     return None
 
 
-@router.api_route(PATH, methods=["GET", "POST"], include_in_schema=True)
-async def llm_call(episode_id: str, path: str, request: Request) -> Response:
-    """A model call of the episode's harness: `POST v1/chat/completions`,
-    `POST v1/messages`, `GET v1/models`, answered in the API's own dialect."""
+async def _answer(episode_id: str, path: str, request: Request) -> Response:
     session = session_of(request, episode_id)
     if session is None:
         error = unknown_episode(episode_id)
@@ -45,3 +42,16 @@ async def llm_call(episode_id: str, path: str, request: Request) -> Response:
     return Response(
         reply.body, reply.status, headers=dict(reply.headers), media_type=reply.content_type
     )
+
+
+@router.post(PATH)
+async def llm_call(episode_id: str, path: str, request: Request) -> Response:
+    """A model call of the episode's harness, `v1/chat/completions` (OpenAI) or
+    `v1/messages` (Anthropic), answered in that API's own shape, errors included."""
+    return await _answer(episode_id, path, request)
+
+
+@router.get(PATH)
+async def llm_models(episode_id: str, path: str, request: Request) -> Response:
+    """`v1/models`: the model the episode's reset named."""
+    return await _answer(episode_id, path, request)
