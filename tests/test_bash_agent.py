@@ -69,6 +69,8 @@ def test_timeout_truncation_and_bad_arguments(tmp_path: Path) -> None:
             bash_call("sleep 30; echo late"),
             bash_call("head -c 5000 /dev/zero | tr '\\0' x; exit 3"),
             {"content": None, "tool_calls": [garbage, unknown]},
+            bash_call("yes flood"),  # floods its output until the timeout
+            bash_call("sleep 4 & echo started"),  # leaves a process holding the output
             submit_call(),
         ]
     )
@@ -78,9 +80,13 @@ def test_timeout_truncation_and_bad_arguments(tmp_path: Path) -> None:
     [slow] = tool_results(fake.requests[1])
     assert slow.startswith("timed out after 0.5 s") and "late" not in slow
     big = tool_results(fake.requests[2])[1]
-    assert big.startswith("exit status 3\n" + "x" * 100 + "\n[output truncated: 5000")
+    assert big.startswith("exit status 3\n" + "x" * 100 + "\n[output truncated: 5000 bytes")
     bad, odd = tool_results(fake.requests[3])[2:]
     assert "not JSON" in bad and "unknown tool 'rm_rf'" in odd
+    flood = tool_results(fake.requests[4])[-1]
+    assert flood.startswith("timed out after 0.5 s") and "characters shown]" in flood
+    assert len(flood) < 300
+    assert tool_results(fake.requests[5])[-1] == "exit status 0\nstarted\n"
 
 
 def test_stops_at_max_turns(tmp_path: Path) -> None:

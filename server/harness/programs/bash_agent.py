@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from typing import Any
@@ -111,9 +112,33 @@ def tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+class _Output:
+    """Reads a command's output as it comes, keeping the first `cap` bytes: a command that
+    floods its output (`yes`) costs the agent no memory, only the count."""
+
+    def __init__(self, pipe: Any, cap: int) -> None:
+        self.kept = bytearray()
+        self.total = 0
+        self.cap = cap
+        self.thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self.thread.start()
+
+    def _read(self, pipe: Any) -> None:
+        while True:
+            chunk = pipe.read1(65536)
+            if not chunk:
+                return
+            self.total += len(chunk)
+            room = self.cap - len(self.kept)
+            if room > 0:
+                self.kept += chunk[:room]
+
+
 def run_bash(command: str, timeout_s: float, limit: int) -> str:
     """Run `command` with bash in the current directory; its status and output, truncated.
-    The command gets its own process group, killed whole at the timeout."""
+    The command gets its own process group, killed whole at the timeout. A background
+    process it leaves running may hold the output open: it is read for one more second
+    after bash exits, then the result goes back without waiting for it."""
     proc = subprocess.Popen(
         ["bash", "-c", command],
         stdin=subprocess.DEVNULL,
@@ -121,16 +146,18 @@ def run_bash(command: str, timeout_s: float, limit: int) -> str:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    output = _Output(proc.stdout, cap=4 * limit + 4)  # a character is at most 4 bytes
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        head = f"exit status {proc.returncode}"
+        head = f"exit status {proc.wait(timeout=timeout_s)}"
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        proc.wait()
         head = f"timed out after {timeout_s:g} s (killed)"
-    text = out.decode(errors="replace")
-    if len(text) > limit:
-        text = text[:limit] + f"\n[output truncated: {len(text)} characters, {limit} shown]"
+    output.thread.join(timeout=1.0)
+    total = output.total
+    text = bytes(output.kept).decode(errors="replace")
+    if len(text) > limit or total > len(output.kept):
+        text = text[:limit] + f"\n[output truncated: {total} bytes, {limit} characters shown]"
     return f"{head}\n{text}"
 
 
