@@ -7,6 +7,7 @@ scripted upstream (a fake) where the test needs an agent that does something sen
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -271,3 +272,29 @@ def test_mini_swe_agent_with_the_real_model(
     assert [c["prompt_token_ids"] for c in answered] == [g["prompt_token_ids"] for g in generated]
     assert [c["completion_token_ids"] for c in answered] == [g["token_ids"] for g in generated]
     assert ending(state)["info"]["harness"]["state"] == "exited"
+
+
+def test_shutdown_kills_a_running_harness(tmp_path: Path) -> None:
+    """A server stopped while a harness runs: the harness is killed, its episode void (the
+    policy did not cause it), and the restarted server says so."""
+    from palaestra.server.config import REPO_PACKS
+
+    (tmp_path / "packs").mkdir()
+    (tmp_path / "packs" / "humaneval").symlink_to(REPO_PACKS / "humaneval")
+    proc = ServerProcess(tmp_path / "data", {"PALAESTRA_PACKS_DIRS": str(tmp_path / "packs")})
+    fake = FakeModel([bash_call("sleep 300")])
+    with fake.serve() as url:
+        proc.start()
+        try:
+            option = harness(url, config={"command_timeout_s": 600.0})
+            assert proc.token is not None
+            episode = started(proc, proc.token, TRAIN_TASK, option)
+            wait_calls(proc, proc.token, episode, 1)
+            proc.stop()
+            proc.start()
+            state = call(proc, proc.token, "GET", f"/v1/episodes/{episode}").json()
+        finally:
+            proc.stop()
+    assert state["status"] == "void" and state["void_reason"] == "server shut down", state
+    left = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "the harness's command outlived its server"
