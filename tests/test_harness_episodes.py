@@ -298,3 +298,18 @@ def test_shutdown_kills_a_running_harness(tmp_path: Path) -> None:
     assert state["status"] == "void" and state["void_reason"] == "server shut down", state
     left = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True)
     assert left.stdout.strip() == "", "the harness's command outlived its server"
+
+
+def test_wall_limit_in_docker(docker_server: ServerProcess) -> None:
+    """The docker sandbox's harness is killed at the wall limit too (its exec swept by
+    `kill_all`), and the sandbox still serves the verifier."""
+    token = make_token(docker_server, "train", "harness")
+    fake = FakeModel([bash_call(SOLVE_2 + " && sleep 120")])
+    with fake.serve() as url:
+        option = harness(url, config={"command_timeout_s": 300.0})
+        episode = started(docker_server, token, TRAIN_TASK, option, max_wall_s=6)
+        state = finished(docker_server, token, episode)
+    assert state["status"] == "done", state["void_reason"]
+    assert state["verdict"]["reward"] == 1.0  # what it wrote before it was killed counts
+    last = ending(state)
+    assert last["truncated"] and last["info"]["harness"]["state"] == "killed"
