@@ -24,7 +24,7 @@ from palaestra.cli.tokens import token_app
 from palaestra.cli.train import register as register_train_command
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
-from palaestra.sdk.models import Action, StepResponse
+from palaestra.sdk.models import Action, EpisodeState, StepResponse
 from palaestra.server.config import load_settings, load_settings_with_sources
 
 app = typer.Typer(
@@ -211,17 +211,74 @@ def run(
     script: Annotated[
         Path | None, typer.Option(help="JSON lines of actions, for --policy script")
     ] = None,
+    harness: Annotated[
+        str | None,
+        typer.Option(help="run a harness in the sandbox instead (docs/harness.md): its name"),
+    ] = None,
+    model_endpoint: Annotated[
+        str | None, typer.Option(help="with --harness: the model server's base URL (…/v1)")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="with --harness: model name (default: the endpoint's)")
+    ] = None,
+    sampling: Annotated[
+        str | None, typer.Option(help='with --harness: JSON, e.g. {"temperature": 1.0}')
+    ] = None,
+    harness_config: Annotated[
+        str | None, typer.Option("--config", help="with --harness: its settings, JSON")
+    ] = None,
+    max_calls: Annotated[int | None, typer.Option(help="with --harness: model calls")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="with --harness: completion tokens in all")
+    ] = None,
     url: Url = None,
     token: Token = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Run one episode, scripted or interactively (actions as JSON: {"tool": …, "arguments": …})."""
+    """Run one episode, scripted or interactively (actions as JSON: {"tool": …, "arguments": …}),
+    or with --harness: a harness in the sandbox, then its verdict and model calls."""
+    if harness is not None:
+        limits = (max_calls, max_tokens)
+        _run_harness(task, harness, model_endpoint, model, sampling, harness_config, limits,
+                     (url, token, data_dir))  # fmt: skip
+        return
 
     async def go() -> None:
         async with open_client(url, token, data_dir) as client:
             await _one_episode(client, task, policy, script)
 
     _run(go())
+
+
+def _run_harness(
+    task: str,
+    name: str,
+    endpoint: str | None,
+    model: str | None,
+    sampling: str | None,
+    config: str | None,
+    limits: tuple[int | None, int | None],
+    server: tuple[str | None, str | None, Path | None],
+) -> None:
+    from palaestra.cli import harness_run as hr
+
+    if not endpoint:
+        error("--harness needs --model-endpoint URL (the model server's base URL, …/v1)")
+        raise typer.Exit(2)
+
+    async def go() -> EpisodeState:
+        chosen = model or await hr.served_model(endpoint)
+        options = hr.harness_options(name, endpoint, chosen, sampling, config, *limits)
+        async with open_client(*server) as client:
+            return await hr.run_harness(client, task, options)
+
+    try:
+        state = _run(go())
+    except hr.HarnessArgumentError as exc:
+        error(str(exc), "bad_option")
+        raise typer.Exit(2) from None
+    if state.status == "void":
+        raise typer.Exit(1)
 
 
 async def _one_episode(client: AsyncClient, task: str, policy: str, script: Path | None) -> None:

@@ -54,7 +54,8 @@ def _guard(fn: Any) -> Any:
 @token_app.command("create")
 def create(
     scope: Annotated[
-        list[str], typer.Option("--scope", help="train, eval, publish or admin; repeatable")
+        list[str],
+        typer.Option("--scope", help="train, eval, publish, harness or admin; repeatable"),
     ],
     name: Annotated[str | None, typer.Option(help="a name to list and revoke it by")] = None,
     org: Annotated[

@@ -176,6 +176,37 @@ def check_ro_binds(spec: SandboxSpec) -> None:
                 raise SandboxSpecError(f"ro_binds: target {target!r} would shadow {reserved}")
 
 
+MAX_GATEWAY_KEY = 256
+
+
+def check_gateway(spec: SandboxSpec, service: SocketService | None, backend: str) -> None:
+    """A backend's check of `spec.gateway`: a non-empty key, never with `network` (the
+    namespace holds one listener), a backend made with the gateway service, and a root
+    server (it places the listener in the sandbox's network namespace)."""
+    key = spec.gateway
+    if key is None:
+        return
+    if not key or len(key) > MAX_GATEWAY_KEY or not key.isprintable():
+        raise SandboxSpecError(
+            f"gateway: the session key must be 1-{MAX_GATEWAY_KEY} printable characters"
+        )
+    if spec.network:
+        raise SandboxSpecError(
+            "gateway with network=True: a harness sandbox reaches only its model gateway;"
+            " drop network (the task's internet access) or the gateway"
+        )
+    if service is None:
+        raise SandboxSpecError(
+            f"gateway: this {backend} backend was made without the server's model gateway"
+            " service (make_backend(settings, gateway=...)), so no sandbox can reach it"
+        )
+    if os.geteuid() != 0:
+        raise SandboxSpecError(
+            "gateway: the model gateway needs the server to run as root (it places the"
+            " gateway's socket in the sandbox's network namespace)"
+        )
+
+
 @dataclass
 class ExecResult:
     exit_code: int

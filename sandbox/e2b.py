@@ -55,6 +55,7 @@ from palaestra.sandbox.base import (
     SandboxPathError,
     SandboxSpec,
     SandboxSpecError,
+    check_gateway,
     close_all,
     upload_member,
 )
@@ -160,6 +161,7 @@ class E2BBackend(Backend):
         if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) == "/":
             raise SandboxCreateError(f"workdir must be an absolute path below /: {spec.workdir!r}")
         check_network(spec, None, self.name)  # no way to put the server's proxy in a cloud VM
+        check_gateway(spec, None, self.name)  # nor the model gateway's listener
         if spec.ro_binds:
             # A cloud sandbox cannot see this host's directories: say so rather than run
             # without the toolchain the family asked for.

@@ -26,6 +26,10 @@ hashable dataclass) it keeps a queue of sandboxes created ahead of time and neve
 the ready ones, so a freed episode shows 0; `pooled` is the ready count, and `stats()`
 gives hits, misses, pooled and refill errors for metrics.
 `prewarm(spec)` starts filling a spec's queue ahead of its first `create`.
+
+A spec with `gateway` is never pooled: its key names one harness episode's model session,
+so each such sandbox is made for that episode (`create` goes to the inner backend, no
+queue, no refill; `prewarm` ignores it).
 """
 
 from __future__ import annotations
@@ -99,6 +103,10 @@ class WarmPool(Backend):
     async def create(self, spec: SandboxSpec) -> Sandbox:
         if self._closed:
             return await self.inner.create(spec)
+        if spec.gateway is not None:  # one episode's: never pooled (module docstring)
+            own = await self.inner.create(spec)
+            self._handed.add(own)
+            return own
         slot = self._slot(spec)
         box = self._pop(slot)
         if box is not None:
@@ -133,7 +141,7 @@ class WarmPool(Backend):
 
     def prewarm(self, spec: SandboxSpec) -> None:
         """Start filling `spec`'s queue now (call inside the event loop)."""
-        if not self._closed:
+        if not self._closed and spec.gateway is None:
             self._schedule(spec, self._slot(spec))
 
     async def aclose(self) -> None:

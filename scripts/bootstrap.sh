@@ -80,3 +80,4 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   echo "$want" > "$stamp"
 fi
 bash scripts/bootstrap-cad.sh  # the cad family's sandbox toolchains (trimesh, Blender), cached
+bash scripts/bootstrap-harness.sh  # harness mode: mini-swe-agent for the sandboxes, cached

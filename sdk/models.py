@@ -8,6 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
+from palaestra.sdk.harness import HarnessStatus
+
 
 class WireModel(BaseModel):
     """Base for wire models: unknown fields are refused, so typos surface as 422s."""
@@ -202,6 +204,11 @@ class EpisodeState(WireModel):
     void_reason: str | None = None
     verdict: Verdict | None = None
     trajectory: list[StepRecord] = Field(default_factory=list)
+    harness: HarnessStatus | None = Field(
+        default=None,
+        description="a harness episode's harness while the server holds it (the final step "
+        "record keeps how it ended)",
+    )
     sealed_feedback: str | None = Field(
         default=None,
         description="admin tokens only, while the server holds the episode: a sealed "

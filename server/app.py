@@ -54,6 +54,7 @@ from palaestra.server.fastpath import (
     step_reply,
     validation_message,
 )
+from palaestra.server.harness import routes as harness_routes
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 
@@ -504,6 +505,7 @@ def create_app(
         )
 
     app.include_router(mcp_http.router)
+    app.include_router(harness_routes.router)
     app.include_router(openenv.router)
     app.include_router(ors.router)  # at the root, after /v1: ORS's client joins absolute paths
     _complete_openapi(app, [StepRequest, BatchResetRequest, BatchStepRequest])

@@ -1,8 +1,9 @@
 """Bearer tokens with scopes (DESIGN §3, §6, §9).
 
 Scopes: `train` (episodes on public splits), `eval` (episodes on sealed splits, and on
-public ones), `publish` (POST /v1/packs), `admin` (everything, token admin, the oracle on
-sealed splits). A token is shown once, when it is made; the store keeps only its sha256.
+public ones), `publish` (POST /v1/packs), `harness` (a reset that names a harness and the
+model endpoint it calls, beside `train` or `eval`), `admin` (everything, token admin, the
+oracle on sealed splits). A token is shown once, when it is made; the store keeps only its sha256.
 
 The server checks a token on every `/v1` request. The lookup is cached in memory (token
 hash → principal, a few seconds), so the step fast path pays a dict lookup, not a query;
@@ -30,7 +31,8 @@ from palaestra.sdk.errors import AuthenticationError, BadRequestError, Permissio
 from palaestra.server.db import Database, IntegrityError
 
 TRAIN, EVAL, PUBLISH, ADMIN = "train", "eval", "publish", "admin"
-SCOPES = (TRAIN, EVAL, PUBLISH, ADMIN)
+HARNESS = "harness"  # may start harness episodes, which name a model endpoint the server calls
+SCOPES = (TRAIN, EVAL, PUBLISH, HARNESS, ADMIN)
 TOKEN_FILE = "admin.token"
 LOCAL_ADMIN = "local-admin"
 PREFIX = "pal_"
@@ -40,7 +42,7 @@ CACHE_MAX = 10_000
 HOW_TO_GET_ONE = (
     "send 'Authorization: Bearer <token>'; the server's local admin token is in "
     f"<data dir>/{TOKEN_FILE} on its machine, and `palaestra token create --scope train` "
-    "(or eval, publish, admin) makes others"
+    "(or eval, publish, harness, admin) makes others"
 )
 
 

@@ -314,6 +314,33 @@ class Settings(BaseModel):
             " (its name still must be on egress_allow)"
         ),
     )
+    # Harness mode (server/harness/, docs/harness.md): what a reset's options["harness"] may
+    # name and ask for.
+    harness_endpoints: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "localhost", "::1"],
+        description=(
+            "hosts (host or host:port) a harness episode's model_endpoint may name; "
+            "default loopback only"
+        ),
+    )
+    harness_max_calls: int = Field(
+        default=64, ge=1, description="model calls of a harness episode without max_calls"
+    )
+    ceiling_harness_calls: int = Field(
+        default=1024, ge=1, description="options.harness.max_calls at most"
+    )
+    harness_max_tokens: int = Field(
+        default=65_536, ge=1, description="completion tokens of a harness episode by default"
+    )
+    ceiling_harness_tokens: int = Field(
+        default=4_000_000, ge=1, description="options.harness.max_tokens at most"
+    )
+    harness_probe_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="how long reset waits for a harness model endpoint's GET /models",
+    )
     # The sampler (docs/sampler.md): mixture, curriculum, quarantine.
     sampler_weights: dict[str, Annotated[float, Field(ge=0)]] = Field(
         default_factory=dict,
@@ -374,6 +401,19 @@ class Settings(BaseModel):
     ray_metrics_timeout_s: float = Field(
         default=2.0, gt=0, description="how long a front's /metrics waits for each worker's"
     )
+    # Harness mode (server/harness/): the session model proxy.
+    llm_call_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="one model call through the session proxy, upstream included (void past it)",
+    )
+    llm_max_request_kb: int = Field(
+        default=8192, ge=1, description="a harness's model call body at most, KiB (413 over)"
+    )
+    llm_max_response_kb: int = Field(
+        default=32768, ge=1, description="an upstream model reply at most, KiB (void over)"
+    )
 
     @field_validator("egress_allow")
     @classmethod
@@ -393,6 +433,13 @@ class Settings(BaseModel):
             raise ValueError("sampler_void_limit must be at most sampler_void_window")
         if self.max_steps > self.ceiling_steps or self.max_wall_s > self.ceiling_wall_s:
             raise ValueError("max_steps and max_wall_s must be within ceiling_steps/ceiling_wall_s")
+        if (
+            self.harness_max_calls > self.ceiling_harness_calls
+            or self.harness_max_tokens > self.ceiling_harness_tokens
+        ):
+            raise ValueError(
+                "harness_max_calls and harness_max_tokens must be within their ceilings"
+            )
         return self
 
     @field_serializer("store", when_used="json")
@@ -408,7 +455,7 @@ class Settings(BaseModel):
 def _coerce(name: str, raw: str) -> Any:
     if name == "packs_dirs":
         return [p for p in raw.split(os.pathsep) if p]
-    if name in ("images", "toolchains", "builtin_orgs"):
+    if name in ("images", "toolchains", "builtin_orgs", "harness_endpoints"):
         return [p.strip() for p in raw.split(",") if p.strip()]
     if name in ("sampler_weights", "image_aliases"):
         if raw.lstrip().startswith("{"):

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from palaestra.envs.base import Assessment, EpisodeContext, Family, StepOutcome
 from palaestra.sandbox import AgentFault
@@ -27,6 +27,9 @@ from palaestra.sdk.models import (
 )
 from palaestra.sdk.task import Task
 from palaestra.server.tally import StepTally
+
+if TYPE_CHECKING:
+    from palaestra.server.harness.runner import HarnessRun
 
 log = logging.getLogger("palaestra.episodes")
 
@@ -55,6 +58,7 @@ class Episode:
     full_feedback: str | None = None  # a sealed verdict's own feedback: admin tokens only
     owner: str = ""  # the token id that started it (server/tenancy.py)
     cpu_mark: float | None = None  # the sandbox's CPU counter at the last reading
+    harness: HarnessRun | None = None  # a harness episode's run (server/harness/runner.py)
 
     @property
     def id(self) -> str:
@@ -103,6 +107,18 @@ class Episode:
         used = float(total) - (self.cpu_mark or 0.0)
         self.cpu_mark = float(total)
         return max(0.0, used)
+
+
+def task_info(task: Task) -> dict[str, Any]:
+    """What a reset reply's `info` says of its task."""
+    return {
+        "task": task.ref,
+        "task_digest": task.digest,
+        "family": task.family,
+        "domain": task.domain,
+        "split": task.split,
+        "difficulty": task.difficulty,
+    }
 
 
 def void_verdict(task_digest: str, reason: str, duration: float) -> Verdict:

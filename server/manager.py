@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from palaestra.envs.base import EpisodeContext, StepOutcome
 from palaestra.sandbox import AgentFault, Backend, SandboxError
@@ -49,11 +49,13 @@ from palaestra.server.episode import (
     agent_fault,
     id_taken,
     log_crash,
+    task_info,
     unknown_episode,
     verdict_of,
     void_verdict,
 )
 from palaestra.server.families import FamilyRegistry
+from palaestra.server.harness.runner import Ending, HarnessRunner
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.registry import PackRegistry
@@ -62,6 +64,9 @@ from palaestra.server.sandboxes import SandboxOwner
 from palaestra.server.sealed import seal
 from palaestra.server.store import Store
 from palaestra.server.tenancy import Tenancy, candidate_keys, episode_key
+
+if TYPE_CHECKING:
+    from palaestra.server.harness.proxy import SessionProxy
 
 log = logging.getLogger("palaestra.episodes")
 
@@ -82,6 +87,7 @@ class EpisodeManager:
         metrics: Metrics | None = None,
         fork_server: PythonForkServer | None = None,
         registry: PackRegistry | None = None,
+        proxy: SessionProxy | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -91,6 +97,8 @@ class EpisodeManager:
         self.backend = backend
         self.store = store
         self.metrics = metrics or Metrics()
+        self.llm_proxy = proxy  # harness mode: the model sessions (server/runtime.py)
+        self.harness = HarnessRunner(settings, store, proxy)  # harness episodes
         self._live: dict[str, Episode] = {}
         self._ended: OrderedDict[str, Episode] = OrderedDict()
         self._pending = 0
@@ -134,6 +142,7 @@ class EpisodeManager:
         for work in list(self._detached):
             work.cancel()
         await asyncio.gather(*self._detached, return_exceptions=True)
+        await self.harness.aclose()
         for episode in list(self._live.values()):
             await self._end(episode, EpisodeStatus.VOID, reason="server shut down")
         await self.sandboxes.aclose()
@@ -205,6 +214,7 @@ class EpisodeManager:
         check_task(task, self.settings)  # 422 over an operator ceiling (server/ceilings.py)
         limits = client_limits(request.options, self.settings)
         limits = family.episode_limits(task, request.options, limits)  # a family's own caps
+        plan = await self.harness.plan(request.options, principal, family, task)
         admitted = self.tenancy.admit(principal)  # 429 over the token's quota
         self._reserved.add(episode_id)
         self._pending += 1
@@ -221,11 +231,18 @@ class EpisodeManager:
                 options=request.options,
                 sandboxes=sandboxes,
             )
+            spec, run = family.sandbox_spec(task), None
+            if plan is not None:  # the sandbox reaches the episode's model session alone
+                run, spec = self.harness.prepare(plan, spec, episode_id, owner)
             try:
-                await self.sandboxes.start(sandboxes, family.sandbox_spec(task))
+                await self.sandboxes.start(sandboxes, spec)
                 observation = await family.reset(ctx)
+                if run is not None:
+                    await self.harness.stage(run, sandboxes, observation)
             except BaseException as exc:
                 await self.sandboxes.free(sandboxes)  # whatever it made before the fault
+                if run is not None:
+                    await self.harness.abort(run)
                 if isinstance(exc, SandboxError):
                     raise UnavailableError(
                         f"the sandbox failed while starting the episode: {exc}",
@@ -262,20 +279,18 @@ class EpisodeManager:
             last_active=mono,
             oracle=family.oracle(task) if wants_oracle else None,
             owner=owner,
+            harness=run,
         )
         self._live[episode_id] = episode
         self.store.create_episode(state, task.digest, task.sealed, owner=owner)
         await self.store.aflush()  # an episode a client was told of survives a crash
+        if run is not None:
+            self.detach(self.harness.launch(run, episode, self._harness_ended))
         self.metrics.episodes_started.labels(family=task.family).inc()
         log.info("episode started", extra={"episode_id": episode_id, "task_digest": task.digest})
-        info: dict[str, Any] = {
-            "task": task.ref,
-            "task_digest": task.digest,
-            "family": task.family,
-            "domain": task.domain,
-            "split": task.split,
-            "difficulty": task.difficulty,
-        }
+        info = task_info(task)
+        if run is not None:
+            info["harness"] = run.snapshot().model_dump(mode="json")
         if probability is not None:
             info["sampled"] = {"probability": probability}
         elif (note := self.sampler.quarantine_note(task.ref)) is not None:
@@ -313,6 +328,7 @@ class EpisodeManager:
             if episode.state.status is not EpisodeStatus.ACTIVE:
                 status = episode.state.status.value
                 raise ConflictError(f"episode {episode_id} has ended ({status}); start a new one")
+            self.harness.refuse_step(episode, episode_id)  # 409: the harness owns the loop
             self.tenancy.check_cpu(principal)  # 429 while over its CPU-seconds per hour
             started = time.perf_counter()
             episode.last_active = time.monotonic()
@@ -505,6 +521,7 @@ class EpisodeManager:
                     f"episode {episode_id} ended ({stored.status.value}) unverified"
                 )
             return stored.verdict
+        await self.harness.wait(episode)  # a harness's end verifies its episode
         async with episode.lock:
             if episode.state.verdict is not None:
                 return episode.state.verdict
@@ -524,6 +541,8 @@ class EpisodeManager:
         # Live episodes keep no trajectory in memory (it can be large; the store has it).
         async with episode.lock:
             state = episode.settled_state().model_copy()
+            if episode.harness is not None:
+                state.harness = episode.harness.snapshot()
             if principal.is_admin:  # the operator may read a sealed verifier's own words
                 state.sealed_feedback = episode.full_feedback
             await self.store.aflush()
@@ -535,8 +554,23 @@ class EpisodeManager:
         episode, _ = await self._allowed(principal, episode_id)  # 404: not the caller's
         if episode is None:
             return  # stored, so ended: closing twice is fine
+        await self.harness.stop(episode.harness)  # a harness is killed; no verdict
         async with episode.lock:
             await self._end(episode, EpisodeStatus.CLOSED)
+
+    async def _harness_ended(self, episode: Episode, ending: Ending) -> None:
+        """A harness stopped (server/harness/runner.py): verify, or void on a fault."""
+        async with episode.lock:
+            if episode.state.status is not EpisodeStatus.ACTIVE or episode.harness is None:
+                return
+            if ending.void is not None:
+                reply = await self._void(episode, ending.void)
+            else:
+                obs, cut = Observation(text=ending.reason), ending.truncated
+                reply = await self._finish(episode, obs, terminated=not cut, truncated=cut)
+            self.harness.final_record(episode.harness, episode, reply)
+            self.store.update_episode(episode.settled_state())
+            await self.store.aflush()
 
     # -- helpers --------------------------------------------------------------------------
     async def _allowed(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
@@ -608,6 +642,7 @@ class EpisodeManager:
         """Expire idle episodes; returns how many."""
         deadline = time.monotonic() - self.settings.idle_ttl_s
         idle = [e for e in self._live.values() if e.last_active < deadline and not e.lock.locked()]
+        idle = [e for e in idle if e.harness is None or not e.harness.running]
         for episode in idle:
             await self._end(episode, EpisodeStatus.EXPIRED, reason="idle TTL")
         self.tenancy.prune()

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from palaestra.sandbox import Backend
+from palaestra.sandbox.base import SocketService
 from palaestra.sandbox.egress import EgressProxy
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
@@ -15,6 +16,7 @@ from palaestra.server.auth import ensure_admin_token
 from palaestra.server.cluster import depot
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
+from palaestra.server.harness.proxy import SessionProxy
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs.archive import ArchiveLimits
@@ -25,7 +27,10 @@ from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.store import Store
 
 
-def make_backend(settings: Settings) -> Backend:
+def make_backend(settings: Settings, *, gateway: SocketService | None = None) -> Backend:
+    """The configured sandbox backend. `gateway` serves the one listener of a harness
+    episode's sandbox (`SandboxSpec.gateway`: the session model proxy's `gateway`); None:
+    a spec with `gateway` is refused."""
     name = settings.sandbox
     # The only way out of a sandbox whose task declares internet access.
     egress = EgressProxy.from_settings(settings.egress_allow, settings.egress_private)
@@ -37,12 +42,16 @@ def make_backend(settings: Settings) -> Backend:
             images_dir=settings.images_dir,
             exec_helper=settings.exec_helper,
             egress=egress,
+            gateway=gateway,
         )
     if name == "docker":
         from palaestra.sandbox.docker import DockerBackend
 
         return DockerBackend(
-            default_image=settings.docker_image, cache=settings.cache, egress=egress
+            default_image=settings.docker_image,
+            cache=settings.cache,
+            egress=egress,
+            gateway=gateway,
         )
     if name == "e2b":
         from palaestra.sandbox.e2b import E2BBackend
@@ -101,8 +110,9 @@ def build_manager(
     fetch = functools.partial(depot.fetch, registry, store) if cluster_node else None
     registry.load_into(packs, families.all(), policy, broken, fetch=fetch)
     fork_server = None
+    proxy = SessionProxy(settings)  # harness episodes' model sessions
     if backend is None:
-        backend = with_pool(make_backend(settings), settings)
+        backend = with_pool(make_backend(settings, gateway=proxy.gateway), settings)
         fork_server = make_fork_server(settings)
     metrics = Metrics()
     if isinstance(backend, WarmPool):
@@ -116,6 +126,7 @@ def build_manager(
         metrics=metrics,
         fork_server=fork_server,
         registry=registry,
+        proxy=proxy,
     )
 
 

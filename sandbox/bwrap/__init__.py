@@ -1,7 +1,8 @@
 """The `bwrap` backend (DESIGN §5): Linux namespaces via bubblewrap, no daemon.
 
 Every exec is one bwrap jail with every namespace unshared (network: loopback only; with
-`SandboxSpec.network` one namespace per sandbox holding only the egress proxy's socket), a
+`SandboxSpec.network` or `SandboxSpec.gateway` one namespace per sandbox holding only the
+egress proxy's or the model gateway's socket), a
 read-only root (the host's ``/usr`` or an image's rootfs), a fresh ``/proc``, ``/dev`` and
 ``/tmp``, the workspace at the workdir, a cleared environment, uid 1000 with no capabilities,
 a seccomp filter, the sandbox's cgroup and rlimits.  Nothing else of the host is mounted.

@@ -16,6 +16,8 @@ from palaestra.sandbox.base import (
     SandboxCreateError,
     SandboxSpec,
     SandboxSpecError,
+    SocketService,
+    check_gateway,
     close_all,
     default_cache,
 )
@@ -41,7 +43,8 @@ class BwrapBackend(Backend):
 
     `cache` is the operator's cache folder (the exec helper is built under it); `images_dir`
     holds the image rootfs folders a spec's `image` names (default ``<cache>/images``);
-    `egress` is the server's proxy, the only way out of a sandbox whose spec has `network`."""
+    `egress` is the server's proxy, the only way out of a sandbox whose spec has `network`;
+    `gateway` serves the one listener of a sandbox whose spec has `gateway` (harness mode)."""
 
     name = "bwrap"
 
@@ -59,6 +62,7 @@ class BwrapBackend(Backend):
         prespawn: bool = True,
         max_ready_jails: int = 256,
         egress: EgressProxy | None = None,
+        gateway: SocketService | None = None,
     ) -> None:
         self.cache = cache if cache is not None else default_cache()
         self.images_dir = images_dir if images_dir is not None else self.cache / "images"
@@ -85,6 +89,7 @@ class BwrapBackend(Backend):
         self.helper_status = "exec helper not resolved yet" if exec_helper else "exec helper off"
         self._live: set[BwrapSandbox] = set()
         self.egress = egress  # what a sandbox with spec.network reaches (and nothing else)
+        self.gateway = gateway  # what a sandbox with spec.gateway reaches (and nothing else)
 
     def _resolve_helper(self) -> Path | None:
         """Build (once per machine) and install (once per backend) the exec helper."""
@@ -114,9 +119,11 @@ class BwrapBackend(Backend):
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
         check_spec(spec, self.images_dir)
         check_network(spec, self.egress, self.name)
-        if spec.network and shutil.which("nsenter", path=BASE_PATH) is None:
+        check_gateway(spec, self.gateway, self.name)
+        own_netns = spec.network or spec.gateway is not None
+        if own_netns and shutil.which("nsenter", path=BASE_PATH) is None:
             raise SandboxSpecError(
-                "network=True: bwrap jails enter the sandbox's network namespace with"
+                "network or gateway: bwrap jails enter the sandbox's network namespace with"
                 f" nsenter (util-linux), which is not in {BASE_PATH}"
             )
         if self._bwrap is None:  # probed once per backend (off the event loop), then known
@@ -142,6 +149,7 @@ class BwrapBackend(Backend):
             prespawn=self.prespawn,
             jails=self.jails,
             egress=self.egress,
+            gateway=self.gateway,
         )
         try:
             await box.setup()

@@ -200,7 +200,7 @@ def static_args(
     a += ["--bind", str(workspace), workdir]
     for host, target in spec.ro_binds:
         a += ["--ro-bind", host, posixpath.normpath(target)]
-    if spec.network:  # its own namespace, made with the egress proxy's socket (netns.py)
+    if spec.network or spec.gateway is not None:  # its own namespace and listener (netns.py)
         a += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts"]
         a += ["--unshare-cgroup-try", "--disable-userns"]
     else:

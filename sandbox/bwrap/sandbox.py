@@ -34,6 +34,7 @@ from palaestra.sandbox.base import (
     SandboxGone,
     SandboxSpec,
     SandboxSpecError,
+    SocketService,
     read_limit,
 )
 from palaestra.sandbox.bwrap.files import Workspace
@@ -89,6 +90,7 @@ class BwrapSandbox(Sandbox):
         prespawn: bool = True,
         jails: JailBudget | None = None,
         egress: EgressProxy | None = None,
+        gateway: SocketService | None = None,
     ) -> None:
         if not posixpath.isabs(spec.workdir) or posixpath.normpath(spec.workdir) == "/":
             raise SandboxSpecError(f"workdir must be an absolute path below /: {spec.workdir!r}")
@@ -126,11 +128,11 @@ class BwrapSandbox(Sandbox):
         # The exec helper (palaestra.sandbox.exechelper): with it, every exec's bwrap jail
         # is started by its launcher and its stub receives the command once the jail is up.
         self._helper = helper
-        # With spec.network: the namespace every jail joins (its fd) and the proxy serving
-        # the listener in it.
-        self._egress = egress
+        # With spec.network or spec.gateway: the namespace every jail joins (its fd), the
+        # one listener in it (the egress proxy's or the gateway's) and its server.
+        self._listener = netns.listener_for(spec, self.id, egress, gateway)
         self._netns_fd: int | None = None
-        self._egress_server: asyncio.Server | None = None
+        self._listener_server: asyncio.Server | None = None
         self.jails = Jails(
             self.id,
             workdir=self.workdir,
@@ -205,10 +207,13 @@ class BwrapSandbox(Sandbox):
             workspace=self.workspace,
         )
         ns: str | None = None
-        if self.spec.network:
-            assert self._egress is not None  # BwrapBackend.create checked it
-            self._netns_fd, sock = await asyncio.to_thread(netns.new_netns)
-            self._egress_server = await self._egress.serve(sock, self.id)
+        if (lst := self._listener) is not None:
+            self._netns_fd, sock = await asyncio.to_thread(netns.new_netns, lst.port)
+            try:
+                self._listener_server = await lst.service.serve(sock, lst.key)
+            except BaseException:
+                sock.close()
+                raise
             ns = f"/proc/{os.getpid()}/fd/{self._netns_fd}"
         self.launcher = self.jails.launcher = Launcher(
             self.spec, self._limits, self.cgroup, self.host_uid, self._helper, self._seccomp, ns
@@ -254,9 +259,9 @@ class BwrapSandbox(Sandbox):
             killpg(proc)
         self.jails.drop_next()
         await self.jails.drain(KILL_GRACE_S)
-        server, self._egress_server = self._egress_server, None
-        if server is not None and self._egress is not None:
-            await self._egress.close(server)
+        server, self._listener_server = self._listener_server, None
+        if server is not None and self._listener is not None:
+            await self._listener.service.close(server)
         fd, self._netns_fd = self._netns_fd, None
         if fd is not None:
             os.close(fd)

@@ -12,6 +12,8 @@ from palaestra.sandbox.base import (
     SandboxCreateError,
     SandboxError,
     SandboxSpec,
+    SocketService,
+    check_gateway,
     close_all,
     default_cache,
 )
@@ -30,7 +32,8 @@ from palaestra.sandbox.egress import EgressProxy, check_network
 class DockerBackend(Backend):
     """Creates `DockerSandbox`es on the local engine; `cache` holds the execute-only copies
     of the images' bash (``<cache>/docker-shell``); `egress` is the server's proxy, the only
-    way out of a sandbox whose spec has `network` (the engine must be on this host)."""
+    way out of a sandbox whose spec has `network`, and `gateway` serves the one listener of a
+    sandbox whose spec has `gateway` (harness mode); both need the engine on this host."""
 
     name = "docker"
 
@@ -41,9 +44,11 @@ class DockerBackend(Backend):
         client: Any = None,
         cache: Path | None = None,
         egress: EgressProxy | None = None,
+        gateway: SocketService | None = None,
     ) -> None:
         self.default_image = default_image
         self.egress = egress  # what a sandbox with spec.network reaches (and nothing else)
+        self.gateway = gateway  # what a sandbox with spec.gateway reaches (and nothing else)
         self.cache = cache if cache is not None else default_cache()
         self._client = client
         self._started = False
@@ -83,6 +88,7 @@ class DockerBackend(Backend):
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         check_spec(spec)
         check_network(spec, self.egress, self.name)
+        check_gateway(spec, self.gateway, self.name)
         await self._start()
         box = DockerSandbox(
             spec,
@@ -91,11 +97,11 @@ class DockerBackend(Backend):
             self._live.discard,
             cache=self.cache,
             egress=self.egress,
+            gateway=self.gateway,
         )
         try:
             await asyncio.to_thread(box.create_sync)
-            if spec.network:
-                await box.attach_egress()
+            await box.attach_listener()
         except BaseException:
             await asyncio.shield(box.close())
             raise

@@ -45,6 +45,7 @@ from palaestra.sandbox.base import (
     SandboxError,
     SandboxGone,
     SandboxSpec,
+    SocketService,
     read_limit,
     sandbox_env,
 )
@@ -89,11 +90,14 @@ class DockerSandbox(Sandbox):
         *,
         cache: Path,
         egress: EgressProxy | None = None,
+        gateway: SocketService | None = None,
     ) -> None:
         self.spec = spec
-        self._egress = egress
-        self._egress_server: asyncio.Server | None = None
         self.id = secrets.token_hex(8)
+        # With spec.network or spec.gateway: the one listener the container's own network
+        # namespace holds (the egress proxy's or the gateway's), and its server.
+        self._listener = netns.listener_for(spec, self.id, egress, gateway)
+        self._listener_server: asyncio.Server | None = None
         self.image = image
         self.client = client
         self._cache = cache
@@ -198,16 +202,30 @@ class DockerSandbox(Sandbox):
             raise SandboxCreateError(f"sandbox {self.id}: its container is not running")
         return pid
 
-    async def attach_egress(self) -> None:
-        """Serve the server's egress proxy on 127.0.0.1:PROXY_PORT of the container's own
-        network namespace (``network_mode=none``: loopback only), before any exec runs."""
-        assert self._egress is not None
+    async def attach_listener(self) -> None:
+        """Serve the spec's listener (the egress proxy on 127.0.0.1:PROXY_PORT, the model
+        gateway on 127.0.0.1:GATEWAY_PORT) in the container's own network namespace
+        (``network_mode=none``: loopback only), before any exec runs; again after a restart
+        (a restarted container has a fresh namespace, and none of the agent's processes)."""
+        lst = self._listener
+        if lst is None:
+            return
+        await self._detach_listener()
         pid = await asyncio.to_thread(self._init_pid)
-        sock = await asyncio.to_thread(netns.listen_in, pid)
+        sock = await asyncio.to_thread(netns.listen_in, pid, lst.port)
         if await asyncio.to_thread(self._init_pid) != pid:  # never another process's
             sock.close()
             raise SandboxCreateError(f"sandbox {self.id}: its container restarted")
-        self._egress_server = await self._egress.serve(sock, self.id)
+        try:
+            self._listener_server = await lst.service.serve(sock, lst.key)
+        except BaseException:
+            sock.close()
+            raise
+
+    async def _detach_listener(self) -> None:
+        server, self._listener_server = self._listener_server, None
+        if server is not None and self._listener is not None:
+            await self._listener.service.close(server)
 
     @property
     def alive(self) -> bool:
@@ -221,9 +239,7 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
-        server, self._egress_server = self._egress_server, None
-        if server is not None and self._egress is not None:
-            await self._egress.close(server)
+        await self._detach_listener()
         try:
             await asyncio.to_thread(self._remove_sync)
         finally:
@@ -499,6 +515,7 @@ class DockerSandbox(Sandbox):
         # volume survives.
         try:
             await asyncio.to_thread(self._container.restart, timeout=0)
+            await self.attach_listener()
         except Exception as e:
             raise SandboxGone(f"sandbox {self.id}: could not kill its processes: {e}") from e
 

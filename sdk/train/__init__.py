@@ -11,13 +11,21 @@
   `remote.ChatBackend` (chat endpoint, evaluation only);
 - `openai_server`: an OpenAI-compatible server (chat, completions, tool calls, token ids)
   over `HFBackend`: `python -m palaestra.sdk.train.openai_server --model DIR`;
+- `harness`: harness mode (docs/harness.md): the proxy's recorded model calls → samples
+  (the context-edit rule), `HarnessCollector` (groups of harness episodes);
 - `letters_demo`: a tiny random transformer that learns `palaestra/letters` on a CPU.
 
 See docs/training.md. Modules that need torch import it themselves; this package does not.
 """
 
-from palaestra.sdk.train.collector import CollectorConfig, EpisodeBroken, RolloutCollector
+from palaestra.sdk.train.collector import (
+    CollectorConfig,
+    EpisodeBroken,
+    GroupCollector,
+    RolloutCollector,
+)
 from palaestra.sdk.train.formats import EpisodeFormat, JSONToolFormat, UnparseableAction
+from palaestra.sdk.train.harness import HarnessCollector, trajectories_from_calls
 from palaestra.sdk.train.tokenizers import CharTokenizer, HFTokenizer, Tokenizer
 from palaestra.sdk.train.types import Generation, Group, SamplingParams, Trajectory
 
@@ -28,11 +36,14 @@ __all__ = [
     "EpisodeFormat",
     "Generation",
     "Group",
+    "GroupCollector",
     "HFTokenizer",
+    "HarnessCollector",
     "JSONToolFormat",
     "RolloutCollector",
     "SamplingParams",
     "Tokenizer",
     "Trajectory",
     "UnparseableAction",
+    "trajectories_from_calls",
 ]

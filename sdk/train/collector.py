@@ -52,6 +52,9 @@ from palaestra.sdk.train.types import Group, SamplingParams, StopReason, Traject
 
 log = logging.getLogger("palaestra.train")
 
+# Statuses that say the collector's requests are wrong (token, scope, options): raised to
+# the caller at once, since every refill would be refused the same way.
+REFUSED = frozenset({401, 403, 422})
 X = TypeVar("X")
 Y = TypeVar("Y")
 
@@ -160,30 +163,23 @@ def _raise_item(error: BatchItemError) -> NoReturn:
     raise error_from_response(error.status, body, after)
 
 
-class RolloutCollector:
-    """Runs episodes of `tasks` (task refs) with `backend` through `client`, in groups."""
+class GroupCollector:
+    """The group machinery every collector shares: groups of G episodes of one task and
+    seed, over-sampling, refill, deadlines, retries, batch routes, background closes. A
+    subclass plays one episode (`_play`) and returns its trajectories (one for a collector
+    that owns the loop; one or more for a harness episode, sdk/train/harness.py)."""
 
     def __init__(
         self,
         client: AsyncClient,
-        backend: GenerationBackend,
-        fmt: EpisodeFormat,
         tasks: Sequence[str],
         config: CollectorConfig | None = None,
         *,
         seed: int = 0,
     ) -> None:
-        if not backend.token_exact:
-            raise ValueError(
-                "this backend re-tokenizes text (token_exact=False): fine for evaluation, "
-                "but training needs the sampled token ids; use HF, the vLLM engine or a "
-                "vLLM server with token ids"
-            )
         if not tasks:
             raise ValueError("no tasks to collect on")
         self.client = client
-        self.backend = backend
-        self.fmt = fmt
         self.tasks = list(tasks)
         self.config = config or CollectorConfig()
         self.seed = seed
@@ -205,32 +201,28 @@ class RolloutCollector:
             self._resends = Coalescer(send)
             self._resets = Coalescer(client.batch_reset)
 
-    @classmethod
-    def over_http(
-        cls,
-        url: str,
-        backend: GenerationBackend,
-        fmt: EpisodeFormat,
-        tasks: Sequence[str],
-        config: CollectorConfig | None = None,
-        *,
-        token: str | None = None,
-        seed: int = 0,
-        timeout_s: float = 300.0,
-    ) -> RolloutCollector:
-        """A collector with its own HTTP client: a pool of at least `concurrency`
-        connections, and no retries inside the client (the collector retries and counts)."""
+    @staticmethod
+    def http_client(
+        url: str, config: CollectorConfig, *, token: str | None, timeout_s: float
+    ) -> AsyncClient:
+        """An HTTP client for a collector: a pool of at least `concurrency` connections,
+        and no retries inside the client (the collector retries and counts)."""
         from palaestra.sdk.http import AsyncHTTPClient, RetryPolicy
 
-        config = config or CollectorConfig()
-        client = AsyncHTTPClient(
+        return AsyncHTTPClient(
             url,
             token=token,
             timeout=timeout_s,
             retry=RetryPolicy(attempts=1),
             max_connections=max(config.concurrency, 16),
         )
-        return cls(client, backend, fmt, tasks, config, seed=seed)
+
+    def reset_options(self) -> dict[str, Any]:
+        """The `options` of every reset."""
+        return self.config.reset_options
+
+    async def _play(self, task: str, seed: int, gid: int, sid: int) -> list[Trajectory]:
+        raise NotImplementedError
 
     # -- groups -----------------------------------------------------------------------------
     def next_group(self) -> tuple[int, str, int]:
@@ -267,8 +259,8 @@ class RolloutCollector:
         size = self.config.group_size
         refills = size if self.config.max_refills is None else self.config.max_refills
         budget = size + self.config.oversample + refills
-        done: list[Trajectory] = []
-        running: set[asyncio.Task[Trajectory]] = set()
+        done: list[list[Trajectory]] = []
+        running: set[asyncio.Task[list[Trajectory]]] = set()
         started = 0
 
         def launch() -> None:
@@ -285,6 +277,10 @@ class RolloutCollector:
                     self.stats["groups_dropped"] += 1
                     return None
                 finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                errors = [t.exception() for t in finished]  # each one retrieved
+                for error in errors:  # the server refuses the collector's own requests
+                    if isinstance(error, PalaestraError) and error.status in REFUSED:
+                        raise error
                 for episode in sorted(finished, key=lambda t: t.get_name()):
                     error = episode.exception()
                     if error is None:
@@ -303,10 +299,11 @@ class RolloutCollector:
             await asyncio.gather(*running, return_exceptions=True)
         self.stats["groups"] += 1
         self.stats["surplus"] += len(done) - size
-        return Group(group_id=gid, task=task, seed=seed, trajectories=done[:size])
+        trajectories = [t for episode in done[:size] for t in episode]
+        return Group(group_id=gid, task=task, seed=seed, trajectories=trajectories)
 
     # -- one episode ------------------------------------------------------------------------
-    async def _episode(self, task: str, seed: int, gid: int, sid: int) -> Trajectory:
+    async def _episode(self, task: str, seed: int, gid: int, sid: int) -> list[Trajectory]:
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.config.concurrency)
         async with self._sem:
@@ -322,7 +319,139 @@ class RolloutCollector:
                 self.stats[f"broken:{exc.reason}"] += 1
                 raise
 
-    async def _play(self, task: str, seed: int, gid: int, sid: int) -> Trajectory:
+    # -- calls to the server ------------------------------------------------------------------
+    async def _retrying(self, call: Callable[[], Awaitable[Y]]) -> Y:
+        """Retry what is retryable (429, 503, transport) with backoff, counting each."""
+        cfg = self.config
+        for attempt in range(cfg.retries + 1):
+            try:
+                return await call()
+            except PalaestraError as exc:
+                if not exc.retryable or attempt >= cfg.retries:
+                    raise
+                kind = "capacity" if exc.status == 429 else exc.code
+                self.stats[f"backoff:{kind}"] += 1
+                delay = min(cfg.max_backoff_s, cfg.backoff_s * 2**attempt)
+                if exc.retry_after is not None:
+                    delay = min(cfg.max_backoff_s, max(delay, exc.retry_after))
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+    async def _reset(self, task: str, seed: int) -> ResetResponse:
+        while True:
+            request = ResetRequest(
+                task=task,
+                seed=seed,
+                episode_id=uuid.uuid4().hex,
+                options=self.reset_options(),
+            )
+            try:
+                return await self._retrying(functools.partial(self._reset_once, request))
+            except ConflictError as exc:
+                if exc.code != "episode_exists":
+                    raise
+                # A retried reset whose first try did start the episode: close it, go again.
+                self.stats["reset_replayed"] += 1
+                self._close_later(request.episode_id or "")
+
+    async def _reset_once(self, request: ResetRequest) -> ResetResponse:
+        if self._resets is None:
+            return await self.client.reset(
+                request.task,
+                seed=request.seed,
+                episode_id=request.episode_id,
+                options=request.options,
+            )
+        out = await self._resets.submit(request)
+        if out.error is not None:
+            _raise_item(out.error)
+        assert out.result is not None
+        return out.result
+
+    async def _step(self, eid: str, action: Action) -> StepResponse:
+        item = BatchStepItem(episode_id=eid, action=action, request_id=uuid.uuid4().hex)
+        return await self._retrying(functools.partial(self._step_once, item))
+
+    async def _step_once(self, item: BatchStepItem) -> StepResponse:
+        """One try; a retry sends the same `request_id`, so it never steps twice."""
+        if self._steps is None:
+            return await self.client.step(item.episode_id, item.action, request_id=item.request_id)
+        out = await self._steps.submit(item)
+        while out.error is not None and out.error.code == "still_running":
+            self.stats["steps_resent"] += 1
+            assert self._resends is not None
+            out = await self._resends.submit(item)  # joins the step running on the server
+        if out.error is not None:
+            _raise_item(out.error)
+        assert out.result is not None
+        return out.result
+
+    def _close_later(self, eid: str) -> None:
+        """Close an abandoned episode in the background: a close waits for a step still
+        running on the server (a hung environment), and the group must not."""
+        task = asyncio.get_running_loop().create_task(self._close_quietly(eid))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_quietly(self, eid: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.client.close(eid)
+
+    async def drain(self) -> None:
+        """Wait until every abandoned episode is closed."""
+        while self._closing:
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        await self.drain()
+        closer = getattr(self.client, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+class RolloutCollector(GroupCollector):
+    """Runs episodes of `tasks` (task refs) with `backend` through `client`, in groups: the
+    collector owns the loop (generate a turn, step, until the episode ends)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        backend: GenerationBackend,
+        fmt: EpisodeFormat,
+        tasks: Sequence[str],
+        config: CollectorConfig | None = None,
+        *,
+        seed: int = 0,
+    ) -> None:
+        if not backend.token_exact:
+            raise ValueError(
+                "this backend re-tokenizes text (token_exact=False): fine for evaluation, "
+                "but training needs the sampled token ids; use HF, the vLLM engine or a "
+                "vLLM server with token ids"
+            )
+        super().__init__(client, tasks, config, seed=seed)
+        self.backend = backend
+        self.fmt = fmt
+
+    @classmethod
+    def over_http(
+        cls,
+        url: str,
+        backend: GenerationBackend,
+        fmt: EpisodeFormat,
+        tasks: Sequence[str],
+        config: CollectorConfig | None = None,
+        *,
+        token: str | None = None,
+        seed: int = 0,
+        timeout_s: float = 300.0,
+    ) -> RolloutCollector:
+        """A collector with its own HTTP client (`GroupCollector.http_client`)."""
+        config = config or CollectorConfig()
+        client = cls.http_client(url, config, token=token, timeout_s=timeout_s)
+        return cls(client, backend, fmt, tasks, config, seed=seed)
+
+    async def _play(self, task: str, seed: int, gid: int, sid: int) -> list[Trajectory]:
         cfg = self.config
         reset = await self._reset(task, seed)
         eid = reset.episode_id
@@ -397,7 +526,7 @@ class RolloutCollector:
                 traj.stop_reason = stop or "max_turns"
             traj.check()
             self.stats["episodes_ok"] += 1
-            return traj
+            return [traj]
         except (NotFoundError, ConflictError) as exc:
             raise EpisodeBroken("lost", exc.message) from None
         except PalaestraError as exc:
@@ -405,92 +534,3 @@ class RolloutCollector:
         finally:
             if not ended:
                 self._close_later(eid)
-
-    # -- calls to the server ------------------------------------------------------------------
-    async def _retrying(self, call: Callable[[], Awaitable[Y]]) -> Y:
-        """Retry what is retryable (429, 503, transport) with backoff, counting each."""
-        cfg = self.config
-        for attempt in range(cfg.retries + 1):
-            try:
-                return await call()
-            except PalaestraError as exc:
-                if not exc.retryable or attempt >= cfg.retries:
-                    raise
-                kind = "capacity" if exc.status == 429 else exc.code
-                self.stats[f"backoff:{kind}"] += 1
-                delay = min(cfg.max_backoff_s, cfg.backoff_s * 2**attempt)
-                if exc.retry_after is not None:
-                    delay = min(cfg.max_backoff_s, max(delay, exc.retry_after))
-                await asyncio.sleep(delay * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")
-
-    async def _reset(self, task: str, seed: int) -> ResetResponse:
-        while True:
-            request = ResetRequest(
-                task=task,
-                seed=seed,
-                episode_id=uuid.uuid4().hex,
-                options=self.config.reset_options,
-            )
-            try:
-                return await self._retrying(functools.partial(self._reset_once, request))
-            except ConflictError as exc:
-                if exc.code != "episode_exists":
-                    raise
-                # A retried reset whose first try did start the episode: close it, go again.
-                self.stats["reset_replayed"] += 1
-                self._close_later(request.episode_id or "")
-
-    async def _reset_once(self, request: ResetRequest) -> ResetResponse:
-        if self._resets is None:
-            return await self.client.reset(
-                request.task,
-                seed=request.seed,
-                episode_id=request.episode_id,
-                options=request.options,
-            )
-        out = await self._resets.submit(request)
-        if out.error is not None:
-            _raise_item(out.error)
-        assert out.result is not None
-        return out.result
-
-    async def _step(self, eid: str, action: Action) -> StepResponse:
-        item = BatchStepItem(episode_id=eid, action=action, request_id=uuid.uuid4().hex)
-        return await self._retrying(functools.partial(self._step_once, item))
-
-    async def _step_once(self, item: BatchStepItem) -> StepResponse:
-        """One try; a retry sends the same `request_id`, so it never steps twice."""
-        if self._steps is None:
-            return await self.client.step(item.episode_id, item.action, request_id=item.request_id)
-        out = await self._steps.submit(item)
-        while out.error is not None and out.error.code == "still_running":
-            self.stats["steps_resent"] += 1
-            assert self._resends is not None
-            out = await self._resends.submit(item)  # joins the step running on the server
-        if out.error is not None:
-            _raise_item(out.error)
-        assert out.result is not None
-        return out.result
-
-    def _close_later(self, eid: str) -> None:
-        """Close an abandoned episode in the background: a close waits for a step still
-        running on the server (a hung environment), and the group must not."""
-        task = asyncio.get_running_loop().create_task(self._close_quietly(eid))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    async def _close_quietly(self, eid: str) -> None:
-        with contextlib.suppress(Exception):
-            await self.client.close(eid)
-
-    async def drain(self) -> None:
-        """Wait until every abandoned episode is closed."""
-        while self._closing:
-            await asyncio.gather(*list(self._closing), return_exceptions=True)
-
-    async def aclose(self) -> None:
-        await self.drain()
-        closer = getattr(self.client, "aclose", None)
-        if closer is not None:
-            await closer()

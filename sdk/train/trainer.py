@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from palaestra.sdk.train.backends import GenerationBackend, MicroBatcher
-from palaestra.sdk.train.collector import RolloutCollector
+from palaestra.sdk.train.collector import GroupCollector
 from palaestra.sdk.train.grpo import (
     GRPOConfig,
     group_advantages,
@@ -61,7 +61,7 @@ class Trainer:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        collector: RolloutCollector,
+        collector: GroupCollector,
         backend: GenerationBackend,
         config: GRPOConfig = GRPOConfig(),
         *,

@@ -92,7 +92,8 @@ class Trajectory:
 
 @dataclass
 class Group:
-    """G trajectories of one task and seed (the unit GRPO's advantages are relative to)."""
+    """G episodes of one task and seed (the unit GRPO's advantages are relative to): one
+    trajectory each, or several for a harness episode whose context was edited."""
 
     group_id: int
     task: str
@@ -101,4 +102,9 @@ class Group:
 
     @property
     def rewards(self) -> list[float]:
-        return [t.reward for t in self.trajectories]
+        """One reward per episode: the samples of one harness episode (same non-empty
+        `episode_id`, sdk/train/harness.py) share its reward and count once."""
+        seen: dict[object, float] = {}
+        for k, t in enumerate(self.trajectories):
+            seen.setdefault(t.episode_id or k, t.reward)
+        return list(seen.values())

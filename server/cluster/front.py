@@ -22,7 +22,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.sdk.errors import CapacityError, UnavailableError
+from palaestra.sdk.errors import CapacityError, InvalidActionError, UnavailableError
+from palaestra.sdk.harness import HARNESS_OPTION
 from palaestra.sdk.models import (
     EpisodeState,
     EpisodeStatus,
@@ -373,6 +374,13 @@ class ClusterManager(EpisodeManager):
         *,
         new_id: str | None = None,
     ) -> ResetResponse:
+        if HARNESS_OPTION in request.options:  # docs/decisions.md, "Harness episodes"
+            raise InvalidActionError(
+                "harness episodes are not supported in cluster mode (--ray) yet: the model "
+                "session lives on the worker that hosts the sandbox; run them on an embedded "
+                "`palaestra serve`",
+                code="harness_unsupported",
+            )
         probability: float | None = None
         if request.task:
             task = self.packs.resolve(request.task)

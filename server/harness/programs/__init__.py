@@ -1,0 +1,1 @@
+"""Programs a harness runs inside the sandbox (files, not imported by the server)."""

@@ -1,0 +1,413 @@
+"""The session model proxy (issue 20; docs/decisions.md, "Harness mode"): one `SessionProxy`
+per server, one `LlmSession` per harness episode.
+
+A session forwards the harness's chat-completions (and, translated, Anthropic messages)
+calls to the one endpoint named at reset, `options.model_endpoint` + `/chat/completions`,
+and nowhere else: no URL from the body or the headers, no path of the harness's joined in,
+no redirect followed, no proxy from the environment. It asks the upstream for its token ids
+the vLLM way and records each call as an `LlmCall` with the ids and logprobs exactly as
+returned; a reply without them is an infrastructure fault (the episode is void), as is an
+upstream that does not answer. What the agent causes (a context too long: the upstream's
+4xx) goes back to the harness unchanged. The episode's call and token limits are enforced
+here: the call that would go over is refused and `limit` says which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import h11
+
+from palaestra.sandbox.base import SocketService
+from palaestra.sdk.harness import HarnessOptions, LlmApi, LlmCall
+from palaestra.server.config import Settings
+from palaestra.server.harness import anthropic
+from palaestra.server.harness.gateway import ModelGateway
+from palaestra.server.harness.upstream import Target, TooLarge, UpstreamPool
+from palaestra.server.harness.wire import SSE, Reply, openai_error, openai_sse
+
+log = logging.getLogger("palaestra.harness")
+
+OPENAI: LlmApi = "openai-chat"
+ANTHROPIC: LlmApi = "anthropic-messages"
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
+MODELS_PATHS = frozenset({"/v1/models", "/models"})
+NO_IDS = "serve with vLLM ≥ 0.10.2 or palaestra.sdk.train.openai_server"
+
+
+class _Fault(Exception):
+    """The upstream failed in a way the policy cannot cause: the session's `fault`."""
+
+
+class _Refusal(Exception):
+    """A call answered without reaching the upstream (bad request, limit, closed)."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.param = status, code, param
+
+
+def _endpoint_target(endpoint: str) -> Target:
+    """The one URL a session posts to; ValueError naming what is wrong with `endpoint`."""
+    try:
+        return Target.parse(endpoint.rstrip("/") + "/chat/completions")
+    except ValueError as exc:
+        raise ValueError(f"model_endpoint {endpoint!r}: {exc}") from None
+
+
+def _ints(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(type(v) is int for v in value):
+        return value
+    return None
+
+
+def _tokens(reply: dict[str, Any]) -> tuple[list[int], list[int], list[float]] | None:
+    """(prompt ids, completion ids, logprobs) as the upstream returned them; None when any
+    is missing or they disagree in length."""
+    choice = reply["choices"][0]
+    prompt = _ints(reply.get("prompt_token_ids"))
+    completion = _ints(choice.get("token_ids"))
+    content = (choice.get("logprobs") or {}).get("content")
+    if not prompt or completion is None or not isinstance(content, list):
+        return None
+    logprobs = [c.get("logprob") if isinstance(c, dict) else None for c in content]
+    if len(logprobs) != len(completion) or not all(isinstance(lp, int | float) for lp in logprobs):
+        return None
+    return prompt, completion, [float(lp) for lp in logprobs]  # type: ignore[arg-type]
+
+
+def _fail(api: LlmApi, status: int, message: str, code: str, param: str | None = None) -> Reply:
+    if api == ANTHROPIC:
+        return anthropic.anthropic_error(status, message)
+    return openai_error(status, message, code, param)
+
+
+class LlmSession:
+    """One harness episode's model session (see the module docstring). Calls run one at a
+    time: a harness's loop is sequential, and so the limits stay exact."""
+
+    def __init__(
+        self,
+        proxy: SessionProxy,
+        key: str,
+        options: HarnessOptions,
+        *,
+        owner: str,
+        max_calls: int,
+        max_tokens: int,
+        on_call: Callable[[LlmCall], None],
+    ) -> None:
+        self.key = key
+        self.owner = owner
+        self.options = options
+        self.max_calls = max_calls
+        self.max_tokens = max_tokens
+        self.calls = 0
+        self.completion_tokens = 0
+        self.fault: str | None = None
+        self.limit: str | None = None
+        self.stopped = asyncio.Event()
+        self.closed = False
+        self._proxy = proxy
+        self._on_call = on_call
+        self._target = _endpoint_target(options.model_endpoint)
+        self._recorded = 0
+        self._lock = asyncio.Lock()
+
+    # ---- the paths a session serves -------------------------------------------------------
+    async def handle(self, method: str, path: str, body: bytes) -> Reply:
+        """Answer one request of the harness (`path` relative to the session's base)."""
+        path = path.partition("?")[0]
+        if self.closed:
+            api = ANTHROPIC if path in MESSAGES_PATHS else OPENAI
+            return _fail(
+                api, 409, "this model session is closed (its episode ended)", "session_closed"
+            )
+        if path in MODELS_PATHS and method == "GET":
+            card = {"id": self.options.model, "object": "model", "owned_by": "palaestra"}
+            return Reply.json(200, {"object": "list", "data": [card]})
+        api = ANTHROPIC if path in MESSAGES_PATHS else OPENAI
+        if path not in CHAT_PATHS | MESSAGES_PATHS | MODELS_PATHS:
+            return _fail(
+                api,
+                404,
+                f"no route {path[:200]!r} here: POST /v1/chat/completions, POST /v1/messages, "
+                "GET /v1/models",
+                "not_found",
+            )
+        if method != "POST":
+            return _fail(api, 405, f"{method} {path}: this path takes POST", "method_not_allowed")
+        try:
+            return await self._call(api, body)
+        except _Refusal as exc:
+            return _fail(api, exc.status, str(exc), exc.code, exc.param)
+        except _Fault as exc:
+            self._set_fault(str(exc))
+            return _fail(api, 502, str(exc), "upstream_failed")
+
+    def _set_fault(self, reason: str) -> None:
+        if self.fault is None:
+            self.fault = reason
+            log.warning("model session %s: %s", self.key, reason)
+        self.stopped.set()
+
+    def _set_limit(self, reason: str) -> None:
+        if self.limit is None:
+            self.limit = reason
+        self.stopped.set()
+
+    def _parse(self, api: LlmApi, raw: bytes) -> dict[str, Any]:
+        cap = self._proxy.settings.llm_max_request_kb
+        if len(raw) > cap * 1024:
+            raise _Refusal(
+                413, f"the request body is over {cap} KiB (llm_max_request_kb)", "too_large"
+            )
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise _Refusal(400, f"the request body is not JSON: {exc}", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise _Refusal(400, "the request body must be a JSON object", "invalid_json")
+        return body
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise _Refusal(
+                409, "this model session is closed (its episode ended)", "session_closed"
+            )
+        if self.fault is not None:
+            raise _Fault(self.fault)
+        if self.calls >= self.max_calls:
+            self._set_limit(f"max_calls: the episode's {self.max_calls} model calls are used")
+        elif self.completion_tokens >= self.max_tokens:
+            self._set_limit(
+                f"max_tokens: the episode's {self.max_tokens} completion tokens are used"
+            )
+        else:
+            return
+        raise _Refusal(400, f"limit reached: {self.limit}", "limit_reached")
+
+    def _upstream_body(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The harness's request with the reset's sampling over it, the model named, no
+        stream, token ids asked for, and a max_tokens asked for cut to what the episode has
+        left. One not asked for stays unset: the proxy does not know the model's context,
+        and a max_tokens past it is an upstream 400 the agent did not cause; such a call
+        may go over the episode's budget, and the next is refused."""
+        body = {**chat, **self.options.sampling, "model": self.options.model, "stream": False}
+        body.pop("stream_options", None)
+        if body.get("n", 1) not in (1, None):
+            raise _Refusal(400, "n must be 1: the proxy records one choice a call", "n", "n")
+        body["return_token_ids"] = True
+        body["logprobs"] = True
+        left = self.max_tokens - self.completion_tokens
+        asked = [body.pop(k) for k in ("max_completion_tokens", "max_tokens") if k in body]
+        sizes = [a for a in asked if isinstance(a, int) and not isinstance(a, bool) and a > 0]
+        if sizes:
+            body["max_tokens"] = min([left, *sizes])
+        return body
+
+    async def _call(self, api: LlmApi, raw: bytes) -> Reply:
+        started_at, t0 = time.time(), time.perf_counter()
+        request = self._parse(api, raw)
+        stream = request.get("stream") is True
+        try:
+            chat = anthropic.to_openai(request) if api == ANTHROPIC else request
+        except anthropic.MessagesError as exc:
+            raise _Refusal(400, str(exc), "invalid_request") from None
+        async with self._lock:
+            self._check_open()
+            body = self._upstream_body(chat)
+            self.calls += 1
+            t1 = time.perf_counter()
+            status, reply, raw_reply, headers = await self._proxy.post(
+                self._target, body, self.options.model_endpoint
+            )
+            upstream_s = time.perf_counter() - t1
+            if status == 429:  # the upstream's load, not the agent's: retried, not counted
+                self.calls -= 1
+                return self._passthrough(api, status, reply, raw_reply, headers)
+            if status >= 400:
+                self._record(api, request, reply or {}, None, stream, started_at, upstream_s, t0)
+                return self._passthrough(api, status, reply, raw_reply, headers)
+            assert reply is not None
+            tokens = _tokens(reply)
+            if tokens is None:
+                raise _Fault(
+                    f"model endpoint {self.options.model_endpoint} returned no token ids; {NO_IDS}"
+                )
+            self.completion_tokens += len(tokens[1])
+            answer = self._shaped(api, request, reply)
+            self._record(api, request, answer, (reply, tokens), stream, started_at, upstream_s, t0)
+        if api == ANTHROPIC:
+            body_bytes = anthropic.message_sse(answer) if stream else json.dumps(answer).encode()
+        else:
+            body_bytes = openai_sse(answer) if stream else json.dumps(answer).encode()
+        return Reply(200, body_bytes, SSE if stream else "application/json")
+
+    def _shaped(
+        self, api: LlmApi, request: dict[str, Any], reply: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What the harness gets: the upstream's reply without the ids and logprobs it did
+        not ask for (they are in the record), or its Anthropic translation."""
+        if api == ANTHROPIC:
+            return anthropic.from_openai(reply, str(request.get("model") or self.options.model))
+        choice = dict(reply["choices"][0])
+        answer = {**reply, "choices": [choice, *reply["choices"][1:]]}
+        if not request.get("logprobs"):
+            choice["logprobs"] = None
+        if not request.get("return_token_ids"):
+            answer.pop("prompt_token_ids", None)
+            choice.pop("token_ids", None)
+        return answer
+
+    def _passthrough(
+        self,
+        api: LlmApi,
+        status: int,
+        reply: dict[str, Any] | None,
+        raw: bytes,
+        headers: tuple[tuple[str, str], ...],
+    ) -> Reply:
+        """An upstream 4xx as the harness's dialect says it: OpenAI's unchanged."""
+        if api == OPENAI:
+            return Reply(status, raw, "application/json", headers)
+        error = (reply or {}).get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        return anthropic.anthropic_error(status, str(message or raw[:500].decode(errors="replace")))
+
+    def _record(
+        self,
+        api: LlmApi,
+        request: dict[str, Any],
+        response: dict[str, Any],
+        upstream: tuple[dict[str, Any], tuple[list[int], list[int], list[float]]] | None,
+        stream: bool,
+        started_at: float,
+        upstream_s: float,
+        t0: float,
+    ) -> None:
+        reply, (prompt, completion, logprobs) = upstream or ({}, ([], [], []))
+        usage = reply.get("usage") or {}
+        choices = reply.get("choices") or [{}]
+        call = LlmCall(
+            index=self._recorded,
+            api=api,
+            request=request,
+            response=response,
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
+            logprobs=logprobs,
+            finish_reason=choices[0].get("finish_reason"),
+            usage={k: v for k, v in usage.items() if type(v) is int},
+            started_at=started_at,
+            upstream_s=upstream_s,
+            proxy_s=time.perf_counter() - t0,
+            stream=stream,
+        )
+        self._recorded += 1
+        try:
+            self._on_call(call)
+        except Exception as exc:  # the store's fault, never the agent's
+            log.exception("recording model call %d of %s", call.index, self.key)
+            raise _Fault(f"recording the model call failed: {type(exc).__name__}: {exc}") from exc
+
+
+class SessionProxy:
+    """This server's model sessions by episode key, and the one connection pool they
+    share. `gateway` serves a sandbox's listener for its session (server/harness/gateway.py)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._sessions: dict[str, LlmSession] = {}
+        self._pool = UpstreamPool(connect_timeout_s=min(settings.llm_call_timeout_s, 30.0))
+        self.gateway: SocketService = ModelGateway(self.get, settings)
+
+    def open(
+        self,
+        key: str,
+        options: HarnessOptions,
+        *,
+        owner: str,
+        max_calls: int,
+        max_tokens: int,
+        on_call: Callable[[LlmCall], None],
+    ) -> LlmSession:
+        """A session for episode `key`; ValueError for a bad endpoint or an open key."""
+        if key in self._sessions:
+            raise ValueError(f"episode {key!r} already has a model session")
+        session = LlmSession(
+            self,
+            key,
+            options,
+            owner=owner,
+            max_calls=max_calls,
+            max_tokens=max_tokens,
+            on_call=on_call,
+        )
+        self._sessions[key] = session
+        return session
+
+    def get(self, key: str) -> LlmSession | None:
+        return self._sessions.get(key)
+
+    async def close(self, key: str) -> None:
+        """End session `key`: its later calls are refused (409). Idempotent."""
+        session = self._sessions.pop(key, None)
+        if session is not None:
+            session.closed = True
+
+    async def aclose(self) -> None:
+        for key in list(self._sessions):
+            await self.close(key)
+        await self._pool.aclose()
+
+    async def post(
+        self, target: Target, body: dict[str, Any], endpoint: str
+    ) -> tuple[int, dict[str, Any] | None, bytes, tuple[tuple[str, str], ...]]:
+        """POST `body` to `target`: (status, the JSON reply or None, its bytes, headers
+        worth passing on); _Fault when the upstream cannot be reached, times out, fails
+        (5xx), redirects, or answers 2xx with anything but a chat completion."""
+        s = self.settings
+        where = f"model endpoint {endpoint}"
+        try:
+            async with asyncio.timeout(s.llm_call_timeout_s):
+                answer = await self._pool.post(
+                    target, json.dumps(body).encode(), s.llm_max_response_kb * 1024
+                )
+        except TimeoutError:
+            raise _Fault(
+                f"{where} did not answer within {s.llm_call_timeout_s:g} s (llm_call_timeout_s)"
+            ) from None
+        except TooLarge:
+            raise _Fault(
+                f"{where} answered more than {s.llm_max_response_kb} KiB (llm_max_response_kb)"
+            ) from None
+        except (OSError, h11.ProtocolError) as exc:
+            raise _Fault(f"{where} cannot be reached: {type(exc).__name__}: {exc}") from None
+        raw, status, got = answer.body, answer.status, answer.headers
+        if 300 <= status < 400:
+            to = got.get("location", "")
+            raise _Fault(
+                f"{where} answered a redirect ({status} to {to[:200]!r}); none is followed"
+            )
+        if status >= 500 or status < 200:
+            text = raw[:300].decode(errors="replace")
+            raise _Fault(f"{where} failed: HTTP {status}: {text}")
+        reply: dict[str, Any] | None = None
+        with contextlib.suppress(ValueError, RecursionError):
+            parsed = json.loads(raw)
+            reply = parsed if isinstance(parsed, dict) else None
+        headers = tuple((k, got[k]) for k in ("retry-after",) if k in got)
+        if status >= 400:
+            return status, reply, raw, headers
+        choices = reply.get("choices") if reply else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise _Fault(f"{where} answered {status} with something that is no chat completion")
+        return status, reply, raw, headers
