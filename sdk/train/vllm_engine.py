@@ -12,8 +12,9 @@ only when a `VLLMEngineBackend` is built, so this module imports without vLLM.
 - weights are loaded in place: `collective_rpc("load_named_weights", ...)` runs
   `WeightLoadExtension.load_named_weights` inside every worker (vLLM's own workers have an
   `update_weights` of another shape, so the extension's method must not take that name;
-  tensors travel as raw bytes with dtype and shape), which calls the model's
-  `load_weights` with (name, tensor) pairs; the prefix cache is reset after it.
+  tensors travel as raw bytes with dtype and shape), which hands the (name, tensor) pairs
+  to the model runner's `reload_weights` (vLLM's layerwise in-place reload, which also
+  repacks CPU kernels' weights); the prefix cache is reset after it.
 """
 
 from __future__ import annotations
@@ -33,8 +34,16 @@ class WeightLoadExtension:
     model_runner: Any  # provided by the vLLM worker this class is mixed into
 
     def load_named_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
-        model = self.model_runner.model
-        model.load_weights(weights=[(n, _unpack(d, s, raw)) for n, d, s, raw in packed])
+        weights = [(n, _unpack(d, s, raw)) for n, d, s, raw in packed]
+        # vLLM's own in-place reload restores each layer's checkpoint-format parameters,
+        # loads, and processes them again: on CPUs with oneDNN or AMX the CPU backend packs
+        # linear weights for its kernels and drops the originals, so a bare `load_weights`
+        # finds no `weight_loader` there. Older runners have only `load_weights`.
+        reload = getattr(self.model_runner, "reload_weights", None)
+        if reload is not None:
+            reload(weights_iterator=iter(weights), is_checkpoint_format=True)
+        else:
+            self.model_runner.model.load_weights(weights=weights)
         return len(packed)
 
 
