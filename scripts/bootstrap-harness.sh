@@ -13,11 +13,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-ROOT="${PALAESTRA_TOOLCHAINS_DIR:-}"
-if [ -z "$ROOT" ]; then
-  if [ "$(id -u)" -eq 0 ]; then ROOT=/opt/palaestra/toolchains; else ROOT="$PWD/.toolchains"; fi
-fi
-mkdir -p "$ROOT" && chmod 755 "$ROOT"
+# shellcheck source=scripts/toolchain-root.sh
+. scripts/toolchain-root.sh
 DIR="$ROOT/mini-swe-agent"
 PINS=scripts/harness-mini-swe-agent.txt
 want=$(sha256sum "$PINS" | cut -d' ' -f1)
