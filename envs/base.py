@@ -25,6 +25,7 @@ from palaestra.sandbox.forkserver import PYTHON, ForkServerUnavailable, PythonRu
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Limits, Observation, ToolSpec, VerifierInfo
 from palaestra.sdk.task import Task
+from palaestra.verifiers.judge_protocol import Judges, NoJudges
 
 # -- tools -----------------------------------------------------------------------------------
 
@@ -271,6 +272,9 @@ class EpisodeContext:
     options: dict[str, Any]
     sandboxes: Sandboxes
     state: dict[str, Any] = field(default_factory=dict)
+    # The server's judge endpoints (verifiers/judge_protocol.py); a judge verifier's only way
+    # to reach a judge model.
+    judges: Judges = field(default_factory=NoJudges)
 
 
 class Family(abc.ABC):
