@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from palaestra.envs.base import Assessment, EpisodeContext, Family, StepOutcome
-from palaestra.sandbox import AgentFault
+from palaestra.sandbox import AgentFault, SandboxError
 from palaestra.sdk.errors import ConflictError, InvalidActionError, NotFoundError
 from palaestra.sdk.models import (
     Action,
@@ -26,7 +27,9 @@ from palaestra.sdk.models import (
     VerifierInfo,
 )
 from palaestra.sdk.task import Task
+from palaestra.server.sealed import seal
 from palaestra.server.tally import StepTally
+from palaestra.verifiers.judge_protocol import JudgeUnavailable
 
 if TYPE_CHECKING:
     from palaestra.server.harness.runner import HarnessRun
@@ -38,6 +41,7 @@ ORACLE_TOOL = "oracle"
 # back from the store (a terminal step's reply can be 64 KiB, and there may be thousands of
 # live episodes).
 REPLAY_CACHE = 16
+VOID = EpisodeStatus.VOID
 
 
 @dataclass
@@ -151,6 +155,33 @@ def agent_fault(exc: AgentFault) -> Assessment:
     return Assessment(
         reward=0.0, passed=False, failure=exc.failure, feedback=f"{exc.failure}: {exc}"[:2000]
     )
+
+
+async def assess(episode: Episode) -> tuple[Verdict, EpisodeStatus, str | None]:
+    """Run the family's verify: the verdict, the status it ends the episode with, and the
+    void reason. An agent fault is a 0, never void (a void would let a policy escape a sure
+    0, docs/decisions.md); a judge that gave no verdict, a sandbox or verifier failure is
+    void. A sealed verdict is made servable here, and only here."""
+    started = time.perf_counter()
+    try:
+        try:
+            judged = await episode.family.verify(episode.ctx)
+        except AgentFault as exc:
+            judged = agent_fault(exc)
+    except JudgeUnavailable as exc:
+        reason = f"judge unavailable ({exc.endpoint}: {exc.reason})"
+        log.warning("%s", reason, extra={"episode_id": episode.id})
+    except Exception as exc:
+        kind = "sandbox failed" if isinstance(exc, SandboxError) else "verifier crashed"
+        log_crash(episode, f"{kind} while verifying", exc)
+        reason = f"{kind} ({type(exc).__name__})"
+    else:
+        verdict = verdict_of(episode, judged, time.perf_counter() - started)
+        if episode.task.sealed:
+            episode.full_feedback = verdict.feedback  # admin tokens only, never stored
+            verdict = seal(verdict)
+        return verdict, EpisodeStatus.DONE, None
+    return void_verdict(episode.task.digest, reason, time.perf_counter() - started), VOID, reason
 
 
 def log_crash(episode: Episode, what: str, exc: BaseException) -> None:

@@ -46,12 +46,11 @@ from palaestra.server.ceilings import check_task, client_limits
 from palaestra.server.config import Settings
 from palaestra.server.episode import (
     Episode,
-    agent_fault,
+    assess,
     id_taken,
     log_crash,
     task_info,
     unknown_episode,
-    verdict_of,
     void_verdict,
 )
 from palaestra.server.families import FamilyRegistry
@@ -61,9 +60,9 @@ from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.sampler import Sampler
 from palaestra.server.sandboxes import SandboxOwner
-from palaestra.server.sealed import seal
 from palaestra.server.store import Store
 from palaestra.server.tenancy import Tenancy, candidate_keys, episode_key
+from palaestra.verifiers.judge_protocol import Judges, NoJudges
 
 if TYPE_CHECKING:
     from palaestra.server.harness.proxy import SessionProxy
@@ -88,8 +87,10 @@ class EpisodeManager:
         fork_server: PythonForkServer | None = None,
         registry: PackRegistry | None = None,
         proxy: SessionProxy | None = None,
+        judges: Judges | None = None,
     ) -> None:
         self.settings = settings
+        self.judges: Judges = judges or NoJudges()  # shared by every episode's verifier
         self.registry = registry
         self.fork_server = fork_server
         self.families = families
@@ -230,6 +231,7 @@ class EpisodeManager:
                 seed=request.seed,
                 options=request.options,
                 sandboxes=sandboxes,
+                judges=self.judges,
             )
             spec, run = family.sandbox_spec(task), None
             if plan is not None:  # the sandbox reaches the episode's model session alone
@@ -446,26 +448,7 @@ class EpisodeManager:
         if episode.state.verdict is not None:
             return episode.state.verdict
         started = time.perf_counter()
-        try:
-            judged = await episode.family.verify(episode.ctx)
-            verdict = verdict_of(episode, judged, time.perf_counter() - started)
-            if episode.task.sealed:  # the one place a sealed verdict is made servable
-                episode.full_feedback = verdict.feedback  # admin tokens only, never stored
-                verdict = seal(verdict)
-            status, reason = EpisodeStatus.DONE, None
-        except AgentFault as exc:
-            # The agent's doing (an odd file, a tree too deep, a sparse giant): ok, reward 0,
-            # never void: a void would let a policy escape a sure 0 (docs/decisions.md).
-            verdict = verdict_of(episode, agent_fault(exc), time.perf_counter() - started)
-            if episode.task.sealed:
-                episode.full_feedback, verdict = verdict.feedback, seal(verdict)
-            status, reason = EpisodeStatus.DONE, None
-        except Exception as exc:
-            kind = "sandbox failed" if isinstance(exc, SandboxError) else "verifier crashed"
-            log_crash(episode, f"{kind} while verifying", exc)
-            reason = f"{kind} ({type(exc).__name__})"
-            verdict = void_verdict(episode.task.digest, reason, time.perf_counter() - started)
-            status = EpisodeStatus.VOID
+        verdict, status, reason = await assess(episode)
         self.metrics.verify_seconds.labels(episode.task.family).observe(
             time.perf_counter() - started
         )
