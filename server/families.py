@@ -15,6 +15,7 @@ from typing import Any
 from palaestra.envs.base import Family
 from palaestra.envs.cad import CadFamily
 from palaestra.envs.coding import CodingFamily
+from palaestra.envs.commentary import CommentaryFamily
 from palaestra.envs.echo import EchoFamily
 from palaestra.envs.finance import FinanceFamily
 from palaestra.envs.letters import LettersFamily
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 BUILTIN: tuple[type[Family], ...] = (
     CadFamily,
     CodingFamily,
+    CommentaryFamily,
     EchoFamily,
     FinanceFamily,
     ReasoningFamily,

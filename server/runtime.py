@@ -72,6 +72,7 @@ def family_options(settings: Settings) -> dict[str, dict[str, Any]]:
     """What the built-in families are made with: the settings they take, as arguments."""
     return {
         "finance": {"cache_dir": settings.cache / "finance"},
+        "finance-commentary": {"cache_dir": settings.cache / "finance"},
         "cad": {"toolchains_dir": settings.toolchains_dir},
     }
 

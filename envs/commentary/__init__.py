@@ -1,0 +1,5 @@
+"""The `finance-commentary` family: analyst commentary on a generated report, judged by a rubric."""
+
+from palaestra.envs.commentary.family import CommentaryFamily
+
+__all__ = ["CommentaryFamily"]
