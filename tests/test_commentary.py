@@ -278,7 +278,7 @@ async def test_a_failing_judge_voids_the_episode(
     assert verdict.feedback.startswith("judge unavailable (default: ")
 
 
-def test_judged_subject_for_group_scoring(family: CommentaryFamily, pack: Pack) -> None:
+async def test_judged_subject_for_group_scoring(family: CommentaryFamily, pack: Pack) -> None:
     from palaestra.envs.base import EpisodeContext, Sandboxes
 
     task = task_of(pack, "train", 1)
@@ -287,6 +287,7 @@ def test_judged_subject_for_group_scoring(family: CommentaryFamily, pack: Pack) 
         raise AssertionError("no sandbox")
 
     ctx = EpisodeContext("e", task, None, {}, Sandboxes(never))
+    await family.reset(ctx)
     assert family.judged_subject(ctx) is None
     ctx.state["commentary"] = "   "
     assert family.judged_subject(ctx) is None

@@ -156,7 +156,12 @@ class CommentaryFamily(Family):
 
     # -- episode -----------------------------------------------------------------------------
     async def reset(self, ctx: EpisodeContext) -> Observation:
-        return await self.documents.reset(ctx)
+        observation = await self.documents.reset(ctx)
+        # The reference, built once per episode off the event loop; it stays in the
+        # server's memory (ctx.state is never sent) until the judge's prompt.
+        truth = await asyncio.to_thread(self.truth, ctx.task)
+        ctx.state["reference"] = reference_text(truth)
+        return observation
 
     async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
         if isinstance(args, CommentaryArgs):
@@ -167,35 +172,35 @@ class CommentaryFamily(Family):
     def verifier_info(self) -> VerifierInfo:
         return VerifierInfo(name="finance-commentary-rubric", version=self.version)
 
-    async def subject(self, task: Task, commentary: str) -> Subject:
-        truth = await asyncio.to_thread(self.truth, task)
-        question = FinancePublic.of(task).question
-        return Subject(task=question, reference=reference_text(truth), candidate=commentary)
-
-    def judged_subject(self, ctx: EpisodeContext) -> JudgedSubject | None:
-        """What the group scorer judges: None for an episode with no commentary (a 0)."""
+    def subject(self, ctx: EpisodeContext) -> Subject | None:
+        """What the judge grades: None for an episode with no commentary, or an empty one."""
         commentary: str | None = ctx.state.get("commentary")
         if commentary is None or not commentary.strip():
             return None
-        truth = self.truth(ctx.task)
         question = FinancePublic.of(ctx.task).question
-        subject = Subject(task=question, reference=reference_text(truth), candidate=commentary)
-        return JudgedSubject(self.rubric, self.config, subject)
+        reference: str = ctx.state["reference"]
+        return Subject(task=question, reference=reference, candidate=commentary)
+
+    def judged_subject(self, ctx: EpisodeContext) -> JudgedSubject | None:
+        """What the group scorer judges (the same subject as `verify`'s); None is a 0."""
+        subject = self.subject(ctx)
+        return None if subject is None else JudgedSubject(self.rubric, self.config, subject)
 
     async def verify(self, ctx: EpisodeContext) -> Assessment:
-        commentary: str | None = ctx.state.get("commentary")
-        zeros = {c.name: 0.0 for c in self.rubric.criteria}
-        if commentary is None or not commentary.strip():
-            said = "no commentary submitted" if commentary is None else "the commentary is empty"
+        subject = self.subject(ctx)
+        if subject is None:
+            zeros = {c.name: 0.0 for c in self.rubric.criteria}
+            empty = "commentary" in ctx.state
+            said = "the commentary is empty" if empty else "no commentary submitted"
             return Assessment(
                 reward=0.0, passed=False, components=zeros, feedback=said, failure="no_answer"
             )
         chat = ctx.judges.get(self.judge)  # JudgeUnavailable: no such endpoint, void
-        digest = "sha256:" + hashlib.sha256(commentary.encode()).hexdigest()
+        digest = "sha256:" + hashlib.sha256(subject.candidate.encode()).hexdigest()
         verdict = await score_rubric(
             chat,
             self.rubric,
-            await self.subject(ctx.task, commentary),
+            subject,
             self.config,
             cache=ctx.judges.cache,
             state_key=(ctx.task.digest, digest),
