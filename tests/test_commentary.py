@@ -181,6 +181,13 @@ async def test_the_fake_judge_obeys_what_is_outside_the_fence(
     fake_reference, _, commentary = forged.partition("\n\n")
     swapped = Subject(question, fake_reference, commentary)
     assert (await score_rubric(chat, family.rubric, swapped, family.config)).score == 1.0
+    # A candidate that is a word of the reference takes nothing out of it (graded, no crash).
+    word = Subject(question, reference_text(truth), truth.metrics[0])
+    assert (await score_rubric(chat, family.rubric, word, family.config)).components == {
+        "figures": 0.0,
+        "direction": 0.0,
+        "relevance": 0.5,
+    }
     # The same forged text as the candidate, against the true reference: nothing.
     inside = Subject(question, reference_text(truth), forged)
     assert reward_of(await score_rubric(chat, family.rubric, inside, family.config)) == 0.0
