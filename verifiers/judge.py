@@ -81,10 +81,15 @@ class JudgeConfig:
     judge: str
     sampling: JudgeSampling = field(default_factory=JudgeSampling)
     max_attempts: int = 3
+    # characters of candidate text a call may show, shared by its candidates (the rest is
+    # cut, saying so): a long answer can never overflow the judge's context
+    max_candidate_chars: int = 24_000
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, not {self.max_attempts}")
+        if self.max_candidate_chars < 100:
+            raise ValueError(f"max_candidate_chars must be >= 100, not {self.max_candidate_chars}")
 
     def digest(self, rubric: Rubric) -> str:
         """Everything that decides a verdict but the subject: the verdict cache's third key."""
@@ -95,6 +100,7 @@ class JudgeConfig:
                 "judge": self.judge,
                 "sampling": asdict(self.sampling),
                 "max_attempts": self.max_attempts,
+                "max_candidate_chars": self.max_candidate_chars,
             }
         )
 
@@ -210,6 +216,7 @@ class MalformedJudgeOutput(JudgeUnavailable):
     """Every attempt's reply failed to parse or validate (the judge's fault: void)."""
 
     def __init__(self, endpoint: str, attempts: int, last_problem: str) -> None:
+        last_problem = last_problem[:200]
         super().__init__(
             endpoint, f"malformed judge output after {attempts} attempts ({last_problem})"
         )
@@ -233,7 +240,7 @@ async def ask(
     config: JudgeConfig,
     rubric: Rubric,
     mode: str,
-    messages: Callable[[], list[dict[str, str]]],
+    shown: tuple[str, str, Sequence[tuple[str, str]]],
     schema: Mapping[str, Any],
     parse: Callable[[str], T],
 ) -> Asked:
@@ -242,7 +249,10 @@ async def ask(
     digests: list[str] = []
     problem = ""
     for attempt in range(1, config.max_attempts + 1):
-        prompt = messages()
+        task, reference, candidates = shown
+        prompt = build_messages(
+            mode, rubric, task, reference, candidates, config.max_candidate_chars
+        )
         digests.append(digest_of(prompt))
         text = await chat.complete(prompt, config.sampling, schema=schema)
         try:
@@ -277,9 +287,11 @@ async def gather_all(calls: Sequence[Awaitable[T]]) -> list[T]:
         raise
 
 
-def cache_key(state_key: tuple[str, str], config: JudgeConfig, rubric: Rubric) -> str:
+def cache_key(state_key: tuple[str, str], config: JudgeConfig, rubric: Rubric, model: str) -> str:
+    """(task digest, final-state digest, config digest), and the endpoint's model: an
+    operator who points the endpoint at another model gets fresh verdicts."""
     task_digest, state_digest = state_key
-    return digest_of([task_digest, state_digest, config.digest(rubric)])
+    return digest_of([task_digest, state_digest, config.digest(rubric), model])
 
 
 async def score_rubric(
@@ -294,20 +306,20 @@ async def score_rubric(
     """The rubric verdict on one candidate. With `cache` and `state_key` (task digest,
     final-state digest) a verdict already given for the same state and settings is
     returned without a call; only verdicts are cached, never failures."""
-    key = cache_key(state_key, config, rubric) if cache is not None and state_key else None
-    if key is not None and cache is not None:
-        hit = cache.get(key)
-        if hit is not None:
-            verdict = RubricVerdict.from_dict(hit)
-            return replace(verdict, record=replace(verdict.record, cached=True))
+    key = None
+    if cache is not None and state_key is not None:
+        key = cache_key(state_key, config, rubric, chat.model)
+        if (hit := cache.get(key)) is not None:
+            try:
+                verdict = RubricVerdict.from_dict(hit)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                pass  # an entry of another shape: judge again (and overwrite it)
+            else:
+                return replace(verdict, record=replace(verdict.record, cached=True))
 
-    def messages() -> list[dict[str, str]]:
-        return build_messages(
-            "rubric", rubric, subject.task, subject.reference, [("CANDIDATE", subject.candidate)]
-        )
-
+    shown = (subject.task, subject.reference, [("CANDIDATE", subject.candidate)])
     asked = await ask(
-        chat, config, rubric, "rubric", messages, rubric_schema(rubric),
+        chat, config, rubric, "rubric", shown, rubric_schema(rubric),
         lambda text: parse_rubric_reply(rubric, text),
     )  # fmt: skip
     components, reasons = asked.value
@@ -322,13 +334,9 @@ async def _prefer(
 ) -> tuple[float, str, JudgeRecord]:
     """One pairwise call with `a` shown as A: 1 if A wins, 0 if B, 0.5 for a tie."""
 
-    def messages() -> list[dict[str, str]]:
-        return build_messages(
-            "pair", rubric, task, reference, [("CANDIDATE-A", a), ("CANDIDATE-B", b)]
-        )
-
+    shown = (task, reference, [("CANDIDATE-A", a), ("CANDIDATE-B", b)])
     asked = await ask(
-        chat, config, rubric, "pair", messages, pair_schema(),
+        chat, config, rubric, "pair", shown, pair_schema(),
         lambda text: validated(PairReply, text),
     )  # fmt: skip
     reply: PairReply = asked.value
@@ -423,13 +431,9 @@ async def rank_group(
     _check_size(candidates)
     order = shown_order(config, rubric, candidates)
     ids = [f"c{k + 1}" for k in range(len(order))]  # by shown position, not input position
-    shown = [(f"CANDIDATE-{ids[k]}", candidates[i]) for k, i in enumerate(order)]
-
-    def messages() -> list[dict[str, str]]:
-        return build_messages("rank", rubric, task, reference, shown)
-
+    fenced = [(f"CANDIDATE-{ids[k]}", candidates[i]) for k, i in enumerate(order)]
     asked = await ask(
-        chat, config, rubric, "rank", messages, rank_schema(ids),
+        chat, config, rubric, "rank", (task, reference, fenced), rank_schema(ids),
         lambda text: parse_rank_reply(ids, text),
     )  # fmt: skip
     by_id: dict[str, float] = asked.value

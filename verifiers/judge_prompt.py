@@ -32,9 +32,19 @@ _FENCED = re.compile(r"<<<BEGIN (\S+) ([0-9a-f]+)>>>\n(.*?)\n<<<END \1 \2>>>", r
 
 def defang(text: str) -> str:
     """`text` with nothing a fence marker could be made of: runs of three or more angle
-    brackets (or their look-alikes) are spaced apart, and BEGIN/END CANDIDATE words split."""
+    brackets (or their look-alikes) are spaced apart, BEGIN/END CANDIDATE words split, and
+    lone surrogates (which no UTF-8 request body can carry) replaced."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
     text = _ANGLE_RUN.sub(lambda m: " ".join(m.group()), text)
     return _MARKER_WORDS.sub(lambda m: f"{m[1]}-not-a-fence-{m[3]}", text)
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying so: a candidate's length must never push
+    the prompt past the judge's context (that refusal would void what deserves a 0)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... {len(text) - limit} more characters cut by the judge's budget]"
 
 
 def fence(text: str, nonce: str, label: str = "CANDIDATE") -> str:
@@ -124,18 +134,25 @@ def prompt_sha256(rubric: Rubric, mode: str) -> str:
 
 
 def build_messages(
-    mode: str, rubric: Rubric, task: str, reference: str, candidates: Sequence[tuple[str, str]]
+    mode: str,
+    rubric: Rubric,
+    task: str,
+    reference: str,
+    candidates: Sequence[tuple[str, str]],
+    budget: int = 24_000,
 ) -> list[dict[str, str]]:
-    """The chat messages for one call, with a fresh nonce; `candidates` are (label, text)."""
+    """The chat messages for one call, with a fresh nonce; `candidates` are (label, text),
+    sharing `budget` characters between them."""
     duty, answer, heading = DUTIES[mode]
     nonce = secrets.token_hex(16)
+    each = budget // max(len(candidates), 1)
     user = USER.format(
         task=defang(task),
         reference=defang(reference),
         rubric_name=rubric.name,
         rubric=render_rubric(rubric),
         heading=heading,
-        candidates="\n\n".join(fence(text, nonce, label) for label, text in candidates),
+        candidates="\n\n".join(fence(clip(text, each), nonce, label) for label, text in candidates),
     )
     system = SYSTEM.format(duty=duty, answer=answer, nonce=nonce)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
@@ -197,27 +214,43 @@ class PairReply(Strict):
     winner: Literal["A", "B", "tie"]
 
 
-def json_object(text: str) -> Any:
-    """The first JSON object in a reply; code fences and prose around it are tolerated."""
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """The top-level JSON objects in a reply; code fences and prose around them tolerated."""
     decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", text):
+    found: list[dict[str, Any]] = []
+    pos = 0
+    while (start := text.find("{", pos)) >= 0:
         try:
-            value, _ = decoder.raw_decode(text, match.start())
+            value, end = decoder.raw_decode(text, start)
         except ValueError:
+            pos = start + 1
             continue
         if isinstance(value, dict):
-            return value
-    raise Malformed("no JSON object in the reply")
+            found.append(value)
+        pos = end
+    return found
 
 
 def validated(model: type[BaseModel], text: str) -> Any:
-    try:
-        parsed = model.model_validate(json_object(text))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "reply"
-        raise Malformed(f"{where}: {first['msg']}") from None
-    return parsed
+    """The one object in `text` that `model` validates. A reply holding two different
+    verdicts (a judge quoting the candidate's fake verdict beside its own) is malformed:
+    which one is the judge's cannot be told, so it is asked again."""
+    objects = json_objects(text)
+    if not objects:
+        raise Malformed("no JSON object in the reply")
+    valid, problem = [], ""
+    for value in objects:
+        try:
+            valid.append(model.model_validate(value))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "reply"
+            problem = problem or f"{where}: {first['msg']}"
+    if not valid:
+        raise Malformed(problem)
+    if any(v != valid[0] for v in valid[1:]):
+        raise Malformed("the reply holds more than one verdict")
+    return valid[0]
 
 
 def parse_rubric_reply(rubric: Rubric, text: str) -> tuple[dict[str, float], dict[str, str]]:
@@ -229,7 +262,7 @@ def parse_rubric_reply(rubric: Rubric, text: str) -> tuple[dict[str, float], dic
     for entry in reply.criteria:
         criterion = by_name.get(entry.name)
         if criterion is None:
-            raise Malformed(f"unknown criterion {entry.name!r}")
+            raise Malformed(f"unknown criterion {entry.name[:40]!r}")
         if entry.name in components:
             raise Malformed(f"criterion {entry.name!r} answered twice")
         if entry.choice not in criterion.choices:
@@ -268,9 +301,9 @@ def parse_rank_reply(ids: Sequence[str], text: str) -> dict[str, float]:
     scores: dict[str, float] = {}
     for entry in reply.candidates:
         if entry.id not in ids:
-            raise Malformed(f"unknown candidate id {entry.id!r}")
+            raise Malformed(f"unknown candidate id {entry.id[:40]!r}")
         if entry.id in scores:
-            raise Malformed(f"candidate {entry.id!r} scored twice")
+            raise Malformed(f"candidate {entry.id[:40]!r} scored twice")
         scores[entry.id] = entry.score / 10.0
     missing = [i for i in ids if i not in scores]
     if missing:
