@@ -39,7 +39,7 @@ import itertools
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from palaestra.verifiers.judge_prompt import (
     FENCE_CLOSE,
@@ -144,6 +144,8 @@ class JudgeRecord:
 
 @dataclass(frozen=True)
 class RubricVerdict:
+    """score: the weighted mean of the components, each the value of the judge's choice."""
+
     score: float
     components: dict[str, float]
     reasons: dict[str, str]
@@ -228,10 +230,10 @@ class MalformedJudgeOutput(JudgeUnavailable):
 
 
 @dataclass(frozen=True)
-class Asked:
+class Asked(Generic[T]):
     """A parsed reply and the record of how it was obtained."""
 
-    value: Any
+    value: T
     record: JudgeRecord
 
 
@@ -243,16 +245,13 @@ async def ask(
     shown: tuple[str, str, Sequence[tuple[str, str]]],
     schema: Mapping[str, Any],
     parse: Callable[[str], T],
-) -> Asked:
+) -> Asked[T]:
     """Call the judge until a reply parses (fresh nonce each time), within max_attempts.
     Transport faults are the endpoint's to retry: JudgeUnavailable passes through."""
     digests: list[str] = []
     problem = ""
     for attempt in range(1, config.max_attempts + 1):
-        task, reference, candidates = shown
-        prompt = build_messages(
-            mode, rubric, task, reference, candidates, config.max_candidate_chars
-        )
+        prompt = build_messages(mode, rubric, *shown, budget=config.max_candidate_chars)
         digests.append(digest_of(prompt))
         text = await chat.complete(prompt, config.sampling, schema=schema)
         try:
@@ -333,7 +332,6 @@ async def _prefer(
     chat: JudgeChat, rubric: Rubric, task: str, reference: str, a: str, b: str, config: JudgeConfig
 ) -> tuple[float, str, JudgeRecord]:
     """One pairwise call with `a` shown as A: 1 if A wins, 0 if B, 0.5 for a tie."""
-
     shown = (task, reference, [("CANDIDATE-A", a), ("CANDIDATE-B", b)])
     asked = await ask(
         chat, config, rubric, "pair", shown, pair_schema(),
@@ -413,7 +411,7 @@ def shown_order(config: JudgeConfig, rubric: Rubric, candidates: Sequence[str]) 
     and the candidates' digests, so the same group always gets the same order."""
     seed = hashlib.sha256(config.digest(rubric).encode())
     for text in candidates:
-        seed.update(hashlib.sha256(text.encode()).digest())
+        seed.update(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
     order = list(range(len(candidates)))
     random.Random(seed.digest()).shuffle(order)
     return order
