@@ -438,6 +438,8 @@ async def test_rank_group_ids_are_validated(judge: FakeJudge, chat: HttpJudgeCha
         ('name = "r"\n[[criteria]]\nname = "a"\ntext = "t"\nchoices = ["x", "y"]\nweight = 0',
          "criteria #1 ('a'): weight must be > 0"),
         ('name = "r"\n[[criteria]]\nname = "a"\nchoices = ["x", "y"]', "missing field 'text'"),
+        ('name = "r"\n[[criteria]]\nname = "a"\ntext = "t"\nchoices = ["x", "y"]\nweight = inf',
+         "criteria #1 ('a'): weight: Input should be a finite number"),
         ('name = "r"\n[[criteria]]\nname = "a"\ntext = "t"\nchoices = ["x", "y"]\ncolour = 1',
          "unknown key 'colour'"),
         ('name = "r"\nversion = 2\n[[criteria]]\nname = "a"\ntext = "t"\nchoices = ["x", "y"]',
@@ -448,7 +450,7 @@ async def test_rank_group_ids_are_validated(judge: FakeJudge, chat: HttpJudgeCha
         ('name = "r"\n[[criteria]]\nname = "a"\ntext "t"', "line 4"),
         ('name = "r"\ncriteria = []', "at least 1"),
     ],
-    ids=["one-choice", "weight", "missing", "unknown", "unknown-top", "duplicate",
+    ids=["one-choice", "weight", "missing", "infinite", "unknown", "unknown-top", "duplicate",
          "same-choice", "toml", "no-criteria"],
 )  # fmt: skip
 def test_rubric_errors_say_what_to_fix(text: str, message: str) -> None:

@@ -117,11 +117,12 @@ DUTIES: dict[str, tuple[str, str, str]] = {
 
 
 def render_rubric(rubric: Rubric) -> str:
+    """The rubric as the judge reads it (neutralised like the task: no fence look-alikes)."""
     lines = []
     for i, c in enumerate(rubric.criteria, 1):
         lines.append(f"{i}. {c.name} (weight {c.weight:g}): {c.text}")
         lines.append("   choices, worst to best: " + " | ".join(json.dumps(x) for x in c.choices))
-    return "\n".join(lines)
+    return defang("\n".join(lines))
 
 
 def prompt_sha256(rubric: Rubric, mode: str) -> str:
@@ -149,7 +150,7 @@ def build_messages(
     user = USER.format(
         task=defang(task),
         reference=defang(reference),
-        rubric_name=rubric.name,
+        rubric_name=defang(rubric.name),
         rubric=render_rubric(rubric),
         heading=heading,
         candidates="\n\n".join(fence(clip(text, each), nonce, label) for label, text in candidates),

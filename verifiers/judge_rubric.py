@@ -29,7 +29,7 @@ class Criterion(BaseModel):
 
     name: str = Field(min_length=1)
     text: str = Field(min_length=1)
-    weight: float = Field(default=1.0, gt=0, strict=True)
+    weight: float = Field(default=1.0, gt=0, strict=True, allow_inf_nan=False)
     choices: list[str] = Field(min_length=2)
 
     @field_validator("choices")
