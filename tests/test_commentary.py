@@ -31,6 +31,7 @@ from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
+from palaestra.server.packs.check import check_pack
 from palaestra.server.packs.loader import Pack, load_pack
 from palaestra.server.runtime import build_manager
 from palaestra.server.sealed import WITHHELD
@@ -346,3 +347,11 @@ async def test_sealed_split_verdict_carries_no_reference(
     for shown in (verdict.model_dump_json(), state.model_dump_json()):
         for text in figures_of(family.truth(task)):
             assert text not in shown
+
+
+async def test_pack_check_without_a_judge_says_how_to_give_one() -> None:
+    report = await check_pack(PACK, limit=1)
+    assert not report.ok and report.summary()["void"] == 1
+    oracle = next(p for p in report.problems if p.check == "oracle")
+    assert "judge unavailable (default: " in oracle.message
+    assert "--judge NAME=URL,MODEL" in oracle.message

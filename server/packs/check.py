@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import random
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -242,6 +242,11 @@ def _failure(label: str, run: EpisodeRun, timeout_s: float) -> str | None:
                 f"the verifier crashed on the {label} episode ({reason}); the episode was "
                 "void — fix the family's verify() or the task's private data"
             )
+        if reason.startswith("judge unavailable"):
+            return (
+                f"the {label} episode was void ({reason}); give the check a judge endpoint of "
+                "that name (`pack check --judge NAME=URL,MODEL`, or the `judges` setting)"
+            )
         return f"the {label} episode was void ({reason}); fix the environment or the sandbox"
     return None
 
@@ -355,8 +360,12 @@ async def check_pack(
     extra_families: Iterable[Family] = (),
     sandbox: str | None = None,
     on_task: Callable[[Task], None] | None = None,
+    judges: Mapping[str, Any] | None = None,
 ) -> CheckReport:
-    """Prove the pack at `root` (see the module docstring); never raises for a bad pack."""
+    """Prove the pack at `root` (see the module docstring); never raises for a bad pack.
+
+    `judges`: the judge endpoints by name (the `judges` setting's shape) that the embedded
+    server gives families whose verifier asks a judge."""
     root = Path(root)
     report = CheckReport(root=root)
     families = FamilyRegistry.discover()
@@ -397,6 +406,8 @@ async def check_pack(
         values: dict[str, Any] = {"data_dir": Path(tmp), "packs_dirs": []}
         if sandbox is not None:
             values["sandbox"] = sandbox
+        if judges:
+            values["judges"] = dict(judges)
         settings = Settings(**values)
         manager = await asyncio.to_thread(build_manager, settings)
         manager.families = families
