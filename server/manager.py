@@ -147,6 +147,9 @@ class EpisodeManager:
         for episode in list(self._live.values()):
             await self._end(episode, EpisodeStatus.VOID, reason="server shut down")
         await self.sandboxes.aclose()
+        aclose = getattr(self.judges, "aclose", None)  # ServerJudges' pooled client
+        if aclose is not None:
+            await aclose()
         await asyncio.to_thread(self.store.close)
 
     def detach(self, work: asyncio.Future[Any], owner: str | None = None) -> None:
