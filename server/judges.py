@@ -16,7 +16,7 @@ from palaestra.verifiers.judge_endpoint import (
     JudgeEndpoint,
     JudgeRecorder,
     MemoryJudgeCache,
-    make_client,
+    make_pool,
 )
 from palaestra.verifiers.judge_protocol import JudgeCache, JudgeChat, JudgeUnavailable
 
@@ -39,7 +39,7 @@ def endpoint_config(name: str, settings: JudgeEndpointSettings) -> EndpointConfi
 
 
 class ServerJudges:
-    """`Judges` over the configured endpoints, one pooled HTTP client for all of them."""
+    """`Judges` over the configured endpoints, one connection pool for all of them."""
 
     def __init__(
         self,
@@ -49,9 +49,9 @@ class ServerJudges:
         cache_entries: int = 10_000,
     ) -> None:
         configs = [endpoint_config(name, s) for name, s in endpoints.items()]
-        self._client = make_client(configs)
+        self._pool = make_pool()
         self._endpoints = {
-            c.name: JudgeEndpoint(c, client=self._client, recorder=recorder) for c in configs
+            c.name: JudgeEndpoint(c, pool=self._pool, recorder=recorder) for c in configs
         }
         self._cache = MemoryJudgeCache(cache_entries)
 
@@ -76,4 +76,4 @@ class ServerJudges:
         return self._cache
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._pool.aclose()

@@ -20,9 +20,9 @@ nothing the policy wrote can reach this code. The API key goes in one header and
 a reason or a log line. Metrics go through `JudgeRecorder`, so this module needs nothing of
 the server (dependency direction, DESIGN §2).
 
-httpx, not the session proxy's h11 client (server/harness/upstream.py): a judge call costs
-seconds of model time against ~1 ms of httpx CPU (bench/judge_throttle.py prints it), and
-the proxy's client sends no auth header and lives in server/.
+The transport is the session proxy's h11 pool (sdk/http11.py), not httpx: at 32 requests
+in flight httpx's pool cost ~3.8 ms of CPU a request on this machine, on the event loop that
+also serves steps (bench/judge_throttle.py prints the CPU per request).
 """
 
 from __future__ import annotations
@@ -40,14 +40,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
+import h11
 
+from palaestra.sdk.http11 import Answer, Target, TooLarge, UpstreamPool
 from palaestra.verifiers.judge_protocol import JudgeSampling, JudgeUnavailable
 
 log = logging.getLogger("palaestra.judges")
 
 BUDGET_WINDOW_S = 10  # the retry budget counts the calls of this many recent seconds
 DEFAULT_COOL_DOWN_S = 1.0  # a 429 without Retry-After
+MAX_REPLY_BYTES = 8 * 1024 * 1024
 SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -216,8 +218,9 @@ class _FormatRejected(Exception):
     """A 400 to a request with response_format."""
 
 
-def retry_after_s(headers: httpx.Headers, now: float | None = None) -> float | None:
-    """The wait an answer asks for: `retry-after-ms`, `Retry-After` seconds or HTTP date."""
+def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The wait an answer asks for (`headers` named in lower case): `retry-after-ms`,
+    `Retry-After` seconds or an HTTP date."""
     ms = headers.get("retry-after-ms")
     if ms is not None:
         try:
@@ -245,19 +248,19 @@ class JudgeEndpoint:
         self,
         config: EndpointConfig,
         *,
-        client: httpx.AsyncClient | None = None,
+        pool: UpstreamPool | None = None,
         recorder: JudgeRecorder | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.gate = EndpointGate(config, rng)
         self._recorder: JudgeRecorder = recorder or NoRecorder()
-        self._owns_client = client is None
-        self._client = client or make_client([config])
-        self._headers = {"content-type": "application/json"}
+        self._owns_pool = pool is None
+        self._pool = pool or make_pool()
+        self._target = Target.parse(config.chat_url)  # ValueError: what is wrong with it
+        self._headers = [("accept", "application/json")]
         if config.api_key:
-            self._headers["authorization"] = f"Bearer {config.api_key}"
-        self._timeout = httpx.Timeout(config.timeout_s, connect=min(config.timeout_s, 10.0))
+            self._headers.append(("authorization", f"Bearer {config.api_key}"))
         self.schema_refused = False  # the endpoint answered 400 to response_format once
 
     @property
@@ -269,8 +272,8 @@ class JudgeEndpoint:
         return self.config.model
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        if self._owns_pool:
+            await self._pool.aclose()
 
     async def complete(
         self,
@@ -374,29 +377,30 @@ class JudgeEndpoint:
         await self.gate.acquire(deadline_at)
         self._recorder.in_flight(self.name, 1)
         try:
-            response = await self._client.post(
-                self.config.chat_url, content=payload, headers=self._headers, timeout=self._timeout
-            )
-        except httpx.ConnectError as exc:
-            self._recorder.request(self.name, "connection")
-            text = str(exc)
-            refused = "refused" in text.lower() or "all connection attempts failed" in text.lower()
-            raise _Retry(
-                "connection", "connection refused" if refused else "cannot connect"
-            ) from None
-        except httpx.TimeoutException:
+            async with asyncio.timeout(self.config.timeout_s):
+                answer = await self._pool.post(
+                    self._target, payload, MAX_REPLY_BYTES, self._headers
+                )
+        except TimeoutError:
             self._recorder.request(self.name, "timeout")
             raise _Retry("timeout", f"no answer in {self.config.timeout_s:g}s") from None
-        except httpx.TransportError as exc:
+        except TooLarge:
+            self._recorder.request(self.name, "bad_reply")
+            raise _GiveUp("bad_reply", f"reply over {MAX_REPLY_BYTES >> 20} MiB") from None
+        except (OSError, h11.ProtocolError) as exc:
             self._recorder.request(self.name, "connection")
-            raise _Retry("connection", f"connection failed ({type(exc).__name__})") from None
+            refused = isinstance(exc, ConnectionRefusedError) or "refused" in str(exc).lower()
+            reason = (
+                "connection refused" if refused else f"connection failed ({type(exc).__name__})"
+            )
+            raise _Retry("connection", reason) from None
         finally:
             self.gate.release()
             self._recorder.in_flight(self.name, -1)
-        return self._read(response, with_schema)
+        return self._read(answer, with_schema)
 
-    def _read(self, response: httpx.Response, with_schema: bool) -> str:
-        status = response.status_code
+    def _read(self, response: Answer, with_schema: bool) -> str:
+        status = response.status
         if status == 429:
             self._recorder.request(self.name, "429")
             wait = retry_after_s(response.headers)
@@ -418,7 +422,7 @@ class JudgeEndpoint:
             self._recorder.request(self.name, "4xx")
             raise _GiveUp("http_4xx", f"HTTP {status}{_error_message(response)}")
         try:
-            content = response.json()["choices"][0]["message"]["content"]
+            content = json.loads(response.body)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             content = None
         if not isinstance(content, str):
@@ -432,10 +436,10 @@ class JudgeEndpoint:
         return text.replace(key, "***") if key else text
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: Answer) -> str:
     """': <the error's message>' from an OpenAI error body, short; '' without one."""
     try:
-        error = response.json().get("error")
+        error = json.loads(response.body).get("error")
         message = error.get("message") if isinstance(error, dict) else error
     except (ValueError, AttributeError):
         return ""
@@ -445,17 +449,10 @@ def _error_message(response: httpx.Response) -> str:
     return f": {message[:160]}{'…' if len(message) > 160 else ''}"
 
 
-def make_client(configs: Sequence[EndpointConfig]) -> httpx.AsyncClient:
-    """One pooled client for `configs`: keep-alive connections up to their caps, no proxy
-    or netrc from the environment (configuration comes through Settings only), no redirects."""
-    longest = max((c.timeout_s for c in configs), default=60.0)
-    keep = sum(c.max_concurrency for c in configs) or 16
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(longest, connect=min(longest, 10.0)),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=keep),
-        trust_env=False,
-        follow_redirects=False,
-    )
+def make_pool() -> UpstreamPool:
+    """Keep-alive connections by origin; no proxy from the environment (configuration comes
+    through Settings only), no redirects."""
+    return UpstreamPool(connect_timeout_s=10.0, user_agent="palaestra-judge")
 
 
 class MemoryJudgeCache:

@@ -1,0 +1,244 @@
+"""Judge throughput under the shared gate (issue 21): N concurrent episodes each making judge
+calls against an endpoint that answers 429 with Retry-After for a fraction of calls, through
+palaestra's JudgeEndpoint (one cap, shared cool-down, retry budget) beside a naive peer in the
+same run (each caller retries on its own: honours Retry-After for itself, no cap, no shared
+cool-down; the usual SDK loop). Both speak through the same HTTP client (sdk/http11.py), so
+the difference is the gate.
+
+The endpoint is a SCRIPTED FAKE (tests/judge_endpoint_fakes.py), in this process on loopback:
+it answers after `--latency` seconds, and a 429 for `--fraction` of the requests it gets
+outside a window; each 429 announces a window of `--retry-after` seconds (`retry-after-ms`,
+and `Retry-After` in whole seconds), inside which it answers every request 429, as a real
+rate limiter does. It counts the requests that arrive inside an announced window ("storm":
+requests a client was told not to send), and the most requests in flight at once.
+
+Figures per client: requests made, retries, 429s, storm requests, failed calls, p50/p99
+verdict latency (one `complete`, retries and waits included), most in flight vs the cap,
+verdicts/s, and the process's CPU per request (client and fake together: both run here).
+
+    .venv/bin/python bench/judge_throttle.py            # 256 episodes x 2 calls
+    .venv/bin/python bench/judge_throttle.py --quick    # 64 episodes x 1 call
+    options: --episodes N --calls N --cap N --latency S --fraction F --retry-after S --json PATH
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the fake lives with the tests, which use it too
+
+from palaestra.sdk.http11 import Target, UpstreamPool  # noqa: E402
+from palaestra.verifiers.judge_endpoint import (  # noqa: E402
+    EndpointConfig,
+    JudgeEndpoint,
+    retry_after_s,
+)
+from palaestra.verifiers.judge_protocol import JudgeSampling, JudgeUnavailable  # noqa: E402
+from tests.judge_endpoint_fakes import ScriptedJudge  # noqa: E402
+
+ASK = [{"role": "user", "content": "Score this commentary against the rubric."}]
+SAMPLING = JudgeSampling(max_tokens=256)
+NAIVE_RETRIES = 20  # generous, so the naive peer finishes too
+
+
+@dataclass
+class Figures:
+    client: str
+    requests: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    storm: int = 0
+    failed: int = 0
+    p50_s: float = 0.0
+    p99_s: float = 0.0
+    max_in_flight: int = 0
+    cap: int | None = None
+    verdicts_per_s: float = 0.0
+    wall_s: float = 0.0
+    cpu_us_per_request: float = 0.0
+    latencies: list[float] = field(default_factory=list, repr=False)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+class Retries:
+    """The palaestra endpoint's retries, counted through its recorder."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def request(self, endpoint: str, outcome: str) -> None:
+        pass
+
+    def retry(self, endpoint: str) -> None:
+        self.count += 1
+
+    def call(self, endpoint: str, latency_s: float, failure: str | None) -> None:
+        pass
+
+    def in_flight(self, endpoint: str, delta: int) -> None:
+        pass
+
+
+async def ours(fake: ScriptedJudge, args: argparse.Namespace, out: Figures) -> None:
+    retries = Retries()
+    config = EndpointConfig(
+        name="bench",
+        url=fake.url,
+        model="judge",
+        max_concurrency=args.cap,
+        deadline_s=300.0,
+        max_retries=NAIVE_RETRIES,
+        retry_ratio=args.retry_ratio,
+        timeout_s=60.0,
+    )
+    judge = JudgeEndpoint(config, recorder=retries)
+
+    async def episode() -> None:
+        for _ in range(args.calls):
+            started = time.monotonic()
+            try:
+                await judge.complete(ASK, SAMPLING)
+            except JudgeUnavailable:
+                out.failed += 1
+            out.latencies.append(time.monotonic() - started)
+
+    try:
+        await asyncio.gather(*(episode() for _ in range(args.episodes)))
+    finally:
+        await judge.aclose()
+    out.retries, out.cap = retries.count, args.cap
+
+
+async def naive(fake: ScriptedJudge, args: argparse.Namespace, out: Figures) -> None:
+    payload = json.dumps({"model": "judge", "messages": ASK, "max_tokens": 256}).encode()
+    target = Target.parse(f"{fake.url}/chat/completions")
+    pool = UpstreamPool(connect_timeout_s=10.0)
+
+    async def call() -> None:
+        for attempt in range(NAIVE_RETRIES + 1):
+            reply = await pool.post(target, payload, 1 << 20)
+            if reply.status == 200:
+                return
+            if attempt < NAIVE_RETRIES:
+                out.retries += 1
+                wait = retry_after_s(reply.headers)
+                await asyncio.sleep(wait if wait is not None else 0.5 * 2**attempt)
+        out.failed += 1
+
+    async def episode() -> None:
+        for _ in range(args.calls):
+            started = time.monotonic()
+            await call()
+            out.latencies.append(time.monotonic() - started)
+
+    try:
+        await asyncio.gather(*(episode() for _ in range(args.episodes)))
+    finally:
+        await pool.aclose()
+
+
+async def measure(name: str, args: argparse.Namespace) -> Figures:
+    out = Figures(name)
+    fake = ScriptedJudge(
+        latency_s=args.latency,
+        rate_limit_fraction=args.fraction,
+        retry_after_s=args.retry_after,
+        seed=args.seed,
+        keep_bodies=False,
+    )
+    async with fake:
+        cpu, started = time.process_time(), time.monotonic()
+        await (ours if name == "palaestra" else naive)(fake, args, out)
+        out.wall_s = time.monotonic() - started
+        cpu = time.process_time() - cpu
+    out.requests, out.rate_limited = fake.requests, fake.statuses[429]
+    out.storm, out.max_in_flight = fake.during_window, fake.max_in_flight
+    out.p50_s, out.p99_s = pct(out.latencies, 0.5), pct(out.latencies, 0.99)
+    out.verdicts_per_s = (len(out.latencies) - out.failed) / out.wall_s
+    out.cpu_us_per_request = cpu / max(1, out.requests) * 1e6
+    print(f"{name}: {out.requests} requests in {out.wall_s:.1f} s", file=sys.stderr)
+    return out
+
+
+def report(args: argparse.Namespace, runs: list[Figures]) -> dict[str, Any]:
+    verdicts = args.episodes * args.calls
+    print()
+    print(
+        f"{args.episodes} episodes x {args.calls} judge calls = {verdicts} verdicts; fake judge "
+        f"(scripted): {args.latency * 1000:.0f} ms a reply, 429 for {args.fraction:.0%} of "
+        f"requests outside a window, each opening a {args.retry_after:g} s window"
+    )
+    print()
+    print("| client | requests | retries | 429s | storm | failed | p50 s | p99 s | "
+          "max in flight | verdicts/s | CPU µs/request |")  # fmt: skip
+    print("| ------ | -------- | ------- | ---- | ----- | ------ | ----- | ----- | "
+          "------------- | ---------- | -------------- |")  # fmt: skip
+    for f in runs:
+        flight = f"{f.max_in_flight}" + (f" (cap {f.cap})" if f.cap else " (no cap)")
+        print(f"| {f.client} | {f.requests} | {f.retries} | {f.rate_limited} | {f.storm} | "
+              f"{f.failed} | {f.p50_s:.3f} | {f.p99_s:.3f} | {flight} | "
+              f"{f.verdicts_per_s:.1f} | {f.cpu_us_per_request:.0f} |")  # fmt: skip
+    mine, peer = runs
+    print()
+    print(f"naive / palaestra: requests {peer.requests / max(1, mine.requests):.2f}x, "
+          f"429s {peer.rate_limited / max(1, mine.rate_limited):.2f}x, storm requests "
+          f"{peer.storm} vs {mine.storm}; palaestra verdicts/s "
+          f"{mine.verdicts_per_s / max(1e-9, peer.verdicts_per_s):.2f}x naive, p99 "
+          f"{mine.p99_s / max(1e-9, peer.p99_s):.2f}x naive")  # fmt: skip
+    capped = mine.max_in_flight <= args.cap
+    print(f"{'PASS' if capped else 'MISS'} no request beyond the cap "
+          f"({mine.max_in_flight} <= {args.cap})")  # fmt: skip
+    print(f"{'PASS' if mine.storm == 0 else 'MISS'} no request inside an announced cool-down")
+    print(f"{'PASS' if mine.failed == 0 else 'MISS'} every verdict given ({mine.failed} failed)")
+    figures = {
+        "setup": {k: v for k, v in vars(args).items() if k not in ("json", "quick")},
+        "runs": [{k: v for k, v in asdict(f).items() if k != "latencies"} for f in runs],
+    }
+    print(json.dumps(figures))
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="64 episodes x 1 call")
+    parser.add_argument("--episodes", type=int, default=256)
+    parser.add_argument("--calls", type=int, default=2, help="judge calls an episode makes")
+    parser.add_argument("--cap", type=int, default=32, help="palaestra's max_concurrency")
+    parser.add_argument("--retry-ratio", type=float, default=0.5, help="palaestra's budget")
+    parser.add_argument("--latency", type=float, default=0.05, help="the fake's reply time, s")
+    parser.add_argument("--fraction", type=float, default=0.2, help="share answered 429")
+    parser.add_argument("--retry-after", type=float, default=0.2, help="the 429s' window, s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    if args.quick:
+        args.episodes, args.calls = 64, 1
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+
+    async def both() -> list[Figures]:
+        return [await measure("palaestra", args), await measure("naive", args)]
+
+    figures = report(args, asyncio.run(both()))
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
