@@ -106,10 +106,10 @@ class JudgeEndpointSettings(BaseModel):
         default=0.2,
         ge=0,
         le=1,
-        description="retries at most this share of the last 10 s of calls (plus retry_floor)",
+        description="retries at most this share of the last minute's calls (plus retry_floor)",
     )
     retry_floor: int = Field(
-        default=10, ge=0, description="retries a quiet endpoint may make in 10 s anyway"
+        default=10, ge=0, description="retries a quiet endpoint may make in a minute anyway"
     )
     timeout_s: float = Field(
         default=60.0, gt=0, allow_inf_nan=False, description="one HTTP request at most"

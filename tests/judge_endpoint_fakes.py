@@ -5,7 +5,9 @@ with Retry-After, 5xx, refusing response_format, answering slowly).
 It is a real HTTP/1.1 server (asyncio + h11, keep-alive), so the client under test speaks
 real HTTP to it; and it records what a test asserts on: requests, the most in flight at
 once, the bodies and auth headers it got, and how many requests arrived inside a cool-down
-it had announced with Retry-After (`during_window`: a well-behaved client sends none).
+it had announced with Retry-After (`during_window`: a well-behaved client sends none; those
+that arrive within `grace_s` of the announcement were on their way before the client could
+read it, and are counted apart as `crossed`).
 Used by tests/test_judge_endpoint.py and bench/judge_throttle.py.
 """
 
@@ -63,6 +65,7 @@ class ScriptedJudge:
         answer: Callable[[dict[str, Any]], str] | None = None,
         seed: int = 0,
         keep_bodies: bool = True,
+        grace_s: float = 0.0,
     ) -> None:
         self.latency_s = latency_s
         self.rate_limit_fraction = rate_limit_fraction
@@ -76,7 +79,11 @@ class ScriptedJudge:
         self.in_flight = 0
         self.max_in_flight = 0
         self.window_until = 0.0  # time.monotonic() the announced cool-down ends
+        self.announced_at = 0.0  # when the last 429 was answered
+        self.grace_s = grace_s
         self.during_window = 0
+        self.crossed = 0
+        self.late: list[float] = []  # in-window arrivals: seconds after the announcement
         self.statuses: Counter[int] = Counter()
         self.bodies: list[dict[str, Any]] = []
         self.authorization: list[str | None] = []
@@ -99,8 +106,12 @@ class ScriptedJudge:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
+    def _announce(self, now: float, wait_s: float) -> None:
+        if now >= self.window_until:
+            self.announced_at = now
+        self.window_until = max(self.window_until, now + wait_s)
+
     def _rate_limited(self, wait_s: float) -> Reply:
-        self.window_until = max(self.window_until, time.monotonic() + wait_s)
         headers = {"retry-after": f"{max(1, round(wait_s))}"}  # integer seconds, as HTTP has
         headers["retry-after-ms"] = f"{wait_s * 1000:.0f}"  # OpenAI's precise one
         return Reply(429, {"error": {"message": "rate limited", "type": "rate_limit"}}, headers)
@@ -116,18 +127,22 @@ class ScriptedJudge:
         if self.keep_bodies:
             self.bodies.append(body)
         if now < self.window_until:
-            self.during_window += 1
+            self.late.append(now - self.announced_at)
+            if now - self.announced_at < self.grace_s:
+                self.crossed += 1
+            else:
+                self.during_window += 1
             return self._rate_limited(self.window_until - now)
         if self.script:
             reply = self.script.popleft()
             if reply.status == 429:  # the window it announces, as the fraction's do
                 ms, seconds = reply.headers.get("retry-after-ms"), reply.headers.get("retry-after")
-                wait = float(ms) / 1000 if ms else float(seconds) if seconds else 0.0
-                self.window_until = max(self.window_until, now + wait)
+                self._announce(now, float(ms) / 1000 if ms else float(seconds or 0))
             return reply
         if self.refuse_schema and "response_format" in body:
             return Reply(400, {"error": {"message": "response_format is not supported"}})
         if self.rate_limit_fraction and self._rng.random() < self.rate_limit_fraction:
+            self._announce(now, self.retry_after_s)
             return self._rate_limited(self.retry_after_s)
         return Reply(200, completion(self.answer(body)), delay_s=self.latency_s)
 

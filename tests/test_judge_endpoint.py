@@ -84,6 +84,7 @@ async def test_a_429_cools_every_caller_down(fake: ScriptedJudge) -> None:
     while fake.requests == 0:
         await asyncio.sleep(0.001)
     await asyncio.sleep(0.05)  # the 429 is back: the cool-down is on
+    assert judge.gate.cooling() and judge.gate.limit == 4.0  # and the in-flight limit halved
     sent_429_at = fake.arrivals[0]
     rest = [asyncio.create_task(judge.complete(ASK, SAMPLING)) for _ in range(20)]
     texts = await asyncio.gather(first, *rest)
@@ -91,6 +92,7 @@ async def test_a_429_cools_every_caller_down(fake: ScriptedJudge) -> None:
     assert len(texts) == 21 and fake.during_window == 0
     assert fake.statuses == {429: 1, 200: 21}
     assert min(fake.arrivals[1:]) - sent_429_at >= 1.0  # everyone waited Retry-After out
+    assert judge.gate.limit == 8.0  # grown back to the cap by the answers
 
 
 def test_retry_after_forms() -> None:

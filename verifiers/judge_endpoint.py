@@ -11,7 +11,7 @@ the window the provider asked everyone to wait). The gate holds, per endpoint:
 - a shared cool-down: a 429 (or a 503 with Retry-After) stops every caller of the endpoint
   until Retry-After has passed (seconds, an HTTP date, or OpenAI's `retry-after-ms`,
   capped), then they resume with jitter;
-- a retry budget: retries are at most `retry_ratio` of the calls of the last 10 s plus a
+- a retry budget: retries are at most `retry_ratio` of the calls of the last minute plus a
   floor, so an endpoint that is dying gets a trickle of retries, not a multiple of its load;
 - a deadline per call (the whole call: queueing, cool-downs, retries).
 
@@ -35,7 +35,7 @@ import logging
 import random
 import re
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,7 +47,7 @@ from palaestra.verifiers.judge_protocol import JudgeSampling, JudgeUnavailable
 
 log = logging.getLogger("palaestra.judges")
 
-BUDGET_WINDOW_S = 10  # the retry budget counts the calls of this many recent seconds
+BUDGET_WINDOW_S = 60  # the retry budget counts the calls of this many recent seconds
 DEFAULT_COOL_DOWN_S = 1.0  # a 429 without Retry-After
 MAX_REPLY_BYTES = 8 * 1024 * 1024
 SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -150,24 +150,44 @@ class RetryBudget:
 
 
 class EndpointGate:
-    """The cap, the shared cool-down and the retry budget of one endpoint."""
+    """The cap, the shared cool-down and the retry budget of one endpoint.
+
+    Within the cap, how many requests may be in flight (`limit`) halves at each cool-down
+    and grows by one a success: a burst of requests resuming together after a cool-down
+    would mostly arrive after the endpoint's next 429 and be refused too."""
 
     def __init__(self, config: EndpointConfig, rng: random.Random | None = None) -> None:
         self.config = config
         self.budget = RetryBudget(config.retry_ratio, config.retry_floor)
-        self._slots = asyncio.Semaphore(config.max_concurrency)
         self._rng = rng or random.Random()
+        self._queue: deque[asyncio.Future[None]] = deque()  # callers waiting for a slot
+        self.limit = float(config.max_concurrency)
+        self._cut_until = 0.0  # the cool-down the limit was last halved for
         self.cool_until = 0.0  # time.monotonic(): no request leaves before it
         self.in_flight = 0
         self.max_in_flight = 0
+
+    @property
+    def allowed(self) -> int:
+        return max(1, int(self.limit))
 
     def cooling(self) -> bool:
         return self.cool_until > time.monotonic()
 
     def cool_down(self, delay_s: float) -> None:
         """Every caller waits `delay_s` (capped) from now before its next request."""
+        now = time.monotonic()
         delay = min(max(delay_s, 0.0), self.config.retry_after_cap_s)
-        self.cool_until = max(self.cool_until, time.monotonic() + delay)
+        self.cool_until = max(self.cool_until, now + delay)
+        if now >= self._cut_until:  # once a cool-down, however many 429s it brings
+            self.limit = max(1.0, self.limit / 2)
+            self._cut_until = self.cool_until
+
+    def answered(self) -> None:
+        """A success: one more request may be in flight, up to the cap."""
+        if self.limit < self.config.max_concurrency:
+            self.limit = min(float(self.config.max_concurrency), self.limit + 1)
+            self._wake()
 
     async def wait_cool(self, deadline_at: float) -> None:
         """Sleep out the cool-down (with jitter, so the callers do not all resume at once);
@@ -175,23 +195,41 @@ class EndpointGate:
         while (wait := self.cool_until - time.monotonic()) > 0:
             if self.cool_until > deadline_at:
                 raise _GiveUp("deadline", "429 cool-down outlasts the deadline")
-            await asyncio.sleep(wait + self._rng.uniform(0.0, min(0.5, 0.2 * wait) + 0.005))
+            await asyncio.sleep(wait + self._rng.uniform(0.0, min(0.5, 0.1 * wait) + 0.005))
 
     async def acquire(self, deadline_at: float) -> None:
-        """A slot under the cap, outside any cool-down (one that began while this caller
-        queued for the slot is waited out without holding it)."""
+        """A slot under the limit, outside any cool-down; callers queue first come first
+        served (one woken during a cool-down sleeps it out without holding a slot)."""
+        woken = False
         while True:
             await self.wait_cool(deadline_at)
-            await self._slots.acquire()
-            if not self.cooling():
+            if self.in_flight < self.allowed and (woken or not self._queue):
                 self.in_flight += 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)
                 return
-            self._slots.release()
+            turn = asyncio.get_running_loop().create_future()
+            self._queue.append(turn)
+            try:
+                await turn
+            except BaseException:
+                if turn in self._queue:
+                    self._queue.remove(turn)
+                elif turn.done() and not turn.cancelled():
+                    self._wake()  # its turn goes to the next caller
+                raise
+            woken = True
 
     def release(self) -> None:
         self.in_flight -= 1
-        self._slots.release()
+        self._wake()
+
+    def _wake(self) -> None:
+        free = self.allowed - self.in_flight
+        while free > 0 and self._queue:
+            turn = self._queue.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                free -= 1
 
     def backoff(self, retry: int) -> float:
         """Exponential backoff with full jitter for the `retry`-th retry (from 1)."""
@@ -429,6 +467,7 @@ class JudgeEndpoint:
             self._recorder.request(self.name, "bad_reply")
             raise _Retry("bad_reply", "the reply is not a chat completion with text content")
         self._recorder.request(self.name, "ok")
+        self.gate.answered()
         return content
 
     def _redact(self, text: str) -> str:
