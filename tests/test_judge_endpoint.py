@@ -257,6 +257,14 @@ def test_judge_settings_from_toml_and_env_with_clear_errors(tmp_path: Path) -> N
         judge({"max_concurrency": 0})
 
 
+def test_the_operations_page_example_is_valid(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    block = page.split("# palaestra.toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "palaestra.toml").write_text(block)
+    grader = load_settings(environ={}, config_file=tmp_path / "palaestra.toml").judges["grader"]
+    assert grader.max_concurrency == 16 and grader.api_key is not None
+
+
 async def test_server_judges_get_and_metrics(fake: ScriptedJudge) -> None:
     metrics = Metrics()
     settings = Settings.model_validate({"judges": {"x": {"url": fake.url, "model": "m"}}})
