@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from palaestra.envs.base import Assessment, EpisodeContext
 from palaestra.envs.echo import EchoFamily
 from palaestra.server.app import create_app
+from palaestra.server.cluster.worker import settings_for_workers
 from palaestra.server.config import REPO_PACKS, Settings, load_settings
 from palaestra.server.judges import ServerJudges
 from palaestra.server.metrics import Metrics
@@ -93,6 +94,24 @@ async def test_a_429_cools_every_caller_down(fake: ScriptedJudge) -> None:
     assert fake.statuses == {429: 1, 200: 21}
     assert min(fake.arrivals[1:]) - sent_429_at >= 1.0  # everyone waited Retry-After out
     assert judge.gate.limit == 8.0  # grown back to the cap by the answers
+
+
+async def test_cancelled_callers_leave_no_slot_behind(fake: ScriptedJudge) -> None:
+    """An episode closed while its verifier waits: the queue and the count stay right."""
+    fake.latency_s = 0.1
+    judge = endpoint(fake.url, max_concurrency=1)
+    calls = [asyncio.create_task(judge.complete(ASK, SAMPLING)) for _ in range(6)]
+    await asyncio.sleep(0.02)
+    calls[0].cancel()  # in flight
+    calls[2].cancel()  # queued
+    calls[3].cancel()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert [isinstance(r, asyncio.CancelledError) for r in results] == [
+        True, False, True, True, False, False
+    ]  # fmt: skip
+    assert judge.gate.in_flight == 0 and not judge.gate._queue
+    assert await judge.complete(ASK, SAMPLING) == '{"verdict": "fine"}'
+    await judge.aclose()
 
 
 def test_retry_after_forms() -> None:
@@ -263,6 +282,15 @@ def test_the_operations_page_example_is_valid(tmp_path: Path) -> None:
     (tmp_path / "palaestra.toml").write_text(block)
     grader = load_settings(environ={}, config_file=tmp_path / "palaestra.toml").judges["grader"]
     assert grader.max_concurrency == 16 and grader.api_key is not None
+
+
+def test_a_cluster_front_hands_its_workers_the_judge_keys(tmp_path: Path) -> None:
+    settings = make_settings(
+        data_dir=tmp_path, judges={"x": {"url": "http://h/v1", "model": "m", "api_key": KEY}}
+    )
+    worker = Settings.model_validate_json(settings_for_workers(settings))
+    key = worker.judges["x"].api_key
+    assert key is not None and key.get_secret_value() == KEY
 
 
 async def test_server_judges_get_and_metrics(fake: ScriptedJudge) -> None:

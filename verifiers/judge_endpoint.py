@@ -321,7 +321,7 @@ class JudgeEndpoint:
         schema: Mapping[str, Any] | None = None,
     ) -> str:
         started = time.monotonic()
-        failure: str | None = "cancelled"
+        failure: str | None = "error"  # an exception of ours (a bug) until shown otherwise
         try:
             text = await self._complete(messages, sampling, schema, started)
             failure = None
@@ -331,6 +331,9 @@ class JudgeEndpoint:
             reason = self._redact(exc.reason)
             log.warning("judge %s gave no answer: %s", self.name, reason)
             raise JudgeUnavailable(self.name, reason) from None
+        except asyncio.CancelledError:
+            failure = None  # the episode went away: no verdict was waited for
+            raise
         finally:
             self._recorder.call(self.name, time.monotonic() - started, failure)
 
