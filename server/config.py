@@ -416,11 +416,11 @@ class Settings(BaseModel):
     )
     # Group rewards (server/groups.py): POST /v1/groups/verify.
     max_group_size: int = Field(
-        default=64,
+        default=16,
         ge=2,
         le=1024,
         description="episodes one group verify may judge together (422 over; a tournament's "
-        "judge calls grow with its square)",
+        "judge calls grow with its square; the judge's own MAX_GROUP caps it too)",
     )
 
     @field_validator("egress_allow")

@@ -29,9 +29,9 @@ import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from palaestra.sdk.errors import (
     ConflictError,
@@ -44,19 +44,16 @@ from palaestra.sdk.models import EpisodeStatus, GroupReward
 from palaestra.server.auth import ADMIN_PRINCIPAL, Principal
 from palaestra.server.db import IntegrityError
 from palaestra.server.episode import Episode
-from palaestra.verifiers import judge
-from palaestra.verifiers.judge_protocol import JudgeChat, JudgeUnavailable
+from palaestra.verifiers.judge import MAX_GROUP, JudgedSubject, judge_group
+from palaestra.verifiers.judge_protocol import JudgeUnavailable
 
 if TYPE_CHECKING:
     from palaestra.server.manager import EpisodeManager
 
 log = logging.getLogger("palaestra.groups")
 
-GroupScore = Callable[
-    [JudgeChat, judge.Rubric, str, str, Sequence[str], judge.JudgeConfig],
-    Awaitable[judge.GroupVerdict],
-]
-SCORERS: dict[str, GroupScore] = {"tournament": judge.tournament, "ranking": judge.rank_group}
+# The wire's scorer names → verifiers.judge.judge_group's methods.
+METHODS: dict[str, Literal["rank", "tournament"]] = {"tournament": "tournament", "ranking": "rank"}
 
 
 @dataclass(frozen=True)
@@ -101,10 +98,12 @@ class GroupVerifier:
                 "episode once",
                 code="duplicate_episodes",
             )
-        if len(ids) > settings.max_group_size:
+        limit = min(settings.max_group_size, MAX_GROUP)
+        if len(ids) > limit:
             raise InvalidActionError(
-                f"a group may have at most {settings.max_group_size} episodes "
-                f"(max_group_size); this one has {len(ids)}",
+                f"a group may have at most {limit} episodes (max_group_size "
+                f"{settings.max_group_size}, the judge's own limit {MAX_GROUP}); this one "
+                f"has {len(ids)}",
                 code="group_too_large",
             )
         members = [await self._member(principal, eid) for eid in ids]  # 404s first, all
@@ -157,7 +156,7 @@ class GroupVerifier:
                     code="group_taken",
                 )
         first = episodes[0]
-        subjects = []
+        subjects: list[JudgedSubject] = []
         for episode in episodes:
             subject = episode.family.judged_subject(episode.ctx)
             if subject is None:
@@ -171,20 +170,18 @@ class GroupVerifier:
         sealed = first.task.sealed
         try:
             chat = self.manager.judges.get(lead.config.judge)
-            verdict = await SCORERS[scorer](
-                chat,
-                lead.rubric,
-                lead.subject.task,
-                lead.subject.reference,
-                [s.subject.candidate for s in subjects],
-                lead.config,
-            )
+            verdict = await judge_group(chat, subjects, METHODS[scorer])
         except JudgeUnavailable as exc:
             why = "sealed split: reason withheld" if sealed else exc.reason
             log.warning("group %s: judge %s unavailable: %s", digest, exc.endpoint, exc.reason)
             raise UnavailableError(
                 f"judge {exc.endpoint!r} unavailable ({why}); nothing was stored: retry later",
                 code="judge_unavailable",
+            ) from None
+        except ValueError as exc:  # subjects that differ: the family's judged_subject is wrong
+            raise ServerError(
+                f"family {first.family.name!r} described one task's episodes differently "
+                f"({exc}); a bug in its judged_subject"
             ) from None
         scores = list(verdict.scores)
         if len(scores) != len(members) or not all(
@@ -204,6 +201,7 @@ class GroupVerifier:
                 "records": [r.as_dict() for r in verdict.records],
                 "config_digest": lead.config.digest(lead.rubric),
                 "rubric": lead.rubric.name,
+                "inconsistent_pairs": verdict.inconsistent,
             },
         }
         try:

@@ -6,11 +6,21 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import uvicorn
+from judge_fakes import (
+    Behaviour,
+    FakeJudge,
+    HttpJudgeChat,
+    Reply,
+    by_rule,
+    prefer,
+    rank_by,
+    schema_of,
+)
 
 from palaestra.envs.base import EpisodeContext, StepOutcome, Tool, ToolArgs
 from palaestra.envs.echo import EchoFamily, EchoPrivate, EchoPublic
@@ -130,41 +140,31 @@ class Judges:
         return None
 
 
-class QualityJudge:
-    """TEMPORARY scripted judge for the stand-in judge.py (replaced by H1's FakeJudge)."""
+def judging(quality: Mapping[str, float]) -> Behaviour:
+    """FakeJudge's behaviour for these tests: grades every candidate by `quality[text]` in
+    whichever mode it is asked (rubric, pairwise, ranking), read from the reply schema."""
+    top = max(quality.values())
 
-    name = JUDGE
-    model = "scripted"
+    def key(text: str) -> float:
+        return quality.get(text, 0.0) / top
 
-    def __init__(self, quality: dict[str, float]) -> None:
-        self.quality = quality
-        self.calls = 0
-        self.prompts: list[str] = []
+    pair, rank = prefer(key), rank_by(lambda text: 10 * key(text))
+    rubric = by_rule(lambda _name, choices, text: round(key(text) * (len(choices) - 1)))
 
-    async def complete(self, messages: Any, sampling: Any, *, schema: Any = None) -> str:
-        import json
+    def answer(body: dict[str, Any]) -> Reply:
+        properties = schema_of(body)["properties"]
+        if "winner" in properties:
+            return pair(body)
+        return rank(body) if "candidates" in properties else rubric(body)
 
-        self.calls += 1
-        prompt = "\n".join(m["content"] for m in messages)
-        self.prompts.append(prompt)
-        lines = prompt.splitlines()
-        if lines[0] == "PAIR":
-            a, b = lines[1][3:], lines[2][3:]
-            qa, qb = self.quality.get(a, 0), self.quality.get(b, 0)
-            return json.dumps(
-                {"reason": "", "winner": "A" if qa > qb else "B" if qb > qa else "tie"}
-            )
-        if lines[0] == "RANK":
-            cands = [line.split(": ", 1) for line in lines[1:]]
-            return json.dumps(
-                {
-                    "candidates": [
-                        {"id": i, "reason": "", "score": 10 * self.quality.get(c, 0) / 3}
-                        for i, c in cands
-                    ]
-                }
-            )
-        cand = prompt.rsplit("CAND ", 1)[1]
-        q = self.quality.get(cand, 0)
-        choice = ["wrong", "partly", "exact"][min(2, int(q))]
-        return json.dumps({"criteria": [{"name": "reversal", "reason": "", "choice": choice}]})
+    return answer
+
+
+@contextmanager
+def judge_server(quality: Mapping[str, float]) -> Iterator[tuple[FakeJudge, HttpJudgeChat]]:
+    """H1's FakeJudge (a scripted OpenAI chat server on loopback) grading by `quality`,
+    and the endpoint `JUDGE` over it."""
+    fake = FakeJudge()
+    fake.script(default=judging(quality))
+    with fake.serve() as url:
+        yield fake, HttpJudgeChat(url, name=JUDGE)

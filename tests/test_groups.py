@@ -17,14 +17,15 @@ from group_peers import (
     COBALT,
     LETTERS,
     VOID_ANSWER,
-    DownJudge,
     JudgedEcho,
     Judges,
-    QualityJudge,
     client_of,
     ended,
+    judge_server,
+    judging,
     serve,
 )
+from judge_fakes import FakeJudge, HttpJudgeChat, Status
 
 from palaestra.sdk.errors import ConflictError, InvalidActionError, NotFoundError, UnavailableError
 from palaestra.sdk.http import AsyncHTTPClient
@@ -46,7 +47,8 @@ class Stack:
     manager: EpisodeManager
     url: str
     judges: Judges
-    judge: QualityJudge
+    fake: FakeJudge
+    judge: HttpJudgeChat
     train: AsyncHTTPClient
     other: AsyncHTTPClient
 
@@ -61,17 +63,17 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     )
     manager = build_manager(settings)
     manager.families.add(JudgedEcho())
-    judge = QualityJudge(QUALITY)
-    judges = Judges(judge)
-    manager.judges = judges
-    async with serve(manager) as url:
-        train = client_of(manager, url, ["train"])
-        other = client_of(manager, url, ["train"])
-        try:
-            yield Stack(manager, url, judges, judge, train, other)
-        finally:
-            await train.aclose()
-            await other.aclose()
+    with judge_server(QUALITY) as (fake, judge):
+        judges = Judges(judge)
+        manager.judges = judges
+        async with serve(manager) as url:
+            train = client_of(manager, url, ["train"])
+            other = client_of(manager, url, ["train"])
+            try:
+                yield Stack(manager, url, judges, fake, judge, train, other)
+            finally:
+                await train.aclose()
+                await other.aclose()
 
 
 async def group_of(stack: Stack, *answers: str, task: str = BIRCH) -> list[str]:
@@ -181,16 +183,15 @@ async def test_refusals(stack: Stack) -> None:
 @on_module_loop
 async def test_judge_down_is_503_and_stores_nothing(stack: Stack) -> None:
     ids = await group_of(stack, "hcrib", "hcrix")
-    down = DownJudge("HTTP 502 from upstream")
-    stack.judges.chat = down
+    stack.fake.script(default=Status(502))
     try:
         with pytest.raises(UnavailableError, match="HTTP 502") as error:
             await stack.train.verify_group(ids, "ranking")
         assert error.value.code == "judge_unavailable" and error.value.retryable
-        assert down.calls >= 1
+        assert stack.fake.requests  # it was asked
         assert (await stack.train.state(ids[0])).group_reward is None
     finally:
-        stack.judges.chat = stack.judge
+        stack.fake.script(default=judging(QUALITY))
     reply = await stack.train.verify_group(ids, "ranking")  # judged now, not a stored failure
     assert not reply.stored and reply.rewards[ids[0]] > reply.rewards[ids[1]]
 

@@ -24,8 +24,9 @@ from group_peers import (
     DownJudge,
     JudgedEcho,
     Judges,
-    QualityJudge,
+    judge_server,
 )
+from judge_fakes import FakeJudge, HttpJudgeChat
 
 from palaestra.sdk.models import EpisodeStatus
 from palaestra.sdk.train.collector import CollectorConfig, RolloutCollector
@@ -86,7 +87,8 @@ class Stack:
     manager: EpisodeManager
     client: AsyncInProcessClient
     judges: Judges
-    judge: QualityJudge
+    fake: FakeJudge
+    judge: HttpJudgeChat
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -94,14 +96,14 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     data = tmp_path_factory.mktemp("prefilter") / "data"
     manager = build_manager(make_settings(data_dir=data, packs_dirs=[REPO_PACKS / "echo"]))
     manager.families.add(JudgedEcho())
-    judge = QualityJudge(QUALITY)
-    judges = Judges(judge)
-    manager.judges = judges
-    await manager.start()
-    try:
-        yield Stack(manager, AsyncInProcessClient(manager), judges, judge)
-    finally:
-        await manager.shutdown()
+    with judge_server(QUALITY) as (fake, judge):
+        judges = Judges(judge)
+        manager.judges = judges
+        await manager.start()
+        try:
+            yield Stack(manager, AsyncInProcessClient(manager), judges, fake, judge)
+        finally:
+            await manager.shutdown()
 
 
 def collector(stack: Stack, answers: Sequence[str], **config: Any) -> RolloutCollector:
@@ -217,10 +219,9 @@ async def test_prefiltered_episodes_stay_out_of_the_group(stack: Stack) -> None:
 @on_module_loop
 async def test_judge_prefilter_sees_the_public_task_only(stack: Stack) -> None:
     task = "Submit the word 'birch' in reverse order of its letters."
-    judge = QualityJudge(QUALITY)
-    prefilter = JudgePreFilter(judge, RUBRIC, JudgeConfig(judge=JUDGE))
+    prefilter = JudgePreFilter(stack.judge, RUBRIC, JudgeConfig(judge=JUDGE))
     assert await prefilter.score(task, "hcrib") > await prefilter.score(task, "zzzzz")
-    wrong = judge.prompts[-1]
+    wrong = stack.fake.prompts[-1]
     assert "zzzzz" in wrong and "hcrib" not in wrong  # no reference reaches the judge
     down = JudgePreFilter(DownJudge(), RUBRIC, JudgeConfig(judge=JUDGE))
     assert await down.score(task, "zzzzz") == math.inf and down.unavailable == 1  # kept

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import make_settings
-from group_peers import BIRCH, SEALED, DownJudge, JudgedEcho, Judges, QualityJudge
+from group_peers import BIRCH, SEALED, DownJudge, JudgedEcho, Judges, judge_server
+from judge_fakes import HttpJudgeChat
 
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.manager import EpisodeManager
@@ -28,16 +29,17 @@ async def manager(tmp_path: Path) -> AsyncIterator[EpisodeManager]:
     settings = make_settings(data_dir=tmp_path / "data", packs_dirs=[REPO_PACKS / "echo"])
     built = build_manager(settings)
     built.families.add(JudgedEcho())
-    built.judges = Judges(QualityJudge(QUALITY))
-    await built.start()
-    try:
-        yield built
-    finally:
-        await built.shutdown()
+    with judge_server(QUALITY) as (_, chat):
+        built.judges = Judges(chat)
+        await built.start()
+        try:
+            yield built
+        finally:
+            await built.shutdown()
 
 
-def judge_of(manager: EpisodeManager) -> QualityJudge:
-    assert isinstance(manager.judges, Judges) and isinstance(manager.judges.chat, QualityJudge)
+def judge_of(manager: EpisodeManager) -> HttpJudgeChat:
+    assert isinstance(manager.judges, Judges) and isinstance(manager.judges.chat, HttpJudgeChat)
     return manager.judges.chat
 
 
