@@ -43,7 +43,7 @@ from palaestra.sdk.groups import GroupVerifyRequest, GroupVerifyResponse
 from palaestra.sdk.models import EpisodeStatus, GroupReward
 from palaestra.server.auth import ADMIN_PRINCIPAL, Principal
 from palaestra.server.db import IntegrityError
-from palaestra.server.episode import Episode
+from palaestra.server.episode import Episode, log_crash
 from palaestra.verifiers.judge import MAX_GROUP, JudgedSubject, judge_group
 from palaestra.verifiers.judge_protocol import JudgeUnavailable
 
@@ -123,13 +123,20 @@ class GroupVerifier:
                 self._judge(request.scorer, members, digest), name=f"group-{digest[7:19]}"
             )
             self._running[digest] = running
-            running.add_done_callback(lambda _: self._running.pop(digest, None))
+            running.add_done_callback(lambda done: self._done(digest, done))
             self.manager.detach(running)  # judged to its end though the caller went away
             fresh = True
         else:
             fresh = False
         result = await asyncio.shield(running)
         return self._reply(result, members, digest, stored=not fresh)
+
+    def _done(self, digest: str, task: asyncio.Task[dict[str, Any]]) -> None:
+        """Forget a finished judging; its error is its callers' (retrieved here too, for a
+        judging whose callers all went away)."""
+        self._running.pop(digest, None)
+        if not task.cancelled():
+            task.exception()
 
     async def _member(self, principal: Principal, episode_id: str) -> Member:
         episode, key = await self.manager._allowed(principal, episode_id)  # 404: not its own
@@ -158,7 +165,14 @@ class GroupVerifier:
         first = episodes[0]
         subjects: list[JudgedSubject] = []
         for episode in episodes:
-            subject = episode.family.judged_subject(episode.ctx)
+            try:
+                subject = episode.family.judged_subject(episode.ctx)
+            except Exception as exc:
+                log_crash(episode, f"family {episode.family.name} crashed in judged_subject", exc)
+                raise ServerError(
+                    f"family {episode.family.name!r} crashed giving its judged subject "
+                    f"({type(exc).__name__}); a bug in the family"
+                ) from None
             if subject is None:
                 raise InvalidActionError(
                     f"family {episode.family.name!r} gives no judged subject "
@@ -173,7 +187,7 @@ class GroupVerifier:
             verdict = await judge_group(chat, subjects, METHODS[scorer])
         except JudgeUnavailable as exc:
             why = "sealed split: reason withheld" if sealed else exc.reason
-            log.warning("group %s: judge %s unavailable: %s", digest, exc.endpoint, exc.reason)
+            log.warning("group %s: judge %s unavailable (%s)", digest, exc.endpoint, why)
             raise UnavailableError(
                 f"judge {exc.endpoint!r} unavailable ({why}); nothing was stored: retry later",
                 code="judge_unavailable",

@@ -4,6 +4,7 @@ episode's state; every refusal in the contract's error shape; the store on both 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +29,11 @@ from group_peers import (
 from judge_fakes import FakeJudge, HttpJudgeChat, Status
 
 from palaestra.sdk.errors import ConflictError, InvalidActionError, NotFoundError, UnavailableError
-from palaestra.sdk.http import AsyncHTTPClient
+from palaestra.sdk.http import AsyncHTTPClient, HTTPClient
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.db import Database, IntegrityError
 from palaestra.server.groups import group_digest
+from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 from palaestra.server.store import Store
@@ -226,13 +228,28 @@ async def test_an_episode_the_server_no_longer_holds(stack: Stack) -> None:
 
 
 @on_module_loop
-async def test_in_process_client(stack: Stack) -> None:
-    from palaestra.server.inprocess import AsyncInProcessClient
-
+async def test_in_process_and_blocking_clients(stack: Stack) -> None:
     client = AsyncInProcessClient(stack.manager)
     ids = [await ended(client, BIRCH, answer) for answer in ("zzzzz", "hcrib")]
     reply = await client.verify_group(ids, "ranking")
     assert reply.rewards[ids[1]] > reply.rewards[ids[0]]
+    token = stack.manager.settings.data_dir.joinpath("admin.token").read_text().strip()
+    with HTTPClient(stack.url, token=token) as blocking:  # in a thread: the server is here
+        again = await asyncio.to_thread(blocking.verify_group, ids[::-1], "ranking")
+    assert again.stored and again.rewards == reply.rewards
+
+
+@on_module_loop
+async def test_cluster_mode_is_refused(stack: Stack) -> None:
+    ids = await group_of(stack, "hcrib", "zzzzz")
+    settings = stack.manager.settings
+    stack.manager.settings = settings.model_copy(update={"ray": "auto"})
+    try:
+        with pytest.raises(InvalidActionError, match="cluster mode") as refused:
+            await stack.train.verify_group(ids, "ranking")
+    finally:
+        stack.manager.settings = settings
+    assert refused.value.code == "unsupported_in_cluster"
 
 
 def test_group_store_round_trip(store_url: str, tmp_path: Path) -> None:
