@@ -15,7 +15,7 @@
   (the context-edit rule), `HarnessCollector` (groups of harness episodes);
 - `group_rewards`: a complete group judged together (`CollectorConfig.group_scorer`);
 - `prefilter`: a cheap scorer of final answers before the verifier (`PreFilter`,
-  `CallablePreFilter`; a judge one is `palaestra.server.judge_prefilter.JudgePreFilter`);
+  `CallablePreFilter`; a judge one is `palaestra.verifiers.judge_prefilter.JudgePreFilter`);
 - `letters_demo`: a tiny random transformer that learns `palaestra/letters` on a CPU.
 
 See docs/training.md. Modules that need torch import it themselves; this package does not.

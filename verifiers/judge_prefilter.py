@@ -7,7 +7,8 @@ collector's `drop_below` low and watch `prefilter_agreement`. A judge that gives
 verdict never drops an answer (the full verifier decides), and is counted.
 
 It lives here, not in palaestra.sdk.train.prefilter, because the sdk depends on nothing
-else of palaestra (DESIGN §2) and the judge logic is palaestra.verifiers'.
+else of palaestra (DESIGN §2) and the judge logic is palaestra.verifiers' (which may
+depend on the sdk); the server never runs it.
 """
 
 from __future__ import annotations
