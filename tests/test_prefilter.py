@@ -36,10 +36,10 @@ from palaestra.sdk.train.tokenizers import CharTokenizer
 from palaestra.sdk.train.types import Generation, SamplingParams, Trajectory
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.inprocess import AsyncInProcessClient
-from palaestra.verifiers.judge_prefilter import JudgePreFilter
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 from palaestra.verifiers.judge import JudgeConfig
+from palaestra.verifiers.judge_prefilter import JudgePreFilter
 
 on_module_loop = pytest.mark.asyncio(loop_scope="module")
 TOK = CharTokenizer(string.printable)
