@@ -497,6 +497,14 @@ class Settings(BaseModel):
     llm_max_response_kb: int = Field(
         default=32768, ge=1, description="an upstream model reply at most, KiB (void over)"
     )
+    # Group rewards (server/groups.py): POST /v1/groups/verify.
+    max_group_size: int = Field(
+        default=16,
+        ge=2,
+        le=1024,
+        description="episodes one group verify may judge together (422 over; a tournament's "
+        "judge calls grow with its square; the judge's own MAX_GROUP caps it too)",
+    )
 
     @field_validator("egress_allow")
     @classmethod
