@@ -1,7 +1,8 @@
-"""Judge throughput under the shared gate (issue 21): N concurrent episodes each making judge
-calls against an endpoint that answers 429 with Retry-After for a fraction of calls, through
-palaestra's JudgeEndpoint (one cap, shared cool-down, retry budget) beside a naive peer in the
-same run (each caller retries on its own: honours Retry-After for itself, no cap, no shared
+"""Judge throughput under the shared gate (issue 21): N concurrent episodes each scoring
+candidates with the rubric judge (palaestra.verifiers.judge.score_rubric) against an endpoint
+that answers 429 with Retry-After for a fraction of calls, through palaestra's JudgeEndpoint
+(one cap, shared cool-down, retry budget) beside a naive peer in the same run (a JudgeChat
+whose every call retries on its own: honours Retry-After for itself, no cap, no shared
 cool-down; the usual SDK loop). Both speak through the same HTTP client (sdk/http11.py), so
 the difference is the gate.
 
@@ -36,6 +37,7 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,17 +46,52 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the fake lives with the tests, which use it too
 
 from palaestra.sdk.http11 import Target, UpstreamPool  # noqa: E402
+from palaestra.verifiers.judge import JudgeConfig, Rubric, Subject, score_rubric  # noqa: E402
 from palaestra.verifiers.judge_endpoint import (  # noqa: E402
     EndpointConfig,
     JudgeEndpoint,
     retry_after_s,
 )
-from palaestra.verifiers.judge_protocol import JudgeSampling, JudgeUnavailable  # noqa: E402
+from palaestra.verifiers.judge_protocol import (  # noqa: E402
+    JudgeChat,
+    JudgeSampling,
+    JudgeUnavailable,
+)
 from tests.judge_endpoint_fakes import ScriptedJudge  # noqa: E402
+from tests.judge_fakes import rubric_reply  # noqa: E402  (H1's: a well-formed rubric verdict)
 
-ASK = [{"role": "user", "content": "Score this commentary against the rubric."}]
-SAMPLING = JudgeSampling(max_tokens=256)
+RUBRIC = Rubric.from_toml(
+    """
+name = "commentary"
+
+[[criteria]]
+name = "accuracy"
+text = "The figures quoted match the reference."
+weight = 3
+choices = ["wrong", "partly right", "right"]
+
+[[criteria]]
+name = "clarity"
+text = "A reader understands the point at once."
+choices = ["unclear", "clear"]
+""",
+    "bench.toml",
+)
+CONFIG = JudgeConfig(judge="bench", sampling=JudgeSampling(max_tokens=256))
 NAIVE_RETRIES = 20  # generous, so the naive peer finishes too
+
+
+def subject(episode: int, call: int) -> Subject:
+    return Subject(
+        task="Comment on the quarter's revenue.",
+        reference="Revenue rose 12% to $4.1bn.",
+        candidate=f"Revenue grew 12%, to $4.1bn (episode {episode}, call {call}).",
+    )
+
+
+def fair_judge(body: dict[str, Any]) -> str:
+    """The fake's answer: a well-formed rubric verdict (the best choice each time)."""
+    return rubric_reply(body, lambda _name, choices, _text: choices[-1])
 
 
 @dataclass
@@ -100,6 +137,60 @@ class Retries:
         pass
 
 
+class NaiveChat:
+    """The peer as a `JudgeChat`: every call retries on its own (Retry-After honoured for
+    itself, else exponential backoff), no cap, nothing shared between callers."""
+
+    def __init__(self, url: str, out: Figures) -> None:
+        self.name, self.model = "bench", "judge"
+        self._target = Target.parse(f"{url}/chat/completions")
+        self._pool = UpstreamPool(connect_timeout_s=10.0)
+        self._out = out
+
+    async def complete(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        sampling: JudgeSampling,
+        *,
+        schema: Mapping[str, Any] | None = None,
+    ) -> str:
+        body: dict[str, Any] = {"model": self.model, "messages": list(messages)}
+        body.update(temperature=sampling.temperature, max_tokens=sampling.max_tokens)
+        if schema is not None:
+            spec = {"name": "verdict", "schema": dict(schema), "strict": True}
+            body["response_format"] = {"type": "json_schema", "json_schema": spec}
+        payload = json.dumps(body).encode()
+        for attempt in range(NAIVE_RETRIES + 1):
+            reply = await self._pool.post(self._target, payload, 1 << 20)
+            if reply.status == 200:
+                text: str = json.loads(reply.body)["choices"][0]["message"]["content"]
+                return text
+            if attempt < NAIVE_RETRIES:
+                self._out.retries += 1
+                wait = retry_after_s(reply.headers)
+                await asyncio.sleep(wait if wait is not None else 0.5 * 2**attempt)
+        raise JudgeUnavailable(self.name, f"HTTP {reply.status} after {NAIVE_RETRIES} retries")
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
+async def episodes(chat: JudgeChat, args: argparse.Namespace, out: Figures) -> None:
+    """`args.episodes` concurrent episodes, each scoring `args.calls` candidates in turn."""
+
+    async def episode(n: int) -> None:
+        for call in range(args.calls):
+            started = time.monotonic()
+            try:
+                verdict = await score_rubric(chat, RUBRIC, subject(n, call), CONFIG)
+                assert verdict.score == 1.0, verdict
+            except JudgeUnavailable:
+                out.failed += 1
+            out.latencies.append(time.monotonic() - started)
+
+    await asyncio.gather(*(episode(n) for n in range(args.episodes)))
+
+
 async def ours(fake: ScriptedJudge, args: argparse.Namespace, out: Figures) -> None:
     retries = Retries()
     config = EndpointConfig(
@@ -113,49 +204,19 @@ async def ours(fake: ScriptedJudge, args: argparse.Namespace, out: Figures) -> N
         timeout_s=60.0,
     )
     judge = JudgeEndpoint(config, recorder=retries)
-
-    async def episode() -> None:
-        for _ in range(args.calls):
-            started = time.monotonic()
-            try:
-                await judge.complete(ASK, SAMPLING)
-            except JudgeUnavailable:
-                out.failed += 1
-            out.latencies.append(time.monotonic() - started)
-
     try:
-        await asyncio.gather(*(episode() for _ in range(args.episodes)))
+        await episodes(judge, args, out)
     finally:
         await judge.aclose()
     out.retries, out.cap = retries.count, args.cap
 
 
 async def naive(fake: ScriptedJudge, args: argparse.Namespace, out: Figures) -> None:
-    payload = json.dumps({"model": "judge", "messages": ASK, "max_tokens": 256}).encode()
-    target = Target.parse(f"{fake.url}/chat/completions")
-    pool = UpstreamPool(connect_timeout_s=10.0)
-
-    async def call() -> None:
-        for attempt in range(NAIVE_RETRIES + 1):
-            reply = await pool.post(target, payload, 1 << 20)
-            if reply.status == 200:
-                return
-            if attempt < NAIVE_RETRIES:
-                out.retries += 1
-                wait = retry_after_s(reply.headers)
-                await asyncio.sleep(wait if wait is not None else 0.5 * 2**attempt)
-        out.failed += 1
-
-    async def episode() -> None:
-        for _ in range(args.calls):
-            started = time.monotonic()
-            await call()
-            out.latencies.append(time.monotonic() - started)
-
+    chat = NaiveChat(fake.url, out)
     try:
-        await asyncio.gather(*(episode() for _ in range(args.episodes)))
+        await episodes(chat, args, out)
     finally:
-        await pool.aclose()
+        await chat.aclose()
 
 
 async def measure(name: str, args: argparse.Namespace, fraction: float) -> Figures:
@@ -165,6 +226,7 @@ async def measure(name: str, args: argparse.Namespace, fraction: float) -> Figur
         rate_limit_fraction=fraction,
         retry_after_s=args.retry_after,
         seed=args.seed,
+        answer=fair_judge,
         keep_bodies=False,
         grace_s=args.grace,
     )
