@@ -71,6 +71,12 @@ class EndpointConfig:
     backoff_s: float = 0.5  # first 5xx/connection backoff; doubles each retry
     max_backoff_s: float = 8.0
 
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1 or self.max_retries < 0 or self.retry_floor < 0:
+            raise ValueError("max_concurrency must be >= 1, max_retries and retry_floor >= 0")
+        if not (self.deadline_s > 0 and self.timeout_s > 0 and self.retry_ratio >= 0):
+            raise ValueError("deadline_s and timeout_s must be > 0, retry_ratio >= 0")
+
     @property
     def chat_url(self) -> str:
         url = self.url.rstrip("/")
@@ -329,7 +335,7 @@ class JudgeEndpoint:
         except _GiveUp as exc:
             failure = exc.kind
             reason = self._redact(exc.reason)
-            log.warning("judge %s gave no answer: %s", self.name, reason)
+            log.debug("judge %s gave no answer: %s", self.name, reason)  # assess logs the void
             raise JudgeUnavailable(self.name, reason) from None
         except asyncio.CancelledError:
             failure = None  # the episode went away: no verdict was waited for
