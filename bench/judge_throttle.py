@@ -61,20 +61,8 @@ from tests.judge_endpoint_fakes import ScriptedJudge  # noqa: E402
 from tests.judge_fakes import rubric_reply  # noqa: E402  (H1's: a well-formed rubric verdict)
 
 RUBRIC = Rubric.from_toml(
-    """
-name = "commentary"
-
-[[criteria]]
-name = "accuracy"
-text = "The figures quoted match the reference."
-weight = 3
-choices = ["wrong", "partly right", "right"]
-
-[[criteria]]
-name = "clarity"
-text = "A reader understands the point at once."
-choices = ["unclear", "clear"]
-""",
+    'name = "bench"\n\n[[criteria]]\nname = "grounded"\n'
+    'text = "Every figure is the reference\'s."\nchoices = ["no", "partly", "yes"]\n',
     "bench.toml",
 )
 CONFIG = JudgeConfig(judge="bench", sampling=JudgeSampling(max_tokens=256))
