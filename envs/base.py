@@ -15,7 +15,7 @@ import dataclasses
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -26,6 +26,9 @@ from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Limits, Observation, ToolSpec, VerifierInfo
 from palaestra.sdk.task import Task
 from palaestra.verifiers.judge_protocol import Judges, NoJudges
+
+if TYPE_CHECKING:
+    from palaestra.verifiers.judge import JudgedSubject
 
 # -- tools -----------------------------------------------------------------------------------
 
@@ -361,6 +364,14 @@ class Family(abc.ABC):
     @abc.abstractmethod
     def oracle(self, task: Task) -> list[Action]:
         """The reference solution as actions, built from private fields (never sent to clients)."""
+
+    def judged_subject(self, ctx: EpisodeContext) -> JudgedSubject | None:
+        """Called on an ended (verified, not void) episode by `POST /v1/groups/verify`: the
+        rubric, judge config and subject (task, reference, the episode's final answer) a
+        group scorer compares across the episodes of one task. None (the default): this
+        family's episodes cannot be judged as a group (422). Must not touch a sandbox (they
+        are freed when the episode ends) nor block: read what `step` kept in `ctx.state`."""
+        return None
 
     def null(self, task: Task) -> list[Action]:
         """A do-nothing attempt; it must score 0."""

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, runtime_checkable
 
+from palaestra.sdk.groups import GroupScorer, GroupVerifyResponse
 from palaestra.sdk.models import (
     Action,
     BatchResetResult,
@@ -200,6 +201,13 @@ class AsyncServerClient(AsyncBatchClient, Protocol):
         and sampling skip it, exact pins still reach it."""
         ...
 
+    async def verify_group(
+        self, episode_ids: Sequence[str], scorer: GroupScorer
+    ) -> GroupVerifyResponse:
+        """Rewards for a group of ended episodes of one task, judged together by `scorer`
+        ("tournament" or "ranking"); the same group again answers its stored result."""
+        ...
+
     async def _sampler(self, query: SamplerQuery) -> SamplerReport: ...
 
 
@@ -243,3 +251,4 @@ class Client(ABC):
     sampler = blocking(AsyncServerClient.sampler)
     release_task = blocking(AsyncServerClient.release_task)
     yank = blocking(AsyncServerClient.yank)
+    verify_group = blocking(AsyncServerClient.verify_group)

@@ -27,6 +27,7 @@ from palaestra.sdk.client import (
     step_item,
 )
 from palaestra.sdk.errors import PalaestraError, TransportError, error_from_response
+from palaestra.sdk.groups import GroupScorer, GroupVerifyRequest, GroupVerifyResponse
 from palaestra.sdk.models import (
     BatchResetRequest,
     BatchResetResponse,
@@ -264,6 +265,14 @@ class AsyncHTTPClient(AsyncServerClient):
     async def yank(self, ref: str, *, undo: bool = False) -> PackYankResponse:
         path = f"/v1/packs/{ref}/{'unyank' if undo else 'yank'}"
         return PackYankResponse.model_validate_json((await self._request("POST", path)).content)
+
+    async def verify_group(
+        self, episode_ids: Sequence[str], scorer: GroupScorer
+    ) -> GroupVerifyResponse:
+        body = GroupVerifyRequest(episode_ids=list(episode_ids), scorer=scorer)
+        content = body.model_dump_json().encode()
+        response = await self._request("POST", "/v1/groups/verify", content=content, headers=_JSON)
+        return GroupVerifyResponse.model_validate_json(response.content)
 
     async def aclose(self) -> None:
         await self._transport.aclose()

@@ -188,6 +188,15 @@ class EpisodeMetrics(WireModel):
     output_bytes: int = 0
 
 
+class GroupReward(WireModel):
+    """An episode's reward from a group judge (POST /v1/groups/verify), beside its verdict."""
+
+    reward: float = Field(ge=0.0, le=1.0)
+    scorer: str
+    method: str
+    group_digest: str
+
+
 class EpisodeState(WireModel):
     episode_id: str
     task: str
@@ -213,6 +222,11 @@ class EpisodeState(WireModel):
         default=None,
         description="admin tokens only, while the server holds the episode: a sealed "
         "verdict's own feedback (every verdict of a sealed split carries pass/fail only)",
+    )
+    group_reward: GroupReward | None = Field(
+        default=None,
+        description="the reward a group judge gave it with the other episodes of its "
+        "group (POST /v1/groups/verify); `verdict` keeps its own",
     )
 
 

@@ -44,6 +44,7 @@ from palaestra.sdk.models import (
     Verdict,
 )
 from palaestra.server import auth as scopes
+from palaestra.server import group_routes
 from palaestra.server.caller import manager_of, principal_of
 from palaestra.server.config import Settings
 from palaestra.server.doors import mcp_http, openenv, ors
@@ -506,6 +507,7 @@ def create_app(
 
     app.include_router(mcp_http.router)
     app.include_router(harness_routes.router)
+    app.include_router(group_routes.router)
     app.include_router(openenv.router)
     app.include_router(ors.router)  # at the root, after /v1: ORS's client joins absolute paths
     _complete_openapi(app, [StepRequest, BatchResetRequest, BatchStepRequest])

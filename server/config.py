@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    FieldSerializationInfo,
     SecretStr,
     field_serializer,
     field_validator,
@@ -73,6 +76,75 @@ def default_data_dir() -> Path:
 def _host_ca() -> Path | None:
     path = Path("/etc/ssl/certs/ca-certificates.crt")
     return path if path.is_file() else None
+
+
+JUDGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class JudgeEndpointSettings(BaseModel):
+    """One judge endpoint (`judges.<name>`): any OpenAI-compatible /chat/completions, with
+    the limits every episode on this server shares (verifiers/judge_endpoint.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(
+        description="the OpenAI base URL, http(s)://HOST[:PORT]/v1 (or the full …/chat/completions)"
+    )
+    model: str = Field(min_length=1, description="the model the endpoint is asked for")
+    api_key: SecretStr | None = Field(default=None, description="sent as a bearer token")
+    max_concurrency: int = Field(
+        default=16, ge=1, le=4096, description="requests in flight at most (per server process)"
+    )
+    deadline_s: float = Field(
+        default=120.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="one judge call at most, queueing, cool-downs and retries included",
+    )
+    max_retries: int = Field(default=4, ge=0, le=100, description="retries of one call at most")
+    retry_ratio: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="retries at most this share of the last minute's calls (plus retry_floor)",
+    )
+    retry_floor: int = Field(
+        default=10, ge=0, description="retries a quiet endpoint may make in a minute anyway"
+    )
+    timeout_s: float = Field(
+        default=60.0, gt=0, allow_inf_nan=False, description="one HTTP request at most"
+    )
+    retry_after_cap_s: float = Field(
+        default=60.0, gt=0, allow_inf_nan=False, description="a Retry-After is honoured up to it"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"{value!r} is no endpoint URL: write http(s)://HOST[:PORT]/v1, the "
+                "OpenAI base URL of the judge server"
+            )
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError("write the URL without query, fragment or user info (the key "
+                             "goes in api_key)")  # fmt: skip
+        return value
+
+    @model_validator(mode="after")
+    def _timeout_fits(self) -> JudgeEndpointSettings:
+        if self.timeout_s > self.deadline_s:
+            raise ValueError("timeout_s (one request) must be at most deadline_s (the call)")
+        return self
+
+    @field_serializer("api_key", when_used="json")
+    def _key_shown(self, value: SecretStr | None, info: FieldSerializationInfo) -> str | None:
+        """Masked, except for the settings a cluster front hands its workers."""
+        if value is None:
+            return None
+        reveal = isinstance(info.context, dict) and info.context.get("secrets") is True
+        return value.get_secret_value() if reveal else "**********"
 
 
 class Settings(BaseModel):
@@ -371,6 +443,17 @@ class Settings(BaseModel):
     sampler_history: int = Field(
         default=100_000, ge=0, description="recent episodes read at start to rebuild the stats"
     )
+    # Judges (verifiers/judge_endpoint.py, docs/decisions.md "Judges: endpoint operations").
+    judges: dict[str, JudgeEndpointSettings] = Field(
+        default_factory=dict,
+        description=(
+            "judge endpoints by name, which a family's verifier asks for (ctx.judges); "
+            "toml [judges.NAME] url, model, api_key, …; env: JSON"
+        ),
+    )
+    judge_cache_entries: int = Field(
+        default=10_000, ge=1, description="judgements kept in memory (least recently used go)"
+    )
     log_level: str = "info"
     # Cluster mode (server/cluster/, docs/operations.md).
     ray: str = Field(
@@ -414,11 +497,32 @@ class Settings(BaseModel):
     llm_max_response_kb: int = Field(
         default=32768, ge=1, description="an upstream model reply at most, KiB (void over)"
     )
+    # Group rewards (server/groups.py): POST /v1/groups/verify.
+    max_group_size: int = Field(
+        default=16,
+        ge=2,
+        le=1024,
+        description="episodes one group verify may judge together (422 over; a tournament's "
+        "judge calls grow with its square; the judge's own MAX_GROUP caps it too)",
+    )
 
     @field_validator("egress_allow")
     @classmethod
     def _egress_rules(cls, value: list[str]) -> list[str]:
         AllowList.parse(value)
+        return value
+
+    @field_validator("judges")
+    @classmethod
+    def _judge_names(
+        cls, value: dict[str, JudgeEndpointSettings]
+    ) -> dict[str, JudgeEndpointSettings]:
+        for name in value:
+            if not JUDGE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"judge name {name!r}: letters, digits, '_', '.', '-', at most 64, "
+                    "starting with a letter or digit"
+                )
         return value
 
     @field_validator("egress_private")
@@ -457,6 +561,14 @@ def _coerce(name: str, raw: str) -> Any:
         return [p for p in raw.split(os.pathsep) if p]
     if name in ("images", "toolchains", "builtin_orgs", "harness_endpoints"):
         return [p.strip() for p in raw.split(",") if p.strip()]
+    if name == "judges":
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"PALAESTRA_JUDGES is not JSON ({exc}): write "
+                '{"NAME": {"url": "http://HOST:PORT/v1", "model": "MODEL"}}'
+            ) from None
     if name in ("sampler_weights", "image_aliases"):
         if raw.lstrip().startswith("{"):
             return json.loads(raw)

@@ -27,6 +27,7 @@ from palaestra.sdk.client import (
     step_item,
 )
 from palaestra.sdk.errors import InvalidActionError
+from palaestra.sdk.groups import GroupScorer, GroupVerifyRequest, GroupVerifyResponse
 from palaestra.sdk.models import (
     Action,
     BatchResetRequest,
@@ -130,6 +131,12 @@ class AsyncInProcessClient(AsyncServerClient):
 
     async def yank(self, ref: str, *, undo: bool = False) -> PackYankResponse:
         return await self.manager.catalog.yank_pack(ref, undo=undo)
+
+    async def verify_group(
+        self, episode_ids: Sequence[str], scorer: GroupScorer
+    ) -> GroupVerifyResponse:
+        request = GroupVerifyRequest(episode_ids=list(episode_ids), scorer=scorer)
+        return await self.manager.groups.verify(request)
 
 
 class InProcessClient(Client):

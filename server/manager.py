@@ -54,6 +54,7 @@ from palaestra.server.episode import (
     void_verdict,
 )
 from palaestra.server.families import FamilyRegistry
+from palaestra.server.groups import GroupVerifier
 from palaestra.server.harness.runner import Ending, HarnessRunner
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs.catalog import PackCatalog
@@ -100,6 +101,7 @@ class EpisodeManager:
         self.metrics = metrics or Metrics()
         self.llm_proxy = proxy  # harness mode: the model sessions (server/runtime.py)
         self.harness = HarnessRunner(settings, store, proxy)  # harness episodes
+        self.groups = GroupVerifier(self)  # POST /v1/groups/verify (server/groups.py)
         self._live: dict[str, Episode] = {}
         self._ended: OrderedDict[str, Episode] = OrderedDict()
         self._pending = 0
@@ -147,6 +149,9 @@ class EpisodeManager:
         for episode in list(self._live.values()):
             await self._end(episode, EpisodeStatus.VOID, reason="server shut down")
         await self.sandboxes.aclose()
+        aclose = getattr(self.judges, "aclose", None)  # ServerJudges' pooled client
+        if aclose is not None:
+            await aclose()
         await asyncio.to_thread(self.store.close)
 
     def detach(self, work: asyncio.Future[Any], owner: str | None = None) -> None:

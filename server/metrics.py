@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+JUDGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -48,6 +49,7 @@ class Metrics:
             "Tasks the sampler holds back after repeated void episodes",
             registry=self.registry,
         )
+        self.judges = JudgeMetrics(self.registry)
 
     def bind_live(
         self, live_by_status: Callable[[], dict[str, int]], sandboxes: Callable[[], int]
@@ -70,6 +72,61 @@ class Metrics:
             for status, count in live().items():
                 self.episodes_live.labels(status=status).set(count)
         return generate_latest(self.registry)
+
+
+class JudgeMetrics:
+    """What the judge endpoints report (verifiers/judge_endpoint.py's JudgeRecorder)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "palaestra_judge_calls",
+            "HTTP requests to a judge endpoint, by outcome (ok, 429, 5xx, 4xx, connection, "
+            "timeout, bad_reply)",
+            ["endpoint", "outcome"],
+            registry=registry,
+        )
+        self.latency = LoopHistogram(
+            "palaestra_judge_latency_seconds",
+            "One judge call, queueing, cool-downs and retries included",
+            "endpoint",
+            JUDGE_BUCKETS,
+        )
+        registry.register(self.latency)
+        self.retries = Counter(
+            "palaestra_judge_retries", "Judge requests sent again", ["endpoint"], registry=registry
+        )
+        self.failures = Counter(
+            "palaestra_judge_failures",
+            "Judge calls that gave no answer (the episode is void), by reason",
+            ["endpoint", "reason"],
+            registry=registry,
+        )
+        self.in_flight_now = Gauge(
+            "palaestra_judge_in_flight",
+            "Judge requests in flight now",
+            ["endpoint"],
+            registry=registry,
+        )
+
+    def declare(self, endpoint: str) -> None:
+        """Show an endpoint's series from the start (zero until it is used)."""
+        self.retries.labels(endpoint=endpoint)
+        self.in_flight_now.labels(endpoint=endpoint)
+        self.latency.labels(endpoint)
+
+    def request(self, endpoint: str, outcome: str) -> None:
+        self.calls.labels(endpoint=endpoint, outcome=outcome).inc()
+
+    def retry(self, endpoint: str) -> None:
+        self.retries.labels(endpoint=endpoint).inc()
+
+    def call(self, endpoint: str, latency_s: float, failure: str | None) -> None:
+        self.latency.labels(endpoint).observe(latency_s)
+        if failure is not None:
+            self.failures.labels(endpoint=endpoint, reason=failure).inc()
+
+    def in_flight(self, endpoint: str, delta: int) -> None:
+        self.in_flight_now.labels(endpoint=endpoint).inc(delta)
 
 
 class _PoolCollector:

@@ -17,6 +17,7 @@ from palaestra.server.cluster import depot
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.harness.proxy import SessionProxy
+from palaestra.server.judges import ServerJudges
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs.archive import ArchiveLimits
@@ -128,6 +129,7 @@ def build_manager(
         fork_server=fork_server,
         registry=registry,
         proxy=proxy,
+        judges=ServerJudges.from_settings(settings, metrics.judges),  # shared by all episodes
     )
 
 

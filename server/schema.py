@@ -136,4 +136,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        6,
+        "group rewards (server/groups.py): a group's judged result, each member's reward",
+        (
+            """CREATE TABLE IF NOT EXISTS group_verdicts (
+                digest TEXT PRIMARY KEY,
+                task TEXT NOT NULL,
+                scorer TEXT NOT NULL,
+                method TEXT NOT NULL,
+                owner TEXT,
+                result TEXT NOT NULL,
+                created_at REAL NOT NULL
+            )""",
+            # One group an episode: the primary key is what makes a group reward final.
+            """CREATE TABLE IF NOT EXISTS group_rewards (
+                episode_id TEXT PRIMARY KEY,
+                group_digest TEXT NOT NULL,
+                reward REAL NOT NULL
+            )""",
+        ),
+    ),
 )

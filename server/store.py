@@ -19,7 +19,14 @@ from concurrent.futures import Future
 from typing import Any
 
 from palaestra.sdk.errors import ServerError, UnavailableError
-from palaestra.sdk.models import EpisodeMetrics, EpisodeState, StepRecord, StepResponse, Verdict
+from palaestra.sdk.models import (
+    EpisodeMetrics,
+    EpisodeState,
+    GroupReward,
+    StepRecord,
+    StepResponse,
+    Verdict,
+)
 from palaestra.server.db import Connection, Database
 
 # A queued write: statement, parameters, and the future its caller may wait on (or None).
@@ -56,6 +63,13 @@ def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
         else:
             runs.append((sql, [params]))
     return runs
+
+
+def _group_reward(row: Any) -> GroupReward | None:
+    """An episode's group reward from its (reward, scorer, method, digest) row."""
+    if row is None:
+        return None
+    return GroupReward(reward=row[0], scorer=row[1], method=row[2], group_digest=row[3])
 
 
 class Store:
@@ -266,6 +280,45 @@ class Store:
             (digest, data, time.time()),
         )
 
+    def put_group(
+        self,
+        digest: str,
+        task: str,
+        scorer: str,
+        method: str,
+        owner: str | None,
+        result: str,
+        rewards: dict[str, float],
+    ) -> None:
+        """Store a judged group and its members' rewards now, in one transaction (blocking:
+        call it through asyncio.to_thread). IntegrityError where the group, or one of its
+        episodes in another group, is stored already (a group reward is given once)."""
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO group_verdicts (digest, task, scorer, method, owner, result,"
+                " created_at) VALUES (?,?,?,?,?,?,?)",
+                (digest, task, scorer, method, owner, result, time.time()),
+            )
+            for episode_id, reward in rewards.items():
+                conn.execute(
+                    "INSERT INTO group_rewards (episode_id, group_digest, reward) VALUES (?,?,?)",
+                    (episode_id, digest, reward),
+                )
+
+    def group_result(self, digest: str) -> str | None:
+        """The stored result (JSON) of the group `digest` (None: never judged)."""
+        row = self.db.one("SELECT result FROM group_verdicts WHERE digest=?", (digest,))
+        return str(row[0]) if row else None
+
+    def groups_of(self, keys: tuple[str, ...]) -> dict[str, str]:
+        """The group digest of each episode among `keys` judged in a group already."""
+        marks = ",".join("?" * len(keys))
+        rows = self.db.all(
+            f"SELECT episode_id, group_digest FROM group_rewards WHERE episode_id IN ({marks})",
+            keys,
+        )
+        return {row[0]: row[1] for row in rows}
+
     def flush(self) -> None:
         """Wait until everything queued before is committed (or dropped, or the writer died)."""
         if not self._writer.is_alive():
@@ -301,6 +354,11 @@ class Store:
                 "SELECT verdict FROM verdicts WHERE episode_id=?", (episode_id,)
             ).fetchone()
             steps = self._steps(db, episode_id) if with_trajectory else []
+            group = db.execute(
+                "SELECT r.reward, g.scorer, g.method, g.digest FROM group_rewards r"
+                " JOIN group_verdicts g ON g.digest = r.group_digest WHERE r.episode_id=?",
+                (episode_id,),
+            ).fetchone()
         return EpisodeState(
             episode_id=row[0],
             task=row[1],
@@ -317,6 +375,7 @@ class Store:
             metrics=EpisodeMetrics.model_validate_json(row[12] or "{}"),
             verdict=Verdict.model_validate_json(verdict_row[0]) if verdict_row else None,
             trajectory=steps,
+            group_reward=_group_reward(group),
         )
 
     def load_steps(self, episode_id: str, count: int | None = None) -> list[StepRecord]:

@@ -396,12 +396,12 @@ def test_settings_are_validated(tmp_path: Path) -> None:
 
 
 async def test_upstream_pool_reuses_retries_stale_and_reads_chunked() -> None:
-    """server/harness/upstream.py against a raw loopback server that answers chunked, keeps
+    """sdk/http11.py against a raw loopback server that answers chunked, keeps
     the connection, and closes it without a word at the next request (as a server whose
     keep-alive ran out): the request goes out again on a fresh connection, once."""
     import asyncio
 
-    from palaestra.server.harness.upstream import Target, TooLarge, UpstreamPool
+    from palaestra.sdk.http11 import Target, TooLarge, UpstreamPool
 
     seen: list[bytes] = []
 

@@ -13,6 +13,9 @@
   over `HFBackend`: `python -m palaestra.sdk.train.openai_server --model DIR`;
 - `harness`: harness mode (docs/harness.md): the proxy's recorded model calls → samples
   (the context-edit rule), `HarnessCollector` (groups of harness episodes);
+- `group_rewards`: a complete group judged together (`CollectorConfig.group_scorer`);
+- `prefilter`: a cheap scorer of final answers before the verifier (`PreFilter`,
+  `CallablePreFilter`; a judge one is `palaestra.verifiers.judge_prefilter.JudgePreFilter`);
 - `letters_demo`: a tiny random transformer that learns `palaestra/letters` on a CPU.
 
 See docs/training.md. Modules that need torch import it themselves; this package does not.
@@ -26,10 +29,12 @@ from palaestra.sdk.train.collector import (
 )
 from palaestra.sdk.train.formats import EpisodeFormat, JSONToolFormat, UnparseableAction
 from palaestra.sdk.train.harness import HarnessCollector, trajectories_from_calls
+from palaestra.sdk.train.prefilter import CallablePreFilter, PreFilter, PreFilterReport
 from palaestra.sdk.train.tokenizers import CharTokenizer, HFTokenizer, Tokenizer
 from palaestra.sdk.train.types import Generation, Group, SamplingParams, Trajectory
 
 __all__ = [
+    "CallablePreFilter",
     "CharTokenizer",
     "CollectorConfig",
     "EpisodeBroken",
@@ -40,6 +45,8 @@ __all__ = [
     "HFTokenizer",
     "HarnessCollector",
     "JSONToolFormat",
+    "PreFilter",
+    "PreFilterReport",
     "RolloutCollector",
     "SamplingParams",
     "Tokenizer",

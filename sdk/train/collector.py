@@ -36,6 +36,7 @@ from palaestra.sdk.errors import (
     PalaestraError,
     error_from_response,
 )
+from palaestra.sdk.groups import GroupScorer
 from palaestra.sdk.models import (
     Action,
     BatchItemError,
@@ -48,6 +49,8 @@ from palaestra.sdk.models import (
 )
 from palaestra.sdk.train.backends import GenerationBackend
 from palaestra.sdk.train.formats import EpisodeFormat, UnparseableAction
+from palaestra.sdk.train.group_rewards import apply_group_rewards, group_client
+from palaestra.sdk.train.prefilter import Decision, PreFilter, PreFilterGate, PreFilterReport
 from palaestra.sdk.train.types import Group, SamplingParams, StopReason, Trajectory
 
 log = logging.getLogger("palaestra.train")
@@ -78,6 +81,16 @@ class CollectorConfig:
     batch_wait_s: float = 0.05
     reset_options: dict[str, Any] = field(default_factory=dict)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Rewards from a group judge (POST /v1/groups/verify) instead of each episode's own:
+    # "tournament" or "ranking" (sdk/train/group_rewards.py).
+    group_scorer: GroupScorer | None = None
+    # A cheap scorer of each final answer before the verifier (sdk/train/prefilter.py):
+    # below `drop_below` the episode is closed unverified, reward 0, but for an `audit_rate`
+    # share, verified to measure agreement (drop ⇔ full reward < `pass_reward`).
+    prefilter: PreFilter | None = None
+    drop_below: float = 0.0
+    audit_rate: float = 0.0
+    pass_reward: float = 0.5
 
 
 class EpisodeBroken(Exception):
@@ -191,6 +204,8 @@ class GroupCollector:
         self._steps: Coalescer[BatchStepItem, BatchStepResult] | None = None
         self._resets: Coalescer[ResetRequest, BatchResetResult] | None = None
         self._resends: Coalescer[BatchStepItem, BatchStepResult] | None = None
+        scorer = self.config.group_scorer
+        self._judge = group_client(client, scorer) if scorer is not None else None
         if self.config.batch_routes:
             if not isinstance(client, AsyncBatchClient):
                 raise ValueError("batch_routes needs a client with batch_reset/batch_step")
@@ -297,10 +312,15 @@ class GroupCollector:
             for episode in running:
                 episode.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+        trajectories = [t for episode in done[:size] for t in episode]
+        group = Group(group_id=gid, task=task, seed=seed, trajectories=trajectories)
+        scorer = self.config.group_scorer
+        judge = self._judge
+        if judge and scorer and not await apply_group_rewards(judge, scorer, group, self.stats):
+            return None
         self.stats["groups"] += 1
         self.stats["surplus"] += len(done) - size
-        trajectories = [t for episode in done[:size] for t in episode]
-        return Group(group_id=gid, task=task, seed=seed, trajectories=trajectories)
+        return group
 
     # -- one episode ------------------------------------------------------------------------
     async def _episode(self, task: str, seed: int, gid: int, sid: int) -> list[Trajectory]:
@@ -432,6 +452,23 @@ class RolloutCollector(GroupCollector):
         super().__init__(client, tasks, config, seed=seed)
         self.backend = backend
         self.fmt = fmt
+        cfg = self.config
+        self.prefilter = (
+            None
+            if cfg.prefilter is None
+            else PreFilterGate(
+                cfg.prefilter,
+                drop_below=cfg.drop_below,
+                audit_rate=cfg.audit_rate,
+                pass_reward=cfg.pass_reward,
+                seed=seed,
+            )
+        )
+
+    @property
+    def prefilter_report(self) -> PreFilterReport | None:
+        """The pre-filter's drop share and agreement with the verifier (None: no filter)."""
+        return None if self.prefilter is None else self.prefilter.report
 
     @classmethod
     def over_http(
@@ -466,6 +503,7 @@ class RolloutCollector(GroupCollector):
                 episode_id=eid,
             )
             stop: StopReason | None = None
+            decision: Decision | None = None
             for turn in range(cfg.max_turns):
                 room = cfg.max_context_tokens - len(traj.prompt_ids) - len(traj.completion_ids)
                 if room <= 0:
@@ -496,6 +534,13 @@ class RolloutCollector(GroupCollector):
                     self.stats["unparseable_actions"] += 1
                     traj.append_environment(self.fmt.error_ids(str(exc)))
                     continue
+                if self.prefilter is not None and action.tool == "submit":
+                    key = (task, seed, gid, sid)
+                    decision = await self.prefilter.decide(reset.observation.text, action, key)
+                    traj.prefiltered, traj.prefilter_score = decision.drop, decision.score
+                    if decision.skip:  # closed unverified (the finally), trained as a 0
+                        traj.reward = 0.0
+                        break
                 started = time.perf_counter()
                 try:
                     reply = await asyncio.wait_for(self._step(eid, action), cfg.turn_timeout_s)
@@ -513,10 +558,15 @@ class RolloutCollector(GroupCollector):
                 if reply.terminated or reply.truncated:
                     ended = True
                     traj.reward = reply.reward
+                    if decision is not None and self.prefilter is not None:
+                        traj.verifier_reward = reply.reward if decision.drop else None
+                        traj.reward = self.prefilter.settle(decision, reply.reward)
                     traj.stop_reason = "terminated" if reply.terminated else "truncated"
                     break
                 traj.append_environment(self.fmt.observation_ids(reply))
-            if not ended:
+            if decision is not None and decision.skip:
+                pass  # the pre-filter dropped it: no verdict
+            elif not ended:
                 # Out of turns or context: the verdict on the state as it is.
                 verdict = await self._retrying(lambda: self.client.verify(eid))
                 ended = True

@@ -63,6 +63,11 @@ class Trajectory:
     generation_s: float = 0.0
     environment_s: float = 0.0
     advantage: float = 0.0
+    # The episode's own verifier reward where another replaced `reward`: a group judge's
+    # (sdk/train/group_rewards.py) or a pre-filter's drop (sdk/train/prefilter.py, audited).
+    verifier_reward: float | None = None
+    prefiltered: bool = False  # the pre-filter dropped it: reward 0, mostly never verified
+    prefilter_score: float | None = None
 
     @property
     def weight_version(self) -> int:

@@ -321,6 +321,7 @@ class EpisodeWorker:
 
 def settings_for_workers(settings: Settings) -> str:
     """What a front sends its workers: its settings, with the store's location made
-    absolute (a SQLite store stays the front's file: local clusters only)."""
+    absolute (a SQLite store stays the front's file: local clusters only) and the judges'
+    API keys shown (each worker builds its own judge endpoints)."""
     store = settings.store or f"sqlite://{(settings.data_dir / 'palaestra.sqlite3').resolve()}"
-    return settings.model_copy(update={"store": store}).model_dump_json()
+    return settings.model_copy(update={"store": store}).model_dump_json(context={"secrets": True})

@@ -26,10 +26,10 @@ import h11
 
 from palaestra.sandbox.base import SocketService
 from palaestra.sdk.harness import HarnessOptions, LlmApi, LlmCall
+from palaestra.sdk.http11 import Target, TooLarge, UpstreamPool
 from palaestra.server.config import Settings
 from palaestra.server.harness import anthropic
 from palaestra.server.harness.gateway import ModelGateway
-from palaestra.server.harness.upstream import Target, TooLarge, UpstreamPool
 from palaestra.server.harness.wire import SSE, Reply, openai_error, openai_sse
 
 log = logging.getLogger("palaestra.harness")

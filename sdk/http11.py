@@ -1,12 +1,15 @@
-"""The session proxy's HTTP/1.1 client to model endpoints: keep-alive connections pooled by
-origin, shared by every session of the server, spoken with h11.
+"""A small HTTP/1.1 client for JSON POSTs to model endpoints: keep-alive connections pooled
+by origin, spoken with h11. The session model proxy (server/harness/) and the judge
+endpoints (verifiers/judge_endpoint.py) share it; each owns its own pool.
 
-Why not httpx (docs/decisions.md, "Harness mode"): with 64 sessions calling at once through
-one pooled `httpx.AsyncClient`, its pool cost ~2.8 ms of CPU a call on this machine (0.5 ms
-alone), more than everything else the proxy does; this client costs a fraction of that. It
-does only what the proxy needs: POST a JSON body to one URL, read the answer whole up to a
-cap, follow no redirect, read no proxy from the environment. A pooled connection the
-server closed while idle is retried once on a fresh one (it never saw the request).
+Why not httpx (docs/decisions.md, "Harness mode" and "Judges: endpoint operations"): with
+32–64 calls at once through one pooled `httpx.AsyncClient`, its pool costs ~2.8–3.8 ms of
+CPU a call on this machine (httpcore rescans every connection, a poll(2) each, for every
+request), more than everything else the proxy does; this client costs a fraction of that.
+It does only what its callers need: POST a JSON body to one URL with a few extra headers,
+read the answer whole up to a cap, follow no redirect, read no proxy from the environment.
+A pooled connection the server closed while idle is retried once on a fresh one (it never
+saw the request).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -79,18 +83,29 @@ class _Conn:
 class UpstreamPool:
     """Pooled connections by origin (see the module docstring)."""
 
-    def __init__(self, connect_timeout_s: float) -> None:
+    def __init__(
+        self, connect_timeout_s: float, user_agent: str = "palaestra-session-proxy"
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.user_agent = user_agent
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._tls: ssl.SSLContext | None = None
 
-    async def post(self, target: Target, body: bytes, max_bytes: int) -> Answer:
-        """POST `body` (JSON) to `target`; OSError / h11.ProtocolError when the exchange
-        fails, TooLarge past `max_bytes`. Cancelling it (a timeout) drops the connection."""
+    async def post(
+        self,
+        target: Target,
+        body: bytes,
+        max_bytes: int,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> Answer:
+        """POST `body` (JSON) to `target` with `headers` besides the usual ones; OSError /
+        h11.ProtocolError when the exchange fails, TooLarge past `max_bytes`. Cancelling
+        it (a timeout) drops the connection."""
         for attempt in range(2):
             conn, reused = await self._checkout(target)
             try:
-                answer = await self._exchange(conn, target, body, max_bytes)
+                sent = [*self._headers(target, body), *headers]
+                answer = await self._exchange(conn, target, sent, body, max_bytes)
             except _Stale:
                 conn.close()
                 if reused and attempt == 0:
@@ -129,14 +144,18 @@ class UpstreamPool:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _Conn(reader, writer), False
 
-    @staticmethod
-    async def _exchange(conn: _Conn, target: Target, body: bytes, max_bytes: int) -> Answer:
-        headers = [
+    def _headers(self, target: Target, body: bytes) -> list[tuple[str, str]]:
+        return [
             ("host", target.authority),
             ("content-type", "application/json"),
             ("content-length", str(len(body))),
-            ("user-agent", "palaestra-session-proxy"),
+            ("user-agent", self.user_agent),
         ]
+
+    @staticmethod
+    async def _exchange(
+        conn: _Conn, target: Target, headers: list[tuple[str, str]], body: bytes, max_bytes: int
+    ) -> Answer:
         out = conn.h11.send(h11.Request(method="POST", target=target.path, headers=headers))
         out = (out or b"") + (conn.h11.send(h11.Data(data=body)) or b"")
         out += conn.h11.send(h11.EndOfMessage()) or b""
