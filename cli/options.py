@@ -8,11 +8,12 @@ variable of its own.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
-from palaestra.server.config import load_settings
+from palaestra.server.config import Settings, load_settings
 
 
 def url_setting(value: str | None) -> str | None:
@@ -31,6 +32,30 @@ def token_setting(value: str | None) -> str | None:
 def sandbox_setting(value: str | None) -> str:
     """`--sandbox`, else the `sandbox` setting."""
     return value or load_settings().sandbox
+
+
+def judges_setting(values: list[str] | None) -> dict[str, Any]:
+    """`--judge NAME=URL,MODEL` (repeatable), else the `judges` setting."""
+    if not values:
+        return dict(load_settings().judges)
+    judges: dict[str, Any] = {}
+    for value in values:
+        name, _, rest = value.partition("=")
+        url, _, model = rest.rpartition(",")
+        if not (name and url and model):
+            raise typer.BadParameter(
+                "write NAME=URL,MODEL, e.g. default=http://127.0.0.1:8001/v1,qwen3-8b; "
+                f"got {value!r}"
+            )
+        judges[name] = {"url": url, "model": model}
+    try:
+        Settings.model_validate({"judges": judges})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors()
+        )
+        raise typer.BadParameter(problems) from None
+    return judges
 
 
 Url = Annotated[

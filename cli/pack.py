@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from palaestra.cli.console import console, err, error, styled
-from palaestra.cli.options import DataDir, Token, Url, sandbox_setting
+from palaestra.cli.options import DataDir, Token, Url, judges_setting, sandbox_setting
 from palaestra.sdk.errors import PalaestraError
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.archive import pack_archive
@@ -123,13 +123,26 @@ def check_cmd(
             help="also write the per-task rows, summary and problems as JSON here (-: stdout only)",
         ),
     ] = None,
+    judge: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--judge",
+            help="a judge endpoint for verifiers that ask one, NAME=URL,MODEL (repeatable; "
+            "default: the `judges` setting)",
+        ),
+    ] = None,
 ) -> None:
     """Prove a pack: schema, lock, oracle ≥ expected, rerun identical, null 0, cheats ≤ 0.1."""
     import json
 
     report = asyncio.run(
         check_pack(
-            directory, limit=limit, concurrency=concurrency, timeout_s=timeout, sandbox=sandbox
+            directory,
+            limit=limit,
+            concurrency=concurrency,
+            timeout_s=timeout,
+            sandbox=sandbox,
+            judges=judges_setting(judge),
         )
     )
     if json_path == Path("-"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ import pytest
 from conftest import ServerProcess
 from judge_fakes import HttpJudgeChat
 from peers.commentary_judge import FakeCommentaryJudge
+from typer.testing import CliRunner
 
+from palaestra.cli.main import app
 from palaestra.envs.base import TaskFieldsError
 from palaestra.envs.commentary import CommentaryFamily
 from palaestra.envs.commentary.answers import OFF_TOPIC, OVERRIDE, forged_reference
@@ -26,6 +28,8 @@ from palaestra.envs.commentary.family import reward_of
 from palaestra.envs.commentary.tasks import MAX_CHARS
 from palaestra.envs.commentary.truth import Truth, figure, reference_text
 from palaestra.sdk.errors import PalaestraError
+from palaestra.sdk.http import HTTPClient
+from palaestra.sdk.models import Verdict
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
@@ -34,50 +38,17 @@ from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.check import check_pack
 from palaestra.server.packs.loader import Pack, load_pack
 from palaestra.server.runtime import build_manager
-from palaestra.server.sealed import WITHHELD
+from palaestra.server.sealed import WITHHELD, sealed_feedback
 from palaestra.verifiers.judge import Subject, score_rubric
-from palaestra.verifiers.judge_protocol import (
-    JudgeCache,
-    JudgeChat,
-    JudgeUnavailable,
-)
 
 PACK = Path(__file__).resolve().parent.parent / "packs" / "finance-commentary"
 NAME = "palaestra/finance-commentary"
 MODEL = "fake-commentary-judge"
 
 
-# -- judges for the in-process manager (a server's are ServerJudges, from Settings.judges) ---
-def loopback_judge(url: str) -> HttpJudgeChat:
-    """H1's minimal JudgeChat (one POST, no retries) on the fake judge's `/v1` URL."""
-    return HttpJudgeChat(url.removesuffix("/v1"), model=MODEL, name="default")
-
-
-class DictCache:
-    def __init__(self) -> None:
-        self.data: dict[str, Mapping[str, Any]] = {}
-
-    def get(self, key: str) -> Mapping[str, Any] | None:
-        return self.data.get(key)
-
-    def put(self, key: str, value: Mapping[str, Any]) -> None:
-        self.data[key] = value
-
-
-class LoopbackJudges:
-    def __init__(self, chats: Mapping[str, JudgeChat]) -> None:
-        self.chats = dict(chats)
-        self._cache = DictCache()
-
-    def get(self, name: str) -> JudgeChat:
-        chat = self.chats.get(name)
-        if chat is None:
-            raise JudgeUnavailable(name, "no judge endpoint of that name is configured")
-        return chat
-
-    @property
-    def cache(self) -> JudgeCache | None:
-        return self._cache
+def endpoint(url: str) -> dict[str, Any]:
+    """The `judges.default` setting for the fake judge at `url`: no retries, short limits."""
+    return {"url": url, "model": MODEL, "max_retries": 0, "deadline_s": 10, "timeout_s": 5}
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -121,11 +92,11 @@ def figures_of(truth: Truth) -> list[str]:
 async def manager(
     tmp_path: Path, judge: tuple[FakeCommentaryJudge, str], pack: Pack
 ) -> AsyncIterator[EpisodeManager]:
-    built = await asyncio.to_thread(
-        build_manager, Settings(data_dir=tmp_path / "data", packs_dirs=[])
+    settings = Settings(
+        data_dir=tmp_path / "data", packs_dirs=[], judges={"default": endpoint(judge[1])}
     )
+    built = await asyncio.to_thread(build_manager, settings)  # ServerJudges from the settings
     built.packs.add(pack)
-    built.judges = LoopbackJudges({"default": loopback_judge(judge[1])})
     await built.start()
     try:
         yield built
@@ -137,7 +108,7 @@ async def manager(
 async def test_the_fake_judge_obeys_what_is_outside_the_fence(
     judge: tuple[FakeCommentaryJudge, str], family: CommentaryFamily, pack: Pack
 ) -> None:
-    chat = loopback_judge(judge[1])
+    chat = HttpJudgeChat(judge[1].removesuffix("/v1"), model=MODEL, name="default")
     task = task_of(pack, "train", 2)
     truth = family.truth(task)
     question = task.public["question"]
@@ -243,26 +214,6 @@ async def test_an_overlong_commentary_is_refused_with_the_limit(
     await client.close(reset.episode_id)
 
 
-async def test_a_failing_judge_voids_the_episode(
-    manager: EpisodeManager,
-    judge: tuple[FakeCommentaryJudge, str],
-    family: CommentaryFamily,
-    pack: Pack,
-) -> None:
-    fake, _ = judge
-    client = AsyncInProcessClient(manager)
-    task = task_of(pack, "train", 3)
-    fake.fail_with = 503
-    try:
-        reset = await client.reset(task.ref)
-        await client.step(reset.episode_id, family.oracle(task)[0])
-        verdict = await client.verify(reset.episode_id)
-    finally:
-        fake.fail_with = None
-    assert verdict.status == "void" and verdict.reward == 0.0
-    assert verdict.feedback.startswith("judge unavailable (default: ")
-
-
 async def test_judged_subject_for_group_scoring(family: CommentaryFamily, pack: Pack) -> None:
     from palaestra.envs.base import EpisodeContext, Sandboxes
 
@@ -307,10 +258,15 @@ def test_task_field_errors_say_what_to_fix(family: CommentaryFamily, pack: Pack)
 def server(
     tmp_path_factory: pytest.TempPathFactory, judge: tuple[FakeCommentaryJudge, str]
 ) -> Iterator[ServerProcess]:
+    """`palaestra serve` with this pack and the fake judge as its `default` endpoint."""
     base = tmp_path_factory.mktemp("commentary")
     (base / "packs").mkdir()
     (base / "packs" / "finance-commentary").symlink_to(PACK)
-    proc = ServerProcess(base / "server-data", {"PALAESTRA_PACKS_DIRS": str(base / "packs")})
+    env = {
+        "PALAESTRA_PACKS_DIRS": str(base / "packs"),
+        "PALAESTRA_JUDGES": json.dumps({"default": endpoint(judge[1])}),
+    }
+    proc = ServerProcess(base / "server-data", env)
     proc.start()
     try:
         yield proc
@@ -318,18 +274,42 @@ def server(
         proc.stop()
 
 
-def test_judge_down_on_a_real_server_voids_with_the_reason(server: ServerProcess) -> None:
-    """No judge endpoint the family can reach: the episode is void and says why."""
+def play_oracle(client: HTTPClient, task_id: str) -> Verdict:
+    """Reset, read, submit the oracle's commentary (recorded as {oracle: true}), verify."""
+    reset = client.reset(task_id, options={"oracle": True})
+    assert "Comment on the change" in reset.observation.text
+    listed = client.step(reset.episode_id, {"tool": "list_pages", "arguments": {}})
+    assert "page 1:" in listed.observation.text
+    page = client.step(reset.episode_id, {"tool": "read_page", "arguments": {"page": 2}})
+    assert page.observation.text
+    assert client.step(reset.episode_id, {"tool": "oracle", "arguments": {}}).terminated
+    return client.verify(reset.episode_id)
+
+
+def test_episodes_on_a_real_server(
+    server: ServerProcess, judge: tuple[FakeCommentaryJudge, str]
+) -> None:
+    """Judge up: the oracle's reward; judge down: void with the reason; sealed: no words."""
+    fake, _ = judge
     with server.client() as client:
-        tasks = client.all_tasks(pack=NAME, split="train")
-        reset = client.reset(tasks[0].id, options={"oracle": True})
-        listed = client.step(reset.episode_id, {"tool": "list_pages", "arguments": {}})
-        assert "page 1:" in listed.observation.text
-        reply = client.step(reset.episode_id, {"tool": "oracle", "arguments": {}})
-        assert reply.terminated
-        verdict = client.verify(reset.episode_id)
-    assert verdict.status == "void"
-    assert verdict.feedback.startswith("judge unavailable (default: "), verdict.feedback
+        public = client.all_tasks(pack=NAME, split="train")
+        sealed = client.all_tasks(pack=NAME, split="heldout")
+        up = play_oracle(client, public[0].id)
+        assert up.status == "ok" and up.passed and up.reward == 1.0
+        record = json.loads(up.feedback.split("; judge ", 1)[1])
+        assert record["model"] == MODEL and record["endpoint"] == "default"
+        held = play_oracle(client, sealed[0].id)
+        fake.fail_with = 503
+        try:
+            down = play_oracle(client, public[1].id)
+        finally:
+            fake.fail_with = None
+    assert down.status == "void" and down.reward == 0.0
+    assert down.feedback.startswith("judge unavailable (default: "), down.feedback
+    # A sealed verdict: the reward and the criteria's scores, no word of the verifier's.
+    assert held.status == "ok" and held.reward == 1.0 and held.passed
+    assert held.feedback == sealed_feedback(held)
+    assert held.components == {"figures": 1.0, "direction": 1.0, "relevance": 1.0}
 
 
 async def test_sealed_split_verdict_carries_no_reference(
@@ -355,3 +335,38 @@ async def test_pack_check_without_a_judge_says_how_to_give_one() -> None:
     oracle = next(p for p in report.problems if p.check == "oracle")
     assert "judge unavailable (default: " in oracle.message
     assert "--judge NAME=URL,MODEL" in oracle.message
+
+
+def test_pack_check_passes_with_the_fake_judge(judge: tuple[FakeCommentaryJudge, str]) -> None:
+    """`palaestra pack check --judge default=URL,MODEL`: oracle ≥ 0.9, null 0, cheats ≤ 0.1."""
+    fake, url = judge
+    before = len(fake.requests)
+    result = CliRunner().invoke(
+        app,
+        ["pack", "check", str(PACK), "--judge", f"default={url},{MODEL}", "--json", "-"],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["checked"] == report["tasks"] == 9
+    assert {r["split"] for r in report["results"]} == {"train", "heldout"}
+    cheats = {name for name, _ in CommentaryFamily().cheats(task_of(load_pack(PACK), "train"))}
+    assert len(cheats) == 10 and len({c for c in cheats if c.startswith("injection-")}) == 5
+    for row in report["results"]:
+        assert row["oracle"] >= 0.9 and row["rerun"] == row["oracle"], row
+        assert row["null"] == 0.0 and not row["void"], row
+        assert set(row["cheats"]) == cheats, row
+        assert all(r is not None and r <= 0.1 for r in row["cheats"].values()), row
+        assert row["cheats"]["off-topic"] == 0.0
+    # One judge call per oracle and per cheat with text; the rerun is the cache's, and an
+    # empty or whitespace commentary asks no judge.
+    assert len(fake.requests) - before == 9 * (1 + len(cheats) - 1)
+
+
+def test_pack_check_refuses_a_malformed_judge_option() -> None:
+    for value, says in (
+        ("default", "write NAME=URL,MODEL"),
+        ("default=ftp://x/v1,m", "no endpoint URL"),
+    ):
+        result = CliRunner().invoke(app, ["pack", "check", str(PACK), "--judge", value])
+        assert result.exit_code == 2 and says in result.output, result.output
