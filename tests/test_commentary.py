@@ -370,3 +370,24 @@ def test_pack_check_refuses_a_malformed_judge_option() -> None:
     ):
         result = CliRunner().invoke(app, ["pack", "check", str(PACK), "--judge", value])
         assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_group_rewards_rank_the_commentaries(
+    server: ServerProcess, family: CommentaryFamily, pack: Pack
+) -> None:
+    """POST /v1/groups/verify over the family's judged subjects: right > partial > off-topic."""
+    task = task_of(pack, "train", 2)  # public seeds: the server's task is this one
+    right = family.oracle(task)[0].arguments["commentary"]
+    partial = right.split(". ", 1)[0] + "."  # the first metric only
+    with server.client() as client:
+        for scorer in ("ranking", "tournament"):
+            ids = []
+            for text in (right, partial, OFF_TOPIC):
+                reset = client.reset(task.ref)
+                action = {"tool": "submit", "arguments": {"commentary": text}}
+                assert client.step(reset.episode_id, action).terminated
+                ids.append(reset.episode_id)
+            group = client.verify_group(ids, scorer)
+            rewards = [group.rewards[i] for i in ids]
+            assert rewards == [1.0, 0.5, 0.0], (scorer, rewards)
+            assert group.judge and not group.stored
