@@ -2,12 +2,11 @@
 
 The document side is the finance family's, composed (`self.documents`): the PDF is
 generated from the task's private seeds at reset, cached on disk and in memory, and read
-with the same tools. What
-changes is the answer and its verifier: `submit` takes a short commentary, and a judge
-model grades it by a rubric (envs/commentary/rubric.toml) against a reference the server
-builds from the accounts behind the PDF (envs/commentary/truth.py). The reference goes
-only into the judge's prompt: never into an observation, a verdict's feedback or a
-component, so it stays on the server on a sealed split as much as on a public one.
+with the same tools. What changes is the answer and its verifier: `submit` takes a short
+commentary, and a judge model grades it by a rubric (envs/commentary/rubric.toml) against
+a reference the server builds from the accounts behind the PDF (envs/commentary/truth.py).
+The reference goes only into the judge's prompt: never into an observation, a verdict's
+feedback or a component, so it stays on the server on a sealed split as on a public one.
 
 Reward: the rubric's weighted score, except that a commentary with any criterion at its
 worst choice (no right figure, every direction wrong, off the question) earns 0; passed at
