@@ -36,7 +36,7 @@ from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.check import check_pack
-from palaestra.server.packs.loader import Pack, load_pack
+from palaestra.server.packs.loader import Pack, inspect_pack, load_pack
 from palaestra.server.runtime import build_manager
 from palaestra.server.sealed import WITHHELD, sealed_feedback
 from palaestra.verifiers.judge import Subject, score_rubric
@@ -251,6 +251,24 @@ def test_task_field_errors_say_what_to_fix(family: CommentaryFamily, pack: Pack)
         family.validate_task(broken(offset_from=1, offset_to=1))
     with pytest.raises(TaskFieldsError, match=r"private.gold.offset_from"):
         family.validate_task(broken(offset_from="last year"))
+
+
+def test_a_pack_with_a_bad_task_is_refused_naming_it(tmp_path: Path, pack: Pack) -> None:
+    """The loader runs the family's checks: the problem names the task and the field."""
+    task = task_of(pack, "train", 1)
+    bad = {"id": "bad-1", "family": task.family, "domain": task.domain, "split": "train"}
+    bad |= {"public": task.public, "private": {**task.private, "gold": {"metrics": ["x"]}}}
+    root = tmp_path / "pack"
+    root.mkdir()
+    (root / "pack.toml").write_text(
+        'name = "acme/commentary"\nversion = "0.1.0"\n'
+        'families = ["finance-commentary"]\n[splits.train]\n'
+    )
+    (root / "tasks.jsonl").write_text(json.dumps(bad) + "\n")
+    loaded, problems = inspect_pack(root, FamilyRegistry.discover().all())
+    assert loaded is not None and not loaded.tasks and len(problems) == 1
+    assert "bad-1" in problems[0] and "finance-commentary" in problems[0]
+    assert "private.gold.offset_from: Field required" in problems[0]
 
 
 # -- a real server on loopback ---------------------------------------------------------------
