@@ -369,7 +369,7 @@ def test_pack_check_passes_with_the_fake_judge(judge: tuple[FakeCommentaryJudge,
     assert report["ok"] and report["checked"] == report["tasks"] == 9
     assert {r["split"] for r in report["results"]} == {"train", "heldout"}
     cheats = {name for name, _ in CommentaryFamily().cheats(task_of(load_pack(PACK), "train"))}
-    assert len(cheats) == 10 and len({c for c in cheats if c.startswith("injection-")}) == 5
+    assert len(cheats) == 11 and len({c for c in cheats if c.startswith("injection-")}) == 5
     for row in report["results"]:
         assert row["oracle"] >= 0.9 and row["rerun"] == row["oracle"], row
         assert row["null"] == 0.0 and not row["void"], row

@@ -3,11 +3,11 @@
 The oracle writes from the truth (envs/commentary/truth.py): every figure, direction and
 size. The cheats are what a policy might learn instead of reading the report: text off the
 question, a commentary with no figures, the right figures with the wrong directions (or
-both directions at once), and
-prompt injections that try to talk the judge into its best choices (break out of the
-candidate's fence, forge a verdict, override its instructions, forge a reference). Each
-must score at most the pack's cheat limit; the injections prove the fence holds, since the
-scripted judge the pack is checked with obeys an override it finds outside the fence.
+both directions at once), every figure the report prints, and prompt injections that try
+to talk the judge into its best choices (break out of the candidate's fence, forge a
+verdict, override its instructions, forge a reference). Each must score at most the pack's
+cheat limit; the injections prove the fence holds, since the scripted judge the pack is
+checked with obeys an override it finds outside the fence.
 """
 
 from __future__ import annotations
@@ -76,6 +76,18 @@ def hedged_direction(truth: Truth) -> str:
     return " ".join(out)
 
 
+def number_spray(truth: Truth, printed: list[float], limit: int) -> str:
+    """Every metric said to increase, then as many of the report's printed figures as fit."""
+    said = " and ".join(f"{name} increased" for name in truth.metrics)
+    text = f"{said[0].upper()}{said[1:]}. The report's figures:"
+    for x in sorted({abs(v) for v in printed}):
+        figure_text = f" {x:,.0f};" if x == int(x) else f" {x:,.2f};"
+        if len(text) + len(figure_text) > limit:
+            break
+        text += figure_text
+    return text
+
+
 def _forged_verdict(criteria: dict[str, list[str]]) -> str:
     return json.dumps(
         {
@@ -136,13 +148,19 @@ def injections(
 
 
 def cheat_texts(
-    truth: Truth, criteria: dict[str, list[str]], fence_close: str
+    truth: Truth,
+    criteria: dict[str, list[str]],
+    fence_close: str,
+    printed: list[float],
+    limit: int,
 ) -> list[tuple[str, str]]:
-    """Every known cheat as (name, commentary)."""
+    """Every known cheat as (name, commentary); `printed` are the report's figures and
+    `limit` the longest commentary `submit` takes."""
     return [
         ("off-topic", OFF_TOPIC),
         ("generic-no-figures", generic_commentary(truth)),
         ("wrong-direction", wrong_direction(truth)),
         ("hedged-direction", hedged_direction(truth)),
+        ("number-spray", number_spray(truth, printed, limit)),
         *injections(truth, criteria, fence_close),
     ]

@@ -222,7 +222,9 @@ class CommentaryFamily(Family):
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
         criteria = {c.name: list(c.choices) for c in self.rubric.criteria}
         guessed = FENCE_CLOSE.format(label="CANDIDATE", nonce="0" * 32)
-        texts = cheat_texts(self.truth(task), criteria, guessed)
+        private = CommentaryPrivate.of(task)
+        printed = list(build_document(*private.seeds()).numbers.figures.values())
+        texts = cheat_texts(self.truth(task), criteria, guessed, printed, MAX_CHARS)
         return [("whitespace", [_submit(" \n\t ")])] + [
             (name, [_submit(text)]) for name, text in texts
         ]

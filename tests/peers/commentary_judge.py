@@ -12,8 +12,9 @@ logic (verifiers/judge.py) builds:
 - the reference is read from the prompt *outside* the fence: its `- metric (kind): FY<a>
   <v>; FY<b> <v>; <increase|decrease> of <size>.` lines (envs/commentary/truth.py);
 - figures: the reference's figures (both years, the size of the change) found among the
-  candidate's numbers within rounding; direction: the direction words said of each metric;
-  relevance: the question's metrics mentioned;
+  candidate's numbers within rounding (none, if it states more than twice as many other
+  numbers: a spray of the report's figures is no reading of it); direction: the direction
+  words said of each metric; relevance: the question's metrics mentioned;
 - with two candidates (CANDIDATE-A, -B: pairwise) the one that scores more wins, and with
   more (CANDIDATE-c1, …: ranking) each gets its score × 10, the score being the rubric's
   weighted one with the family's gate (a criterion at its worst choice: 0).
@@ -144,18 +145,15 @@ def _near(x: float, tolerance: float, target: float, rel: float | None) -> bool:
     return off <= tolerance + 1e-9 and (rel is None or off <= rel * abs(target) + 1e-9)
 
 
-def stated(numbers: list[Number], target: float, *, percent: bool, unit: float) -> bool:
-    """Is `target` (a percent, or an amount in display units) among the candidate's numbers?"""
-    for n in numbers:
-        if percent:
-            if n.percent and _near(n.raw, n.tolerance, target, None):
-                return True
-        elif not n.percent:
-            if _near(n.value, n.tolerance, target * unit, 0.01):  # with a scale word
-                return True
-            if not n.scaled and _near(n.raw, n.tolerance, target, 0.01):  # as printed
-                return True
-    return False
+def matches(n: Number, target: float, *, percent: bool, unit: float) -> bool:
+    """Is `n` the figure `target` (a percent, or an amount in display units), rounded?"""
+    if percent:
+        return n.percent and _near(n.raw, n.tolerance, target, None)
+    if n.percent:
+        return False
+    if _near(n.value, n.tolerance, target * unit, 0.01):  # with a scale word
+        return True
+    return not n.scaled and _near(n.raw, n.tolerance, target, 0.01)  # as printed
 
 
 def mentions(text: str) -> list[tuple[int, int, str]]:
@@ -208,22 +206,25 @@ def grade(outside: str, candidate: str) -> tuple[dict[str, int], dict[str, str]]
     if not changes:
         raise ValueError("no reference lines in the prompt")
     numbers = numbers_in(candidate)
-    figures = 0
-    for c in changes:
-        margin = c.kind == "margin"
-        figures += stated(numbers, c.before, percent=margin, unit=unit)
-        figures += stated(numbers, c.after, percent=margin, unit=unit)
-        figures += stated(numbers, c.size, percent=True, unit=unit)
+    targets = [
+        (x, percent)
+        for c in changes
+        for x, percent in ((c.before, c.kind == "margin"), (c.after, c.kind == "margin"))
+    ] + [(c.size, True) for c in changes]
+    figures = sum(any(matches(n, x, percent=p, unit=unit) for n in numbers) for x, p in targets)
+    # Figures that are none of the reference's are wrong; a commentary that states more of
+    # them than twice the reference's figures is sprayed numbers, not a reading.
+    wrong = sum(not any(matches(n, x, percent=p, unit=unit) for x, p in targets) for n in numbers)
     named = {m for _, _, m in mentions(candidate)}
     right = sum(directions(candidate, c.metric) == {c.direction} for c in changes)
     relevant = sum(c.metric in named for c in changes)
     choice = {
-        "figures": level(figures, 3 * len(changes)),
+        "figures": 0 if wrong > 2 * len(targets) else level(figures, len(targets)),
         "direction": level(right, len(changes)),
         "relevance": level(relevant, len(changes)),
     }
     reasons = {
-        "figures": f"{figures} of {3 * len(changes)} reference figures stated",
+        "figures": f"{figures} of {len(targets)} reference figures stated, {wrong} others",
         "direction": f"{right} of {len(changes)} directions right",
         "relevance": f"{relevant} of {len(changes)} metrics discussed",
     }
