@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -269,9 +269,12 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# a judge's reason is stored and shown: no lone surrogate or NUL may reach a store
+# a judge's reason is stored and shown: no lone surrogate (which pydantic refuses: the
+# reply would be malformed) or NUL may reach a store
 Reason = Annotated[
-    str, StringConstraints(strip_whitespace=True, min_length=1), AfterValidator(plain)
+    str,
+    BeforeValidator(lambda v: plain(v) if isinstance(v, str) else v),
+    StringConstraints(strip_whitespace=True, min_length=1),
 ]
 
 
@@ -290,16 +293,25 @@ class PairReply(Strict):
     winner: Literal["A", "B", "tie"]
 
 
+# Where a JSON object could start: "{" then a key or "}" ("{{{" is skipped at no cost).
+_OBJECT_START = re.compile(r'\{\s*["}]')
+# A verdict is a few hundred characters; the parser runs on the event loop, and each failed
+# try costs up to the reply's length (json's error counts the lines before it): bounded.
+MAX_REPLY_CHARS = 100_000
+MAX_TRIES = 200
+
+
 def json_objects(text: str) -> list[dict[str, Any]]:
     """The top-level JSON objects in a reply; code fences and prose around them tolerated."""
     decoder = json.JSONDecoder()
     found: list[dict[str, Any]] = []
-    pos = 0
-    while (start := text.find("{", pos)) >= 0:
+    pos, tries = 0, 0
+    while tries < MAX_TRIES and (start := _OBJECT_START.search(text, pos)):
+        tries += 1
         try:
-            value, end = decoder.raw_decode(text, start)
+            value, end = decoder.raw_decode(text, start.start())
         except (ValueError, RecursionError):  # nesting too deep is no verdict either
-            pos = start + 1
+            pos = start.start() + 1
             continue
         if isinstance(value, dict):
             found.append(value)
@@ -326,6 +338,8 @@ def validated(model: type[BaseModel], text: str, quoted: Sequence[str] = ()) -> 
     judge's, and is left out: a judge that quotes it beside its own gives its own; one that
     only copies it is asked again (it was swayed). Two different verdicts of the judge's
     own are malformed too: which one it meant cannot be told."""
+    if len(text) > MAX_REPLY_CHARS:
+        raise Malformed(f"the reply is {len(text)} characters, over {MAX_REPLY_CHARS}")
     valid, problem = verdicts(model, text)
     if not valid:
         raise Malformed(problem or "no JSON object in the reply")
