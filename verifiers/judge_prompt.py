@@ -273,8 +273,8 @@ class Strict(BaseModel):
 # reply would be malformed) or NUL may reach a store
 Reason = Annotated[
     str,
-    BeforeValidator(lambda v: plain(v) if isinstance(v, str) else v),
     StringConstraints(strip_whitespace=True, min_length=1),
+    BeforeValidator(lambda v: plain(v) if isinstance(v, str) else v),  # runs first
 ]
 
 
