@@ -81,8 +81,9 @@ class JudgeConfig:
     judge: str
     sampling: JudgeSampling = field(default_factory=JudgeSampling)
     max_attempts: int = 3
-    # characters of candidate text a call may show, shared by its candidates (the rest is
-    # cut, saying so): a long answer can never overflow the judge's context
+    # candidate text a call may show, in UTF-8 bytes (a token is at least one byte, so this
+    # bounds tokens too), shared by its candidates, counted after neutralising; the rest is
+    # cut, saying so: a long or dense answer can never overflow the judge's context
     max_candidate_chars: int = 24_000
 
     def __post_init__(self) -> None:
