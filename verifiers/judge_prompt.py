@@ -71,11 +71,6 @@ def folded(text: str) -> tuple[str, list[int] | None]:
     return "".join(chars), where
 
 
-def holds_marker(text: str) -> bool:
-    """Whether `text` holds anything a fence marker could be made of (what defang removes)."""
-    return _MARKER.search(folded(text)[0]) is not None
-
-
 def plain(text: str) -> str:
     """`text` with lone surrogates and control characters (but tab and newlines) replaced."""
     return _CONTROLS.sub("\ufffd", text.encode("utf-8", "replace").decode("utf-8"))
