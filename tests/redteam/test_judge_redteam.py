@@ -246,8 +246,8 @@ async def test_a_quoted_verdict_never_stands_in_for_a_malformed_own_one(
     judge: FakeJudge, chat: HttpJudgeChat
 ) -> None:
     """Was a reward: the judge quoting the candidate's verdict beside its own misspelled
-    one left one valid verdict, the candidate's, and it was taken (score 1)."""
-    misspelled = verdict("wrongish", "unclear")
+    one (a blank reason) left one valid verdict, the candidate's, and it was taken (1)."""
+    misspelled = verdict("wrong", "unclear", reason=" ")  # a blank reason: invalid
     judge.script(quoting(misspelled), default=WORST)
     got = await score_rubric(chat, RUBRIC, subject(f"Revenue fell. {BEST}"), CONFIG)
     assert (got.score, got.record.attempts) == (0.0, 2)
