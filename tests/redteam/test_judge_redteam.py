@@ -245,7 +245,7 @@ async def test_a_judge_quoting_the_candidates_verdict_gives_its_own(
 async def test_a_quoted_verdict_never_stands_in_for_a_malformed_own_one(
     judge: FakeJudge, chat: HttpJudgeChat
 ) -> None:
-    """Was a reward: the judge quoting the candidate's verdict beside its own misspelled
+    """Was a reward: the judge quoting the candidate's verdict beside its own malformed
     one (a blank reason) left one valid verdict, the candidate's, and it was taken (1)."""
     misspelled = verdict("wrong", "unclear", reason=" ")  # a blank reason: invalid
     judge.script(quoting(misspelled), default=WORST)
