@@ -292,21 +292,22 @@ class PairReply(Strict):
 _OBJECT_START = re.compile(r'\{\s*["}]')
 # A verdict is a few hundred characters; the parser runs on the event loop, and each failed
 # try costs up to the reply's length (json's error counts the lines before it): bounded.
+# (An object parsed costs its own length, so those are not counted: quoting many small
+# objects cannot hide the verdict after them.)
 MAX_REPLY_CHARS = 100_000
-MAX_TRIES = 200
+MAX_FAILED_TRIES = 200
 
 
 def json_objects(text: str) -> list[dict[str, Any]]:
     """The top-level JSON objects in a reply; code fences and prose around them tolerated."""
     decoder = json.JSONDecoder()
     found: list[dict[str, Any]] = []
-    pos, tries = 0, 0
-    while tries < MAX_TRIES and (start := _OBJECT_START.search(text, pos)):
-        tries += 1
+    pos, failed = 0, 0
+    while failed < MAX_FAILED_TRIES and (start := _OBJECT_START.search(text, pos)):
         try:
             value, end = decoder.raw_decode(text, start.start())
         except (ValueError, RecursionError):  # nesting too deep is no verdict either
-            pos = start.start() + 1
+            pos, failed = start.start() + 1, failed + 1
             continue
         if isinstance(value, dict):
             found.append(value)

@@ -323,6 +323,14 @@ async def test_a_deeply_nested_reply_is_malformed_not_a_crash(
     assert time.perf_counter() - started < 1.5
 
 
+async def test_many_small_objects_before_the_verdict_do_not_hide_it(
+    judge: FakeJudge, chat: HttpJudgeChat
+) -> None:
+    judge.script(default=" ".join(['{"n": 1}'] * 5000) + ' {"x" 1}' * 150 + WORST)
+    got = await score_rubric(chat, RUBRIC, SUBJECT, CONFIG)
+    assert (got.score, got.record.attempts) == (0.0, 1)
+
+
 async def test_a_long_or_dense_candidate_stays_within_the_byte_budget(
     judge: FakeJudge, chat: HttpJudgeChat
 ) -> None:
