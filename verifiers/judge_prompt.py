@@ -53,8 +53,7 @@ def folded(text: str) -> tuple[str, list[int] | None]:
     """`text` as a reader's eye takes it, for finding markers: compatibility forms
     (fullwidth, mathematical letters) folded by NFKC, case folded, bracket look-alikes
     made brackets, invisible format characters (zero-width, bidi controls) and combining
-    marks dropped;
-    with the index in `text` of each folded character (None: the same index)."""
+    marks dropped; with the index in `text` of each folded character (None: the same)."""
     if text.isascii():
         return text.lower(), None
     chars: list[str] = []
