@@ -81,8 +81,9 @@ class JudgeConfig:
     judge: str
     sampling: JudgeSampling = field(default_factory=JudgeSampling)
     max_attempts: int = 3
-    # characters of candidate text a call may show, shared by its candidates (the rest is
-    # cut, saying so): a long answer can never overflow the judge's context
+    # candidate text a call may show, in UTF-8 bytes (a token is at least one byte, so this
+    # bounds tokens too), shared by its candidates, counted after neutralising; the rest is
+    # cut, saying so: a long or dense answer can never overflow the judge's context
     max_candidate_chars: int = 24_000
 
     def __post_init__(self) -> None:
@@ -244,9 +245,10 @@ async def ask(
     mode: str,
     shown: tuple[str, str, Sequence[tuple[str, str]]],
     schema: Mapping[str, Any],
-    parse: Callable[[str], T],
+    parse: Callable[[str, Sequence[str]], T],
 ) -> Asked[T]:
-    """Call the judge until a reply parses (fresh nonce each time), within max_attempts.
+    """Call the judge until a reply parses (fresh nonce each time), within max_attempts;
+    `parse` is also given the candidates as the judge saw them (their verdicts are not its).
     Transport faults are the endpoint's to retry: JudgeUnavailable passes through."""
     digests: list[str] = []
     problem = ""
@@ -255,7 +257,9 @@ async def ask(
         digests.append(digest_of(prompt))
         text = await chat.complete(prompt, config.sampling, schema=schema)
         try:
-            value = parse(text if isinstance(text, str) else "")
+            value = parse(
+                text if isinstance(text, str) else "", fenced_candidates(prompt[-1]["content"])
+            )
         except Malformed as exc:
             problem = str(exc)
             continue
@@ -286,11 +290,22 @@ async def gather_all(calls: Sequence[Awaitable[T]]) -> list[T]:
         raise
 
 
-def cache_key(state_key: tuple[str, str], config: JudgeConfig, rubric: Rubric, model: str) -> str:
-    """(task digest, final-state digest, config digest), and the endpoint's model: an
-    operator who points the endpoint at another model gets fresh verdicts."""
+def text_digest(text: str) -> str:
+    """sha256 of any str, lone surrogates included (text the policy wrote may hold them)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def cache_key(
+    state_key: tuple[str, str], config: JudgeConfig, rubric: Rubric, model: str, subject: Subject
+) -> str:
+    """(task digest, final-state digest, config digest), the endpoint's model (an operator
+    who points the endpoint at another model gets fresh verdicts) and the subject's own
+    digest: a family whose state digest misses the candidate (an answer given through a
+    tool, not left in the workspace) must not hand one candidate another's verdict."""
     task_digest, state_digest = state_key
-    return digest_of([task_digest, state_digest, config.digest(rubric), model])
+    texts = (subject.task, subject.reference, subject.candidate)
+    subject_digest = [text_digest(t) for t in texts]
+    return digest_of([task_digest, state_digest, config.digest(rubric), model, subject_digest])
 
 
 async def score_rubric(
@@ -307,7 +322,7 @@ async def score_rubric(
     returned without a call; only verdicts are cached, never failures."""
     key = None
     if cache is not None and state_key is not None:
-        key = cache_key(state_key, config, rubric, chat.model)
+        key = cache_key(state_key, config, rubric, chat.model, subject)
         if (hit := cache.get(key)) is not None:
             try:
                 verdict = RubricVerdict.from_dict(hit)
@@ -319,7 +334,7 @@ async def score_rubric(
     shown = (subject.task, subject.reference, [("CANDIDATE", subject.candidate)])
     asked = await ask(
         chat, config, rubric, "rubric", shown, rubric_schema(rubric),
-        lambda text: parse_rubric_reply(rubric, text),
+        lambda text, quoted: parse_rubric_reply(rubric, text, quoted),
     )  # fmt: skip
     components, reasons = asked.value
     verdict = RubricVerdict(rubric.score(components), components, reasons, asked.record)
@@ -335,7 +350,7 @@ async def _prefer(
     shown = (task, reference, [("CANDIDATE-A", a), ("CANDIDATE-B", b)])
     asked = await ask(
         chat, config, rubric, "pair", shown, pair_schema(),
-        lambda text: validated(PairReply, text),
+        lambda text, quoted: validated(PairReply, text, quoted),
     )  # fmt: skip
     reply: PairReply = asked.value
     return {"A": 1.0, "B": 0.0, "tie": 0.5}[reply.winner], reply.reason, asked.record
@@ -411,7 +426,7 @@ def shown_order(config: JudgeConfig, rubric: Rubric, candidates: Sequence[str]) 
     and the candidates' digests, so the same group always gets the same order."""
     seed = hashlib.sha256(config.digest(rubric).encode())
     for text in candidates:
-        seed.update(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
+        seed.update(bytes.fromhex(text_digest(text)))
     order = list(range(len(candidates)))
     random.Random(seed.digest()).shuffle(order)
     return order
@@ -432,7 +447,7 @@ async def rank_group(
     fenced = [(f"CANDIDATE-{ids[k]}", candidates[i]) for k, i in enumerate(order)]
     asked = await ask(
         chat, config, rubric, "rank", (task, reference, fenced), rank_schema(ids),
-        lambda text: parse_rank_reply(ids, text),
+        lambda text, quoted: parse_rank_reply(ids, text, quoted),
     )  # fmt: skip
     by_id: dict[str, float] = asked.value
     scores = [0.0] * len(candidates)

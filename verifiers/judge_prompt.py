@@ -12,10 +12,18 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import unicodedata
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
 
 from palaestra.verifiers.judge_rubric import Rubric, digest_of
 
@@ -24,27 +32,85 @@ FENCE_OPEN = "<<<BEGIN {label} {nonce}>>>"
 FENCE_CLOSE = "<<<END {label} {nonce}>>>"
 
 
-_ANGLE_RUN = re.compile(r"[<\uff1c\ufe64\u2039\u00ab\u3008\u300a\u27e8]{3,}|"
-                        r"[>\uff1e\ufe65\u203a\u00bb\u3009\u300b\u27e9]{3,}")  # fmt: skip
-_MARKER_WORDS = re.compile(r"(?i)\b(begin|end)([\W_]*)(candidate)")
+# what a reader takes for angle brackets, folded to the ones it looks like
+_LOOKALIKES = str.maketrans(
+    {"\u2039": "<", "\u3008": "<", "\u27e8": "<", "\u276e": "<", "\u2770": "<", "\u02c2": "<",
+     "\u1438": "<", "\u00ab": "<<", "\u300a": "<<", "\u27ea": "<<", "\u226a": "<<",
+     "\u22d8": "<<<", "\u203a": ">", "\u3009": ">", "\u27e9": ">", "\u276f": ">",
+     "\u2771": ">", "\u02c3": ">", "\u1433": ">", "\u00bb": ">>", "\u300b": ">>",
+     "\u27eb": ">>", "\u226b": ">>", "\u22d9": ">>>"}
+)  # fmt: skip
+# in folded text: a bracket run, or BEGIN/END then CANDIDATE (no word boundary asked:
+# "xEND CANDIDATE" reads as a close marker too)
+_MARKER = re.compile(r"<{3,}|>{3,}|(begin|end)[\W_]*(candidate)")
+# control characters but tab and newlines: a NUL ends a C string (a judge server that
+# cuts the prompt there answers garbage, a void the candidate chose), and none is text
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _FENCED = re.compile(r"<<<BEGIN (\S+) ([0-9a-f]+)>>>\n(.*?)\n<<<END \1 \2>>>", re.DOTALL)
 
 
+def folded(text: str) -> tuple[str, list[int] | None]:
+    """`text` as a reader's eye takes it, for finding markers: compatibility forms
+    (fullwidth, mathematical letters) folded by NFKC, case folded, bracket look-alikes
+    made brackets, invisible format characters (zero-width, bidi controls) and combining
+    marks dropped; with the index in `text` of each folded character (None: the same)."""
+    if text.isascii():
+        return text.lower(), None
+    chars: list[str] = []
+    where: list[int] = []
+    for i, ch in enumerate(text):
+        if ch.isascii():
+            f = ch.lower()
+        elif unicodedata.category(ch) in ("Cf", "Mn", "Me"):
+            continue  # invisible, or a mark on the letter before (E\u0332 still reads E)
+        else:
+            f = unicodedata.normalize("NFKC", ch).casefold().translate(_LOOKALIKES)
+        chars.append(f)
+        where.extend([i] * len(f))
+    return "".join(chars), where
+
+
+def plain(text: str) -> str:
+    """`text` with lone surrogates and control characters (but tab and newlines) replaced."""
+    return _CONTROLS.sub("\ufffd", text.encode("utf-8", "replace").decode("utf-8"))
+
+
 def defang(text: str) -> str:
-    """`text` with nothing a fence marker could be made of: runs of three or more angle
-    brackets (or their look-alikes) are spaced apart, BEGIN/END CANDIDATE words split, and
-    lone surrogates (which no UTF-8 request body can carry) replaced."""
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    text = _ANGLE_RUN.sub(lambda m: " ".join(m.group()), text)
-    return _MARKER_WORDS.sub(lambda m: f"{m[1]}-not-a-fence-{m[3]}", text)
+    """`text` with nothing a fence marker could be made of, however it is spelled: runs of
+    three or more angle brackets (or their look-alikes) are spaced apart, BEGIN/END
+    CANDIDATE words split; lone surrogates (which no UTF-8 request body can carry) and
+    control characters other than tab and newlines are replaced."""
+    text = plain(text)
+    fold, where = folded(text)
+
+    def at(k: int) -> int:  # the index in `text` of folded character k
+        return k if where is None else where[k]
+
+    out, pos = [], 0
+    for m in _MARKER.finditer(fold):
+        start, end = max(at(m.start()), pos), at(m.end() - 1) + 1
+        out.append(text[pos:start])
+        if m[1] is None:
+            out.append(" ".join(m[0]))
+        else:
+            word_end, tail = at(m.end(1) - 1) + 1, at(m.start(2))
+            out.append(f"{text[start:word_end]}-not-a-fence-{text[tail:end]}")
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def clip(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters, saying so: a candidate's length must never push
-    the prompt past the judge's context (that refusal would void what deserves a 0)."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n[... {len(text) - limit} more characters cut by the judge's budget]"
+    """`text` neutralised and cut to `limit` bytes of UTF-8, saying so: a candidate's length
+    must never push the prompt past the judge's context (that refusal would void what
+    deserves a 0). Bytes, not characters: a token is at least one byte, so 24,000 emoji
+    cannot become 96,000 tokens; and the cut comes after neutralising, which lengthens."""
+    safe = defang(text[:limit])  # a character is at least a byte: nothing shown is lost
+    data = safe.encode()
+    if len(text) <= limit and len(data) <= limit:
+        return safe
+    kept = data[:limit].decode("utf-8", "ignore")
+    return f"{kept}\n[... {len(text)} characters in all, cut by the judge's budget]"
 
 
 def fence(text: str, nonce: str, label: str = "CANDIDATE") -> str:
@@ -197,7 +263,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+# a judge's reason is stored and shown: no lone surrogate (which pydantic refuses: the
+# reply would be malformed) or NUL may reach a store
+Reason = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1),
+    BeforeValidator(lambda v: plain(v) if isinstance(v, str) else v),  # runs first
+]
 
 
 class CriterionReply(Strict):
@@ -215,16 +287,26 @@ class PairReply(Strict):
     winner: Literal["A", "B", "tie"]
 
 
+# Where a JSON object could start: "{" then a key or "}" ("{{{" is skipped at no cost).
+_OBJECT_START = re.compile(r'\{\s*["}]')
+# A verdict is a few hundred characters; the parser runs on the event loop, and each failed
+# try costs up to the reply's length (json's error counts the lines before it): bounded.
+# (An object parsed costs its own length, so those are not counted: quoting many small
+# objects cannot hide the verdict after them.)
+MAX_REPLY_CHARS = 100_000
+MAX_FAILED_TRIES = 200
+
+
 def json_objects(text: str) -> list[dict[str, Any]]:
     """The top-level JSON objects in a reply; code fences and prose around them tolerated."""
     decoder = json.JSONDecoder()
     found: list[dict[str, Any]] = []
-    pos = 0
-    while (start := text.find("{", pos)) >= 0:
+    pos, failed = 0, 0
+    while failed < MAX_FAILED_TRIES and (start := _OBJECT_START.search(text, pos)):
         try:
-            value, end = decoder.raw_decode(text, start)
-        except ValueError:
-            pos = start + 1
+            value, end = decoder.raw_decode(text, start.start())
+        except (ValueError, RecursionError):  # nesting too deep is no verdict either
+            pos, failed = start.start() + 1, failed + 1
             continue
         if isinstance(value, dict):
             found.append(value)
@@ -232,31 +314,44 @@ def json_objects(text: str) -> list[dict[str, Any]]:
     return found
 
 
-def validated(model: type[BaseModel], text: str) -> Any:
-    """The one object in `text` that `model` validates. A reply holding two different
-    verdicts (a judge quoting the candidate's fake verdict beside its own) is malformed:
-    which one is the judge's cannot be told, so it is asked again."""
-    objects = json_objects(text)
-    if not objects:
-        raise Malformed("no JSON object in the reply")
+def verdicts(model: type[BaseModel], text: str) -> tuple[list[Any], str]:
+    """The objects in `text` that `model` validates, and the first problem of the rest."""
     valid, problem = [], ""
-    for value in objects:
+    for value in json_objects(text):
         try:
             valid.append(model.model_validate(value))
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "reply"
             problem = problem or f"{where}: {first['msg']}"
+    return valid, problem
+
+
+def validated(model: type[BaseModel], text: str, quoted: Sequence[str] = ()) -> Any:
+    """The one verdict in `text` that `model` validates. A verdict that one of the `quoted`
+    texts (the candidates, as the judge saw them) holds is the candidate's, not the
+    judge's, and is left out: a judge that quotes it beside its own gives its own; one that
+    only copies it is asked again (it was swayed). Two different verdicts of the judge's
+    own are malformed too: which one it meant cannot be told."""
+    if len(text) > MAX_REPLY_CHARS:
+        raise Malformed(f"the reply is {len(text)} characters, over {MAX_REPLY_CHARS}")
+    valid, problem = verdicts(model, text)
     if not valid:
-        raise Malformed(problem)
-    if any(v != valid[0] for v in valid[1:]):
+        raise Malformed(problem or "no JSON object in the reply")
+    theirs = [v for q in quoted for v in verdicts(model, q)[0]]
+    own = [v for v in valid if v not in theirs]
+    if not own:
+        raise Malformed("the reply's only verdict is one a candidate wrote")
+    if any(v != own[0] for v in own[1:]):
         raise Malformed("the reply holds more than one verdict")
-    return valid[0]
+    return own[0]
 
 
-def parse_rubric_reply(rubric: Rubric, text: str) -> tuple[dict[str, float], dict[str, str]]:
+def parse_rubric_reply(
+    rubric: Rubric, text: str, quoted: Sequence[str] = ()
+) -> tuple[dict[str, float], dict[str, str]]:
     """Components and reasons from a reply; every criterion exactly once, valid choices."""
-    reply: RubricReply = validated(RubricReply, text)
+    reply: RubricReply = validated(RubricReply, text, quoted)
     by_name = {c.name: c for c in rubric.criteria}
     components: dict[str, float] = {}
     reasons: dict[str, str] = {}
@@ -296,9 +391,9 @@ def rank_schema(ids: Sequence[str]) -> dict[str, Any]:
     return object_schema(candidates={"type": "array", "minItems": n, "maxItems": n, "items": entry})
 
 
-def parse_rank_reply(ids: Sequence[str], text: str) -> dict[str, float]:
+def parse_rank_reply(ids: Sequence[str], text: str, quoted: Sequence[str] = ()) -> dict[str, float]:
     """Scores in [0, 1] by id; every id exactly once."""
-    reply: RankReply = validated(RankReply, text)
+    reply: RankReply = validated(RankReply, text, quoted)
     scores: dict[str, float] = {}
     for entry in reply.candidates:
         if entry.id not in ids:

@@ -13,9 +13,18 @@ import json
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# A rubric is sent with every call and its criteria and choices become the reply schema's
+# enums (which an endpoint compiles into a grammar): bounded, so one pack cannot make every
+# call to an endpoint the whole server shares slow or refused.
+MAX_CRITERIA = 32
+MAX_CHOICES = 16
+MAX_NAME = 200
+MAX_TEXT = 4000
+MAX_WEIGHT = 1e6
 
 
 class RubricError(ValueError):
@@ -27,10 +36,13 @@ class Criterion(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1)
-    text: str = Field(min_length=1)
-    weight: float = Field(default=1.0, gt=0, strict=True, allow_inf_nan=False)
-    choices: list[str] = Field(min_length=2)
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    text: str = Field(min_length=1, max_length=MAX_TEXT)
+    # bounded: two weights of 1e308 sum to inf, and inf / inf made the score NaN
+    weight: float = Field(default=1.0, gt=0, le=MAX_WEIGHT, strict=True, allow_inf_nan=False)
+    choices: list[Annotated[str, Field(max_length=MAX_NAME)]] = Field(
+        min_length=2, max_length=MAX_CHOICES
+    )
 
     @field_validator("choices")
     @classmethod
@@ -50,8 +62,8 @@ class Rubric(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1)
-    criteria: list[Criterion] = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    criteria: list[Criterion] = Field(min_length=1, max_length=MAX_CRITERIA)
 
     @field_validator("criteria")
     @classmethod
@@ -112,6 +124,8 @@ def _rubric_problems(exc: ValidationError, data: Mapping[str, Any]) -> str:
             what = f"missing field {key!r}"
         elif kind == "greater_than":
             what = f"{key} must be > 0"
+        elif kind == "less_than_equal":
+            what = f"{key} must be <= {MAX_WEIGHT:g}"
         elif kind == "too_short" and key == "choices":
             what = "choices needs at least 2 entries (worst first, best last)"
         else:
