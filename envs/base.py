@@ -365,6 +365,12 @@ class Family(abc.ABC):
     def oracle(self, task: Task) -> list[Action]:
         """The reference solution as actions, built from private fields (never sent to clients)."""
 
+    def judges(self) -> frozenset[str]:
+        """The judge endpoints (`ctx.judges.get(name)`) this family's verifier calls. While
+        the server has one of them unconfigured the sampler never draws its tasks (they
+        could only end void); an explicit `task=` reset still runs them."""
+        return frozenset()
+
     def judged_subject(self, ctx: EpisodeContext) -> JudgedSubject | None:
         """Called on an ended (verified, not void) episode by `POST /v1/groups/verify`: the
         rubric, judge config and subject (task, reference, the episode's final answer) a

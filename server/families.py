@@ -22,6 +22,7 @@ from palaestra.envs.letters import LettersFamily
 from palaestra.envs.reasoning import ReasoningFamily
 from palaestra.envs.terminal import TerminalFamily
 from palaestra.sdk.errors import NotFoundError, UnavailableError
+from palaestra.server.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -104,3 +105,19 @@ class FamilyRegistry:
     def unavailable(self) -> dict[str, str]:
         """What the pack loader is told of the broken families: {name: message}."""
         return {b.name: b.message() for b in self.broken()}
+
+
+def unjudged_families(settings: Settings, families: FamilyRegistry) -> frozenset[str]:
+    """Families whose verifier needs a judge endpoint the operator has not configured
+    (Settings.judges): their episodes could only end void, so the sampler skips them."""
+    missing: set[str] = set()
+    for family in families.all():
+        needed = family.judges() - set(settings.judges)
+        if needed:
+            missing.add(family.name)
+            log.warning(
+                "family %s is not sampled: it needs judge endpoint(s) %s (Settings.judges)",
+                family.name,
+                ", ".join(sorted(needed)),
+            )
+    return frozenset(missing)

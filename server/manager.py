@@ -53,7 +53,7 @@ from palaestra.server.episode import (
     unknown_episode,
     void_verdict,
 )
-from palaestra.server.families import FamilyRegistry
+from palaestra.server.families import FamilyRegistry, unjudged_families
 from palaestra.server.groups import GroupVerifier
 from palaestra.server.harness.runner import Ending, HarnessRunner
 from palaestra.server.metrics import Metrics
@@ -110,7 +110,7 @@ class EpisodeManager:
         self._reaper: asyncio.Task[None] | None = None
         self._detached: set[asyncio.Future[Any]] = set()
         self.metrics.bind_live(self._live_by_status, lambda: self.sandboxes.live_count)
-        self.sampler = Sampler(settings, packs)
+        self.sampler = Sampler(settings, packs, unjudged=unjudged_families(settings, families))
         self.metrics.bind_sampler(self.sampler.quarantined_count)
         self.sandboxes = SandboxOwner(settings, backend, fork_server)
         self.catalog = self.catalog_class(

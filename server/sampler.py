@@ -180,9 +180,16 @@ class Sampler:
     """Mixture × curriculum × quarantine over the packs of a registry; owned by the manager."""
 
     def __init__(
-        self, settings: Settings, packs: PackCatalog, *, clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        packs: PackCatalog,
+        *,
+        clock: Callable[[], float] = time.time,
+        unjudged: frozenset[str] = frozenset(),
     ) -> None:
         self.settings = settings
+        self.unjudged = unjudged  # families never drawn: a judge they need is unconfigured
+        self._unjudged_refs: set[str] = set()
         self._clock = clock
         self.packs = packs
         self.curriculum = settings.sampler_curriculum
@@ -260,6 +267,8 @@ class Sampler:
             group = _Group(split, domain, pack.sealed.get(split, False), tasks)
             values = group.tree.values
             for i, task in enumerate(tasks):
+                if task.family in self.unjudged:
+                    self._unjudged_refs.add(task.ref)
                 values[i] = self._weight(task.ref)
                 group.active += values[i] > 0.0
                 self._where[task.ref] = (group, i)
@@ -278,6 +287,8 @@ class Sampler:
         return (stats.passes + 1.0) / (len(stats.window) + 2.0)
 
     def _weight(self, ref: str) -> float:
+        if ref in self._unjudged_refs:
+            return 0.0
         stats = self._stats.get(ref)
         if stats is not None and stats.quarantined_since is not None:
             return 0.0
@@ -471,7 +482,8 @@ class Sampler:
         if not plan.eligible:
             shown = {k: v for k, v in (("pack", pack), ("split", split), ("domain", domain)) if v}
             why = (
-                "every matching task is quarantined or weighted 0"
+                "every matching task is quarantined, weighted 0, or of a family whose judge "
+                "endpoint is not configured (Settings.judges)"
                 if plan.packs
                 else "no task matches"
             )

@@ -13,12 +13,14 @@ import pytest
 from conftest import ServerProcess
 
 from palaestra.envs.base import Assessment, EpisodeContext
+from palaestra.envs.commentary import CommentaryFamily
 from palaestra.envs.echo import EchoFamily
 from palaestra.sdk.errors import NotFoundError
 from palaestra.sdk.http import HTTPClient
 from palaestra.sdk.models import EpisodeState
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings, load_settings
+from palaestra.server.families import FamilyRegistry, unjudged_families
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.catalog import PackCatalog
@@ -35,6 +37,7 @@ def make_pack(
     *,
     version: str = "1.0.0",
     splits: dict[str, bool] | None = None,
+    family: str = "echo",
 ) -> Pack:
     """`domains`: {domain: task count}; every task in `train` (and one in each other split)."""
     splits = splits or {"train": False}
@@ -47,7 +50,7 @@ def make_pack(
                 tid = f"{domain.replace('/', '-')}-{split}-{i}"
                 tasks[tid] = Task(
                     id=tid,
-                    family="echo",
+                    family=family,
                     domain=domain,
                     split=split,
                     pack=name,
@@ -61,7 +64,7 @@ def make_pack(
         version=version,
         description="",
         license="",
-        families=["echo"],
+        families=[family],
         sealed=dict(splits),
         digest="sha256:test",
         root=Path("."),
@@ -470,3 +473,25 @@ def test_sampler_over_http(admin_http: HTTPClient) -> None:
     assert http.sampler(domain="nope").packs == []
     state: EpisodeState = http.state(reset.episode_id)
     assert state.status == "done"
+
+
+def test_a_family_whose_judge_is_unconfigured_is_never_drawn(tmp_path: Path) -> None:
+    """Its episodes could only end void (no judge): drawn once the judge is configured."""
+    a = make_pack("org/a", {"a/x": 2})
+    b = make_pack("org/b", {"b/x": 2}, family="finance-commentary")
+    families = FamilyRegistry([EchoFamily(), CommentaryFamily(cache_dir=tmp_path)])
+    bare = Settings()
+    assert unjudged_families(bare, families) == frozenset({"finance-commentary"})
+    catalog = PackCatalog()
+    catalog.add(a)
+    catalog.add(b)
+    sampler = Sampler(bare, catalog, unjudged=unjudged_families(bare, families))
+    assert all(ref.startswith("org/a@") for ref in draw(sampler, 200))
+    with pytest.raises(NotFoundError, match="judge endpoint is not configured"):
+        sampler.sample(1, pack="org/b")
+    judged = Settings.model_validate(
+        {"judges": {"default": {"url": "http://127.0.0.1:9/v1", "model": "m"}}}
+    )
+    assert unjudged_families(judged, families) == frozenset()
+    drawn = draw(Sampler(judged, catalog, unjudged=frozenset()), 200)
+    assert any(ref.startswith("org/b@") for ref in drawn)

@@ -118,6 +118,9 @@ class CommentaryFamily(Family):
         self.rubric = Rubric.load(rubric)
         self.config = JudgeConfig(judge=judge, sampling=SAMPLING)
 
+    def judges(self) -> frozenset[str]:
+        return frozenset({self.judge})
+
     # -- tasks -------------------------------------------------------------------------------
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
