@@ -25,13 +25,13 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+from peers.json_server import JsonReply, error_reply, serve_json
 
 from palaestra.verifiers.judge import fenced_blocks
 from palaestra.verifiers.judge_protocol import JudgeSampling, JudgeUnavailable
@@ -192,56 +192,25 @@ class FakeJudge:
             reply = self.queue.popleft() if self.queue else self.default
         return reply
 
-    @contextmanager
-    def serve(self) -> Iterator[str]:
+    def answer(self, path: str, body: dict[str, Any]) -> JsonReply:
+        reply = self.next_reply(body)
+        while True:
+            if isinstance(reply, Slow):
+                time.sleep(reply.seconds)
+                reply = reply.reply
+            elif callable(reply):
+                reply = reply(body)
+            else:
+                break
+        if isinstance(reply, Status):
+            after = {} if reply.retry_after is None else {"retry-after": f"{reply.retry_after:g}"}
+            return error_reply(reply.code, "scripted", after)
+        content = reply if isinstance(reply, str) else json.dumps(reply)
+        return JsonReply(200, completion(content, body.get("model", "fake-judge")))
+
+    def serve(self) -> AbstractContextManager[str]:
         """Serve on 127.0.0.1 (a free port) while the block runs; yields the base URL."""
-        judge = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length", 0))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                reply = judge.next_reply(body)
-                while True:
-                    if isinstance(reply, Slow):
-                        time.sleep(reply.seconds)
-                        reply = reply.reply
-                    elif callable(reply):
-                        reply = reply(body)
-                    else:
-                        break
-                if isinstance(reply, Status):
-                    self.answer(reply.code, {"error": {"message": "scripted"}}, reply.retry_after)
-                    return
-                content = reply if isinstance(reply, str) else json.dumps(reply)
-                self.answer(200, completion(content, body.get("model", "fake-judge")))
-
-            def answer(self, code: int, payload: Any, retry_after: float | None = None) -> None:
-                data = json.dumps(payload).encode()
-                try:
-                    self.send_response(code)
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(data)))
-                    if retry_after is not None:
-                        self.send_header("retry-after", f"{retry_after:g}")
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a slow reply past its timeout)
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}"
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join()
+        return serve_json(self.answer, suffix="")
 
 
 class HttpJudgeChat:

@@ -177,7 +177,7 @@ def test_audits_are_seeded() -> None:
 async def test_group_rewards_replace_the_verifiers_and_a_down_judge_drops(stack: Stack) -> None:
     run = collector(stack, ["hcrib", "hcrix", "zzzzz"], group_size=3, group_scorer="tournament")
     groups = await run.collect(3)
-    assert len(groups) == 3 and run.stats["groups_judged"] == 3
+    assert len(groups) == 3 and run.stats["groups_judged"] == 3, run.stats
     for group in groups:
         by_quality = sorted(group.trajectories, key=lambda t: QUALITY[answer_of(t)])
         for worse, better in itertools.pairwise(by_quality):

@@ -34,16 +34,15 @@ import re
 import threading
 import time
 import tomllib
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from judge_fakes import OVERRIDE, outside_fences
 
 from palaestra.verifiers.judge import fenced_blocks
+from peers.json_server import JsonReply, error_reply, serve_json
 
 RUBRIC = Path(__file__).resolve().parents[2] / "envs" / "commentary" / "rubric.toml"
 
@@ -304,42 +303,15 @@ class FakeCommentaryJudge:
             "usage": {"prompt_tokens": 1, "completion_tokens": 1},
         }
 
-    @contextmanager
-    def serve(self) -> Iterator[str]:
+    def answer(self, path: str, body: dict[str, Any]) -> JsonReply:
+        with self.lock:
+            self.requests.append(body)
+        if self.fail_with is not None:
+            return error_reply(self.fail_with, "scripted failure")
+        if not path.endswith("/chat/completions"):
+            return error_reply(404, f"no route {path}")
+        return JsonReply(200, self.completion(body))
+
+    def serve(self) -> AbstractContextManager[str]:
         """Serve on 127.0.0.1 (a free port) while the block runs; yields the `/v1` base URL."""
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                size = int(self.headers.get("content-length", "0"))
-                body = json.loads(self.rfile.read(size) or b"{}")
-                with fake.lock:
-                    fake.requests.append(body)
-                status = fake.fail_with
-                if status is not None:
-                    self._send(status, {"error": {"message": "scripted failure", "code": status}})
-                elif not self.path.endswith("/chat/completions"):
-                    self._send(404, {"error": {"message": f"no route {self.path}"}})
-                else:
-                    self._send(200, fake.completion(body))
-
-            def _send(self, status: int, doc: dict[str, Any]) -> None:
-                data = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join()
+        return serve_json(self.answer)

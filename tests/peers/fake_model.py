@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import AbstractContextManager
 from typing import Any
+
+from peers.json_server import JsonReply, error_reply, serve_json
 
 Reply = dict[str, Any] | int
 
@@ -75,41 +75,13 @@ class FakeModel:
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
         }
 
-    @contextmanager
-    def serve(self) -> Iterator[str]:
+    def answer(self, path: str, body: dict[str, Any]) -> JsonReply:
+        reply = self.next_reply(body)
+        if isinstance(reply, int):
+            return error_reply(reply, "scripted failure")
+        return JsonReply(200, self.completion(body, reply))
+
+    def serve(self) -> AbstractContextManager[str]:
         """Serve on 127.0.0.1 (a free port) while the block runs; yields the `/v1` base URL."""
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                size = int(self.headers.get("content-length", "0"))
-                body = json.loads(self.rfile.read(size) or b"{}")
-                reply = fake.next_reply(body)
-                if isinstance(reply, int):
-                    self._send(reply, {"error": {"message": "scripted failure", "code": reply}})
-                else:
-                    self._send(200, fake.completion(body, reply))
-
-            def do_GET(self) -> None:
-                self._send(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
-
-            def _send(self, status: int, doc: dict[str, Any]) -> None:
-                data = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join()
+        models = {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+        return serve_json(self.answer, get=lambda path: JsonReply(200, models))
