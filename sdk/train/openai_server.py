@@ -39,7 +39,7 @@ class _Sampling(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = 1.0
     n: int = 1
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # torch's range
     stop_token_ids: list[int] = []
     logprobs: Any = None
     stream: bool = False

@@ -39,6 +39,10 @@ ANTHROPIC: LlmApi = "anthropic-messages"
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
 MODELS_PATHS = frozenset({"/v1/models", "/models"})
+# What vLLM honours that only grows the reply (alternatives, the prompt's logprobs, the prompt
+# echoed): the proxy records the sampled logprobs alone, and a reply grown past
+# llm_max_response_kb would be a fault the policy caused, so a harness's are not sent.
+GROWS_REPLY = frozenset({"top_logprobs", "prompt_logprobs", "echo"})
 NO_IDS = "serve with vLLM ≥ 0.10.2 or palaestra.sdk.train.openai_server"
 
 
@@ -199,8 +203,10 @@ class LlmSession:
         stream, token ids asked for, and a max_tokens asked for cut to what the episode has
         left. One not asked for stays unset: the proxy does not know the model's context,
         and a max_tokens past it is an upstream 400 the agent did not cause; such a call
-        may go over the episode's budget, and the next is refused."""
-        body = {**chat, **self.options.sampling, "model": self.options.model, "stream": False}
+        may go over the episode's budget, and the next is refused. GROWS_REPLY fields of the
+        harness are dropped."""
+        asked_for = {k: v for k, v in chat.items() if k not in GROWS_REPLY}
+        body = {**asked_for, **self.options.sampling, "model": self.options.model, "stream": False}
         body.pop("stream_options", None)
         if body.get("n", 1) not in (1, None):
             raise _Refusal(400, "n must be 1: the proxy records one choice a call", "n", "n")

@@ -1,0 +1,96 @@
+"""A policy must never be able to make its episode `void` (docs/harness.md, "Limits, void
+versus 0"): whatever the agent sends through its model proxy, an answer it provoked is its
+own failure (a 4xx back to the harness, the episode verified), never a session fault.
+
+The upstream is the real model server (palaestra.sdk.train.openai_server over HFBackend,
+a tiny model); a request a policy can write from its bash tool goes through the sandbox's
+gateway exactly as a harness's would. FakeUpstream (a fake) records what a request that
+vLLM would honour carries upstream, which the tiny server cannot show.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from palaestra.server.harness.proxy import LlmSession, SessionProxy
+from tests.conftest import make_settings
+from tests.harness_fakes import FakeUpstream, gateway_on_loopback, options
+from tests.harness_peers import RecordingModel, recording_model
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordingModel]:
+    with recording_model(tmp_path_factory.mktemp("void-model")) as served:
+        yield served
+
+
+async def through_gateway(
+    endpoint: str, model_name: str, body: dict[str, Any]
+) -> tuple[httpx.Response, LlmSession]:
+    """`body` (JSON, NaN and all) posted to a fresh session's gateway: the reply, the session."""
+    proxy = SessionProxy(make_settings())
+    session = proxy.open(
+        "ep", options(endpoint, model_name), owner="tok", max_calls=5, max_tokens=64,
+        on_call=lambda _call: None,
+    )  # fmt: skip
+    try:
+        async with (
+            gateway_on_loopback(proxy, "ep") as url,
+            httpx.AsyncClient(base_url=url, timeout=60) as http,
+        ):
+            reply = await http.post("/v1/chat/completions", content=json.dumps(body).encode())
+        return reply, session
+    finally:
+        await proxy.aclose()
+
+
+HOSTILE: dict[str, dict[str, Any]] = {
+    "seed_past_int64": {"seed": 2**64},
+    "seed_huge": {"seed": 10**30},
+    "seed_negative_huge": {"seed": -(2**70)},
+    "temperature_nan": {"temperature": float("nan")},
+    "temperature_inf": {"temperature": float("inf")},
+    "stop_token_ids_huge": {"stop_token_ids": [2**70]},
+    "max_tokens_huge": {"max_tokens": 2**70},
+    "content_not_text": {"messages": [{"role": "user", "content": {"a": 1}}]},
+    "tools_garbage": {"tools": [{"type": "function", "function": 7}]},
+    "tool_choice_odd": {"tool_choice": {"type": "function"}},
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+async def test_no_request_of_the_policy_voids_the_episode(model: RecordingModel, name: str) -> None:
+    body = {"messages": USER, "max_tokens": 4, **HOSTILE[name]}
+    reply, session = await through_gateway(model.endpoint, model.name, body)
+    assert session.fault is None, (name, session.fault)
+    assert reply.status_code < 500, (name, reply.text)
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream() as fake:
+        yield fake
+
+
+async def test_fields_that_only_grow_the_reply_never_reach_the_upstream(
+    upstream: FakeUpstream,
+) -> None:
+    """vLLM honours `prompt_logprobs`, `top_logprobs` (20 alternatives a token) and `echo`:
+    with a long prompt or reply the answer passes llm_max_response_kb, a fault, so a policy
+    could void its episode at will. The proxy records the sampled token's logprob only, so
+    it sends none of them; the harness's call still succeeds."""
+    grow = {"prompt_logprobs": 20, "top_logprobs": 20, "echo": True}
+    before = len(upstream.hits)
+    reply, session = await through_gateway(f"{upstream.url}/ok", "fake", {"messages": USER, **grow})
+    assert reply.status_code == 200, reply.text
+    assert session.fault is None
+    [hit] = upstream.hits[before:]
+    assert not set(grow) & set(hit.body), hit.body
+    assert hit.body["logprobs"] is True and hit.body["return_token_ids"] is True
