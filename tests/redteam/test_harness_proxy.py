@@ -252,3 +252,41 @@ def named_client(manager: EpisodeManager) -> httpx.AsyncClient:
     anonymous = client(manager, "")
     del anonymous.headers["authorization"]
     return anonymous
+
+
+async def test_many_connections_cannot_make_the_server_hold_many_bodies(
+    named: FakeUpstream,
+) -> None:
+    """64 connections each sending a body just under llm_max_request_kb (8 MiB, a few
+    hundred MB once parsed into small objects) would make one sandbox hold gigabytes in
+    the server: the bodies a sandbox's requests hold at once are bounded to two requests'
+    worth, the rest refused with 429; once they end, calls go through again."""
+    cap_kb = 64
+    size = cap_kb * 1024 - 16
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\ncontent-length: {size}\r\n\r\n".encode()
+    async with sandbox_gateway(f"{named.url}/ok", llm_max_request_kb=cap_kb) as (
+        session, url, _calls,
+    ):  # fmt: skip
+        host, port = url.removeprefix("http://").split(":")
+        held = []
+        for _ in range(6):  # every body but its last byte: none is complete
+            r, w = await asyncio.open_connection(host, int(port))
+            w.write(head + b" " * (size - 1))
+            await w.drain()
+            held.append((r, w))
+        answers = []
+        for r, _w in held:
+            try:
+                answers.append(await asyncio.wait_for(r.read(), 0.5))
+            except TimeoutError:
+                answers.append(b"")  # still held: the gateway waits for its last byte
+        refused = [a for a in answers if a.startswith(b"HTTP/1.1 429")]
+        assert len(refused) >= 4, [a[:60] for a in answers]
+        assert b"llm_max_request_kb" in refused[0]
+        for _r, w in held:
+            w.close()
+        await asyncio.sleep(0.1)
+        async with httpx.AsyncClient(base_url=url) as http:
+            reply = await http.post(CHAT, json={"messages": USER})
+        assert reply.status_code == 200, reply.text
+        assert session.calls == 1
