@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,9 @@ MODELS_PATHS = frozenset({"/v1/models", "/models"})
 # echoed): the proxy records the sampled logprobs alone, and a reply grown past
 # llm_max_response_kb would be a fault the policy caused, so a harness's are not sent.
 GROWS_REPLY = frozenset({"top_logprobs", "prompt_logprobs", "echo"})
+# A \uD800-\uDFFF escape: valid JSON, but alone (not a pair) it is text no UTF-8 store can
+# write, and a record the server fails to store is a fault (void) the policy would cause.
+SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 NO_IDS = "serve with vLLM ≥ 0.10.2 or palaestra.sdk.train.openai_server"
 
 
@@ -85,6 +89,12 @@ def _tokens(reply: dict[str, Any]) -> tuple[list[int], list[int], list[float]] |
     if len(logprobs) != len(completion) or not all(isinstance(lp, int | float) for lp in logprobs):
         return None
     return prompt, completion, [float(lp) for lp in logprobs]  # type: ignore[arg-type]
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and ±Infinity are no JSON (RFC 8259), though Python's parser takes them: sent on,
+    a sampling parameter of NaN is the upstream's crash, a fault the policy would cause."""
+    raise ValueError(f"{name} is not JSON; send a finite number")
 
 
 def _fail(api: LlmApi, status: int, message: str, code: str, param: str | None = None) -> Reply:
@@ -174,11 +184,21 @@ class LlmSession:
                 413, f"the request body is over {cap} KiB (llm_max_request_kb)", "too_large"
             )
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, parse_constant=_no_constant)
         except (ValueError, RecursionError) as exc:
             raise _Refusal(400, f"the request body is not JSON: {exc}", "invalid_json") from None
         if not isinstance(body, dict):
             raise _Refusal(400, "the request body must be a JSON object", "invalid_json")
+        if SURROGATE.search(raw):
+            try:
+                json.dumps(body, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                raise _Refusal(
+                    400,
+                    "the request body has a lone UTF-16 surrogate escape (\\ud800-\\udfff "
+                    "without its pair): send valid Unicode text",
+                    "invalid_json",
+                ) from None
         return body
 
     def _check_open(self) -> None:
