@@ -18,12 +18,12 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 import h11
+from pydantic_core import to_json
 
 from palaestra.sandbox.base import SocketService
 from palaestra.sdk.harness import HarnessOptions, LlmApi, LlmCall
@@ -44,9 +44,10 @@ MODELS_PATHS = frozenset({"/v1/models", "/models"})
 # echoed): the proxy records the sampled logprobs alone, and a reply grown past
 # llm_max_response_kb would be a fault the policy caused, so a harness's are not sent.
 GROWS_REPLY = frozenset({"top_logprobs", "prompt_logprobs", "echo"})
-# A \uD800-\uDFFF escape: valid JSON, but alone (not a pair) it is text no UTF-8 store can
-# write, and a record the server fails to store is a fault (void) the policy would cause.
-SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A record the server fails to store is a fault (void), so a request whose record could not
+# be written (a lone \ud800 surrogate: no UTF-8; nesting past pydantic's serialization depth)
+# is refused first, checked as the store will write it, this many levels down its record.
+RECORD_DEPTH = 16
 NO_IDS = "serve with vLLM ≥ 0.10.2 or palaestra.sdk.train.openai_server"
 
 
@@ -189,16 +190,18 @@ class LlmSession:
             raise _Refusal(400, f"the request body is not JSON: {exc}", "invalid_json") from None
         if not isinstance(body, dict):
             raise _Refusal(400, "the request body must be a JSON object", "invalid_json")
-        if SURROGATE.search(raw):
-            try:
-                json.dumps(body, ensure_ascii=False).encode()
-            except UnicodeEncodeError:
-                raise _Refusal(
-                    400,
-                    "the request body has a lone UTF-16 surrogate escape (\\ud800-\\udfff "
-                    "without its pair): send valid Unicode text",
-                    "invalid_json",
-                ) from None
+        nested: Any = body
+        for _ in range(RECORD_DEPTH):
+            nested = [nested]
+        try:
+            to_json(nested)
+        except ValueError as exc:
+            raise _Refusal(
+                400,
+                f"the request body cannot be recorded ({exc}); send valid Unicode text (no "
+                "lone \\ud800-\\udfff escape) nested at most 200 levels deep",
+                "invalid_json",
+            ) from None
         return body
 
     def _check_open(self) -> None:

@@ -158,8 +158,9 @@ def test_cli_makes_a_harness_token(door_server: ServerProcess, tmp_path: Path) -
 
 
 # The policy's own calls from its bash tool, straight to the proxy: a lone UTF-16 surrogate
-# escape and NaN are valid to Python's JSON parser, but the first cannot be stored as UTF-8
-# and the second is no JSON a client can read back.
+# escape, NaN and deep nesting are valid to Python's JSON parser, but the first cannot be
+# stored as UTF-8, the second is no JSON (a sampling parameter of NaN is the upstream's crash)
+# and the third is past what the record's serializer nests.
 POLICY_CALL = (
     r"""python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:4000/v1/"""
     r"""chat/completions", b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], """
@@ -167,7 +168,11 @@ POLICY_CALL = (
 )
 
 
-@pytest.mark.parametrize("value", [r"\"\\ud800\"", "NaN", "-Infinity"])
+@pytest.mark.parametrize(
+    "value",
+    [r"\"\\ud800\"", "NaN", "-Infinity", "[" * 300 + "]" * 300],
+    ids=["surrogate", "nan", "infinity", "deep"],
+)
 def test_a_request_the_store_cannot_write_does_not_void_the_episode(
     door_server: ServerProcess, token: str, value: str
 ) -> None:
