@@ -125,6 +125,7 @@ class LlmSession:
         self.max_calls = max_calls
         self.max_tokens = max_tokens
         self.calls = 0
+        self.malformed = 0  # requests refused after their body was read (parsing costs)
         self.completion_tokens = 0
         self.fault: str | None = None
         self.limit: str | None = None
@@ -162,6 +163,8 @@ class LlmSession:
         try:
             return await self._call(api, body)
         except _Refusal as exc:
+            if exc.code != "limit_reached":
+                self._count_malformed()
             return _fail(api, exc.status, str(exc), exc.code, exc.param)
         except _Fault as exc:
             self._set_fault(str(exc))
@@ -172,6 +175,13 @@ class LlmSession:
             self.fault = reason
             log.warning("model session %s: %s", self.key, reason)
         self.stopped.set()
+
+    def _count_malformed(self) -> None:
+        """A refused request cost its parse but no call: bounded by max_calls as well, or a
+        policy could keep the event loop busy with bad 8 MiB bodies at no cost to it."""
+        self.malformed += 1
+        if self.malformed >= self.max_calls:
+            self._set_limit(f"max_calls: {self.malformed} malformed requests (as many as calls)")
 
     def _set_limit(self, reason: str) -> None:
         if self.limit is None:
@@ -244,6 +254,8 @@ class LlmSession:
 
     async def _call(self, api: LlmApi, raw: bytes) -> Reply:
         started_at, t0 = time.time(), time.perf_counter()
+        if self.limit is not None:  # stopped: refused unread
+            raise _Refusal(400, f"limit reached: {self.limit}", "limit_reached")
         request = self._parse(api, raw)
         stream = request.get("stream") is True
         try:

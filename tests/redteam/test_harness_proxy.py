@@ -290,3 +290,26 @@ async def test_many_connections_cannot_make_the_server_hold_many_bodies(
             reply = await http.post(CHAT, json={"messages": USER})
         assert reply.status_code == 200, reply.text
         assert session.calls == 1
+
+
+async def test_a_stream_of_malformed_bodies_is_bounded(named: FakeUpstream) -> None:
+    """A body is parsed before it can be refused, and refused ones are no model call: a
+    policy posting an 8 MiB JSON bomb with a bad last byte, over and over, kept the server's
+    event loop busy (~0.2 s a body) for its whole wall time without spending a call.
+    Malformed requests are bounded by max_calls too; past it the session stops (limit),
+    and later bodies are refused unread."""
+    before = len(named.hits)
+    async with sandbox_gateway(f"{named.url}/ok") as (session, url, _calls):
+        session.max_calls = 3
+        bad = b'{"messages": [' + b"{}," * 1000 + b"{}]"  # no closing brace
+        async with httpx.AsyncClient(base_url=url) as http:
+            codes = []
+            for _ in range(8):
+                reply = await http.post(CHAT, content=bad)
+                codes.append(reply.json()["error"]["code"])
+            assert reply.status_code == 400
+        assert codes[:3] == ["invalid_json"] * 3, codes
+        assert set(codes[4:]) == {"limit_reached"}, codes
+        assert session.limit is not None and "malformed" in session.limit
+        assert session.stopped.is_set() and session.fault is None
+    assert len(named.hits) == before
