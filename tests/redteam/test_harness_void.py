@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from palaestra.sdk.train.openai_server import parse_tool_calls
 from palaestra.server.harness.proxy import LlmSession, SessionProxy
 from tests.conftest import make_settings
 from tests.harness_fakes import FakeUpstream, gateway_on_loopback, options
@@ -94,3 +95,13 @@ async def test_fields_that_only_grow_the_reply_never_reach_the_upstream(
     [hit] = upstream.hits[before:]
     assert not set(grow) & set(hit.body), hit.body
     assert hit.body["logprobs"] is True and hit.body["return_token_ids"] is True
+
+
+def test_a_tool_call_the_model_wrote_cannot_crash_the_model_server() -> None:
+    """The model writes its Hermes tool calls as text; a `name` of `\\ud800` (valid JSON, a
+    lone surrogate once parsed) made the model server's reply unencodable as UTF-8, its 500
+    a fault (void) the policy caused. Such a block stays in the content, as text."""
+    text = '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>'
+    content, calls = parse_tool_calls(text)
+    assert calls == [] and content == text
+    json.dumps({"content": content, "tool_calls": calls}, ensure_ascii=False).encode()
