@@ -12,6 +12,7 @@ must answer only its episode's owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,8 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
+from palaestra.sdk.errors import UnavailableError
 from palaestra.sdk.harness import LlmCall
 from palaestra.server.harness.proxy import LlmSession, SessionProxy
+from palaestra.server.harness.runner import HarnessRunner
 from palaestra.server.manager import EpisodeManager
 from tests.conftest import make_settings
 from tests.harness_fakes import FakeUpstream, gateway_on_loopback, options
@@ -313,3 +316,63 @@ async def test_a_stream_of_malformed_bodies_is_bounded(named: FakeUpstream) -> N
         assert session.limit is not None and "malformed" in session.limit
         assert session.stopped.is_set() and session.fault is None
     assert len(named.hits) == before
+
+
+class EndlessModels:
+    """A hostile upstream (real HTTP on loopback): GET /models answers 200 and then a body
+    that never ends, 64 KiB every 10 ms, so no read ever times out."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n[")
+        try:
+            while True:
+                w.write(b"0," * 32768)
+                await w.drain()
+                self.sent += 65536
+                await asyncio.sleep(0.01)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            w.close()
+
+
+async def test_the_reset_probe_reads_no_endless_body(manager: EpisodeManager) -> None:
+    """The reset's probe (GET /models) read the whole answer: an upstream that never ends
+    its body held the reset, and grew the server's memory, for as long as it liked."""
+    hostile = EndlessModels()
+    server = await asyncio.start_server(hostile.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        await asyncio.wait_for(manager.harness._probe(f"http://127.0.0.1:{port}/v1"), 3.0)
+    finally:
+        server.close()
+    assert hostile.sent < 8 << 20
+
+
+async def test_the_reset_probe_outlasts_no_dripping_head(manager: EpisodeManager) -> None:
+    """A head dripped a byte at a time never trips httpx's per-read timeout: the probe is
+    bounded in all by harness_probe_timeout_s, then the reset's 503."""
+
+    async def drip(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        with contextlib.suppress(ConnectionError, OSError):
+            for byte in b"HTTP/1.1 200 OK\r\nx-slow: " + b"a" * 100:
+                w.write(bytes([byte]))
+                await w.drain()
+                await asyncio.sleep(0.1)
+        w.close()
+
+    server = await asyncio.start_server(drip, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    runner = HarnessRunner(make_settings(harness_probe_timeout_s=0.5), manager.store, None)
+    started = time.monotonic()
+    try:
+        with pytest.raises(UnavailableError, match="does not answer"):
+            await runner._probe(f"http://127.0.0.1:{port}/v1")
+    finally:
+        server.close()
+    assert time.monotonic() - started < 2.0
