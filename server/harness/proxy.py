@@ -40,10 +40,20 @@ ANTHROPIC: LlmApi = "anthropic-messages"
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
 MODELS_PATHS = frozenset({"/v1/models", "/models"})
-# What vLLM honours that only grows the reply (alternatives, the prompt's logprobs, the prompt
-# echoed): the proxy records the sampled logprobs alone, and a reply grown past
-# llm_max_response_kb would be a fault the policy caused, so a harness's are not sent.
-GROWS_REPLY = frozenset({"top_logprobs", "prompt_logprobs", "echo"})
+# The fields of a harness's body sent on: OpenAI's chat request, less what the proxy sets
+# itself. The rest (vLLM's extensions: reply-growing `prompt_logprobs`/`top_logprobs`/`echo`,
+# inputs engines crash on such as a huge `top_k`, grammars to compile) is not: an upstream's
+# 500, a reply past llm_max_response_kb or a dead engine is a fault, void, the policy caused.
+HARNESS_FIELDS = frozenset({
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens",
+    "max_completion_tokens", "stop", "temperature", "top_p", "seed", "presence_penalty",
+    "frequency_penalty", "n",
+})  # fmt: skip
+# OpenAI's documented ranges (seed: a signed 64-bit integer, as vLLM takes it).
+RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2),
+    "frequency_penalty": (-2, 2), "seed": (-(2**63), 2**63 - 1),
+}  # fmt: skip
 # A record the server fails to store is a fault (void), so a request whose record could not
 # be written (a lone \ud800 surrogate: no UTF-8; nesting past pydantic's serialization depth)
 # is refused first, checked as the store will write it, this many levels down its record.
@@ -236,9 +246,19 @@ class LlmSession:
         stream, token ids asked for, and a max_tokens asked for cut to what the episode has
         left. One not asked for stays unset: the proxy does not know the model's context,
         and a max_tokens past it is an upstream 400 the agent did not cause; such a call
-        may go over the episode's budget, and the next is refused. GROWS_REPLY fields of the
-        harness are dropped."""
-        asked_for = {k: v for k, v in chat.items() if k not in GROWS_REPLY}
+        may go over the episode's budget, and the next is refused. Only HARNESS_FIELDS of
+        the harness are sent, within RANGES (400 naming the field otherwise)."""
+        asked_for = {k: v for k, v in chat.items() if k in HARNESS_FIELDS}
+        for key, (low, high) in RANGES.items():
+            value = asked_for.get(key)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if value is not None and not (
+                number and low <= value <= high and (key != "seed" or isinstance(value, int))
+            ):
+                kind = "an integer" if key == "seed" else "a number"
+                raise _Refusal(
+                    400, f"{key} must be {kind} in [{low}, {high}]", "invalid_value", key
+                )
         body = {**asked_for, **self.options.sampling, "model": self.options.model, "stream": False}
         body.pop("stream_options", None)
         if body.get("n", 1) not in (1, None):

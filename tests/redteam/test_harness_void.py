@@ -80,21 +80,53 @@ def upstream() -> Iterator[FakeUpstream]:
         yield fake
 
 
-async def test_fields_that_only_grow_the_reply_never_reach_the_upstream(
+# vLLM's extensions a policy could send (its own bash tool posts to the proxy): ones that
+# grow the reply past llm_max_response_kb, and inputs engines have crashed on (top_k past
+# int32 or the vocabulary: vllm-spyre #542, sglang #17788; compiled grammars).
+EXTENSIONS: dict[str, Any] = {
+    "prompt_logprobs": 20, "top_logprobs": 20, "echo": True, "top_k": 2**31, "min_p": 0.5,
+    "repetition_penalty": 1e300, "min_tokens": 10**9, "ignore_eos": True,
+    "bad_words": ["x"] * 1000, "guided_json": {"type": "object"}, "guided_regex": "(a*)*b",
+    "structured_outputs": {"regex": "(a*)*b"}, "response_format": {"type": "json_object"},
+    "logits_processors": ["os.system"], "truncate_prompt_tokens": -1, "best_of": 64,
+    "use_beam_search": True, "kv_transfer_params": {"x": 1}, "priority": -(10**9),
+}  # fmt: skip
+
+
+async def test_only_openai_fields_of_the_harness_reach_the_upstream(
     upstream: FakeUpstream,
 ) -> None:
-    """vLLM honours `prompt_logprobs`, `top_logprobs` (20 alternatives a token) and `echo`:
-    with a long prompt or reply the answer passes llm_max_response_kb, a fault, so a policy
-    could void its episode at will. The proxy records the sampled token's logprob only, so
-    it sends none of them; the harness's call still succeeds."""
-    grow = {"prompt_logprobs": 20, "top_logprobs": 20, "echo": True}
+    """An upstream's 500 or a reply over the cap is a fault (void), and a crashed engine
+    voids every episode on it: of the harness's body only OpenAI's chat fields are sent
+    on. The call still succeeds; the record keeps what the harness sent."""
     before = len(upstream.hits)
-    reply, session = await through_gateway(f"{upstream.url}/ok", "fake", {"messages": USER, **grow})
+    body = {"messages": USER, "temperature": 0.5, "stop": ["x"], **EXTENSIONS}
+    reply, session = await through_gateway(f"{upstream.url}/ok", "fake", body)
     assert reply.status_code == 200, reply.text
     assert session.fault is None
     [hit] = upstream.hits[before:]
-    assert not set(grow) & set(hit.body), hit.body
+    assert not set(EXTENSIONS) & set(hit.body), hit.body
+    assert hit.body["temperature"] == 0.5 and hit.body["stop"] == ["x"]
     assert hit.body["logprobs"] is True and hit.body["return_token_ids"] is True
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"temperature": 1e300}, {"temperature": -1}, {"top_p": 7}, {"presence_penalty": -1e9},
+     {"frequency_penalty": "x"}, {"seed": 2**64}, {"seed": 1.5}, {"temperature": True}],
+    ids=str,
+)  # fmt: skip
+async def test_sampling_fields_out_of_openai_ranges_are_refused(
+    upstream: FakeUpstream, field: dict[str, Any]
+) -> None:
+    before = len(upstream.hits)
+    reply, session = await through_gateway(
+        f"{upstream.url}/ok", "fake", {"messages": USER, **field}
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == next(iter(field)) and next(iter(field)) in error["message"]
+    assert session.fault is None and len(upstream.hits) == before
 
 
 def test_a_tool_call_the_model_wrote_cannot_crash_the_model_server() -> None:
