@@ -49,6 +49,7 @@ HARNESS_FIELDS = frozenset({
     "max_completion_tokens", "stop", "temperature", "top_p", "seed", "presence_penalty",
     "frequency_penalty", "n",
 })  # fmt: skip
+MAX_STOP = 4  # OpenAI's limit of stop sequences
 # OpenAI's documented ranges (seed: a signed 64-bit integer, as vLLM takes it).
 RANGES: dict[str, tuple[float, float]] = {
     "temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2),
@@ -79,6 +80,10 @@ def _endpoint_target(endpoint: str) -> Target:
         return Target.parse(endpoint.rstrip("/") + "/chat/completions")
     except ValueError as exc:
         raise ValueError(f"model_endpoint {endpoint!r}: {exc}") from None
+
+
+def _strings(value: Any, most: int) -> bool:
+    return isinstance(value, list) and len(value) <= most and all(type(v) is str for v in value)
 
 
 def _ints(value: Any) -> list[int] | None:
@@ -259,6 +264,11 @@ class LlmSession:
                 raise _Refusal(
                     400, f"{key} must be {kind} in [{low}, {high}]", "invalid_value", key
                 )
+        stop = asked_for.get("stop")
+        if not (stop is None or isinstance(stop, str) or _strings(stop, MAX_STOP)):
+            raise _Refusal(  # each is checked at every token: 10^5 of them, a timeout
+                400, f"stop must be a string or at most {MAX_STOP} strings", "invalid_value", "stop"
+            )
         body = {**asked_for, **self.options.sampling, "model": self.options.model, "stream": False}
         body.pop("stream_options", None)
         if body.get("n", 1) not in (1, None):

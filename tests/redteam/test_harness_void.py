@@ -74,6 +74,15 @@ async def test_no_request_of_the_policy_voids_the_episode(model: RecordingModel,
     assert reply.status_code < 500, (name, reply.text)
 
 
+def test_the_model_server_refuses_a_seed_past_torch(model: RecordingModel) -> None:
+    """Called directly too (a trainer, or a reset whose sampling sets it), a seed past
+    torch's 64 bits is a 400 naming it, not manual_seed's overflow as a 500."""
+    for seed in (2**64, -(2**70)):
+        body = {"model": model.name, "messages": USER, "max_tokens": 2, "seed": seed}
+        reply = httpx.post(f"{model.endpoint}/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 400 and "seed" in reply.text, reply.text
+
+
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[FakeUpstream]:
     with FakeUpstream() as fake:
@@ -113,7 +122,8 @@ async def test_only_openai_fields_of_the_harness_reach_the_upstream(
 @pytest.mark.parametrize(
     "field",
     [{"temperature": 1e300}, {"temperature": -1}, {"top_p": 7}, {"presence_penalty": -1e9},
-     {"frequency_penalty": "x"}, {"seed": 2**64}, {"seed": 1.5}, {"temperature": True}],
+     {"frequency_penalty": "x"}, {"seed": 2**64}, {"seed": 1.5}, {"temperature": True},
+     {"stop": ["x"] * 100_000}, {"stop": 5}, {"stop": [5]}],
     ids=str,
 )  # fmt: skip
 async def test_sampling_fields_out_of_openai_ranges_are_refused(
