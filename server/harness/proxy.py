@@ -105,6 +105,32 @@ def _fetched(messages: Any) -> str | None:
     return None
 
 
+def _check_fields(fields: dict[str, Any]) -> None:
+    """_Refusal naming the first of the harness's fields out of what the upstream is sure to
+    take: RANGES, inline media only (`_fetched`), at most MAX_STOP stop strings."""
+    for key, (low, high) in RANGES.items():
+        value = fields.get(key)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is not None and not (
+            number and low <= value <= high and (key != "seed" or isinstance(value, int))
+        ):
+            kind = "an integer" if key == "seed" else "a number"
+            raise _Refusal(400, f"{key} must be {kind} in [{low}, {high}]", "invalid_value", key)
+    if (where := _fetched(fields.get("messages"))) is not None:
+        raise _Refusal(
+            400,
+            f"{where}: a part must be text or inline media ({', '.join(sorted(MEDIA))} "
+            "with a data: URL); the model server fetches no URL for a sandbox",
+            "invalid_value",
+            "messages",
+        )
+    stop = fields.get("stop")
+    if not (stop is None or isinstance(stop, str) or _strings(stop, MAX_STOP)):
+        raise _Refusal(  # each is checked at every token: 10^5 of them, a timeout
+            400, f"stop must be a string or at most {MAX_STOP} strings", "invalid_value", "stop"
+        )
+
+
 def _ints(value: Any) -> list[int] | None:
     if isinstance(value, list) and all(type(v) is int for v in value):
         return value
@@ -271,31 +297,9 @@ class LlmSession:
         left. One not asked for stays unset: the proxy does not know the model's context,
         and a max_tokens past it is an upstream 400 the agent did not cause; such a call
         may go over the episode's budget, and the next is refused. Only HARNESS_FIELDS of
-        the harness are sent, within RANGES (400 naming the field otherwise)."""
+        the harness are sent, as `_check_fields` bounds them."""
         asked_for = {k: v for k, v in chat.items() if k in HARNESS_FIELDS}
-        for key, (low, high) in RANGES.items():
-            value = asked_for.get(key)
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if value is not None and not (
-                number and low <= value <= high and (key != "seed" or isinstance(value, int))
-            ):
-                kind = "an integer" if key == "seed" else "a number"
-                raise _Refusal(
-                    400, f"{key} must be {kind} in [{low}, {high}]", "invalid_value", key
-                )
-        if (where := _fetched(asked_for.get("messages"))) is not None:
-            raise _Refusal(
-                400,
-                f"{where}: a part must be text or inline media ({', '.join(sorted(MEDIA))} "
-                "with a data: URL); the model server fetches no URL for a sandbox",
-                "invalid_value",
-                "messages",
-            )
-        stop = asked_for.get("stop")
-        if not (stop is None or isinstance(stop, str) or _strings(stop, MAX_STOP)):
-            raise _Refusal(  # each is checked at every token: 10^5 of them, a timeout
-                400, f"stop must be a string or at most {MAX_STOP} strings", "invalid_value", "stop"
-            )
+        _check_fields(asked_for)
         body = {**asked_for, **self.options.sampling, "model": self.options.model, "stream": False}
         body.pop("stream_options", None)
         if body.get("n", 1) not in (1, None):
