@@ -73,6 +73,15 @@ def fake_reply(body: dict[str, Any], ids: bool = True) -> dict[str, Any]:
     return reply
 
 
+def sleep_s(body: dict[str, Any]) -> float:
+    """How long `slow` waits: the last message's text as seconds (the proxy sends on only
+    OpenAI's fields), else 1 s."""
+    try:
+        return float(body["messages"][-1]["content"])
+    except (LookupError, TypeError, ValueError):
+        return 1.0
+
+
 @dataclass
 class FakeUpstream:
     """A FAKE OpenAI-compatible upstream (see the module docstring)."""
@@ -110,7 +119,7 @@ class FakeUpstream:
             if mode == "e429":
                 return JSONResponse({"error": {"message": "busy"}}, 429, {"retry-after": "3"})
             if mode == "slow":
-                await asyncio.sleep(float(body.get("fake_sleep_s", 1.0)))
+                await asyncio.sleep(sleep_s(body))
                 return JSONResponse(fake_reply(body))
             if mode == "redirect":
                 return Response(status_code=307, headers={"location": self.redirect_to})

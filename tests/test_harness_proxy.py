@@ -346,9 +346,9 @@ async def test_slow_upstream_and_the_timeout(fake: FakeUpstream) -> None:
     proxy = SessionProxy(make_settings(llm_call_timeout_s=0.5))
     try:
         async with open_harness(proxy, f"{fake.url}/slow") as h:
-            ok = await h.chat({"messages": USER, "fake_sleep_s": 0.1})
+            ok = await h.chat({"messages": [{"role": "user", "content": "0.1"}]})
             assert ok.status_code == 200 and h.session.fault is None
-            late = await h.chat({"messages": USER, "fake_sleep_s": 2.0})
+            late = await h.chat({"messages": [{"role": "user", "content": "2.0"}]})
             assert late.status_code == 502
             assert h.session.fault is not None
             assert "did not answer within 0.5 s (llm_call_timeout_s)" in h.session.fault

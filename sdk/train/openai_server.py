@@ -39,7 +39,7 @@ class _Sampling(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = 1.0
     n: int = 1
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # torch's range
     stop_token_ids: list[int] = []
     logprobs: Any = None
     stream: bool = False
@@ -69,6 +69,18 @@ class RequestError(Exception):
         self.status = status
 
 
+def _utf8(name: object) -> bool:
+    """A str that UTF-8 can write: a lone surrogate (`"\\ud800"` in the model's JSON) would
+    make the reply unencodable, a 500 the model's own text caused."""
+    if not isinstance(name, str):
+        return False
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """Hermes tool calls in `text`: (the content outside them or None, OpenAI tool_calls).
     A block whose JSON is not `{"name": str, "arguments": object}` stays in the content."""
@@ -81,7 +93,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         except json.JSONDecodeError:
             continue
         arguments = call.get("arguments", {}) if isinstance(call, dict) else None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        if not isinstance(call, dict) or not _utf8(call.get("name")):
             continue
         if not isinstance(arguments, dict):
             continue

@@ -6,7 +6,9 @@ with no HTTP hop to the server's own routes.
 HTTP/1.1 by h11, keep-alive. What a hostile harness could use against it is bounded: the
 request head (max_header_bytes), the body (llm_max_request_kb), the time a request may take
 to arrive after its first byte (header_timeout_s: no slowloris), an idle keep-alive
-connection's life (keep_alive_s), connections open at once per sandbox. Only origin-form
+connection's life (keep_alive_s), connections open at once per sandbox, and the request
+bodies a sandbox's connections hold at once (HELD_BODIES requests' worth: 64 connections
+of 8 MiB bodies, parsed, would be gigabytes). Only origin-form
 targets (`/path`) are served: an absolute URI is refused, and the Host header is never
 read; the session decides where its calls go, and that is the endpoint named at reset.
 """
@@ -31,6 +33,7 @@ from palaestra.server.harness.wire import Reply, error_object, openai_error
 log = logging.getLogger("palaestra.harness")
 
 MAX_CONNECTIONS = 64  # open at once per sandbox
+HELD_BODIES = 2  # full-size request bodies a sandbox's connections may hold at once
 CHUNK = 64 * 1024
 
 
@@ -50,6 +53,7 @@ class _Refused(Exception):
 class _Listener:
     key: str
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    held: int = 0  # body bytes its requests hold (being read or answered)
 
 
 def _raw_error(status: int, message: str) -> bytes:
@@ -63,7 +67,8 @@ def _raw_error(status: int, message: str) -> bytes:
 
 
 def h11_reason(status: int) -> str:
-    reasons = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large"}
+    reasons = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
+               429: "Too Many Requests"}  # fmt: skip
     return reasons.get(status, "Request Header Fields Too Large" if status == 431 else "Error")
 
 
@@ -109,10 +114,13 @@ class ModelGateway:
         listener.writers.add(w)
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.settings.max_header_bytes)
         first = True
+        mine = [0]  # body bytes of this connection's request in listener.held
         try:
             while True:
+                listener.held -= mine[0]
+                mine[0] = 0
                 try:
-                    request = await self._request(conn, r, w, first)
+                    request = await self._request(conn, r, w, first, listener, mine)
                 except _Refused as exc:
                     w.write(_raw_error(exc.status, str(exc)))
                     await w.drain()
@@ -133,14 +141,22 @@ class ModelGateway:
         except (OSError, ConnectionError, h11.LocalProtocolError):
             pass
         finally:
+            listener.held -= mine[0]
             listener.writers.discard(w)
             w.close()
 
     async def _request(
-        self, conn: h11.Connection, r: asyncio.StreamReader, w: asyncio.StreamWriter, first: bool
+        self,
+        conn: h11.Connection,
+        r: asyncio.StreamReader,
+        w: asyncio.StreamWriter,
+        first: bool,
+        listener: _Listener,
+        mine: list[int],
     ) -> tuple[str, str, bytes] | None:
         """The next request (method, target, body); None when the client closed or idled
-        out between requests; _Refused for one not served."""
+        out between requests; _Refused for one not served. Its body's bytes are counted
+        in `listener.held` (and `mine`) until the caller releases them."""
         s = self.settings
         cap = s.llm_max_request_kb * 1024
         deadline: float | None = time.monotonic() + s.header_timeout_s if first else None
@@ -190,6 +206,15 @@ class ModelGateway:
                     raise _Refused(
                         413,
                         f"the request body is over {s.llm_max_request_kb} KiB (llm_max_request_kb)",
+                    )
+                mine[0] += len(event.data)
+                listener.held += len(event.data)
+                if listener.held > HELD_BODIES * cap:
+                    raise _Refused(
+                        429,
+                        f"this sandbox's requests hold over {HELD_BODIES} x "
+                        f"{s.llm_max_request_kb} KiB of bodies at once (llm_max_request_kb); "
+                        "send one model call at a time",
                     )
                 body.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import h11
+from pydantic_core import to_json
 
 from palaestra.sandbox.base import SocketService
 from palaestra.sdk.harness import HarnessOptions, LlmApi, LlmCall
@@ -39,6 +40,28 @@ ANTHROPIC: LlmApi = "anthropic-messages"
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
 MODELS_PATHS = frozenset({"/v1/models", "/models"})
+# The fields of a harness's body sent on: OpenAI's chat request, less what the proxy sets
+# itself. The rest (vLLM's extensions: reply-growing `prompt_logprobs`/`top_logprobs`/`echo`,
+# inputs engines crash on such as a huge `top_k`, grammars to compile) is not: an upstream's
+# 500, a reply past llm_max_response_kb or a dead engine is a fault, void, the policy caused.
+HARNESS_FIELDS = frozenset({
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens",
+    "max_completion_tokens", "stop", "temperature", "top_p", "seed", "presence_penalty",
+    "frequency_penalty", "n",
+})  # fmt: skip
+# Media parts the upstream takes inline (a `data:` URL or base64); one naming any other URL
+# the model server would fetch itself: a way out of a sandbox that has no route out.
+MEDIA = frozenset({"image_url", "input_audio", "video_url", "audio_url"})
+MAX_STOP = 4  # OpenAI's limit of stop sequences
+# OpenAI's documented ranges (seed: a signed 64-bit integer, as vLLM takes it).
+RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2),
+    "frequency_penalty": (-2, 2), "seed": (-(2**63), 2**63 - 1),
+}  # fmt: skip
+# A record the server fails to store is a fault (void), so a request whose record could not
+# be written (a lone \ud800 surrogate: no UTF-8; nesting past pydantic's serialization depth)
+# is refused first, checked as the store will write it, this many levels down its record.
+RECORD_DEPTH = 16
 NO_IDS = "serve with vLLM ≥ 0.10.2 or palaestra.sdk.train.openai_server"
 
 
@@ -62,6 +85,52 @@ def _endpoint_target(endpoint: str) -> Target:
         raise ValueError(f"model_endpoint {endpoint!r}: {exc}") from None
 
 
+def _strings(value: Any, most: int) -> bool:
+    return isinstance(value, list) and len(value) <= most and all(type(v) is str for v in value)
+
+
+def _fetched(messages: Any) -> str | None:
+    """Where a message part is not text or inline media (the upstream would fetch a URL, or
+    take raw embeddings); None when every part is."""
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                continue
+            inner = part.get(kind) if isinstance(kind, str) else None
+            url = inner.get("url", "data:") if isinstance(inner, dict) else None
+            if kind not in MEDIA or not isinstance(url, str) or not url.startswith("data:"):
+                return f"messages[{i}].content[{j}]"
+    return None
+
+
+def _check_fields(fields: dict[str, Any]) -> None:
+    """_Refusal naming the first of the harness's fields out of what the upstream is sure to
+    take: RANGES, inline media only (`_fetched`), at most MAX_STOP stop strings."""
+    for key, (low, high) in RANGES.items():
+        value = fields.get(key)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is not None and not (
+            number and low <= value <= high and (key != "seed" or isinstance(value, int))
+        ):
+            kind = "an integer" if key == "seed" else "a number"
+            raise _Refusal(400, f"{key} must be {kind} in [{low}, {high}]", "invalid_value", key)
+    if (where := _fetched(fields.get("messages"))) is not None:
+        raise _Refusal(
+            400,
+            f"{where}: a part must be text or inline media ({', '.join(sorted(MEDIA))} "
+            "with a data: URL); the model server fetches no URL for a sandbox",
+            "invalid_value",
+            "messages",
+        )
+    stop = fields.get("stop")
+    if not (stop is None or isinstance(stop, str) or _strings(stop, MAX_STOP)):
+        raise _Refusal(  # each is checked at every token: 10^5 of them, a timeout
+            400, f"stop must be a string or at most {MAX_STOP} strings", "invalid_value", "stop"
+        )
+
+
 def _ints(value: Any) -> list[int] | None:
     if isinstance(value, list) and all(type(v) is int for v in value):
         return value
@@ -81,6 +150,12 @@ def _tokens(reply: dict[str, Any]) -> tuple[list[int], list[int], list[float]] |
     if len(logprobs) != len(completion) or not all(isinstance(lp, int | float) for lp in logprobs):
         return None
     return prompt, completion, [float(lp) for lp in logprobs]  # type: ignore[arg-type]
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and ±Infinity are no JSON (RFC 8259), though Python's parser takes them: sent on,
+    a sampling parameter of NaN is the upstream's crash, a fault the policy would cause."""
+    raise ValueError(f"{name} is not JSON; send a finite number")
 
 
 def _fail(api: LlmApi, status: int, message: str, code: str, param: str | None = None) -> Reply:
@@ -110,6 +185,7 @@ class LlmSession:
         self.max_calls = max_calls
         self.max_tokens = max_tokens
         self.calls = 0
+        self.malformed = 0  # requests refused after their body was read (parsing costs)
         self.completion_tokens = 0
         self.fault: str | None = None
         self.limit: str | None = None
@@ -147,6 +223,8 @@ class LlmSession:
         try:
             return await self._call(api, body)
         except _Refusal as exc:
+            if exc.code != "limit_reached":
+                self._count_malformed()
             return _fail(api, exc.status, str(exc), exc.code, exc.param)
         except _Fault as exc:
             self._set_fault(str(exc))
@@ -157,6 +235,13 @@ class LlmSession:
             self.fault = reason
             log.warning("model session %s: %s", self.key, reason)
         self.stopped.set()
+
+    def _count_malformed(self) -> None:
+        """A refused request cost its parse but no call: bounded by max_calls as well, or a
+        policy could keep the event loop busy with bad 8 MiB bodies at no cost to it."""
+        self.malformed += 1
+        if self.malformed >= self.max_calls:
+            self._set_limit(f"max_calls: {self.malformed} malformed requests (as many as calls)")
 
     def _set_limit(self, reason: str) -> None:
         if self.limit is None:
@@ -170,11 +255,23 @@ class LlmSession:
                 413, f"the request body is over {cap} KiB (llm_max_request_kb)", "too_large"
             )
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, parse_constant=_no_constant)
         except (ValueError, RecursionError) as exc:
             raise _Refusal(400, f"the request body is not JSON: {exc}", "invalid_json") from None
         if not isinstance(body, dict):
             raise _Refusal(400, "the request body must be a JSON object", "invalid_json")
+        nested: Any = body
+        for _ in range(RECORD_DEPTH):
+            nested = [nested]
+        try:
+            to_json(nested)
+        except ValueError as exc:
+            raise _Refusal(
+                400,
+                f"the request body cannot be recorded ({exc}); send valid Unicode text (no "
+                "lone \\ud800-\\udfff escape) nested at most 200 levels deep",
+                "invalid_json",
+            ) from None
         return body
 
     def _check_open(self) -> None:
@@ -199,8 +296,11 @@ class LlmSession:
         stream, token ids asked for, and a max_tokens asked for cut to what the episode has
         left. One not asked for stays unset: the proxy does not know the model's context,
         and a max_tokens past it is an upstream 400 the agent did not cause; such a call
-        may go over the episode's budget, and the next is refused."""
-        body = {**chat, **self.options.sampling, "model": self.options.model, "stream": False}
+        may go over the episode's budget, and the next is refused. Only HARNESS_FIELDS of
+        the harness are sent, as `_check_fields` bounds them."""
+        asked_for = {k: v for k, v in chat.items() if k in HARNESS_FIELDS}
+        _check_fields(asked_for)
+        body = {**asked_for, **self.options.sampling, "model": self.options.model, "stream": False}
         body.pop("stream_options", None)
         if body.get("n", 1) not in (1, None):
             raise _Refusal(400, "n must be 1: the proxy records one choice a call", "n", "n")
@@ -215,6 +315,8 @@ class LlmSession:
 
     async def _call(self, api: LlmApi, raw: bytes) -> Reply:
         started_at, t0 = time.time(), time.perf_counter()
+        if self.limit is not None:  # stopped: refused unread
+            raise _Refusal(400, f"limit reached: {self.limit}", "limit_reached")
         request = self._parse(api, raw)
         stream = request.get("stream") is True
         try:

@@ -194,13 +194,20 @@ class HarnessRunner:
 
     async def _probe(self, endpoint: str) -> None:
         """503 naming the endpoint when it does not answer GET /models (a server error or
-        no answer at all); the policy cannot cause this, so the reset is refused."""
+        no answer at all); the policy cannot cause this, so the reset is refused. Only the
+        status is read (an endless body would hold the reset and the server's memory), within
+        the timeout in all, and no proxy of the environment is used (the session proxy uses
+        none either)."""
         url = endpoint.rstrip("/") + "/models"
         timeout = self.settings.harness_probe_timeout_s
         try:
-            async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
-                reply = await client.get(url)
-        except httpx.HTTPError as exc:
+            async with (
+                asyncio.timeout(timeout),  # in all: httpx's bounds one read, not a drip
+                httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as c,
+                c.stream("GET", url) as reply,
+            ):
+                pass
+        except (httpx.HTTPError, TimeoutError) as exc:
             raise UnavailableError(
                 f"the model endpoint {endpoint} does not answer (GET {url}: "
                 f"{type(exc).__name__}: {exc}); start it or fix options.harness.model_endpoint",

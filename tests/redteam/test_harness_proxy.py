@@ -12,6 +12,7 @@ must answer only its episode's owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,8 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
+from palaestra.sdk.errors import UnavailableError
 from palaestra.sdk.harness import LlmCall
 from palaestra.server.harness.proxy import LlmSession, SessionProxy
+from palaestra.server.harness.runner import HarnessRunner
 from palaestra.server.manager import EpisodeManager
 from tests.conftest import make_settings
 from tests.harness_fakes import FakeUpstream, gateway_on_loopback, options
@@ -252,3 +255,124 @@ def named_client(manager: EpisodeManager) -> httpx.AsyncClient:
     anonymous = client(manager, "")
     del anonymous.headers["authorization"]
     return anonymous
+
+
+async def test_many_connections_cannot_make_the_server_hold_many_bodies(
+    named: FakeUpstream,
+) -> None:
+    """64 connections each sending a body just under llm_max_request_kb (8 MiB, a few
+    hundred MB once parsed into small objects) would make one sandbox hold gigabytes in
+    the server: the bodies a sandbox's requests hold at once are bounded to two requests'
+    worth, the rest refused with 429; once they end, calls go through again."""
+    cap_kb = 64
+    size = cap_kb * 1024 - 16
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\ncontent-length: {size}\r\n\r\n".encode()
+    async with sandbox_gateway(f"{named.url}/ok", llm_max_request_kb=cap_kb) as (
+        session, url, _calls,
+    ):  # fmt: skip
+        host, port = url.removeprefix("http://").split(":")
+        held = []
+        for _ in range(6):  # every body but its last byte: none is complete
+            r, w = await asyncio.open_connection(host, int(port))
+            w.write(head + b" " * (size - 1))
+            await w.drain()
+            held.append((r, w))
+        answers = []
+        for r, _w in held:
+            try:
+                answers.append(await asyncio.wait_for(r.read(), 0.5))
+            except TimeoutError:
+                answers.append(b"")  # still held: the gateway waits for its last byte
+        refused = [a for a in answers if a.startswith(b"HTTP/1.1 429")]
+        assert len(refused) >= 4, [a[:60] for a in answers]
+        assert b"llm_max_request_kb" in refused[0]
+        for _r, w in held:
+            w.close()
+        await asyncio.sleep(0.1)
+        async with httpx.AsyncClient(base_url=url) as http:
+            reply = await http.post(CHAT, json={"messages": USER})
+        assert reply.status_code == 200, reply.text
+        assert session.calls == 1
+
+
+async def test_a_stream_of_malformed_bodies_is_bounded(named: FakeUpstream) -> None:
+    """A body is parsed before it can be refused, and refused ones are no model call: a
+    policy posting an 8 MiB JSON bomb with a bad last byte, over and over, kept the server's
+    event loop busy (~0.2 s a body) for its whole wall time without spending a call.
+    Malformed requests are bounded by max_calls too; past it the session stops (limit),
+    and later bodies are refused unread."""
+    before = len(named.hits)
+    async with sandbox_gateway(f"{named.url}/ok") as (session, url, _calls):
+        session.max_calls = 3
+        bad = b'{"messages": [' + b"{}," * 1000 + b"{}]"  # no closing brace
+        async with httpx.AsyncClient(base_url=url) as http:
+            codes = []
+            for _ in range(8):
+                reply = await http.post(CHAT, content=bad)
+                codes.append(reply.json()["error"]["code"])
+            assert reply.status_code == 400
+        assert codes[:3] == ["invalid_json"] * 3, codes
+        assert set(codes[4:]) == {"limit_reached"}, codes
+        assert session.limit is not None and "malformed" in session.limit
+        assert session.stopped.is_set() and session.fault is None
+    assert len(named.hits) == before
+
+
+class EndlessModels:
+    """A hostile upstream (real HTTP on loopback): GET /models answers 200 and then a body
+    that never ends, 64 KiB every 10 ms, so no read ever times out."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n[")
+        try:
+            while True:
+                w.write(b"0," * 32768)
+                await w.drain()
+                self.sent += 65536
+                await asyncio.sleep(0.01)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            w.close()
+
+
+async def test_the_reset_probe_reads_no_endless_body(manager: EpisodeManager) -> None:
+    """The reset's probe (GET /models) read the whole answer: an upstream that never ends
+    its body held the reset, and grew the server's memory, for as long as it liked."""
+    hostile = EndlessModels()
+    server = await asyncio.start_server(hostile.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        await asyncio.wait_for(manager.harness._probe(f"http://127.0.0.1:{port}/v1"), 3.0)
+    finally:
+        server.close()
+    assert hostile.sent < 8 << 20
+
+
+async def test_the_reset_probe_outlasts_no_dripping_head(manager: EpisodeManager) -> None:
+    """A head dripped a byte at a time never trips httpx's per-read timeout: the probe is
+    bounded in all by harness_probe_timeout_s, then the reset's 503."""
+
+    async def drip(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        with contextlib.suppress(ConnectionError, OSError):
+            for byte in b"HTTP/1.1 200 OK\r\nx-slow: " + b"a" * 100:
+                w.write(bytes([byte]))
+                await w.drain()
+                await asyncio.sleep(0.1)
+        w.close()
+
+    server = await asyncio.start_server(drip, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    runner = HarnessRunner(make_settings(harness_probe_timeout_s=0.5), manager.store, None)
+    started = time.monotonic()
+    try:
+        with pytest.raises(UnavailableError, match="does not answer"):
+            await runner._probe(f"http://127.0.0.1:{port}/v1")
+    finally:
+        server.close()
+    assert time.monotonic() - started < 2.0

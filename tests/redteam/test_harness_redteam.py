@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, ServerProcess, cli_env
-from tests.harness_peers import TRAIN_TASK, call, harness, reset, started, wait_calls
-from tests.peers.fake_model import FakeModel, bash_call
+from tests.harness_peers import (
+    TRAIN_TASK,
+    call,
+    finished,
+    harness,
+    reset,
+    started,
+    wait_calls,
+)
+from tests.peers.fake_model import FakeModel, bash_call, submit_call
 from tests.test_sealed import make_token
 
 LOOPBACK = "http://127.0.0.1:9/v1"  # never contacted: each attack is refused before
@@ -147,3 +155,34 @@ def test_cli_makes_a_harness_token(door_server: ServerProcess, tmp_path: Path) -
     cli_token = made.stdout.strip().splitlines()[-1]
     reply = reset(door_server, cli_token, TRAIN_TASK, harness("http://10.9.9.9/v1"))
     assert reply.status_code == 403 and reply.json()["error"]["code"] == "endpoint_forbidden"
+
+
+# The policy's own calls from its bash tool, straight to the proxy: a lone UTF-16 surrogate
+# escape, NaN and deep nesting are valid to Python's JSON parser, but the first cannot be
+# stored as UTF-8, the second is no JSON (a sampling parameter of NaN is the upstream's crash)
+# and the third is past what the record's serializer nests.
+POLICY_CALL = (
+    r"""python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:4000/v1/"""
+    r"""chat/completions", b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], """
+    r"""\"x\": %s}")'"""
+)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [r"\"\\ud800\"", "NaN", "-Infinity", "[" * 300 + "]" * 300],
+    ids=["surrogate", "nan", "infinity", "deep"],
+)
+def test_a_request_the_store_cannot_write_does_not_void_the_episode(
+    door_server: ServerProcess, token: str, value: str
+) -> None:
+    """Recording a call is the server's job, so a record that fails to store is a fault,
+    void, and one no client can read back loses the episode: either way a policy whose
+    request did it would escape its sure 0. The proxy refuses such a request (400)."""
+    fake = FakeModel([bash_call(POLICY_CALL % value), submit_call(), submit_call()])
+    with fake.serve() as url:
+        episode = started(door_server, token, TRAIN_TASK, harness(url), max_wall_s=60)
+        state = finished(door_server, token, episode)
+    assert state["status"] == "done", state["void_reason"]
+    assert state["verdict"]["status"] != "void"
+    assert len(fake.requests) == 2  # the harness's two calls; the policy's own reached none
