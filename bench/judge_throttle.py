@@ -58,7 +58,7 @@ from palaestra.verifiers.judge_protocol import (  # noqa: E402
     JudgeUnavailable,
 )
 from tests.judge_endpoint_fakes import ScriptedJudge  # noqa: E402
-from tests.judge_fakes import rubric_reply  # noqa: E402  (H1's: a well-formed rubric verdict)
+from tests.judge_fakes import rubric_reply  # noqa: E402  (a well-formed rubric verdict)
 
 RUBRIC = Rubric.from_toml(
     'name = "bench"\n\n[[criteria]]\nname = "grounded"\n'

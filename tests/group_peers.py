@@ -162,8 +162,8 @@ def judging(quality: Mapping[str, float]) -> Behaviour:
 
 @contextmanager
 def judge_server(quality: Mapping[str, float]) -> Iterator[tuple[FakeJudge, HttpJudgeChat]]:
-    """H1's FakeJudge (a scripted OpenAI chat server on loopback) grading by `quality`,
-    and the endpoint `JUDGE` over it."""
+    """FakeJudge (tests/judge_fakes.py: a scripted OpenAI chat server on loopback) grading by
+    `quality`, and the endpoint `JUDGE` over it."""
     fake = FakeJudge()
     fake.script(default=judging(quality))
     with fake.serve() as url:

@@ -42,7 +42,7 @@ from typing import Any
 from judge_fakes import OVERRIDE, outside_fences
 
 from palaestra.verifiers.judge import fenced_blocks
-from peers.json_server import JsonReply, error_reply, serve_json
+from tests.peers.json_server import JsonReply, error_reply, serve_json
 
 RUBRIC = Path(__file__).resolve().parents[2] / "envs" / "commentary" / "rubric.toml"
 

@@ -16,7 +16,7 @@ import time
 from contextlib import AbstractContextManager
 from typing import Any
 
-from peers.json_server import JsonReply, error_reply, serve_json
+from tests.peers.json_server import JsonReply, error_reply, serve_json
 
 Reply = dict[str, Any] | int
 
