@@ -137,13 +137,20 @@ async def test_the_retry_budget_is_shared_and_runs_out(fake: ScriptedJudge) -> N
     await judge.aclose()
 
 
-async def test_429s_spend_the_budget_too(fake: ScriptedJudge) -> None:
+async def test_429s_waited_out_spend_no_budget_but_the_calls_retries(fake: ScriptedJudge) -> None:
+    """A 429 with Retry-After is waited out by every caller (the shared cool-down): its
+    retry sends nothing into the window, so it costs no budget (a rate-limited judge would
+    otherwise void episodes for nothing); the call's own max_retries still bounds it."""
     fake.script.extend(Reply(429, headers={"retry-after-ms": "20"}) for _ in range(5))
-    judge = endpoint(fake.url, retry_floor=1, retry_ratio=0.0, max_retries=10)
-    with pytest.raises(JudgeUnavailable, match="429: retry budget spent"):
-        await judge.complete(ASK, SAMPLING)
+    judge = endpoint(fake.url, retry_floor=0, retry_ratio=0.0, max_retries=10)
+    assert await judge.complete(ASK, SAMPLING) == '{"verdict": "fine"}'
+    assert fake.requests == 6 and fake.during_window == 0
+    fake.script.extend(Reply(429, headers={"retry-after-ms": "20"}) for _ in range(5))
+    capped = endpoint(fake.url, retry_floor=0, retry_ratio=0.0, max_retries=2)
+    with pytest.raises(JudgeUnavailable, match="429 after 2 retries"):
+        await capped.complete(ASK, SAMPLING)
     await judge.aclose()
-    assert fake.requests == 2 and fake.during_window == 0
+    await capped.aclose()
 
 
 async def test_per_call_retries_are_capped(fake: ScriptedJudge) -> None:

@@ -12,7 +12,11 @@ the window the provider asked everyone to wait). The gate holds, per endpoint:
   until Retry-After has passed (seconds, an HTTP date, or OpenAI's `retry-after-ms`,
   capped), then they resume with jitter;
 - a retry budget: retries are at most `retry_ratio` of the calls of the last minute plus a
-  floor, so an endpoint that is dying gets a trickle of retries, not a multiple of its load;
+  floor, so an endpoint that is dying gets a trickle of retries, not a multiple of its load.
+  A retry after a cool-down (429, or 503 with Retry-After) is exempt: every caller waited
+  the time the endpoint asked for, so it cannot storm, and charging it voided episodes of a
+  judge that was only rate-limiting (bench/judge_throttle.py: 47 of 512 at 20% 429s, 0
+  exempt); the call's own `max_retries` still bounds it;
 - a deadline per call (the whole call: queueing, cool-downs, retries).
 
 Whatever gives up raises JudgeUnavailable(name, short reason), which voids the episode:
@@ -384,7 +388,7 @@ class JudgeEndpoint:
         its backoff; _GiveUp when it may not happen."""
         if retries >= self.config.max_retries:
             raise _GiveUp(exc.kind, f"{exc.reason} after {retries} retries") from None
-        if not self.gate.budget.withdraw():
+        if not exc.shared and not self.gate.budget.withdraw():
             raise _GiveUp("budget", f"{exc.reason}: retry budget spent") from None
         self._recorder.retry(self.name)
         if exc.shared:
