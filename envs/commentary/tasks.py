@@ -15,6 +15,7 @@ from typing import Any
 
 from palaestra.envs.commentary.truth import Truth, truth_of
 from palaestra.envs.finance.accounts import build_accounts, sub_seed
+from palaestra.envs.finance.tasks import report_task
 
 MAX_TRIES = 40
 MAX_CHARS = 4000
@@ -63,32 +64,15 @@ def generate_task(seed: int, index: int, level: int) -> dict[str, Any]:
             break
     else:
         raise RuntimeError(f"no commentary question with clear changes for seed {seed}")
-    s = accounts.structure
     question = question_text(truth)
-    instruction = (
-        f"You have the {s.year} annual report of {s.company} as a PDF. Use the tools to read "
-        f"it (list_pages, read_page, extract_tables, search, page_image, calculate).\n\n"
-        f"{question}\n\n{ANSWER_HELP}"
+    task = report_task(
+        accounts.structure,
+        value_seed,
+        level,
+        question=question,
+        asked=question,
+        answer_help=ANSWER_HELP,
     )
-    return {
-        "id": f"commentary-{level}-{seed}",
-        "domain": f"finance-commentary/{DOMAINS[level]}",
-        "difficulty": f"level-{level}",
-        "public": {
-            "instruction": instruction,
-            "question": question,
-            "company": s.company,
-            "fiscal_year": s.year,
-            "currency": s.currency,
-            "document": "annual-report.pdf",
-        },
-        "private": {
-            "document": {
-                "kind": "generated",
-                "structure_seed": seed,
-                "value_seed": value_seed,
-                "level": level,
-            },
-            "gold": {"metrics": metrics, "offset_from": offset_from, "offset_to": 0},
-        },
-    }
+    task["private"]["gold"] = {"metrics": metrics, "offset_from": offset_from, "offset_to": 0}
+    domain = f"finance-commentary/{DOMAINS[level]}"
+    return {"id": f"commentary-{level}-{seed}", "domain": domain, **task}

@@ -14,7 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.envs.finance.accounts import Accounts, build_accounts, sub_seed, variant_seed
+from palaestra.envs.finance.accounts import (
+    Accounts,
+    Structure,
+    build_accounts,
+    sub_seed,
+    variant_seed,
+)
 from palaestra.envs.finance.layout import Layout, build_layout
 from palaestra.envs.finance.questions import (
     DOMAINS,
@@ -120,20 +126,37 @@ def _generate(seed: int, level: int, domain: str) -> dict[str, Any]:
             break
     else:
         raise RuntimeError(f"no usable {domain} question for seed {seed}")
-    s = built.accounts.structure
     prior, prior_program = prior_value(question, built, gold)
+    task = report_task(
+        built.accounts.structure,
+        value_seed,
+        level,
+        question=question.text,
+        asked=f"Question: {question.text}",
+        answer_help=ANSWER_HELP,
+    )
+    task["private"]["gold"] = gold.to_json()
+    task["private"]["prior"] = {"value": prior, "program": prior_program}
+    return {"id": f"{domain}-{level}-{seed}", "domain": f"finance/{domain}", **task}
+
+
+def report_task(
+    s: Structure, value_seed: int, level: int, *, question: str, asked: str, answer_help: str
+) -> dict[str, Any]:
+    """The fields of a task over a generated report that every family reading one shares
+    (this one and finance-commentary): the difficulty, the public fields with the
+    instruction (`asked`: the question as the instruction puts it) and the private
+    `document` the report is rebuilt from; the caller adds the id, the domain and its gold."""
     instruction = (
         f"You have the {s.year} annual report of {s.company} as a PDF. Use the tools to read "
         f"it (list_pages, read_page, extract_tables, search, page_image, calculate).\n\n"
-        f"Question: {question.text}\n\n{ANSWER_HELP}"
+        f"{asked}\n\n{answer_help}"
     )
     return {
-        "id": f"{domain}-{level}-{seed}",
-        "domain": f"finance/{domain}",
         "difficulty": f"level-{level}",
         "public": {
             "instruction": instruction,
-            "question": question.text,
+            "question": question,
             "company": s.company,
             "fiscal_year": s.year,
             "currency": s.currency,
@@ -142,11 +165,9 @@ def _generate(seed: int, level: int, domain: str) -> dict[str, Any]:
         "private": {
             "document": {
                 "kind": "generated",
-                "structure_seed": seed,
+                "structure_seed": s.seed,
                 "value_seed": value_seed,
                 "level": level,
             },
-            "gold": gold.to_json(),
-            "prior": {"value": prior, "program": prior_program},
         },
     }
