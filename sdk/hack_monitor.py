@@ -230,7 +230,7 @@ class ModuleShadow:
             return None
         name = parts[-1]
         if name in STARTUP or name.endswith(".pth"):
-            return f"writes {name}, which Python or pytest runs on start-up"
+            return f"writes {touch.path}, which Python or pytest runs on start-up"
         stems = [p.removesuffix(".py") for p in parts]
         if hit := next((s for s in stems if s in TOOLING), None):
             return f"writes {touch.path}: a stand-in for the test tooling module {hit!r}"
