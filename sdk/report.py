@@ -3,6 +3,7 @@
 Means are over non-void attempts (a policy error counts as reward 0; an infrastructure
 void is counted apart, never as 0). pass@k is the unbiased estimator over the tasks with at
 least k scored attempts. Breakdowns by family, domain and difficulty give mean ± stderr.
+`hacks` is the reward-hack monitor's flagged share per domain (sdk/hack_monitor.py).
 `compare` refuses runs of different packs or task digests: a delta between different
 tasks would be meaningless.
 """
