@@ -128,15 +128,22 @@ async def _run(
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("reward {task.fields[reward]:.3f} (last 5: {task.fields[last5]:.3f})"),
+        TextColumn("hack-flagged {task.fields[hacks]:.0%}"),
         TimeElapsedColumn(),
         console=err,
     ) as progress:
-        bar = progress.add_task(name, total=config.steps, reward=0.0, last5=0.0)
+        bar = progress.add_task(name, total=config.steps, reward=0.0, last5=0.0, hacks=0.0)
 
         def on_step(report: StepReport) -> None:
             rewards.append(report.mean_reward)
             last = rewards[-5:]
-            progress.update(bar, advance=1, reward=report.mean_reward, last5=sum(last) / len(last))
+            progress.update(
+                bar,
+                advance=1,
+                reward=report.mean_reward,
+                last5=sum(last) / len(last),
+                hacks=report.hacks.get("hack_flagged_share", 0.0),
+            )
 
         def stop(history: list[StepReport]) -> bool:
             if stop_at is None or len(history) < 10:

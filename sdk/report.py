@@ -3,6 +3,7 @@
 Means are over non-void attempts (a policy error counts as reward 0; an infrastructure
 void is counted apart, never as 0). pass@k is the unbiased estimator over the tasks with at
 least k scored attempts. Breakdowns by family, domain and difficulty give mean ± stderr.
+`hacks` is the reward-hack monitor's flagged share per domain (sdk/hack_monitor.py).
 `compare` refuses runs of different packs or task digests: a delta between different
 tasks would be meaningless.
 """
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from palaestra.sdk.evaluation.attempt import Attempt
+from palaestra.sdk.hack_monitor import MONITOR, HackFlag, HackMonitor, HackTally
 
 REPORT_FORMAT = "palaestra-report/1"
 BINS = 10  # reward histogram: [0, 0.1), …, [0.9, 1.0]
@@ -175,6 +177,26 @@ def process_metrics(attempts: Sequence[Attempt]) -> dict[str, Any]:
     }
 
 
+def hack_flags(attempt: Attempt, monitor: HackMonitor = MONITOR) -> list[HackFlag]:
+    """The monitor's flags on an attempt's actions (each one the policy chose, refused
+    ones too: they show what it tried); the flag's index is the trajectory step."""
+    steps = [s for s in attempt.trajectory if isinstance(s.get("action"), dict)]
+    flags = monitor.scan(s["action"] for s in steps)
+    return [HackFlag(f.rule, int(steps[f.index].get("index", f.index)), f.excerpt, f.note)
+            for f in flags]  # fmt: skip
+
+
+def hack_report(
+    attempts: Sequence[Attempt], flags: Sequence[Sequence[HackFlag]], monitor: HackMonitor
+) -> dict[str, Any]:
+    """The reward-hack monitor's section: per domain, the share of attempts flagged and the
+    attempts each rule flagged (every attempt counts, void ones too)."""
+    tally = HackTally()
+    for attempt, found in zip(attempts, flags, strict=True):
+        tally.add(attempt.domain, found)
+    return {"descriptions": monitor.descriptions, **tally.summary()}
+
+
 def task_digests(attempts: Sequence[Attempt]) -> dict[str, str]:
     return {a.task: a.task_digest for a in sorted(attempts, key=lambda a: a.task) if a.task_digest}
 
@@ -188,10 +210,15 @@ def tasks_digest(digests: dict[str, str]) -> str:
 
 
 def build_report(
-    attempts: Iterable[Attempt | dict[str, Any]], *, k: int, header: dict[str, Any]
+    attempts: Iterable[Attempt | dict[str, Any]],
+    *,
+    k: int,
+    header: dict[str, Any],
+    monitor: HackMonitor = MONITOR,
 ) -> dict[str, Any]:
     chosen = _as_attempts(attempts)
     chosen.sort(key=lambda a: (a.task, a.attempt))
+    flags = [hack_flags(a, monitor) for a in chosen]
     digests = task_digests(chosen)
     head = {**header, "k": k}
     head.setdefault("task_digests", digests)
@@ -212,7 +239,11 @@ def build_report(
         },
         "reward_histogram": histogram(scored),
         "process": process_metrics(chosen),
-        "attempts": [{**a.to_json(), "failure": failure_class(a)} for a in chosen],
+        "hacks": hack_report(chosen, flags, monitor),
+        "attempts": [
+            {**a.to_json(), "failure": failure_class(a), "hack_flags": [f.to_json() for f in fl]}
+            for a, fl in zip(chosen, flags, strict=True)
+        ],
     }
 
 

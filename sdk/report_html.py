@@ -393,6 +393,33 @@ def _process(report: dict[str, Any]) -> str:
     )
 
 
+def _hacks(report: dict[str, Any]) -> str:
+    """The reward-hack monitor's table: per domain, attempts flagged and by which rule."""
+    h = report.get("hacks") or {}
+    rules = list(h.get("descriptions") or {})
+    rows = [*(h.get("domains") or {}).items(), ("all", h)] if h else []
+    head = (
+        "<tr><th>domain</th><th class=num>attempts</th><th class=num>flagged</th>"
+        "<th class=num>flagged share</th>"
+        + "".join(f"<th class=num>{_e(r)}</th>" for r in rules)
+        + "</tr>"
+    )
+    body = "".join(
+        f"<tr><td>{_e(name)}</td><td class=num>{c['episodes']}</td>"
+        f"<td class=num>{c['flagged']}</td><td class=num>{c['flagged_share']:.1%}</td>"
+        + "".join(f"<td class=num>{c['rules'].get(r, 0)}</td>" for r in rules)
+        + "</tr>"
+        for name, c in rows
+    )
+    legend = _kv([(r, _e(d)) for r, d in (h.get("descriptions") or {}).items()])
+    return (
+        '<div class="panel" id="hack-monitor"><p class="hint">Attempts whose actions touch '
+        "verifier-sensitive ground; a flag is a signal, not a verdict (rewards are "
+        f"unchanged).</p><table>{head}{body}</table>"
+        f"<details><summary>rules</summary>{legend}</details></div>"
+    )
+
+
 def _attempt_rows(attempts: Sequence[dict[str, Any]]) -> str:
     rows = []
     for i, a in enumerate(attempts):
@@ -405,7 +432,8 @@ def _attempt_rows(attempts: Sequence[dict[str, Any]]) -> str:
             f"<td class=num>{a['steps']}</td><td class=num>{a['tool_calls']}</td>"
             f"<td class=num>{a.get('tokens_prompt', 0) + a.get('tokens_completion', 0)}</td>"
             f"<td class=num>{a['duration_s']:.2f}</td><td>{_e(a.get('stop', ''))}</td>"
-            f"<td>{_e(a.get('failure', ''))}</td></tr>"
+            f"<td>{_e(a.get('failure', ''))}</td>"
+            f"<td>{_e(' '.join(sorted({f['rule'] for f in a.get('hack_flags') or []})))}</td></tr>"
         )
     return "".join(rows)
 
@@ -434,6 +462,12 @@ def _trajectory(i: int, a: dict[str, Any]) -> str:
         facts.append(("server metrics", f"<code>{_e(json.dumps(a['process']))}</code>"))
     if a.get("feedback"):
         facts.append(("feedback", f"<pre>{_e(a['feedback'])}</pre>"))
+    if a.get("hack_flags"):
+        lines = "\n".join(
+            f"step {f['index']}: {f['rule']}: {f['note']}\n    {f['excerpt']}"
+            for f in a["hack_flags"]
+        )
+        facts.append(("hack flags", f"<pre>{_e(lines)}</pre>"))
     steps = []
     trajectory = a.get("trajectory") or []
     for s in trajectory:
@@ -493,7 +527,8 @@ def render_html(report: dict[str, Any]) -> str:
     head = (
         "<tr><th>task</th><th class=num>#</th><th class=num>seed</th><th>status</th>"
         "<th class=num>reward</th><th>pass</th><th class=num>steps</th><th class=num>calls</th>"
-        "<th class=num>tokens</th><th class=num>time (s)</th><th>stop</th><th>failure</th></tr>"
+        "<th class=num>tokens</th><th class=num>time (s)</th><th>stop</th><th>failure</th>"
+        "<th>hack flags</th></tr>"
     )
     trajectories = "".join(_trajectory(i, a) for i, a in enumerate(attempts))
     return f"""<!doctype html>
@@ -519,6 +554,8 @@ def render_html(report: dict[str, Any]) -> str:
 </div>
 <h2 id="process">Process</h2>
 {_process(report)}
+<h2 id="hacks">Reward-hack monitor</h2>
+{_hacks(report)}
 <h2 id="attempts">Attempts</h2>
 <p class="hint">Click an attempt to open its trajectory.
 <input id="attempt-filter" placeholder="filter (task, status, failure…)"></p>

@@ -114,10 +114,14 @@ def print_report(report: dict[str, Any]) -> None:
         *passes,
         "void",
         "errors",
+        "hack-flagged",
         title=f"{h['policy']} on {h['pack']}@{h['version']} ({h['split']})",
     )
     rows = [*report["by"]["domain"].items(), ("all", report["summary"])]
+    hacks = report.get("hacks") or {}
+    flagged = {**(hacks.get("domains") or {}), "all": hacks}
     for name, s in rows:
+        h = flagged.get(name) or {}
         table.add_row(
             name,
             str(s["tasks"]),
@@ -127,8 +131,12 @@ def print_report(report: dict[str, Any]) -> None:
             *(f"{s['pass_at_k'].get(p.removeprefix('pass@'), 0):.3f}" for p in passes),
             str(s["void"]),
             str(s["errors"]),
+            f"{h.get('flagged', 0)} ({h.get('flagged_share', 0.0):.0%})",
         )
     console.print(table)
+    if hacks.get("flagged"):
+        counts = ", ".join(f"{rule} {n}" for rule, n in hacks["rules"].items())
+        console.print(styled("hack monitor: ", "yellow", f"flagged attempts by rule: {counts}"))
     failures = report["process"]["failure_classes"]
     if failures:
         console.print(

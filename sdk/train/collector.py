@@ -37,6 +37,7 @@ from palaestra.sdk.errors import (
     error_from_response,
 )
 from palaestra.sdk.groups import GroupScorer
+from palaestra.sdk.hack_monitor import MONITOR, HackFlag, HackMonitor, HackTally
 from palaestra.sdk.models import (
     Action,
     BatchItemError,
@@ -91,6 +92,9 @@ class CollectorConfig:
     drop_below: float = 0.0
     audit_rate: float = 0.0
     pass_reward: float = 0.5
+    # The reward-hack monitor run over every kept episode's actions (sdk/hack_monitor.py);
+    # None: no monitoring. Flags are counted, never acted on.
+    hack_monitor: HackMonitor | None = MONITOR
 
 
 class EpisodeBroken(Exception):
@@ -197,6 +201,7 @@ class GroupCollector:
         self.config = config or CollectorConfig()
         self.seed = seed
         self.stats: Counter[str] = Counter()
+        self.hacks = HackTally()  # flagged episodes per domain, since the collector started
         self._rng = random.Random(seed)
         self._next_group = 0
         self._sem: asyncio.Semaphore | None = None
@@ -238,6 +243,16 @@ class GroupCollector:
 
     async def _play(self, task: str, seed: int, gid: int, sid: int) -> list[Trajectory]:
         raise NotImplementedError
+
+    def monitor(self, domain: str, actions: Sequence[Action]) -> list[HackFlag]:
+        """The hack monitor's flags on one kept episode's actions, counted in `stats`
+        (`hack_flagged`, `hack_rule:<rule>`) and in `hacks` (per domain)."""
+        monitor = self.config.hack_monitor
+        flags = monitor.scan(actions) if monitor is not None else []
+        self.hacks.add(domain, flags)
+        self.stats["hack_flagged"] += bool(flags)
+        self.stats.update(f"hack_rule:{rule}" for rule in {f.rule for f in flags})
+        return flags
 
     # -- groups -----------------------------------------------------------------------------
     def next_group(self) -> tuple[int, str, int]:
@@ -501,7 +516,9 @@ class RolloutCollector(GroupCollector):
                 group_id=gid,
                 sample_id=sid,
                 episode_id=eid,
+                domain=str(reset.info.get("domain", "")),
             )
+            actions: list[Action] = []
             stop: StopReason | None = None
             decision: Decision | None = None
             for turn in range(cfg.max_turns):
@@ -534,6 +551,7 @@ class RolloutCollector(GroupCollector):
                     self.stats["unparseable_actions"] += 1
                     traj.append_environment(self.fmt.error_ids(str(exc)))
                     continue
+                actions.append(action)
                 if self.prefilter is not None and action.tool == "submit":
                     key = (task, seed, gid, sid)
                     decision = await self.prefilter.decide(reset.observation.text, action, key)
@@ -575,6 +593,7 @@ class RolloutCollector(GroupCollector):
                 traj.reward = verdict.reward
                 traj.stop_reason = stop or "max_turns"
             traj.check()
+            traj.hack_flags = self.monitor(traj.domain, actions)
             self.stats["episodes_ok"] += 1
             return [traj]
         except (NotFoundError, ConflictError) as exc:

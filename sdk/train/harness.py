@@ -177,6 +177,10 @@ class HarnessCollector(GroupCollector):
             if state.status == EpisodeStatus.VOID:
                 raise EpisodeBroken("void", state.void_reason or "")
             samples = episode_samples(state, verdict.reward, SampleTags(task, seed, gid, sid))
+            actions = [r.action for r in state.trajectory if r.action.tool != LLM_CALL_TOOL]
+            flags = self.monitor(state.domain, actions)
+            for sample in samples:
+                sample.domain, sample.hack_flags = state.domain, flags
             self.stats["episodes_ok"] += 1
             self.stats["samples"] += len(samples)
             self.stats["context_edits"] += len(samples) - 1

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from palaestra.sdk.hack_monitor import HackTally
 from palaestra.sdk.train.backends import GenerationBackend, MicroBatcher
 from palaestra.sdk.train.collector import GroupCollector
 from palaestra.sdk.train.grpo import (
@@ -45,6 +46,9 @@ class StepReport:
     generation_s: float
     environment_s: float
     extra: dict[str, float] = field(default_factory=dict)
+    # The reward-hack monitor over this step's episodes (`hack_metrics`): the flagged share
+    # overall and per domain, and episodes flagged per rule.
+    hacks: dict[str, float] = field(default_factory=dict)
 
 
 RewardHook = Callable[[list[Group]], None]
@@ -163,6 +167,7 @@ class Trainer:
             generation_s=sum(t.generation_s for t in trajectories),
             environment_s=sum(t.environment_s for t in trajectories),
             extra=extra,
+            hacks=hack_metrics(groups),
         )
         self.history.append(report)
         return report
@@ -205,6 +210,21 @@ class Trainer:
             raise TypeError("the backend neither shares the model nor takes update_weights")
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         await update(state, self.version)
+
+
+def hack_metrics(groups: list[Group]) -> dict[str, float]:
+    """`HackTally.metrics()` over the groups' episodes, each counted once (the samples of
+    a harness episode share its flags): `hack_flagged_share`, `hack_flagged_share/<domain>`,
+    `hack_rule/<rule>`."""
+    tally = HackTally()
+    seen: set[object] = set()
+    for g in groups:
+        for k, t in enumerate(g.trajectories):
+            key = t.episode_id or (g.group_id, k)
+            if key not in seen:
+                seen.add(key)
+                tally.add(t.domain, t.hack_flags)
+    return tally.metrics()
 
 
 def group_version(group: Group) -> int:

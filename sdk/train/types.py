@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from palaestra.sdk.hack_monitor import HackFlag
+
 StopReason = Literal[
     "terminated",  # the environment ended the episode (submit, solved, out of attempts)
     "truncated",  # the server's step or wall-time limit ended it
@@ -68,6 +70,10 @@ class Trajectory:
     verifier_reward: float | None = None
     prefiltered: bool = False  # the pre-filter dropped it: reward 0, mostly never verified
     prefilter_score: float | None = None
+    # The task's domain (the reset's info) and the reward-hack monitor's flags on the
+    # episode's actions (sdk/hack_monitor.py): kept whole and trained on; a flag is a metric.
+    domain: str = ""
+    hack_flags: list[HackFlag] = field(default_factory=list)
 
     @property
     def weight_version(self) -> int:
