@@ -17,7 +17,7 @@ machine:
     .venv/bin/python bench/cheat_floors.py cad --per-domain 2
     .venv/bin/python bench/cheat_floors.py finance --per-domain 6
     .venv/bin/python bench/cheat_floors.py reasoning --per-domain 3
-    .venv/bin/python bench/cheat_floors.py cad --per-domain 6 --by-domain --cheats needle-block,needle-part
+    .venv/bin/python bench/cheat_floors.py cad --per-domain 3 --by-domain --cheats needle-part
 
 Prints, per cheat, its max and mean reward and the task of its max, then the worst cheat
 (highest max); the last line of stdout is the figures as JSON (`--json PATH` writes it too).

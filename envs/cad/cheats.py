@@ -281,8 +281,10 @@ def small_feature_cheats(task: Task) -> list[tuple[str, list[Action]]]:
     private = CadPrivate.of(task)
     domain, params = private.domain, private.params
     out = []
-    if domain in SMALL_FEATURES_OFF:
-        script = _with_params(task, SMALL_FEATURES_OFF[domain], _NEEDLE_PART)
+    off = SMALL_FEATURES_OFF.get(domain, {})
+    # A switch (False) turns off a feature every task has; a size (0) one the task may lack.
+    if any(v is False or params.get(k) for k, v in off.items()):
+        script = _with_params(task, off, _NEEDLE_PART)
         out.append(("needle-part", write_run_submit(script)))
     slots = {k: v for k, v in SLOTS_OFF.get(domain, {}).items() if params.get(k)}
     if slots:
