@@ -65,6 +65,7 @@ DIM_GATE = (0.01, 0.04)  # the worst axis, relative (an extent within DIM_ABS_MM
 # steps -- that the candidate fills; the gate takes the worst void, however small it is.
 FILL_GATE = (0.03, 0.15)
 MIN_VOID_MM3 = 0.5  # pieces below this are slivers of the hull, not features
+SLIVER_MM3 = 1e-3  # a filled piece below this is a seam, not worth a boolean
 # `surface` (verifiers/mesh_surface.py): pairs of points either side of each surface, every
 # patch sampled (a small hole's wall as densely as the plate's face), both ways: reference
 # patches classified by the candidate, candidate patches by the reference.
@@ -133,6 +134,8 @@ class Reference:
     probes: tuple[tuple[tuple[float, float, float], bool], ...]
     wall: float | None
     voids: tuple[tuple[Any, float], ...] = ()  # each piece of hull minus part, its volume
+    void_all: Any = None  # hull minus part, every piece
+    void_boxes: Any = None  # (len(voids), 6) bounding boxes of `voids`
     surface: Pairs | None = None  # pairs either side of the reference's surface
     mesh: Any = None  # its trimesh (the candidate's surface pairs are classified by it)
 
@@ -258,8 +261,10 @@ def make_reference(
     lo, hi = (np.asarray(b, dtype=np.float64) for b in _bbox(solid))
     ref_mesh = manifold_mesh(solid)
     mesh = ref_mesh if walls else None
-    pieces = ((v, float(v.volume())) for v in (solid.hull() - solid).decompose())
+    void_all = solid.hull() - solid
+    pieces = ((v, float(v.volume())) for v in void_all.decompose())
     voids = tuple((v, vol) for v, vol in pieces if vol >= MIN_VOID_MM3)
+    boxes = np.array([v.bounding_box() for v, _ in voids], dtype=np.float64).reshape(-1, 6)
     surface = surface_pairs(ref_mesh, SURFACE_PER_PATCH, SURFACE_AREA_SAMPLES, secret_rng())
     return Reference(
         manifold=solid,
@@ -271,6 +276,8 @@ def make_reference(
         probes=tuple((tuple(map(float, pt)), bool(inside)) for pt, inside in probes),  # type: ignore[misc]
         wall=wall_thickness(mesh) if mesh is not None else None,
         voids=voids,
+        void_all=void_all,
+        void_boxes=boxes,
         surface=surface,
         mesh=ref_mesh,
     )
@@ -347,7 +354,7 @@ def verify_mesh(data: bytes, ref: Reference) -> MeshReport:
         ),
     }
     if ref.voids:
-        fills = [float((moved ^ v).volume()) / vol for v, vol in ref.voids]
+        fills = _void_fills(moved, ref)
         fill = max(fills)
         comps["fill"] = fill
         gates["fill_gate"] = _ramp(fill, *FILL_GATE)
@@ -378,6 +385,33 @@ def verify_mesh(data: bytes, ref: Reference) -> MeshReport:
     passed = identity and reward >= 0.999
     feedback = "all checks passed" if not notes else "; ".join(notes)
     return MeshReport(reward, passed, comps, feedback)
+
+
+def _void_fills(moved: Any, ref: Reference) -> list[float]:
+    """The share of each void of the reference that `moved` fills: one intersection with all
+    the voids, each of its pieces credited to the void whose box holds it (by booleans with
+    the voids it touches where no single box does): one boolean, not one a void."""
+    filled = np.zeros(len(ref.voids))
+    boxes = ref.void_boxes
+    tol = 1e-6
+    for piece in (moved ^ ref.void_all).decompose():
+        vol = float(piece.volume())
+        if vol <= 0:
+            continue
+        b = np.asarray(piece.bounding_box(), dtype=np.float64)
+        holds = np.flatnonzero(
+            (boxes[:, :3] <= b[:3] + tol).all(1) & (boxes[:, 3:] >= b[3:] - tol).all(1)
+        )
+        if len(holds) == 1:
+            filled[holds[0]] += vol
+            continue
+        touch = np.flatnonzero((boxes[:, :3] <= b[3:]).all(1) & (boxes[:, 3:] >= b[:3]).all(1))
+        if vol < SLIVER_MM3:  # a seam between coincident surfaces: credit every void it touches
+            filled[touch] += vol
+            continue
+        for j in touch:
+            filled[j] += float((piece ^ ref.voids[j][0]).volume())
+    return [float(f / vol) for f, (_, vol) in zip(filled, ref.voids, strict=True)]
 
 
 def _surface_gate(
