@@ -63,7 +63,7 @@ DIM_GATE = (0.01, 0.04)  # the worst axis, relative (an extent within DIM_ABS_MM
 # `fill`: the share of each of the reference's voids -- the connected pieces of its convex
 # hull minus the part: a hole, a cavity, a slot, a gap between teeth, the space between
 # steps -- that the candidate fills; the gate takes the worst void, however small it is.
-FILL_GATE = (0.03, 0.15)
+FILL_GATE = (0.06, 0.20)  # about 3 % and 10 % of a hole's diameter
 MIN_VOID_MM3 = 0.5  # pieces below this are slivers of the hull, not features
 SLIVER_MM3 = 1e-3  # a filled piece below this is a seam, not worth a boolean
 # `surface` (verifiers/mesh_surface.py): pairs of points either side of each surface, every

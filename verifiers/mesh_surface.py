@@ -11,7 +11,7 @@ itself puts both on their side (near an edge an offset point can land elsewhere)
 surface at that point (the hole's diameter, the wall's thickness, measured by two rays),
 at least `CURVE_FRACTION` of the surface's radius of curvature there (so that a circle
 tessellated more coarsely than the reference is no error), within `OFFSET_MM`. A hole
-drilled 10 % of its diameter too large or small, or filled around a needle, puts the pairs
+drilled 10 % of its diameter too large or small, or filled round a needle, puts the pairs
 of its wall on the wrong side; a hole drilled within a few per cent of its size does not.
 
 The score of a patch is the lower of the shares of its inside and its outside points that
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 PATCH_ANGLE_DEG = 30.0
-OFFSET_FRACTION = 0.08
+OFFSET_FRACTION = 0.04
 CURVE_FRACTION = 0.01
 OFFSET_MM = (0.1, 0.5)
 MIN_PAIRS = 6
