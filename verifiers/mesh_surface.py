@@ -63,15 +63,14 @@ def secret_rng(data: bytes = b"") -> np.random.Generator:
 def patch_labels(mesh: Any) -> np.ndarray:
     """A patch number for each face: faces joined where the surface bends less than
     `PATCH_ANGLE_DEG`."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
+    import trimesh
 
     smooth = mesh.face_adjacency_angles < np.radians(PATCH_ANGLE_DEG)
     edges = np.asarray(mesh.face_adjacency[smooth])
-    n = len(mesh.faces)
-    graph = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
-    labels: np.ndarray = connected_components(graph, directed=False)[1]
-    return labels.astype(np.int64)
+    labels = trimesh.graph.connected_component_labels(  # type: ignore[no-untyped-call]
+        edges, node_count=len(mesh.faces)
+    )
+    return np.asarray(labels, dtype=np.int64)
 
 
 def _sample(
