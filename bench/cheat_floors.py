@@ -17,6 +17,7 @@ machine:
     .venv/bin/python bench/cheat_floors.py cad --per-domain 2
     .venv/bin/python bench/cheat_floors.py finance --per-domain 6
     .venv/bin/python bench/cheat_floors.py reasoning --per-domain 3
+    .venv/bin/python bench/cheat_floors.py cad --per-domain 3 --by-domain --cheats needle-part
 
 Prints, per cheat, its max and mean reward and the task of its max, then the worst cheat
 (highest max); the last line of stdout is the figures as JSON (`--json PATH` writes it too).
@@ -126,20 +127,7 @@ FAMILIES: dict[str, tuple[str, str, Scorer]] = {
 }
 
 
-def measure(
-    family_name: str, per_domain: int, split: str, pack: str | None = None
-) -> dict[str, Any]:
-    import importlib
-
-    pack_dir, path, score = FAMILIES[family_name]
-    pack_dir = pack or pack_dir
-    module, cls = path.split(":")
-    family = _FAMILIES.setdefault(family_name, getattr(importlib.import_module(module), cls)())
-    rewards: dict[str, list[tuple[float, str]]] = {}
-    for task in tasks_by_domain(pack_dir, per_domain, split):
-        plays = [("oracle", family.oracle(task)), *family.cheats(task)]
-        for name, actions in plays:
-            rewards.setdefault(name, []).append((score(task, actions), task.id))
+def _table(rewards: dict[str, list[tuple[float, str]]]) -> dict[str, dict[str, Any]]:
     table = {}
     for name, got in rewards.items():
         values = [r for r, _ in got]
@@ -151,6 +139,34 @@ def measure(
             "max_task": top[1],
             "over_0.1": sum(v > 0.1 for v in values),
         }
+    return table
+
+
+def measure(
+    family_name: str,
+    per_domain: int,
+    split: str,
+    pack: str | None = None,
+    only: set[str] | None = None,
+) -> dict[str, Any]:
+    """Every cheat (or those in `only`, and the oracle) on `per_domain` tasks a domain."""
+    import importlib
+
+    pack_dir, path, score = FAMILIES[family_name]
+    pack_dir = pack or pack_dir
+    module, cls = path.split(":")
+    family = _FAMILIES.setdefault(family_name, getattr(importlib.import_module(module), cls)())
+    rewards: dict[str, list[tuple[float, str]]] = {}
+    by_domain: dict[str, dict[str, list[tuple[float, str]]]] = {}
+    for task in tasks_by_domain(pack_dir, per_domain, split):
+        plays = [("oracle", family.oracle(task)), *family.cheats(task)]
+        for name, actions in plays:
+            if only and name != "oracle" and name not in only:
+                continue
+            got = (score(task, actions), task.id)
+            rewards.setdefault(name, []).append(got)
+            by_domain.setdefault(task.domain, {}).setdefault(name, []).append(got)
+    table = _table(rewards)
     cheats = {k: v for k, v in table.items() if k != "oracle"}
     worst = max(cheats, key=lambda k: (cheats[k]["max"], cheats[k]["mean"]))
     return {
@@ -158,6 +174,7 @@ def measure(
         "pack": pack_dir,
         "per_domain": per_domain,
         "cheats": table,
+        "by_domain": {d: _table(r) for d, r in sorted(by_domain.items())},
         "worst": worst,
     }
 
@@ -169,8 +186,24 @@ def main() -> None:
     parser.add_argument("--split", default="train")
     parser.add_argument("--pack", help="another pack directory of the family (an import)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--cheats", help="comma-separated cheat names to play (default all)")
+    parser.add_argument(
+        "--by-domain", action="store_true", help="also print each domain's worst cheat"
+    )
     args = parser.parse_args()
-    result = measure(args.family, args.per_domain, args.split, args.pack)
+    only = set(args.cheats.split(",")) if args.cheats else None
+    result = measure(args.family, args.per_domain, args.split, args.pack, only)
+    if args.by_domain:
+        print(f"{'domain':22} {'worst cheat':18} {'max':>7} {'mean':>7}  oracle")
+        for domain, table in result["by_domain"].items():
+            cheats = {k: v for k, v in table.items() if k != "oracle"}
+            w = max(cheats, key=lambda k: (cheats[k]["max"], cheats[k]["mean"]))
+            mean_all = statistics.fmean(v["mean"] for v in cheats.values())
+            oracle = table.get("oracle", {}).get("mean", float("nan"))
+            print(
+                f"{domain:22} {w:18} {cheats[w]['max']:7.4f} {cheats[w]['mean']:7.4f}"
+                f"  (all cheats' mean {mean_all:.4f}; oracle mean {oracle})"
+            )
     print(f"{'cheat':28} {'max':>7} {'mean':>7} {'>0.1':>5} {'n':>5}  task of max")
     for name, row in sorted(result["cheats"].items(), key=lambda kv: -kv[1]["max"]):
         print(

@@ -19,6 +19,16 @@ reward = fidelity if the identity holds (topology 1 and every probe right), else
 0.1 × fidelity × features: a solid that is not the asked-for shape -- a missing hole, a mug
 without its handle, a bounding box -- earns at most 0.1 however close its size is.
 
+4. **gates**, multiplied into the reward: IoU, volume and the worst axis's extent; ``fill``
+   (the share of *each* void of the reference -- a piece of its hull minus the part: a hole,
+   a slot, a gap between teeth -- that the candidate fills, the worst void counting) and
+   ``surface`` (verifiers/mesh_surface.py: every surface patch of the reference, a small
+   hole's wall as densely as a big face, classified by the candidate, and every patch of the
+   candidate by the reference, with an offset that follows the feature's size; the worst
+   patch counts). So a feature is graded whatever its share of the part: a needle where a
+   hole should be, a hole 25 % too large, a filled keyway score 0, and no point set the
+   agent could aim at is fixed (the samples come from a per-process secret).
+
 The candidate is translated so that its bounding-box centre is the reference's before the
 probes and the IoU: placement is forgiven, orientation and size are not.
 """
@@ -31,7 +41,9 @@ from typing import Any
 
 import numpy as np
 
-VERSION = "2.0.0"
+from palaestra.verifiers.mesh_surface import Pairs, score_pairs, secret_rng, surface_pairs
+
+VERSION = "3.0.0"
 MAX_FACES = 1_000_000
 WEIGHTS = {"dimensions": 0.25, "volume": 0.25, "iou": 0.4, "wall": 0.1}
 NOT_IDENTICAL_FACTOR = 0.1
@@ -48,15 +60,21 @@ WALL_SAMPLES = 2048
 IOU_GATE = (0.95, 0.85)
 VOLUME_GATE = (0.03, 0.10)
 DIM_GATE = (0.01, 0.04)  # the worst axis, relative (an extent within DIM_ABS_MM is exact)
-# `fill`: the share of the reference's voids -- its convex hull minus the part: holes,
-# cavities, slots, gaps between teeth, the space between steps -- that the candidate fills.
-FILL_GATE = (0.03, 0.15)
-MIN_VOID_SHARE = 0.005  # a part whose voids are below this share of its volume is convex
-# `surface`: points 0.5 mm either side of the reference's surface (every hole rim, cavity
-# wall, feature edge) must be on the same side of the candidate's.
-SURFACE_SAMPLES = 512
-SURFACE_OFFSET_MM = 0.5
-SURFACE_GATE = (0.98, 0.85)
+# `fill`: the share of each of the reference's voids -- the connected pieces of its convex
+# hull minus the part: a hole, a cavity, a slot, a gap between teeth, the space between
+# steps -- that the candidate fills; the gate takes the worst void, however small it is.
+FILL_GATE = (0.06, 0.20)  # about 3 % and 10 % of a hole's diameter
+MIN_VOID_MM3 = 0.5  # pieces below this are slivers of the hull, not features
+SLIVER_MM3 = 1e-3  # a filled piece below this is a seam, not worth a boolean
+# `surface` (verifiers/mesh_surface.py): pairs of points either side of each surface, every
+# patch sampled (a small hole's wall as densely as the plate's face), both ways: reference
+# patches classified by the candidate, candidate patches by the reference.
+SURFACE_PER_PATCH = 32
+SURFACE_AREA_SAMPLES = 1024
+BACK_PER_PATCH = 16
+BACK_AREA_SAMPLES = 1024
+BACK_MAX_PATCHES = 4000
+SURFACE_GATE = (0.9, 0.6)  # the worst patch's score, of either surface
 WALL_QUANTILE = 5.0
 _NUDGE = np.array([1e-5, 1.3e-5, 0.7e-5])
 
@@ -115,10 +133,11 @@ class Reference:
     bodies: int
     probes: tuple[tuple[tuple[float, float, float], bool], ...]
     wall: float | None
-    voids: Any = None  # hull minus the part (None for a convex part)
-    void_volume: float = 0.0
-    surface_in: Any = None  # (n, 3) points just inside the reference's surface
-    surface_out: Any = None  # (n, 3) points just outside it
+    voids: tuple[tuple[Any, float], ...] = ()  # each piece of hull minus part, its volume
+    void_all: Any = None  # hull minus part, every piece
+    void_boxes: Any = None  # (len(voids), 6) bounding boxes of `voids`
+    surface: Pairs | None = None  # pairs either side of the reference's surface
+    mesh: Any = None  # its trimesh (the candidate's surface pairs are classified by it)
 
 
 @dataclass
@@ -242,11 +261,11 @@ def make_reference(
     lo, hi = (np.asarray(b, dtype=np.float64) for b in _bbox(solid))
     ref_mesh = manifold_mesh(solid)
     mesh = ref_mesh if walls else None
-    voids = solid.hull() - solid
-    void_volume = float(voids.volume())
-    if void_volume < MIN_VOID_SHARE * float(solid.volume()):
-        voids, void_volume = None, 0.0
-    inside, outside = surface_points(ref_mesh)
+    void_all = solid.hull() - solid
+    pieces = ((v, float(v.volume())) for v in void_all.decompose())
+    voids = tuple((v, vol) for v, vol in pieces if vol >= MIN_VOID_MM3)
+    boxes = np.array([v.bounding_box() for v, _ in voids], dtype=np.float64).reshape(-1, 6)
+    surface = surface_pairs(ref_mesh, SURFACE_PER_PATCH, SURFACE_AREA_SAMPLES, secret_rng())
     return Reference(
         manifold=solid,
         extents=hi - lo,
@@ -257,23 +276,11 @@ def make_reference(
         probes=tuple((tuple(map(float, pt)), bool(inside)) for pt, inside in probes),  # type: ignore[misc]
         wall=wall_thickness(mesh) if mesh is not None else None,
         voids=voids,
-        void_volume=void_volume,
-        surface_in=inside,
-        surface_out=outside,
+        void_all=void_all,
+        void_boxes=boxes,
+        surface=surface,
+        mesh=ref_mesh,
     )
-
-
-def surface_points(mesh: Any) -> tuple[Any, Any]:
-    """Points `SURFACE_OFFSET_MM` inside and outside the surface of a closed mesh, from a
-    fixed sample; a pair is kept only where the mesh itself puts both on their side (near an
-    edge or across a thin wall an offset point can land elsewhere)."""
-    trimesh = _trimesh()
-    points, face_idx = trimesh.sample.sample_surface(mesh, SURFACE_SAMPLES, seed=4321)
-    normals = mesh.face_normals[face_idx]
-    inside = points - normals * SURFACE_OFFSET_MM
-    outside = points + normals * SURFACE_OFFSET_MM
-    keep = np.asarray(mesh.contains(inside), bool) & ~np.asarray(mesh.contains(outside), bool)
-    return inside[keep], outside[keep]
 
 
 def _bbox(solid: Any) -> tuple[list[float], list[float]]:
@@ -346,26 +353,18 @@ def verify_mesh(data: bytes, ref: Reference) -> MeshReport:
             for e, r, rel in zip(ext, ref.extents, errs, strict=True)
         ),
     }
-    if ref.voids is not None:
-        fill = float((moved ^ ref.voids).volume()) / ref.void_volume
+    if ref.voids:
+        fills = _void_fills(moved, ref)
+        fill = max(fills)
+        comps["fill"] = fill
         gates["fill_gate"] = _ramp(fill, *FILL_GATE)
         if gates["fill_gate"] < 1:
+            full = sum(f > FILL_GATE[0] for f in fills)
             notes.append(
-                f"fill: the part fills {fill:.1%} of the holes, cavities and gaps it should "
-                "leave empty"
+                f"fill: the part fills {full} of the {len(fills)} holes, cavities and gaps it "
+                f"should leave empty (the worst to {fill:.1%})"
             )
-    if ref.surface_in is not None and len(ref.surface_in):
-        pts_in, pts_out = ref.surface_in - shift, ref.surface_out - shift
-        right = np.concatenate(
-            [np.asarray(mesh.contains(pts_in), bool), ~np.asarray(mesh.contains(pts_out), bool)]
-        )
-        comps["surface"] = float(right.mean())
-        gates["surface_gate"] = _ramp(comps["surface"], *SURFACE_GATE)
-        if comps["surface"] < 1:
-            notes.append(
-                f"surface: {int((~right).sum())} of {len(right)} points beside the reference's "
-                "surface (hole rims, walls, edges) are on the wrong side"
-            )
+    _surface_gate(data, mesh, ref, shift, comps, gates, notes)
     comps.update(gates)
     # The product, not the lowest: each gate is separate evidence that this is another part
     # (a coarse voxel blob sits at 0.5-0.6 on four gates at once: 0.1 together, 0.5 alone).
@@ -386,3 +385,67 @@ def verify_mesh(data: bytes, ref: Reference) -> MeshReport:
     passed = identity and reward >= 0.999
     feedback = "all checks passed" if not notes else "; ".join(notes)
     return MeshReport(reward, passed, comps, feedback)
+
+
+def _void_fills(moved: Any, ref: Reference) -> list[float]:
+    """The share of each void of the reference that `moved` fills: one intersection with all
+    the voids, each of its pieces credited to the void whose box holds it (by booleans with
+    the voids it touches where no single box does): one boolean, not one a void."""
+    filled = np.zeros(len(ref.voids))
+    boxes = ref.void_boxes
+    tol = 1e-6
+    for piece in (moved ^ ref.void_all).decompose():
+        vol = float(piece.volume())
+        if vol <= 0:
+            continue
+        b = np.asarray(piece.bounding_box(), dtype=np.float64)
+        holds = np.flatnonzero(
+            (boxes[:, :3] <= b[:3] + tol).all(1) & (boxes[:, 3:] >= b[3:] - tol).all(1)
+        )
+        if len(holds) == 1:
+            filled[holds[0]] += vol
+            continue
+        touch = np.flatnonzero((boxes[:, :3] <= b[3:]).all(1) & (boxes[:, 3:] >= b[:3]).all(1))
+        if vol < SLIVER_MM3:  # a seam between coincident surfaces: credit every void it touches
+            filled[touch] += vol
+            continue
+        for j in touch:
+            filled[j] += float((piece ^ ref.voids[j][0]).volume())
+    return [float(f / vol) for f, (_, vol) in zip(filled, ref.voids, strict=True)]
+
+
+def _surface_gate(
+    data: bytes,
+    mesh: Any,
+    ref: Reference,
+    shift: np.ndarray,
+    comps: dict[str, float],
+    gates: dict[str, float],
+    notes: list[str],
+) -> None:
+    """Both ways, patch by patch: the reference's surface pairs against the candidate (a
+    filled or resized hole, a missing slot), the candidate's against the reference (needles,
+    pits, spikes, a hollow shell)."""
+    if ref.surface is None or ref.mesh is None:
+        return
+    fwd = score_pairs(ref.surface.shifted(-shift), mesh)
+    back_pairs = surface_pairs(
+        mesh, BACK_PER_PATCH, BACK_AREA_SAMPLES, secret_rng(data), BACK_MAX_PATCHES
+    )
+    back = score_pairs(back_pairs.shifted(shift), ref.mesh)
+    comps["surface"] = min(fwd.overall, back.overall)
+    comps["surface_patch"] = fwd.worst
+    comps["surface_back"] = back.worst
+    gates["surface_gate"] = _ramp(min(fwd.worst, back.worst), *SURFACE_GATE)
+    if fwd.wrong_patches:
+        notes.append(
+            f"surface: {fwd.wrong_patches} of the reference's {ref.surface.patches} surface "
+            f"patches (hole and slot walls, faces, flanks) are not reproduced; the worst has "
+            f"{fwd.worst:.0%} of the points beside it on their side"
+        )
+    if back.wrong_patches:
+        notes.append(
+            f"surface: {back.wrong_patches} of the part's surface patches lie off the "
+            f"reference's surface (needles, pits, spikes, extra walls); the worst has "
+            f"{back.worst:.0%} of its points on their side"
+        )

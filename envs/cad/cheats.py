@@ -33,6 +33,41 @@ FEATURE_OFF: dict[str, dict[str, bool]] = {
     "tray": {"dividers": False},
     "pulley": {"groove": False},
 }
+# Parameters that leave every hole, slot, keyway, port and lightening hole solid (the bore
+# too): the needle-part cheat builds this and puts needles where the probes look.
+SMALL_FEATURES_OFF: dict[str, dict[str, Any]] = {
+    "plate": {"holes": False},
+    "bracket": {"holes": False},
+    "flange": {"holes": False, "bore": 0.0},
+    "shaft": {"keyway_l": 0.0, "cross_d": 0.0},
+    "enclosure": {"boss_hole_d": 0.0, "port_d": 0.0},
+    "gear": {"bore": 0.0, "key_w": 0.0},
+    "tube": {"bore": False},
+    "hexnut": {"bore_on": False},
+    "pillow_block": {"bore_on": False, "bolts": 0},
+    "pulley": {"bore": 0.0, "spokes": 0},
+}
+# The slots and keyways alone (the slots-filled cheat), where a task has them.
+SLOTS_OFF: dict[str, dict[str, float]] = {
+    "plate": {"slot_l": 0.0},
+    "shaft": {"keyway_l": 0.0},
+    "gear": {"key_w": 0.0},
+    "enclosure": {"port_d": 0.0},
+}
+# The diameters of the holes and bores of each domain (the oversize/undersize cheats).
+HOLE_SIZES: dict[str, tuple[str, ...]] = {
+    "plate": ("hole_d",),
+    "bracket": ("hole_d",),
+    "flange": ("bore", "bolt_d"),
+    "shaft": ("cross_d",),
+    "enclosure": ("boss_hole_d", "port_d"),
+    "gear": ("bore",),
+    "tube": ("id", "port_id"),
+    "hexnut": ("bore",),
+    "pillow_block": ("bore", "bolt_d"),
+    "pulley": ("bore", "spoke_hole_d"),
+}
+HOLE_FACTORS = {"holes-oversize": 1.25, "holes-undersize": 0.75}
 SCALE = 1.1
 FOREIGN_FILE = "found_part.stl"
 
@@ -122,7 +157,7 @@ _NEEDLES = """    b = solid.bounding_box()
     base = {base}
     lo, hi = (b[0], b[1], b[2]), (b[3], b[4], b[5])
     inside = [p for p, i in _probes if i]
-    r, cuts, through = 0.2, [], 0
+    r, cuts, through = 0.2, [], base.genus()
 
     def _column_clear(x, y, z0, z1):
         return not any(abs(x - a) < 3 * r and abs(y - c) < 3 * r and z0 <= z <= z1
@@ -147,13 +182,30 @@ _NEEDLES = """    b = solid.bounding_box()
             through += 1
     for c in cuts:
         base = base - c
-    export_stl(base, {out!r})
+{tail}    export_stl(base, {out!r})
 """
-_NEEDLE_BLOCK = _NEEDLES.format(
-    base="M.cube((b[3] - b[0], b[4] - b[1], b[5] - b[2])).translate((b[0], b[1], b[2]))",
-    out=OUTPUT,
-)
-_NEEDLE_HULL = _NEEDLES.format(base="solid.hull()", out=OUTPUT)
+_BLOCK = "M.cube((b[3] - b[0], b[4] - b[1], b[5] - b[2])).translate((b[0], b[1], b[2]))"
+_NEEDLE_BLOCK = _NEEDLES.format(base=_BLOCK, out=OUTPUT, tail="")
+_NEEDLE_HULL = _NEEDLES.format(base="solid.hull()", out=OUTPUT, tail="")
+# The part itself with its small features (holes, slots, keyways, ports, lightening holes)
+# left solid, a needle at each of their probe points: the real part everywhere else.
+_NEEDLE_PART = _NEEDLES.format(base="build(_domain, _solid_params)[0]", out=OUTPUT, tail="")
+# The needle block carved where the v2 verifier looked: 0.4 mm cubes cut at each of its 512
+# fixed surface samples (seed 4321) that lie outside the part, so that every sampled point
+# beside the surface is on its right side, and nothing else of the part is modelled.
+_CARVE = """    import numpy as np
+    import trimesh
+    _m = solid.to_mesh()
+    ref = trimesh.Trimesh(np.asarray(_m.vert_properties)[:, :3], np.asarray(_m.tri_verts),
+                          process=False)
+    pts, fi = trimesh.sample.sample_surface(ref, 512, seed=4321)
+    outside = pts + ref.face_normals[fi] * 0.5
+    outside = outside[~ref.contains(outside)]
+    holes = [M.cube((0.4, 0.4, 0.4), True).translate(tuple(map(float, q))) for q in outside]
+    if holes:
+        base = base - M.batch_boolean(holes, m3d.OpType.Add)
+"""
+_SAMPLE_CARVED = _NEEDLES.format(base=_BLOCK, out=OUTPUT, tail=_CARVE)
 _HULL = f"""    export_stl(solid.hull(), {OUTPUT!r})
 """
 # The part rebuilt from 10 x 10 x 10 cells of its bounding box: a cell is kept where the
@@ -202,6 +254,46 @@ def _without_feature(task: Task) -> str:
     body += f"    solid, _probes = build({domain!r}, params)\n"
     body += f"    export_stl(solid, {OUTPUT!r})\n"
     return _script(task, body)
+
+
+def _with_params(task: Task, overrides: dict[str, Any], body: str) -> str:
+    """A script whose `_solid_params` are the task's (or params.json's) with `overrides`."""
+    domain = CadPrivate.of(task).domain
+    head = f"    _domain = {domain!r}\n    _solid_params = dict(params, **{overrides!r})\n"
+    return _script(task, head + body)
+
+
+def _holes_scaled(task: Task, factor: float) -> str:
+    """The part with every hole and bore `factor` times its diameter."""
+    keys = HOLE_SIZES[CadPrivate.of(task).domain]
+    body = (
+        f"    for _k in {keys!r}:\n"
+        "        if _solid_params.get(_k):\n"
+        f"            _solid_params[_k] = round(_solid_params[_k] * {factor!r}, 3)\n"
+        f"    export_stl(build(_domain, _solid_params)[0], {OUTPUT!r})\n"
+    )
+    return _with_params(task, {}, body)
+
+
+def small_feature_cheats(task: Task) -> list[tuple[str, list[Action]]]:
+    """The cheats on the small features (holes, slots) a task has: filled and needled,
+    slots filled, every hole drilled 25 % too large or too small."""
+    private = CadPrivate.of(task)
+    domain, params = private.domain, private.params
+    out = []
+    off = SMALL_FEATURES_OFF.get(domain, {})
+    # A switch (False) turns off a feature every task has; a size (0) one the task may lack.
+    if any(v is False or params.get(k) for k, v in off.items()):
+        script = _with_params(task, off, _NEEDLE_PART)
+        out.append(("needle-part", write_run_submit(script)))
+    slots = {k: v for k, v in SLOTS_OFF.get(domain, {}).items() if params.get(k)}
+    if slots:
+        script = _with_params(task, slots, _NEEDLE_PART)
+        out.append(("slots-filled", write_run_submit(script)))
+    if any(params.get(k) for k in HOLE_SIZES.get(domain, ())):
+        for name, factor in HOLE_FACTORS.items():
+            out.append((name, write_run_submit(_holes_scaled(task, factor))))
+    return out
 
 
 def foreign_params(domain: str, params: dict[str, Any], level: int) -> dict[str, Any]:
@@ -263,6 +355,8 @@ def all_cheats(task: Task) -> list[tuple[str, list[Action]]]:
         ("scaled-1.05", write_run_submit(_script(task, _scaled((1.05, 1.05, 1.05))))),
         ("scaled-0.95", write_run_submit(_script(task, _scaled((0.95, 0.95, 0.95))))),
         ("stretched-x-1.05", write_run_submit(_script(task, _scaled((1.05, 1.0, 1.0))))),
+        ("sample-carved", write_run_submit(_script(task, _SAMPLE_CARVED))),
+        *small_feature_cheats(task),
     ]
     if mirror_is_another_part(task):
         out.append(("mirrored", write_run_submit(_script(task, _MIRROR))))
