@@ -42,7 +42,7 @@ def kind_of(name: str) -> str:
 
 
 def oracle_forms(dataset: str, answer: str) -> list[str]:
-    """The answer in the documented forms (docs/reasoning.md, "Answers")."""
+    """The answer in the documented forms (packs/reasoning-gym/README.md, "Answers")."""
     forms = [f"**{answer}**", f"\\boxed{{{answer}}}"]
     if dataset in canon.LABEL_SETS:
         forms += [f"{answer}.", f"'{answer.upper()}'"]

@@ -1,4 +1,6 @@
-"""One canonical form of an answer, before any scorer sees it (docs/reasoning.md, "Answers").
+"""One canonical form of an answer, before any scorer sees it.
+
+Documented in packs/reasoning-gym/README.md, "Answers".
 
 reasoning-gym's scorers each read answers their own way: some `float()` them (which takes
 "nan", "inf", "1e999", "1_000" and any script's digits), some compare strings, some pay for
@@ -118,6 +120,12 @@ def _float(text: str) -> float | None:
         return None
 
 
+def nonfinite(text: str) -> bool:
+    """Python's `float()` reads `text` as NaN or an infinity ("nan", "-inf", "1e999")."""
+    value = _float(text)
+    return value is not None and not math.isfinite(value)
+
+
 def _decimal(text: str) -> Decimal | None:
     if not DECIMAL.match(text):
         return None
@@ -144,10 +152,7 @@ def label(dataset: str, answer: str) -> Canonical:
 
 def number(text: str, expected: str) -> Canonical:
     """A numeric-looking answer in its one form (see the module's rule 3)."""
-    value, want_value = _float(text), _float(expected)
-    finite_expected = want_value is None or math.isfinite(want_value)
-    if value is not None and not math.isfinite(value) and finite_expected:
-        return Canonical(text, "not a finite number")
+    value = _float(text)
     if UNDERSCORED.search(text) and not UNDERSCORED.search(expected) and value is not None:
         return Canonical(text, "a number in a non-canonical form (underscores)")
     if GROUPED.match(text) and "," not in expected:
@@ -161,6 +166,8 @@ def number(text: str, expected: str) -> Canonical:
 def canonical(dataset: str, answer: str, expected: str) -> Canonical:
     """`answer` in the one form the scorer sees (the module's rules 1-4), or refused."""
     text = unwrap(_plain_unicode(answer, expected), expected)
+    if nonfinite(text) and not nonfinite(expected.strip()):
+        return Canonical(text, "not a finite number")
     if dataset in LABEL_SETS:
         return label(dataset, text)
     return number(text, expected)

@@ -34,7 +34,7 @@ from palaestra.envs.base import (
     Tool,
     ToolArgs,
 )
-from palaestra.envs.reasoning import canon, constraints, guard, gym
+from palaestra.envs.reasoning import canon, cheats, constraints, guard, gym
 from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 
@@ -131,12 +131,19 @@ class ReasoningFamily(Family):
             ("empty-answer", [Action(tool="submit", arguments={"answer": ""})]),
             ("submit-question", [Action(tool="submit", arguments={"answer": question})]),
         ]
-        for name, text in guard.degenerate_answers(question, ReasoningPrivate.of(task).answer):
+        private = ReasoningPrivate.of(task)
+        for name, text in guard.degenerate_answers(question, private.answer):
             if name in ("label-empty", "echo-question"):  # the two above
                 continue
             # An answer the guarded scorer calls fully correct is another form of the answer
             # ("0" for "0 days", "4.2291" for "4.22915" within the stated tolerance).
             if score_task(task, text)[0] >= PASS_THRESHOLD:
+                continue
+            out.append((name, [Action(tool="submit", arguments={"answer": text})]))
+        # Answer forms (cheats.py) are never the answer by construction and always played;
+        # only a grid fill that happens to keep every rule of the puzzle is a solution.
+        for name, text in cheats.answer_cheats(private.dataset, question, private.answer):
+            if name.startswith("grid-") and score_task(task, text)[0] >= PASS_THRESHOLD:
                 continue
             out.append((name, [Action(tool="submit", arguments={"answer": text})]))
         return out
