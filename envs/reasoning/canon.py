@@ -42,14 +42,6 @@ LABEL_SETS: dict[str, tuple[str, ...]] = {
     "ransom_note": ("True", "False"),
     "syllogism": ("Yes", "No"),
 }
-# Failure classes of refused answers (the family's own, beside sdk.models.FAILURE_CLASSES),
-# by the start of the refusal's reason.
-FAILURES = {
-    "not a finite number": "nonfinite_number",
-    "a number in a non-canonical form (underscores)": "noncanonical_answer",
-    "several labels at once": "several_labels",
-    "not one of the labels": "not_a_label",
-}
 WRAPPERS = (
     re.compile(r"^\\boxed\{(.*)\}$", re.S),
     re.compile(r"^\\text\{(.*)\}$", re.S),
@@ -69,7 +61,8 @@ class Canonical:
     """The answer the scorer sees, or why none does (then the reward is 0)."""
 
     text: str
-    refused: str | None = None
+    refused: str | None = None  # why no scorer sees it (feedback)
+    failure: str | None = None  # its failure class (the family's own, beside FAILURE_CLASSES)
 
 
 def _ascii_digits(text: str) -> str:
@@ -137,7 +130,8 @@ def _decimal(text: str) -> Decimal | None:
 
 
 def label(dataset: str, answer: str) -> Canonical:
-    """A label dataset's answer as exactly one of its labels, or refused."""
+    """A label dataset's answer as exactly one of its labels, or refused (the reason names
+    no label: feedback never shows the answer)."""
     labels = LABEL_SETS[dataset]
     folded = fold(answer)
     exact = [lb for lb in labels if fold(lb) == folded]
@@ -146,15 +140,17 @@ def label(dataset: str, answer: str) -> Canonical:
     words = f" {folded} "
     held = [lb for lb in labels if f" {fold(lb)} " in words]
     if len(held) >= 2:
-        return Canonical(answer, f"several labels at once: {', '.join(held)}")
-    return Canonical(answer, f"not one of the labels: {', '.join(labels)}")
+        return Canonical(answer, f"several labels at once ({len(held)})", "several_labels")
+    return Canonical(answer, "not one of the task's labels", "not_a_label")
 
 
 def number(text: str, expected: str) -> Canonical:
     """A numeric-looking answer in its one form (see the module's rule 3)."""
     value = _float(text)
     if UNDERSCORED.search(text) and not UNDERSCORED.search(expected) and value is not None:
-        return Canonical(text, "a number in a non-canonical form (underscores)")
+        return Canonical(
+            text, "a number in a non-canonical form (underscores)", "noncanonical_answer"
+        )
     if GROUPED.match(text) and "," not in expected:
         text = text.replace(",", "")
     got, want = _decimal(text), _decimal(expected.strip())
@@ -167,7 +163,7 @@ def canonical(dataset: str, answer: str, expected: str) -> Canonical:
     """`answer` in the one form the scorer sees (the module's rules 1-4), or refused."""
     text = unwrap(_plain_unicode(answer, expected), expected)
     if nonfinite(text) and not nonfinite(expected.strip()):
-        return Canonical(text, "not a finite number")
+        return Canonical(text, "not a finite number", "nonfinite_number")
     if dataset in LABEL_SETS:
         return label(dataset, text)
     return number(text, expected)

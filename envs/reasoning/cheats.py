@@ -50,7 +50,7 @@ def _grouped(digits: str) -> str:
     head, _, tail = digits.partition(".")
     sign = head[0] if head[:1] in "+-" else ""
     body = head[len(sign) :]
-    groups = []
+    groups: list[str] = []
     while len(body) > 3:
         groups.insert(0, body[-3:])
         body = body[:-3]

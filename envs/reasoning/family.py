@@ -188,8 +188,7 @@ def score_answer(task: Task, answer: str | None) -> Scored:
     public, private = ReasoningPublic.of(task), ReasoningPrivate.of(task)
     form = canon.canonical(args[0], answer, private.answer)
     if form.refused is not None:
-        failure = canon.FAILURES.get(form.refused.split(":")[0], "noncanonical_answer")
-        return Scored(0.0, f"incorrect ({form.refused})", failure)
+        return Scored(0.0, f"incorrect ({form.refused})", form.failure)
     answer = form.text
     entry: dict[str, Any] | None = gym.entry(*args)
     served = (public.question, private.answer)
