@@ -250,7 +250,7 @@ def test_family_cheats_at_most_the_floor(reasoning_tasks: list[Task]) -> None:
 @pytest.mark.parametrize(
     "dataset,answer,why",
     [
-        ("game_of_life_halting", "no", "label itself"),  # bool("no") == bool("False")
+        ("game_of_life_halting", "no", "labels"),  # bool("no") == bool("False")
         ("coin_flip", "0", "not the answer"),  # a prefix of 0.375 scored 1.0
         ("rectangle_count", "+1", "not the answer"),  # one off scored 0.64
         ("spell_backward", "prefix", "piece of the expected"),  # 0.667

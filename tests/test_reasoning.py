@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from palaestra.envs.reasoning import guard, gym
+from palaestra.envs.reasoning import canon, constraints, guard, gym
 from palaestra.envs.reasoning.family import ReasoningFamily, score_task
 from palaestra.sdk.evaluation.runner import run_eval
 from palaestra.sdk.models import TaskInfo
@@ -107,8 +107,9 @@ def test_scores_equal_reasoning_gyms_own(pack_tasks: list[Task]) -> None:
     """Every domain, a train and a held-out entry: oracle, wrong, near-miss, empty answers.
 
     Ours is reasoning-gym's own score, except where the degenerate-answer guard refuses the
-    answer (a piece of the expected answer, a fixed label, a number that is not the answer):
-    then it is 0. The answer itself is never refused."""
+    answer (a piece of the expected answer, a fixed label, a number that is not the answer),
+    the canonical form refuses it (several labels, not a label, not finite) or it breaks the
+    puzzle's rules: then it is 0. The answer itself is never refused."""
     checked, refused = 0, 0
     for domain, tasks in sorted(by_domain(pack_tasks).items()):
         sample = [next(t for t in tasks if t.split == s) for s in ("train", "heldout")]
@@ -118,9 +119,19 @@ def test_scores_equal_reasoning_gyms_own(pack_tasks: list[Task]) -> None:
             candidates = [answer, "0", "wrong answer", answer[:-1], answer + " 1", ""]
             for candidate, theirs in zip(candidates, their_scores(task, candidates), strict=True):
                 ours, feedback = score_task(task, candidate)
-                expected, why = guard.guarded(
-                    task.private["dataset"], min(1.0, max(0.0, theirs)), candidate, question, answer
-                )
+                dataset = task.private["dataset"]
+                form = canon.canonical(dataset, candidate, answer)
+                if form.refused is not None:  # a form no scorer sees (canon.py): 0
+                    expected, why = 0.0, form.refused
+                elif form.text != candidate:  # another form of the candidate: scored as it
+                    expected, why = score_task(task, form.text)[0], None
+                else:
+                    theirs = min(1.0, max(0.0, theirs))
+                    if 0 < theirs < 1 and constraints.breaks(
+                        dataset, candidate, task.private["metadata"]
+                    ):
+                        theirs = 0.0  # breaks the puzzle's rules: no partial credit
+                    expected, why = guard.guarded(dataset, theirs, candidate, question, answer)
                 if candidate == answer:
                     assert why is None, (domain, task.id, candidate, why)
                 refused += why is not None and theirs > 0

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
@@ -32,7 +34,7 @@ from palaestra.envs.base import (
     Tool,
     ToolArgs,
 )
-from palaestra.envs.reasoning import guard, gym
+from palaestra.envs.reasoning import canon, cheats, constraints, guard, gym
 from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
 
@@ -101,22 +103,20 @@ class ReasoningFamily(Family):
     def verifier_info(self) -> VerifierInfo:
         return VerifierInfo(name="reasoning-gym", version=gym.rg_version())
 
-    def _score(self, task: Task, answer: str | None) -> tuple[float, str]:
+    def _score(self, task: Task, answer: str | None) -> Scored:
         with self._scoring:
-            return score_task(task, answer)
+            return score_answer(task, answer)
 
     async def verify(self, ctx: EpisodeContext) -> Assessment:
         answer: str | None = ctx.state.get("answer")
-        reward, feedback = await asyncio.to_thread(self._score, ctx.task, answer)
-        passed = reward >= PASS_THRESHOLD
-        if not ctx.state.get("submitted"):
-            feedback = "no answer submitted"
+        scored = await asyncio.to_thread(self._score, ctx.task, answer)
+        submitted = bool(ctx.state.get("submitted"))
         return Assessment(
-            reward=reward,
-            passed=passed,
-            failure=None if ctx.state.get("submitted") else "no_answer",
-            components={"score": reward},
-            feedback=feedback,
+            reward=scored.reward,
+            passed=scored.reward >= PASS_THRESHOLD,
+            failure=scored.failure if submitted else "no_answer",
+            components={"score": scored.reward},
+            feedback=scored.feedback if submitted else "no answer submitted",
         )
 
     def oracle(self, task: Task) -> list[Action]:
@@ -131,12 +131,19 @@ class ReasoningFamily(Family):
             ("empty-answer", [Action(tool="submit", arguments={"answer": ""})]),
             ("submit-question", [Action(tool="submit", arguments={"answer": question})]),
         ]
-        for name, text in guard.degenerate_answers(question, ReasoningPrivate.of(task).answer):
+        private = ReasoningPrivate.of(task)
+        for name, text in guard.degenerate_answers(question, private.answer):
             if name in ("label-empty", "echo-question"):  # the two above
                 continue
             # An answer the guarded scorer calls fully correct is another form of the answer
             # ("0" for "0 days", "4.2291" for "4.22915" within the stated tolerance).
             if score_task(task, text)[0] >= PASS_THRESHOLD:
+                continue
+            out.append((name, [Action(tool="submit", arguments={"answer": text})]))
+        # Answer forms (cheats.py) are never the answer by construction and always played;
+        # only a grid fill that happens to keep every rule of the puzzle is a solution.
+        for name, text in cheats.answer_cheats(private.dataset, question, private.answer):
+            if name.startswith("grid-") and score_task(task, text)[0] >= PASS_THRESHOLD:
                 continue
             out.append((name, [Action(tool="submit", arguments={"answer": text})]))
         return out
@@ -147,8 +154,27 @@ def rebuild_args(task: Task) -> tuple[str, str, int, int, int]:
     return p.dataset, p.level, p.seed, p.size, p.index
 
 
+@dataclass(frozen=True)
+class Scored:
+    """A scored answer: reward, feedback (never showing the answer) and, for an answer
+    refused before or after the scorer, the failure class naming what it tried."""
+
+    reward: float
+    feedback: str
+    failure: str | None = None
+
+
 def score_task(task: Task, answer: str | None) -> tuple[float, str]:
-    """(reward, feedback) for `answer` on `task`; feedback never shows the answer.
+    """(reward, feedback) for `answer` on `task`; see `score_answer`."""
+    scored = score_answer(task, answer)
+    return scored.reward, scored.feedback
+
+
+def score_answer(task: Task, answer: str | None) -> Scored:
+    """`answer` on `task`: brought to its one canonical form (canon.py: numbers finite,
+    labels folded to exactly one label), scored by reasoning-gym's own scorer, then partial
+    credit kept only for a candidate that keeps the puzzle's rules (constraints.py) and is
+    not degenerate (guard.py).
 
     The entry is regenerated (reasoning-gym's own objects, exact types); a dataset whose
     generation is not reproducible (codeio, isomorphic_strings, knight_swap) regenerates
@@ -157,9 +183,13 @@ def score_task(task: Task, answer: str | None) -> tuple[float, str]:
     scorers do for an answer they cannot parse.
     """
     if answer is None:
-        return 0.0, "no answer"
+        return Scored(0.0, "no answer")
     args = rebuild_args(task)
     public, private = ReasoningPublic.of(task), ReasoningPrivate.of(task)
+    form = canon.canonical(args[0], answer, private.answer)
+    if form.refused is not None:
+        return Scored(0.0, f"incorrect ({form.refused})", form.failure)
+    answer = form.text
     entry: dict[str, Any] | None = gym.entry(*args)
     served = (public.question, private.answer)
     if entry is None or (entry["question"], entry["answer"]) != served:
@@ -172,14 +202,18 @@ def score_task(task: Task, answer: str | None) -> tuple[float, str]:
         reward = gym.score(*args, answer, entry=entry)
     except Exception as exc:
         log.info("scorer of %s raised %s on an answer; scored 0", args[0], type(exc).__name__)
-        return 0.0, "the scorer could not read the answer"
-    reward = min(1.0, max(0.0, reward))
+        return Scored(0.0, "the scorer could not read the answer")
+    reward = min(1.0, max(0.0, reward)) if math.isfinite(reward) else 0.0
+    if 0.0 < reward < PASS_THRESHOLD:
+        broken = constraints.breaks(args[0], answer, entry.get("metadata") or {})
+        if broken is not None:
+            return Scored(0.0, f"incorrect (breaks the puzzle's rules: {broken})", "breaks_rules")
     question = str(entry.get("question") or public.question)
     reward, refused = guard.guarded(args[0], reward, answer, question, str(entry["answer"]))
     if refused is not None:
-        return 0.0, f"incorrect ({refused})"
+        return Scored(0.0, f"incorrect ({refused})")
     if reward >= PASS_THRESHOLD:
-        return reward, "correct"
+        return Scored(reward, "correct")
     if reward > 0.0:
-        return reward, f"partly correct (score {reward:.3g})"
-    return reward, "incorrect"
+        return Scored(reward, f"partly correct (score {reward:.3g})")
+    return Scored(reward, "incorrect")

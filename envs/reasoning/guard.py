@@ -14,8 +14,11 @@ from __future__ import annotations
 import math
 import re
 
+from palaestra.envs.reasoning import canon
+
 # Answers a policy can give without reading the question.
-LABELS = ("0", "1", "-1", "2", "yes", "no", "True", "False", "A", "B", "None", "[]", "")
+LABELS = ("0", "1", "-1", "2", "yes", "no", "True", "False", "A", "B", "C", "D", "None", "[]", "")
+CONNECTIVES = frozenset({"and", "or"})  # "yes and no" holds two labels
 NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 MIN_ECHO = 12  # characters of the question an answer must repeat to be an echo
 NUMBER_REL_TOL = 1e-3  # two numbers closer than this (relative) are the same answer
@@ -125,12 +128,20 @@ def is_echo(candidate: str, question: str, expected: str) -> bool:
     return len(cand) >= MIN_ECHO and cand in q and cand not in exp
 
 
+def _only_labels(candidate: str) -> bool:
+    """Fixed labels in any markup or punctuation, alone or several at once ("**A**",
+    "True.", "A/B/C/D", "yes and no"), each at most once (a row of 0s and 1s is not one)."""
+    words = [w for w in canon.fold(candidate).split() if w not in CONNECTIVES]
+    labels = {canon.fold(label) for label in LABELS} - {""}
+    return bool(words) and len(set(words)) == len(words) and set(words) <= labels
+
+
 def is_degenerate(candidate: str, question: str, expected: str) -> str | None:
     """Which kind of degenerate answer `candidate` is for this task, or None."""
     cand, exp = _norm(candidate), _norm(expected)
     if cand == exp:
         return None
-    if cand in {_norm(label) for label in LABELS}:
+    if cand in {_norm(label) for label in LABELS} or _only_labels(candidate):
         return "a fixed label"
     if cand and cand in exp:
         return "a piece of the expected answer"

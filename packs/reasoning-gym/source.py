@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.reasoning import gym
+from palaestra.envs.reasoning import canon, gym
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ HELDOUT_PER_DOMAIN = 6
 HELDOUT_SEED_START = 2**30
 SPLIT_SEED_BASE = {"train": 0, "heldout": HELDOUT_SEED_START}
 LEVEL_SEED_STRIDE = 1_000_000  # each level's seeds start at base + slot * stride
+# Label datasets (canon.LABEL_SETS) draw each level's tasks from a pool this many times its
+# size, so that the labels can be balanced (a constant label earns ≤ 1/k + 0.05).
+LABEL_POOL = 16
 
 SKIP: dict[str, str] = {
     "composite": "a mixture of other datasets (needs a list of datasets), not a dataset itself",
@@ -106,6 +109,37 @@ def split_seed(
     return HELDOUT_SEED_START + int.from_bytes(digest[:8], "big") % span
 
 
+def balanced_indices(
+    name: str,
+    level: str,
+    seed: int,
+    pool: int,
+    size: int,
+    labels: tuple[str, ...],
+    counts: dict[str, int],
+) -> list[int]:
+    """`size` entry indices of the pool (seed, pool) whose answers spread over `labels` as
+    evenly as the pool allows, the split's earlier levels counted (`counts`, updated).
+
+    Each pick takes the first unused entry whose label has the fewest tasks so far (ties in
+    the order of `labels`): deterministic for a seed, and a constant label then earns at
+    most ceil(n / k) of a split's n tasks."""
+    by_label: dict[str, list[int]] = {label: [] for label in labels}
+    for index in range(pool):
+        answer = str(gym.entry(name, level, seed, pool, index)["answer"]).strip()
+        if answer in by_label:
+            by_label[answer].append(index)
+    chosen: list[int] = []
+    for _ in range(size):
+        open_labels = [lb for lb in labels if by_label[lb]]
+        if not open_labels:
+            raise ValueError(f"the pool of {pool} entries has too few of some labels")
+        label = min(open_labels, key=lambda lb: (counts.get(lb, 0), labels.index(lb)))
+        chosen.append(by_label[label].pop(0))
+        counts[label] = counts.get(label, 0) + 1
+    return sorted(chosen)
+
+
 def _split_tasks(
     name: str,
     split: str,
@@ -117,21 +151,28 @@ def _split_tasks(
     left out (and recorded in `problems`). Held-out ids name no seed (`<name>.<level>.h<i>`)."""
     tasks: list[dict[str, Any]] = []
     count = TRAIN_PER_DOMAIN if split == "train" else HELDOUT_PER_DOMAIN
+    counts: dict[str, int] = {}  # label -> tasks of this split that have it (label datasets)
     for slot, level in enumerate(chosen):
         # `count` spread over the levels, the first levels taking the remainder.
         size = count // len(chosen) + (slot < count % len(chosen))
-        seed = split_seed(split, name, level, slot, size, secret)
+        labels = canon.LABEL_SETS.get(name)
+        pool = size * LABEL_POOL if labels else size
+        seed = split_seed(split, name, level, slot, pool, secret)
         mine: list[dict[str, Any]] = []
         try:
-            ds = gym.dataset(name, level, seed, size)
-            for index in range(size):
-                entry = gym.entry(name, level, seed, size, index)
+            ds = gym.dataset(name, level, seed, pool)
+            if labels:
+                indices = balanced_indices(name, level, seed, pool, size, labels, counts)
+            else:
+                indices = list(range(size))
+            for ordinal, index in enumerate(indices):
+                entry = gym.entry(name, level, seed, pool, index)
                 answer = entry["answer"]
                 if not isinstance(answer, str):
                     raise ValueError(f"answer is {type(answer).__name__}, not str")
                 if ds.score_answer(answer=answer, entry=entry) != 1.0:
                     raise ValueError(f"reference answer does not score 1.0 (index {index})")
-                tail = str(seed + index) if split == "train" else f"h{index}"
+                tail = str(seed + index) if split == "train" else f"h{ordinal}"
                 mine.append(
                     {
                         "id": f"{name}.{level}.{tail}",
@@ -144,7 +185,7 @@ def _split_tasks(
                             "dataset": name,
                             "level": level,
                             "seed": seed,
-                            "size": size,
+                            "size": pool,
                             "index": index,
                             "item_seed": seed + index,
                             "answer": answer,
@@ -207,7 +248,7 @@ def _report(problems: dict[str, str]) -> None:
 
 def cache_key() -> str:
     h = hashlib.sha256(gym.rg_version().encode() + b"\0")
-    for path in (Path(__file__), Path(gym.__file__)):
+    for path in (Path(__file__), Path(gym.__file__), Path(canon.__file__)):
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()[:24]
 

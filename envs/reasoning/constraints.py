@@ -1,0 +1,90 @@
+"""The puzzle's own rules, checked before partial credit is paid.
+
+sudoku, mini_sudoku and futoshiki pay the share of cells that match the solution; a grid
+filled with one digit, or with a cyclic pattern, keeps the givens and so earns 0.3-0.8
+without solving anything. game_of_life pays the share of matching cells of the next board,
+so a dead board earns most of a sparse one. A candidate that breaks the puzzle's rules is
+not partly right: `breaks(dataset, answer, metadata)` says which rule it breaks, and the
+family then pays 0 (a candidate that keeps every rule is a solution, and is paid what the
+scorer says).
+
+The grid is read as those scorers read it: every line with exactly n digits 1-9 (other
+characters ignored) is the next row.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# Latin-square puzzles: rows and columns hold 1..n once each, the givens are kept.
+BOX = {"sudoku": True, "mini_sudoku": True, "futoshiki": False}
+# Simulations with one right board: anything else breaks the rule of the simulation.
+ALL_OR_NOTHING = frozenset({"game_of_life"})
+CHECKED = frozenset(BOX) | ALL_OR_NOTHING
+
+
+def read_grid(answer: str, n: int) -> list[list[int]]:
+    rows = []
+    for line in answer.split("\n"):
+        digits = [int(c) for c in line if c in "123456789"]
+        if len(digits) == n:
+            rows.append(digits)
+        if len(rows) == n:
+            break
+    return rows
+
+
+def _latin(grid: list[list[int]], n: int) -> str | None:
+    want = list(range(1, n + 1))
+    if any(sorted(row) != want for row in grid):
+        return "a row does not hold each number once"
+    if any(sorted(col) != want for col in zip(*grid, strict=True)):
+        return "a column does not hold each number once"
+    return None
+
+
+def _boxes(grid: list[list[int]], n: int) -> str | None:
+    side = math.isqrt(n)
+    if side * side != n:
+        return None
+    want = list(range(1, n + 1))
+    for r in range(0, n, side):
+        for c in range(0, n, side):
+            box = [grid[r + i][c + j] for i in range(side) for j in range(side)]
+            if sorted(box) != want:
+                return "a box does not hold each number once"
+    return None
+
+
+def _inequalities(grid: list[list[int]], constraints: list[Any]) -> str | None:
+    for r1, c1, r2, c2, op in constraints:
+        a, b = grid[r1][c1], grid[r2][c2]
+        if (op == "<" and not a < b) or (op == ">" and not a > b):
+            return "an inequality does not hold"
+    return None
+
+
+def breaks(dataset: str, answer: str, metadata: dict[str, Any]) -> str | None:
+    """Which of the puzzle's rules `answer` breaks, or None (also for datasets not checked)."""
+    if dataset in ALL_OR_NOTHING:
+        return "not the board the rules give"
+    if dataset not in BOX:
+        return None
+    puzzle = metadata.get("puzzle")
+    if not isinstance(puzzle, list) or not puzzle:
+        return None
+    n = len(puzzle)
+    grid = read_grid(answer, n)
+    if len(grid) != n:
+        return f"not a {n}x{n} grid"
+    for r in range(n):
+        for c in range(n):
+            if puzzle[r][c] and grid[r][c] != puzzle[r][c]:
+                return "a given number was changed"
+    broken = _latin(grid, n)
+    if broken is None and BOX[dataset]:
+        broken = _boxes(grid, n)
+    if broken is None and dataset == "futoshiki":
+        broken = _inequalities(grid, metadata.get("constraints") or [])
+    return broken

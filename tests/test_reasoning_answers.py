@@ -1,0 +1,197 @@
+"""Numbers and labels judged one canonical way (issue 31, invariant 4) on the reasoning pack.
+
+Non-finite numbers, wrong numbers in other digit forms, labels in markup or several at once
+and puzzle grids filled by a rule score 0 with a failure that names them; the right answer
+in every documented form (packs/reasoning-gym/README.md, "Answers") scores 1; a constant
+label earns at most 1/k + 0.05 on every label domain. Scored through the family's own `score_answer`
+(reasoning-gym's scorers behind the canonical form and the guards), and once through a real
+episode.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from palaestra.envs.reasoning import canon, cheats
+from palaestra.envs.reasoning.family import ReasoningFamily, score_answer
+from palaestra.sdk.task import Task
+from palaestra.server.inprocess import AsyncInProcessClient
+from palaestra.server.manager import EpisodeManager
+from palaestra.server.packs.loader import load_pack
+
+FLOOR = 0.1
+PUZZLES = ("sudoku", "mini_sudoku", "futoshiki")
+
+
+@pytest.fixture(scope="module")
+def pack_tasks() -> list[Task]:
+    pack = load_pack(Path(__file__).resolve().parent.parent / "packs" / "reasoning-gym")
+    return sorted(pack.tasks.values(), key=lambda t: t.id)
+
+
+@pytest.fixture(scope="module")
+def sample(pack_tasks: list[Task]) -> list[Task]:
+    """Two training tasks and one held-out task of every domain."""
+    chosen: dict[tuple[str, str], list[Task]] = {}
+    for task in pack_tasks:
+        got = chosen.setdefault((task.domain, task.split), [])
+        if len(got) < (2 if task.split == "train" else 1):
+            got.append(task)
+    return [t for ts in chosen.values() for t in ts]
+
+
+def of(tasks: list[Task], dataset: str) -> list[Task]:
+    return [t for t in tasks if t.private["dataset"] == dataset]
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-Infinity", "1e999", "**nan**", "ｉｎｆ"])
+def test_nonfinite_numbers_score_zero_everywhere(sample: list[Task], text: str) -> None:
+    """complex_arithmetic's scorer paid 1.0 for "nan" and "inf" (its distance is NaN)."""
+    over = {}
+    for task in sample:
+        scored = score_answer(task, text)
+        if scored.reward > 0.0 or scored.failure != "nonfinite_number":
+            over[task.id] = (scored.reward, scored.failure)
+    assert not over, over
+
+
+def test_wrong_numbers_in_other_digit_forms_score_zero(sample: list[Task]) -> None:
+    """A wrong number in full-width, Arabic-Indic, grouped or underscored digits is refused
+    like the ASCII one (coin_flip paid 1.0 for one of them)."""
+    over, played = {}, 0
+    for task in sample:
+        for name, text in cheats.digit_cheats(str(task.private["answer"])):
+            played += 1
+            reward = score_answer(task, text).reward
+            if reward > 0.0:
+                over[f"{name} on {task.id}"] = reward
+    assert played >= 100 and not over, over
+
+
+def test_right_numbers_in_documented_forms_score_one(sample: list[Task]) -> None:
+    """The right number in full-width or Arabic-Indic digits, with thousands commas, in
+    markup, or as another decimal of the same value scores what the number itself does."""
+    checked = 0
+    for task in sample:
+        answer = str(task.private["answer"]).strip()
+        if task.private["dataset"] in canon.LABEL_SETS:  # "0" is a label there, "0.0" is not
+            continue
+        if not canon.DECIMAL.match(answer) or score_answer(task, answer).reward < 1.0:
+            continue
+        forms = [
+            answer.translate(cheats.FULLWIDTH),
+            answer.translate(cheats.ARABIC_INDIC),
+            f"**{answer}**",
+            f"\\boxed{{{answer}}}",
+            f"+{answer}" if not answer.startswith("-") else answer,
+        ]
+        if "." not in answer and "e" not in answer.lower():
+            forms += [cheats._grouped(answer), f"{answer}.0"]
+        for form in forms:
+            scored = score_answer(task, form)
+            assert scored.reward == 1.0, (task.id, form, scored.feedback)
+        checked += 1
+    assert checked >= 40
+
+
+def test_labels_in_any_form_count_and_several_labels_are_wrong(sample: list[Task]) -> None:
+    """On every label dataset: the right label in markup, quoted, with punctuation or in
+    another case scores 1.0 (it was paid 0.4-0.8); every label at once scores 0 (it was paid
+    0.3-0.6); a wrong label in markup scores 0."""
+    for dataset, labels in canon.LABEL_SETS.items():
+        tasks = of(sample, dataset)
+        assert tasks, dataset
+        for task in tasks:
+            answer = str(task.private["answer"])
+            for form in [f"**{answer}**", f"\\boxed{{{answer}}}", f"{answer}.", f"'{answer}'"]:
+                assert score_answer(task, form).reward == 1.0, (task.id, form)
+                assert score_answer(task, form.upper()).reward == 1.0, (task.id, form.upper())
+            for sep in ("/", " and ", " or ", ", ", "\n"):
+                scored = score_answer(task, sep.join(labels))
+                assert scored.reward == 0.0 and scored.failure == "several_labels", (task.id, sep)
+            for wrong in (lb for lb in labels if lb != answer):
+                scored = score_answer(task, f"**{wrong}**")
+                assert scored.reward == 0.0, (task.id, wrong)
+            assert score_answer(task, f"the answer is {answer}").failure == "not_a_label"
+
+
+@pytest.mark.parametrize("dataset", PUZZLES)
+def test_grids_filled_by_a_rule_score_zero(sample: list[Task], dataset: str) -> None:
+    """A grid whose blanks hold one digit, or a cyclic pattern, kept the givens and was paid
+    0.3-0.8 of partial credit; it breaks the puzzle's rules and now scores 0."""
+    for task in of(sample, dataset):
+        question, answer = task.public["question"], str(task.private["answer"])
+        fills = dict(cheats.grid_cheats(question, answer))
+        assert set(fills) == {"grid-const", "grid-pattern"}, task.id
+        for name, text in fills.items():
+            scored = score_answer(task, text)
+            assert scored.reward == 0.0 and scored.failure == "breaks_rules", (task.id, name)
+        assert score_answer(task, answer).reward == 1.0
+
+
+def test_game_of_life_pays_only_the_simulated_board(pack_tasks: list[Task]) -> None:
+    """A dead board earned most cells of a sparse next board; any other board is wrong."""
+    import json
+
+    checked = 0
+    for task in of(pack_tasks, "game_of_life"):
+        board = json.loads(task.private["answer"])
+        if not any(any(row) for row in board):
+            continue
+        dead = json.dumps([[0] * len(row) for row in board]).replace(" ", "")
+        scored = score_answer(task, dead)
+        assert scored.reward == 0.0 and scored.failure == "breaks_rules", task.id
+        checked += 1
+    assert checked
+
+
+def test_a_constant_label_earns_at_most_its_share(pack_tasks: list[Task]) -> None:
+    """Every label dataset, every label submitted on every task of the domain, each split
+    and both together: mean ≤ 1/k + 0.05 (syllogism's "Yes" earned 0.89)."""
+    over = {}
+    for dataset, labels in canon.LABEL_SETS.items():
+        tasks = of(pack_tasks, dataset)
+        limit = 1 / len(labels) + 0.05
+        for part in ("train", "heldout", "all"):
+            chosen = [t for t in tasks if part in ("all", t.split)]
+            assert chosen, (dataset, part)
+            for label in labels:
+                mean = statistics.fmean(score_answer(t, label).reward for t in chosen)
+                if mean > limit + 1e-9:
+                    over[f"{dataset}/{part}={label}"] = round(mean, 3)
+    assert not over, over
+
+
+def test_answer_form_cheats_are_family_cheats(sample: list[Task]) -> None:
+    """`pack check` plays them: every kind is among the family's cheats and ≤ 0.1."""
+    family = ReasoningFamily()
+    kinds: set[str] = set()
+    over = {}
+    for task in sample:
+        for name, actions in family.cheats(task):
+            for kind in ("nonfinite", "label-markup", "label-combo", "digits", "grid-"):
+                if name.startswith(kind):
+                    kinds.add(kind)
+            reward = score_answer(task, actions[0].arguments.get("answer")).reward
+            if reward > FLOOR:
+                over[f"{name} on {task.id}"] = reward
+    assert kinds == {"nonfinite", "label-markup", "label-combo", "digits", "grid-"}
+    assert not over, over
+
+
+async def test_refused_answer_is_an_ok_zero_with_its_class(
+    manager: EpisodeManager, pack_tasks: list[Task]
+) -> None:
+    task = next(t for t in pack_tasks if t.private["dataset"] == "course_schedule")
+    client = AsyncInProcessClient(manager)
+    for text, failure in [("True/False", "several_labels"), ("nan", "nonfinite_number")]:
+        reset = await client.reset(task.ref)
+        final = await client.step(
+            reset.episode_id, {"tool": "submit", "arguments": {"answer": text}}
+        )
+        verdict = final.info["verdict"]
+        assert verdict["status"] == "ok" and final.reward == 0.0, verdict
+        assert verdict["failure"] == failure, verdict
