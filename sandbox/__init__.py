@@ -16,6 +16,7 @@ from palaestra.sandbox.base import (
     SandboxTreeTooDeep,
     ShellResult,
     ShellSession,
+    WorkspaceFault,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "SandboxTreeTooDeep",
     "ShellResult",
     "ShellSession",
+    "WorkspaceFault",
 ]

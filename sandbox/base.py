@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
+import errno
 import os
 import posixpath
 import socket
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -89,6 +92,64 @@ class SandboxPathError(SandboxError, AgentFault, ValueError):
 
     The workspace's contents are the agent's, so this is an `AgentFault` (a 422 in a step,
     reward 0 in verification); it stays a SandboxError for callers that catch those."""
+
+
+class WorkspaceFault(SandboxError, AgentFault):
+    """A sandbox operation failed because of the state the agent's own processes left in
+    its sandbox (docs/decisions.md, "The agent cannot void its episode"): its workspace is
+    full, its processes fill the process limit, it made its files unreadable. An agent
+    fault (reward 0 with the class, a 422 in a step), never void; a SandboxError still for
+    callers that catch those."""
+
+
+class WorkspaceFull(WorkspaceFault):
+    """ENOSPC, EDQUOT, EFBIG or EMLINK writing into the workspace (or into a fresh one from
+    a copy of it: sparse files and hard links the agent made take real space there)."""
+
+    failure = "workspace_full"
+
+
+class ProcessLimit(WorkspaceFault):
+    """No process can start in the sandbox: the agent's own processes fill its pids limit."""
+
+    failure = "process_limit"
+
+
+class UnreadableWorkspace(WorkspaceFault):
+    """EACCES or EPERM on the workspace: permissions the agent set."""
+
+    failure = "unreadable_workspace"
+
+
+_AGENT_ERRNOS: dict[int, type[WorkspaceFault]] = {
+    errno.ENOSPC: WorkspaceFull,
+    errno.EDQUOT: WorkspaceFull,
+    errno.EFBIG: WorkspaceFull,
+    errno.EMLINK: WorkspaceFull,
+    errno.EACCES: UnreadableWorkspace,
+    errno.EPERM: UnreadableWorkspace,
+}
+
+
+def workspace_fault(exc: OSError, what: str) -> WorkspaceFault | None:
+    """The agent fault an OSError met on a sandbox's workspace stands for, or None (then it
+    is ours: a missing file stays FileNotFoundError, anything else a SandboxError)."""
+    kind = _AGENT_ERRNOS.get(exc.errno or 0)
+    if kind is None:
+        return None
+    return kind(f"{what}: {exc.strerror or exc}")
+
+
+@contextlib.contextmanager
+def workspace_errors(what: str) -> Iterator[None]:
+    """Raise `workspace_fault` of an OSError met inside (see there); others pass."""
+    try:
+        yield
+    except OSError as exc:
+        fault = workspace_fault(exc, what)
+        if fault is None:
+            raise
+        raise fault from exc
 
 
 class SandboxFileTooLarge(SandboxPathError):
@@ -337,6 +398,12 @@ class Sandbox(abc.ABC):
     def cpu_seconds(self) -> float | None:
         """CPU time this sandbox's processes used so far (None: the backend has no counter);
         the server bills it to the episode's token (server/tenancy.py)."""
+        return None
+
+    async def agent_fault(self) -> WorkspaceFault | None:
+        """Why an operation that failed with a SandboxError failed, when the state the
+        agent's processes left explains it (its processes fill the pids limit, its
+        workspace is full); None when it does not (then the fault is ours: void)."""
         return None
 
     async def __aenter__(self) -> Self:

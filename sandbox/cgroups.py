@@ -109,6 +109,20 @@ class Cgroup:
     def oom_killed(self) -> bool:
         return self.oom_kills() > 0
 
+    def pids_exhausted(self) -> bool:
+        """Whether a fork here failed at ``pids.max`` and the processes in it still fill
+        most of it: a fork bomb of the sandbox's own, not a fault of ours."""
+        for d in self.dirs:
+            try:
+                limit = (d / "pids.max").read_text().strip()
+                current = int((d / "pids.current").read_text())
+            except (OSError, ValueError):
+                continue
+            if limit == "max":
+                return False
+            return _counter(d / "pids.events", "max") > 0 and current * 4 >= int(limit) * 3
+        return False
+
     def cpu_seconds(self) -> float | None:
         """CPU time used in this cgroup so far: v2 ``cpu.stat`` usage_usec, v1
         ``cpuacct.usage`` where cpuacct shares a hierarchy used here; None without one."""

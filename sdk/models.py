@@ -98,6 +98,9 @@ FAILURE_CLASSES = (
     "oom",  # the agent's code ran out of memory
     "output_limit",  # the agent's code printed more than the limit
     "no_answer",  # the episode ended with no answer submitted
+    "workspace_full",  # the agent's files fill its workspace (or would, copied for the tests)
+    "process_limit",  # the agent's own processes fill its sandbox's process limit
+    "unreadable_workspace",  # permissions the agent set keep its workspace from being read
 )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from palaestra.envs.base import Assessment, EpisodeContext, Family, StepOutcome
-from palaestra.sandbox import AgentFault, SandboxError
+from palaestra.sandbox import AgentFault, SandboxError, WorkspaceFault
 from palaestra.sdk.errors import ConflictError, InvalidActionError, NotFoundError
 from palaestra.sdk.models import (
     Action,
@@ -157,6 +157,35 @@ def agent_fault(exc: AgentFault) -> Assessment:
     )
 
 
+async def sandbox_fault(episode: Episode) -> WorkspaceFault | None:
+    """After a SandboxError: the agent fault the episode's sandbox state explains it by
+    (its processes fill the pids limit, its workspace is full), else None (ours: void).
+    The rule (docs/decisions.md, "The agent cannot void its episode"): what the agent's
+    processes did to their own sandbox is the agent's, never void."""
+    box = episode.ctx.sandboxes.episode
+    if box is None or not box.alive:
+        return None
+    try:
+        return await box.agent_fault()
+    except Exception:  # a diagnosis that fails diagnoses nothing
+        log.warning("sandbox diagnosis failed", exc_info=True, extra={"episode_id": episode.id})
+        return None
+
+
+async def judge(episode: Episode) -> Assessment:
+    """The family's verify, with a fault of the agent's (raised, or a SandboxError its
+    sandbox's state explains) made its 0 with the failure class."""
+    try:
+        return await episode.family.verify(episode.ctx)
+    except AgentFault as exc:
+        return agent_fault(exc)
+    except SandboxError:
+        fault = await sandbox_fault(episode)
+        if fault is None:
+            raise
+        return agent_fault(fault)
+
+
 async def assess(episode: Episode) -> tuple[Verdict, EpisodeStatus, str | None]:
     """Run the family's verify: the verdict, the status it ends the episode with, and the
     void reason. An agent fault is a 0, never void (a void would let a policy escape a sure
@@ -164,10 +193,7 @@ async def assess(episode: Episode) -> tuple[Verdict, EpisodeStatus, str | None]:
     void. A sealed verdict is made servable here, and only here."""
     started = time.perf_counter()
     try:
-        try:
-            judged = await episode.family.verify(episode.ctx)
-        except AgentFault as exc:
-            judged = agent_fault(exc)
+        judged = await judge(episode)
     except JudgeUnavailable as exc:
         reason = f"judge unavailable ({exc.endpoint}: {exc.reason})"
         log.warning("%s", reason, extra={"episode_id": episode.id})

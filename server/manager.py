@@ -49,6 +49,7 @@ from palaestra.server.episode import (
     assess,
     id_taken,
     log_crash,
+    sandbox_fault,
     task_info,
     unknown_episode,
     void_verdict,
@@ -396,6 +397,9 @@ class EpisodeManager:
         except AgentFault as exc:  # a path or file the agent made (before SandboxError)
             raise InvalidActionError(str(exc), code=exc.failure) from None
         except SandboxError as exc:
+            fault = await sandbox_fault(episode)  # the agent's own sandbox state?
+            if fault is not None:
+                raise InvalidActionError(str(fault), code=fault.failure) from None
             return await self._void(episode, f"sandbox failed: {exc}"), None
         except Exception as exc:
             log_crash(episode, f"family {episode.family.name} crashed in step", exc)

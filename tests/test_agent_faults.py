@@ -256,3 +256,158 @@ async def test_docker_terminal_workspace_faults_are_zero(
     command = {"too_deep": DEEP, "too_large": SPARSE}[kind]
     verdict = await _play(docker_manager, "test/faults:done", [_bash(command), SUBMIT])
     assert verdict["failure"] == kind, verdict
+
+
+# -- the agent's own sandbox state: full disk, fork bombs, odd names (issue 31, inv. 6) ---------
+
+# Fill the workspace with real files until it is full (one file is capped by RLIMIT_FSIZE).
+FILL_PY = (
+    "import itertools\nfor i in itertools.count():\n    try:\n"
+    "        open(f'big{i}', 'wb').write(b'0' * (8 << 20))\n"
+    "    except OSError as e:\n        print(i, e)\n        break\n"
+)
+FILL_SH = "for i in $(seq 400); do head -c 8M /dev/zero > big$i 2>/dev/null || break; done; true"
+# Files that take more room copied than in place: hard links, a sparse file.
+HARD_LINKS = "echo done > out.txt; head -c 100M /dev/zero > a; ln a b; head -c 60M /dev/zero > c"
+SPARSE_COPY = "echo done > out.txt; head -c 200M /dev/zero > a; truncate -s 60M s"
+# A fork bomb left running in the background: the sandbox's pids limit stays full.
+FORK_BOMB = (
+    "echo done > out.txt; nohup setsid sh -c 'while :; do sleep 1000 & done' "
+    ">/dev/null 2>&1 & sleep 3"
+)
+ODD_STATES = {
+    "odd-names": "touch $'new\\nline' $'\\xff\\xfe' -- -rf --help $(printf 'x%.0s' $(seq 255))",
+    "chmod-000-files": "chmod 000 out.txt; mkdir d; chmod 000 d",
+    "chmod-000-workdir": "chmod 000 .",
+    "symlink-loops": "ln -s a b; ln -s b a; ln -s . self; ln -s / root; ln -s /proc/self/fd fd",
+    "holder-in-background": "(nohup sleep 1000 > held.txt 2>&1 &); exec 3>held2.txt",
+    "many-small-files": "mkdir m && cd m && seq 20000 | xargs touch && cd ..",
+}
+
+
+async def _play_on(
+    manager: EpisodeManager, task: str, actions: list[Action]
+) -> tuple[dict[str, Any], list[str]]:
+    """Play `actions` to the end: the final verdict (never void, never a 5xx) and the
+    codes of the steps refused with a 422 (an agent fault in a step: the episode goes on)."""
+    client = AsyncInProcessClient(manager)
+    eid = (await client.reset(task)).episode_id
+    reply, refused = None, []
+    for action in actions:
+        try:
+            reply = await client.step(eid, action.model_dump())
+        except InvalidActionError as exc:
+            refused.append(exc.code)
+    assert reply is not None and reply.terminated
+    assert reply.info["status"] == "done", reply.info  # never void
+    verdict: dict[str, Any] = reply.info["verdict"]
+    assert verdict["status"] == "ok" and verdict["reward"] == reply.reward, verdict
+    return verdict, refused
+
+
+WRITE_SOLUTION = Action(tool="write_file", arguments={"path": "solution.py", "content": "x = 1"})
+TERMINAL_TOOLS = [
+    _bash("echo hi; ls"),
+    Action(tool="write_file", arguments={"path": "x.txt", "content": "hi"}),
+    Action(tool="read_file", arguments={"path": "out.txt"}),
+    Action(tool="list_dir", arguments={}),
+    Action(tool="edit_file", arguments={"path": "out.txt", "old": "done", "new": "done"}),
+]
+
+
+async def _coding_full_workspace(manager: EpisodeManager) -> None:
+    verdict, refused = await _play_on(
+        manager, HE0, [_python(FILL_PY), WRITE_SOLUTION, Action(tool="run_tests"), SUBMIT]
+    )
+    assert refused == ["workspace_full"], refused  # write_file: a 422, not a void
+    assert verdict["reward"] == 0.0
+
+
+async def test_coding_write_into_a_full_workspace_is_a_422_never_void(
+    manager: EpisodeManager,
+) -> None:
+    await _coding_full_workspace(manager)
+
+
+@pytest.mark.parametrize("command", [HARD_LINKS, SPARSE_COPY], ids=["hard-links", "sparse"])
+async def test_terminal_workspace_over_its_size_when_copied_is_workspace_full(
+    manager: EpisodeManager, command: str
+) -> None:
+    verdict, _ = await _play_on(manager, "test/faults:done", [_bash(command), SUBMIT])
+    assert verdict["reward"] == 0.0 and verdict["failure"] == "workspace_full", verdict
+    assert "workspace_full" in FAILURE_CLASSES
+
+
+async def test_terminal_tools_on_a_full_workspace_never_void(manager: EpisodeManager) -> None:
+    fill = _bash("echo done > out.txt; " + FILL_SH)
+    verdict, refused = await _play_on(manager, "test/faults:done", [fill, *TERMINAL_TOOLS, SUBMIT])
+    assert set(refused) <= {"workspace_full"}, refused
+    assert verdict["reward"] == 1.0, verdict  # the work was right: a full disk is no fault
+
+
+async def test_terminal_fork_bomb_left_running_never_voids(manager: EpisodeManager) -> None:
+    """Every tool after it: a 422 `process_limit` at worst; the verdict is the work's."""
+    verdict, refused = await _play_on(
+        manager, "test/faults:done", [_bash(FORK_BOMB), *TERMINAL_TOOLS, SUBMIT]
+    )
+    assert set(refused) <= {"process_limit"}, refused
+    assert verdict["reward"] == 1.0 and verdict["failure"] is None, verdict
+    assert "process_limit" in FAILURE_CLASSES
+
+
+async def test_coding_fork_bomb_never_voids(manager: EpisodeManager) -> None:
+    bomb = _python(
+        "import subprocess, time\nsubprocess.Popen(['/bin/sh', '-c', 'while :; do sleep 1000 &"
+        " done'], start_new_session=True)\ntime.sleep(3)"
+    )
+    verdict, refused = await _play_on(
+        manager, HE0, [bomb, _python("print(1)"), WRITE_SOLUTION, Action(tool="run_tests"), SUBMIT]
+    )
+    assert set(refused) <= {"process_limit"}, refused
+    assert verdict["reward"] == 0.0 and verdict["failure"] == "load_error", verdict
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_STATES))
+async def test_terminal_odd_workspace_states_keep_a_right_answer(
+    manager: EpisodeManager, kind: str
+) -> None:
+    command = "echo done > out.txt; " + ODD_STATES[kind] + "; true"
+    verdict, refused = await _play_on(manager, "test/faults:done", [_bash(command), SUBMIT])
+    assert not refused and verdict["reward"] == 1.0, verdict
+
+
+# -- the same on docker ------------------------------------------------------------------------
+
+
+async def test_docker_coding_write_into_a_full_workspace_is_a_422_never_void(
+    docker_manager: EpisodeManager,
+) -> None:
+    await _coding_full_workspace(docker_manager)
+
+
+@pytest.mark.parametrize("command", [HARD_LINKS, SPARSE_COPY], ids=["hard-links", "sparse"])
+async def test_docker_terminal_workspace_over_its_size_when_copied_never_voids(
+    docker_manager: EpisodeManager, command: str
+) -> None:
+    verdict, _ = await _play_on(docker_manager, "test/faults:done", [_bash(command), SUBMIT])
+    assert verdict["reward"] in (0.0, 1.0)
+    assert verdict["reward"] == 1.0 or verdict["failure"] == "workspace_full", verdict
+
+
+async def test_docker_terminal_fork_bomb_left_running_never_voids(
+    docker_manager: EpisodeManager,
+) -> None:
+    verdict, refused = await _play_on(
+        docker_manager, "test/faults:done", [_bash(FORK_BOMB), *TERMINAL_TOOLS, SUBMIT]
+    )
+    assert set(refused) <= {"process_limit"}, refused
+    assert verdict["reward"] == 1.0, verdict
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_STATES))
+async def test_docker_terminal_odd_workspace_states_keep_a_right_answer(
+    docker_manager: EpisodeManager, kind: str
+) -> None:
+    command = "echo done > out.txt; " + ODD_STATES[kind] + "; true"
+    verdict, refused = await _play_on(docker_manager, "test/faults:done", [_bash(command), SUBMIT])
+    assert not refused and verdict["reward"] == 1.0, verdict

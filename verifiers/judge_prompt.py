@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import unicodedata
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -25,6 +24,7 @@ from pydantic import (
     ValidationError,
 )
 
+from palaestra.verifiers.judge_fold import fold, fold_index
 from palaestra.verifiers.judge_rubric import Rubric, digest_of
 
 PROMPT_VERSION = "palaestra-judge-prompt v1"
@@ -32,14 +32,6 @@ FENCE_OPEN = "<<<BEGIN {label} {nonce}>>>"
 FENCE_CLOSE = "<<<END {label} {nonce}>>>"
 
 
-# what a reader takes for angle brackets, folded to the ones it looks like
-_LOOKALIKES = str.maketrans(
-    {"\u2039": "<", "\u3008": "<", "\u27e8": "<", "\u276e": "<", "\u2770": "<", "\u02c2": "<",
-     "\u1438": "<", "\u00ab": "<<", "\u300a": "<<", "\u27ea": "<<", "\u226a": "<<",
-     "\u22d8": "<<<", "\u203a": ">", "\u3009": ">", "\u27e9": ">", "\u276f": ">",
-     "\u2771": ">", "\u02c3": ">", "\u1433": ">", "\u00bb": ">>", "\u300b": ">>",
-     "\u27eb": ">>", "\u226b": ">>", "\u22d9": ">>>"}
-)  # fmt: skip
 # in folded text: a bracket run, or BEGIN/END then CANDIDATE (no word boundary asked:
 # "xEND CANDIDATE" reads as a close marker too)
 _MARKER = re.compile(r"<{3,}|>{3,}|(begin|end)[\W_]*(candidate)")
@@ -50,24 +42,13 @@ _FENCED = re.compile(r"<<<BEGIN (\S+) ([0-9a-f]+)>>>\n(.*?)\n<<<END \1 \2>>>", r
 
 
 def folded(text: str) -> tuple[str, list[int] | None]:
-    """`text` as a reader's eye takes it, for finding markers: compatibility forms
-    (fullwidth, mathematical letters) folded by NFKC, case folded, bracket look-alikes
-    made brackets, invisible format characters (zero-width, bidi controls) and combining
-    marks dropped; with the index in `text` of each folded character (None: the same)."""
+    """`text` as a reader's eye takes it, for finding markers (verifiers/judge_fold.py:
+    every case mapping and compatibility form that spells ASCII letters folded to them,
+    look-alike brackets made brackets, invisibles and combining marks dropped); with the
+    index in `text` of each folded character (None: the same)."""
     if text.isascii():
         return text.lower(), None
-    chars: list[str] = []
-    where: list[int] = []
-    for i, ch in enumerate(text):
-        if ch.isascii():
-            f = ch.lower()
-        elif unicodedata.category(ch) in ("Cf", "Mn", "Me"):
-            continue  # invisible, or a mark on the letter before (E\u0332 still reads E)
-        else:
-            f = unicodedata.normalize("NFKC", ch).casefold().translate(_LOOKALIKES)
-        chars.append(f)
-        where.extend([i] * len(f))
-    return "".join(chars), where
+    return fold(text), fold_index(text)
 
 
 def plain(text: str) -> str:
@@ -81,13 +62,16 @@ def defang(text: str) -> str:
     CANDIDATE words split; lone surrogates (which no UTF-8 request body can carry) and
     control characters other than tab and newlines are replaced."""
     text = plain(text)
-    fold, where = folded(text)
+    view = fold(text)
+    if _MARKER.search(view) is None:
+        return text  # the common case: no index to make
+    where = None if text.isascii() else fold_index(text)
 
     def at(k: int) -> int:  # the index in `text` of folded character k
         return k if where is None else where[k]
 
     out, pos = [], 0
-    for m in _MARKER.finditer(fold):
+    for m in _MARKER.finditer(view):
         start, end = max(at(m.start()), pos), at(m.end() - 1) + 1
         out.append(text[pos:start])
         if m[1] is None:

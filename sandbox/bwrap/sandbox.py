@@ -28,6 +28,7 @@ from palaestra.sandbox import exechelper, netns
 from palaestra.sandbox.base import (
     DEFAULT_MAX_OUTPUT,
     ExecResult,
+    ProcessLimit,
     Sandbox,
     SandboxCreateError,
     SandboxError,
@@ -35,7 +36,10 @@ from palaestra.sandbox.base import (
     SandboxSpec,
     SandboxSpecError,
     SocketService,
+    WorkspaceFault,
+    WorkspaceFull,
     read_limit,
+    workspace_errors,
 )
 from palaestra.sandbox.bwrap.files import Workspace
 from palaestra.sandbox.bwrap.host import (
@@ -297,6 +301,25 @@ class BwrapSandbox(Sandbox):
         stdin: bytes | str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> ExecResult:
+        try:
+            return await self._exec(cmd, timeout, cwd, env, stdin, max_output)
+        except (SandboxGone, WorkspaceFault):
+            raise
+        except SandboxError as exc:  # bwrap could not start: the agent's fork bomb?
+            fault = await self.agent_fault()
+            if fault is None:
+                raise
+            raise fault from exc
+
+    async def _exec(
+        self,
+        cmd: list[str] | str,
+        timeout: float | None,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        stdin: bytes | str | None,
+        max_output: int,
+    ) -> ExecResult:
         if self._closed:
             raise SandboxGone(f"sandbox {self.id} is closed")
         x = prepare_exec(
@@ -406,19 +429,44 @@ class BwrapSandbox(Sandbox):
 
     # ---- files -----------------------------------------------------------------------------
 
+    # The workspace's contents and free space are the agent's: an errno they explain
+    # (ENOSPC, EACCES, ...) is a WorkspaceFault (base.workspace_errors), never void.
     async def read_file(self, path: str) -> bytes:
         self.check_alive()
-        return await asyncio.to_thread(self.files.read, path)
+        with workspace_errors(f"reading {path!r}"):
+            return await asyncio.to_thread(self.files.read, path)
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         self.check_alive()
         raw = data.encode() if isinstance(data, str) else data
-        await asyncio.to_thread(self.files.write, self.files.parts(path), raw, mode)
+        with workspace_errors(f"writing {path!r}"):
+            await asyncio.to_thread(self.files.write, self.files.parts(path), raw, mode)
 
     async def upload_tar(self, data: bytes, dest: str | None = None) -> None:
         self.check_alive()
-        await asyncio.to_thread(self.files.upload, data, self.files.parts(dest or "."))
+        with workspace_errors("unpacking into the workspace"):
+            await asyncio.to_thread(self.files.upload, data, self.files.parts(dest or "."))
 
     async def download_tar(self, path: str | None = None) -> bytes:
         self.check_alive()
-        return await asyncio.to_thread(self.files.download, self.files.parts(path or "."))
+        with workspace_errors("copying the workspace"):
+            return await asyncio.to_thread(self.files.download, self.files.parts(path or "."))
+
+    async def agent_fault(self) -> WorkspaceFault | None:
+        """Its processes fill the cgroup's pids limit (a fork bomb left running), or its
+        workspace has no free block: the agent's doing (see `Sandbox.agent_fault`)."""
+        if self._closed:
+            return None
+        cg = self.cgroup
+        if cg is not None and await asyncio.to_thread(cg.pids_exhausted):
+            return ProcessLimit(
+                f"no process can start: the sandbox's {self.spec.pids} processes are all "
+                "taken by the agent's own (kill its background processes)"
+            )
+        try:
+            st = os.statvfs(self.workspace)
+        except OSError:
+            return None
+        if self.tmpfs and (st.f_bavail == 0 or st.f_favail == 0):
+            return WorkspaceFull(f"the workspace ({self.spec.workspace_mb} MB) is full")
+        return None

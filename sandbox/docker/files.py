@@ -27,6 +27,7 @@ from palaestra.sandbox.base import (
     SandboxGone,
     SandboxPathError,
     SandboxTreeTooDeep,
+    WorkspaceFull,
     upload_member,
 )
 from palaestra.sandbox.docker.engine import import_docker
@@ -152,7 +153,10 @@ class ContainerFiles:
         except docker.errors.NotFound as e:
             raise SandboxGone(f"sandbox {self.sandbox_id}: its container is gone") from e
         except docker.errors.APIError as e:
-            raise SandboxError(f"docker put_archive: {e.explanation or e}") from e
+            msg = str(e.explanation or e)
+            if any(why in msg.lower() for why in _FULL):  # the engine's words for ENOSPC...
+                raise WorkspaceFull(f"unpacking into the workspace: {msg[-300:]}") from e
+            raise SandboxError(f"docker put_archive: {msg}") from e
         except docker.errors.DockerException as e:
             raise SandboxError(f"docker put_archive: {e}") from e
         if not ok:
@@ -213,6 +217,10 @@ class ContainerFiles:
                     ti.linkname = m.linkname
                     dst.addfile(ti)
         return out.getvalue()
+
+
+# How the engine words the errnos of a full workspace (base.WorkspaceFull) in an API error.
+_FULL = ("no space left on device", "file too large", "disk quota exceeded", "too many links")
 
 
 # ---- tar members ---------------------------------------------------------------------------

@@ -40,12 +40,14 @@ from palaestra.sandbox.base import (
     BASE_PATH,
     DEFAULT_MAX_OUTPUT,
     ExecResult,
+    ProcessLimit,
     Sandbox,
     SandboxCreateError,
     SandboxError,
     SandboxGone,
     SandboxSpec,
     SocketService,
+    WorkspaceFault,
     read_limit,
     sandbox_env,
 )
@@ -518,6 +520,23 @@ class DockerSandbox(Sandbox):
             await self.attach_listener()
         except Exception as e:
             raise SandboxGone(f"sandbox {self.id}: could not kill its processes: {e}") from e
+
+    async def agent_fault(self) -> WorkspaceFault | None:
+        """Its processes fill the container's pids limit (a fork bomb of the agent's, which
+        no exec can start beside): the agent's doing (see `Sandbox.agent_fault`)."""
+        if self._closed:
+            return None
+        try:
+            stats = await asyncio.to_thread(self._container.stats, stream=False)
+        except Exception:
+            return None
+        current = int((stats.get("pids_stats") or {}).get("current") or 0)
+        if current * 4 >= self.spec.pids * 3:
+            return ProcessLimit(
+                f"no process can start: {current} of the sandbox's {self.spec.pids} processes "
+                "are the agent's own (kill its background processes)"
+            )
+        return None
 
     # ---- files (palaestra.sandbox.docker.files) --------------------------------------------
 

@@ -32,7 +32,7 @@ import httpx
 from pydantic import ValidationError
 
 from palaestra.envs.base import Family, Sandboxes
-from palaestra.sandbox import SandboxError, SandboxSpec
+from palaestra.sandbox import AgentFault, SandboxError, SandboxSpec
 from palaestra.sandbox.base import GATEWAY_PORT
 from palaestra.sdk.errors import (
     ConflictError,
@@ -362,6 +362,8 @@ class HarnessRunner:
         exc = job.exception()
         if exc is not None:
             run.status.state = "failed"
+            if isinstance(exc, AgentFault):  # its own processes filled its sandbox
+                return Ending(f"the harness could not go on: {exc.failure}: {exc}")
             if isinstance(exc, SandboxError):
                 return Ending(f"sandbox failed: {exc}", void=f"sandbox failed: {exc}")
             log.error("harness exec crashed", exc_info=exc)
