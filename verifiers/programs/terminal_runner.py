@@ -282,6 +282,41 @@ def read_results(logs: str) -> dict[str, dict[str, object]]:
     return found
 
 
+def write_wrappers(bindir: str, real: str, path: str, boot: dict[str, str]) -> None:
+    """python3/python, bash/sh, pytest (and uv/uvx where the image has uv) in `bindir`:
+    the verifier's programs under import_guard.py and its boots, the agent's confined by
+    agent_jail.py (see the module doc)."""
+    with open(os.path.join(bindir, "pytest.ini"), "w") as f:
+        f.write("[pytest]\n")
+    guard = boot["import_guard.py"]
+    subst = {
+        "@REAL@": _quote(real),
+        "@PYTEST_BOOT@": _quote(guard + "\n" + boot["pytest_boot.py"]),
+        "@SCRIPT_BOOT@": _quote(guard + "\n" + boot["script_boot.py"]),
+        "@AGENT_JAIL@": _quote(boot["agent_jail.py"]),
+    }
+    python = boot["python_wrapper.sh"]
+    for key, value in subst.items():
+        python = python.replace(key, value)
+    wrappers = [("python3", python), ("python", python)]
+    for name in ("bash", "sh"):
+        shell = shutil.which(name, path=path)
+        if shell is not None:
+            text = boot["shell_wrapper.sh"].replace("@SHELL@", _quote(shell))
+            for key, value in subst.items():
+                text = text.replace(key, value)
+            wrappers.append((name, text))
+    for name in ("pytest", "py.test"):
+        wrappers.append((name, f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'))
+    if os.access(TOOLS_UV, os.X_OK):
+        uv_boot = f"exec {_quote(real)} -I -c {_quote(boot['uv_boot.py'])}"
+        wrappers += [(n, f'#!/bin/sh\n{uv_boot} {n} "$@"\n') for n in ("uv", "uvx")]
+    for name, text in wrappers:
+        with open(os.path.join(bindir, name), "w") as f:
+            f.write(text)
+        os.chmod(os.path.join(bindir, name), 0o755)
+
+
 def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     workdir, vdir, logs = str(cfg["workdir"]), str(cfg["verifier_dir"]), str(cfg["logs"])
     try:
@@ -298,32 +333,11 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
         chan.emit("INFRA", f"no folder of {', '.join(EXEC_DIRS)} lets the verifier run files")
         return
     home = tempfile.mkdtemp(prefix="palaestra-home.", dir="/tmp")
+    agent_tmp = tempfile.mkdtemp(prefix="palaestra-agent-tmp.", dir="/tmp")
     path = safe_path(workdir, os.environ.get("PATH", ""))
     real = shutil.which("python3", path=path)
     if real is not None:
-        ini = os.path.join(bindir, "pytest.ini")
-        with open(ini, "w") as f:
-            f.write("[pytest]\n")
-        boot: dict[str, str] = cfg["programs"]  # type: ignore[assignment]
-        wrapper = (
-            boot["python_wrapper.sh"]
-            .replace("@REAL@", _quote(real))
-            .replace("@PYTEST_BOOT@", _quote(boot["pytest_boot.py"]))
-            .replace("@SCRIPT_BOOT@", _quote(boot["script_boot.py"]))
-        )
-        wrappers = [
-            ("python3", wrapper),
-            ("python", wrapper),
-            ("pytest", f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'),
-            ("py.test", f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'),
-        ]
-        if os.access(TOOLS_UV, os.X_OK):
-            uv_boot = f"exec {_quote(real)} -I -c {_quote(boot['uv_boot.py'])}"
-            wrappers += [(n, f'#!/bin/sh\n{uv_boot} {n} "$@"\n') for n in ("uv", "uvx")]
-        for name, text in wrappers:
-            with open(os.path.join(bindir, name), "w") as f:
-                f.write(text)
-            os.chmod(os.path.join(bindir, name), 0o755)
+        write_wrappers(bindir, real, path, cfg["programs"])  # type: ignore[arg-type]
     os.makedirs(os.path.join(home, ".local", "bin"))
     with open(os.path.join(home, ".local", "bin", "env"), "w") as f:
         f.write(UV_ENV_FILE)
@@ -332,6 +346,8 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     env["PALAESTRA_PYTHON"] = real or ""
     env.update(VERIFIER_DIR=vdir, VERIFIER_LOGS=logs)
     env["PALAESTRA_PYTEST_INI"] = os.path.join(bindir, "pytest.ini")
+    # What agent_jail.py keeps every program of the agent's from opening.
+    env.update(PALAESTRA_HIDDEN=":".join((vdir, logs, bindir, home)), PALAESTRA_AGENT_TMP=agent_tmp)
     if not os.path.isdir(workdir):
         chan.emit("RESULT", {"rc": None, "note": f"the workdir {workdir} is gone"})
         return
