@@ -17,14 +17,19 @@ Modes:
 - `pytest`: runs pytest on the requested node ids in this process, with a reporter plugin
   only the verifier provides (per-test outcomes, then the session's end); pytest is imported
   before the workdir joins sys.path and configured by the verifier's ini alone.
-- `test-sh`: unpacks the verifier files, writes `python3`/`python`/`pytest` wrappers (the
-  config's `programs`: python_wrapper.sh, pytest_boot.py, script_boot.py of this folder) into
+- `test-sh`: unpacks the verifier files, writes `python3`/`python`/`bash`/`sh`/`pytest`
+  wrappers (`write_wrappers`, from the config's `programs`: the files of this folder) into
   a folder where they can run (or reports INFRA: a step that cannot run voids, never skips),
   runs `bash $VERIFIER_DIR/test.sh` with a fresh HOME, an isolated environment and a PATH
   holding no workspace folder, kills whatever it left behind, then reports its exit status
   (and the reward file, only for a task that declares one) with the per-file counts of the
-  CTRF / JUnit reports the run wrote into the fresh logs folder. Where the verifier image
-  has uv (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline.
+  CTRF / JUnit reports the run wrote into the fresh logs folder. Through the wrappers, the
+  verifier's Python (pytest, its scripts, ``-c`` code) starts under import_guard.py (no
+  workspace module stands in for the standard library or the test tooling), pytest under
+  the monitor of pytest_boot.py (exit 0 only for a session that reached its end with every
+  test passed), and a program of the agent's under agent_jail.py (Landlock: it cannot open
+  the verifier's files, logs, wrappers or HOME). Where the verifier image has uv
+  (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline.
 """
 
 import contextlib
