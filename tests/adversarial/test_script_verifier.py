@@ -8,7 +8,9 @@ bwrap and docker (issue 31, invariants 1-3):
 - the agent's module, imported by a test, ending the session with ``os._exit(0)`` or skipping
   its test module is a failure (the pytest monitor of pytest_boot.py);
 - the agent's program, run by the checker, cannot read the checker's files (its script,
-  expected outputs) nor write its logs (agent_jail.py, Landlock).
+  expected outputs) nor write its logs (agent_jail.py, Landlock);
+- a reward.txt that the agent's imported module writes beside the reward.json of test.sh
+  does not raise the reward (the least of the reward files present counts).
 
 Each attack scores 1.0 on the verifier before this change and 0 after; the honest work
 beside it still scores 1.
@@ -126,7 +128,19 @@ ATTACKS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
         },
     ),
 }
+# Harbor's named rewards, written by test.sh once its tests ran (multi-reward's shape).
+NAMED_REWARD = (
+    'python3 -m pytest -q "$VERIFIER_DIR/test_out.py" && ok=1 || ok=0\n'
+    "python3 -c \"import json; json.dump({'tests': $ok}, "
+    "open('$VERIFIER_LOGS/reward.json', 'w'))\"\n"
+)
+ATTACKS["reward-file-in-process"] = (
+    {**WRONG, "solution.py": "open('/tmp/verifier-logs/reward.txt', 'w').write('1')\n"},
+    {"test.sh": NAMED_REWARD, "test_out.py": TEST_OUT},
+)
+REWARD_FILE = ("write-the-logs", "reward-file-in-process")
 HONEST_WORK = {
+    "reward-file-in-process": HONEST,
     "shadow-lazy-stdlib": HONEST,
     "workspace-conftest": HONEST,
     "import-exit-0": HONEST,
@@ -183,7 +197,7 @@ async def test_attack_scores_zero_and_honest_work_one(
 ) -> None:
     _, b = backend
     workspace, verifier = ATTACKS[attack]
-    reward_file = attack == "write-the-logs"
+    reward_file = attack in REWARD_FILE
     run = await _verify(b, workspace, verifier, reward_file)
     assert run.reward == 0.0, (attack, run.feedback())
     honest = HONEST_WORK[attack]

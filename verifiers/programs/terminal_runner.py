@@ -218,6 +218,21 @@ def read_reward_json(logs: str) -> tuple[float | None, str]:
     return round(float(min(ok)), 2), ""
 
 
+def reward_of(logs: str) -> tuple[float | None, str]:
+    """The task's reward from reward.txt and reward.json: the least of those present (a
+    test script writes one; a second one, which code the tests imported could write,
+    never raises it), or (None, why)."""
+    found = [read_reward(os.path.join(logs, "reward.txt")), read_reward_json(logs)]
+    present = [(value, why) for value, why in found if why != "no reward file"]
+    bad = [why for value, why in present if value is None]
+    if bad:
+        return None, bad[0]
+    if not present:
+        return None, "no reward file"
+    least = min(value for value, _ in present if value is not None)
+    return least, "" if len(present) == 1 else "the least of reward.txt and reward.json"
+
+
 def _count(files: dict[str, list[int]], name: str, ok: bool | None) -> None:
     """One test of file `name`: ok True passed, False failed, None neither (skipped)."""
     name = (name or "?")[:200]
@@ -363,9 +378,7 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     kill_others()
     result: dict[str, object] = {"rc": proc.returncode, "results": read_results(logs)}
     if cfg.get("reward_file"):
-        result["reward"], result["reward_note"] = read_reward(os.path.join(logs, "reward.txt"))
-        if result["reward_note"] == "no reward file":
-            result["reward"], result["reward_note"] = read_reward_json(logs)
+        result["reward"], result["reward_note"] = reward_of(logs)
     chan.emit("RESULT", result)
 
 
