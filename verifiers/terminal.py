@@ -48,7 +48,15 @@ from palaestra.verifiers.programs.terminal_runner import safe_path
 VERSION = "2.0.0"
 PROGRAMS = "palaestra.verifiers.programs"
 # What the test-sh runner writes as its python3/pytest wrappers (programs/).
-BOOT_PROGRAMS = ("python_wrapper.sh", "pytest_boot.py", "script_boot.py", "uv_boot.py")
+BOOT_PROGRAMS = (
+    "python_wrapper.sh",
+    "shell_wrapper.sh",
+    "import_guard.py",
+    "pytest_boot.py",
+    "script_boot.py",
+    "agent_jail.py",
+    "uv_boot.py",
+)
 MAX_CHANNEL = 1024 * 1024
 VERIFIER_DIR = "/tmp/verifier"
 VERIFIER_LOGS = "/tmp/verifier-logs"

@@ -1,18 +1,225 @@
 """What the terminal runner's ``python3 -m pytest`` / ``pytest`` wrappers run (argv after
-``-c`` is pytest's): pytest imported before the cwd joins sys.path, the verifier's ini, no
-cache, conftests only from the verifier's folder down; non-dumpable."""
+``-c`` is pytest's), after import_guard.py: a monitor that forks the pytest session and
+decides its exit status itself.
 
-import ctypes
+- The session (the child) loads pytest before any workspace file is reachable, with the
+  workspace at the end of sys.path, the verifier's ini, no cache, and only conftest.py files
+  of the verifier's folder (or byte-identical copies of them): an agent-added conftest.py
+  is not loaded (said on stderr).
+- Its outcomes travel through a pipe to the monitor (the parent, which never imports
+  anything of the task, non-dumpable): the collected tests, each test's outcome, the
+  session's end. The monitor exits 0 only when the session reached its end with status 0,
+  every collected test reported without failing, and every test the named test files
+  define (read statically, never imported) is among them: an ``os._exit(0)`` before or
+  during the tests, or tests dropped from the collection, is a failure (exit 1, said on
+  stderr), whatever the child's own status.
+
+What remains: code of the agent that a test imports runs in the child, and can write what
+the child's reporter writes (see docs/decisions.md, "Imported test.sh tasks").
+"""
+
+import ast
+import json
 import os
+import secrets
 import sys
+import types
 
-try:  # noqa: SIM105
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
-except Exception:
-    pass
-import pytest
+BOOT_VDIR = os.path.realpath(os.environ["VERIFIER_DIR"])
+BOOT_INI = os.environ["PALAESTRA_PYTEST_INI"]
+# Options whose next argument is a value, not a test path.
+VALUE_OPTIONS = frozenset(
+    {"-c", "-k", "-m", "-p", "-o", "-W", "--rootdir", "--basetemp", "--confcutdir", "--ctrf",
+     "--junitxml", "--junit-xml", "--override-ini", "--deselect", "--ignore", "--ignore-glob",
+     "--log-file", "--tb", "--maxfail", "--durations", "--timeout", "--html", "--cov",
+     "--cov-report", "--json-report-file", "--import-mode", "--capture", "--color",
+     "--log-level", "--junit-prefix", "--pyargs"}
+)  # fmt: skip
+SELECTING = ("-k", "-m", "--deselect", "--lf", "--last-failed", "--sw", "--stepwise", "--pyargs")
 
-sys.path.insert(0, os.getcwd())
-sys.argv = ["pytest", "-p", "no:cacheprovider", "-c", os.environ["PALAESTRA_PYTEST_INI"],
-            "--confcutdir", os.environ["VERIFIER_DIR"], *sys.argv[1:]]  # fmt: skip
-raise SystemExit(pytest.console_main())
+
+def say(text: str) -> None:
+    sys.stderr.write(f"palaestra: {text}\n")
+    sys.stderr.flush()
+
+
+def defined_tests(path: str) -> set[str]:
+    """The test functions and methods a test file defines at its top level (pytest's default
+    names; a class with ``__init__`` or ``__test__ = False`` is not collected)."""
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names = set()
+    funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in tree.body:
+        if isinstance(node, funcs) and node.name.startswith("test"):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            bases = [getattr(b, "attr", getattr(b, "id", "")) for b in node.bases]
+            if not node.name.startswith("Test") and not any("TestCase" in b for b in bases):
+                continue
+            body = node.body
+            members = {m.name for m in body if isinstance(m, funcs)}
+            assigned = [t for m in body if isinstance(m, ast.Assign) for t in m.targets]
+            off = any(getattr(t, "id", "") == "__test__" for t in assigned)
+            if "__init__" in members or off:
+                continue
+            names |= {f"{node.name}::{m}" for m in members if m.startswith("test")}
+    return names
+
+
+def expected_tests(args: list[str]) -> set[tuple[str, str]]:
+    """(absolute file, test name) of every test the named ``.py`` files (or node ids) define;
+    none where the command selects among them (-k, -m, --deselect…)."""
+    if any(a in SELECTING or a.split("=", 1)[0] in SELECTING for a in args):
+        return set()
+    out: set[tuple[str, str]] = set()
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-"):
+            skip = arg in VALUE_OPTIONS
+            continue
+        file, _, node = arg.partition("::")
+        if not file.endswith(".py") or not os.path.isfile(file):
+            continue
+        path = os.path.realpath(file)
+        names = defined_tests(path)
+        if node:
+            node = node.split("[", 1)[0]
+            names = {n for n in names if n == node or n.startswith(node + "::")}
+        out |= {(path, n) for n in names}
+    return out
+
+
+def trusted_conftests() -> set[bytes]:
+    found = set()
+    for base, _dirs, files in os.walk(BOOT_VDIR):
+        if "conftest.py" in files:
+            with open(os.path.join(base, "conftest.py"), "rb") as f:
+                found.add(f.read())
+    return found
+
+
+def session(write_fd: int, nonce: str, args: list[str]) -> None:
+    """The child: pytest on `args`, reporting to the monitor through `write_fd`."""
+    import pytest
+    from _pytest.config import PytestPluginManager
+
+    append_workspace(os.getcwd())  # type: ignore[name-defined]  # noqa: F821 (import_guard.py)
+    trusted = trusted_conftests()
+    original = PytestPluginManager._importconftest
+
+    def importconftest(self: object, conftestpath: object, *rest: object, **kw: object) -> object:
+        path = os.path.realpath(str(conftestpath))
+        if not path.startswith(BOOT_VDIR + "/"):
+            with open(path, "rb") as f:
+                known = f.read() in trusted
+            if not known:
+                say(f"{path} is not the verifier's; not loaded")
+                empty = types.ModuleType("conftest")
+                empty.__file__ = path
+                return empty
+        return original(self, conftestpath, *rest, **kw)  # type: ignore[arg-type]
+
+    PytestPluginManager._importconftest = importconftest  # type: ignore[method-assign,assignment]
+
+    def send(kind: str, data: object) -> None:
+        os.write(write_fd, f"{nonce} {kind} {json.dumps(data)}\n".encode())
+
+    class Reporter:
+        def __init__(self) -> None:
+            self.failed: set[str] = set()
+
+        def pytest_collection_finish(self, session: pytest.Session) -> None:
+            items = []
+            for item in session.items:
+                name = item.nodeid.partition("::")[2]
+                items.append([item.nodeid, os.path.realpath(str(item.path)), name])
+            send("COLLECTED", items)
+
+        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+            if report.failed:
+                self.failed.add(report.nodeid)
+
+        def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+            send("TEST", {"id": nodeid, "ok": nodeid not in self.failed})
+
+        def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+            send("END", int(exitstatus))
+
+    argv = ["-p", "no:cacheprovider", "-c", BOOT_INI, "--confcutdir", BOOT_VDIR, *args]
+    rc = int(pytest.main(argv, plugins=[Reporter()]))
+    send("EXIT", rc)
+    raise SystemExit(rc)
+
+
+def judge(lines: list[str], nonce: str, rc: int, expected: set[tuple[str, str]]) -> int:
+    """The monitor's exit status from the child's messages and its own exit status."""
+    collected: list[list[str]] = []
+    outcomes: dict[str, bool] = {}
+    end = exit_rc = None
+    for line in lines:
+        head, _, rest = line.partition(" ")
+        kind, _, payload = rest.partition(" ")
+        if head != nonce:
+            continue
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            continue
+        if kind == "COLLECTED" and isinstance(data, list):
+            collected = data
+        elif kind == "TEST" and isinstance(data, dict):
+            node = str(data.get("id"))
+            outcomes[node] = outcomes.get(node, True) and data.get("ok") is True
+        elif kind == "END":
+            end = data
+        elif kind == "EXIT":
+            exit_rc = data
+    if rc != 0:
+        return rc
+    if end is None or exit_rc is None:
+        say("the pytest session exited 0 before it reached its end: a failure")
+        return 1
+    if end != 0 or exit_rc != 0:
+        say(f"the pytest session ended with status {end} but exited 0: a failure")
+        return 1
+    missing = [c[0] for c in collected if c[0] not in outcomes]
+    failed = [node for node, ok in outcomes.items() if not ok]
+    if missing or failed:
+        say(f"tests that did not pass: {', '.join((missing + failed)[:5])}")
+        return 1
+    seen = {(c[1], c[2].split("[", 1)[0]) for c in collected if isinstance(c, list) and len(c) == 3}
+    absent = sorted(f"{f}::{n}" for f, n in expected - seen)
+    if absent:
+        say(f"tests the test files define were not run: {', '.join(absent[:5])}")
+        return 1
+    return 0
+
+
+def monitor(args: list[str]) -> int:
+    nonce = secrets.token_hex(16)
+    expected = expected_tests(args)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        session(write_fd, nonce, args)
+    os.close(write_fd)
+    chunks = []
+    with os.fdopen(read_fd, "rb") as pipe:
+        for chunk in iter(lambda: pipe.read(65536), b""):
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    rc = os.waitstatus_to_exitcode(status)
+    rc = 128 - rc if rc < 0 else rc
+    lines = b"".join(chunks).decode("utf-8", "replace").splitlines()
+    return judge(lines, nonce, rc, expected)
+
+
+raise SystemExit(monitor(sys.argv[1:]))

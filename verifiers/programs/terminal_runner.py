@@ -17,14 +17,19 @@ Modes:
 - `pytest`: runs pytest on the requested node ids in this process, with a reporter plugin
   only the verifier provides (per-test outcomes, then the session's end); pytest is imported
   before the workdir joins sys.path and configured by the verifier's ini alone.
-- `test-sh`: unpacks the verifier files, writes `python3`/`python`/`pytest` wrappers (the
-  config's `programs`: python_wrapper.sh, pytest_boot.py, script_boot.py of this folder) into
+- `test-sh`: unpacks the verifier files, writes `python3`/`python`/`bash`/`sh`/`pytest`
+  wrappers (`write_wrappers`, from the config's `programs`: the files of this folder) into
   a folder where they can run (or reports INFRA: a step that cannot run voids, never skips),
   runs `bash $VERIFIER_DIR/test.sh` with a fresh HOME, an isolated environment and a PATH
   holding no workspace folder, kills whatever it left behind, then reports its exit status
   (and the reward file, only for a task that declares one) with the per-file counts of the
-  CTRF / JUnit reports the run wrote into the fresh logs folder. Where the verifier image
-  has uv (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline.
+  CTRF / JUnit reports the run wrote into the fresh logs folder. Through the wrappers, the
+  verifier's Python (pytest, its scripts, ``-c`` code) starts under import_guard.py (no
+  workspace module stands in for the standard library or the test tooling), pytest under
+  the monitor of pytest_boot.py (exit 0 only for a session that reached its end with every
+  test passed), and a program of the agent's under agent_jail.py (Landlock: it cannot open
+  the verifier's files, logs, wrappers or HOME). Where the verifier image has uv
+  (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline.
 """
 
 import contextlib
@@ -213,6 +218,21 @@ def read_reward_json(logs: str) -> tuple[float | None, str]:
     return round(float(min(ok)), 2), ""
 
 
+def reward_of(logs: str) -> tuple[float | None, str]:
+    """The task's reward from reward.txt and reward.json: the least of those present (a
+    test script writes one; a second one, which code the tests imported could write,
+    never raises it), or (None, why)."""
+    found = [read_reward(os.path.join(logs, "reward.txt")), read_reward_json(logs)]
+    present = [(value, why) for value, why in found if why != "no reward file"]
+    bad = [why for value, why in present if value is None]
+    if bad:
+        return None, bad[0]
+    if not present:
+        return None, "no reward file"
+    least = min(value for value, _ in present if value is not None)
+    return least, "" if len(present) == 1 else "the least of reward.txt and reward.json"
+
+
 def _count(files: dict[str, list[int]], name: str, ok: bool | None) -> None:
     """One test of file `name`: ok True passed, False failed, None neither (skipped)."""
     name = (name or "?")[:200]
@@ -282,6 +302,41 @@ def read_results(logs: str) -> dict[str, dict[str, object]]:
     return found
 
 
+def write_wrappers(bindir: str, real: str, path: str, boot: dict[str, str]) -> None:
+    """python3/python, bash/sh, pytest (and uv/uvx where the image has uv) in `bindir`:
+    the verifier's programs under import_guard.py and its boots, the agent's confined by
+    agent_jail.py (see the module doc)."""
+    with open(os.path.join(bindir, "pytest.ini"), "w") as f:
+        f.write("[pytest]\n")
+    guard = boot["import_guard.py"]
+    subst = {
+        "@REAL@": _quote(real),
+        "@PYTEST_BOOT@": _quote(guard + "\n" + boot["pytest_boot.py"]),
+        "@SCRIPT_BOOT@": _quote(guard + "\n" + boot["script_boot.py"]),
+        "@AGENT_JAIL@": _quote(boot["agent_jail.py"]),
+    }
+    python = boot["python_wrapper.sh"]
+    for key, value in subst.items():
+        python = python.replace(key, value)
+    wrappers = [("python3", python), ("python", python)]
+    for name in ("bash", "sh"):
+        shell = shutil.which(name, path=path)
+        if shell is not None:
+            text = boot["shell_wrapper.sh"].replace("@SHELL@", _quote(shell))
+            for key, value in subst.items():
+                text = text.replace(key, value)
+            wrappers.append((name, text))
+    for name in ("pytest", "py.test"):
+        wrappers.append((name, f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'))
+    if os.access(TOOLS_UV, os.X_OK):
+        uv_boot = f"exec {_quote(real)} -I -c {_quote(boot['uv_boot.py'])}"
+        wrappers += [(n, f'#!/bin/sh\n{uv_boot} {n} "$@"\n') for n in ("uv", "uvx")]
+    for name, text in wrappers:
+        with open(os.path.join(bindir, name), "w") as f:
+            f.write(text)
+        os.chmod(os.path.join(bindir, name), 0o755)
+
+
 def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     workdir, vdir, logs = str(cfg["workdir"]), str(cfg["verifier_dir"]), str(cfg["logs"])
     try:
@@ -298,32 +353,11 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
         chan.emit("INFRA", f"no folder of {', '.join(EXEC_DIRS)} lets the verifier run files")
         return
     home = tempfile.mkdtemp(prefix="palaestra-home.", dir="/tmp")
+    agent_tmp = tempfile.mkdtemp(prefix="palaestra-agent-tmp.", dir="/tmp")
     path = safe_path(workdir, os.environ.get("PATH", ""))
     real = shutil.which("python3", path=path)
     if real is not None:
-        ini = os.path.join(bindir, "pytest.ini")
-        with open(ini, "w") as f:
-            f.write("[pytest]\n")
-        boot: dict[str, str] = cfg["programs"]  # type: ignore[assignment]
-        wrapper = (
-            boot["python_wrapper.sh"]
-            .replace("@REAL@", _quote(real))
-            .replace("@PYTEST_BOOT@", _quote(boot["pytest_boot.py"]))
-            .replace("@SCRIPT_BOOT@", _quote(boot["script_boot.py"]))
-        )
-        wrappers = [
-            ("python3", wrapper),
-            ("python", wrapper),
-            ("pytest", f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'),
-            ("py.test", f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'),
-        ]
-        if os.access(TOOLS_UV, os.X_OK):
-            uv_boot = f"exec {_quote(real)} -I -c {_quote(boot['uv_boot.py'])}"
-            wrappers += [(n, f'#!/bin/sh\n{uv_boot} {n} "$@"\n') for n in ("uv", "uvx")]
-        for name, text in wrappers:
-            with open(os.path.join(bindir, name), "w") as f:
-                f.write(text)
-            os.chmod(os.path.join(bindir, name), 0o755)
+        write_wrappers(bindir, real, path, cfg["programs"])  # type: ignore[arg-type]
     os.makedirs(os.path.join(home, ".local", "bin"))
     with open(os.path.join(home, ".local", "bin", "env"), "w") as f:
         f.write(UV_ENV_FILE)
@@ -332,6 +366,8 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     env["PALAESTRA_PYTHON"] = real or ""
     env.update(VERIFIER_DIR=vdir, VERIFIER_LOGS=logs)
     env["PALAESTRA_PYTEST_INI"] = os.path.join(bindir, "pytest.ini")
+    # What agent_jail.py keeps every program of the agent's from opening.
+    env.update(PALAESTRA_HIDDEN=":".join((vdir, logs, bindir, home)), PALAESTRA_AGENT_TMP=agent_tmp)
     if not os.path.isdir(workdir):
         chan.emit("RESULT", {"rc": None, "note": f"the workdir {workdir} is gone"})
         return
@@ -342,9 +378,7 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     kill_others()
     result: dict[str, object] = {"rc": proc.returncode, "results": read_results(logs)}
     if cfg.get("reward_file"):
-        result["reward"], result["reward_note"] = read_reward(os.path.join(logs, "reward.txt"))
-        if result["reward_note"] == "no reward file":
-            result["reward"], result["reward_note"] = read_reward_json(logs)
+        result["reward"], result["reward_note"] = reward_of(logs)
     chan.emit("RESULT", result)
 
 
