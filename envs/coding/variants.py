@@ -84,7 +84,6 @@ def relies_on_prompt(prompt: str, entry: str) -> bool:
 
 
 # Appended to a correct solution: the entry's answers come back as builtin subclasses.
-# Recursive solutions call the wrapper too; every subclass here computes like its base.
 SUBCLASSED = """
 
 import collections as _collections
@@ -140,10 +139,16 @@ def _subclassed(v, depth=0):
 
 
 _plain_{entry} = {entry}
+_depth = [0]
 
 
 def {entry}(*args, **kwargs):
-    return _subclassed(_plain_{entry}(*args, **kwargs))
+    _depth[0] += 1  # only the outermost call converts: recursive ones compute as before
+    try:
+        value = _plain_{entry}(*args, **kwargs)
+    finally:
+        _depth[0] -= 1
+    return _subclassed(value) if _depth[0] == 0 else value
 """
 
 SUBCLASS_FLAVOURS = {
