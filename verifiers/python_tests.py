@@ -8,8 +8,11 @@ configuration — including a per-run nonce — from stdin before any untrusted 
 and reports one letter per test on a line that starts with the nonce.
 
 The untrusted solution never runs in the runner's process: a worker process (stdout and
-stderr to /dev/null, no nonce, no tests) loads it and answers each `candidate(...)` call over
-a socket with plain builtin data (tagged JSON). Workers are forked from a template that the
+stderr to /dev/null, no nonce, no tests) runs the prompt (public: its imports and helpers)
+then the solution file, as HumanEval's "prompt plus completion" does, and answers each
+`candidate(...)` call over a socket with plain builtin data (tagged JSON; a subclass of a
+builtin, such as a Counter or a namedtuple, travels as its base value, read through the base
+type's own slots). Workers are forked from a template that the
 runner forks before it reads its configuration, so their memory never held the tests or the
 nonce, and a worker costs a fork rather than a fresh interpreter. The assertions,
 the prompt's helpers and the stdlib modules the tests use all live in the runner, which is
@@ -32,7 +35,7 @@ from palaestra.sandbox import programs
 from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import PythonRunner
 
-VERSION = "1.4.0"
+VERSION = "1.5.0"  # 1.5: prompt before the solution, BOM, subclass returns
 PYTHON = "/usr/bin/python3"
 
 # The runner (programs/python_tests_runner.py) is passed with `python3 -I -S -c` (or run by

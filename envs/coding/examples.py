@@ -13,12 +13,17 @@ import json
 # start, and `run_tests` is one of a coding episode's hottest steps.
 EXAMPLES_RUNNER = r"""
 import io, json, sys, types
-examples = json.loads(sys.stdin.read())
+given = json.loads(sys.stdin.read())
+examples = given["examples"]
 module = types.ModuleType("solution")
 module.__file__ = "solution.py"
 sys.modules["solution"] = module
+try:  # the prompt first (its imports and helpers), as the hidden tests' worker does
+    exec(compile(given["prompt"], "<prompt>", "exec"), module.__dict__)
+except BaseException:
+    pass
 try:
-    with open("solution.py", encoding="utf-8") as f:
+    with open("solution.py", "rb") as f:  # bytes: a BOM or coding cookie, as Python reads it
         exec(compile(f.read(), "solution.py", "exec"), module.__dict__)
 except BaseException as exc:
     print(f"solution.py failed to load: {type(exc).__name__}: {exc}")
@@ -79,13 +84,15 @@ sys.exit(1 if failed else 0)
 
 
 def examples_input(prompt: str, entry_point: str) -> str:
-    """`EXAMPLES_RUNNER`'s stdin: the docstring's examples as JSON [source, want, line]
-    triples ("" when it has none)."""
+    """`EXAMPLES_RUNNER`'s stdin ("" when the docstring has no examples): JSON holding the
+    prompt (run before solution.py, as the hidden tests do) and the examples as
+    [source, want, line] triples."""
     doc = docstring_examples(prompt, entry_point)
     if not doc:
         return ""
     examples = doctest.DocTestParser().get_examples(doc)
-    return json.dumps([[e.source, e.want, e.lineno] for e in examples])
+    triples = [[e.source, e.want, e.lineno] for e in examples]
+    return json.dumps({"prompt": prompt, "examples": triples})
 
 
 def docstring_examples(prompt: str, entry_point: str) -> str:

@@ -4,8 +4,20 @@ Public fields: `prompt` (signature and docstring), `entry_point`. Private fields
 `tests` (HumanEval's `check(candidate)` code) and `solution` (the canonical body). A pack's
 directory form may give them as files instead: `verifier/tests.py` (the `check` code) and
 `solution/solution.py` (the whole reference file).
-The agent works in `/work`; its answer is `solution.py` there. Verification copies
-only that file into a fresh sandbox, stages the hidden tests, and runs them.
+The agent works in `/work`; its answer is `solution.py` there (write_file takes
+`solution.py`, `./solution.py` or `/work/solution.py`). Verification copies only that file
+into a fresh sandbox, stages the hidden tests, and runs them.
+
+Accepted forms of solution.py, graded as HumanEval's `check_correctness` grades "prompt plus
+completion" (bench/humaneval_agreement.py measures the agreement):
+- the prompt runs first, then the file: the file may be the entry function alone and use
+  the prompt's imports and helpers (`List`, `is_palindrome`); its own definitions win;
+- the file is read as Python reads a source file: UTF-8, with or without a byte-order mark,
+  or in the encoding its coding cookie names; LF, CRLF or CR line ends; spaces or tabs;
+- returns are compared as plain values: a subclass of a builtin (a Counter, an OrderedDict,
+  a namedtuple, an IntEnum, a subclass of str or list...) counts as its base value, read
+  through the base type's own slots, so a subclass's own `__eq__`, `__iter__` or `items`
+  is never consulted (docs/decisions.md, "Coding: subclass returns").
 """
 
 from __future__ import annotations

@@ -26,12 +26,43 @@ if TYPE_CHECKING:
 
 _TAGS: dict[type, str] = {list: "l", tuple: "t", set: "S", frozenset: "F"}
 _TYPES = {v: k for k, v in _TAGS.items()}
+_PLAIN = {type(None), bool, int, float, complex, str, bytes, dict, *_TAGS}
+
+
+# A subclass of a builtin (a Counter, a namedtuple, an IntEnum...) travels as its base value,
+# read through the base type's own slots, never through methods the subclass can override:
+# HumanEval's `candidate(x) == expected` accepts such returns, and the runner then compares
+# the plain value, so a subclass whose `__eq__` (or `__iter__`, `items`...) lies gains nothing.
+_BASES: tuple[tuple[type, Any], ...] = (
+    (int, int.__int__),
+    (float, float.__float__),
+    (complex, lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v))),
+    (str, str.__str__),
+    (bytes, lambda v: bytes.__getitem__(v, slice(None))),
+    (list, list.copy),
+    (tuple, lambda v: tuple.__getitem__(v, slice(None))),
+    (dict, lambda v: dict(dict.items(v))),
+    (set, set.copy),
+    (frozenset, frozenset.copy),
+)
+
+
+def base_value(v: Any) -> Any:
+    """`v`, a subclass instance of a builtin, as a plain instance of that builtin."""
+    t = type(v)
+    for base, plain in _BASES:
+        if issubclass(t, base):
+            return plain(v)
+    raise TypeError("not plain data: " + t.__name__)
 
 
 def enc(v: Any, depth: int = 0) -> list[Any]:
     t = type(v)
     if depth > 50:
         raise TypeError("nested too deep")
+    if t not in _PLAIN:
+        v = base_value(v)
+        t = type(v)
     if v is None:
         return ["n"]
     if t is bool:
@@ -107,11 +138,23 @@ def recv(fd: int, limit: int = 1 << 26) -> Any:
 
 
 def worker_main(fd: int, path: str, entry: str) -> None:
+    # As HumanEval's "prompt plus completion": the prompt (public: its imports and helpers)
+    # runs first, then the solution, whose definitions win. The solution is compiled from
+    # its bytes, as Python reads a source file (a UTF-8 BOM, a coding cookie, CRLF), and
+    # without this file's `from __future__ import annotations`, as HumanEval compiles it.
     ns: dict[str, Any] = {"__name__": "solution"}
     try:
-        exec(compile(open(path, encoding="utf-8").read(), "solution.py", "exec"), ns)  # noqa: SIM115
+        (context,) = recv(fd)
+        exec(compile(context, "<prompt>", "exec", dont_inherit=True), ns)
+    except BaseException:
+        pass  # the prompt is trusted and ran in the runner; here it only lends names
+    stub = ns.get(entry)  # the prompt's own docstring-only function is not an answer
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+        exec(compile(source, "solution.py", "exec", dont_inherit=True), ns)
         fn = ns.get(entry)
-        ok = callable(fn)
+        ok = callable(fn) and fn is not stub
     except BaseException:
         ok = False
     send(fd, ["loaded" if ok else "noload"])
@@ -128,9 +171,10 @@ def worker_main(fd: int, path: str, entry: str) -> None:
             send(fd, ["raise", type(exc).__name__])
             continue
         try:
-            send(fd, ["ok", enc(value)])
-        except TypeError:
-            send(fd, ["bad"])
+            reply = ["ok", enc(value)]
+        except Exception:  # not plain data, or a subclass whose hash or copy raised
+            reply = ["bad"]
+        send(fd, reply)
 
 
 def template_main(ctl: socket.socket) -> None:
@@ -226,6 +270,7 @@ def main() -> None:
             if len(fds) != 1:
                 raise OSError("the worker template did not answer")
             worker.update(pid=int(_json.loads(msg)), fd=fds[0], busy=True)
+            send(fds[0], [cfg["context"]])
             loaded = recv(fds[0], 64) == ["loaded"]
         except BaseException:
             loaded = False
