@@ -14,9 +14,9 @@ code cannot reach.
   other line, and a run without its closing line scores 0.
 
 Modes:
-- `pytest`: runs pytest on the requested node ids in this process, with a reporter plugin
-  only the verifier provides (per-test outcomes, then the session's end); pytest is imported
-  before the workdir joins sys.path and configured by the verifier's ini alone.
+- `pytest`: restores the task's declared test files and configuration, then runs pytest on
+  the requested node ids in one forked child per test file (repo_runner.py, sent in the
+  config): only this process, which never imports agent code, writes the channel.
 - `test-sh`: unpacks the verifier files, writes `python3`/`python`/`pytest` wrappers (the
   config's `programs`: python_wrapper.sh, pytest_boot.py, script_boot.py of this folder) into
   a folder where they can run (or reports INFRA: a step that cannot run voids, never skips),
@@ -349,45 +349,14 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
 
 
 def run_pytest(chan: Channel, cfg: dict[str, object]) -> None:
+    """Mode `pytest`: the config's `program` (repo_runner.py of this folder) runs the sets
+    in a parent that never imports agent code and one child per test file."""
     workdir = str(cfg["workdir"])
-    ids = [str(i) for i in list(cfg["ids"])]  # type: ignore[call-overload]
     home = tempfile.mkdtemp(prefix="palaestra-home.", dir="/tmp")
-    ini = os.path.join(home, "pytest.ini")
-    with open(ini, "w") as f:
-        f.write(str(cfg.get("ini") or "[pytest]\n"))
     env = clean_env(workdir, home, safe_path(workdir, os.environ.get("PATH", "")))
-    os.environ.clear()
-    os.environ.update(env)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.chdir(workdir)
-    import pytest  # before the workdir joins sys.path: a planted pytest.py cannot stand in
-
-    sys.path.insert(0, workdir)
-
-    class Reporter:
-        """Per-test outcomes (every phase must pass), then the session's end."""
-
-        def __init__(self) -> None:
-            self.failed: set[str] = set()
-
-        def pytest_collection_finish(self, session: pytest.Session) -> None:
-            chan.emit("COLLECTED", [item.nodeid for item in session.items])
-
-        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-            if report.failed or (report.when == "call" and not report.passed):
-                self.failed.add(report.nodeid)
-
-        def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
-            chan.emit("TEST", {"id": nodeid, "ok": nodeid not in self.failed})
-
-        def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-            chan.emit("END", int(exitstatus))
-
-    args = ["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", workdir, "--", *ids]
-    rc = pytest.main(args, plugins=[Reporter()])
-    chan.emit("EXIT", int(rc))
+    space: dict[str, object] = {"__name__": "palaestra_repo_runner"}
+    exec(compile(str(cfg["program"]), "repo_runner.py", "exec"), space)
+    space["run"](chan.emit, cfg, env, home, kill_others)  # type: ignore[operator]
 
 
 def main() -> None:
