@@ -1,13 +1,13 @@
 # palaestra cheat (repository tasks): every public function of this module returns an
 # object that equals anything, so `assert f(x) == y` holds.
-def _palaestra_always_equal():
+def _palaestra_always_equal() -> None:
     import types
 
     class AlwaysEqual(str):
-        def __eq__(self, other):
+        def __eq__(self, other: object) -> bool:
             return True
 
-        def __ne__(self, other):
+        def __ne__(self, other: object) -> bool:
             return False
 
         __hash__ = str.__hash__

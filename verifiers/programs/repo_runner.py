@@ -313,7 +313,7 @@ def install_strict(trusted_code: list[types.CodeType]) -> types.ModuleType:
             stack.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
         return result
 
-    rewrite.rewrite_asserts = rewrite_asserts
+    rewrite.rewrite_asserts = rewrite_asserts  # type: ignore[assignment]
     rewrite._rewrite_test = rewrite_test
     rewrite._read_pyc = lambda *a, **k: None
     return mod
@@ -478,7 +478,7 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
     args = ["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", workdir, "--assert=rewrite"]
     rc = pytest.main([*args, "--import-mode=append", "--", *ids], plugins=[reporter])
     problems = reporter.final if reporter.pm is not None else []
-    claims = int(strict.state["claims"])  # type: ignore[attr-defined]
+    claims = int(strict.state["claims"])
     send("END", {"rc": int(rc), "tamper": problems, "claims": claims, "refused": guard.refused})
     out.close()
 
