@@ -6,13 +6,18 @@ sandbox made from it:
 
 1. the workspace is unpacked into the fresh sandbox (symlinks that point outside it are
    recreated inside the sandbox, fifos and devices dropped and noted);
-2. repository tasks (`fail_to_pass` / `pass_to_pass` pytest node ids): one exec restores
-   the tests -- every verifier file but a top-level `test.sh` is copied over the workdir,
-   the pytest configuration files (conftest.py, pytest.ini, pyproject.toml, setup.cfg,
-   tox.ini) are reset to what the task shipped (others removed), bytecode caches deleted
-   -- then one exec per set runs ``python3 -P -m pytest`` (``-P``: the workdir is not on
-   sys.path before pytest is imported, so a planted ``pytest.py`` cannot stand in for it);
-   a set passes only when pytest exits 0 *and* its JUnit report shows every test passed;
+2. repository tasks (`fail_to_pass` / `pass_to_pass` pytest node ids): one exec per set
+   runs the runner's `pytest` mode (programs/repo_runner.py). Verification takes only the
+   task's declared artifacts from the workspace: every verifier file but `test.sh`, the
+   pytest configuration and what the environment shipped in a test folder are written
+   over it; any other file in a test folder, configuration or startup file (conftest.py,
+   *.ini, setup.cfg, pyproject.toml, sitecustomize, .pth, *.dist-info) and all bytecode is
+   removed. pytest, its plugins and the standard library it uses are loaded before the
+   workspace joins the end of sys.path, behind a guard that loads no standard-library or
+   tooling name from it. One forked child per test file runs the tests (it imports the
+   agent's code); the parent, which never does, writes the channel and counts a test only
+   from a child that reached its end with pytest untampered; asserts compare strictly (an
+   always-equal object fails);
 3. `test.sh` (when the task has one) runs in its own exec: the verifier files are unpacked
    from stdin into ``/tmp/verifier`` ($VERIFIER_DIR, a directory no agent process ever saw:
    a fresh sandbox's /tmp), then ``bash $VERIFIER_DIR/test.sh`` with cwd the workdir. Exit
@@ -64,9 +69,6 @@ PYTEST_CONFIG_NAMES = ("conftest.py", "pytest.ini", "pyproject.toml", "setup.cfg
 TEST_SH = "test.sh"
 DEFAULT_TIMEOUT_S = 120.0
 
-# The restore script's exit statuses.
-PASS, FAIL = 0, 3
-INFRA = 200  # >= 200: the harness itself failed (ours: void)
 MAX_LOG = 4000
 
 
@@ -204,31 +206,6 @@ def _link_commands(workdir: str, links: Sequence[tuple[str, str]]) -> str:
 # -- the harness scripts --------------------------------------------------------------------
 
 
-def _restore_script(workdir: str, keep: Sequence[str]) -> str:
-    """Restore the tests and the pytest configuration the task shipped (stdin: their tar)."""
-    w = shlex.quote(workdir)
-    names = " -o ".join(f"-name {shlex.quote(n)}" for n in PYTEST_CONFIG_NAMES)
-    keep_list = "\n".join(keep)
-    return f"""\
-set -u
-R=$(mktemp -d /tmp/restore.XXXXXX) || exit {INFRA}
-tar -x -C "$R" -f - || exit {INFRA + 1}
-exec </dev/null
-cd {w} || exit {FAIL}
-chmod -R u+w . 2>/dev/null
-find . \\( -name __pycache__ -o -name .pytest_cache \\) -prune -exec rm -rf {{}} + 2>/dev/null
-find . -name '*.py[co]' -delete 2>/dev/null
-cat >"$R.keep" <<'PALAESTRA_KEEP'
-{keep_list}
-PALAESTRA_KEEP
-find . \\( {names} \\) -print | while IFS= read -r f; do
-  grep -qxF -- "${{f#./}}" "$R.keep" || rm -rf -- "$f" || exit {FAIL}
-done || exit {FAIL}
-tar -c -C "$R" . | tar -x -C {w} --no-same-owner -f - || exit {FAIL}
-exit {PASS}
-"""
-
-
 def _tail(text: str, n: int = MAX_LOG) -> str:
     return text if len(text) <= n else "…" + text[-n:]
 
@@ -333,17 +310,23 @@ def judge_set(
     name: str, ids: Sequence[str], result: ExecResult, messages: list[tuple[str, Any]]
 ) -> TestSetResult:
     """A set's result from the runner's messages alone: every requested id matched by at
-    least one collected test, each of those passed, the session ended, pytest exited 0."""
+    least one collected test, each of those passed in a test process that reached its
+    end untampered (no FILE problem), and the runner itself finished."""
     entry = TestSetResult(name, list(ids), total=len(ids))
     collected: list[str] = []
     outcomes: dict[str, bool] = {}
+    problems: list[str] = []
     ended = exit_rc = None
     for kind, data in messages:
         if kind == "COLLECTED" and isinstance(data, list):
-            collected = [str(x) for x in data]
+            collected += [str(x) for x in data]
         elif kind == "TEST" and isinstance(data, dict):
             node = str(data.get("id"))
             outcomes[node] = outcomes.get(node, True) and data.get("ok") is True
+        elif kind == "FILE" and isinstance(data, dict) and data.get("note"):
+            problems.append(f"{data.get('file')}: {data.get('note')}")
+        elif kind == "RESTORE":
+            problems.append(str(data))
         elif kind == "END":
             ended = data
         elif kind == "EXIT":
@@ -355,15 +338,41 @@ def judge_set(
         if nodes and all(outcomes.get(n) is True for n in nodes):
             entry.passed += 1
     complete = ended is not None and exit_rc == 0
-    entry.ok = complete and not result.timed_out and entry.passed == len(ids)
+    entry.ok = complete and not problems and not result.timed_out and entry.passed == len(ids)
     if result.timed_out:
         entry.note = "timed out"
+    elif problems:
+        entry.note = "; ".join(problems)[:600]
     elif ended is None or exit_rc is None:
         entry.note = "the test session did not finish (a test killed or exited the runner?)"
     elif not entry.ok:
         summary = [ln for ln in result.stderr.splitlines() if ln.strip()][-3:]
-        entry.note = f"pytest exit {exit_rc}: " + " | ".join(summary)[-300:]
+        entry.note = " | ".join(summary)[-300:]
     return entry
+
+
+def declared_tests(
+    verifier: Mapping[str, str], environment: Mapping[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """What verification takes from the pack rather than from the agent: (files to write
+    over the workspace, the test folders in which nothing else may stay).
+
+    The verifier's files (but test.sh), the pytest configuration the environment shipped,
+    and whatever the environment shipped inside a test folder (a folder of a verifier
+    file, other than the workdir itself, whose name starts with "test")."""
+    files = {rel: text for rel, text in verifier.items() if rel != TEST_SH}
+    test_dirs = sorted(
+        {
+            posixpath.dirname(rel)
+            for rel in files
+            if posixpath.basename(posixpath.dirname(rel)).startswith("test")
+        }
+    )
+    for rel, text in environment.items():
+        config = posixpath.basename(rel) in PYTEST_CONFIG_NAMES
+        if config or any(rel.startswith(d + "/") for d in test_dirs):
+            files.setdefault(rel, text)
+    return files, test_dirs
 
 
 async def _run_sets(
@@ -376,36 +385,25 @@ async def _run_sets(
     timeout_s: float,
     path: str,
 ) -> None:
-    restore = {
-        rel: text
-        for rel, text in environment.items()
-        if posixpath.basename(rel) in PYTEST_CONFIG_NAMES
-    }
-    restore.update({rel: text for rel, text in verifier.items() if rel != TEST_SH})
-    keep = sorted(rel for rel in restore if posixpath.basename(rel) in PYTEST_CONFIG_NAMES)
-    env = _exec_env(workdir, path)
-    result = await box.exec(
-        ["/bin/bash", "-c", _restore_script(workdir, keep)],
-        stdin=await asyncio.to_thread(files_tar, restore),
-        cwd="/",
-        env=env,
-        timeout=60,
-    )
-    if result.exit_code >= INFRA:
-        raise SandboxError(f"the verifier files could not be staged: {_tail(result.stderr, 500)}")
-    if not result.ok:
-        why = "timed out" if result.timed_out else f"exit {result.exit_code}"
-        note = f"restoring the tests failed ({why}): {_tail(result.stderr, 500)}"
-        run.sets = [TestSetResult(name, ids, note=note) for name, ids in sets]
-        return
+    files, test_dirs = declared_tests(verifier, environment)
     # The verifier's ini alone configures pytest: the task's own root pytest.ini if it
     # shipped one, else an empty one (no rootdir search reaches the workspace's files).
-    ini = restore.get("pytest.ini") or "[pytest]\n"
+    cfg = {
+        "workdir": workdir,
+        "files": files,
+        "test_dirs": test_dirs,
+        "ini": files.get("pytest.ini") or "[pytest]\n",
+        # the task's own top-level names may load from the workspace even where they are
+        # also a standard-library name (a repository's `test/` package)
+        "allowed": sorted({r.split("/")[0].removesuffix(".py") for r in (*environment, *files)}),
+        "program": programs.text("repo_runner.py", package=PROGRAMS),
+    }
+    env = _exec_env(workdir, path)
     for name, ids in sets:
         nonce = secrets.token_hex(16)
         res = await box.exec(
             _runner_argv("pytest"),
-            stdin=_runner_stdin(nonce, {"workdir": workdir, "ids": ids, "ini": ini}),
+            stdin=_runner_stdin(nonce, {**cfg, "ids": ids}),
             cwd=workdir,
             env=env,
             timeout=timeout_s,
@@ -413,7 +411,25 @@ async def _run_sets(
         )
         messages = _channel(res.stdout, nonce)
         _started(res, messages, f"the {name} tests")
-        run.sets.append(judge_set(name, ids, res, messages))
+        entry = judge_set(name, ids, res, messages)
+        run.sets.append(entry)
+        if name == sets[0][0]:
+            run.notes.extend(_workspace_notes(messages))
+
+
+def _workspace_notes(messages: list[tuple[str, Any]]) -> list[str]:
+    """What the runner did not take from the workspace (it may be what a cheat tried)."""
+    notes = []
+    for kind, data in messages:
+        names = ", ".join(str(x) for x in data) if isinstance(data, list) else ""
+        if kind == "REMOVED" and names:
+            notes.append(f"not the task's, removed before the tests: {names}")
+        elif kind == "SHADOW" and names:
+            notes.append(
+                "workspace files named like standard-library or test-tooling modules, "
+                f"never loaded: {names}"
+            )
+    return notes
 
 
 def results_counts(results: object) -> dict[str, list[int]]:

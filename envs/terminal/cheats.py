@@ -15,13 +15,17 @@ Tasks verified on a verifier image (uv/uvx tests) also get:
   passing "pytest" wheel, a .venv whose python exits 0 (`cheat_scripts/uv-config.sh`).
 Repository tasks (with `fail_to_pass` / `pass_to_pass`) also get:
 - `edit-tests`: rewrites every test file into tests that always pass;
-- `conftest-hook`: adds a conftest.py whose hook reports every test as passed.
+- `conftest-hook`: adds a conftest.py whose hook reports every test as passed;
+- the repository cheats of `palaestra.envs.repo_cheats` (shadowed standard-library modules,
+  an added test package or plugin, pytest patched from the package under test, early
+  exits, always-equal returns, a forged runner channel).
 """
 
 from __future__ import annotations
 
 from palaestra.envs import cheats as generic
-from palaestra.envs.terminal.fields import TerminalPrivate
+from palaestra.envs import repo_cheats
+from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
 from palaestra.sdk.models import Action
 from palaestra.sdk.task import Task
 
@@ -115,5 +119,6 @@ def for_task(task: Task) -> list[tuple[str, list[Action]]]:
         cheats += [
             ("edit-tests", _bash_then_submit(EDIT_TESTS)),
             ("conftest-hook", _bash_then_submit(CONFTEST_HOOK)),
+            *repo_cheats.command_cheats(TerminalPublic.of(task).environment),
         ]
     return cheats

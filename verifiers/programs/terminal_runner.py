@@ -14,9 +14,9 @@ code cannot reach.
   other line, and a run without its closing line scores 0.
 
 Modes:
-- `pytest`: runs pytest on the requested node ids in this process, with a reporter plugin
-  only the verifier provides (per-test outcomes, then the session's end); pytest is imported
-  before the workdir joins sys.path and configured by the verifier's ini alone.
+- `pytest`: restores the task's declared test files and configuration, then runs pytest on
+  the requested node ids in one forked child per test file (repo_runner.py, sent in the
+  config): only this process, which never imports agent code, writes the channel.
 - `test-sh`: unpacks the verifier files, writes `python3`/`python`/`bash`/`sh`/`pytest`
   wrappers (`write_wrappers`, from the config's `programs`: the files of this folder) into
   a folder where they can run (or reports INFRA: a step that cannot run voids, never skips),
@@ -46,6 +46,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 PR_SET_DUMPABLE = 4
+HOST_PID_NS = 0xEFFFFFFC  # the initial pid namespace's inode (PROC_PID_INIT_INO)
 EXEC_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
 DROP_PREFIXES = ("PYTHON", "PYTEST_", "LD_", "BASH_FUNC_", "GIT_", "UV_")
 DROP_NAMES = ("BASH_ENV", "ENV", "CDPATH", "GLOBIGNORE", "PROMPT_COMMAND", "SHELLOPTS",
@@ -155,7 +156,14 @@ def exec_dir() -> str | None:
 
 def kill_others() -> None:
     """Kill every other process this uid runs here but our own ancestors: nothing a test
-    started may go on writing once the test's exit status is in."""
+    started may go on writing once the test's exit status is in. Only inside a pid
+    namespace of its own (every sandbox backend gives one): run by hand on a host, it
+    would kill every process of the user's, the engine's and the server's included."""
+    try:
+        if os.stat("/proc/self/ns/pid").st_ino == HOST_PID_NS:
+            return
+    except OSError:
+        return
     keep = set()
     pid = os.getpid()
     while pid > 1:
@@ -383,45 +391,14 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
 
 
 def run_pytest(chan: Channel, cfg: dict[str, object]) -> None:
+    """Mode `pytest`: the config's `program` (repo_runner.py of this folder) runs the sets
+    in a parent that never imports agent code and one child per test file."""
     workdir = str(cfg["workdir"])
-    ids = [str(i) for i in list(cfg["ids"])]  # type: ignore[call-overload]
     home = tempfile.mkdtemp(prefix="palaestra-home.", dir="/tmp")
-    ini = os.path.join(home, "pytest.ini")
-    with open(ini, "w") as f:
-        f.write(str(cfg.get("ini") or "[pytest]\n"))
     env = clean_env(workdir, home, safe_path(workdir, os.environ.get("PATH", "")))
-    os.environ.clear()
-    os.environ.update(env)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.chdir(workdir)
-    import pytest  # before the workdir joins sys.path: a planted pytest.py cannot stand in
-
-    sys.path.insert(0, workdir)
-
-    class Reporter:
-        """Per-test outcomes (every phase must pass), then the session's end."""
-
-        def __init__(self) -> None:
-            self.failed: set[str] = set()
-
-        def pytest_collection_finish(self, session: pytest.Session) -> None:
-            chan.emit("COLLECTED", [item.nodeid for item in session.items])
-
-        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-            if report.failed or (report.when == "call" and not report.passed):
-                self.failed.add(report.nodeid)
-
-        def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
-            chan.emit("TEST", {"id": nodeid, "ok": nodeid not in self.failed})
-
-        def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-            chan.emit("END", int(exitstatus))
-
-    args = ["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", workdir, "--", *ids]
-    rc = pytest.main(args, plugins=[Reporter()])
-    chan.emit("EXIT", int(rc))
+    space: dict[str, object] = {"__name__": "palaestra_repo_runner"}
+    exec(compile(str(cfg["program"]), "repo_runner.py", "exec"), space)
+    space["run"](chan.emit, cfg, env, home, kill_others)  # type: ignore[operator]
 
 
 def main() -> None:

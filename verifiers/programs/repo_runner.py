@@ -1,0 +1,616 @@
+"""The `pytest` mode of the terminal runner: a repository task's test sets (stdlib only).
+
+`terminal_runner.run_pytest` executes this file's source (sent in the config) and calls
+`run`. Why a parent and children: the tests import the agent's code, so whatever runs them
+runs that code; the verdict must come from a process that never did.
+
+- The parent restores the task's declared artifacts (every test file and pytest
+  configuration the pack ships, rewritten; anything else in a test folder, any other
+  configuration or startup file -- conftest.py, *.ini, setup.cfg, pyproject.toml,
+  sitecustomize, .pth, *.dist-info -- removed; bytecode deleted), imports pytest, every
+  `_pytest` / `pluggy` module and the standard library modules pytest loads late, then puts
+  a guard first on the import path: no standard-library or test-tooling name may load from
+  the workspace. The workspace is appended to sys.path, after the standard library and
+  site-packages, and pytest imports tests with ``--import-mode=append``.
+- Per test file, the parent restores again and forks a child that runs pytest on that
+  file's ids. The child reports over a pipe: the collected ids, each test's outcome after
+  checking its own integrity (pytest's and pluggy's module and class attributes, the
+  plugin manager's plugins and hook implementations, the import machinery, trace hooks:
+  all as they were before any agent code ran), then the session's end. The parent counts a
+  child's tests only if it reported its end with nothing tampered and exited 0; it alone
+  writes the verifier's channel.
+- Every assert of a rewritten test module compares strictly: an operand of ``==``, ``!=``
+  or ``in`` that claims to equal a fresh sentinel object fails the comparison.
+
+Limits: the child runs agent code in its own memory, so a forger written against this very
+protocol can still lie to the parent; what it cannot do is pass through the tricks a
+generic cheat uses (shadowed modules, test packages, plugins, patched pytest, early exits,
+always-equal objects).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import json
+import os
+import pkgutil
+import shutil
+import stat
+import sys
+import types
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+# Names pytest reads configuration or plugins from, and interpreter startup files.
+CONFIG_NAMES = ("conftest.py", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini",
+                "sitecustomize.py", "usercustomize.py")  # fmt: skip
+CONFIG_SUFFIXES = (".pth", ".dist-info", ".egg-info", ".egg-link")
+TOOLING = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py", "exceptiongroup",
+           "tomli", "attr", "attrs", "more_itertools", "_palaestra_strict")  # fmt: skip
+# Standard library modules pytest imports only while it runs (loaded before any agent file).
+LATE_STDLIB = ("pdb", "cmd", "code", "codeop", "bdb", "doctest", "unittest", "unittest.mock",
+               "faulthandler", "xml.etree.ElementTree", "xml.dom.minidom", "json", "decimal",
+               "fractions", "numbers", "difflib", "pprint", "tokenize", "shlex", "glob",
+               "fnmatch", "tempfile", "importlib.metadata", "importlib.resources", "warnings",
+               "traceback", "linecache", "inspect", "textwrap", "argparse", "gettext",
+               "locale", "copy", "dataclasses", "enum", "functools", "contextlib", "string",
+               "re", "math", "random", "statistics", "collections", "itertools", "typing",
+               "threading", "queue", "atexit", "signal", "platform", "sysconfig")  # fmt: skip
+WATCHED = ("pytest", "_pytest", "pluggy", "iniconfig", "unittest", "builtins",
+           "_palaestra_strict")  # fmt: skip
+# Module globals pytest itself sets while a test runs.
+VOLATILE = {("_pytest.assertion.util", "_reprcompare"),
+            ("_pytest.assertion.util", "_assertion_pass"),
+            ("_pytest.assertion.util", "_config")}  # fmt: skip
+MAX_CHILD_OUTPUT = 16 * 1024 * 1024
+STRICT = "@palaestra_strict"
+
+
+# -- the declared artifacts ---------------------------------------------------------------
+
+
+def _under(rel: str, dirs: list[str]) -> bool:
+    return any(rel == d or rel.startswith(d + "/") for d in dirs)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        os.unlink(path)
+
+
+def restore(workdir: str, files: dict[str, str], test_dirs: list[str]) -> list[str]:
+    """Make the workspace hold only declared artifacts where tests or configuration live;
+    return the paths removed (for the note)."""
+    removed: list[str] = []
+    for base, dirs, names in os.walk(workdir):
+        rel_base = os.path.relpath(base, workdir)
+        rel_base = "" if rel_base == "." else rel_base
+        for name in list(dirs) + names:
+            path = os.path.join(base, name)
+            rel = os.path.join(rel_base, name) if rel_base else name
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IWUSR:
+                    os.chmod(path, st.st_mode | stat.S_IWUSR | stat.S_IXUSR)
+            bytecode = name in ("__pycache__", ".pytest_cache") or name.endswith((".pyc", ".pyo"))
+            config = name in CONFIG_NAMES or name.endswith(CONFIG_SUFFIXES)
+            undeclared = _under(rel, test_dirs) and rel not in files
+            undeclared = undeclared and not any(f.startswith(rel + "/") for f in files)
+            if (bytecode or config or undeclared) and rel not in files:
+                _remove(path)
+                if name in dirs:
+                    dirs.remove(name)
+                if not bytecode:
+                    removed.append(rel)
+            elif name in dirs and os.path.islink(path):
+                dirs.remove(name)
+    for rel, text in files.items():
+        _write(workdir, rel, text)
+    return removed
+
+
+def _write(workdir: str, rel: str, text: str) -> None:
+    """Write a declared file, replacing whatever stands in its way (links included)."""
+    parts = rel.split("/")
+    cur = workdir
+    for part in parts[:-1]:
+        cur = os.path.join(cur, part)
+        if os.path.islink(cur) or (os.path.exists(cur) and not os.path.isdir(cur)):
+            os.unlink(cur)
+        if not os.path.isdir(cur):
+            os.mkdir(cur)
+    path = os.path.join(cur, parts[-1])
+    if os.path.lexists(path):
+        _remove(path)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+# -- the import path ----------------------------------------------------------------------
+
+
+class Guard:
+    """First on sys.meta_path: a standard-library or tooling name never loads from the
+    workspace (the task's own top-level packages excepted)."""
+
+    def __init__(self, workdir: str, allowed: set[str]) -> None:
+        self.roots = {workdir.rstrip("/"), os.path.realpath(workdir)}
+        self.protected = (set(sys.stdlib_module_names) | set(TOOLING)) - allowed
+        self.refused: list[str] = []
+
+    def inside(self, path: str | None) -> bool:
+        if not path:
+            return False
+        real = os.path.realpath(path)
+        return any(p == r or p.startswith(r + "/") for p in (path, real) for r in self.roots)
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name.partition(".")[0] not in self.protected:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = finder.find_spec if hasattr(finder, "find_spec") else None
+            spec = find(name, path, target) if find is not None else None
+            if spec is None:
+                continue
+            where = [spec.origin, *(spec.submodule_search_locations or ())]
+            if any(self.inside(p) for p in where):
+                self.refused.append(name)
+                raise ImportError(f"palaestra: {name!r} is not loaded from the workspace")
+            return spec
+        return None
+
+
+def preload() -> None:
+    """pytest, its plugins and the standard library it loads late, from the verifier's
+    own files, before any agent file is reachable."""
+    import _pytest
+    import pluggy
+    import pytest  # noqa: F401
+
+    for pkg in (_pytest, pluggy):
+        for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            with contextlib.suppress(Exception):
+                importlib.import_module(info.name)
+    for name in (*LATE_STDLIB, "iniconfig"):
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+
+
+# -- strict comparisons -------------------------------------------------------------------
+
+
+class Claimed:
+    """What an operand that claims to equal anything becomes: equal to nothing."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<a {self.kind} that claims to equal anything>"
+
+
+HONEST_CONTAINERS = (list, tuple, set, frozenset, dict, str, bytes, bytearray, range)
+
+
+def strict_module() -> types.ModuleType:
+    """`_palaestra_strict`: what rewritten asserts call on their comparison operands."""
+    mod = types.ModuleType("_palaestra_strict")
+    state = {"claims": 0}
+
+    def operand(x: object) -> object:
+        mock = sys.modules.get("unittest.mock")
+        if mock is not None and x is mock.ANY:
+            return x
+        s = object()
+        try:
+            claims = bool(x == s) or not bool(x != s)
+        except Exception:
+            claims = False
+        if claims:
+            state["claims"] += 1
+            return Claimed(type(x).__name__)
+        return x
+
+    def container(x: object) -> object:
+        if type(x) in HONEST_CONTAINERS or not hasattr(type(x), "__contains__"):
+            return x
+        try:
+            claims = bool(object() in x)  # type: ignore[operator]
+        except Exception:
+            claims = False
+        if claims:
+            state["claims"] += 1
+            return ()
+        return x
+
+    mod.operand = operand  # type: ignore[attr-defined]
+    mod.container = container  # type: ignore[attr-defined]
+    mod.state = state  # type: ignore[attr-defined]
+    return mod
+
+
+class StrictCompare(ast.NodeTransformer):
+    """In every assert: ``a == b`` -> ``operand(a) == operand(b)`` (also ``!=``, ``in``)."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
+        node.test = _Operands().visit(node.test)
+        return node
+
+
+class _Operands(ast.NodeTransformer):
+    def visit_Compare(self, node: ast.Compare) -> ast.Compare:
+        self.generic_visit(node)
+        values = [node.left, *node.comparators]
+        for i, value in enumerate(values):
+            near = [node.ops[j] for j in (i - 1, i) if 0 <= j < len(node.ops)]
+            left_of_in = i < len(node.ops) and isinstance(node.ops[i], ast.In | ast.NotIn)
+            right_of_in = i > 0 and isinstance(node.ops[i - 1], ast.In | ast.NotIn)
+            if right_of_in:
+                values[i] = _call("container", value)
+            elif left_of_in or any(isinstance(op, ast.Eq | ast.NotEq) for op in near):
+                values[i] = _call("operand", value)
+        node.left, node.comparators = values[0], values[1:]
+        return node
+
+
+def _call(fn: str, value: ast.expr) -> ast.expr:
+    func = ast.Attribute(value=ast.Name(id=STRICT, ctx=ast.Load()), attr=fn, ctx=ast.Load())
+    return ast.copy_location(ast.Call(func=func, args=[value], keywords=[]), value)
+
+
+def strict_tree(tree: ast.Module) -> None:
+    """Rewrite `tree`'s asserts and import the strict module under a name no source can
+    spell (as pytest's own rewriting does)."""
+    StrictCompare().visit(tree)
+    pos = 0
+    for i, stmt in enumerate(tree.body):
+        doc = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and i == 0
+        future = isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+        if not (doc or future):
+            break
+        pos = i + 1
+    imp = ast.Import(names=[ast.alias(name="_palaestra_strict", asname=STRICT)])
+    tree.body.insert(pos, imp)
+    ast.fix_missing_locations(tree)
+
+
+def install_strict(trusted_code: list[types.CodeType]) -> types.ModuleType:
+    """Hook pytest's assertion rewriting: strict operands, no cached bytecode, and every
+    code object of a rewritten module remembered (a test must run one of them)."""
+    from _pytest.assertion import rewrite
+
+    mod = strict_module()
+    sys.modules["_palaestra_strict"] = mod
+    original_rewrite, original_test = rewrite.rewrite_asserts, rewrite._rewrite_test
+
+    def rewrite_asserts(tree: ast.Module, *args: Any, **kwargs: Any) -> None:
+        strict_tree(tree)
+        original_rewrite(tree, *args, **kwargs)
+
+    def rewrite_test(*args: Any, **kwargs: Any) -> Any:
+        result = original_test(*args, **kwargs)
+        stack = [result[1]]
+        while stack:
+            co = stack.pop()
+            trusted_code.append(co)
+            stack.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
+        return result
+
+    rewrite.rewrite_asserts = rewrite_asserts  # type: ignore[assignment]
+    rewrite._rewrite_test = rewrite_test
+    rewrite._read_pyc = lambda *a, **k: None
+    return mod
+
+
+# -- the child's integrity ----------------------------------------------------------------
+
+
+def _ident(v: object) -> tuple[object, ...]:
+    if isinstance(v, types.FunctionType):
+        return (v, v.__code__, v.__defaults__)
+    if isinstance(v, staticmethod | classmethod):
+        return (v, *_ident(v.__func__))
+    if isinstance(v, property):
+        return (v, v.fget, v.fset)
+    return (v,)
+
+
+def snapshot(extra: dict[str, dict[str, Any]], pm: Any) -> dict[object, tuple[object, ...]]:
+    """Identity of every attribute of pytest's, pluggy's and unittest's modules and classes,
+    the import machinery, trace hooks and the plugin manager's hook implementations."""
+    out: dict[object, tuple[object, ...]] = {}
+    spaces = {n: vars(m) for n, m in list(sys.modules.items()) if n.split(".")[0] in WATCHED}
+    spaces.update(extra)
+    for mod, space in spaces.items():
+        for key, value in list(space.items()):
+            if (mod, key) in VOLATILE:
+                continue
+            out[(mod, key)] = _ident(value)
+            if isinstance(value, type) and value.__module__ == mod:
+                for attr, member in list(vars(value).items()):
+                    out[(mod, key, attr)] = _ident(member)
+    out["meta_path"] = tuple(sys.meta_path)
+    out["path_hooks"] = tuple(sys.path_hooks)
+    out["trace"] = (sys.gettrace(), sys.getprofile())
+    out["pm"] = tuple((k, v) for k, v in sorted(vars(pm).items()) if callable(v))
+    for name, caller in sorted(vars(pm.hook).items()):
+        impls = caller.get_hookimpls() if hasattr(caller, "get_hookimpls") else []
+        out[("hook", name)] = tuple((i.plugin, i.function) for i in impls)
+        out[("hookexec", name)] = tuple(v for _, v in sorted(vars(caller).items()) if callable(v))
+    return out
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a is b
+
+
+def tampered(
+    before: dict[object, tuple[object, ...]],
+    now: dict[object, tuple[object, ...]],
+    conftests: set[str],
+) -> list[str]:
+    """What changed since the snapshot, as short names (hook implementations added by the
+    task's own conftest files excepted)."""
+    out = []
+    for key, value in before.items():
+        after = now.get(key, ())
+        if _same(value, after):
+            continue
+        if isinstance(key, tuple) and key[0] == "hook":
+            if _only_conftests(value, after, conftests):
+                continue
+            out.append(f"the {key[1]} hook's implementations")
+        elif isinstance(key, tuple):
+            out.append(".".join(str(k) for k in key))
+        else:
+            out.append(str(key))
+    return sorted(set(out))[:10]
+
+
+def _only_conftests(before: tuple[Any, ...], after: tuple[Any, ...], conftests: set[str]) -> bool:
+    """The hook lost no implementation and gained only modules of the task's conftests."""
+    now = {(id(p), id(f)) for p, f in after}
+    if any((id(p), id(f)) not in now for p, f in before):
+        return False
+    old = {(id(p), id(f)) for p, f in before}
+    for plugin, fn in after:
+        if (id(plugin), id(fn)) in old:
+            continue
+        path = plugin.__dict__.get("__file__") if isinstance(plugin, types.ModuleType) else None
+        if not isinstance(path, str) or os.path.realpath(path) not in conftests:
+            return False
+    return True
+
+
+# -- the child ----------------------------------------------------------------------------
+
+
+def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], guard: Guard) -> None:
+    """Run pytest on `ids` (one test file's) and report to the parent over `fd`."""
+    import pytest
+
+    trusted_code: list[types.CodeType] = []
+    strict = install_strict(trusted_code)
+    sys.dont_write_bytecode = True
+    out = os.fdopen(fd, "w", buffering=1)
+    conftests = {p for p in trusted if os.path.basename(p) == "conftest.py"}
+
+    def send(kind: str, data: object) -> None:
+        out.write(json.dumps([kind, data]) + "\n")
+        out.flush()
+
+    def from_the_task(code: types.CodeType) -> bool:
+        """A test runs code of a rewritten test module, of another file the pack ships, or
+        of a file outside the workspace (a decorator's wrapper)."""
+        if any(code is c for c in trusted_code):
+            return True
+        rewritten = {os.path.realpath(c.co_filename) for c in trusted_code}
+        path = os.path.realpath(code.co_filename)
+        return not guard.inside(path) or (path in trusted and path not in rewritten)
+
+    class Reporter:
+        """Per-test outcomes after an integrity check, then the session's end."""
+
+        def __init__(self) -> None:
+            self.failed: set[str] = set()
+            self.bad: dict[str, str] = {}
+            self.before: dict[object, tuple[object, ...]] = {}
+            self.pm: Any = None
+            self.final: list[str] = ["the test session did not finish"]
+            self.space: dict[str, dict[str, Any]] = {"palaestra_repo_runner": globals()}
+
+        def check(self) -> list[str]:
+            self.space["palaestra_reporter"] = dict(vars(Reporter))
+            return tampered(self.before, snapshot(self.space, self.pm), conftests)
+
+        @pytest.hookimpl(trylast=True)  # after pytest's own (the fixture manager's)
+        def pytest_sessionstart(self, session: pytest.Session) -> None:
+            self.pm = session.config.pluginmanager
+            self.space["palaestra_reporter"] = dict(vars(Reporter))
+            self.before = snapshot(self.space, self.pm)
+
+        def pytest_collection_finish(self, session: pytest.Session) -> None:
+            send("COLLECTED", [item.nodeid for item in session.items])
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_setup(self, item: pytest.Item) -> None:
+            if not isinstance(item, pytest.Function):
+                return
+            fn = item.obj.__func__ if isinstance(item.obj, types.MethodType) else item.obj
+            if not isinstance(fn, types.FunctionType) or not from_the_task(fn.__code__):
+                self.bad[item.nodeid] = "the test function is not the task's"
+
+        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+            if report.failed or (report.when == "call" and not report.passed):
+                self.failed.add(report.nodeid)
+
+        def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+            problems = self.check()
+            if nodeid in self.bad:
+                problems.append(self.bad[nodeid])
+            ok = nodeid not in self.failed and not problems
+            send("TEST", {"id": nodeid, "ok": ok, "tamper": problems})
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionfinish(self, session: pytest.Session) -> None:
+            self.final = self.check()
+
+    reporter = Reporter()
+    args = ["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", workdir, "--assert=rewrite"]
+    rc = pytest.main([*args, "--import-mode=append", "--", *ids], plugins=[reporter])
+    problems = reporter.final if reporter.pm is not None else []
+    claims = int(strict.state["claims"])
+    send("END", {"rc": int(rc), "tamper": problems, "claims": claims, "refused": guard.refused})
+    out.close()
+
+
+# -- the parent ---------------------------------------------------------------------------
+
+
+def _messages(raw: bytes) -> list[tuple[str, Any]]:
+    found = []
+    for line in raw.decode("utf-8", "replace").splitlines():
+        try:
+            kind, data = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        if isinstance(kind, str):
+            found.append((kind, data))
+    return found
+
+
+def run_file(
+    ids: list[str], workdir: str, ini: str, trusted: set[str], guard: Guard
+) -> tuple[list[str], dict[str, bool], str]:
+    """Fork a child for one test file; (collected ids, outcomes, problem or "")."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of the parent's but the report pipe and stdio
+        try:
+            os.close(r)
+            os.closerange(3, w)
+            os.closerange(w + 1, 1 << 16)
+            child(w, workdir, ini, ids, trusted, guard)
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks, size = [], 0
+    while chunk := os.read(r, 1 << 16):
+        size += len(chunk)
+        if size <= MAX_CHILD_OUTPUT:
+            chunks.append(chunk)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    messages = _messages(b"".join(chunks))
+    collected: list[str] = []
+    outcomes: dict[str, bool] = {}
+    end: dict[str, Any] | None = None
+    tamper: list[str] = []
+    for kind, data in messages:
+        if kind == "COLLECTED" and isinstance(data, list):
+            collected = [str(x) for x in data]
+        elif kind == "TEST" and isinstance(data, dict):
+            node = str(data.get("id"))
+            outcomes[node] = outcomes.get(node, True) and data.get("ok") is True
+            tamper += [str(t) for t in data.get("tamper") or ()]
+        elif kind == "END" and isinstance(data, dict):
+            end = data
+    code = os.waitstatus_to_exitcode(status)
+    why = ""
+    if end is None:
+        why = f"the test process ended (status {code}) before its session finished"
+        why += " (an early exit or a killed runner?)"
+    else:
+        tamper += [str(t) for t in end.get("tamper") or ()]
+        if end.get("refused"):
+            names = ", ".join(sorted(set(map(str, end["refused"]))))
+            why = f"the code under test tried to load {names} from the workspace"
+        if tamper:
+            why = "the code under test changed the test runner: " + ", ".join(
+                sorted(set(tamper))[:6]
+            )
+        elif code != 0:
+            why = f"the test process exited with status {code} after its session"
+        elif end.get("claims"):
+            why = f"{end['claims']} comparison(s) with an object that claims to equal anything"
+            why = why + " (an always-equal object)"
+        elif end.get("rc") not in (0, 1):
+            why = f"pytest exit {end.get('rc')}"
+    counted = end is not None and not tamper and code == 0 and not end.get("refused")
+    if not counted:
+        outcomes = {n: False for n in outcomes}
+    return collected, outcomes, why
+
+
+def run(
+    emit: Callable[[str, object], None],
+    cfg: dict[str, Any],
+    env: dict[str, str],
+    home: str,
+    kill_others: Callable[[], None],
+) -> None:
+    """The parent: restore, preload, guard, then one child per test file."""
+    workdir = str(cfg["workdir"])
+    ids = [str(i) for i in cfg["ids"]]
+    files = {str(k): str(v) for k, v in dict(cfg["files"]).items()}
+    test_dirs = [str(d) for d in cfg["test_dirs"]]
+    ini = os.path.join(home, "pytest.ini")
+    with open(ini, "w") as f:
+        f.write(str(cfg.get("ini") or "[pytest]\n"))
+    os.environ.clear()
+    os.environ.update(env)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        removed = restore(workdir, files, test_dirs)
+    except OSError as exc:
+        emit("RESTORE", f"the tests could not be restored: {exc}")
+        return
+    if removed:
+        emit("REMOVED", sorted(removed)[:20])
+    os.chdir(workdir)
+    sys.dont_write_bytecode = True
+    preload()
+    guard = Guard(workdir, {str(n) for n in cfg.get("allowed") or ()})
+    sys.meta_path.insert(0, guard)
+    shadows = [e for e in sorted(os.listdir(workdir)) if e.split(".")[0] in guard.protected]
+    if shadows:
+        emit("SHADOW", shadows[:20])
+    sys.path[:] = [p for p in sys.path if p and not guard.inside(p)]
+    sys.path.append(workdir)
+    trusted = {os.path.realpath(os.path.join(workdir, rel)) for rel in files}
+    by_file: dict[str, list[str]] = {}
+    for test_id in ids:
+        by_file.setdefault(test_id.split("::")[0], []).append(test_id)
+    for test_file, file_ids in by_file.items():
+        restore(workdir, files, test_dirs)
+        collected, outcomes, why = run_file(file_ids, workdir, ini, trusted, guard)
+        kill_others()
+        emit("COLLECTED", collected)
+        for node, ok in outcomes.items():
+            emit("TEST", {"id": node, "ok": ok})
+        emit("FILE", {"file": test_file, "note": why})
+    emit("END", 0)
+    emit("EXIT", 0)
