@@ -103,7 +103,7 @@ def _restyled(text: str) -> list[tuple[str, str]]:
 
 
 def _wrong_number(value: float, like: str) -> list[tuple[str, str]]:
-    wrong = value + 1
+    wrong = value + max(1.0, abs(value))  # never within any scorer's tolerance of the answer
     plain = str(int(wrong)) if "." not in like and wrong == int(wrong) else f"{wrong:g}"
     forms = [("plain", plain), ("thousands", f"{wrong:,}"), ("exponent", f"{wrong:e}")]
     if wrong == int(wrong):
@@ -112,7 +112,7 @@ def _wrong_number(value: float, like: str) -> list[tuple[str, str]]:
 
 
 def reformatted(expected: str | None, labels: tuple[str, ...]) -> list[tuple[str, str]]:
-    """A wrong label (each of the others) or a wrong number (the answer + 1) in other forms."""
+    """A wrong label (each of the others) or a wrong number (the answer doubled, or + 1) in other forms."""
     out: list[tuple[str, str]] = []
     if labels and expected is not None:
         wrong = [label for label in labels if not same_answer(label, expected)]
