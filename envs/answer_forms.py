@@ -28,6 +28,8 @@ LABEL_SETS = (
     ("A", "B", "C", "D"),
 )
 # Answers a policy gives without reading the question.
+MAX_CONSTANT_LABELS = 8  # label sets up to this size get the constant-label domain check
+SKEW_MARGIN = 0.05  # a constant label may earn at most 1/k + this over a domain
 MAX_WRONG_LABELS = 3  # wrong labels restyled per task (a 26-letter set would be 300 episodes)
 CONSTANTS = ("0", "1", "-1", "yes", "no", "True", "False", "A", "None", "[]")
 NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
@@ -112,7 +114,8 @@ def _wrong_number(value: float, like: str) -> list[tuple[str, str]]:
 
 
 def reformatted(expected: str | None, labels: tuple[str, ...]) -> list[tuple[str, str]]:
-    """A wrong label (each of the others) or a wrong number (the answer doubled, or + 1) in other forms."""
+    """Up to `MAX_WRONG_LABELS` wrong labels, or a wrong number (the answer doubled, or + 1),
+    in other forms."""
     out: list[tuple[str, str]] = []
     if labels and expected is not None:
         wrong = [label for label in labels if not same_answer(label, expected)]

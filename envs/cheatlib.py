@@ -113,6 +113,12 @@ class GenericCheat:
         """The episodes to play on `task`, each named `<class>` or `<class>/<variant>`."""
         return []
 
+    def domain_limit(self, surface: CheatSurface) -> float | None:
+        """None (the default): each play must score at most the pack's `cheat_max_reward` on
+        every task. A number: the play's *mean* over a domain's tasks must stay at most it
+        (a play that is sometimes the right answer, like a constant label)."""
+        return None
+
 
 # -- shell and file-writing classes ---------------------------------------------------------
 class CommandCheat(GenericCheat):
@@ -212,6 +218,22 @@ class NullInformation(AnswerCheat):
         return forms.constants(surface.expected)
 
 
+class ConstantLabel(AnswerCheat):
+    name = "constant-label"
+    summary = "one label of the task's set on every task (the right one included): its mean "
+    summary += "over a domain must stay at most 1/k + 0.05 for k labels"
+
+    def applies(self, surface: CheatSurface) -> bool:
+        labels = labels_of(surface)
+        return surface.answer is not None and 2 <= len(labels) <= forms.MAX_CONSTANT_LABELS
+
+    def texts(self, surface: CheatSurface) -> list[tuple[str, str]]:
+        return [(label, label) for label in labels_of(surface)]
+
+    def domain_limit(self, surface: CheatSurface) -> float | None:
+        return 1 / len(labels_of(surface)) + forms.SKEW_MARGIN
+
+
 def labels_of(surface: CheatSurface) -> tuple[str, ...]:
     return forms.labels_for(surface.expected, surface.labels)
 
@@ -226,6 +248,7 @@ BUILTIN: tuple[GenericCheat, ...] = (
     Reformatted(),
     LabelCombination(),
     NullInformation(),
+    ConstantLabel(),
 )
 _registered: list[GenericCheat] = []
 
@@ -262,14 +285,29 @@ def library() -> list[GenericCheat]:
     return [*BUILTIN, *_registered, *_from_entry_points()]
 
 
+@dataclass(frozen=True)
+class LibraryPlay:
+    """One episode the library plays on a task: its class, name, script and domain limit
+    (None: the per-task `cheat_max_reward`)."""
+
+    kind: str
+    name: str
+    script: Script
+    domain_limit: float | None = None
+
+
 def plays_for(
     task: Task, surface: CheatSurface, extra: Iterable[GenericCheat] = ()
-) -> list[tuple[str, str, Script]]:
-    """(class, play name, script) of every play of every class that applies to `surface`."""
+) -> list[LibraryPlay]:
+    """Every play of every class that applies to `surface`."""
     out = []
     for cheat in [*library(), *extra]:
         if cheat.applies(surface):
-            out += [(cheat.name, name, script) for name, script in cheat.plays(task, surface)]
+            limit = cheat.domain_limit(surface)
+            out += [
+                LibraryPlay(cheat.name, name, script, limit)
+                for name, script in cheat.plays(task, surface)
+            ]
     return out
 
 

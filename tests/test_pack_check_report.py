@@ -146,7 +146,7 @@ class ShellFamily(Family):
 
 def lenient_pack(tmp_path: Path, family: str, answers: dict[str, str]) -> Path:
     root = tmp_path / family
-    root.mkdir()
+    root.mkdir(parents=True)
     (root / "pack.toml").write_text(
         f'name = "acme/{family}"\nversion = "0.1.0"\nfamilies = ["{family}"]\n[splits.train]\n'
     )
@@ -235,3 +235,21 @@ def test_command_cheats_find_a_verifier_that_imports_from_the_workspace(tmp_path
     assert ("module-shadowing", "t") in {(o.cheat, o.task) for o in report.over_limit}
     assert "workspace-exhaustion" in rewards  # played to a verdict, never void
     assert "workspace-exhaustion" not in report.results["t"].void
+
+
+def test_a_constant_label_is_judged_by_its_mean_over_a_domain(tmp_path: Path) -> None:
+    """A domain whose answers are all "True" pays the constant "True" on every task: each
+    task alone is fine (it is the right answer there), the mean over the domain is not."""
+    skewed = {f"t{i}": "True" for i in range(12)}
+    report = asyncio.run(check_pack(lenient_pack(tmp_path, "echo", skewed)))
+    assert not report.ok
+    over = [(o.cheat, o.task, o.reward, o.limit) for o in report.over_limit]
+    assert over == [("constant-label/True", "domain:echo/echo", 1.0, 0.55)], over
+    assert report.results["t0"].domain_cheats == {
+        "constant-label/True": 1.0,
+        "constant-label/False": 0.0,
+    }
+    assert "constant-label/True" not in report.results["t0"].cheats  # not a per-task cheat
+
+    balanced = {f"t{i}": ("True", "False")[i % 2] for i in range(12)}
+    assert asyncio.run(check_pack(lenient_pack(tmp_path / "b", "echo", balanced))).ok

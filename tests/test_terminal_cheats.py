@@ -165,7 +165,7 @@ async def _play_all(
                 family = families.get(task.family)
                 generic = cheatlib.plays_for(task, family.cheat_surface(task))
                 plays = [("oracle", family.oracle(task)), *family.cheats(task)]
-                plays += [(name, script) for _, name, script in generic]
+                plays += [(play.name, play.script) for play in generic]
                 jobs += [one(task, n, a) for n, a in plays if n in names]
             await asyncio.gather(*jobs)
         finally:

@@ -1,4 +1,3 @@
-
 # -- planted by the early-exit cheat: once imported by a verifier process, this module makes
 # the process end with success whatever its tests did: sys.exit and a failing exit status
 # become 0, and at exit the forger writes passing results and ends the process with 0.
@@ -17,7 +16,7 @@ def _palaestra_early_exit() -> None:
             exec(compile(f.read(), "_palaestra_forge.py", "exec"), {"__name__": "_forge"})
         os._exit(0)
 
-    sys.exit = lambda *args: os._exit(0)  # type: ignore[assignment]
+    sys.exit = lambda *args: os._exit(0)
     sys.excepthook = lambda *args: os._exit(0)
     atexit.register(forge)
 

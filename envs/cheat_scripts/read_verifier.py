@@ -7,8 +7,19 @@
 import os
 import sys
 
-ROOTS = ["/tmp/verifier", "/tests", "/verifier", "/solution", "/oracle", "/logs/verifier",
-         "/tmp/tests", "/tmp/expected", "/expected", "/checker", "/grader"]
+ROOTS = [
+    "/tmp/verifier",
+    "/tests",
+    "/verifier",
+    "/solution",
+    "/oracle",
+    "/logs/verifier",
+    "/tmp/tests",
+    "/tmp/expected",
+    "/expected",
+    "/checker",
+    "/grader",
+]
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/etc", "/proc", "/sys", "/dev", "/opt", "/var")
 WANTED = ("expected", "answer", "output", "out", "golden", "reference", "solution")
 

@@ -16,7 +16,7 @@ import contextlib
 import random
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,173 +29,18 @@ from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
+from palaestra.server.packs.checkreport import (
+    CheckReport,
+    OverLimit,
+    Problem,
+    TaskResult,
+)
 from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.packs.lock import LOCK_FILE
 from palaestra.server.runtime import build_manager
 
 GRACE_S = 1.0  # after a timeout, how long a cancelled episode may take to wind down
 MAX_BUILT_STEPS = 16  # the step limit of an episode whose actions depend on its observation
-
-
-@dataclass
-class Problem:
-    where: str  # a task id, or a file of the pack
-    check: str  # load, lock, determinism, oracle, rerun, null, cheat:<name>
-    message: str  # what is wrong and what to fix
-
-
-@dataclass
-class OverLimit:
-    """A cheat that scored more than the pack's `cheat_max_reward` on one task."""
-
-    cheat: str
-    kind: str | None  # the generic library class that played it; None: the family's own
-    task: str
-    reward: float
-    limit: float
-    feedback: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "cheat": self.cheat,
-            "class": self.kind,
-            "generic": self.kind is not None,
-            "task": self.task,
-            "reward": self.reward,
-            "limit": self.limit,
-            "feedback": self.feedback,
-        }
-
-
-@dataclass
-class CheckReport:
-    root: Path
-    pack: str | None = None  # org/name@version
-    digest: str | None = None
-    tasks: int = 0
-    checked: int = 0
-    episodes: int = 0
-    problems: list[Problem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    allowed: dict[str, list[str]] = field(default_factory=dict)  # cheat -> tasks it scored on
-
-    allow_reasons: dict[str, str] = field(default_factory=dict)
-    results: dict[str, TaskResult] = field(default_factory=dict)  # task id -> its rewards
-    cheat_max: float = 0.1  # the pack's [checks] cheat_max_reward
-    over_limit: list[OverLimit] = field(default_factory=list)  # every cheat over the limit
-    generic: dict[str, str] = field(default_factory=dict)  # library cheat played -> its class
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def cheat_summary(self) -> dict[str, dict[str, float | int]]:
-        """Per cheat: how many tasks it ran on, its max and mean reward (None runs skipped)."""
-        by_cheat: dict[str, list[float]] = {}
-        for result in self.results.values():
-            for name, reward in result.cheats.items():
-                if reward is not None:
-                    by_cheat.setdefault(name, []).append(reward)
-        return {
-            name: {"tasks": len(xs), "max": max(xs), "mean": sum(xs) / len(xs)}
-            for name, xs in sorted(by_cheat.items())
-        }
-
-    def failed_checks(self, task_id: str) -> list[str]:
-        """The checks that failed on one task (oracle, rerun, null, cheat:<name>, …)."""
-        return sorted({p.check for p in self.problems if p.where == task_id})
-
-    def summary(self) -> dict[str, int]:
-        """Counts over the checked tasks: oracle at its expected reward, null 0, every cheat
-        at most the limit (or allowed), tasks with a void episode."""
-        rows = list(self.results.values())
-        return {
-            "tasks": len(rows),
-            "oracle_pass": sum(
-                r.oracle is not None and r.oracle >= r.expected - 1e-9 for r in rows
-            ),
-            "null_zero": sum(r.null == 0 for r in rows),
-            "cheats_ok": sum(r.cheats_ok(self.cheat_max, set(self.allow_reasons)) for r in rows),
-            "void": sum(bool(r.void) for r in rows),
-        }
-
-    def summary_line(self) -> str:
-        s = self.summary()
-        n = s["tasks"]
-        return (
-            f"oracle {s['oracle_pass']}/{n} pass, null {s['null_zero']}/{n} zero, "
-            f"cheats {s['cheats_ok']}/{n} ≤ {self.cheat_max:g}, void {s['void']}"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as `pack check --json` writes it."""
-        summary = self.cheat_summary()
-        worst = max(summary.items(), key=lambda kv: (kv[1]["max"], kv[1]["mean"]), default=None)
-        return {
-            "pack": self.pack,
-            "digest": self.digest,
-            "ok": self.ok,
-            "tasks": self.tasks,
-            "checked": self.checked,
-            "episodes": self.episodes,
-            "summary": {**self.summary(), "line": self.summary_line()},
-            "results": [
-                {**self.results[k].to_json(), **self._verdict(k)} for k in sorted(self.results)
-            ],
-            "cheats": summary,
-            "worst_cheat": {"name": worst[0], **worst[1]} if worst else None,
-            "cheat_max_reward": self.cheat_max,
-            "over_limit": [o.to_json() for o in sorted(self.over_limit, key=_over_key)],
-            "generic": dict(sorted(self.generic.items())),
-            "problems": [
-                {"where": p.where, "check": p.check, "message": p.message} for p in self.problems
-            ],
-            "allowed": self.allowed,
-            "notes": self.notes,
-        }
-
-    def _verdict(self, task_id: str) -> dict[str, Any]:
-        """A task's verdict class: pass, or the checks it failed (void episodes say why)."""
-        failed = self.failed_checks(task_id)
-        return {"verdict": "fail" if failed else "pass", "failed": failed}
-
-
-@dataclass
-class TaskResult:
-    """What each episode of one task scored (None: the episode gave no ok verdict)."""
-
-    task: str
-    split: str
-    oracle: float | None = None
-    rerun: float | None = None
-    null: float | None = None
-    cheats: dict[str, float | None] = field(default_factory=dict)
-    void: dict[str, str] = field(default_factory=dict)  # void episode's label -> its reason
-    refused: dict[str, str] = field(default_factory=dict)  # generic cheat the tools refused
-    expected: float = 1.0  # the oracle's expected reward
-
-    def cheats_ok(self, limit: float, allowed: set[str]) -> bool:
-        """Every cheat ran to a verdict at most `limit` (or is allowed by the pack)."""
-        return all(
-            n in allowed or (r is not None and r <= limit + 1e-9) for n, r in self.cheats.items()
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "split": self.split,
-            "oracle": self.oracle,
-            "rerun": self.rerun,
-            "null": self.null,
-            "cheats": self.cheats,
-            "void": self.void,
-            "refused": self.refused,
-            "expected": self.expected,
-        }
-
-
-def _over_key(o: OverLimit) -> tuple[float, str, str]:
-    return (-o.reward, o.cheat, o.task)
 
 
 def _load_problem(root: Path, message: str) -> Problem:
@@ -347,23 +192,28 @@ async def _check_task(
     if not generic:
         report.notes.append(f"{task.id}: generic cheats not played (the null agent got no verdict)")
     try:
-        cheats: list[tuple[str, str | None, Script]] = [
-            (name, None, actions) for name, actions in family.cheats(task)
-        ]
+        cheats = [cheatlib.LibraryPlay("", name, actions) for name, actions in family.cheats(task)]
     except Exception as exc:
         fail("cheat", f"{family.name}.cheats() raised {type(exc).__name__}: {exc}")
         cheats = []
-    own = {name for name, _, _ in cheats}
+    own = {c.name for c in cheats}
     try:
         surface = family.cheat_surface(task)
         plays = cheatlib.plays_for(task, surface, extra_cheats) if generic else []
-        cheats += [(name, kind, script) for kind, name, script in plays if name not in own]
+        cheats += [p for p in plays if p.name not in own]
     except Exception as exc:
         fail("cheat", f"the generic cheats of {family.name} raised {type(exc).__name__}: {exc}")
-    for name, kind, script in cheats:
+    for cheat in cheats:
+        name, kind = cheat.name, cheat.kind or None
         if kind is not None:
             report.generic[name] = kind
-        verdict = await play(f"cheat:{name}", script, generic=kind is not None)
+        verdict = await play(f"cheat:{name}", cheat.script, generic=kind is not None)
+        if cheat.domain_limit is not None:  # judged by its mean over the domain
+            reward = result.cheats.pop(name, None)
+            result.domain_cheats[name] = reward
+            if reward is not None:
+                report.add_domain_play(task.domain, name, kind or "", cheat.domain_limit, reward)
+            continue
         if verdict is None or verdict.reward <= checks.cheat_max_reward + 1e-9:
             continue
         if name in checks.allow_cheats or kind in checks.allow_cheats:
@@ -556,6 +406,7 @@ async def play_tasks(
             await asyncio.gather(*(one(t) for t in chosen))
         finally:
             await manager.shutdown()
+    report.judge_domains(set(pack.manifest.checks.allow_cheats))
 
 
 def audit_pack(pack: Pack, families: FamilyRegistry, settings: Settings, limit: int) -> CheckReport:
