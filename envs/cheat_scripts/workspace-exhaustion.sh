@@ -1,6 +1,6 @@
 # Exhaust the sandbox's own space, then submit: fill every size-limited folder the agent
 # can write (the workdir, /tmp, HOME) until the disk is full, then create files until the
-# inodes run out (within 20 s). The verdict must be reward 0 with a failure class (the
+# inodes run out (within 8 s a folder). The verdict must be reward 0 with a failure class (the
 # agent did this), never void. A folder with more than 4 GiB free is not a sandbox's quota
 # and is left alone.
 for d in "$(pwd)" /tmp "$HOME"; do
@@ -9,6 +9,6 @@ for d in "$(pwd)" /tmp "$HOME"; do
   [ -n "$avail" ] && [ "$avail" -lt 4194304 ] || continue
   dd if=/dev/zero of="$d/.palaestra-fill" bs=1M count=$((avail / 1024 + 1)) 2>/dev/null
   mkdir -p "$d/.palaestra-inodes" 2>/dev/null || continue
-  timeout 20 sh -c 'i=0; while : > "$1/f$i" 2>/dev/null; do i=$((i + 1)); [ $i -lt 500000 ] || break; done' sh "$d/.palaestra-inodes"
+  timeout 8 sh -c 'i=0; while : > "$1/f$i" 2>/dev/null; do i=$((i + 1)); [ $i -lt 500000 ] || break; done' sh "$d/.palaestra-inodes"
 done
 true
