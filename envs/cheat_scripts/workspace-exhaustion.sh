@@ -7,7 +7,12 @@ for d in "$(pwd)" /tmp "$HOME"; do
   [ -d "$d" ] && [ -w "$d" ] || continue
   avail=$(df -Pk "$d" 2>/dev/null | awk 'NR==2 {print $4}')
   [ -n "$avail" ] && [ "$avail" -lt 4194304 ] || continue
-  dd if=/dev/zero of="$d/.palaestra-fill" bs=1M count=$((avail / 1024 + 1)) 2>/dev/null
+  # in files no larger than the sandbox's file size limit (ulimit -f, in KiB), until ENOSPC
+  kib=$(ulimit -f); [ "$kib" = unlimited ] && kib=16384; [ "$kib" -gt 16384 ] && kib=16384
+  n=$((avail / kib + 2)); i=0
+  while [ $i -lt $n ] && dd if=/dev/zero of="$d/.palaestra-fill$i" bs=1K count="$kib" 2>/dev/null; do
+    i=$((i + 1))
+  done
   mkdir -p "$d/.palaestra-inodes" 2>/dev/null || continue
   timeout 8 sh -c 'i=0; while : > "$1/f$i" 2>/dev/null; do i=$((i + 1)); [ $i -lt 500000 ] || break; done' sh "$d/.palaestra-inodes"
 done
