@@ -1,20 +1,26 @@
-"""Publish audits a new pack version with the family's cheats and the generic cheat library
-(`publish_check_tasks` tasks): a pack where any cheat scores above its `cheat_max_reward`
-is refused with the contract's JSON error naming the cheat, the task and the reward, and
-nothing is published; a pack that holds is published as before."""
+"""Publish (and `pack import --check`) audits a new pack version with the family's cheats
+and the generic cheat library (`publish_check_tasks` tasks): a pack where any cheat scores
+above its `cheat_max_reward` is refused with the contract's JSON error naming the cheat,
+the task and the reward, and nothing is published; a pack that holds is published."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from palaestra.cli.main import app
 from palaestra.server.app import create_app
 from palaestra.server.config import Settings
 from palaestra.server.packs.archive import pack_archive
+from palaestra.server.packs.lock import pack_files
 from palaestra.server.runtime import build_manager
 from tests.test_pack_check_report import LenientFamily, lenient_pack
+
+FINQA = Path(__file__).resolve().parent / "fixtures" / "finqa" / "finqa.json"
 
 
 @pytest.mark.timeout(300)
@@ -47,3 +53,16 @@ async def test_publish_refuses_a_pack_a_generic_cheat_beats(tmp_path: Path) -> N
             assert published.status_code == 201, published.text
     finally:
         await manager.shutdown()
+
+
+@pytest.mark.timeout(600)
+def test_pack_import_check_audits_the_imported_tasks(tmp_path: Path) -> None:
+    """`pack import … --check N` plays the family's cheats and the library on N imported
+    tasks and writes the report beside the pack (a dotfile: not part of it)."""
+    out = tmp_path / "finqa"
+    run = CliRunner().invoke(app, ["pack", "import", "finqa", str(FINQA), str(out), "--check", "2"])
+    assert run.exit_code == 0, run.output
+    report = json.loads((out / ".palaestra-check.json").read_text())
+    assert report["checked"] == 2 and report["over_limit"] == []
+    assert {"non-finite", "null-information"} <= set(report["generic"].values())
+    assert ".palaestra-check.json" not in pack_files(out)
