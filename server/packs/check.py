@@ -39,6 +39,18 @@ from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.packs.lock import LOCK_FILE
 from palaestra.server.runtime import build_manager
 
+__all__ = [  # the report's shapes live in checkreport.py; importers use them from here
+    "CheckReport",
+    "OverLimit",
+    "Problem",
+    "TaskResult",
+    "audit_pack",
+    "check_pack",
+    "choose_tasks",
+    "play_episode",
+    "play_tasks",
+]
+
 GRACE_S = 1.0  # after a timeout, how long a cancelled episode may take to wind down
 MAX_BUILT_STEPS = 16  # the step limit of an episode whose actions depend on its observation
 
