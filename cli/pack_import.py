@@ -100,6 +100,38 @@ Build = Annotated[
 ]
 
 
+Check = Annotated[
+    int,
+    typer.Option(
+        "--check",
+        help="then audit N imported tasks (0: none) as `pack check` does: the family's cheats "
+        "and the generic cheat library; exit 1 if any cheat scores above the pack's "
+        "cheat_max_reward, naming the cheat, the task and the reward",
+    ),
+]
+
+
+def audit_import(out: Path, tasks: int, sandbox: str | None = None) -> bool:
+    """`pack check --limit tasks` on the imported pack: `pack check`'s table and problems,
+    its JSON in `.palaestra-check.json` (a dotfile: not part of the pack); False where a
+    cheat scores over the limit."""
+    import asyncio
+    import json
+
+    from palaestra.cli.pack import render_report
+    from palaestra.server.packs.check import check_pack
+
+    report = asyncio.run(check_pack(out, limit=tasks, sandbox=sandbox))
+    render_report(report, console)
+    (out / ".palaestra-check.json").write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    for over in report.over_limit:
+        console.print(
+            styled("cheat over the limit", "red", f" {over.cheat} scored {over.reward:.3f} "
+                   f"on {over.task} (limit {over.limit:g})")
+        )  # fmt: skip
+    return not report.over_limit
+
+
 def ceilings() -> Ceilings:
     """This machine's operator ceilings (palaestra.toml, PALAESTRA_*), which imports clamp to."""
     s = load_settings()
@@ -114,7 +146,7 @@ def ceilings() -> Ceilings:
 
 def _run(
     fmt: str, src: Path, out: Path, name: str | None, version: str, split: str | None,
-    force: bool, strict: bool, verbose: bool = False, build: bool = False,
+    force: bool, strict: bool, verbose: bool = False, build: bool = False, check: int = 0,
 ) -> None:  # fmt: skip
     try:
         report = import_tasks(
@@ -129,6 +161,8 @@ def _run(
         raise typer.Exit(1)
     if build and not build_pack_environments(out):
         raise typer.Exit(1)
+    if check and not audit_import(out, check):
+        raise typer.Exit(1)
 
 
 @import_app.command("terminal-bench")
@@ -142,10 +176,11 @@ def terminal_bench_cmd(
     strict: Strict = False,
     verbose: Verbose = False,
     build: Build = False,
+    check: Check = 0,
 ) -> None:
     """Convert Terminal-Bench task folders (task.yaml, Dockerfile, run-tests.sh, solution.sh,
     tests/) into a pack of `terminal` tasks; unsupported ones are reported with the reason."""
-    _run("terminal-bench", src, out, name, version, split, force, strict, verbose, build)
+    _run("terminal-bench", src, out, name, version, split, force, strict, verbose, build, check)
 
 
 @import_app.command("harbor")
@@ -159,11 +194,12 @@ def harbor_cmd(
     strict: Strict = False,
     verbose: Verbose = False,
     build: Build = False,
+    check: Check = 0,
 ) -> None:
     """Convert Harbor task folders (task.toml, instruction.md, environment/Dockerfile,
     tests/test.sh, solution/solve.sh; a dataset.toml's digests are checked) into a pack of
     `terminal` tasks; unsupported ones are reported with the reason."""
-    _run("harbor", src, out, name, version, split, force, strict, verbose, build)
+    _run("harbor", src, out, name, version, split, force, strict, verbose, build, check)
 
 
 @import_app.command("finqa")
@@ -175,6 +211,7 @@ def finqa_cmd(
     force: Force = False,
     strict: Strict = False,
     verbose: Verbose = False,
+    check: Check = 0,
 ) -> None:
     """Import FinQA/TAT-QA JSON (table, text, question, program or derivation) as a finance
     pack; each question that cannot be imported is reported with the reason."""
@@ -185,4 +222,6 @@ def finqa_cmd(
         raise typer.Exit(2) from None
     render_import(report, console, verbose=verbose)
     if strict and report.skipped:
+        raise typer.Exit(1)
+    if check and report.imported and not audit_import(out, check):
         raise typer.Exit(1)

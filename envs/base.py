@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from palaestra.envs.cheatlib import CheatSurface
 from palaestra.sandbox import ExecResult, Sandbox, SandboxSpec, SandboxSpecError
 from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import PYTHON, ForkServerUnavailable, PythonRunner
@@ -389,3 +390,15 @@ class Family(abc.ABC):
         `palaestra pack check` plays each one on every task and fails the pack if any
         scores above the pack's `checks.cheat_max_reward` (default 0.1)."""
         return []
+
+    def cheat_surface(self, task: Task) -> CheatSurface:
+        """How the generic cheat library (envs/cheatlib.py) may play `task`: this family's
+        shell, file-writing and answer tools, the right answer and the label set. Default:
+        read off `tools` (a tool taking `command`; one taking `path` and `content`; `submit`
+        taking `answer`) and the oracle's last `submit` answer. Override to name a label
+        set, another answer tool or the workdir."""
+        try:
+            oracle = self.oracle(task)
+        except Exception:  # pack check reports the oracle's own failure
+            oracle = []
+        return CheatSurface.of_tools(self.tools, oracle)

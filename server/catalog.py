@@ -34,6 +34,8 @@ from palaestra.server.sampler import Sampler
 from palaestra.server.sandboxes import SandboxOwner
 from palaestra.server.store import Store
 
+MAX_LISTED = 5  # over-limit cheats named in a refused publish's message
+
 
 class Catalog:
     def __init__(
@@ -122,10 +124,35 @@ class Catalog:
             rights=rights,
             policy=HostPolicy.from_settings(s),
             broken=self.families.unavailable(),
+            audit=self._audit,
         )
         if created:
             self.sampler.refresh()
         return pack, created
+
+    def _audit(self, pack: Pack) -> None:
+        """Play the family's cheats and the generic cheat library on a sample of the pack's
+        tasks (`publish_check_tasks`, on an install thread); refuse the pack (400
+        `cheat_over_limit`) where any scores above its `cheat_max_reward`."""
+        if self.settings.publish_check_tasks <= 0:
+            return
+        from palaestra.server.packs.check import audit_pack  # the check builds a manager
+
+        report = audit_pack(pack, self.families, self.settings, self.settings.publish_check_tasks)
+        if not report.over_limit:
+            return
+        worst = sorted(report.over_limit, key=lambda o: (-o.reward, o.cheat, o.task))
+        listed = "; ".join(
+            f"{o.cheat!r} scored {o.reward:.3f} on task {o.task}" for o in worst[:MAX_LISTED]
+        )
+        more = f" (and {len(worst) - MAX_LISTED} more)" if len(worst) > MAX_LISTED else ""
+        raise BadRequestError(
+            f"pack {pack.name}@{pack.version} refused: {len(worst)} cheat(s) scored more than "
+            f"its cheat_max_reward {report.cheat_max:g}: {listed}{more}; run `palaestra pack "
+            "check` on it, harden the verifier, or list a cheat it cannot stop under "
+            "[checks.allow_cheats]",
+            code="cheat_over_limit",
+        )
 
     async def _generate(self, root: Path, manifest: PackManifest) -> GeneratedSet:
         """A publish token's generator pack, generated in sandboxes (sealed seeds from the

@@ -357,6 +357,13 @@ class Settings(BaseModel):
     publisher_max_versions: int = Field(
         default=200, ge=0, description="pack versions one publisher may publish"
     )
+    publish_check_tasks: int = Field(
+        default=4,
+        ge=0,
+        description="tasks of a new pack version the family's cheats and the generic cheat "
+        "library are played on before it is published; any cheat above the pack's "
+        "cheat_max_reward refuses it (0: no audit)",
+    )
     # A publish token's generator pack runs its generators in a sandbox at publish time,
     # one fresh sandbox per generator and split (server/packs/generate.py).
     generate_timeout_s: float = Field(

@@ -223,9 +223,10 @@ def test_pack_check_on_bwrap(tmp_path: Path) -> None:
     assert "per task" in result.output and "cheat startup-files: max 0.00" in result.output
     report = json.loads(out.read_text())
     assert report["ok"] and report["problems"] == []
-    # 3 tasks x (oracle, rerun, null) + 3 terminal and 7 generic cheats each + 2 more and
-    # the repository cheats on the repository task
-    episodes = 3 * 3 + 3 * (3 + 7) + 2 + len(repo_cheats.NAMES)
+    # 3 tasks x (oracle, rerun, null) + 3 terminal cheats and the library's shell classes
+    # each + 2 more and the repository cheats on the repository task
+    n = len(generic.NAMES)
+    episodes = 3 * 3 + 3 * (3 + n) + 2 + len(repo_cheats.NAMES)
     assert report["checked"] == 3 and report["episodes"] == episodes
     assert [r["task"] for r in report["results"]] == ["csv-sum", "fix-calc", "word-count"]
     for row in report["results"]:

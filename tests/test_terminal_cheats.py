@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from palaestra.cli.main import app
-from palaestra.envs import cheats
+from palaestra.envs import cheatlib, cheats
 from palaestra.sandbox import ExecResult, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
 from palaestra.sdk.task import Task
@@ -163,7 +163,9 @@ async def _play_all(
             for task_id in task_ids:
                 task = pack.tasks[task_id]
                 family = families.get(task.family)
+                generic = cheatlib.plays_for(task, family.cheat_surface(task))
                 plays = [("oracle", family.oracle(task)), *family.cheats(task)]
+                plays += [(play.name, play.script) for play in generic]
                 jobs += [one(task, n, a) for n, a in plays if n in names]
             await asyncio.gather(*jobs)
         finally:

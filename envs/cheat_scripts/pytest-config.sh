@@ -1,26 +1,7 @@
 # Workspace pytest configuration that turns every test into a pass: ini files that load a
 # plugin from the workspace, and conftest.py files that rewrite every report to "passed".
 W=$(pwd)
-cat > "$W/palaestra_pass_plugin.py" <<'PY'
-import pytest
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    report.outcome = "passed"
-    report.longrepr = None
-
-
-def pytest_sessionfinish(session, exitstatus):
-    session.exitstatus = 0
-
-
-def pytest_collection_modifyitems(session, config, items):
-    for item in items:
-        item.obj = lambda *a, **k: None
-PY
+printf '%s\n' "$PASS_PLUGIN_PY" > "$W/palaestra_pass_plugin.py"
 INI='addopts = -p palaestra_pass_plugin -p no:randomly
 pythonpath = .
 python_files = *.py

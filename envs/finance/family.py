@@ -36,6 +36,7 @@ from palaestra.envs.base import (
     Tool,
     ToolArgs,
 )
+from palaestra.envs.cheatlib import CheatSurface
 from palaestra.envs.finance import cheats as finance_cheats
 from palaestra.envs.finance.accounts import variant_seed
 from palaestra.envs.finance.document import (
@@ -424,6 +425,22 @@ class FinanceFamily(Family):
         """An empty answer (a numeric 0 would be the right value of a yes/no "no")."""
         return [Action(tool="submit_text", arguments={"answers": [""]})]
 
+    def cheat_surface(self, task: Task) -> CheatSurface:
+        """Answers go to `submit_text` for a text question, else to `submit` as a bare value
+        in the gold's unit and scale (so only the value is wrong)."""
+        gold_json = FinancePrivate.of(task).gold
+        if gold_json.get("kind") == "text":
+            answers = [str(a) for a in gold_json["answers"]]
+            return CheatSurface(
+                answer=functools.partial(_text_answer, gold_json["scale"]),
+                expected=answers[0] if len(answers) == 1 else None,
+            )
+        gold = vf.Gold.from_json(gold_json)
+        return CheatSurface(
+            answer=functools.partial(_value_answer, gold.unit, gold.scale),
+            expected=f"{gold.asked_value:g}",
+        )
+
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
         gold_json = FinancePrivate.of(task).gold
         if gold_json.get("kind") == "text":
@@ -442,6 +459,18 @@ class FinanceFamily(Family):
         return answers + [
             (name, [Action(tool="submit", arguments=args)]) for name, args in programs
         ]
+
+
+def _text_answer(scale: str, text: str) -> Action:
+    return Action(tool="submit_text", arguments={"answers": [text], "scale": scale})
+
+
+def _value_answer(unit: str, scale: str, text: str) -> Action:
+    """A bare value (no program), as text: pydantic reads "nan", "1e999", "+5"; other forms
+    are refused as malformed (422)."""
+    return Action(
+        tool="submit", arguments={"value": text, "unit": unit, "scale": scale, "program": ""}
+    )
 
 
 def _wrong_tool(feedback: str) -> vf.Grade:

@@ -14,6 +14,7 @@ from palaestra.envs.base import (
     Tool,
     ToolArgs,
 )
+from palaestra.envs.cheatlib import CheatSurface
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Observation, VerifierInfo
 from palaestra.sdk.task import Task
@@ -120,6 +121,15 @@ class LettersFamily(Family):
 
     def null(self, task: Task) -> list[Action]:
         return [Action(tool="submit", arguments={})]
+
+    def cheat_surface(self, task: Task) -> CheatSurface:
+        """Answers go to `submit`; the right one is the private letter, the labels the
+        alphabet's letters."""
+        return CheatSurface(
+            answer=lambda text: Action(tool="submit", arguments={"answer": text}),
+            expected=LettersPrivate.of(task).answer,
+            labels=tuple(LettersPublic.of(task).alphabet),
+        )
 
     def cheats(self, task: Task) -> list[tuple[str, list[Action]]]:
         letter = LettersPublic.of(task).letter

@@ -7,9 +7,10 @@ Every task gets:
   the workdir), then submits;
 - `shadow-pytest`: plants a `pytest.py` (and `_pytest/`) in the workdir that prints a pass
   and exits 0, for tests that run ``python3 -m pytest`` from there.
-- the generic cheats of `palaestra.envs.cheats` (startup files, workspace pytest config,
-  PATH shadowing, results written anywhere, background processes, symlinks, exit on
-  import).
+(`pack check` also plays the generic cheat library on every task, envs/cheatlib.py: startup
+files, workspace pytest config, PATH and module shadowing, test packages and plugins, early
+exit, always-equal objects, reading the verifier, results written anywhere, background
+processes, symlinks, exit on import, workspace exhaustion.)
 Tasks verified on a verifier image (uv/uvx tests) also get:
 - `uv-config`: a uv.toml / pyproject.toml [tool.uv] in the workdir pointing at a planted
   passing "pytest" wheel, a .venv whose python exits 0 (`cheat_scripts/uv-config.sh`).
@@ -109,7 +110,6 @@ def for_task(task: Task) -> list[tuple[str, list[Action]]]:
         ("print-pass", _bash_then_submit(PRINT_PASS)),
         ("write-verifier-result", _bash_then_submit(WRITE_RESULT)),
         ("shadow-pytest", _bash_then_submit(SHADOW_PYTEST)),
-        *generic.command_cheats(),
     ]
     private = TerminalPrivate.of(task)
     if private.verifier_image is not None:

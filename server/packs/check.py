@@ -15,150 +15,44 @@ import asyncio
 import contextlib
 import random
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs import cheatlib
 from palaestra.envs.base import Family
+from palaestra.envs.cheatlib import GenericCheat, Script
 from palaestra.sdk.errors import PalaestraError
-from palaestra.sdk.models import Action, Verdict
+from palaestra.sdk.models import Verdict
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
+from palaestra.server.packs.checkreport import (
+    CheckReport,
+    OverLimit,
+    Problem,
+    TaskResult,
+)
 from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.packs.lock import LOCK_FILE
 from palaestra.server.runtime import build_manager
 
+__all__ = [  # the report's shapes live in checkreport.py; importers use them from here
+    "CheckReport",
+    "OverLimit",
+    "Problem",
+    "TaskResult",
+    "audit_pack",
+    "check_pack",
+    "choose_tasks",
+    "play_episode",
+    "play_tasks",
+]
+
 GRACE_S = 1.0  # after a timeout, how long a cancelled episode may take to wind down
-
-
-@dataclass
-class Problem:
-    where: str  # a task id, or a file of the pack
-    check: str  # load, lock, determinism, oracle, rerun, null, cheat:<name>
-    message: str  # what is wrong and what to fix
-
-
-@dataclass
-class CheckReport:
-    root: Path
-    pack: str | None = None  # org/name@version
-    digest: str | None = None
-    tasks: int = 0
-    checked: int = 0
-    episodes: int = 0
-    problems: list[Problem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    allowed: dict[str, list[str]] = field(default_factory=dict)  # cheat -> tasks it scored on
-
-    allow_reasons: dict[str, str] = field(default_factory=dict)
-    results: dict[str, TaskResult] = field(default_factory=dict)  # task id -> its rewards
-    cheat_max: float = 0.1  # the pack's [checks] cheat_max_reward
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def cheat_summary(self) -> dict[str, dict[str, float | int]]:
-        """Per cheat: how many tasks it ran on, its max and mean reward (None runs skipped)."""
-        by_cheat: dict[str, list[float]] = {}
-        for result in self.results.values():
-            for name, reward in result.cheats.items():
-                if reward is not None:
-                    by_cheat.setdefault(name, []).append(reward)
-        return {
-            name: {"tasks": len(xs), "max": max(xs), "mean": sum(xs) / len(xs)}
-            for name, xs in sorted(by_cheat.items())
-        }
-
-    def failed_checks(self, task_id: str) -> list[str]:
-        """The checks that failed on one task (oracle, rerun, null, cheat:<name>, …)."""
-        return sorted({p.check for p in self.problems if p.where == task_id})
-
-    def summary(self) -> dict[str, int]:
-        """Counts over the checked tasks: oracle at its expected reward, null 0, every cheat
-        at most the limit (or allowed), tasks with a void episode."""
-        rows = list(self.results.values())
-        return {
-            "tasks": len(rows),
-            "oracle_pass": sum(
-                r.oracle is not None and r.oracle >= r.expected - 1e-9 for r in rows
-            ),
-            "null_zero": sum(r.null == 0 for r in rows),
-            "cheats_ok": sum(r.cheats_ok(self.cheat_max, set(self.allow_reasons)) for r in rows),
-            "void": sum(bool(r.void) for r in rows),
-        }
-
-    def summary_line(self) -> str:
-        s = self.summary()
-        n = s["tasks"]
-        return (
-            f"oracle {s['oracle_pass']}/{n} pass, null {s['null_zero']}/{n} zero, "
-            f"cheats {s['cheats_ok']}/{n} ≤ {self.cheat_max:g}, void {s['void']}"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as `pack check --json` writes it."""
-        summary = self.cheat_summary()
-        worst = max(summary.items(), key=lambda kv: (kv[1]["max"], kv[1]["mean"]), default=None)
-        return {
-            "pack": self.pack,
-            "digest": self.digest,
-            "ok": self.ok,
-            "tasks": self.tasks,
-            "checked": self.checked,
-            "episodes": self.episodes,
-            "summary": {**self.summary(), "line": self.summary_line()},
-            "results": [
-                {**self.results[k].to_json(), **self._verdict(k)} for k in sorted(self.results)
-            ],
-            "cheats": summary,
-            "worst_cheat": {"name": worst[0], **worst[1]} if worst else None,
-            "problems": [
-                {"where": p.where, "check": p.check, "message": p.message} for p in self.problems
-            ],
-            "allowed": self.allowed,
-            "notes": self.notes,
-        }
-
-    def _verdict(self, task_id: str) -> dict[str, Any]:
-        """A task's verdict class: pass, or the checks it failed (void episodes say why)."""
-        failed = self.failed_checks(task_id)
-        return {"verdict": "fail" if failed else "pass", "failed": failed}
-
-
-@dataclass
-class TaskResult:
-    """What each episode of one task scored (None: the episode gave no ok verdict)."""
-
-    task: str
-    split: str
-    oracle: float | None = None
-    rerun: float | None = None
-    null: float | None = None
-    cheats: dict[str, float | None] = field(default_factory=dict)
-    void: dict[str, str] = field(default_factory=dict)  # void episode's label -> its reason
-    expected: float = 1.0  # the oracle's expected reward
-
-    def cheats_ok(self, limit: float, allowed: set[str]) -> bool:
-        """Every cheat ran to a verdict at most `limit` (or is allowed by the pack)."""
-        return all(
-            n in allowed or (r is not None and r <= limit + 1e-9) for n, r in self.cheats.items()
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "split": self.split,
-            "oracle": self.oracle,
-            "rerun": self.rerun,
-            "null": self.null,
-            "cheats": self.cheats,
-            "void": self.void,
-            "expected": self.expected,
-        }
+MAX_BUILT_STEPS = 16  # the step limit of an episode whose actions depend on its observation
 
 
 def _load_problem(root: Path, message: str) -> Problem:
@@ -174,18 +68,23 @@ class EpisodeRun:
 
     verdict: Verdict | None = None
     error: str | None = None
+    refused: bool = False  # a tool refused one of its actions as malformed (422)
 
 
 async def play_episode(
-    client: AsyncInProcessClient, task: Task, actions: Sequence[Action], timeout_s: float
+    client: AsyncInProcessClient, task: Task, script: Script, timeout_s: float
 ) -> EpisodeRun:
-    """Play `actions` on `task` in a fresh episode and verify; never waits past the timeout."""
+    """Play `script` (actions, or a function of the first observation giving them) on `task`
+    in a fresh episode and verify; never waits past the timeout."""
     episode_id: list[str] = []
 
     async def play() -> Verdict:
-        reset = await client.reset(task.ref, options={"max_steps": len(actions) + 1})
+        fixed = None if callable(script) else list(script)
+        steps = len(fixed) + 1 if fixed is not None else MAX_BUILT_STEPS
+        reset = await client.reset(task.ref, options={"max_steps": steps})
         episode_id.append(reset.episode_id)
         try:
+            actions = fixed if fixed is not None else list(script(reset.observation))  # type: ignore[operator]
             for i, action in enumerate(actions):
                 try:
                     reply = await client.step(reset.episode_id, action)
@@ -214,7 +113,7 @@ async def play_episode(
     try:
         return EpisodeRun(verdict=runner.result())
     except _Refused as exc:
-        return EpisodeRun(error=str(exc))
+        return EpisodeRun(error=str(exc), refused=True)
     except PalaestraError as exc:
         return EpisodeRun(error=f"the server refused the episode ({exc.code}): {exc.message}")
     except Exception as exc:
@@ -262,7 +161,11 @@ async def _check_task(
     family: Family,
     timeout_s: float,
     report: CheckReport,
+    extra_cheats: Sequence[GenericCheat] = (),
+    cheats_only: bool = False,
 ) -> None:
+    """Play the task's checks; `cheats_only`: the family's and the library's cheats alone
+    (publish's audit)."""
     assert pack.manifest is not None
     checks = pack.manifest.checks
     problems = report.problems
@@ -272,9 +175,13 @@ async def _check_task(
 
     result = report.results.setdefault(task.id, TaskResult(task.id, task.split))
 
-    async def play(label: str, actions: Sequence[Action]) -> Verdict | None:
-        run = await play_episode(client, task, actions, timeout_s)
+    async def play(label: str, script: Script, generic: bool = False) -> Verdict | None:
+        run = await play_episode(client, task, script, timeout_s)
         report.episodes += 1
+        if generic and run.refused:  # the tools refuse this form: it cannot score
+            result.cheats[label.removeprefix("cheat:")] = 0.0
+            result.refused[label.removeprefix("cheat:")] = run.error or "refused"
+            return None
         problem = _failure(label, run, timeout_s)
         if run.verdict is not None and run.verdict.status == "void":
             result.void[label] = run.verdict.feedback
@@ -288,6 +195,65 @@ async def _check_task(
             return None
         return run.verdict
 
+    generic = True
+    if not cheats_only:
+        await _prove(pack, task, family, result, play, fail)
+        # A verifier that gives no verdict to the null agent would fail every generic play
+        # the same way: its problem is reported once, by the null check.
+        generic = result.null is not None
+    if not generic:
+        report.notes.append(f"{task.id}: generic cheats not played (the null agent got no verdict)")
+    try:
+        cheats = [cheatlib.LibraryPlay("", name, actions) for name, actions in family.cheats(task)]
+    except Exception as exc:
+        fail("cheat", f"{family.name}.cheats() raised {type(exc).__name__}: {exc}")
+        cheats = []
+    own = {c.name for c in cheats}
+    try:
+        surface = family.cheat_surface(task)
+        plays = cheatlib.plays_for(task, surface, extra_cheats) if generic else []
+        cheats += [p for p in plays if p.name not in own]
+    except Exception as exc:
+        fail("cheat", f"the generic cheats of {family.name} raised {type(exc).__name__}: {exc}")
+    for cheat in cheats:
+        name, kind = cheat.name, cheat.kind or None
+        if kind is not None:
+            report.generic[name] = kind
+        verdict = await play(f"cheat:{name}", cheat.script, generic=kind is not None)
+        if cheat.domain_limit is not None:  # judged by its mean over the domain
+            reward = result.cheats.pop(name, None)
+            result.domain_cheats[name] = reward
+            if reward is not None:
+                report.add_domain_play(task.domain, name, kind or "", cheat.domain_limit, reward)
+            continue
+        if verdict is None or verdict.reward <= checks.cheat_max_reward + 1e-9:
+            continue
+        if name in checks.allow_cheats or kind in checks.allow_cheats:
+            report.allowed.setdefault(name, []).append(task.id)
+            continue
+        what = f"generic cheat {name!r} (library class {kind})" if kind else f"known cheat {name!r}"
+        report.over_limit.append(
+            OverLimit(
+                name, kind, task.id, verdict.reward, checks.cheat_max_reward, verdict.feedback
+            )
+        )
+        fail(
+            f"cheat:{name}",
+            f"the {what} scored {verdict.reward:.3f} > {checks.cheat_max_reward:g} "
+            f"({verdict.feedback}); harden the tests/verifier, or list it under "
+            "[checks.allow_cheats] with the reason",
+        )
+
+
+async def _prove(
+    pack: Pack,
+    task: Task,
+    family: Family,
+    result: TaskResult,
+    play: Callable[[str, Script], Awaitable[Verdict | None]],
+    fail: Callable[[str, str], None],
+) -> None:
+    """The oracle reaches the expected reward, a rerun gives the same verdict, null scores 0."""
     expected = pack.expected_reward(task.id)
     result.expected = expected
     try:
@@ -323,24 +289,6 @@ async def _check_task(
             f"the null agent scored {null.reward:.3f}, not 0 ({null.feedback}); the verifier "
             "must not reward doing nothing",
         )
-    try:
-        cheats = family.cheats(task)
-    except Exception as exc:
-        fail("cheat", f"{family.name}.cheats() raised {type(exc).__name__}: {exc}")
-        cheats = []
-    for name, actions in cheats:
-        verdict = await play(f"cheat:{name}", actions)
-        if verdict is None or verdict.reward <= checks.cheat_max_reward + 1e-9:
-            continue
-        if name in checks.allow_cheats:
-            report.allowed.setdefault(name, []).append(task.id)
-            continue
-        fail(
-            f"cheat:{name}",
-            f"the known cheat {name!r} scored {verdict.reward:.3f} > "
-            f"{checks.cheat_max_reward:g} ({verdict.feedback}); harden the tests/verifier, or "
-            f"list it under [checks.allow_cheats] with the reason",
-        )
 
 
 def choose_tasks(pack: Pack, limit: int | None, seed: int = 0) -> list[Task]:
@@ -361,11 +309,13 @@ async def check_pack(
     sandbox: str | None = None,
     on_task: Callable[[Task], None] | None = None,
     judges: Mapping[str, Any] | None = None,
+    extra_cheats: Sequence[GenericCheat] = (),
 ) -> CheckReport:
     """Prove the pack at `root` (see the module docstring); never raises for a bad pack.
 
     `judges`: the judge endpoints by name (the `judges` setting's shape) that the embedded
-    server gives families whose verifier asks a judge."""
+    server gives families whose verifier asks a judge. `extra_cheats`: generic cheat classes
+    played beside the library's (envs/cheatlib.py)."""
     root = Path(root)
     report = CheckReport(root=root)
     families = FamilyRegistry.discover()
@@ -399,17 +349,55 @@ async def check_pack(
                     )
                 )
     chosen = choose_tasks(pack, limit)
+    values: dict[str, Any] = {"packs_dirs": []}
+    if sandbox is not None:
+        values["sandbox"] = sandbox
+    if judges:
+        values["judges"] = dict(judges)
+    await play_tasks(
+        pack,
+        families,
+        chosen,
+        report,
+        settings=Settings(**values),
+        concurrency=concurrency,
+        timeout_s=timeout_s,
+        on_task=on_task,
+        extra_cheats=extra_cheats,
+    )
+    order = {"load": 0, "lock": 1, "determinism": 2}
+    report.problems.sort(key=lambda p: (order.get(p.check, 3), p.where))
+    return report
+
+
+async def play_tasks(
+    pack: Pack,
+    families: FamilyRegistry,
+    chosen: Sequence[Task],
+    report: CheckReport,
+    *,
+    settings: Settings,
+    concurrency: int = 4,
+    timeout_s: float | None = None,
+    on_task: Callable[[Task], None] | None = None,
+    extra_cheats: Sequence[GenericCheat] = (),
+    cheats_only: bool = False,
+) -> None:
+    """Play the checks of `chosen` tasks of a loaded `pack` through an embedded manager built
+    from `settings` (its own temporary data dir and SQLite store, no packs of its own)."""
+    assert pack.manifest is not None
     if not chosen:
-        return report
+        return
     timeout = timeout_s if timeout_s is not None else pack.manifest.checks.timeout_s
     with tempfile.TemporaryDirectory(prefix="palaestra-check-") as tmp:
-        values: dict[str, Any] = {"data_dir": Path(tmp), "packs_dirs": []}
-        if sandbox is not None:
-            values["sandbox"] = sandbox
-        if judges:
-            values["judges"] = dict(judges)
-        settings = Settings(**values)
-        manager = await asyncio.to_thread(build_manager, settings)
+        own = {
+            "data_dir": Path(tmp),
+            "store": "",
+            "packs_dirs": [],
+            "heldout_secret_file": None,
+            "ray": "",
+        }
+        manager = await asyncio.to_thread(build_manager, settings.model_copy(update=own))
         manager.families = families
         manager.packs.add(pack)
         await manager.start()
@@ -418,7 +406,10 @@ async def check_pack(
 
         async def one(task: Task) -> None:
             async with gate:
-                await _check_task(client, pack, task, families.get(task.family), timeout, report)
+                family = families.get(task.family)
+                await _check_task(
+                    client, pack, task, family, timeout, report, extra_cheats, cheats_only
+                )
                 report.checked += 1
                 if on_task is not None:
                     on_task(task)
@@ -427,6 +418,18 @@ async def check_pack(
             await asyncio.gather(*(one(t) for t in chosen))
         finally:
             await manager.shutdown()
-    order = {"load": 0, "lock": 1, "determinism": 2}
-    report.problems.sort(key=lambda p: (order.get(p.check, 3), p.where))
+    report.judge_domains(set(pack.manifest.checks.allow_cheats))
+
+
+def audit_pack(pack: Pack, families: FamilyRegistry, settings: Settings, limit: int) -> CheckReport:
+    """Publish's audit (blocking; run on an install thread): the family's cheats and the
+    generic library on a fixed sample of `limit` tasks of a loaded pack, in sandboxes of the
+    server's backend. The report's `over_limit` lists every cheat over `cheat_max_reward`."""
+    assert pack.manifest is not None
+    report = CheckReport(root=pack.root, pack=f"{pack.name}@{pack.version}", digest=pack.digest)
+    report.cheat_max = pack.manifest.checks.cheat_max_reward
+    report.allow_reasons = dict(pack.manifest.checks.allow_cheats)
+    report.tasks = len(pack.tasks)
+    chosen = choose_tasks(pack, limit)
+    asyncio.run(play_tasks(pack, families, chosen, report, settings=settings, cheats_only=True))
     return report

@@ -370,8 +370,12 @@ class PackRegistry:
         policy: HostPolicy | None = None,
         generate: Generate | None = None,
         broken: Mapping[str, str] | None = None,
+        audit: Callable[[Pack], None] | None = None,
     ) -> tuple[Pack, bool]:
         """Verify and install one archive; returns the pack and whether it is new.
+
+        `audit` is called with a new version's loaded pack before it is placed (publish's
+        cheat audit); what it raises refuses the archive.
 
         A generator pack's tasks come from `generate` (sandboxes) and are stored beside it,
         whenever `generate` is given and always without `allow_code`. Raises BadRequestError
@@ -422,6 +426,8 @@ class PackRegistry:
                     f"the archive's pack digest is {pack.digest}, expected {expect_digest}",
                     code="digest_mismatch",
                 )
+            if audit is not None and self.find(pack.name, pack.version) is None:
+                audit(pack)
             with self._lock:
                 return self._place(pack, root, publisher, catalog, rights, generated)
 
