@@ -121,10 +121,11 @@ def write_script(files: Mapping[str, str]) -> str:
 
 
 def command_cheats(environment: Mapping[str, str]) -> list[tuple[str, list[Action]]]:
-    """Each cheat as (name, actions): one bash call writing its files, then submit."""
+    """Each cheat as (name, actions): one bash call writing its files, then submit. Named
+    `repo-<attack>`: apart from the generic library's plays (its `always-equal` differs)."""
     return [
         (
-            name,
+            f"repo-{name}",
             [
                 Action(
                     tool="bash", arguments={"command": write_script(files), "timeout": TIMEOUT_S}
