@@ -219,8 +219,11 @@ async def test_attack_scores_zero_and_honest_work_one(
 
 
 # -- the same through uv: Terminal-Bench 2 / Harbor's standard line on the verifier image ----
-UVX = "uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest --ctrf $VERIFIER_LOGS/ctrf.json"
-TB2_REWARD = 'if [ $? -eq 0 ]; then echo 1 > "$VERIFIER_LOGS/reward.txt"; else echo 0 > "$VERIFIER_LOGS/reward.txt"; fi\n'  # noqa: E501
+UVX = "uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest --ctrf $VERIFIER_LOGS/c.json"
+TB2_REWARD = (
+    'if [ $? -eq 0 ]; then echo 1 > "$VERIFIER_LOGS/reward.txt"; '
+    'else echo 0 > "$VERIFIER_LOGS/reward.txt"; fi\n'
+)
 UV_TEST_SH = f'{UVX} "$VERIFIER_DIR/test_out.py" -rA\n{TB2_REWARD}'
 # What TB2 tests do: the agent's folder first on sys.path, then its module imported.
 UV_TEST_OUT = """\
@@ -274,7 +277,8 @@ UV_ATTACKS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
         {
             **WRONG,
             "passall.py": PASS_ALL,
-            "passall-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: passall\nVersion: 1.0\n",
+            "passall-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: passall\n"
+            "Version: 1.0\n",
             "passall-1.0.dist-info/entry_points.txt": "[pytest11]\npassall = passall\n",
         },
         UV_VERIFIER,
