@@ -21,6 +21,10 @@ ALLOWED = {
     "pytest config and verifier folder its runner handed it",
     "verifiers/programs/uv_boot.py": "a program run inside the verifier's sandbox: the uv "
     "wrappers read the environment its runner set",
+    "verifiers/programs/import_guard.py": "a program run inside the verifier's sandbox: the "
+    "workdir and verifier folder its runner handed it",
+    "verifiers/programs/agent_jail.py": "a program run inside the verifier's sandbox: the "
+    "paths its runner hides from the agent's programs",
     "envs/cheat_scripts/forge.py": "a cheat program run inside the agent's sandbox",
     "server/harness/programs/bash_agent.py": "the built-in harness, run inside the episode's "
     "sandbox: OPENAI_BASE_URL/OPENAI_MODEL are the session proxy the runner gave it",

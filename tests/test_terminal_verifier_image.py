@@ -3,7 +3,10 @@ a Harbor task whose tests/test.sh is the standard Terminal-Bench 2 script (uv in
 `uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest --ctrf ...`) runs unchanged
 on the verifier image with no network: oracle 1, null 0; a task with tests/Dockerfile runs on
 its own verifier image; CTRF and JUnit reports the run wrote are read by the runner; results
-the agent planted (workspace, /logs/verifier, /tmp) change nothing. On docker; skips, saying
+the agent planted (workspace, /logs/verifier, /tmp) change nothing; every imported fixture
+whose tests run through uv/uvx (harbor-cookbook, harbor-verifier, terminal-bench-2) passes
+its oracle, and its pytest runs under the verifier's monitor (an agent module that ends the
+session with ``os._exit(0)`` when a test imports it scores 0). On docker; skips, saying
 why, without the engine or palaestra/terminal."""
 
 from __future__ import annotations
@@ -138,9 +141,14 @@ def settings(pack: Path, tmp_path: Path) -> Settings:
 
 
 async def _play(
-    client: AsyncInProcessClient, task: str, commands: list[str], *, oracle: bool = False
+    client: AsyncInProcessClient,
+    task: str,
+    commands: list[str],
+    *,
+    oracle: bool = False,
+    qualified: bool = False,
 ) -> dict[str, Any]:
-    reset = await client.reset(f"{PACK}:{task}", options={"oracle": oracle})
+    reset = await client.reset(task if qualified else f"{PACK}:{task}", options={"oracle": oracle})
     for command in commands:
         await client.step(reset.episode_id, Action(tool="bash", arguments={"command": command}))
     tool = "oracle" if oracle else "submit"
@@ -276,3 +284,54 @@ def test_images_verifiers_builds_each_declared_image(tmp_path: Path) -> None:
     assert "palaestra/verifier:" in lines["csv-stats"]
     assert "palaestra/task-verifier:" in lines["own-verifier"]
     assert "2 of 3 verifier images ready" in result.output
+
+
+UV_FIXTURES = ("harbor-cookbook", "harbor-verifier", "terminal-bench-2")
+# The multi-reward tasks' tests import /app/deduplicate.py: it ends the session "passed".
+EXIT_0 = "printf 'import os\\nos._exit(0)\\n' > /app/deduplicate.py"
+
+
+@docker_only
+def test_uv_fixtures_pass_their_oracle_under_the_monitor(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from palaestra.cli.main import app
+
+    runner = CliRunner()
+    packs = tmp_path / "packs"
+    tasks: list[str] = []
+    for name in UV_FIXTURES:
+        out = packs / name
+        src = Path(__file__).parent / "fixtures" / name
+        imported = runner.invoke(app, ["pack", "import", "harbor", str(src), str(out), "--build"])
+        assert imported.exit_code == 0, imported.output
+        built = runner.invoke(app, ["images", "verifiers", str(out)])
+        assert built.exit_code == 0, built.output
+        pack = tomllib.loads((out / "pack.toml").read_text())["name"]
+        for folder in sorted((out / "tasks").iterdir()):
+            meta = tomllib.loads((folder / "task.toml").read_text())
+            if "verifier_image" in meta.get("private", {}):  # its tests call uv/uvx
+                tasks.append(f"{pack}:{folder.name}")
+    assert len(tasks) == 7, tasks
+    settings = Settings(
+        data_dir=tmp_path / "data", packs_dirs=[packs], sandbox="docker", pool_size=0
+    )
+
+    async def play() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        manager = build_manager(settings)
+        await manager.start()
+        try:
+            client = AsyncInProcessClient(manager)
+            oracles = [_play(client, t, [], oracle=True, qualified=True) for t in tasks]
+            dedup = [t for t in tasks if t.endswith(":multi-reward")]
+            cheats = [_play(client, t, [EXIT_0], qualified=True) for t in dedup]
+            return list(await asyncio.gather(*oracles)), list(await asyncio.gather(*cheats))
+        finally:
+            await manager.shutdown()
+
+    oracles, cheats = asyncio.run(play())
+    for task, verdict in zip(tasks, oracles, strict=True):
+        assert verdict["reward"] == 1.0, (task, verdict["feedback"])
+    assert len(cheats) == 2
+    for verdict in cheats:
+        assert verdict["status"] == "ok" and verdict["reward"] == 0.0, verdict["feedback"]

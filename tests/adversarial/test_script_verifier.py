@@ -10,7 +10,12 @@ bwrap and docker (issue 31, invariants 1-3):
 - the agent's program, run by the checker, cannot read the checker's files (its script,
   expected outputs) nor write its logs (agent_jail.py, Landlock);
 - a reward.txt that the agent's imported module writes beside the reward.json of test.sh
-  does not raise the reward (the least of the reward files present counts).
+  does not raise the reward (the least of the reward files present counts);
+- the same through uv (``uvx … pytest``, Terminal-Bench 2 / Harbor's line, on the verifier
+  image ``palaestra/verifier:latest`` on docker and as bwrap's rootfs): the tool
+  environment's pytest runs under the same guard and monitor (uv_boot.py), a test's
+  ``python3`` is the runner's wrapper (the agent's program jailed), and a pytest plugin the
+  agent declares in the workspace (a ``*.dist-info`` entry point) is never loaded.
 
 Each attack scores 1.0 on the verifier before this change and 0 after; the honest work
 beside it still scores 1.
@@ -18,6 +23,7 @@ beside it still scores 1.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -25,10 +31,12 @@ import pytest
 from palaestra.sandbox import SandboxSpec
 from palaestra.sandbox.base import Backend
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
+from palaestra.server.config import Settings
 from palaestra.verifiers.terminal import TerminalRun, files_tar, verify_workspace
 from tests.conftest import docker_skip_reason
 
 IMAGE = "palaestra/terminal:latest"
+UV_IMAGE = "palaestra/verifier:latest"  # images/verifier/: uv, uvx and pinned wheels offline
 WORKDIR = "/work"
 PYTEST = 'python3 -m pytest -q -p no:randomly "$VERIFIER_DIR/test_out.py"\n'
 
@@ -175,9 +183,13 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Ba
 
 
 async def _verify(
-    backend: Backend, workspace: dict[str, str], verifier: dict[str, str], reward_file: bool
+    backend: Backend,
+    workspace: dict[str, str],
+    verifier: dict[str, str],
+    reward_file: bool,
+    image: str | None = None,
 ) -> TerminalRun:
-    spec = SandboxSpec(workdir=WORKDIR, workspace_mb=32)
+    spec = SandboxSpec(image=image, workdir=WORKDIR, workspace_mb=32)
     files = {**verifier, "test.sh": "#!/bin/bash\n" + verifier["test.sh"]}
     async with await backend.create(spec) as box:
         return await verify_workspace(
@@ -204,3 +216,146 @@ async def test_attack_scores_zero_and_honest_work_one(
     if honest is not None:
         good = await _verify(b, honest, verifier, reward_file)
         assert good.reward == 1.0, (attack, good.feedback())
+
+
+# -- the same through uv: Terminal-Bench 2 / Harbor's standard line on the verifier image ----
+UVX = "uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest --ctrf $VERIFIER_LOGS/c.json"
+TB2_REWARD = (
+    'if [ $? -eq 0 ]; then echo 1 > "$VERIFIER_LOGS/reward.txt"; '
+    'else echo 0 > "$VERIFIER_LOGS/reward.txt"; fi\n'
+)
+UV_TEST_SH = f'{UVX} "$VERIFIER_DIR/test_out.py" -rA\n{TB2_REWARD}'
+# What TB2 tests do: the agent's folder first on sys.path, then its module imported.
+UV_TEST_OUT = """\
+import sys
+
+sys.path.insert(0, "/work")
+
+
+def test_answer():
+    import hashlib
+
+    digest = hashlib.sha256(open("/work/out.txt", "rb").read()).hexdigest()
+    assert digest == hashlib.sha256(b"right\\n").hexdigest()
+
+
+def test_solution():
+    from solution import double
+
+    assert double(21) == 42
+"""
+UV_CHECK = """\
+import subprocess
+
+SECRET = "expected-7f3a9c"
+
+
+def test_program():
+    r = subprocess.run(["python3", "/work/prog.py"], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == SECRET
+"""
+PASS_ALL = (
+    "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n    outcome = yield\n"
+    "    report = outcome.get_result()\n    report.outcome = 'passed'\n"
+    "    report.longrepr = None\n"
+)
+UV_VERIFIER = {"test.sh": UV_TEST_SH, "test_out.py": UV_TEST_OUT}
+UV_ATTACKS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "import-exit-0": ({**WRONG, "solution.py": "import os\nos._exit(0)\n"}, UV_VERIFIER),
+    # a standard-library module the test imports once it has put /work first
+    "shadow-lazy-stdlib": ({**WRONG, "hashlib.py": "import os\nos._exit(0)\n"}, UV_VERIFIER),
+    "workspace-conftest": (
+        {**WRONG, "conftest.py": PASS_ALL},
+        {
+            "test.sh": f'cp "$VERIFIER_DIR/test_out.py" .\n{UVX} test_out.py -rA\n{TB2_REWARD}',
+            "test_out.py": UV_TEST_OUT,
+        },
+    ),
+    # a pytest11 entry point in the workspace: plugin autoload is on in uv's tool environment
+    "plugin-entry-point": (
+        {
+            **WRONG,
+            "passall.py": PASS_ALL,
+            "passall-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: passall\n"
+            "Version: 1.0\n",
+            "passall-1.0.dist-info/entry_points.txt": "[pytest11]\npassall = passall\n",
+        },
+        UV_VERIFIER,
+    ),
+    "read-the-checker": (
+        {"prog.py": READ_CHECK.replace("/tmp/*/check.py", "/tmp/*/test_check.py")},
+        {
+            "test.sh": f'{UVX} "$VERIFIER_DIR/test_check.py" -rA\n{TB2_REWARD}',
+            "test_check.py": UV_CHECK,
+        },
+    ),
+}
+UV_HONEST = {name: HONEST for name in UV_ATTACKS}
+UV_HONEST["read-the-checker"] = {"prog.py": "print('expected-7f3a9c')\n"}
+
+
+@pytest.fixture(params=["bwrap", "docker"])
+async def uv_backend(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Backend, str]]:
+    """A backend whose verification sandbox is the verifier image (bwrap: it as a rootfs)."""
+    why = docker_skip_reason(UV_IMAGE)
+    if not why and request.param == "bwrap":
+        why = _skip_reason("bwrap")
+    if why:
+        pytest.skip(why)
+    if request.param == "bwrap":
+        import docker
+
+        from palaestra.envs.terminal.verifierimage import TOOLS_IMAGE, export_rootfs
+
+        images = Settings().cache / "verifier-images"  # cached per image id across runs
+        client = docker.from_env(timeout=300)
+        try:
+            await asyncio.to_thread(export_rootfs, client, UV_IMAGE, images, TOOLS_IMAGE)
+        finally:
+            client.close()
+        b: Backend = BwrapBackend(images_dir=images)
+        image = TOOLS_IMAGE
+    else:
+        from palaestra.sandbox.docker import DockerBackend
+
+        b, image = DockerBackend(default_image=UV_IMAGE), UV_IMAGE
+    try:
+        yield b, image
+    finally:
+        await b.aclose()
+
+
+@pytest.mark.parametrize("attack", sorted(UV_ATTACKS))
+async def test_attack_through_uvx_scores_zero_and_honest_work_one(
+    attack: str, uv_backend: tuple[Backend, str]
+) -> None:
+    b, image = uv_backend
+    workspace, verifier = UV_ATTACKS[attack]
+    run = await _verify(b, workspace, verifier, True, image)
+    assert run.reward == 0.0, (attack, run.feedback())
+    good = await _verify(b, UV_HONEST[attack], verifier, True, image)
+    assert good.reward == 1.0, (attack, good.feedback())
+
+
+UV_FORMS = {
+    "uvx-at-version": "uvx pytest@8.4.1",
+    "uvx-from": "uvx --from pytest==8.4.1 --with pytest-json-ctrf pytest",
+    "uv-tool-run": "uv tool run -p 3.11 pytest",
+    "uv-run": "uv run -p 3.13 --with pytest==8.4.1 pytest",
+}
+
+
+@pytest.mark.parametrize("form", sorted(UV_FORMS))
+async def test_every_uv_form_of_pytest_runs_under_the_monitor(
+    form: str, uv_backend: tuple[Backend, str]
+) -> None:
+    """Each way a script asks uv for pytest: honest work 1, an exit 0 at import 0."""
+    b, image = uv_backend
+    test_sh = f'{UV_FORMS[form]} "$VERIFIER_DIR/test_out.py" -rA\n{TB2_REWARD}'
+    verifier = {"test.sh": test_sh, "test_out.py": UV_TEST_OUT}
+    workspace, _ = UV_ATTACKS["import-exit-0"]
+    run = await _verify(b, workspace, verifier, True, image)
+    assert run.reward == 0.0, (form, run.feedback())
+    good = await _verify(b, HONEST, verifier, True, image)
+    assert good.reward == 1.0, (form, good.feedback())

@@ -1,11 +1,14 @@
 """What the terminal runner's ``python3 -m pytest`` / ``pytest`` wrappers run (argv after
-``-c`` is pytest's), after import_guard.py: a monitor that forks the pytest session and
-decides its exit status itself.
+``-c`` is pytest's), after import_guard.py, and what uv_boot.py has uv's environment run for
+``uvx … pytest``: a monitor that forks the pytest session and decides its exit status itself.
 
-- The session (the child) loads pytest before any workspace file is reachable, with the
-  workspace at the end of sys.path, the verifier's ini, no cache, and only conftest.py files
-  of the verifier's folder (or byte-identical copies of them): an agent-added conftest.py
-  is not loaded (said on stderr).
+- The session (the child) loads pytest and its plugins (uv's tool environment autoloads
+  them) before any workspace file is reachable; the workspace joins the end of sys.path only
+  then (a ``*.dist-info`` entry point there is never seen). It gets the verifier's ini, no
+  cache, and only conftest.py files of the verifier's folder (or byte-identical copies of
+  them): an agent-added conftest.py is not loaded (said on stderr). The runner's wrappers
+  come first on its PATH (uv puts its environment's bin first: a test's ``python3`` would
+  run the agent's program outside agent_jail.py).
 - Its outcomes travel through a pipe to the monitor (the parent, which never imports
   anything of the task, non-dumpable): the collected tests, each test's outcome, the
   session's end. The monitor exits 0 only when the session reached its end with status 0,
@@ -105,12 +108,21 @@ def trusted_conftests() -> set[bytes]:
     return found
 
 
+def wrappers_first() -> None:
+    """The runner's wrappers (PALAESTRA_BIN) first on PATH, ahead of uv's environment."""
+    bindir = os.environ.get("PALAESTRA_BIN")
+    if bindir:
+        rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bindir]
+        os.environ["PATH"] = os.pathsep.join([bindir, *rest])
+
+
 def session(write_fd: int, nonce: str, args: list[str]) -> None:
     """The child: pytest on `args`, reporting to the monitor through `write_fd`."""
     import pytest
-    from _pytest.config import PytestPluginManager
+    from _pytest.config import Config, PytestPluginManager
 
-    append_workspace(os.getcwd())  # type: ignore[name-defined]  # noqa: F821 (import_guard.py)
+    workspace = os.getcwd()
+    wrappers_first()
     trusted = trusted_conftests()
     original = PytestPluginManager._importconftest
 
@@ -134,6 +146,12 @@ def session(write_fd: int, nonce: str, args: list[str]) -> None:
     class Reporter:
         def __init__(self) -> None:
             self.failed: set[str] = set()
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_load_initial_conftests(self, early_config: Config) -> None:
+            """Plugins (-p, autoloaded entry points) are loaded; conftests and tests are
+            next, and may import the agent's modules by name."""
+            append_workspace(workspace)  # type: ignore[name-defined]  # noqa: F821 (import_guard.py)
 
         def pytest_collection_finish(self, session: pytest.Session) -> None:
             items = []

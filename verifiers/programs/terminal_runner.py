@@ -29,7 +29,8 @@ Modes:
   the monitor of pytest_boot.py (exit 0 only for a session that reached its end with every
   test passed), and a program of the agent's under agent_jail.py (Landlock: it cannot open
   the verifier's files, logs, wrappers or HOME). Where the verifier image has uv
-  (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline.
+  (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline, a pytest it runs
+  under the same guard and monitor.
 """
 
 import contextlib
@@ -338,7 +339,8 @@ def write_wrappers(bindir: str, real: str, path: str, boot: dict[str, str]) -> N
         wrappers.append((name, f'#!/bin/sh\nexec {_quote(bindir)}/python3 -m pytest "$@"\n'))
     if os.access(TOOLS_UV, os.X_OK):
         uv_boot = f"exec {_quote(real)} -I -c {_quote(boot['uv_boot.py'])}"
-        wrappers += [(n, f'#!/bin/sh\n{uv_boot} {n} "$@"\n') for n in ("uv", "uvx")]
+        pytest_boot = subst["@PYTEST_BOOT@"]
+        wrappers += [(n, f'#!/bin/sh\n{uv_boot} {n} {pytest_boot} "$@"\n') for n in ("uv", "uvx")]
     for name, text in wrappers:
         with open(os.path.join(bindir, name), "w") as f:
             f.write(text)

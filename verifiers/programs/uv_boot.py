@@ -2,9 +2,15 @@
 verifier image's uv, offline, from the image's wheels only, with no uv configuration read
 from the workdir and the interpreter pinned to an absolute path (never a virtualenv the
 agent left); ``-p 3.x`` maps to that Python where the image has it, else to the image's
-python3 (said on stderr). A pytest it runs gets the verifier's ini, no cache and conftests
-from the verifier's folder down; plugins load from the tool environment (the image's
-wheels) alone."""
+python3 (said on stderr).
+
+A pytest it runs is never the tool environment's ``pytest`` script: uv runs that
+environment's Python on the verifier's boot (argv[2]: import_guard.py + pytest_boot.py, as
+``python3 -m pytest`` gets it), so the same guard, conftest rule and monitor decide the
+session (an ``os._exit(0)`` at import, a workspace ``hashlib.py``, an agent's conftest.py
+cannot pass it). The boot gets the verifier's ini, no cache, its folder as rootdir; plugins
+load from the tool environment (the image's wheels) alone, before the workspace joins
+sys.path (a ``*.dist-info`` entry point the agent leaves there is never seen)."""
 
 import os
 import re
@@ -25,6 +31,7 @@ VALUED = {
     "--allow-insecure-host", "--index-strategy", "--keyring-provider", "--extra", "--group",
     "--package", "--config-file",
 }  # fmt: skip
+PYTEST = re.compile(r"^(pytest|py\.test)(\W.*)?$")
 VERSION = re.compile(r"^(?:python|cpython-?)?(3(?:\.\d+)?)(?:\.\d+)?$")
 
 
@@ -81,18 +88,25 @@ def split(args: list[str]) -> tuple[list[str], list[str]]:
     return opts, rest
 
 
-def harden(command: list[str]) -> list[str]:
-    """pytest with the verifier's ini, no cache, its folder as rootdir (report paths are
-    relative to it) and conftests from there down."""
-    if not command or not re.match(r"^(pytest|py\.test)(\W.*)?$", command[0]):
-        return command
-    ini, vdir = os.environ["PALAESTRA_PYTEST_INI"], os.environ["VERIFIER_DIR"]
-    opts = ["-p", "no:cacheprovider", "-c", ini, "--rootdir", vdir, "--confcutdir", vdir]
-    return [command[0], *opts, *command[1:]]
+def harden(run: bool, opts: list[str], command: list[str], boot: str) -> list[str]:
+    """uv's options and command, with pytest turned into the environment's Python running
+    `boot` on pytest's arguments (the verifier's folder as rootdir: report paths are
+    relative to it). The environment is the one ``pytest`` would have run in: ``uv tool
+    run --from <the pytest requirement>`` (``uvx``), ``--with`` it for ``uv run``."""
+    if not command or not PYTEST.match(command[0]):
+        return [*opts, *command]
+    spec = command[0] if command[0].startswith("pytest") else "pytest"
+    spec = re.sub(r"@latest$", "", spec).replace("@", "==", 1)
+    if run:
+        opts = [*opts, "--with", spec]
+    elif not any(o == "--from" or o.startswith("--from=") for o in opts):
+        opts = [*opts, "--from", spec]
+    vdir = os.environ["VERIFIER_DIR"]
+    return [*opts, "python", "-I", "-c", boot, "--rootdir", vdir, *command[1:]]
 
 
 def main() -> None:
-    prog, args = sys.argv[1], sys.argv[2:]
+    prog, boot, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     if prog == "uvx":
         head, args = ["tool", "run"], args
     elif args[:2] == ["tool", "run"]:
@@ -103,8 +117,7 @@ def main() -> None:
         head = []
     if head:
         opts, command = split(args)
-        argv = [UV, *head, *opts, *([command[0]] if command else [])]
-        argv += harden(command)[1:] if command else []
+        argv = [UV, *head, *harden(head[0] == "run", opts, command, boot)]
     else:
         argv = [UV, *args]
     home = os.environ.get("HOME", "/tmp")
