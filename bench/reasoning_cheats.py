@@ -9,11 +9,15 @@ family's canonical form and guards), on N tasks a domain:
   underscored digits), `grid-const` / `grid-pattern` (a puzzle grid filled by a rule);
 - `constant-label`: on every task of each label dataset (both splits), each label submitted
   every time; its mean per domain must stay ≤ 1/k + 0.05 for k labels;
+- `null-information`: on every domain (both splits), each of its most common training
+  answers (and each label) submitted on every task; the best one's mean must stay ≤ 1/k +
+  0.05 for k distinct answers, ≤ 0.1 where answers are open-ended (envs/reasoning/skew.py);
 - the oracle answer in documented forms (`oracle-forms`: **x**, \\boxed{x}, "x.", full-width
   digits), which must stay 1.0.
 
     .venv/bin/python bench/reasoning_cheats.py               # 3 tasks a domain
     .venv/bin/python bench/reasoning_cheats.py --per-domain 6 --json out.json
+    .venv/bin/python bench/reasoning_cheats.py --null-only   # null-information play only
 
 Prints per cheat kind the worst domains (max and mean reward), then one summary line per
 kind; the last line of stdout is the figures as JSON.
@@ -28,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.reasoning import canon, cheats
+from palaestra.envs.reasoning import canon, cheats, skew
 from palaestra.envs.reasoning.family import score_task
 from palaestra.sdk.task import Task
 from palaestra.server.config import REPO_PACKS
@@ -91,13 +95,59 @@ def measure(tasks: list[Task], per_domain: int) -> dict[str, Any]:
     return out
 
 
+def null_information(tasks: list[Task]) -> dict[str, Any]:
+    """The best constant of every domain (skew.best_constant), the worst first."""
+    by_domain: dict[str, list[Task]] = defaultdict(list)
+    for task in sorted(tasks, key=lambda t: t.id):
+        by_domain[task.domain].append(task)
+    plays = [
+        skew.best_constant(ts, lambda t, text: score_task(t, text)[0])
+        for _, ts in sorted(by_domain.items())
+    ]
+    plays.sort(key=lambda p: (p.limit - p.mean, p.domain))
+    return {
+        "max": max(p.mean for p in plays),
+        "mean": statistics.fmean(p.mean for p in plays),
+        "domains": len(plays),
+        "over": [p.domain for p in plays if p.over],
+        "worst": [
+            {
+                "domain": p.domain,
+                "constant": p.constant[:40],
+                "mean": p.mean,
+                "train": p.train,
+                "heldout": p.heldout,
+                "k": p.k,
+                "limit": p.limit,
+                "tasks": p.tasks,
+            }
+            for p in plays[:16]
+        ],
+    }
+
+
+def print_null(f: dict[str, Any]) -> None:
+    print(
+        f"== null-information: max {f['max']:.3f} mean {f['mean']:.3f} over {f['domains']} "
+        f"domains; {len(f['over'])} over their limit"
+    )
+    for row in f["worst"]:
+        held = "-" if row["heldout"] is None else f"{row['heldout']:.3f}"
+        print(
+            f"   {row['domain']:<36} mean {row['mean']:.3f} (train {row['train']:.3f}, "
+            f"held {held}) limit {row['limit']:.3f} k={row['k']:<2} n={row['tasks']:<2} "
+            f"{row['constant']!r}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--per-domain", type=int, default=3, help="train tasks a domain (+1 held out)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--null-only", action="store_true", help="null-information play only")
     args = ap.parse_args()
     tasks = list(load_pack(REPO_PACKS / "reasoning-gym").tasks.values())
-    figures = measure(tasks, args.per_domain)
+    figures = {} if args.null_only else measure(tasks, args.per_domain)
     for kind, f in figures.items():
         print(f"== {kind}: max {f['max']:.3f} mean {f['mean']:.3f} over {f['domains']} domains")
         for row in f["worst"]:
@@ -105,9 +155,14 @@ def main() -> None:
                 f"   {row['domain']:<44} max {row['max']:.3f} mean {row['mean']:.3f} "
                 f"min {row['min']:.3f} (n={row['n']})"
             )
+    figures["null-information"] = null = null_information(tasks)
+    print_null(null)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
-    summary = {k: {x: round(f[x], 4) for x in ("max", "mean", "min")} for k, f in figures.items()}
+    summary = {
+        k: {x: round(f[x], 4) for x in ("max", "mean", "min") if x in f} for k, f in figures.items()
+    }
+    summary["null-information"]["over"] = len(null["over"])
     print(json.dumps(summary))
 
 

@@ -7,6 +7,7 @@ function, on every domain, so the floors hold across the pack and not on one sam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from palaestra.envs.cad.family import CadFamily, score_mesh
 from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE
 from palaestra.envs.finance.family import FinanceFamily, variant_of
 from palaestra.envs.finance.importer import import_file
-from palaestra.envs.reasoning import guard
+from palaestra.envs.reasoning import guard, gym
 from palaestra.envs.reasoning.family import ReasoningFamily, score_task
 from palaestra.sdk.models import Action
 from palaestra.sdk.task import Task
@@ -247,13 +248,25 @@ def test_family_cheats_at_most_the_floor(reasoning_tasks: list[Task]) -> None:
     assert not over, over
 
 
+def sokoban_echo_task(like: Task) -> Task:
+    """sokoban hard entry 0 of (seed 1000000, size 6), a task of pack 1.1.0: reasoning-gym's
+    scorer solves it with its own question sent back (1.2.0's draw holds no such task)."""
+    rebuild = ("sokoban", "hard", 1_000_000, 6, 0)
+    entry = gym.entry(*rebuild)
+    private = {**like.private, "level": "hard", "seed": 1_000_000, "size": 6, "index": 0}
+    private |= {"answer": entry["answer"], "metadata": {}}
+    public = {**like.public, "question": entry["question"]}
+    assert gym.score(*rebuild, entry["question"]) == 1.0
+    return dataclasses.replace(like, id="sokoban.hard.echo", public=public, private=private)
+
+
 @pytest.mark.parametrize(
     "dataset,answer,why",
     [
         ("game_of_life_halting", "no", "labels"),  # bool("no") == bool("False")
         ("coin_flip", "0", "not the answer"),  # a prefix of 0.375 scored 1.0
         ("rectangle_count", "+1", "not the answer"),  # one off scored 0.64
-        ("spell_backward", "prefix", "piece of the expected"),  # 0.667
+        ("spell_backward", "prefix", "spelled backward"),  # 0.667
         ("sokoban", "question", "characters"),  # the question sent back solves it
         ("basic_arithmetic", "question", "sent back"),  # len(answer)/len(text)
     ],
@@ -267,6 +280,8 @@ def test_guard_refuses_what_the_scorers_paid_for(
         if t.private["dataset"] == dataset
         and (dataset != "coin_flip" or "." in str(t.private["answer"]))
     )
+    if dataset == "sokoban":
+        task = sokoban_echo_task(task)
     expected = str(task.private["answer"])
     if answer == "question":
         answer = task.public["question"]

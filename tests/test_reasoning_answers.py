@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from palaestra.envs.reasoning import canon, cheats
+from palaestra.envs.reasoning import canon, cheats, gym, skew
 from palaestra.envs.reasoning.family import ReasoningFamily, score_answer
 from palaestra.sdk.task import Task
 from palaestra.server.inprocess import AsyncInProcessClient
@@ -195,3 +195,87 @@ async def test_refused_answer_is_an_ok_zero_with_its_class(
         verdict = final.info["verdict"]
         assert verdict["status"] == "ok" and final.reward == 0.0, verdict
         assert verdict["failure"] == failure, verdict
+
+
+# -- null-information play (issue 31, invariants 4 and 8) ---------------------------------
+# Domains still over their share, and why (packs/reasoning-gym/README.md, "Balanced answers").
+STILL_OVER: dict[str, str] = {
+    "reasoning/polynomial_equations": "partial credit per root: '0.0, x' earns on every "
+    "equation with the root 0 (0.17)",
+    "reasoning/calendar_arithmetic": "the scorer pays 0.1 for any weekday (0.16)",
+    "reasoning/figlet_font": "the scorer pays 0.1 for a similar word (0.12)",
+    "reasoning/color_cube_rotation": "3 of 18 tasks share a colour (0.120 > 0.113)",
+    "reasoning/letter_counting": "small counts per level: 3 of 18 share one (0.167 > 0.161)",
+    "reasoning/largest_island": "2 of 18 share one size (0.111 > 0.109)",
+}
+
+
+def by_domain(tasks: list[Task]) -> dict[str, list[Task]]:
+    out: dict[str, list[Task]] = {}
+    for task in tasks:
+        out.setdefault(task.domain, []).append(task)
+    return out
+
+
+def test_no_constant_earns_more_than_its_share_on_any_domain(pack_tasks: list[Task]) -> None:
+    """Each domain's most common training answers (and labels), submitted on every task of
+    the domain: mean ≤ 1/k + 0.05 for k distinct answers (game_of_life's dead board earned
+    0.67, puzzle24's one expression 1.0, shortest_path's "infeasible" 0.5)."""
+    over = {}
+    for domain, tasks in sorted(by_domain(pack_tasks).items()):
+        if domain in STILL_OVER:
+            continue
+        play = skew.best_constant(tasks, lambda t, text: score_answer(t, text).reward)
+        if play.over:
+            over[domain] = (play.constant[:30], round(play.mean, 3), round(play.limit, 3))
+    assert not over, over
+
+
+def test_puzzle24_expression_must_use_the_puzzles_numbers(pack_tasks: list[Task]) -> None:
+    """puzzle24's scorer paid 1.0 for any expression of four in-range numbers making 24."""
+    tasks = of(pack_tasks, "puzzle24")
+    other = next(
+        t
+        for t in tasks
+        if sorted(t.private["metadata"]["numbers"])
+        != sorted(tasks[0].private["metadata"]["numbers"])
+    )
+    scored = score_answer(other, str(tasks[0].private["answer"]))
+    assert scored.reward == 0.0 and scored.failure == "breaks_rules", scored
+    assert score_answer(other, str(other.private["answer"])).reward == 1.0
+
+
+def test_time_intervals_pays_only_the_exact_duration(pack_tasks: list[Task]) -> None:
+    """Closeness credit (1 - diff / a day) paid one constant duration 0.3 a task."""
+    checked = 0
+    for task in of(pack_tasks, "time_intervals"):
+        answer = str(task.private["answer"])
+        if not answer[-1:].isdigit() or ":" not in answer or "day" in answer:
+            continue
+        near = answer[:-1] + str((int(answer[-1]) + 1) % 10)  # a second or a minute off
+        p = task.private
+        if gym.score(p["dataset"], p["level"], p["seed"], p["size"], p["index"], near) <= 0:
+            continue  # reasoning-gym's own scorer pays nothing for it either
+        scored = score_answer(task, near)
+        assert scored.reward == 0.0 and scored.failure == "breaks_rules", (task.id, near)
+        assert score_answer(task, answer).reward == 1.0
+        checked += 1
+    assert checked
+
+
+def test_common_answers_are_family_cheats(pack_tasks: list[Task], sample: list[Task]) -> None:
+    """`pack check` plays null-information: each task carries its domain's most common
+    training answers, and each one that is not the task's own answer is a family cheat
+    that earns ≤ 0.1 there."""
+    family = ReasoningFamily()
+    assert all(t.private.get("common_answers") for t in pack_tasks)
+    played, over = 0, {}
+    for task in sample:
+        for name, actions in family.cheats(task):
+            if not name.startswith("common-answer-"):
+                continue
+            played += 1
+            reward = score_answer(task, actions[0].arguments["answer"]).reward
+            if reward > FLOOR:
+                over[f"{name} on {task.id}"] = reward
+    assert played >= 2 * len(by_domain(sample)) and not over, over

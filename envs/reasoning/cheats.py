@@ -11,7 +11,11 @@ pack check` requires ≤ 0.1 on every task) and bench/reasoning_cheats.py measur
 - `digits-*`: a number that is not the answer in another digit form (full-width,
   Arabic-Indic, thousands commas, underscores);
 - `grid-const` / `grid-pattern`: a puzzle grid whose blanks are filled with one digit, or with
-  a cyclic pattern that ignores the puzzle's rows, columns, boxes and inequalities.
+  a cyclic pattern that ignores the puzzle's rows, columns, boxes and inequalities;
+- `common-answer-<i>`: null-information play, the domain's i-th most common training answer
+  (the task's `common_answers`) wherever it is not the task's own answer: it must earn
+  nothing there (no partial credit, no other task's plan accepted). Its mean over a domain,
+  the right tasks included, is bounded by envs/reasoning/skew.py (bench and tests).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from palaestra.envs.reasoning import canon, guard
+from palaestra.envs.reasoning import canon, guard, skew
 
 NONFINITE = {
     "nonfinite-nan": "nan",
@@ -149,3 +153,13 @@ def answer_cheats(dataset: str, question: str, answer: str) -> list[tuple[str, s
     out += digit_cheats(answer)
     out += grid_cheats(question, answer)
     return [(name, text) for name, text in out if canon.fold(text) != expected]
+
+
+def common_answer_cheats(common: list[str], answer: str) -> list[tuple[str, str]]:
+    """(name, answer) for each of the domain's most common answers that is not `answer`."""
+    own = skew.answer_key(answer)
+    return [
+        (f"common-answer-{i}", text)
+        for i, text in enumerate(common, 1)
+        if skew.answer_key(text) != own
+    ]

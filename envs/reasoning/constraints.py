@@ -10,18 +10,36 @@ scorer says).
 
 The grid is read as those scorers read it: every line with exactly n digits 1-9 (other
 characters ignored) is the next row.
+
+Some rules bind full credit too (`FULL`): puzzle24's scorer checks that the expression makes
+24 from four numbers in range, not that they are the puzzle's numbers, so one expression
+("5*5 + 4 - 5") scored 1.0 on every task; an expression must use exactly the puzzle's
+numbers. time_intervals pays closeness (1 - diff / a day, or / a month), so one constant
+duration earned 0.3 a task: a duration is exact or wrong. spell_backward pays the share of
+letters in place, so another task's word earned 0.33: the word is exact or wrong.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 # Latin-square puzzles: rows and columns hold 1..n once each, the givens are kept.
 BOX = {"sudoku": True, "mini_sudoku": True, "futoshiki": False}
-# Simulations with one right board: anything else breaks the rule of the simulation.
-ALL_OR_NOTHING = frozenset({"game_of_life"})
-CHECKED = frozenset(BOX) | ALL_OR_NOTHING
+# One right answer, closeness not paid: anything else is wrong (the reason says why).
+ALL_OR_NOTHING = {
+    "game_of_life": "not the board the rules give",
+    "time_intervals": "not the exact duration",
+    "spell_backward": "not the word spelled backward",
+}
+# Expressions that must use exactly the puzzle's numbers (metadata "numbers"), however the
+# scorer pays them.
+GIVEN_NUMBERS = frozenset({"puzzle24"})
+# Datasets whose rules bind full credit as well as partial credit.
+FULL = GIVEN_NUMBERS
+CHECKED = frozenset(BOX) | frozenset(ALL_OR_NOTHING) | GIVEN_NUMBERS
+INTEGER = re.compile(r"\b\d+\b")
 
 
 def read_grid(answer: str, n: int) -> list[list[int]]:
@@ -65,10 +83,22 @@ def _inequalities(grid: list[list[int]], constraints: list[Any]) -> str | None:
     return None
 
 
+def _given_numbers(answer: str, metadata: dict[str, Any]) -> str | None:
+    given = metadata.get("numbers")
+    if not isinstance(given, list):
+        return None
+    used = sorted(int(n) for n in INTEGER.findall(answer))
+    if used != sorted(int(n) for n in given):
+        return "the expression does not use exactly the puzzle's numbers"
+    return None
+
+
 def breaks(dataset: str, answer: str, metadata: dict[str, Any]) -> str | None:
     """Which of the puzzle's rules `answer` breaks, or None (also for datasets not checked)."""
     if dataset in ALL_OR_NOTHING:
-        return "not the board the rules give"
+        return ALL_OR_NOTHING[dataset]
+    if dataset in GIVEN_NUMBERS:
+        return _given_numbers(answer, metadata)
     if dataset not in BOX:
         return None
     puzzle = metadata.get("puzzle")

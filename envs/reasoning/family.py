@@ -2,7 +2,8 @@
 
 Public fields: `question` (the observation) and `dataset`. Private fields: what rebuilds the
 dataset and the entry on the server (`dataset`, `level`, `seed`, `size`, `index`), the entry's
-`answer` and `metadata` (as JSON), and `item_seed` (seed + index, the seed the split rule uses).
+`answer` and `metadata` (as JSON), `item_seed` (seed + index, the seed the split rule uses)
+and `common_answers` (the domain's most common training answers, played as cheats).
 
 Tools: `think` (a note; does nothing) and `submit(answer)`, which ends the episode. The
 verifier regenerates reasoning-gym's own entry and calls the dataset's own
@@ -69,6 +70,8 @@ class ReasoningPrivate(PrivateFields):
     index: int
     answer: str
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # The domain's most common training answers: played as constants (null-information).
+    common_answers: list[str] = Field(default_factory=list)
 
 
 class ReasoningFamily(Family):
@@ -146,6 +149,10 @@ class ReasoningFamily(Family):
             if name.startswith("grid-") and score_task(task, text)[0] >= PASS_THRESHOLD:
                 continue
             out.append((name, [Action(tool="submit", arguments={"answer": text})]))
+        # Null-information play: each of the domain's most common answers, wherever it is
+        # not this task's own answer (a plan that also solves this task counts as a cheat).
+        for name, text in cheats.common_answer_cheats(private.common_answers, private.answer):
+            out.append((name, [Action(tool="submit", arguments={"answer": text})]))
         return out
 
 
@@ -204,7 +211,7 @@ def score_answer(task: Task, answer: str | None) -> Scored:
         log.info("scorer of %s raised %s on an answer; scored 0", args[0], type(exc).__name__)
         return Scored(0.0, "the scorer could not read the answer")
     reward = min(1.0, max(0.0, reward)) if math.isfinite(reward) else 0.0
-    if 0.0 < reward < PASS_THRESHOLD:
+    if 0.0 < reward < PASS_THRESHOLD or (reward > 0.0 and args[0] in constraints.FULL):
         broken = constraints.breaks(args[0], answer, entry.get("metadata") or {})
         if broken is not None:
             return Scored(0.0, f"incorrect (breaks the puzzle's rules: {broken})", "breaks_rules")

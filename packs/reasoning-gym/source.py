@@ -28,11 +28,11 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.reasoning import canon, gym
+from palaestra.envs.reasoning import canon, gym, skew
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,12 @@ HELDOUT_PER_DOMAIN = 6
 HELDOUT_SEED_START = 2**30
 SPLIT_SEED_BASE = {"train": 0, "heldout": HELDOUT_SEED_START}
 LEVEL_SEED_STRIDE = 1_000_000  # each level's seeds start at base + slot * stride
-# Label datasets (canon.LABEL_SETS) draw each level's tasks from a pool this many times its
-# size, so that the labels can be balanced (a constant label earns ≤ 1/k + 0.05).
-LABEL_POOL = 16
+# Each level's tasks are drawn from a pool this many times its size, the least-used answer
+# first over the domain, so that no constant answer earns more than its share
+# (envs/reasoning/skew.py: ≤ 1/k + 0.05 for k answers, ≤ 0.1 where answers are open-ended).
+# The passes read the pool lazily: a domain whose answers are mostly distinct reads about
+# as many entries as it draws.
+POOL = 16
 
 SKIP: dict[str, str] = {
     "composite": "a mixture of other datasets (needs a list of datasets), not a dataset itself",
@@ -63,7 +66,25 @@ SKIP_LEVELS: dict[tuple[str, str], str] = {
     ("number_sequence", "medium"): "slow generation (~0.5 s an entry)",
     ("number_sequence", "hard"): "generation does not finish (> 20 s an entry)",
     ("bf", "hard"): "slow generation (~0.5 s an entry)",
+    # Null-information play (envs/reasoning/skew.py): levels where one constant answer is
+    # right on most tasks however they are drawn.
+    ("game_of_life", "medium"): "the board always dies (10 cells on 25x25, 2 steps): every "
+    "answer is the dead board",
+    ("game_of_life", "hard"): "the board always dies: every answer is the dead board",
+    ("game_of_life_halting", "hard"): "the question shows the 50x50 board cut by numpy "
+    "('...'): every entry asks the same question, with either answer",
+    ("n_queens", "easy"): "4x4 has 2 solutions: one constant board solves half the tasks",
+    ("n_queens", "medium"): "6x6 has 4 solutions: one constant board solves a quarter or more",
 }
+# Entries that may be drawn at all. n_queens: a puzzle with one solution (with many queens
+# removed, any of the 92 8x8 boards, so one constant board solved a third of the tasks).
+ADMIT: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "n_queens": lambda entry: len(entry["metadata"].get("valid_answers") or ()) == 1,
+}
+# Scorers that check a plan or a placement rather than compare with the answer: one task's
+# answer can solve another (jugs: the same jugs and target; sokoban: a long walk that pushes
+# every box home), so no task is drawn that an answer the domain already has solves.
+PLAN_SCORERS = frozenset({"jugs", "sokoban", "n_queens"})
 # Curriculum datasets whose curriculum configs are all invalid: served at their defaults.
 DEFAULT_ONLY = {
     "arc_agi": "curriculum config fails (AttributeError in the generated config)",
@@ -109,35 +130,100 @@ def split_seed(
     return HELDOUT_SEED_START + int.from_bytes(digest[:8], "big") % span
 
 
-def balanced_indices(
-    name: str,
-    level: str,
-    seed: int,
-    pool: int,
-    size: int,
-    labels: tuple[str, ...],
-    counts: dict[str, int],
-) -> list[int]:
-    """`size` entry indices of the pool (seed, pool) whose answers spread over `labels` as
-    evenly as the pool allows, the split's earlier levels counted (`counts`, updated).
+class Drawn:
+    """What a domain's tasks drawn so far hold: answer key -> tasks, their questions and
+    answers, and (level, seed, size, index) of each. (A plain class: the pack loader and
+    tests exec this file without registering it as a module, which dataclasses need.)"""
 
-    Each pick takes the first unused entry whose label has the fewest tasks so far (ties in
-    the order of `labels`): deterministic for a seed, and a constant label then earns at
-    most ceil(n / k) of a split's n tasks."""
-    by_label: dict[str, list[int]] = {label: [] for label in labels}
-    for index in range(pool):
-        answer = str(gym.entry(name, level, seed, pool, index)["answer"]).strip()
-        if answer in by_label:
-            by_label[answer].append(index)
+    def __init__(
+        self,
+        counts: dict[str, int] | None = None,
+        questions: set[str] | None = None,
+        answers: list[str] | None = None,
+        refs: list[tuple[str, int, int, int]] | None = None,
+    ) -> None:
+        self.counts = counts or {}
+        self.questions = questions or set()
+        self.answers = answers or []
+        self.refs = refs or []
+
+    def add(self, question: str, answer: str, ref: tuple[str, int, int, int] | None = None) -> None:
+        key = skew.answer_key(answer)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.questions.add(question)
+        self.answers.append(answer)
+        if ref is not None:
+            self.refs.append(ref)
+
+    def restore(self, saved: Drawn) -> None:
+        self.counts, self.questions = saved.counts, saved.questions
+        self.answers, self.refs = saved.answers, saved.refs
+
+    def copy(self) -> Drawn:
+        return Drawn(dict(self.counts), set(self.questions), list(self.answers), list(self.refs))
+
+
+def solved_by_drawn(name: str, level: str, seed: int, pool: int, index: int, drawn: Drawn) -> bool:
+    """A plan-checking scorer (PLAN_SCORERS) accepts an answer the domain already has on
+    this entry, or this entry's answer on a task the domain already has."""
+    if name not in PLAN_SCORERS:
+        return False
+    mine = str(gym.entry(name, level, seed, pool, index)["answer"])
+    checks = [((level, seed, pool, index), answer) for answer in drawn.answers]
+    checks += [(ref, mine) for ref in drawn.refs]
+    for (lv, sd, size, i), answer in checks:
+        try:
+            if gym.score(name, lv, sd, size, i, answer) >= 1.0:
+                return True
+        except Exception:  # the scorer cannot read that answer there: it does not solve it
+            continue
+    return False
+
+
+def admitted(name: str, entry: dict[str, Any]) -> bool:
+    """Whether an entry may be drawn at all (ADMIT)."""
+    rule = ADMIT.get(name)
+    return rule is None or rule(entry)
+
+
+def balanced_indices(
+    name: str, level: str, seed: int, pool: int, size: int, drawn: Drawn
+) -> list[int]:
+    """`size` entry indices of the pool (seed, pool) whose answers are the least used so
+    far in the domain (`drawn`, updated), none asking a question the domain already asks.
+
+    Passes over the pool in index order: pass t takes each admitted entry whose answer (by
+    skew.answer_key) has at most t tasks so far, until `size` are taken. Deterministic for
+    a seed; only as many entries are generated as the passes read (most domains: about
+    `size`); a constant answer then holds ⌈n/k⌉ of a domain's n tasks when the pool has k
+    answers. A pool with fewer new questions than `size` gives what it has."""
+    keys: dict[int, str | None] = {}  # None: not admitted, or a question already asked
     chosen: list[int] = []
-    for _ in range(size):
-        open_labels = [lb for lb in labels if by_label[lb]]
-        if not open_labels:
-            raise ValueError(f"the pool of {pool} entries has too few of some labels")
-        label = min(open_labels, key=lambda lb: (counts.get(lb, 0), labels.index(lb)))
-        chosen.append(by_label[label].pop(0))
-        counts[label] = counts.get(label, 0) + 1
-    return sorted(chosen)
+    most = 0
+    while len(chosen) < size and most <= size + max(drawn.counts.values(), default=0):
+        for index in range(pool):
+            if index not in keys:
+                entry = gym.entry(name, level, seed, pool, index)
+                fresh = entry["question"] not in drawn.questions and admitted(name, entry)
+                keys[index] = skew.answer_key(str(entry["answer"])) if fresh else None
+            key = keys[index]
+            if key is None or drawn.counts.get(key, 0) > most:
+                continue
+            entry = gym.entry(name, level, seed, pool, index)
+            if entry["question"] in drawn.questions or solved_by_drawn(
+                name, level, seed, pool, index, drawn
+            ):  # a twin taken in this pass, or solved by an answer the domain has
+                keys[index] = None
+                continue
+            chosen.append(index)
+            keys[index] = None
+            drawn.add(entry["question"], str(entry["answer"]), (level, seed, pool, index))
+            if len(chosen) == size:
+                return sorted(chosen)
+        most += 1
+    if not chosen:
+        raise ValueError(f"the pool of {pool} entries has no question the domain lacks")
+    return sorted(chosen)  # a small problem space: fewer tasks than asked
 
 
 def _split_tasks(
@@ -146,25 +232,25 @@ def _split_tasks(
     chosen: list[str],
     problems: dict[str, str],
     secret: bytes | None = None,
+    drawn: Drawn | None = None,
 ) -> list[dict[str, Any]]:
     """One split's tasks of dataset `name` over the levels `chosen`; a level that fails is
-    left out (and recorded in `problems`). Held-out ids name no seed (`<name>.<level>.h<i>`)."""
+    left out (and recorded in `problems`). Held-out ids name no seed (`<name>.<level>.h<i>`).
+    `drawn` (the domain's tasks so far; updated): the training split's when drawing the
+    held-out one, so that both together stay balanced and share no question."""
     tasks: list[dict[str, Any]] = []
     count = TRAIN_PER_DOMAIN if split == "train" else HELDOUT_PER_DOMAIN
-    counts: dict[str, int] = {}  # label -> tasks of this split that have it (label datasets)
+    drawn = Drawn() if drawn is None else drawn
     for slot, level in enumerate(chosen):
         # `count` spread over the levels, the first levels taking the remainder.
         size = count // len(chosen) + (slot < count % len(chosen))
-        labels = canon.LABEL_SETS.get(name)
-        pool = size * LABEL_POOL if labels else size
+        pool = size * POOL
         seed = split_seed(split, name, level, slot, pool, secret)
         mine: list[dict[str, Any]] = []
+        before = drawn.copy()
         try:
             ds = gym.dataset(name, level, seed, pool)
-            if labels:
-                indices = balanced_indices(name, level, seed, pool, size, labels, counts)
-            else:
-                indices = list(range(size))
+            indices = balanced_indices(name, level, seed, pool, size, drawn)
             for ordinal, index in enumerate(indices):
                 entry = gym.entry(name, level, seed, pool, index)
                 answer = entry["answer"]
@@ -194,6 +280,7 @@ def _split_tasks(
                     }
                 )
         except Exception as exc:
+            drawn.restore(before)  # the level is left out
             where = f"{name}/{level}" if split == "train" else f"{name}/{level} ({split})"
             problems[where] = (
                 f"{type(exc).__name__}: {exc}"[:200] if split == "train" else type(exc).__name__
@@ -210,8 +297,20 @@ def build_train(problems: dict[str, str] | None = None) -> list[dict[str, Any]]:
     for name in gym.dataset_names():
         if name not in SKIP:
             tasks.extend(_split_tasks(name, "train", levels(name), problems))
+    mark_common(tasks, tasks)
     _report(problems)
     return tasks
+
+
+def mark_common(tasks: list[dict[str, Any]], train: list[dict[str, Any]]) -> None:
+    """Give every task its domain's most common training answers (`common_answers`, private):
+    the family plays them as constants (null-information play, envs/reasoning/cheats.py)."""
+    answers: dict[str, list[str]] = {}
+    for t in train:
+        answers.setdefault(t["domain"], []).append(t["private"]["answer"])
+    common = {domain: skew.common_answers(xs) for domain, xs in answers.items()}
+    for t in tasks:
+        t["private"]["common_answers"] = common.get(t["domain"], [])
 
 
 def build_heldout(
@@ -221,16 +320,21 @@ def build_heldout(
     problems = {} if problems is None else problems
     served: dict[str, set[str]] = {}
     questions: dict[str, set[str]] = {}
+    drawn: dict[str, Drawn] = {}  # dataset -> its training tasks
     for t in train:
         name = t["private"]["dataset"]
         served.setdefault(name, set()).add(t["private"]["level"])
         questions.setdefault(name, set()).add(t["public"]["question"])
+        p = t["private"]
+        ref = (p["level"], p["seed"], p["size"], p["index"])
+        drawn.setdefault(name, Drawn()).add(t["public"]["question"], p["answer"], ref)
     tasks: list[dict[str, Any]] = []
     for name in sorted(served):
         chosen = [lv for lv in levels(name) if lv in served[name]]
-        held = _split_tasks(name, "heldout", chosen, problems, secret)
+        held = _split_tasks(name, "heldout", chosen, problems, secret, drawn[name])
         # A small problem space can draw the same question from both ranges: held out, never.
         tasks.extend(t for t in held if t["public"]["question"] not in questions[name])
+    mark_common(tasks, train)
     _report(problems)
     return tasks
 
@@ -248,7 +352,7 @@ def _report(problems: dict[str, str]) -> None:
 
 def cache_key() -> str:
     h = hashlib.sha256(gym.rg_version().encode() + b"\0")
-    for path in (Path(__file__), Path(gym.__file__), Path(canon.__file__)):
+    for path in (Path(__file__), *(Path(m.__file__) for m in (gym, canon, skew))):
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()[:24]
 
