@@ -22,6 +22,7 @@ from palaestra.sandbox.base import (
     SandboxGone,
     SandboxPathError,
     SandboxSpec,
+    WorkspaceFull,
 )
 from palaestra.sandbox.bwrap import BwrapBackend, BwrapSandbox, bwrap_available
 from palaestra.sandbox.bwrap import backend as backend_mod
@@ -373,8 +374,8 @@ async def test_workspace_size_limit(backend: BwrapBackend) -> None:
         assert r.exit_code != 0
         r = await s.exec("rm big && dd if=/dev/zero of=ok bs=1M count=1 2>/dev/null && echo fine")
         assert r.stdout == "fine\n", r
-        # the host side sees the same limit
-        with pytest.raises(OSError):
+        # the host side sees the same limit, and says it is the workspace's (the agent's) fault
+        with pytest.raises(WorkspaceFull):
             await s.write_file("big2", b"\0" * (8 * 1024 * 1024))
 
 
