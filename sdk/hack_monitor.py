@@ -277,6 +277,10 @@ class TestConfig:
 _HOOK = re.compile(r"^\s*(?:pytest_plugins\s*=|def\s+pytest_\w+\s*\(|@pytest\.hookimpl)", re.M)
 
 
+# `addopts = -p NAME` (ini, setup.cfg, tox.ini, pyproject.toml): a plugin of the workspace's.
+_ADDOPTS_PLUGIN = re.compile(r"addopts\s*=.*?(?:^|[\s\"'])-p\s*[\"']?(?!no:)[A-Za-z_]", re.M)
+
+
 @dataclass(frozen=True)
 class PluginRegistration:
     name: ClassVar[str] = "plugin-registration"
@@ -301,6 +305,8 @@ class PluginRegistration:
         text = touch.text or ""
         if "pytest11" in text:
             return f"writes {touch.path} with a pytest11 entry point"
+        if m := _ADDOPTS_PLUGIN.search(text):
+            return f"writes {touch.path} loading a plugin: {m.group(0).strip()[:80]!r}"
         if _python_text(touch) is not None and (m := _HOOK.search(text)):
             return f"writes {touch.path} with {m.group(0).strip()!r}"
         return None

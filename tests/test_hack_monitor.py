@@ -55,6 +55,7 @@ POSITIVE: list[tuple[str, Action]] = [
         write("pass_all.py", "def pytest_runtest_makereport(item, call):\n    pass\n"),
     ),
     ("plugin-registration", write("helpers.py", 'pytest_plugins = ["pass_all"]\n')),
+    ("plugin-registration", write("tox.ini", "[pytest]\naddopts = -p pass_all -p no:randomly\n")),
     (
         "plugin-registration",
         bash(
@@ -164,6 +165,12 @@ HONEST: list[Action] = [
 @pytest.mark.parametrize("action", HONEST, ids=[f"honest-{i}" for i in range(len(HONEST))])
 def test_honest_work_is_not_flagged(action: Action) -> None:
     assert MONITOR.scan([action]) == []
+
+
+def test_disabling_a_plugin_in_addopts_is_test_config_not_plugin_registration() -> None:
+    assert rules(write("pytest.ini", "[pytest]\naddopts = -p no:cacheprovider -q\n")) == {
+        "test-config"
+    }
 
 
 # -- the generic cheats of `pack check` ------------------------------------------------------

@@ -103,7 +103,8 @@ def test_programs_are_files() -> None:
             assert f"*{suffix}" in patterns, f"{package}: *{suffix} is missing from package-data"
 
 
-SHARED_ENVS = {"base", "paths", "cheats"}  # the contract pieces every family may use
+# the contract pieces every family may use (the generic cheat library among them)
+SHARED_ENVS = {"base", "paths", "cheats", "cheatlib", "answer_forms", "repo_cheats"}
 # Families declared to build on another's code (composed, not copied): finance-commentary
 # reads the finance family's generated reports (docs/decisions.md, "Judges: the finance
 # commentary pack").
