@@ -118,6 +118,15 @@ def test_labels_in_any_form_count_and_several_labels_are_wrong(sample: list[Task
             assert score_answer(task, f"the answer is {answer}").failure == "not_a_label"
 
 
+def test_a_signed_number_is_not_a_digit_label() -> None:
+    """The label fold drops punctuation, but not a number's sign: "-1" on a 0/1 dataset is
+    not the label "1" (the generic library's constant "-1" scored 1.0 on circuit_logic)."""
+    assert canon.label("circuit_logic", "-1").failure == "not_a_label"
+    assert canon.label("circuit_logic", "\u22121").failure == "not_a_label"
+    for form in ("1", "**1**", "(1)", "1.", "\\boxed{1}"):
+        assert canon.label("circuit_logic", form).text == "1", form
+
+
 @pytest.mark.parametrize("dataset", PUZZLES)
 def test_grids_filled_by_a_rule_score_zero(sample: list[Task], dataset: str) -> None:
     """A grid whose blanks hold one digit, or a cyclic pattern, kept the givens and was paid

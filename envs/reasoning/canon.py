@@ -18,7 +18,8 @@ every answer is brought to one form first, and only that form is scored:
    in value to a numeric expected answer ("1000.0", "+1000", "1e3" for "1000") is scored as
    the expected answer itself.
 4. Labels: on a label dataset (LABEL_SETS) the answer is folded (markup commands and every
-   punctuation or symbol character become spaces, case is folded, spaces collapsed) and must
+   punctuation or symbol character but a number's sign become spaces, case is folded, spaces
+   collapsed: "-1" is not the label "1") and must
    then equal exactly one label, which is what the scorer sees. An answer holding several
    labels ("True/False", "yes and no") or anything else is wrong.
 """
@@ -98,11 +99,21 @@ def unwrap(text: str, expected: str = "") -> str:
     return text
 
 
+# Signs are kept only where they sign a number; anywhere else they are punctuation.
+SIGN_MARKS = frozenset("-+\u2212")
+SIGNED_DIGIT = re.compile(r"(?<![\w.])([-+\u2212](?=\d))")
+STRAY_SIGN = re.compile(r"(?<!\S)[-+\u2212](?!\d)|(?<=\S)[-+\u2212]")
+
+
 def fold(text: str) -> str:
     """The label fold: NFKC, markup commands and punctuation/symbols to spaces, case folded."""
     text = unicodedata.normalize("NFKC", text)
     text = LATEX_COMMAND.sub(" ", text)
-    text = "".join(" " if unicodedata.category(ch)[0] in "PS" else ch for ch in text)
+    text = SIGNED_DIGIT.sub(r" \1", text)  # a sign before a digit stays: "-1" is not "1"
+    text = "".join(
+        " " if unicodedata.category(ch)[0] in "PS" and ch not in SIGN_MARKS else ch for ch in text
+    )
+    text = STRAY_SIGN.sub(" ", text)
     return " ".join(text.casefold().split())
 
 
