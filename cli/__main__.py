@@ -1,3 +1,3 @@
-from palaestra.cli.main import main
+from palaestra.cli.entry import main
 
 main()

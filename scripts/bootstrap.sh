@@ -72,11 +72,12 @@ fi
 stamp=.venv/.palaestra-installed
 want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "bootstrap: creating .venv with $PYTHON and installing palaestra[dev,train,cad,finance,cluster]"
+  echo "bootstrap: creating .venv with $PYTHON and installing palaestra[server,gym,dev,train,cad,finance,cluster]"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -m pip install -q -e '.[dev,train,cad,finance,cluster]' 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c 'import palaestra.server, palaestra.sdk' # fails loudly if the install did
+  .venv/bin/python -m pip install -q -e '.[server,gym,dev,train,cad,finance,cluster]' 2>&1 | grep -v "^WARNING: Location" || true
+  # fails loudly if the install did (the server's extra and the gym's among it)
+  .venv/bin/python -c 'import palaestra.server.app, palaestra.sdk.gym, palaestra.cli.main'
   echo "$want" > "$stamp"
 fi
 bash scripts/bootstrap-cad.sh  # the cad family's sandbox toolchains (trimesh, Blender), cached

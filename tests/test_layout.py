@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import sys
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 ALLOWED = {
@@ -147,3 +150,67 @@ def test_no_source_module_is_over_about_600_lines() -> None:
         and (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert not long, sorted(long)
+
+
+# The light install (docs/decisions.md, "A light SDK install"): `pip install palaestra` is
+# the sdk with pydantic and httpx; a module that needs more names the extra that brings it.
+SDK_EXTRAS = {
+    "sdk/gym.py": {"gym"},
+    "sdk/integrations/gym_vector.py": {"gym"},
+    "sdk/integrations/trl.py": {"trl"},
+    "sdk/integrations/verl.py": {"verl"},
+    "sdk/integrations/skyrl.py": {"skyrl"},
+    "sdk/policies/hf.py": {"train"},
+    "sdk/train/": {"train"},
+}
+# Peers an sdk module drives in their own venv, never an extra: vLLM pins its own torch.
+SDK_PEERS = {"sdk/train/vllm_engine.py": {"vllm"}}
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """The top-level names of what `path` imports from outside the standard library and
+    palaestra, at module level or inside a function alike (a lazy import still needs its
+    package installed once it runs)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"palaestra", "__future__"}
+
+
+def importable_names(requirements: list[str], owners: dict[str, list[str]]) -> set[str]:
+    """The top-level import names the distributions `requirements` install (with theirs),
+    by `owners` (import name: distributions); an adapter's peer, not installed here, by its
+    own name."""
+    from tests.sdk.wheelhouse import closure
+
+    missing: set[str] = set()
+    dists = set(closure(requirements, missing))
+    provided = {
+        name for name, by in owners.items() if any(canonicalize_name(d) in dists for d in by)
+    }
+    return provided | {name.replace("-", "_") for name in missing}
+
+
+def test_sdk_imports_only_its_own_dependencies() -> None:
+    """An sdk module imports the core's dependencies and its extra's, never the server's
+    (fastapi, uvicorn, psycopg, prometheus, reasoning-gym, …): a trainer's venv has only
+    `pip install palaestra[<extra>]`, and tests/sdk/test_light_install.py runs it there."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    owners = importlib.metadata.packages_distributions()
+    allowed_by: dict[frozenset[str], set[str]] = {}
+    bad = set()
+    for path in sorted((ROOT / "sdk").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        wanted = frozenset().union(*(e for key, e in SDK_EXTRAS.items() if rel.startswith(key)))
+        if wanted not in allowed_by:
+            requirements = [*project["dependencies"], *(r for e in wanted for r in extras[e])]
+            allowed_by[wanted] = importable_names(requirements, owners)
+        allowed = allowed_by[wanted] | SDK_PEERS.get(rel, set())
+        bad |= {f"{rel} imports {name}" for name in third_party_imports(path) - allowed}
+    assert not bad, sorted(bad)
