@@ -65,7 +65,7 @@ def _subprotocols(scope: Scope) -> list[str]:
 def credential(scope: Scope) -> str | None:
     """The handshake's credential as an Authorization value (`Bearer <token>`), or the
     header as it is (refused with the usual message), or None: no credential at all."""
-    header = next(
+    header: str | None = next(
         (v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"authorization"),
         None,
     )
