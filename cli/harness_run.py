@@ -90,11 +90,25 @@ def call_table(calls: list[LlmCall]) -> Table:
             c.api + (" (stream)" if c.stream else ""),
             str(len(c.prompt_token_ids)),
             str(len(c.completion_token_ids)),
-            c.finish_reason or "-",
+            c.finish_reason or ("refused" if c.error else "-"),
             f"{c.upstream_s:.3f}",
             f"{overhead_ms:.1f}",
         )
     return table
+
+
+OUTPUT_TAIL_LINES = 12  # of a failed harness's own output, printed after the table
+
+
+def harness_output_tail(info: dict[str, Any]) -> str:
+    """The last lines a harness printed, when it exited with an error (its own account of
+    what failed: a traceback, the model error it gave up on)."""
+    status, output = info.get("harness"), info.get("harness_output")
+    if not isinstance(status, dict) or not isinstance(output, str) or not output.strip():
+        return ""
+    if status.get("exit_code") in (0, None):
+        return ""
+    return "\n".join(output.rstrip().splitlines()[-OUTPUT_TAIL_LINES:])
 
 
 def report(state: EpisodeState) -> None:
@@ -103,11 +117,17 @@ def report(state: EpisodeState) -> None:
         console.print_json(state.verdict.model_dump_json())
     if state.void_reason:
         console.print(f"void: {state.void_reason}")
-    calls = llm_calls(state.trajectory)
+    calls = llm_calls(state)
     console.print(call_table(calls))
+    for c in calls:  # what the model server said, not a silent row of zeros
+        if c.error:
+            console.print(f"call {c.index}: the model server refused it: {c.error}", soft_wrap=True)
     ended = [r for r in state.trajectory if r.action.tool != LLM_CALL_TOOL]
     for r in ended:
         console.print(f"{r.action.tool}: {r.observation.text}".rstrip(), soft_wrap=True)
+        tail = harness_output_tail(r.info)
+        if tail:
+            console.print(f"the harness's last output:\n{tail}", soft_wrap=True, markup=False)
     if not calls:
         return
     try:

@@ -73,6 +73,11 @@ class LlmCall(BaseModel):
     upstream_s: float  # seconds the upstream took
     proxy_s: float  # seconds the call spent in the proxy, upstream included
     stream: bool = False
+    error: str | None = Field(
+        default=None,
+        description="the model server refused the call: `HTTP <status>: <its message>` "
+        "(e.g. the context window exceeded); no ids, nothing to train on",
+    )
 
 
 LLM_CALL_TOOL = "llm_call"  # the action tool a harness episode's trajectory records use

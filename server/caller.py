@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from starlette.requests import HTTPConnection
 
+from palaestra.server import ws_auth
 from palaestra.server.auth import Principal
 from palaestra.server.fastpath import PRINCIPAL_KEY, authenticator
 from palaestra.server.manager import EpisodeManager
@@ -24,3 +25,9 @@ def principal_of(request: HTTPConnection, header: str | None = None) -> Principa
         principal = auth.from_value(header or request.headers.get("authorization"))
         request.scope[PRINCIPAL_KEY] = principal
     return principal
+
+
+def ws_principal(websocket: HTTPConnection) -> Principal:
+    """A WebSocket's caller: the token of its handshake's header, `bearer.<token>`
+    subprotocol or query (server/ws_auth.py); checked as a header's is."""
+    return principal_of(websocket, ws_auth.credential(websocket.scope))

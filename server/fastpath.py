@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import StepRequest
-from palaestra.server import batch, guards
+from palaestra.server import batch, guards, ws_auth
 from palaestra.server.auth import Authenticator, Principal
 from palaestra.server.manager import EpisodeManager
 
@@ -106,6 +106,7 @@ class StepFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            ws_auth.lift(scope)  # a WebSocket's query token, out of the scope uvicorn logs
             await self.app(scope, receive, send)
             return
         settings = scope["app"].state.manager.settings

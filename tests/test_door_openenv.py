@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess
+from conftest import ServerProcess, make_settings
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -266,3 +267,158 @@ def test_a_revoked_token_ends_its_socket(server: ServerProcess) -> None:
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)
     assert server.client().state(episode).status != "active"
+
+
+OPENENV_CORE = "openenv-core==0.3.0"
+
+
+def test_openenv_core_clients_carry_the_token_in_the_url(
+    server: ServerProcess, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    """openenv-core's GenericEnvClient and MCPToolClient, unmodified (no headers of ours):
+    the token as the URL's password, with a header token's scopes and refusals."""
+    python = peer_python("openenv-core", OPENENV_CORE)
+    publisher, a = token(server, "publisher-only", "publish"), tokens["trainer-a"]
+    echo = {"pack": "palaestra/echo", "task": "say-birch"}
+    plan = {
+        "generic": {
+            **echo,
+            "token": tokens["trainer-a"],
+            "actions": [
+                {"tool": "echo", "arguments": {"text": "hello"}},
+                {"tool": "submit", "arguments": {"answer": "hcrib"}},
+            ],
+        },
+        "mcp": {"token": tokens["trainer-b"], "task": "say-birch", "answer": "hcrib"},
+        "refused": {
+            "none": {**echo, "token": None},
+            "wrong": {**echo, "token": "pal_not-a-token"},
+            "no_scope": {**echo, "token": publisher},
+            "sealed": {"pack": "openai/humaneval", "task": "HumanEval-0", "token": a},
+        },
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = run_peer(python, "openenv_core_client.py", server.url, str(tmp_path / "plan.json"))
+
+    generic = out["generic"]
+    assert generic["reset"]["done"] is False and "birch" in generic["reset"]["observation"]["text"]
+    assert [s["done"] for s in generic["steps"]] == [False, True]
+    assert generic["steps"][-1]["reward"] == 1.0
+    assert generic["state"]["step_count"] == 2 and generic["state"]["status"] == "done"
+    episode = generic["state"]["episode_id"]
+    stored = server.client().state(episode)
+    assert stored.verdict is not None and stored.verdict.reward == 1.0
+    # Owned by the URL's token, as a header's episode is: another token gets a 404.
+    b = {"authorization": f"Bearer {tokens['trainer-b']}"}
+    other = httpx.get(f"{server.url}{ECHO}/state", params={"episode_id": episode}, headers=b)
+    assert other.status_code == 404, other.text
+
+    mcp = out["mcp"]
+    assert {"echo", "submit"} <= set(mcp["tools_before_reset"])
+    schemas = {t["name"]: t["schema"] for t in mcp["tools"]}
+    assert "text" in schemas["echo"]["properties"]
+    assert "over openenv-core" in mcp["echoed"]  # call_tool returns the tool's text
+    assert "teleport" in mcp["unknown"] and "tool_not_found" in mcp["unknown"]
+    assert mcp["submit"] == {"reward": 1.0, "done": True, "tool_name": "submit", "error": None}
+    assert mcp["state"]["step_count"] == 2  # echo and submit; the refused call is no step
+
+    refused = out["refused"]
+    # A session refused at the handshake: the client sends its reset before it reads, so
+    # it reports the error frame, or (when the close came first) the close (1008), whose
+    # reason says why too. A missing scope is refused at the reset.
+    for label, why in (("none", "no bearer token"), ("wrong", "the token is unknown or revoked")):
+        said = refused[label]
+        assert why in said and ("SESSION_ERROR" in said or "1008" in said), said
+    assert "SESSION_ERROR" in refused["no_scope"] and "'train' scope" in refused["no_scope"]
+    assert "SESSION_ERROR" in refused["sealed"] and "sealed" in refused["sealed"]
+    log = server.log.read_text(errors="replace")
+    for secret in (tokens["trainer-a"], tokens["trainer-b"], publisher):
+        assert secret not in log
+
+
+def ws_url(server: ServerProcess, query: str = "") -> str:
+    return server.url.replace("http://", "ws://") + f"{ECHO}/ws" + query
+
+
+def first_reset(ws: Any, task: str = "say-birch") -> dict[str, Any]:
+    ws.send(json.dumps({"type": "reset", "data": {"task": task}}))
+    answer: dict[str, Any] = json.loads(ws.recv(timeout=30))
+    return answer
+
+
+def test_a_token_in_the_query_or_a_subprotocol(
+    server: ServerProcess, tokens: dict[str, str]
+) -> None:
+    """What a browser's WebSocket (no headers) can send: `?token=`, `?access_token=`, or the
+    subprotocol `bearer.<token>` (answered back, as RFC 6455 wants); same scopes, same
+    refusal as a header."""
+    a = tokens["trainer-a"]
+    for query in (f"?token={a}", f"?access_token={a}&lang=en"):
+        with connect(ws_url(server, query)) as ws:
+            answer = first_reset(ws)
+            assert answer["type"] == "observation", answer
+            episode = answer["data"]["metadata"]["episode_id"]
+        assert server.client().state(episode).step_count == 0
+    with connect(ws_url(server), subprotocols=[f"bearer.{a}"]) as ws:  # type: ignore[list-item]
+        assert ws.subprotocol == f"bearer.{a}"
+        assert first_reset(ws)["type"] == "observation"
+    coding = server.url.replace("http://", "ws://") + f"{HUMANEVAL}/ws"
+    with connect(f"{coding}?token={tokens['evaluator']}") as ws:  # eval scope: sealed is open
+        assert first_reset(ws, "HumanEval-0")["type"] == "observation"
+    with connect(f"{coding}?token={a}") as ws:
+        sealed = first_reset(ws, "HumanEval-0")  # a train token: the sealed split refused
+        assert sealed["data"]["code"] == "SESSION_ERROR" and sealed["data"]["status"] == 403
+    for bad in ("?token=pal_nope", "?token=", "?access_token=pal_nope"):
+        with connect(ws_url(server, bad)) as ws:
+            refused = json.loads(ws.recv(timeout=30))
+            assert refused["data"]["code"] == "SESSION_ERROR" and refused["data"]["status"] == 401
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+            assert closed.value.rcvd.reason.startswith(("invalid_token", "unauthenticated"))
+    assert a not in server.log.read_text(errors="replace")
+
+
+async def test_a_query_token_never_reaches_uvicorns_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uvicorn logs each handshake's path and query at INFO (`"WebSocket /…?…" [accepted]`):
+    the front middleware has redacted the token in the scope it logs by then."""
+    import asyncio
+    import socket
+
+    import uvicorn
+    from websockets.asyncio.client import connect as aconnect
+
+    from palaestra.server.app import create_app
+    from palaestra.server.auth import create_token
+    from palaestra.server.config import REPO_PACKS
+    from palaestra.server.runtime import build_manager
+
+    manager = build_manager(
+        make_settings(data_dir=tmp_path / "data", packs_dirs=[REPO_PACKS / "echo"])
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        create_app(manager.settings, manager=manager), log_config=None, log_level="info"
+    )
+    served = uvicorn.Server(config)
+    task = asyncio.create_task(served.serve(sockets=[sock]))
+    try:
+        while not served.started:
+            assert not task.done(), "the server did not start"
+            await asyncio.sleep(0.01)
+        secret, _ = create_token(manager.store.db, ["train"], name="in-the-query")
+        url = f"ws://127.0.0.1:{sock.getsockname()[1]}{ECHO}/ws?lang=en&token={secret}"
+        with caplog.at_level(logging.INFO, logger="uvicorn.error"):
+            async with aconnect(url) as ws:
+                await ws.send(json.dumps({"type": "reset", "data": {"task": "say-birch"}}))
+                assert json.loads(await ws.recv())["type"] == "observation"
+    finally:
+        served.should_exit = True
+        await task
+        sock.close()
+    lines = [r.getMessage() for r in caplog.records if "WebSocket" in r.getMessage()]
+    assert any("lang=en&token=redacted" in line for line in lines), lines
+    assert secret not in caplog.text

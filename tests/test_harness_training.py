@@ -18,7 +18,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs the `train` extra (torch)")
 
-from palaestra.sdk.train.collector import CollectorConfig  # noqa: E402
+from palaestra.sdk.http import HTTPClient  # noqa: E402
+from palaestra.sdk.train.collector import (  # noqa: E402
+    CollectorConfig,
+    EpisodeBroken,
+)
 from palaestra.sdk.train.grpo import (  # noqa: E402
     GRPOConfig,
     group_advantages,
@@ -26,13 +30,28 @@ from palaestra.sdk.train.grpo import (  # noqa: E402
     make_batch,
     token_logprobs,
 )
-from palaestra.sdk.train.harness import HarnessCollector  # noqa: E402
+from palaestra.sdk.train.harness import (  # noqa: E402
+    HarnessCollector,
+    TraceError,
+    episode_samples,
+    llm_calls,
+    stop_reason,
+)
 from palaestra.sdk.train.types import Group, Trajectory  # noqa: E402
+from palaestra.server.harness.toolchain import mini_swe_agent  # noqa: E402
 from palaestra.server.inprocess import AsyncInProcessClient  # noqa: E402
 from palaestra.server.runtime import build_manager  # noqa: E402
 from tests.conftest import BIN, ServerProcess, cli_env, make_settings  # noqa: E402
-from tests.harness_peers import TRAIN_TASK, RecordingModel, harness, recording_model  # noqa: E402
-from tests.peers.fake_model import FakeModel, bash_call, submit_call  # noqa: E402
+from tests.harness_peers import (  # noqa: E402
+    SOLVE_2,
+    TRAIN_TASK,
+    RecordingModel,
+    finished,
+    harness,
+    recording_model,
+    started,
+)
+from tests.peers.fake_model import CONTEXT_TOO_LONG, FakeModel, bash_call, submit_call  # noqa: E402
 from tests.peers.tiny_models import make_models  # noqa: E402
 from tests.test_openai_server import CACHE  # noqa: E402
 from tests.test_sealed import make_token  # noqa: E402
@@ -167,3 +186,52 @@ def test_cli_run_harness_prints_the_verdict_and_the_calls(
     assert 1 <= completion <= 8  # --sampling's max_tokens reached the model
     assert "harness_end: the harness exited with code 1" in out  # out of turns
     assert f"1 training sample(s), {completion} sampled tokens" in out
+
+
+def test_the_helpers_take_what_get_episode_returns(door_server: ServerProcess, token: str) -> None:
+    """`GET /v1/episodes/{id}` as its JSON (httpx), as the HTTP client's `EpisodeState`, or
+    its trajectory: the training helpers take each and agree."""
+    fake = FakeModel([bash_call(SOLVE_2), submit_call()])
+    with fake.serve() as url:
+        episode = started(door_server, token, TRAIN_TASK, harness(url))
+        doc = finished(door_server, token, episode)  # the route's JSON, as httpx gives it
+    with HTTPClient(door_server.url, token=token) as client:
+        state = client.state(episode)
+    assert doc["verdict"]["reward"] == 1.0
+    calls = llm_calls(doc)
+    assert [c.index for c in calls] == [0, 1]
+    assert llm_calls(state) == llm_calls(doc["trajectory"]) == llm_calls(state.trajectory) == calls
+    assert stop_reason(doc) == stop_reason(state) == "terminated"
+    samples = episode_samples(doc)  # the reward: the verdict's
+    assert samples == episode_samples(state) == episode_samples(state, 1.0)
+    assert all(s.reward == 1.0 and s.episode_id == episode for s in samples)
+    assert all(s.task == doc["task"] for s in samples)
+    with pytest.raises(EpisodeBroken, match="GET /v1/episodes"):
+        episode_samples({"episode_id": episode})
+    with pytest.raises(TraceError, match=r"trajectory\[0\]: not a step record"):
+        llm_calls([{"index": 0}])
+
+
+@pytest.mark.parametrize("name", ["bash-agent", "mini-swe-agent"])
+def test_cli_run_harness_prints_the_model_servers_refusal(
+    door_server: ServerProcess, token: str, name: str
+) -> None:
+    """The model server refuses the second call (vLLM's context-length 400): the report
+    says so, with the agent's own last words, instead of a row of zeros."""
+    if name == "mini-swe-agent" and not mini_swe_agent().available:
+        pytest.skip(f"mini-swe-agent toolchain: {mini_swe_agent().reason}")
+    fake = FakeModel([bash_call("ls"), CONTEXT_TOO_LONG])
+    with fake.serve() as url:
+        argv = [str(BIN / "palaestra"), "run", TRAIN_TASK, "--harness", name,
+                "--model-endpoint", url, "--url", door_server.url, "--token", token]  # fmt: skip
+        done = subprocess.run(argv, env=cli_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    [row] = [line for line in out.splitlines() if "openai-chat" in line and "refused" in line]
+    cells = [c.strip() for c in row.strip(" │|").split("│")]
+    assert cells[0] == "1" and cells[2:5] == ["0", "0", "refused"]
+    status, message = CONTEXT_TOO_LONG
+    assert f"call 1: the model server refused it: HTTP {status}: {message}" in out
+    assert "the harness's last output:" in out  # the agent's account of it
+    assert "ContextWindowExceeded" in out if name == "mini-swe-agent" else "HTTP 400" in out
+    assert "1 training sample(s)" in out  # the refused call has nothing to train

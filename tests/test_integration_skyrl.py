@@ -47,6 +47,19 @@ def test_skyrl_make_runs_palaestra_episodes(server: ServerProcess, tmp_path: Pat
         and "elppa" not in out["sealed"]
     )
 
+    # Hermes' <tool_call> (as Qwen models write one) is a tool call; what is none gets an
+    # error observation that shows the expected forms, and the episode goes on.
+    qwen = out["hermes"]
+    assert "<tool_call>" in qwen["instructions"] and '"tool"' in qwen["instructions"]
+    said = [o[0]["content"] if o else "" for o in qwen["observations"]]
+    assert said[0] == "qwen" and said[3] == "unclosed"
+    for error in (said[1], said[2]):
+        assert error.startswith("error: ") and '<tool_call>{"name": "TOOL"' in error, error
+        assert '{"tool": "TOOL", "arguments"' in error
+    assert "2 tool calls in one turn" in said[1] and "tool: Field required" in said[2]
+    assert qwen["dones"] == [False, False, False, False, True]
+    assert qwen["rewards"][-1] == 1.0
+
     # On the server: both episodes stored under the train token, ended and verified.
     with HTTPClient(server.url, token=token) as client:
         for episode, reward in ((right, 1.0), (wrong, 0.0)):
@@ -54,3 +67,6 @@ def test_skyrl_make_runs_palaestra_episodes(server: ServerProcess, tmp_path: Pat
             assert state.task.endswith(":say-birch") and state.verdict is not None
             assert state.verdict.reward == reward
             assert state.step_count == 2  # the text with no JSON never reached the server
+        hermes = client.state(qwen["episode_id"])
+        assert hermes.step_count == 3 and hermes.verdict is not None  # the errors took no step
+        assert [r.action.tool for r in hermes.trajectory] == ["echo", "echo", "submit"]

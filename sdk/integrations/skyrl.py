@@ -2,8 +2,11 @@
 
 `register()` makes it `skyrl_gym.make("palaestra", env_config={"base_url": …, "token": …},
 extras={"task": "org/name:task_id", "seed": 0})`. `init` starts the episode; `step` parses
-the model's text as one JSON tool call (the collector's format), steps, and on the episode's
-end returns the verifier's reward. The server does all checks; this only translates.
+the model's text as one tool call, in Hermes' `<tool_call>{"name", "arguments"}</tool_call>`
+form (what Qwen models emit) or as the JSON `{"tool", "arguments"}` (the collector's
+format), steps, and on the episode's end returns the verifier's reward. Text that is no
+tool call gets an error observation that shows both forms. The server does all checks;
+this only translates.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from palaestra.sdk.train.formats import UnparseableAction, parse_json_action
 
 ENV_ID = "palaestra"
 INSTRUCTIONS = (
-    'Answer each turn with one JSON tool call {"tool": name, "arguments": {...}}. Tools: '
+    'Answer each turn with one tool call, <tool_call>{"name": TOOL, "arguments": {...}}'
+    '</tool_call> or the JSON {"tool": TOOL, "arguments": {...}}. Tools: '
 )
 
 

@@ -8,8 +8,12 @@ text models (a tool call as JSON); the CPU demo has its own compact format.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from typing import Protocol, runtime_checkable
+
+from pydantic import ValidationError
 
 from palaestra.sdk.models import Action, ResetResponse, StepResponse
 from palaestra.sdk.train.tokenizers import Tokenizer
@@ -62,13 +66,38 @@ class JSONToolFormat:
         return parse_json_action(self.tokenizer.decode(ids))
 
 
+HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+EXPECTED_FORMS = (
+    'write one tool call: <tool_call>{"name": "TOOL", "arguments": {...}}</tool_call> '
+    '(Hermes, as Qwen models do) or the JSON object {"tool": "TOOL", "arguments": {...}}'
+)
+
+
 def parse_json_action(text: str) -> Action:
-    """The one JSON tool call `{"tool": …, "arguments": …}` in a turn's text."""
-    text = text.strip()
-    start, stop = text.find("{"), text.rfind("}")
+    """The one tool call in a turn's text: Hermes' `<tool_call>{"name", "arguments"}
+    </tool_call>` (what Qwen models emit; an unclosed tag at the end too, as a stop string
+    leaves it), else one JSON object `{"tool", "arguments"}` (or `{"name", "arguments"}`).
+    UnparseableAction, whose message shows both forms, otherwise."""
+    tagged = HERMES_CALL.findall(text)
+    if len(tagged) > 1:
+        raise UnparseableAction(f"{len(tagged)} tool calls in one turn; {EXPECTED_FORMS}")
+    body = tagged[0] if tagged else text.strip()
+    start, stop = body.find("{"), body.rfind("}")
     if start < 0 or stop < start:
-        raise UnparseableAction('no JSON object; answer {"tool": …, "arguments": {…}}')
+        raise UnparseableAction(f"no JSON object; {EXPECTED_FORMS}")
     try:
-        return Action.model_validate_json(text[start : stop + 1])
-    except ValueError as exc:
-        raise UnparseableAction(f"not a tool call: {str(exc).splitlines()[0]}") from None
+        call = json.loads(body[start : stop + 1])
+    except (ValueError, RecursionError) as exc:
+        raise UnparseableAction(f"not JSON ({exc}); {EXPECTED_FORMS}") from None
+    if not isinstance(call, dict):
+        raise UnparseableAction(f"not a JSON object; {EXPECTED_FORMS}")
+    if "tool" not in call and "name" in call:  # Hermes' keys
+        call = {"tool": call["name"], "arguments": call.get("arguments", {})}
+    if isinstance(call.get("arguments"), str):  # arguments as a JSON string, as OpenAI's
+        with contextlib.suppress(ValueError):  # else refused below, by name
+            call["arguments"] = json.loads(call["arguments"])
+    try:
+        return Action.model_validate(call)
+    except ValidationError as exc:
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise UnparseableAction(f"not a tool call ({wrong}); {EXPECTED_FORMS}") from None

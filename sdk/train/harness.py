@@ -39,10 +39,44 @@ class TraceError(ValueError):
     ids and logprobs of different lengths): the trace is not trainable."""
 
 
-def llm_calls(records: Sequence[StepRecord]) -> list[LlmCall]:
-    """The model calls among an episode's step records, in call order."""
+# What `GET /v1/episodes/{id}` gives: the HTTP client's `EpisodeState`, or the JSON itself.
+Episode = EpisodeState | Mapping[str, Any]
+Records = Episode | Sequence[StepRecord | Mapping[str, Any]]
+
+
+def episode_state(episode: Episode) -> EpisodeState:
+    """The episode as `EpisodeState`, from the client's model or from the route's JSON."""
+    if isinstance(episode, EpisodeState):
+        return episode
+    try:
+        return EpisodeState.model_validate(episode)
+    except ValidationError as exc:
+        raise TraceError(f"not an episode as GET /v1/episodes/{{id}} returns it: {exc}") from None
+
+
+def step_records(records: Records) -> list[StepRecord]:
+    """An episode's step records: from the episode (`EpisodeState` or its JSON) or from
+    its `trajectory` (records or their JSON)."""
+    if isinstance(records, EpisodeState | Mapping):
+        return list(episode_state(records).trajectory)
+    parsed = []
+    for k, record in enumerate(records):
+        if isinstance(record, StepRecord):
+            parsed.append(record)
+            continue
+        try:
+            parsed.append(StepRecord.model_validate(record))
+        except ValidationError as exc:
+            raise TraceError(f"trajectory[{k}]: not a step record: {exc}") from None
+    return parsed
+
+
+def llm_calls(records: Records) -> list[LlmCall]:
+    """The model calls among an episode's step records, in call order. `records`: what
+    `GET /v1/episodes/{id}` returns (the client's `EpisodeState` or the JSON), or its
+    trajectory."""
     calls = []
-    for record in records:
+    for record in step_records(records):
         if record.action.tool != LLM_CALL_TOOL:
             continue
         raw = record.info.get("llm_call")
@@ -53,9 +87,9 @@ def llm_calls(records: Sequence[StepRecord]) -> list[LlmCall]:
     return sorted(calls, key=lambda c: c.index)
 
 
-def stop_reason(records: Sequence[StepRecord]) -> StopReason:
+def stop_reason(records: Records) -> StopReason:
     """`truncated` when a record says a limit ended the episode, else `terminated`."""
-    return "truncated" if any(r.truncated for r in records) else "terminated"
+    return "truncated" if any(r.truncated for r in step_records(records)) else "terminated"
 
 
 @dataclass(frozen=True)
@@ -71,13 +105,17 @@ class SampleTags:
 
 
 def trajectories_from_calls(
-    calls: Sequence[LlmCall], reward: float, tags: SampleTags = SampleTags()
+    calls: Sequence[LlmCall | Mapping[str, Any]], reward: float, tags: SampleTags = SampleTags()
 ) -> list[Trajectory]:
-    """The episode's samples under the context-edit rule (module docstring)."""
+    """The episode's samples under the context-edit rule (module docstring). A call the
+    model server refused (`error`: no ids) is skipped: nothing was sampled."""
     samples: list[Trajectory] = []
     current: Trajectory | None = None
     last: LlmCall | None = None
-    for call in calls:
+    for raw in calls:
+        call = raw if isinstance(raw, LlmCall) else _call(raw)
+        if call.error is not None:
+            continue
         if len(call.completion_token_ids) != len(call.logprobs):
             raise TraceError(
                 f"call {call.index}: {len(call.completion_token_ids)} completion ids but "
@@ -109,6 +147,13 @@ def trajectories_from_calls(
     for sample in samples:
         sample.check()
     return samples
+
+
+def _call(raw: Mapping[str, Any]) -> LlmCall:
+    try:
+        return LlmCall.model_validate(raw)
+    except ValidationError as exc:
+        raise TraceError(f"not an LlmCall: {exc}") from None
 
 
 def harness_reset_options(
@@ -195,16 +240,25 @@ class HarnessCollector(GroupCollector):
             self._close_later(eid)
 
 
-def episode_samples(state: EpisodeState, reward: float, tags: SampleTags) -> list[Trajectory]:
-    """The samples of one ended harness episode (its state as GET returned it)."""
+def episode_samples(
+    state: Episode, reward: float | None = None, tags: SampleTags = SampleTags()
+) -> list[Trajectory]:
+    """The samples of one ended harness episode, from what `GET /v1/episodes/{id}`
+    returned (the client's `EpisodeState` or the JSON); `reward` defaults to its
+    verdict's. EpisodeBroken (`bad_trace`, `no_model_calls`) when there is none to train."""
     try:
-        calls = llm_calls(state.trajectory)
+        episode = episode_state(state)
+        calls = [c for c in llm_calls(episode) if c.error is None]
     except TraceError as exc:
         raise EpisodeBroken("bad_trace", str(exc)) from None
     if not calls:
-        raise EpisodeBroken("no_model_calls", f"episode {state.episode_id}")
-    tags = SampleTags(tags.task, tags.seed, tags.group_id, tags.sample_id, state.episode_id,
-                      stop_reason(state.trajectory))  # fmt: skip
+        raise EpisodeBroken("no_model_calls", f"episode {episode.episode_id}")
+    if reward is None:
+        if episode.verdict is None:
+            raise EpisodeBroken("bad_trace", f"episode {episode.episode_id} has no verdict yet")
+        reward = episode.verdict.reward
+    tags = SampleTags(tags.task or episode.task, tags.seed, tags.group_id, tags.sample_id,
+                      episode.episode_id, stop_reason(episode))  # fmt: skip
     try:
         return trajectories_from_calls(calls, reward, tags)
     except (TraceError, ValueError) as exc:
@@ -212,12 +266,14 @@ def episode_samples(state: EpisodeState, reward: float, tags: SampleTags) -> lis
 
 
 __all__ = [
+    "Episode",
     "HarnessCollector",
     "SampleTags",
     "TraceError",
     "episode_samples",
     "harness_reset_options",
     "llm_calls",
+    "step_records",
     "stop_reason",
     "trajectories_from_calls",
 ]

@@ -7,8 +7,12 @@ closes the one before; leaving closes it). The HTTP routes are stateless, as Ope
 are: `POST /reset` returns the episode id in `metadata.episode_id`, and `POST /step` and
 `GET /state` name it (`episode_id` in the body, or the query), as `POST /mcp?episode_id=`
 does. MCP (the endpoint and the `mcp` frame) is the shared core, server/doors/mcp.py.
-The token travels as EnvClient's `headers={"Authorization": "Bearer …"}`. Every check is
-the episode manager's, so ownership, sealed splits, scopes and quotas are what /v1 has.
+The token travels as EnvClient's `headers={"Authorization": "Bearer …"}`; a client that
+sends no headers (openenv-core's, a browser's) puts it in the WebSocket URL's user info,
+query or a `bearer.<token>` subprotocol (server/ws_auth.py). OpenEnv's `MCPToolClient`
+steps with `list_tools` / `call_tool` actions, answered in its observation shapes. Every
+check is the episode manager's, so ownership, sealed splits, scopes and quotas are what
+/v1 has.
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ from palaestra.sdk.models import (
     StepResponse,
     ToolSpec,
 )
-from palaestra.server import guards
+from palaestra.server import guards, ws_auth
 from palaestra.server.auth import Principal
-from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.caller import manager_of, principal_of, ws_principal
 from palaestra.server.doors import mcp
 from palaestra.server.fastpath import PRINCIPAL_KEY, validation_message
 from palaestra.server.manager import EpisodeManager
@@ -63,6 +67,7 @@ WS_CODES = {
     403: SESSION_ERROR,
 }
 POLICY_VIOLATION = 1008  # the WebSocket close code after a refused session
+CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is 125 bytes, code included
 
 
 def reset_request(pack: str, kwargs: dict[str, Any]) -> ResetRequest:
@@ -91,10 +96,20 @@ def reset_request(pack: str, kwargs: dict[str, Any]) -> ResetRequest:
         raise BadRequestError(validation_message(list(exc.errors()))) from exc
 
 
+def is_call_tool(data: Any) -> bool:
+    """OpenEnv's `CallToolAction` (what `MCPToolClient.call_tool` steps with)."""
+    return isinstance(data, dict) and data.get("type") == "call_tool"
+
+
+def is_list_tools(data: Any) -> bool:
+    """OpenEnv's `ListToolsAction` (`MCPToolClient.list_tools`): answered, never a step."""
+    return isinstance(data, dict) and data.get("type") == "list_tools"
+
+
 def action_of(data: Any) -> Action:
     """OpenEnv's action as our tool call: `{"tool", "arguments"}` as it is, or OpenEnv's
     own `CallToolAction` (`{"type": "call_tool", "tool_name", "arguments"}`)."""
-    if isinstance(data, dict) and data.get("type") == "call_tool":
+    if is_call_tool(data):
         data = {"tool": data.get("tool_name"), "arguments": data.get("arguments", {})}
     try:
         return Action.model_validate(data)
@@ -138,6 +153,35 @@ def step_payload(episode_id: str, reply: StepResponse) -> dict[str, Any]:
 def state_payload(state: EpisodeState) -> dict[str, Any]:
     """OpenEnv's State (`episode_id`, `step_count`, extra fields allowed): ours as it is."""
     return state.model_dump(mode="json")
+
+
+def list_tools_payload(tools: list[ToolSpec]) -> dict[str, Any]:
+    """OpenEnv's `ListToolsObservation`, as its `MCPToolClient` parses it."""
+    listed = [
+        {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
+    ]
+    return {"observation": {"tools": listed, "metadata": {}}, "reward": None, "done": False}
+
+
+def call_tool_result(name: str, observation: Observation) -> dict[str, Any]:
+    """The fields of OpenEnv's `CallToolObservation` beside ours: `result` is FastMCP's
+    CallToolResult (its `data`, which `MCPToolClient.call_tool` returns, is the text)."""
+    text = observation.text
+    result = {
+        "content": [{"type": "text", "text": text}],
+        "structured_content": observation.data or None,
+        "data": text,
+        "is_error": False,
+    }
+    return {"tool_name": name, "result": result, "error": None}
+
+
+def call_tool_refused(name: str, tools: list[ToolSpec], exc: InvalidActionError) -> dict[str, Any]:
+    """A refused call_tool as OpenEnv's `ToolError` (no step was taken)."""
+    known = any(t.name == name for t in tools)
+    error = {"error_type": "invalid_args" if known else "tool_not_found", "message": exc.message}
+    observation = {"tool_name": name, "result": None, "error": error, "metadata": {}}
+    return {"observation": observation, "reward": None, "done": False}
 
 
 def mcp_episode(
@@ -195,14 +239,29 @@ def episode_of(value: Any, route: str) -> str:
 
 
 async def step(
-    manager: EpisodeManager, principal: Principal, episode_id: str, body: dict[str, Any]
+    manager: EpisodeManager,
+    principal: Principal,
+    episode_id: str,
+    body: dict[str, Any],
+    tools: list[ToolSpec] | None = None,
 ) -> dict[str, Any]:
-    action = action_of(body.get("action"))
+    """One step; a `call_tool` action is answered as OpenEnv's `CallToolObservation` (and
+    refused as its `ToolError` when `tools`, the episode's, are known)."""
+    data = body.get("action")
     try:
+        action = action_of(data)
         request = StepRequest(action=action, request_id=body.get("request_id"))
+        reply = await manager.step(episode_id, request, principal)
     except ValidationError as exc:
         raise BadRequestError(validation_message(list(exc.errors()))) from exc
-    return step_payload(episode_id, await manager.step(episode_id, request, principal))
+    except InvalidActionError as exc:
+        if tools is None or not isinstance(data, dict) or not is_call_tool(data):
+            raise
+        return call_tool_refused(str(data.get("tool_name")), tools, exc)
+    payload = step_payload(episode_id, reply)
+    if is_call_tool(data):
+        payload["observation"].update(call_tool_result(action.tool, reply.observation))
+    return payload
 
 
 @router.post("/reset")
@@ -341,9 +400,13 @@ class Session:
                 self.episode_id, self.tools = reply.episode_id, reply.tools
                 self.mcp = mcp.McpSession()
                 return {"type": "observation", "data": reset_payload(reply)}
+            if kind == "step" and is_list_tools(data):
+                tools = self.tools if self.episode_id else self.pack_tools()
+                return {"type": "observation", "data": list_tools_payload(tools)}
             if kind == "step":
                 body = {"action": data}
-                return {"type": "observation", "data": await step(*self.held(), body)}
+                stepped = await step(*self.held(), body, self.tools)
+                return {"type": "observation", "data": stepped}
             if kind == "state":
                 if self.episode_id is None:  # as OpenEnv's state before any reset
                     return {"type": "state", "data": {"episode_id": None, "step_count": 0}}
@@ -358,6 +421,15 @@ class Session:
         message = f"Unknown message type: {kind}; send reset, step, state, mcp or close"
         return frame_error(message, UNKNOWN_TYPE)
 
+    def pack_tools(self) -> list[ToolSpec]:
+        """Before any reset: the tools of this pack's families (OpenEnv lists tools
+        without an episode)."""
+        tools: dict[str, ToolSpec] = {}
+        for family in self.manager.catalog.pack_info(self.pack).families:
+            for tool in self.manager.families.get(family).tool_specs():
+                tools.setdefault(tool.name, tool)
+        return list(tools.values())
+
     def held(self) -> tuple[EpisodeManager, Principal, str]:
         if self.episode_id is None:
             raise ConflictError(
@@ -366,17 +438,24 @@ class Session:
         return self.manager, self.principal, self.episode_id
 
 
+def close_reason(exc: PalaestraError) -> str:
+    """The close frame's reason (at most 123 bytes): a client that sends before it reads
+    (openenv-core's) sees only the close, so it says why too."""
+    reason = f"{exc.code}: {exc.message}".encode()[:CLOSE_REASON_BYTES]
+    return reason.decode(errors="ignore")
+
+
 async def refuse(websocket: WebSocket, exc: PalaestraError) -> None:
-    """OpenEnv's refused session: an error frame, then the close."""
+    """OpenEnv's refused session: an error frame, then the close (with the reason)."""
     await websocket.send_text(json.dumps(ws_error(exc)))
-    await websocket.close(code=POLICY_VIOLATION)
+    await websocket.close(code=POLICY_VIOLATION, reason=close_reason(exc))
 
 
 @router.websocket("/ws")
 async def ws(websocket: WebSocket, org: str, name: str) -> None:
-    await websocket.accept()
+    await websocket.accept(subprotocol=ws_auth.subprotocol(websocket.scope))
     try:
-        principal = principal_of(websocket)
+        principal = ws_principal(websocket)
     except PalaestraError as exc:
         await refuse(websocket, exc)
         return
@@ -386,7 +465,7 @@ async def ws(websocket: WebSocket, org: str, name: str) -> None:
             raw = await websocket.receive_text()
             try:  # each frame, as each /v1 request: a token revoked meanwhile ends the session
                 websocket.scope.pop(PRINCIPAL_KEY, None)
-                session.principal = principal_of(websocket)
+                session.principal = ws_principal(websocket)
             except PalaestraError as exc:
                 await refuse(websocket, exc)
                 return

@@ -336,7 +336,9 @@ class LlmSession:
                 self.calls -= 1
                 return self._passthrough(api, status, reply, raw_reply, headers)
             if status >= 400:
-                self._record(api, request, reply or {}, None, stream, started_at, upstream_s, t0)
+                refused = upstream_error(status, reply, raw_reply)
+                self._record(api, request, reply or {}, None, stream, started_at, upstream_s, t0,
+                             error=refused)  # fmt: skip
                 return self._passthrough(api, status, reply, raw_reply, headers)
             assert reply is not None
             tokens = _tokens(reply)
@@ -394,6 +396,7 @@ class LlmSession:
         started_at: float,
         upstream_s: float,
         t0: float,
+        error: str | None = None,
     ) -> None:
         reply, (prompt, completion, logprobs) = upstream or ({}, ([], [], []))
         usage = reply.get("usage") or {}
@@ -412,6 +415,7 @@ class LlmSession:
             upstream_s=upstream_s,
             proxy_s=time.perf_counter() - t0,
             stream=stream,
+            error=error,
         )
         self._recorded += 1
         try:
@@ -419,6 +423,20 @@ class LlmSession:
         except Exception as exc:  # the store's fault, never the agent's
             log.exception("recording model call %d of %s", call.index, self.key)
             raise _Fault(f"recording the model call failed: {type(exc).__name__}: {exc}") from exc
+
+
+UPSTREAM_ERROR_CHARS = 1000  # of a refusal's message kept in the call's record
+
+
+def upstream_error(status: int, reply: dict[str, Any] | None, raw: bytes) -> str:
+    """`HTTP <status>: <message>` of a model server's 4xx: OpenAI's `{"error": {"message"}}`,
+    vLLM's older top-level `message`, else the body's first characters."""
+    error = (reply or {}).get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str):
+        top = (reply or {}).get("message")
+        message = top if isinstance(top, str) else raw[:500].decode(errors="replace")
+    return f"HTTP {status}: {message}"[:UPSTREAM_ERROR_CHARS]
 
 
 class SessionProxy:

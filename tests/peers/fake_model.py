@@ -3,7 +3,8 @@
 The real model server (sdk/train/openai_server.py over a tiny model) only produces
 garbage or one fixed call; a harness test that needs a *sensible* agent (run `bash`, then
 `submit`) scripts the replies here. Each reply is a chat message dict (`content`,
-`tool_calls`) or an int (answer that HTTP status). The server records every request body.
+`tool_calls`), an int (answer that HTTP status) or a (status, message) pair (that status
+with OpenAI's error body, e.g. `CONTEXT_TOO_LONG`). The server records every request body.
 Token ids are made up per call (prompt: one id per message; completion: 1, 2, …) so a
 proxy that asks for them gets some; they are not a tokenizer's.
 """
@@ -18,7 +19,14 @@ from typing import Any
 
 from tests.peers.json_server import JsonReply, error_reply, serve_json
 
-Reply = dict[str, Any] | int
+Reply = dict[str, Any] | int | tuple[int, str]
+# vLLM's answer to a prompt past --max-model-len (its message, word for word).
+CONTEXT_TOO_LONG = (
+    400,
+    "This model's maximum context length is 2048 tokens. However, you requested 2310 "
+    "tokens (2262 in the messages, 48 in the completion). Please reduce the length of the "
+    "messages or completion.",
+)
 
 
 def bash_call(command: str, call_id: str = "call_bash") -> dict[str, Any]:
@@ -79,6 +87,8 @@ class FakeModel:
         reply = self.next_reply(body)
         if isinstance(reply, int):
             return error_reply(reply, "scripted failure")
+        if isinstance(reply, tuple):
+            return error_reply(*reply)
         return JsonReply(200, self.completion(body, reply))
 
     def serve(self) -> AbstractContextManager[str]:
