@@ -30,18 +30,21 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from palaestra.shipped import shipped_dir
+
 PYTHON = "/usr/bin/python3"
 SANDBOX_SITE = {"trimesh": "/opt/palaestra/trimesh", "blender": "/opt/palaestra/blender"}
 TOOLCHAINS = ("trimesh", "blender")
 SYSTEM_TOOLCHAINS = Path("/opt/palaestra/toolchains")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# A checkout's own toolchains (scripts/bootstrap-cad.sh as a user); a wheel has none there.
+CHECKOUT_TOOLCHAINS = shipped_dir(".toolchains")
 
 
 def toolchains_root(configured: Path | None = None) -> Path:
     """Where scripts/bootstrap-cad.sh put the toolchains (the same rule as the script)."""
     if configured is not None:
         return configured
-    return SYSTEM_TOOLCHAINS if SYSTEM_TOOLCHAINS.is_dir() else REPO_ROOT / ".toolchains"
+    return SYSTEM_TOOLCHAINS if SYSTEM_TOOLCHAINS.is_dir() else CHECKOUT_TOOLCHAINS
 
 
 def unreachable_by_others(path: Path) -> str | None:
