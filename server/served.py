@@ -32,7 +32,7 @@ from types import ModuleType
 import palaestra
 from palaestra import envs, sandbox, sdk, verifiers
 from palaestra.sandbox.bwrap.host import default_runtime_base, is_root
-from palaestra.sandbox.bwrap.mounts import reachable_by
+from palaestra.sandbox.bwrap.mounts import closed_to
 from palaestra.sandbox.preamble import SANDBOX_UID
 from palaestra.sandbox.readable import unreadable_by_others
 from palaestra.server.harness import programs as harness_programs
@@ -164,8 +164,7 @@ def library(base: Path | None = None) -> ServedLibrary:
             f"cannot serve palaestra's sandbox programs from {base}: {e}; make it writable "
             "by this user (or remove it)"
         ) from e
-    if is_root() and not reachable_by(root, SANDBOX_UID):
-        closed = next(p for p in (root, *root.parents) if not reachable_by(p, SANDBOX_UID))
+    if is_root() and (closed := closed_to(root, SANDBOX_UID)) is not None:
         raise ServeError(
             f"the sandbox uid {SANDBOX_UID} cannot reach {root} ({closed} lacks o+x): "
             f"chmod o+x {closed}"

@@ -111,14 +111,15 @@ def image_args(root: Path, workdir: str) -> list[str]:
     return out
 
 
-def reachable_by(path: Path, uid: int) -> bool:
-    """Whether `uid` (no supplementary groups) can traverse every directory down to `path`."""
-    p = path
-    while True:
+def closed_to(path: Path, uid: int) -> Path | None:
+    """The folder on the way to `path` that `uid` (no supplementary groups) cannot traverse,
+    the highest one; None when it can reach `path`."""
+    closed = None
+    for p in (path, *path.parents):
         try:
             st = os.stat(p)
         except OSError:
-            return False
+            return p
         if st.st_uid == uid:
             ok = st.st_mode & 0o100
         elif st.st_gid == uid:
@@ -126,10 +127,13 @@ def reachable_by(path: Path, uid: int) -> bool:
         else:
             ok = st.st_mode & 0o001
         if not ok:
-            return False
-        if p.parent == p:
-            return True
-        p = p.parent
+            closed = p
+    return closed
+
+
+def reachable_by(path: Path, uid: int) -> bool:
+    """Whether `uid` can traverse every folder down to `path`."""
+    return closed_to(path, uid) is None
 
 
 _mounted: set[str] = set()
