@@ -105,6 +105,14 @@ def serve(
     except PalaestraError as exc:
         error(exc.message, exc.code)
         raise typer.Exit(2) from None
+    if settings.sandbox in ("bwrap", "docker"):
+        from palaestra.server import served
+
+        try:  # a location the sandboxes cannot use is told now, not as a void episode later
+            served.preflight(settings.sandbox)
+        except served.ServeError as exc:
+            error(str(exc), "sandbox_location")
+            raise typer.Exit(2) from None
     if settings.ray:
         from palaestra.server.cluster.connect import ClusterError, check_address
 

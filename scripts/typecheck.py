@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = {"palaestra.packs", "palaestra.images"}  # folders shipped as data, not code
 
 
 def main() -> int:
@@ -21,7 +22,7 @@ def main() -> int:
     tree = ROOT / ".cache" / "typecheck"
     modules: list[str] = []
     for package, folder in mapping.items():
-        if package == "palaestra":
+        if package == "palaestra" or package in DATA:
             continue
         link = tree / Path(*package.split("."))
         link.parent.mkdir(parents=True, exist_ok=True)
@@ -33,10 +34,13 @@ def main() -> int:
             parts = [p for p in rel.parts if p != "__init__"]
             if "__main__" not in parts:
                 modules.append(".".join([package, *parts]))
-    init = tree / "palaestra" / "__init__.py"
-    if init.is_symlink() or init.exists():
-        init.unlink()
-    init.symlink_to(Path("..", "..", "..", "palaestra", "__init__.py"))
+    for own in sorted((ROOT / "palaestra").glob("*.py")):  # __init__, shipped
+        link = tree / "palaestra" / own.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path("..", "..", "..", "palaestra", own.name))
+        if own.stem != "__init__":
+            modules.append(f"palaestra.{own.stem}")
     targets = [a for m in [*modules, "palaestra"] for a in ("-m", m)]
     args = [sys.executable, "-m", "mypy", *targets]
     env = {"MYPYPATH": str(tree), "PATH": "/usr/bin:/bin"}

@@ -26,9 +26,10 @@ from palaestra.sandbox.base import default_cache
 from palaestra.sandbox.docker.engine import BASE_IMAGE
 from palaestra.sandbox.egress import DEFAULT_ALLOW, AllowList, parse_reachable
 from palaestra.server.db import Database, redact
+from palaestra.shipped import shipped_dir
 
-REPO_PACKS = Path(__file__).resolve().parent.parent / "packs"
-REPO_IMAGES = Path(__file__).resolve().parent.parent / "images"
+REPO_PACKS = shipped_dir("packs")  # the built-in packs: in the wheel, or the checkout's
+REPO_IMAGES = shipped_dir("images")  # the image recipes, likewise
 BUILT_IMAGES = ("base", "cad", "coding", "terminal")  # images/ when the tree is not at hand
 
 

@@ -11,7 +11,7 @@ from palaestra.sandbox.base import SocketService
 from palaestra.sandbox.egress import EgressProxy
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
-from palaestra.server import heldout
+from palaestra.server import heldout, served
 from palaestra.server.auth import ensure_admin_token
 from palaestra.server.cluster import depot
 from palaestra.server.config import Settings
@@ -114,6 +114,8 @@ def build_manager(
     fork_server = None
     proxy = SessionProxy(settings)  # harness episodes' model sessions
     if backend is None:
+        if settings.sandbox in ("bwrap", "docker"):
+            served.preflight(settings.sandbox)  # `serve` told the user already; ServeError
         backend = with_pool(make_backend(settings, gateway=proxy.gateway), settings)
         fork_server = make_fork_server(settings)
     metrics = Metrics()

@@ -124,9 +124,14 @@ class ServerProcess:
     """`palaestra serve` in a subprocess on loopback; restartable on the same data dir."""
 
     def __init__(
-        self, data_dir: Path, extra_env: dict[str, str] | None = None, args: list[str] | None = None
+        self,
+        data_dir: Path,
+        extra_env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        program: Path = BIN / "palaestra",
     ) -> None:
         self.data_dir = data_dir
+        self.program = program  # another install's `palaestra` (tests/install/)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **(extra_env or {})}
@@ -150,7 +155,7 @@ class ServerProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
-                    str(BIN / "palaestra"),
+                    str(self.program),
                     "serve",
                     "--port",
                     str(self.port),

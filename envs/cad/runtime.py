@@ -12,7 +12,8 @@ fixed path and put on PYTHONPATH:
 ``<toolchains>`` is the `toolchains_dir` setting (the family's argument), else
 /opt/palaestra/toolchains where it exists, else ``.toolchains`` in the checkout;
 scripts/bootstrap-cad.sh builds both there by the same rule. The
-sandbox's uid must be able to reach a bound directory, so every one is checked for that.
+sandbox's uid must be able to read a bound directory's files, so every one is checked for
+that (the folders above it may be closed: the bwrap backend reaches it anyway).
 
 PYTHONPATH does not run ``.pth`` files, so nothing of the server (its editable install) is
 importable inside. Compiled modules need the same Python minor version on both sides, which
@@ -25,38 +26,39 @@ import functools
 import importlib.util
 import os
 import re
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from palaestra.sandbox.readable import unreadable_by_others
+from palaestra.shipped import shipped_dir
 
 PYTHON = "/usr/bin/python3"
 SANDBOX_SITE = {"trimesh": "/opt/palaestra/trimesh", "blender": "/opt/palaestra/blender"}
 TOOLCHAINS = ("trimesh", "blender")
 SYSTEM_TOOLCHAINS = Path("/opt/palaestra/toolchains")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# A checkout's own toolchains (scripts/bootstrap-cad.sh as a user); a wheel has none there.
+CHECKOUT_TOOLCHAINS = shipped_dir(".toolchains")
 
 
 def toolchains_root(configured: Path | None = None) -> Path:
     """Where scripts/bootstrap-cad.sh put the toolchains (the same rule as the script)."""
     if configured is not None:
         return configured
-    return SYSTEM_TOOLCHAINS if SYSTEM_TOOLCHAINS.is_dir() else REPO_ROOT / ".toolchains"
+    return SYSTEM_TOOLCHAINS if SYSTEM_TOOLCHAINS.is_dir() else CHECKOUT_TOOLCHAINS
 
 
 def unreachable_by_others(path: Path) -> str | None:
-    """Why the sandbox's unprivileged uid could not read `path` (None if it can): every
-    ancestor needs o+x, the directory itself o+rx."""
-    path = path.resolve()
-    for part in [path, *path.parents]:
-        mode = part.stat().st_mode
-        if not mode & stat.S_IXOTH or (part == path and not mode & stat.S_IROTH):
-            return (
-                f"{path} is not readable by the sandbox's uid ({part} lacks o+rx); "
-                "run scripts/bootstrap-cad.sh as root or set the toolchains_dir setting to "
-                "a world-readable directory"
-            )
-    return None
+    """Why the sandbox's unprivileged uid could not read the toolchain at `path` (None if it
+    can). The folders above it do not matter (a bind reaches the sandbox from under a closed
+    folder: sandbox/bwrap/mounts.py); its own files' modes do."""
+    why = unreadable_by_others(path.resolve())
+    if why is None:
+        return None
+    return (
+        f"the sandbox's uid cannot read {path}: {why}; run scripts/bootstrap-cad.sh as root "
+        "(umask 022) or set the toolchains_dir setting to a world-readable directory"
+    )
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-RECIPE = Path(__file__).resolve().parents[2] / "images" / "verifier"
+from palaestra.shipped import shipped_dir
+
+RECIPE = shipped_dir("images") / "verifier"
 RECIPE_FILES = ("Dockerfile", "check.sh", "wheels.txt")
 DEFAULT_BASE = "palaestra/terminal:latest"
 DEFAULT_TAG = "palaestra/verifier:latest"

@@ -111,14 +111,15 @@ def image_args(root: Path, workdir: str) -> list[str]:
     return out
 
 
-def _reachable(path: Path, uid: int) -> bool:
-    """Whether `uid` (no supplementary groups) can traverse every directory down to `path`."""
-    p = path
-    while True:
+def closed_to(path: Path, uid: int) -> Path | None:
+    """The folder on the way to `path` that `uid` (no supplementary groups) cannot traverse,
+    the highest one; None when it can reach `path`."""
+    closed = None
+    for p in (path, *path.parents):
         try:
             st = os.stat(p)
         except OSError:
-            return False
+            return p
         if st.st_uid == uid:
             ok = st.st_mode & 0o100
         elif st.st_gid == uid:
@@ -126,41 +127,60 @@ def _reachable(path: Path, uid: int) -> bool:
         else:
             ok = st.st_mode & 0o001
         if not ok:
-            return False
-        if p.parent == p:
-            return True
-        p = p.parent
+            closed = p
+    return closed
 
 
-_mounted_images: set[str] = set()
+def reachable_by(path: Path, uid: int) -> bool:
+    """Whether `uid` can traverse every folder down to `path`."""
+    return closed_to(path, uid) is None
 
 
-def image_source(image: Path, runtime_dir: Path, host_uid: int | None) -> Path:
-    """Where bwrap (running as `host_uid`) can reach the rootfs `image`.
+_mounted: set[str] = set()
 
-    If some directory above it is closed to that uid (an image cached under /root), the
-    rootfs is bind-mounted read-only (not recursively) once per server at
-    ``<runtime_dir>/img-<hash>``, a folder the collector unmounts when the server is gone."""
-    if host_uid is None or _reachable(image, host_uid):
-        return image
-    tag = hashlib.sha256(os.fsencode(image)).hexdigest()[:12]
-    target = runtime_dir / f"img-{tag}"
-    if str(target) in _mounted_images:
+
+def reachable_source(path: Path, runtime_dir: Path, host_uid: int | None, kind: str) -> Path:
+    """Where bwrap (running as `host_uid`) can reach the host folder `path`.
+
+    If some directory above it is closed to that uid (an image cached under /root, a venv or
+    a checkout in a 0700 folder), the folder is bind-mounted read-only (not recursively) once
+    per server at ``<runtime_dir>/<kind>-<hash>``, a folder the collector unmounts when the
+    server is gone. Its files must still be readable by others (served.py checks palaestra's
+    own binds at serve start)."""
+    if host_uid is None or reachable_by(path, host_uid):
+        return path
+    tag = hashlib.sha256(os.fsencode(path)).hexdigest()[:12]
+    target = runtime_dir / f"{kind}-{tag}"
+    if str(target) in _mounted:
         return target
     target.mkdir(mode=0o755, parents=True, exist_ok=True)
     os.chmod(runtime_dir, 0o711)
     ms_bind, ms_remount, ms_ro, ms_nosuid, ms_nodev = 0x1000, 0x20, 0x1, 0x2, 0x4
-    src, dst = os.fsencode(image), os.fsencode(target)
+    src, dst = os.fsencode(path), os.fsencode(target)
     if libc().mount(src, dst, None, ms_bind, None) != 0:
         err = ctypes.get_errno()
-        raise SandboxCreateError(f"cannot bind the image {image}: {os.strerror(err)}")
+        raise SandboxCreateError(
+            f"cannot bind {path} where the sandbox uid {host_uid} can reach it: "
+            f"{os.strerror(err)}; install it where uid {host_uid} can traverse every folder "
+            "above it (o+x)"
+        )
     flags = ms_bind | ms_remount | ms_ro | ms_nosuid | ms_nodev
     if libc().mount(None, dst, None, flags, None) != 0:
         err = ctypes.get_errno()
         unmount(target)
-        raise SandboxCreateError(f"cannot make the image bind read-only: {os.strerror(err)}")
-    _mounted_images.add(str(target))
+        raise SandboxCreateError(f"cannot make the bind of {path} read-only: {os.strerror(err)}")
+    _mounted.add(str(target))
     return target
+
+
+def reachable_binds(
+    binds: tuple[tuple[str, str], ...], runtime_dir: Path, host_uid: int | None
+) -> tuple[tuple[str, str], ...]:
+    """A spec's read-only binds with each host folder where the sandbox uid reaches it."""
+    return tuple(
+        (str(reachable_source(Path(host), runtime_dir, host_uid, "bind")), target)
+        for host, target in binds
+    )
 
 
 def _is_plain_file(p: Path) -> bool:
@@ -175,10 +195,12 @@ def static_args(
     etc: Path,
     etc_tree: Path | None,
     workspace: Path,
+    binds: tuple[tuple[str, str], ...] | None = None,
 ) -> list[str]:
     """The bwrap argv every exec of a sandbox shares: its root (the host's /usr or `image`),
     /etc (`etc_tree` in one bind, else file by file from `etc`), /proc, /dev, /tmp, the
-    workspace at the workdir, the spec's read-only binds, the namespaces and the uid."""
+    workspace at the workdir, the read-only `binds` (default: the spec's), the namespaces
+    and the uid."""
     workdir = posixpath.normpath(spec.workdir)
     a = [bwrap]
     etc_files: tuple[str, ...] = ()
@@ -198,7 +220,7 @@ def static_args(
     a += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
     a += ["--size", size, "--tmpfs", "/tmp"]
     a += ["--bind", str(workspace), workdir]
-    for host, target in spec.ro_binds:
+    for host, target in spec.ro_binds if binds is None else binds:
         a += ["--ro-bind", host, posixpath.normpath(target)]
     if spec.network or spec.gateway is not None:  # its own namespace and listener (netns.py)
         a += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts"]

@@ -58,8 +58,9 @@ from palaestra.sandbox.bwrap.jail import (
 )
 from palaestra.sandbox.bwrap.launch import Launcher, LimitMode, resolve_limits
 from palaestra.sandbox.bwrap.mounts import (
-    image_source,
     mount_tmpfs,
+    reachable_binds,
+    reachable_source,
     remove_tree,
     static_args,
     write_etc_files,
@@ -200,8 +201,10 @@ class BwrapSandbox(Sandbox):
                 )
             except OSError as e:
                 raise SandboxCreateError(f"cannot create the sandbox's cgroup: {e}") from e
+        runtime_dir = self.root.parent
         if self._image is not None:
-            self._image = image_source(self._image, self.root.parent, self.host_uid)
+            self._image = reachable_source(self._image, runtime_dir, self.host_uid, "img")
+        binds = reachable_binds(self.spec.ro_binds, runtime_dir, self.host_uid)
         self.jails.static = static_args(
             self._bwrap,
             self.spec,
@@ -209,6 +212,7 @@ class BwrapSandbox(Sandbox):
             etc=self._etc,
             etc_tree=etc_tree,
             workspace=self.workspace,
+            binds=binds,
         )
         ns: str | None = None
         if (lst := self._listener) is not None:

@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from palaestra.sdk.errors import InvalidActionError, UnavailableError
+from palaestra.server import served
 from palaestra.server.config import Settings
 
-PROGRAMS = Path(__file__).resolve().parent / "programs"  # the built-in agents' programs
 PROGRAMS_TARGET = "/opt/palaestra/harness"  # where they are bound inside a sandbox
 HARNESS_DIR = ".palaestra-harness"  # under the sandbox's workdir: instruction and config
 INSTRUCTION_FILE = "instruction.md"
@@ -142,9 +141,14 @@ class BashAgentConfig(HarnessConfig):
 
 
 def _programs(_: Settings) -> Bound:
-    if not (PROGRAMS / "bash_agent.py").is_file():
-        return Bound(unavailable=f"{PROGRAMS / 'bash_agent.py'} is missing from this install")
-    return Bound(ro_binds=((str(PROGRAMS), PROGRAMS_TARGET),))
+    """The built-in agents' programs, from the copy served to sandboxes (server/served.py)."""
+    try:
+        programs = served.library().harness
+    except served.ServeError as e:
+        return Bound(unavailable=str(e))
+    if not (programs / "bash_agent.py").is_file():
+        return Bound(unavailable=f"{programs / 'bash_agent.py'} is missing from this install")
+    return Bound(ro_binds=((str(programs), PROGRAMS_TARGET),))
 
 
 def _bash_argv(launch: Launch, config: HarnessConfig) -> list[str]:

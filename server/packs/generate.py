@@ -5,7 +5,8 @@ pass anything to another's: a sealed split's tasks never reach a public one), un
 limits of `GenerateLimits` (Settings generate_*): no network, a time limit for the whole
 split, memory, processes and printed bytes. Its /work holds the pack's files alone; it sees
 a read-only Python, the interpreter's site-packages and palaestra's own envs, sdk,
-verifiers and sandbox packages (envs imports sandbox), each bound read-only, and nothing of
+verifiers and sandbox packages (envs imports sandbox, served from a copy the sandbox uid
+can read: server/served.py), each bound read-only, and nothing of
 the server: not its data dir, the pack store, other packs, its environment or its secret.
 A sealed split's seeds are drawn from the secret here and passed in as numbers.
 
@@ -18,24 +19,22 @@ exception's type); a sealed split's causes quote nothing it printed or raised.
 from __future__ import annotations
 
 import json
-import sysconfig
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from palaestra import envs, sandbox, sdk, verifiers
 from palaestra.sandbox import Sandbox, SandboxSpec, programs
 from palaestra.sandbox.forkserver import PYTHON
+from palaestra.server import served
 from palaestra.server.config import Settings
 from palaestra.server.packs.loader import GeneratedSet, generator_seeds
 from palaestra.server.packs.lock import pack_files
 from palaestra.server.packs.manifest import PackManifest
 
 PROGRAM = programs.text("generate.py", package="palaestra.server.packs.programs")
-LIB = "/opt/palaestra/lib"  # palaestra's packages, as the namespace package LIB/palaestra
+LIB = "/opt/palaestra/lib"  # palaestra's packages, as the package LIB/palaestra
 SITE = "/opt/palaestra/site"  # the interpreter's site-packages
-PACKAGES = (envs, sdk, verifiers, sandbox)
 
 SandboxFactory = Callable[[SandboxSpec], Awaitable[Sandbox]]
 
@@ -62,17 +61,13 @@ class GenerateLimits:
 
 
 def library_binds() -> tuple[tuple[str, str], ...]:
-    """What a generator may import, bound read-only: palaestra's packages one by one (never
-    the checkout they live in) and the interpreter's site-packages. An editable install's
+    """What a generator may import, bound read-only: palaestra's packages from the served
+    copy (server/served.py: a folder the sandbox uid can read, never the checkout or venv
+    they were installed in) and the interpreter's site-packages. An editable install's
     finder there maps palaestra to checkout paths the sandbox does not have; `-S` keeps its
     .pth from running anyway."""
-    binds = [
-        (str(Path(str(p.__file__)).parent), f"{LIB}/palaestra/{p.__name__.rsplit('.', 1)[-1]}")
-        for p in PACKAGES
-    ]
-    paths = sysconfig.get_paths()
-    sites = dict.fromkeys(paths[k] for k in ("purelib", "platlib") if Path(paths[k]).is_dir())
-    binds += [(site, f"{SITE}{i}") for i, site in enumerate(sites)]
+    binds = [(str(served.library().packages), f"{LIB}/palaestra")]
+    binds += [(site, f"{SITE}{i}") for i, site in enumerate(served.site_dirs())]
     return tuple(binds)
 
 

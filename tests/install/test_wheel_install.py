@@ -1,0 +1,218 @@
+"""A wheel built from this tree, installed into a fresh venv inside a 0700 folder (as a root
+user's home is), serves every built-in family, a harness episode and a generator publish
+(issue 32: any location, any install).
+
+The venv gets palaestra only from the wheel (`palaestra.__file__` is asserted inside it);
+its dependencies come from this interpreter's site-packages through a .pth line, so the
+test needs no network. A .pth line only appends that folder: the editable install's finder
+there never runs, so nothing of the checkout is importable from the new venv. The server
+runs from the new venv's `palaestra` with a fresh data dir and the current folder inside
+the 0700 folder; packs, image recipes and sandbox programs must come from the wheel.
+
+Bad input: the same wheel installed under umask 077 (its files closed to the sandbox uid)
+is refused at `serve` start with the path and the fix, not a void episode later.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import venv
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from palaestra.sandbox.bwrap.host import is_root
+from palaestra.server.packs.archive import pack_archive
+from tests.conftest import ServerProcess, cli_env
+from tests.harness_peers import SOLVE_2, TRAIN_TASK, finished, harness, started
+from tests.peers.fake_model import FakeModel, bash_call, submit_call
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+# What a wheel is built from: the tree without the checkout's own state and the suite.
+NOT_SOURCES = {".git", ".venv", "build", "dist", ".cache", ".palaestra", "tests", "bench",
+               ".toolchains", "runs", "reports", ".mypy_cache", ".ruff_cache",
+               ".pytest_cache"}  # fmt: skip
+FAMILIES = ("coding", "reasoning", "letters", "echo", "terminal", "cad", "finance")
+# finance-commentary is graded by a judge model: without a judge endpoint (Settings.judges)
+# its episodes are void by design, so it is served (listed) but not played here.
+GENERATOR = '''"""Words from seeds; imports palaestra inside the generator's sandbox."""
+from palaestra.sdk.task import Task
+
+
+def generate(seed, index, level):
+    word = f"w{seed}-{Task.__name__}"
+    return {"public": {"instruction": f"Say {word}"}, "private": {"answer": word}}
+'''
+PACK_TOML = """name = "test/wheelgen"
+version = "1.0.0"
+families = ["echo"]
+
+[splits.train]
+sealed = false
+
+[generators.words]
+module = "gen.py"
+family = "echo"
+domain = "words/echo"
+splits.train = { seeds = [0, 1000], count = 2 }
+"""
+
+
+def build_wheel(out: Path) -> Path:
+    """`pip wheel --no-deps` of a copy of the tree (a build/ left in the checkout would
+    leak stale files into the wheel)."""
+    src = out / "src"
+    shutil.copytree(ROOT, src, ignore=lambda d, names: NOT_SOURCES if d == str(ROOT) else set())
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    subprocess.run([*pip, "-w", str(out), str(src)], check=True, capture_output=True)
+    shutil.rmtree(src)
+    (wheel,) = out.glob("palaestra-*.whl")
+    return wheel
+
+
+def install(wheel: Path, where: Path, umask: int = 0o022) -> Path:
+    """A fresh venv at `where` with the wheel in it and this interpreter's site-packages
+    (the dependencies) appended by a .pth line; returns its python."""
+    venv.create(where, with_pip=False)
+    python = where / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q"]
+    old = os.umask(umask)
+    try:
+        subprocess.run([*pip, "--no-index", str(wheel)], check=True, capture_output=True)
+    finally:
+        os.umask(old)
+    Path(site, "zz-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+@pytest.fixture(scope="module")
+def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("wheel-home")
+    os.chmod(home, 0o700)  # a root user's home: closed to the sandbox uid
+    yield home
+
+
+@pytest.fixture(scope="module")
+def wheel(private: Path) -> Path:
+    return build_wheel(private / "dist")
+
+
+def test_the_wheel_holds_packs_images_and_programs_and_nothing_of_the_suite(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    for pack in sorted(p.name for p in (ROOT / "packs").iterdir() if p.is_dir()):
+        here = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "packs" / pack).rglob("*")
+                      if f.is_file() and "__pycache__" not in f.parts)  # fmt: skip
+        shipped = sorted(n.removeprefix("palaestra/") for n in names
+                         if n.startswith(f"palaestra/packs/{pack}/"))  # fmt: skip
+        assert shipped == here, pack
+    assert "palaestra/images/verifier/wheels.txt" in names
+    assert "palaestra/server/harness/programs/bash_agent.py" in names
+    assert "palaestra/server/packs/programs/generate.py" in names
+    assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]
+    assert not [n for n in names if n.endswith((".pyc", ".egg-info"))]
+    print(f"wheel {wheel.name}: {wheel.stat().st_size / 1e6:.2f} MB, {len(names)} files")
+
+
+def play_oracle(server: ServerProcess, task: str) -> dict[str, Any]:
+    """One episode of `task` with the oracle policy (the CLI's `--policy oracle`)."""
+    with server.client(timeout=600) as client:
+        reset = client.reset(task, options={"oracle": True})
+        step = None
+        while step is None or not (step.terminated or step.truncated):
+            step = client.step(reset.episode_id, {"tool": "oracle"})
+        verdict = client.verify(reset.episode_id)
+        client.close(reset.episode_id)
+    return verdict.model_dump()
+
+
+def first_task(server: ServerProcess, family: str) -> str:
+    reply = httpx.get(f"{server.url}/v1/tasks", headers=server.headers, timeout=60,
+                      params={"family": family, "split": "train", "limit": 1})  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    (task,) = reply.json()["tasks"]
+    return str(task["id"])
+
+
+def test_a_wheel_in_a_private_folder_serves_everything(private: Path, wheel: Path) -> None:
+    python = install(wheel, private / "venv")
+    where = subprocess.run(
+        [str(python), "-c", "import palaestra; print(palaestra.__file__)"],
+        check=True, capture_output=True, text=True, cwd=private,
+    ).stdout  # fmt: skip
+    assert Path(where.strip()).is_relative_to(private / "venv"), where
+    program = private / "venv" / "bin" / "palaestra"
+    cache = os.environ.get("PALAESTRA_CACHE")  # the shared cache (images, generated tasks)
+    env = cli_env(**({"PALAESTRA_CACHE": cache} if cache else {}))
+    started_at = time.monotonic()
+    server = ServerProcess(private / "data", env, program=program).start()
+    ready_s = time.monotonic() - started_at
+    try:
+        assert server.token is not None
+        # The issue's first command, as a user types it, with the wheel's own CLI.
+        run = subprocess.run(
+            [str(program), "run", "openai/humaneval:HumanEval-1", "--policy", "oracle",
+             "--url", server.url, "--token", server.token],
+            capture_output=True, text=True, timeout=300, env=env, cwd=private,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert '"passed": true' in run.stdout, run.stdout
+        packs = httpx.get(f"{server.url}/v1/packs", headers=server.headers).json()
+        served = {p["name"] for p in packs}
+        assert "palaestra/finance-commentary" in served and "openai/humaneval" in served
+        for family in FAMILIES:
+            verdict = play_oracle(server, first_task(server, family))
+            assert verdict["status"] == "ok" and verdict["passed"], (family, verdict)
+        # Harness mode: the built-in bash-agent, bound from the served copy.
+        fake = FakeModel([bash_call(SOLVE_2), submit_call()])
+        with fake.serve() as url:
+            episode = started(server, server.token, TRAIN_TASK, harness(url))
+            state = finished(server, server.token, episode)
+        assert state["verdict"]["reward"] == 1.0, state
+        # A generator publish: the generator imports palaestra in its sandbox.
+        pack = private / "wheelgen"
+        pack.mkdir()
+        (pack / "pack.toml").write_text(PACK_TOML)
+        (pack / "gen.py").write_text(GENERATOR)
+        headers = {**server.headers, "content-type": "application/gzip"}
+        reply = httpx.post(f"{server.url}/v1/packs", content=pack_archive(pack),
+                           headers=headers, timeout=300)  # fmt: skip
+        assert reply.status_code == 201, reply.text
+        tasks = httpx.get(f"{server.url}/v1/tasks", params={"pack": "test/wheelgen"},
+                          headers=server.headers).json()["tasks"]  # fmt: skip
+        assert len(tasks) == 2 and "Say w" in tasks[0]["public"]["instruction"]
+    finally:
+        server.stop()
+    assert "Traceback" not in server.logs()
+    print(f"wheel serve ready in {ready_s:.1f} s")
+
+
+@pytest.mark.skipif(not is_root(), reason="as a user, bwrap reads what the user reads")
+def test_an_install_the_sandboxes_cannot_read_is_refused_at_serve(
+    private: Path, wheel: Path
+) -> None:
+    install(wheel, private / "closed-venv", umask=0o077)
+    program = private / "closed-venv" / "bin" / "palaestra"
+    serve = subprocess.run(
+        [str(program), "serve", "--port", "9", "--data-dir", str(private / "closed-data")],
+        capture_output=True, text=True, timeout=120, env=cli_env(), cwd=private,
+    )  # fmt: skip
+    assert serve.returncode == 2, serve.stdout + serve.stderr
+    message = " ".join(serve.stderr.split())
+    assert "sandbox_location" in message and "Traceback" not in message
+    assert str(private / "closed-venv") in message  # the path
+    assert "umask 022" in message and "chmod -R o+rX" in message  # the fix
