@@ -50,6 +50,7 @@ NOTES = {
     "sys-exit": "pytest exit",
     "always-equal": "claims to equal anything",
     "forge-channel": "before its session finished",
+    "forge-report": "ended its own process",
 }
 
 
