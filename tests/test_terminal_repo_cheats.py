@@ -44,13 +44,13 @@ NOTES = {
     "shadow-stdlib": "named like standard-library or test-tooling modules",
     "tests-package": "removed before the tests: tests/__init__.py",
     "plugin-entry-point": "removed before the tests",
-    "patch-runtest": "_pytest.python.Function.runtest",
-    "register-hookimpl": "pytest_runtest_makereport hook",
-    "exit-zero": "before its session finished",
-    "sys-exit": "pytest exit",
+    "patch-runtest": "the code under test tried to import _pytest",
+    "register-hookimpl": "the code under test tried to import pytest",
+    "exit-zero": "the code under test ended its own process (exit status 0)",
+    "sys-exit": "the code under test ended its own process (exit status 0)",
     "always-equal": "claims to equal anything",
-    "forge-channel": "before its session finished",
-    "forge-report": "ended its own process",
+    "forge-channel": "the code under test ended its own process (exit status 0)",
+    "forge-report": "the code under test wrote something that is not an answer",
 }
 
 

