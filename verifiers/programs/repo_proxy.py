@@ -74,6 +74,7 @@ class Remote:
         self.out = -1
         self.reader: Reader | None = None
         self.generation = 0
+        self.seq = 0
         self.proxies: dict[int, RemoteObject] = {}
         self.classes: dict[tuple[str, str], type] = {}
         self.faults: list[str] = []
@@ -129,8 +130,9 @@ class Remote:
         if self.proc is None:
             self._start()
         assert self.reader is not None
+        self.seq += 1
         try:
-            send(self.out, message)
+            send(self.out, [self.seq, *message])
             reply = self.reader.read(self.timeout_s)
         except TimeoutError:
             raise self._fault(f"did not answer within {self.timeout_s:g} s (killed)") from None
@@ -138,14 +140,15 @@ class Remote:
             raise self._fault("ended its own process (exit status {status})") from None
         except WireError as exc:
             raise self._fault(f"wrote something that is not an answer ({exc})") from None
-        ok = isinstance(reply, list) and len(reply) == 3 and reply[0] in ("ok", "err")
-        if not ok or not isinstance(reply[2], dict):
+        # [the request's number, "ok" or "err", value or error, events]
+        ok = isinstance(reply, list) and len(reply) == 4 and reply[0] == self.seq
+        if not ok or reply[1] not in ("ok", "err") or not isinstance(reply[3], dict):
             raise self._fault("wrote something that is not an answer")
-        self._events(reply[2])
-        if reply[0] == "err":
-            raise self.exception(reply[1])
+        self._events(reply[3])
+        if reply[1] == "err":
+            raise self.exception(reply[2])
         try:
-            return decode(reply[1], self.deref)
+            return decode(reply[2], self.deref)
         except (WireError, TypeError, ValueError) as exc:
             raise self._fault(f"wrote something that is not an answer ({exc})") from None
 
@@ -228,10 +231,11 @@ class Remote:
         base = builtin if isinstance(builtin, type) and issubclass(builtin, Exception) else None
         if module == "builtins":
             return base or RemoteError
+        base = RemoteError if base in (None, Exception) else base
         key = (module, qualname)
         if key not in self.classes:
             space = {"__module__": module, "__qualname__": qualname, "_palaestra_origin": key}
-            self.classes[key] = type(qualname.rsplit(".", 1)[-1], (base or RemoteError,), space)
+            self.classes[key] = type(qualname.rsplit(".", 1)[-1], (base,), space)
         return self.classes[key]
 
     def exception(self, desc: object) -> BaseException:

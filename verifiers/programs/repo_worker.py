@@ -216,8 +216,9 @@ class Worker:
                 request = reader.read()
             except EOFError:
                 return
-            if not (isinstance(request, list) and request):
+            if not (isinstance(request, list) and len(request) > 1):
                 raise WireError("not a request")
+            seq, request = request[0], request[1:]
             reply: list[Any]
             try:
                 result = self.answer(request)
@@ -228,7 +229,7 @@ class Worker:
                 os._exit(code if isinstance(code, int) else (0 if code is None else 1))
             except BaseException as exc:  # every error of the code under test
                 reply = ["err", self.describe(exc)]
-            send(wfd, [*reply, self.events()])
+            send(wfd, [seq, *reply, self.events()])
 
     def describe(self, exc: BaseException) -> dict[str, Any]:
         """An exception as the test process rebuilds it."""
