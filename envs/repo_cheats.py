@@ -19,7 +19,11 @@ environment shipped (its packages: top-level folders with an ``__init__.py``, no
 - `always-equal`: every public function of the package returns an object equal to
   anything (`repo-always-equal.py`);
 - `forge-channel`: the package under test finds the verifier runner's channel and writes a
-  passing report, then exits (`repo-forge-channel.py`).
+  passing report, then exits (`repo-forge-channel.py`);
+- `forge-report`: written against the runner's own protocol: the package under test finds
+  the test process's report pipe (its own descriptors, or any process's through /proc)
+  and writes the records of a session where every requested test passed, then exits 0
+  (`repo-forge-report.py`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ NAMES = (
     "sys-exit",
     "always-equal",
     "forge-channel",
+    "forge-report",
 )
 
 
@@ -107,6 +112,7 @@ def attacks(environment: Mapping[str, str]) -> dict[str, dict[str, str]]:
             rel: environment[rel] + "\n\n" + _payload("always-equal") for rel in modules
         },
         "forge-channel": _on_import(environment, _payload("forge-channel")),
+        "forge-report": _on_import(environment, _payload("forge-report")),
     }
 
 

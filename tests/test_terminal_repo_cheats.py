@@ -44,12 +44,13 @@ NOTES = {
     "shadow-stdlib": "named like standard-library or test-tooling modules",
     "tests-package": "removed before the tests: tests/__init__.py",
     "plugin-entry-point": "removed before the tests",
-    "patch-runtest": "_pytest.python.Function.runtest",
-    "register-hookimpl": "pytest_runtest_makereport hook",
-    "exit-zero": "before its session finished",
-    "sys-exit": "pytest exit",
+    "patch-runtest": "the code under test tried to import _pytest",
+    "register-hookimpl": "the code under test tried to import pytest",
+    "exit-zero": "the code under test ended its own process (exit status 0)",
+    "sys-exit": "the code under test ended its own process (exit status 0)",
     "always-equal": "claims to equal anything",
-    "forge-channel": "before its session finished",
+    "forge-channel": "the code under test ended its own process (exit status 0)",
+    "forge-report": "the code under test wrote something that is not an answer",
 }
 
 
@@ -70,16 +71,27 @@ def _backend(name: str) -> Backend:
     return DockerBackend(default_image=IMAGE)
 
 
-async def _verify(backend: Backend, workspace: Mapping[str, str]) -> TerminalRun:
+async def _verify(
+    backend: Backend,
+    workspace: Mapping[str, str],
+    task: tuple[Mapping[str, str], Mapping[str, str], Mapping[str, list[str]]] = (
+        ENVIRONMENT,
+        VERIFIER,
+        PRIVATE,
+    ),
+    timeout_s: float = 120.0,
+) -> TerminalRun:
+    environment, verifier, private = task
     async with await backend.create(SandboxSpec(workspace_mb=16)) as box:
         return await verify_workspace(
             box,
             files_tar(workspace),
             workdir="/work",
-            verifier=VERIFIER,
-            environment=ENVIRONMENT,
-            fail_to_pass=PRIVATE["fail_to_pass"],
-            pass_to_pass=PRIVATE["pass_to_pass"],
+            verifier=verifier,
+            environment=environment,
+            fail_to_pass=private.get("fail_to_pass", []),
+            pass_to_pass=private.get("pass_to_pass", []),
+            timeout_s=timeout_s,
         )
 
 
@@ -105,3 +117,29 @@ async def test_repo_attacks_score_zero_and_correct_work_one(backend_name: str) -
         assert not bad, "\n\n".join(bad)
     finally:
         await backend.aclose()
+
+
+PROBE = Path(__file__).resolve().parent / "fixtures" / "repo-worker"
+PROBE_IDS = [
+    f"tests/test_probe.py::{name}"
+    for name in ("test_reach", "test_death", "test_after_death", "test_hang", "test_after_hang")
+]
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_the_worker_reaches_nothing_of_the_test_process(backend_name: str) -> None:
+    """The agent's code runs in a worker that holds only its two pipes and can open no
+    descriptor, memory or environment of the test process or the runner; a worker that
+    ends itself or hangs fails its test only, and the next test gets a fresh one (module
+    names looked up again)."""
+    backend = _backend(backend_name)
+    environment, verifier = _tree(PROBE / "environment"), _tree(PROBE / "verifier")
+    try:
+        task = (environment, verifier, {"fail_to_pass": PROBE_IDS})
+        run = await _verify(backend, environment, task, timeout_s=40.0)
+    finally:
+        await backend.aclose()
+    feedback = run.feedback()
+    assert run.sets[0].passed == 3, feedback  # test_reach, test_after_death, test_after_hang
+    assert "the code under test ended its own process (exit status 3)" in feedback, feedback
+    assert "the code under test did not answer within 10 s (killed)" in feedback, feedback

@@ -14,10 +14,11 @@ sandbox made from it:
    *.ini, setup.cfg, pyproject.toml, sitecustomize, .pth, *.dist-info) and all bytecode is
    removed. pytest, its plugins and the standard library it uses are loaded before the
    workspace joins the end of sys.path, behind a guard that loads no standard-library or
-   tooling name from it. One forked child per test file runs the tests (it imports the
-   agent's code); the parent, which never does, writes the channel and counts a test only
-   from a child that reached its end with pytest untampered; asserts compare strictly (an
-   always-equal object fails);
+   tooling name from it. One forked child per test file runs the tests; the agent's code
+   they import runs in a worker process of the child's, reached through proxies (plain
+   data crosses back, the child is non-dumpable). The parent writes the channel and counts
+   a test only from a child that reached its end with pytest untampered; asserts compare
+   strictly (an always-equal object fails);
 3. `test.sh` (when the task has one) runs in its own exec: the verifier files are unpacked
    from stdin into ``/tmp/verifier`` ($VERIFIER_DIR, a directory no agent process ever saw:
    a fresh sandbox's /tmp), then ``bash $VERIFIER_DIR/test.sh`` with cwd the workdir. Exit
@@ -397,6 +398,12 @@ async def _run_sets(
         # also a standard-library name (a repository's `test/` package)
         "allowed": sorted({r.split("/")[0].removesuffix(".py") for r in (*environment, *files)}),
         "program": programs.text("repo_runner.py", package=PROGRAMS),
+        # the code under test runs in a worker process these start (repo_proxy.py)
+        "helpers": {
+            name: programs.text(name, package=PROGRAMS)
+            for name in ("repo_wire.py", "repo_strict.py", "repo_proxy.py", "repo_worker.py")
+        },
+        "call_timeout_s": max(5.0, timeout_s / 4),
     }
     env = _exec_env(workdir, path)
     for name, ids in sets:

@@ -1,8 +1,9 @@
 """The `pytest` mode of the terminal runner: a repository task's test sets (stdlib only).
 
 `terminal_runner.run_pytest` executes this file's source (sent in the config) and calls
-`run`. Why a parent and children: the tests import the agent's code, so whatever runs them
-runs that code; the verdict must come from a process that never did.
+`run`. Why a parent, children and workers: the tests import the agent's code; the verdict
+must come from a process that never ran it, and the tests' outcomes from one that code
+cannot reach.
 
 - The parent restores the task's declared artifacts (every test file and pytest
   configuration the pack ships, rewritten; anything else in a test folder, any other
@@ -12,26 +13,39 @@ runs that code; the verdict must come from a process that never did.
   a guard first on the import path: no standard-library or test-tooling name may load from
   the workspace. The workspace is appended to sys.path, after the standard library and
   site-packages, and pytest imports tests with ``--import-mode=append``.
-- Per test file, the parent restores again and forks a child that runs pytest on that
-  file's ids. The child reports over a pipe: the collected ids, each test's outcome after
+- Per test file, the parent restores again and forks a test process that runs pytest on
+  that file's ids. That process never runs agent code: a finder first on its import path
+  turns every module the tests import from the workspace (but the pack's own files) into
+  a proxy, and the code runs in a worker process the test process starts
+  (repo_proxy.py, repo_worker.py, over repo_wire.py), which gets only its own request and
+  answer pipes. Calls, attribute access and operators go over them; only plain data of
+  builtin types, built fresh here, or handles come back; an exception comes back as the
+  builtin of its name. The test process is non-dumpable (the worker cannot open its
+  /proc/<pid>/fd, mem or environ, nor the runner's). A worker that ends, hangs past the
+  call timeout (the config's `call_timeout_s`) or writes something that is not an answer
+  fails the test running (named in the note); the next test gets a fresh worker.
+- The test process reports over a pipe: the collected ids, each test's outcome after
   checking its own integrity (pytest's and pluggy's module and class attributes, the
   plugin manager's plugins and hook implementations, the import machinery, trace hooks:
-  all as they were before any agent code ran), then the session's end. The parent counts a
+  all as they were at session start), then the session's end. The parent counts a
   child's tests only if it reported its end with nothing tampered and exited 0; it alone
   writes the verifier's channel.
-- Every assert of a rewritten test module compares strictly: an operand of ``==``, ``!=``
-  or ``in`` that claims to equal a fresh sentinel object fails the comparison.
+- Every assert of a rewritten test module compares strictly (repo_strict.py): an operand
+  of ``==``, ``!=`` or ``in`` that claims to equal a fresh sentinel object fails the
+  comparison (a value of a builtin subclass crosses from the worker as its builtin value;
+  one that claimed to equal a fresh object there is counted the same way).
 
-Limits: the child runs agent code in its own memory, so a forger written against this very
-protocol can still lie to the parent; what it cannot do is pass through the tricks a
-generic cheat uses (shadowed modules, test packages, plugins, patched pytest, early exits,
-always-equal objects).
+Limits: objects cross by value (a test that relies on the code keeping a reference to a
+list the test mutates later, on `isinstance` with the code's classes, or on passing a
+function of its own to the code fails); plain containers a call changed in place are
+written back. Whatever the worker answers is the agent's to choose, as its return values
+always were; it cannot reach the test process or the channel.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
+import ctypes
 import importlib
 import json
 import os
@@ -62,13 +76,15 @@ LATE_STDLIB = ("pdb", "cmd", "code", "codeop", "bdb", "doctest", "unittest", "un
                "re", "math", "random", "statistics", "collections", "itertools", "typing",
                "threading", "queue", "atexit", "signal", "platform", "sysconfig")  # fmt: skip
 WATCHED = ("pytest", "_pytest", "pluggy", "iniconfig", "unittest", "builtins",
-           "_palaestra_strict")  # fmt: skip
+           "_palaestra_strict", "repo_wire", "repo_strict", "repo_proxy")  # fmt: skip
 # Module globals pytest itself sets while a test runs.
 VOLATILE = {("_pytest.assertion.util", "_reprcompare"),
             ("_pytest.assertion.util", "_assertion_pass"),
             ("_pytest.assertion.util", "_config")}  # fmt: skip
 MAX_CHILD_OUTPUT = 16 * 1024 * 1024
-STRICT = "@palaestra_strict"
+PR_SET_DUMPABLE = 4
+# The programs beside this one: the wire, the test side's proxies, the worker.
+HELPERS = ("repo_wire.py", "repo_strict.py", "repo_proxy.py", "repo_worker.py")
 
 
 # -- the declared artifacts ---------------------------------------------------------------
@@ -185,140 +201,6 @@ def preload() -> None:
             importlib.import_module(name)
 
 
-# -- strict comparisons -------------------------------------------------------------------
-
-
-class Claimed:
-    """What an operand that claims to equal anything becomes: equal to nothing."""
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-    def __eq__(self, other: object) -> bool:
-        return False
-
-    def __ne__(self, other: object) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return f"<a {self.kind} that claims to equal anything>"
-
-
-HONEST_CONTAINERS = (list, tuple, set, frozenset, dict, str, bytes, bytearray, range)
-
-
-def strict_module() -> types.ModuleType:
-    """`_palaestra_strict`: what rewritten asserts call on their comparison operands."""
-    mod = types.ModuleType("_palaestra_strict")
-    state = {"claims": 0}
-
-    def operand(x: object) -> object:
-        mock = sys.modules.get("unittest.mock")
-        if mock is not None and x is mock.ANY:
-            return x
-        s = object()
-        try:
-            claims = bool(x == s) or not bool(x != s)
-        except Exception:
-            claims = False
-        if claims:
-            state["claims"] += 1
-            return Claimed(type(x).__name__)
-        return x
-
-    def container(x: object) -> object:
-        if type(x) in HONEST_CONTAINERS or not hasattr(type(x), "__contains__"):
-            return x
-        try:
-            claims = bool(object() in x)  # type: ignore[operator]
-        except Exception:
-            claims = False
-        if claims:
-            state["claims"] += 1
-            return ()
-        return x
-
-    mod.operand = operand  # type: ignore[attr-defined]
-    mod.container = container  # type: ignore[attr-defined]
-    mod.state = state  # type: ignore[attr-defined]
-    return mod
-
-
-class StrictCompare(ast.NodeTransformer):
-    """In every assert: ``a == b`` -> ``operand(a) == operand(b)`` (also ``!=``, ``in``)."""
-
-    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
-        node.test = _Operands().visit(node.test)
-        return node
-
-
-class _Operands(ast.NodeTransformer):
-    def visit_Compare(self, node: ast.Compare) -> ast.Compare:
-        self.generic_visit(node)
-        values = [node.left, *node.comparators]
-        for i, value in enumerate(values):
-            near = [node.ops[j] for j in (i - 1, i) if 0 <= j < len(node.ops)]
-            left_of_in = i < len(node.ops) and isinstance(node.ops[i], ast.In | ast.NotIn)
-            right_of_in = i > 0 and isinstance(node.ops[i - 1], ast.In | ast.NotIn)
-            if right_of_in:
-                values[i] = _call("container", value)
-            elif left_of_in or any(isinstance(op, ast.Eq | ast.NotEq) for op in near):
-                values[i] = _call("operand", value)
-        node.left, node.comparators = values[0], values[1:]
-        return node
-
-
-def _call(fn: str, value: ast.expr) -> ast.expr:
-    func = ast.Attribute(value=ast.Name(id=STRICT, ctx=ast.Load()), attr=fn, ctx=ast.Load())
-    return ast.copy_location(ast.Call(func=func, args=[value], keywords=[]), value)
-
-
-def strict_tree(tree: ast.Module) -> None:
-    """Rewrite `tree`'s asserts and import the strict module under a name no source can
-    spell (as pytest's own rewriting does)."""
-    StrictCompare().visit(tree)
-    pos = 0
-    for i, stmt in enumerate(tree.body):
-        doc = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and i == 0
-        future = isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
-        if not (doc or future):
-            break
-        pos = i + 1
-    imp = ast.Import(names=[ast.alias(name="_palaestra_strict", asname=STRICT)])
-    tree.body.insert(pos, imp)
-    ast.fix_missing_locations(tree)
-
-
-def install_strict(trusted_code: list[types.CodeType]) -> types.ModuleType:
-    """Hook pytest's assertion rewriting: strict operands, no cached bytecode, and every
-    code object of a rewritten module remembered (a test must run one of them)."""
-    from _pytest.assertion import rewrite
-
-    mod = strict_module()
-    sys.modules["_palaestra_strict"] = mod
-    original_rewrite, original_test = rewrite.rewrite_asserts, rewrite._rewrite_test
-
-    def rewrite_asserts(tree: ast.Module, *args: Any, **kwargs: Any) -> None:
-        strict_tree(tree)
-        original_rewrite(tree, *args, **kwargs)
-
-    def rewrite_test(*args: Any, **kwargs: Any) -> Any:
-        result = original_test(*args, **kwargs)
-        stack = [result[1]]
-        while stack:
-            co = stack.pop()
-            trusted_code.append(co)
-            stack.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
-        return result
-
-    rewrite.rewrite_asserts = rewrite_asserts  # type: ignore[assignment]
-    rewrite._rewrite_test = rewrite_test
-    rewrite._read_pyc = lambda *a, **k: None
-    return mod
-
-
 # -- the child's integrity ----------------------------------------------------------------
 
 
@@ -404,12 +286,25 @@ def _only_conftests(before: tuple[Any, ...], after: tuple[Any, ...], conftests: 
 # -- the child ----------------------------------------------------------------------------
 
 
-def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], guard: Guard) -> None:
-    """Run pytest on `ids` (one test file's) and report to the parent over `fd`."""
+def non_dumpable() -> None:
+    """No same-uid process (the worker) may read or write this one's memory or descriptors
+    through /proc, nor trace it (inherited from the runner; said again here)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], guard: Guard,
+          worker: dict[str, Any]) -> None:  # fmt: skip
+    """Run pytest on `ids` (one test file's) and report to the parent over `fd`; the code
+    under test runs in a worker process (`worker`: its program, sources and call timeout)."""
     import pytest
 
+    non_dumpable()
+    proxy = sys.modules["repo_proxy"]
+    remote = proxy.Remote(worker["program"], workdir, worker["sources"], float(worker["timeout_s"]))
+    proxy.install(remote, guard.inside, trusted)
     trusted_code: list[types.CodeType] = []
-    strict = install_strict(trusted_code)
+    strict = sys.modules["repo_strict"].install_strict(trusted_code)
     sys.dont_write_bytecode = True
     out = os.fdopen(fd, "w", buffering=1)
     conftests = {p for p in trusted if os.path.basename(p) == "conftest.py"}
@@ -436,6 +331,7 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
             self.before: dict[object, tuple[object, ...]] = {}
             self.pm: Any = None
             self.final: list[str] = ["the test session did not finish"]
+            self.faults = 0
             self.space: dict[str, dict[str, Any]] = {"palaestra_repo_runner": globals()}
 
         def check(self) -> list[str]:
@@ -444,6 +340,7 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
 
         @pytest.hookimpl(trylast=True)  # after pytest's own (the fixture manager's)
         def pytest_sessionstart(self, session: pytest.Session) -> None:
+            proxy.install(remote, guard.inside, trusted)  # first again, before pytest's hook
             self.pm = session.config.pluginmanager
             self.space["palaestra_reporter"] = dict(vars(Reporter))
             self.before = snapshot(self.space, self.pm)
@@ -463,12 +360,16 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
             if report.failed or (report.when == "call" and not report.passed):
                 self.failed.add(report.nodeid)
 
+        def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+            self.faults = len(remote.faults)
+
         def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
             problems = self.check()
             if nodeid in self.bad:
                 problems.append(self.bad[nodeid])
-            ok = nodeid not in self.failed and not problems
-            send("TEST", {"id": nodeid, "ok": ok, "tamper": problems})
+            faults = remote.faults[self.faults :]  # the worker ended, hung or lied meanwhile
+            ok = nodeid not in self.failed and not problems and not faults
+            send("TEST", {"id": nodeid, "ok": ok, "tamper": problems, "faults": faults})
 
         @pytest.hookimpl(trylast=True)
         def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -478,8 +379,11 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
     args = ["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", workdir, "--assert=rewrite"]
     rc = pytest.main([*args, "--import-mode=append", "--", *ids], plugins=[reporter])
     problems = reporter.final if reporter.pm is not None else []
-    claims = int(strict.state["claims"])
-    send("END", {"rc": int(rc), "tamper": problems, "claims": claims, "refused": guard.refused})
+    remote.close()
+    claims = int(strict.state["claims"]) + remote.claims
+    faults = remote.faults[:10]
+    end = {"rc": int(rc), "tamper": problems, "claims": claims, "refused": guard.refused}
+    send("END", {**end, "faults": faults})
     out.close()
 
 
@@ -499,7 +403,7 @@ def _messages(raw: bytes) -> list[tuple[str, Any]]:
 
 
 def run_file(
-    ids: list[str], workdir: str, ini: str, trusted: set[str], guard: Guard
+    ids: list[str], workdir: str, ini: str, trusted: set[str], guard: Guard, worker: dict[str, Any]
 ) -> tuple[list[str], dict[str, bool], str]:
     """Fork a child for one test file; (collected ids, outcomes, problem or "")."""
     for stream in (sys.stdout, sys.stderr):
@@ -511,7 +415,7 @@ def run_file(
             os.close(r)
             os.closerange(3, w)
             os.closerange(w + 1, 1 << 16)
-            child(w, workdir, ini, ids, trusted, guard)
+            child(w, workdir, ini, ids, trusted, guard, worker)
         finally:
             os._exit(0)
     os.close(w)
@@ -555,12 +459,34 @@ def run_file(
         elif end.get("claims"):
             why = f"{end['claims']} comparison(s) with an object that claims to equal anything"
             why = why + " (an always-equal object)"
+        elif end.get("faults"):
+            why = "; ".join(dict.fromkeys(str(f) for f in end["faults"]))[:400]
         elif end.get("rc") not in (0, 1):
             why = f"pytest exit {end.get('rc')}"
     counted = end is not None and not tamper and code == 0 and not end.get("refused")
     if not counted:
         outcomes = {n: False for n in outcomes}
     return collected, outcomes, why
+
+
+def load_helpers(cfg: dict[str, Any], home: str, workdir: str) -> dict[str, Any]:
+    """Load the wire and the proxies here (before any workspace path is reachable) and
+    write the worker's program to a folder of its own; what a test process needs to start
+    the worker."""
+    helpers = {str(k): str(v) for k, v in dict(cfg["helpers"]).items()}
+    folder = os.path.join(home, "worker")
+    os.mkdir(folder, 0o700)
+    for name in HELPERS:
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            f.write(helpers[name])
+    for name in HELPERS[:3]:
+        module = types.ModuleType(name.removesuffix(".py"))
+        sys.modules[module.__name__] = module
+        exec(compile(helpers[name], name, "exec"), vars(module))
+    # the task's own top-level names, which load from the workspace in the worker
+    sources = sorted(str(n) for n in cfg.get("allowed") or ())
+    timeout_s = float(cfg.get("call_timeout_s") or 30.0)
+    return {"program": os.path.join(folder, HELPERS[3]), "sources": sources, "timeout_s": timeout_s}
 
 
 def run(
@@ -593,6 +519,7 @@ def run(
     os.chdir(workdir)
     sys.dont_write_bytecode = True
     preload()
+    worker = load_helpers(cfg, home, workdir)
     guard = Guard(workdir, {str(n) for n in cfg.get("allowed") or ()})
     sys.meta_path.insert(0, guard)
     shadows = [e for e in sorted(os.listdir(workdir)) if e.split(".")[0] in guard.protected]
@@ -606,7 +533,7 @@ def run(
         by_file.setdefault(test_id.split("::")[0], []).append(test_id)
     for test_file, file_ids in by_file.items():
         restore(workdir, files, test_dirs)
-        collected, outcomes, why = run_file(file_ids, workdir, ini, trusted, guard)
+        collected, outcomes, why = run_file(file_ids, workdir, ini, trusted, guard, worker)
         kill_others()
         emit("COLLECTED", collected)
         for node, ok in outcomes.items():

@@ -16,7 +16,8 @@ code cannot reach.
 Modes:
 - `pytest`: restores the task's declared test files and configuration, then runs pytest on
   the requested node ids in one forked child per test file (repo_runner.py, sent in the
-  config): only this process, which never imports agent code, writes the channel.
+  config), where the agent's code runs in a worker process behind proxies: only this
+  process, which never imports agent code, writes the channel.
 - `test-sh`: unpacks the verifier files, writes `python3`/`python`/`bash`/`sh`/`pytest`
   wrappers (`write_wrappers`, from the config's `programs`: the files of this folder) into
   a folder where they can run (or reports INFRA: a step that cannot run voids, never skips),

@@ -1,0 +1,153 @@
+"""Strict comparisons in a repository task's test modules (stdlib only; repo_runner.py
+loads it into each test process).
+
+Why: an object that claims to equal anything (``__eq__`` always True) passes any
+``assert got == want``. pytest's assertion rewriting is wrapped: each ``==`` / ``!=``
+operand and ``in`` left operand of an assert goes through `operand()`, which turns an
+object claiming equality with a fresh sentinel into one that equals nothing
+(``unittest.mock.ANY`` excepted); an ``in`` container claiming to hold a sentinel becomes
+empty. The rewritten code objects are remembered (a test must run one of them).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import types
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+STRICT = "@palaestra_strict"
+
+
+class Claimed:
+    """What an operand that claims to equal anything becomes: equal to nothing."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<a {self.kind} that claims to equal anything>"
+
+
+HONEST_CONTAINERS = (list, tuple, set, frozenset, dict, str, bytes, bytearray, range)
+
+
+def strict_module() -> types.ModuleType:
+    """`_palaestra_strict`: what rewritten asserts call on their comparison operands."""
+    mod = types.ModuleType("_palaestra_strict")
+    state = {"claims": 0}
+
+    def operand(x: object) -> object:
+        mock = sys.modules.get("unittest.mock")
+        if mock is not None and x is mock.ANY:
+            return x
+        s = object()
+        try:
+            claims = bool(x == s) or not bool(x != s)
+        except Exception:
+            claims = False
+        if claims:
+            state["claims"] += 1
+            return Claimed(type(x).__name__)
+        return x
+
+    def container(x: object) -> object:
+        if type(x) in HONEST_CONTAINERS or not hasattr(type(x), "__contains__"):
+            return x
+        try:
+            claims = bool(object() in x)  # type: ignore[operator]
+        except Exception:
+            claims = False
+        if claims:
+            state["claims"] += 1
+            return ()
+        return x
+
+    mod.operand = operand  # type: ignore[attr-defined]
+    mod.container = container  # type: ignore[attr-defined]
+    mod.state = state  # type: ignore[attr-defined]
+    return mod
+
+
+class StrictCompare(ast.NodeTransformer):
+    """In every assert: ``a == b`` -> ``operand(a) == operand(b)`` (also ``!=``, ``in``)."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
+        node.test = _Operands().visit(node.test)
+        return node
+
+
+class _Operands(ast.NodeTransformer):
+    def visit_Compare(self, node: ast.Compare) -> ast.Compare:
+        self.generic_visit(node)
+        values = [node.left, *node.comparators]
+        for i, value in enumerate(values):
+            near = [node.ops[j] for j in (i - 1, i) if 0 <= j < len(node.ops)]
+            left_of_in = i < len(node.ops) and isinstance(node.ops[i], ast.In | ast.NotIn)
+            right_of_in = i > 0 and isinstance(node.ops[i - 1], ast.In | ast.NotIn)
+            if right_of_in:
+                values[i] = _call("container", value)
+            elif left_of_in or any(isinstance(op, ast.Eq | ast.NotEq) for op in near):
+                values[i] = _call("operand", value)
+        node.left, node.comparators = values[0], values[1:]
+        return node
+
+
+def _call(fn: str, value: ast.expr) -> ast.expr:
+    func = ast.Attribute(value=ast.Name(id=STRICT, ctx=ast.Load()), attr=fn, ctx=ast.Load())
+    return ast.copy_location(ast.Call(func=func, args=[value], keywords=[]), value)
+
+
+def strict_tree(tree: ast.Module) -> None:
+    """Rewrite `tree`'s asserts and import the strict module under a name no source can
+    spell (as pytest's own rewriting does)."""
+    StrictCompare().visit(tree)
+    pos = 0
+    for i, stmt in enumerate(tree.body):
+        doc = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and i == 0
+        future = isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+        if not (doc or future):
+            break
+        pos = i + 1
+    imp = ast.Import(names=[ast.alias(name="_palaestra_strict", asname=STRICT)])
+    tree.body.insert(pos, imp)
+    ast.fix_missing_locations(tree)
+
+
+def install_strict(trusted_code: list[types.CodeType]) -> types.ModuleType:
+    """Hook pytest's assertion rewriting: strict operands, no cached bytecode, and every
+    code object of a rewritten module remembered (a test must run one of them)."""
+    from _pytest.assertion import rewrite
+
+    mod = strict_module()
+    sys.modules["_palaestra_strict"] = mod
+    original_rewrite, original_test = rewrite.rewrite_asserts, rewrite._rewrite_test
+
+    def rewrite_asserts(tree: ast.Module, *args: Any, **kwargs: Any) -> None:
+        strict_tree(tree)
+        original_rewrite(tree, *args, **kwargs)
+
+    def rewrite_test(*args: Any, **kwargs: Any) -> Any:
+        result = original_test(*args, **kwargs)
+        stack = [result[1]]
+        while stack:
+            co = stack.pop()
+            trusted_code.append(co)
+            stack.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
+        return result
+
+    rewrite.rewrite_asserts = rewrite_asserts  # type: ignore[assignment]
+    rewrite._rewrite_test = rewrite_test
+    rewrite._read_pyc = lambda *a, **k: None
+    return mod
