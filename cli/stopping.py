@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import typer
 
 from palaestra.cli.console import err
-from palaestra.sandbox.sweep import Running, running, sweep
+from palaestra.sandbox.sweep import Running, containers, processes, sweep
 
 T = TypeVar("T")
 
@@ -67,6 +67,7 @@ class Stop:
         self.signum: int | None = None
         self.kept: str | None = None
         self._old: dict[int, Any] = {}
+        self._outer: Stop | None = None  # a command's Stop around this one (pack import)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
         self._before = Running()
@@ -86,7 +87,7 @@ class Stop:
             if signal.getsignal(sig) is signal.SIG_IGN:
                 continue  # started with it ignored (nohup, a background job): keep it so
             self._old[sig] = signal.signal(sig, self._on_signal)
-        _active = self
+        self._outer, _active = _active, self
         return self
 
     def __exit__(
@@ -96,7 +97,7 @@ class Stop:
         if self.signum is None:
             for sig, old in self._old.items():
                 signal.signal(sig, old)
-            _active = None
+            _active = self._outer
             return
         self._finish()  # raises typer.Exit; the handlers stay: a second signal hurries
 
@@ -134,6 +135,8 @@ class Stop:
         # Work cut off mid-flight logs errors (a sandbox closed under a verify): the stop's
         # own line says what happened.
         logging.disable(logging.ERROR)
+        with contextlib.suppress(Exception):  # before the cleanup closes any of them
+            self._before = processes()
         threading.Thread(target=self._watch, name="stop-watchdog", daemon=True).start()
         loop, task = self._loop, self._task
         if loop is not None and task is not None:
@@ -142,10 +145,8 @@ class Stop:
         raise Stopped
 
     def _watch(self) -> None:
-        try:
-            self._before = running()
-        except Exception:
-            self._before = Running()
+        with contextlib.suppress(Exception):
+            self._before = self._before | containers()
         self._snapshot.set()
         self._hurry.wait(self.grace_s)
         if self._finishing.acquire(blocking=False):

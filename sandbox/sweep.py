@@ -93,8 +93,9 @@ def _docker_client() -> Any:
     return None
 
 
-def running() -> Running:
-    """What this process started that runs now."""
+def processes() -> Running:
+    """The bwrap sandboxes and other processes this process started that run now (a read
+    of /proc: quick enough for a signal handler)."""
     found = Running()
     procs = descendants()
     for pid, (ppid, name) in procs.items():
@@ -102,13 +103,19 @@ def running() -> Running:
             found.sandboxes.add(pid)
     top = {pid for pid, (ppid, _) in procs.items() if ppid not in procs}
     found.processes = top - found.sandboxes
+    return found
+
+
+def containers() -> Running:
+    """The docker containers this process made that exist now (asks the engine)."""
+    found = Running()
     client = _docker_client()
     if client is not None:
         from palaestra.sandbox.docker.engine import owned_by_us
 
         with contextlib.suppress(Exception):
-            containers, _ = owned_by_us(client)
-            found.containers = {str(c.id) for c in containers}
+            made, _ = owned_by_us(client)
+            found.containers = {str(c.id) for c in made}
         client.close()
     return found
 
