@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
@@ -73,6 +74,7 @@ class LiveProgress:
         done: int = 0,
         console: Console = err,
         live: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.label = label
         self.unit = unit
@@ -82,7 +84,8 @@ class LiveProgress:
         self.console = console
         self.live = console.is_terminal if live is None else live
         self._first = done
-        self._started = time.monotonic()
+        self._clock = clock
+        self._started = clock()
         self._lock = threading.Lock()
         self._changed = False
         self._last_line = 0.0
@@ -107,7 +110,7 @@ class LiveProgress:
         if self._open:
             return
         self._open = True
-        self._started = time.monotonic()
+        self._started = self._clock()
         if self.live:
             self._bar = Progress(
                 TextColumn("{task.description}"),
@@ -144,7 +147,7 @@ class LiveProgress:
         if self._ticker is not None:
             self._ticker.join(timeout=1.0)
         with self._lock:
-            elapsed = time.monotonic() - self._started
+            elapsed = self._clock() - self._started
             rate = self._rate(elapsed)
             how = "done" if finished else "stopped at"
             total = f"/{self.total}" if self.total is not None else ""
@@ -158,7 +161,7 @@ class LiveProgress:
     def start(self, total: int | None) -> None:
         """The total became known (e.g. once a pack is loaded): the work starts now."""
         with self._lock:
-            self._started = time.monotonic()
+            self._started = self._clock()
         self.update(total=total)
 
     def advance(self, n: int = 1, note: str | None = None) -> None:
@@ -189,7 +192,7 @@ class LiveProgress:
 
     def line(self) -> str:
         """'pack check: 12/164 tasks (7%) · 0.81 tasks/s · ETA 3m08s · note'."""
-        elapsed = time.monotonic() - self._started
+        elapsed = self._clock() - self._started
         rate = self._rate(elapsed)
         parts = [f"{self.label}: {self.done}"]
         if self.total is not None:
@@ -208,11 +211,11 @@ class LiveProgress:
         with self._lock:
             text = self.line()
             self._changed = False
-            self._last_line = time.monotonic()
+            self._last_line = self._clock()
         self.console.print(text)
 
     def _tick(self) -> None:
         while not self._stop.wait(EVERY_S):
-            quiet = time.monotonic() - self._last_line
+            quiet = self._clock() - self._last_line
             if self._changed or quiet >= HEARTBEAT_S:
                 self._emit()
