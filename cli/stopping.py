@@ -83,11 +83,14 @@ class Stop:
     # -- the with block --------------------------------------------------------------------
     def __enter__(self) -> Stop:
         global _active
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signals reach the main thread only (a command run by a test thread)
         for sig in SIGNALS:
             if signal.getsignal(sig) is signal.SIG_IGN:
                 continue  # started with it ignored (nohup, a background job): keep it so
             self._old[sig] = signal.signal(sig, self._on_signal)
-        self._outer, _active = _active, self
+        if self._old:
+            self._outer, _active = _active, self
         return self
 
     def __exit__(
@@ -97,7 +100,8 @@ class Stop:
         if self.signum is None:
             for sig, old in self._old.items():
                 signal.signal(sig, old)
-            _active = self._outer
+            if self._old:
+                _active = self._outer
             return
         self._finish()  # raises typer.Exit; the handlers stay: a second signal hurries
 
