@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -55,7 +56,8 @@ async def open_client(
         if read_only and not settings.data_dir.exists():
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="palaestra-list-"))
             settings = settings.model_copy(update={"data_dir": Path(tmp)})
-        manager = build_manager(settings)
+        # In a thread: a Ctrl-C while the packs load stops the command at once.
+        manager = await asyncio.to_thread(build_manager, settings)
         await manager.start()
         try:
             yield AsyncInProcessClient(manager)

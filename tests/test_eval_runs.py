@@ -183,7 +183,8 @@ def test_crash_and_ctrl_c_then_resume(work: Path) -> None:
     proc.wait(timeout=60)
     stderr = logs[-1].read_text()
     assert proc.returncode == 130, stderr
-    assert "interrupted" in stderr and f"palaestra eval resume {run}" in stderr
+    assert "eval resume stopped by SIGINT" in stderr
+    assert f"palaestra eval resume {run}" in stderr
     assert "Traceback" not in stderr
     interrupted = lines(run)
     assert (run / "attempts.jsonl").read_text().startswith(before)  # appended, never rewritten
