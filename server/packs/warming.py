@@ -125,6 +125,14 @@ class PackWarmer:
             await asyncio.shield(self._task)
 
     async def _run(self) -> None:
+        try:
+            await self._job()
+        except Exception:  # no job (cannot start a process): generate here, in a thread
+            log.exception("the warm job failed; generating what is left in the server")
+        for root in [w.root for w in self.catalog.warming.values()]:
+            await self._load(root)  # the job died before it: generate it here (a thread)
+
+    async def _job(self) -> None:
         self._proc = proc = await asyncio.create_subprocess_exec(
             *self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
@@ -137,8 +145,6 @@ class PackWarmer:
             if root is not None:
                 await self._load(root)
         await proc.wait()
-        for root in [w.root for w in self.catalog.warming.values()]:
-            await self._load(root)  # the job died before it: generate it here (a thread)
 
     async def _load(self, root: Path) -> None:
         result = await asyncio.to_thread(self.catalog.read, root)
