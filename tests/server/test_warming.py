@@ -9,7 +9,10 @@ gate is closed the pack is warming, for as long as a test needs.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from palaestra.sdk.errors import UnavailableError
 from palaestra.sdk.models import ResetRequest
 from palaestra.server.config import REPO_PACKS, Settings
 from palaestra.server.runtime import build_manager
-from tests.conftest import ServerProcess, cli_env, make_settings
+from tests.conftest import BIN, ServerProcess, cli_env, make_settings
 
 NOISY = Path(__file__).resolve().parent / "warm_packs" / "noisy"
 ECHO = REPO_PACKS / "echo"
@@ -166,3 +169,28 @@ def test_serve_answers_while_warming_prints_no_noise_and_restarts_ready(tmp_path
         assert _readyz(restarted)["status"] == "ready"  # its first answer
     finally:
         restarted.stop()
+
+
+def test_run_of_one_humaneval_task_does_not_wait_for_reasoning_gym(tmp_path: Path) -> None:
+    """`palaestra run` on a data dir with a secret of its own: reasoning-gym's held-out
+    tasks are not cached for that secret (a minute or more of generation). The HumanEval
+    episode plays and the command ends without them (their cache file is never written:
+    the warm job was stopped), printing none of reasoning-gym's output."""
+    secret_file = tmp_path / "own.secret"
+    packs = f"{REPO_PACKS / 'humaneval'}:{REPO_PACKS / 'reasoning-gym'}"
+    env = cli_env(PALAESTRA_HELDOUT_SECRET_FILE=str(secret_file), PALAESTRA_PACKS_DIRS=packs)
+    result = subprocess.run(
+        [str(BIN / "palaestra"), "run", "openai/humaneval:HumanEval-1", "--policy", "oracle",
+         "--data-dir", str(tmp_path / "data")],
+        env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout[result.stdout.rindex("\n{") :])
+    assert verdict["reward"] == 1.0, verdict
+    printed = result.stdout + result.stderr
+    assert "Failed to generate" not in printed and "." * 8 not in printed, printed
+    fingerprint = hmac.new(
+        bytes.fromhex(secret_file.read_text().strip()), b"reasoning/gym cache", hashlib.sha256
+    ).hexdigest()[:16]
+    packs_cache = Path.home() / ".cache" / "palaestra" / "packs"
+    assert not list(packs_cache.glob(f"reasoning-gym-*-heldout-{fingerprint}.jsonl"))
