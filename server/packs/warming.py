@@ -88,6 +88,7 @@ class PackWarmer:
         self._logged: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
+        self._closing = False
 
     def command(self) -> list[str]:
         return [
@@ -129,6 +130,8 @@ class PackWarmer:
             await self._job()
         except Exception:  # no job (cannot start a process): generate here, in a thread
             log.exception("the warm job failed; generating what is left in the server")
+        if self._closing:
+            return
         for root in [w.root for w in self.catalog.warming.values()]:
             await self._load(root)  # the job died before it: generate it here (a thread)
 
@@ -151,7 +154,14 @@ class PackWarmer:
         self.catalog.take(root, result)
 
     async def aclose(self) -> None:
-        """Stop the job (SIGTERM, then SIGKILL) and the loading; what is cached stays."""
+        """Stop the loading, then the job (SIGTERM, then SIGKILL); what is cached stays.
+        The loading first: a job that ends early would otherwise be made up for by
+        generating in the server, which a shutdown must never wait for."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         proc = self._proc
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -162,10 +172,6 @@ class PackWarmer:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     # -- before the server answers (background warming off) ------------------------------
     def run_blocking(self) -> None:
