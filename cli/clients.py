@@ -71,6 +71,7 @@ async def open_client(
 
 
 WARM_WAIT_S = 900.0  # how long `palaestra run` waits for its task's pack to be generated
+POLL_S = 5.0  # asks again at least this often (and says how far the generation is)
 
 
 async def reset_when_warm(
@@ -87,4 +88,4 @@ async def reset_when_warm(
             if exc.code != "warming" or left <= 0:
                 raise
             err.print(f"waiting: {exc.message}")
-            await asyncio.sleep(min(exc.retry_after or 5.0, left))
+            await asyncio.sleep(min(exc.retry_after or POLL_S, POLL_S, left))

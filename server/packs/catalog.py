@@ -175,7 +175,7 @@ class PackCatalog:
                 retryable=False,
             )
         if not versions and name in self.warming:
-            raise warming_error(f"pack {name} is not generated yet", [self.warming[name]])
+            raise warming_error(f"pack {name} is not served yet", [self.warming[name]])
         if not versions:
             raise NotFoundError(f"unknown pack {name!r}; GET /v1/packs lists the packs served")
         if version is None:

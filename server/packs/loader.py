@@ -290,9 +290,9 @@ def _generated_tasks(
                     break
             results: list[str | None] = []  # each call's task as JSON, None if it failed
             for index, seed in enumerate(seeds):
-                done += 1
                 if progress is not None:
-                    progress(done, total, "tasks")
+                    progress(done, total, "tasks")  # those done before this call
+                done += 1
                 level = levels[index]
                 shown = "<sealed>" if sealed else seed
                 at = f"{root / gen.module}: generate(seed={shown}, index={index}, level={level})"

@@ -66,10 +66,10 @@ class Warming:
 
 def warming_error(what: str, warming: list[Warming]) -> UnavailableError:
     """The 503 for a request only warming packs can serve (retryable, with Retry-After)."""
-    shown = ", ".join(f"{w.name} ({w.shown()})" for w in warming)
+    shown = ", ".join(f"{w.name} is being generated ({w.shown()})" for w in warming)
     eta = round(min(w.eta_s() for w in warming))
     return UnavailableError(
-        f"{what}: still warming {shown}; retry in about {eta} s (GET /readyz shows progress)",
+        f"{what}: {shown}; retry in about {eta} s (GET /readyz shows progress)",
         code="warming",
         retryable=True,
         retry_after=eta,
