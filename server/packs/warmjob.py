@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -44,12 +45,12 @@ class Reporter:
         self.out.write(json.dumps(message) + "\n")
         self.out.flush()
 
-    def progress(self, root: Path, done: int, total: int, unit: str) -> None:
+    def progress(self, pack: str, done: int, total: int, unit: str) -> None:
         now = time.monotonic()
         if done < total and now - self.last < REPORT_EVERY_S:
             return
         self.last = now
-        self.send(pack=str(root), done=done, total=total, unit=unit)
+        self.send(pack=pack, done=done, total=total, unit=unit)
 
 
 def capture_output(log_path: Path) -> IO[str]:
@@ -85,12 +86,13 @@ def lines_since(log_path: Path, offset: int) -> int:
         return 0
 
 
-def warm(roots: list[Path], cache: GeneratedTaskCache, secret: bytes | None, log: Path,
+def warm(roots: dict[str, Path], cache: GeneratedTaskCache, secret: bytes | None, log: Path,
          reporter: Reporter) -> None:  # fmt: skip
-    for root in roots:
+    """Generate each pack (`roots`: as the server named it -> its resolved folder)."""
+    for given, root in roots.items():
 
-        def progress(done: int, total: int, unit: str, root: Path = root) -> None:
-            reporter.progress(root, done, total, unit)
+        def progress(done: int, total: int, unit: str, given: str = given) -> None:
+            reporter.progress(given, done, total, unit)
 
         started = time.monotonic()
         offset = log.stat().st_size if log.exists() else 0
@@ -104,10 +106,10 @@ def warm(roots: list[Path], cache: GeneratedTaskCache, secret: bytes | None, log
             )
         except Exception as exc:  # the server loads it itself and reports the problem
             logging.exception("warming %s failed", root)
-            reporter.send(pack=str(root), error=f"{type(exc).__name__}: {exc}")
+            reporter.send(pack=given, error=f"{type(exc).__name__}: {exc}")
             continue
         reporter.send(
-            pack=str(root),
+            pack=given,
             finished=True,
             tasks=len(pack.tasks) if pack is not None else 0,
             seconds=round(time.monotonic() - started, 1),
@@ -119,14 +121,18 @@ def main(argv: list[str]) -> int:
     if len(argv) < 3:
         print("usage: python -m palaestra.server.packs.warmjob CACHE LOG ROOT...", file=sys.stderr)
         return 2
-    cache, log = GeneratedTaskCache(Path(argv[0])), Path(argv[1])
-    roots = [Path(a) for a in argv[2:]]
+    cache, log = GeneratedTaskCache(Path(argv[0]).resolve()), Path(argv[1]).resolve()
+    roots = {given: Path(given).resolve() for given in argv[2:]}
     secret_hex = sys.stdin.readline().strip()
     secret = bytes.fromhex(secret_hex) if secret_hex else None
     reporter = Reporter(capture_output(log))
     with contextlib.suppress(OSError):
         os.nice(NICE)
-    warm(roots, cache, secret, log, reporter)
+    # Some datasets write files to the working directory (reasoning-gym's predator-prey
+    # `simulation_data.txt`): a scratch folder keeps them out of the server's.
+    with tempfile.TemporaryDirectory(prefix="palaestra-warm-") as scratch:
+        os.chdir(scratch)
+        warm(roots, cache, secret, log, reporter)
     return 0
 
 
