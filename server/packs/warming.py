@@ -47,8 +47,15 @@ class Warming:
     unit: str = "tasks"
     since: float = field(default_factory=time.monotonic)  # start of the current unit
 
+    started: bool = False  # the job is at this pack (it does one at a time)
+
     def shown(self) -> str:
-        return f"{self.done}/{self.total} {self.unit}" if self.total else "starting"
+        if self.total:
+            return f"{self.done}/{self.total} {self.unit}"
+        return "starting" if self.started else "queued"
+
+    def start(self) -> None:
+        self.started, self.since = True, time.monotonic()
 
     def update(self, done: int, total: int, unit: str) -> None:
         if unit != self.unit:  # a new phase (reasoning-gym: train, then held-out)
@@ -222,6 +229,8 @@ class PackWarmer:
                 kept,
             )
             return Path(root)
+        if warming is not None and message.get("started"):
+            warming.start()
         if warming is not None and "done" in message:
             warming.update(int(message["done"]), int(message["total"]), str(message["unit"]))
             now = time.monotonic()

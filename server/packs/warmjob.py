@@ -34,8 +34,9 @@ REPORT_EVERY_S = 0.5  # progress lines at most this often (and at the end of eac
 
 
 class Reporter:
-    """Progress as JSON lines to the server: {"pack", "done", "total", "unit"}, then one
-    {"pack", "finished": true, "tasks", "seconds", "noise"} or {"pack", "error"} a pack."""
+    """Progress as JSON lines to the server, a pack at a time: {"pack", "started"}, then
+    {"pack", "done", "total", "unit"}, then {"pack", "finished", "tasks", "seconds",
+    "noise"} or {"pack", "error"}."""
 
     def __init__(self, out: IO[str]) -> None:
         self.out = out
@@ -97,6 +98,7 @@ def warm(roots: dict[str, Path], cache: GeneratedTaskCache, secret: bytes | None
         started = time.monotonic()
         offset = log.stat().st_size if log.exists() else 0
         print(f"== warming {root}", flush=True)
+        reporter.send(pack=given, started=True)
         try:
             pack, _ = inspect_pack(
                 root,
