@@ -149,8 +149,10 @@ class ServerProcess:
         """An HTTPClient on this server with its admin token."""
         return HTTPClient(self.url, token=self.token, **kwargs)
 
-    def start(self, ready: int = 200) -> ServerProcess:
-        """Start and wait until /readyz answers `ready` (503: a server that starts unready)."""
+    def start(self, ready: int = 200, *, warm: bool = True) -> ServerProcess:
+        """Start and wait until /readyz answers `ready` (503: a server that starts unready);
+        with `warm`, a 200 must also say `"status": "ready"` (no pack still warming: a cold
+        generated-task cache is generated in the background, server/packs/warming.py)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
@@ -171,7 +173,9 @@ class ServerProcess:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == ready:
+                reply = httpx.get(f"{self.url}/readyz", timeout=1)
+                warming = warm and reply.status_code == 200 and reply.json()["status"] != "ready"
+                if reply.status_code == ready and not warming:
                     token_file = self.data_dir / "admin.token"
                     if token_file.exists():
                         self.token = token_file.read_text().strip()

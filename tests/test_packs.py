@@ -11,7 +11,7 @@ import pytest
 
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.packs.catalog import PackCatalog
-from palaestra.server.packs.gencache import GeneratedTaskCache
+from palaestra.server.packs.gencache import GeneratedTaskCache, NotCached
 from palaestra.server.packs.loader import generator_seeds, inspect_pack, load_pack
 from palaestra.server.packs.lock import (
     LOCK_FILE,
@@ -392,6 +392,28 @@ def test_generated_tasks_are_cached_by_everything_they_depend_on(tmp_path: Path)
         entry.write_text("[1, 2")
     load_pack(root, FAMILIES, secret=b"k" * 32, cache=cache)
     assert calls.read_text() == "x" * 230
+
+
+def test_cached_only_never_imports_or_calls_a_generator(tmp_path: Path) -> None:
+    """A server start's load (`cached_only`) raises NotCached where a split is not cached,
+    before importing its generator; once cached, the pack loads without importing it
+    (the generator's module is imported only for a split the cache lacks)."""
+    calls = tmp_path / "calls"
+    source = f"CALLS = {str(calls)!r}\nopen(CALLS, 'a').write('i')\n" + COUNTING
+    root = make_generator_pack(tmp_path / "g", source=source)
+    cache = GeneratedTaskCache(tmp_path / "cache")
+    with pytest.raises(NotCached, match="split train"):
+        load_pack(root, FAMILIES, secret=b"k" * 32, cache=cache, cached_only=True)
+    assert not calls.exists()
+    first = load_pack(root, FAMILIES, secret=b"k" * 32, cache=cache)
+    assert calls.read_text() == "i" + "x" * 70  # imported once, 70 calls
+    warm = load_pack(root, FAMILIES, secret=b"k" * 32, cache=cache, cached_only=True)
+    assert calls.read_text() == "i" + "x" * 70  # neither imported nor called
+    assert {k: t.digest for k, t in warm.tasks.items()} == {
+        k: t.digest for k, t in first.tasks.items()
+    }
+    with pytest.raises(NotCached, match="split heldout"):  # another secret: new sealed seeds
+        load_pack(root, FAMILIES, secret=b"o" * 32, cache=cache, cached_only=True)
 
 
 @pytest.mark.parametrize(
