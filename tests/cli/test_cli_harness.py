@@ -1,6 +1,6 @@
 """`palaestra run --harness …` (cli/harness_run.py): bad options are told before any
 episode starts; the report prints the verdict and one row per recorded model call. The
-run against a real server and model is in tests/test_harness_training.py."""
+run against a real server and model is in tests/sdk/train/test_harness_training.py."""
 
 from __future__ import annotations
 

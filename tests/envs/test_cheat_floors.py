@@ -28,7 +28,7 @@ from palaestra.server.packs.loader import load_pack
 from palaestra.verifiers import finance as vf
 
 FLOOR = 0.1
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def first_per_domain(pack: str, per_domain: int = 1, split: str = "train") -> list[Task]:

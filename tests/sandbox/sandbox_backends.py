@@ -51,9 +51,8 @@ def _fake_e2b_or_skip(tmp_path: Path) -> Backend:
         pytest.skip(f"FakeE2B runs its VMs in bwrap, which is unusable here: {why}")
     if not IS_ROOT:
         pytest.skip("FakeE2B enters its VMs with nsenter, which needs root")
-    from fake_e2b import FakeE2B
-
     from palaestra.sandbox.e2b import E2BBackend
+    from sandbox.fake_e2b import FakeE2B
 
     vms = tmp_path / "fake-e2b"
     vms.mkdir()

@@ -30,7 +30,7 @@ from palaestra.sandbox.egress import (
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def test_allow_list_matching() -> None:

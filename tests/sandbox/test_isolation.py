@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")
 SECRET_NAME = "PALAESTRA_TEST_SECRET"
 SECRET = "s3cr3t-value"
 TASK = "openai/humaneval:HumanEval-1"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

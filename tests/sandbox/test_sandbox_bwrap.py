@@ -30,7 +30,7 @@ from palaestra.sandbox.bwrap import backend as backend_mod
 _OK, _WHY = bwrap_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")
 IS_ROOT = os.geteuid() == 0
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from palaestra.server.ceilings import check_spec
 from palaestra.server.config import Settings
 from palaestra.server.runtime import make_backend
 
-FETCH = (Path(__file__).parent / "adversarial" / "programs" / "gateway_fetch.py").read_text()
+FETCH = (Path(__file__).parents[1] / "adversarial" / "programs" / "gateway_fetch.py").read_text()
 SPEC = SandboxSpec(memory_mb=256, pids=64, default_timeout_s=30.0)
 
 

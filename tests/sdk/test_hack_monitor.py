@@ -253,7 +253,7 @@ def test_a_rule_is_registered_explicitly() -> None:
 
 
 def test_rule_names_are_documented() -> None:
-    doc = (Path(__file__).parents[1] / "docs" / "evaluation.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "evaluation.md").read_text()
     for rule in DEFAULT_RULES:
         assert f"`{rule.name}`" in doc
 
@@ -378,7 +378,7 @@ def test_printed_table_shows_the_flagged_share(capsys: pytest.CaptureFixture[str
 def test_monitor_source_has_no_server_imports() -> None:
     """The eval report and the collector import the monitor without the server's deps."""
     for name in ("hack_monitor.py", "hack_events.py"):
-        tree = ast.parse((Path(__file__).parents[1] / "sdk" / name).read_text())
+        tree = ast.parse((Path(__file__).parents[2] / "sdk" / name).read_text())
         imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
             a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
         }

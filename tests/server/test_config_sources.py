@@ -9,7 +9,7 @@ from pathlib import Path
 
 from palaestra.server.config import Settings, load_settings_with_sources
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # sandbox/ joins this list when its backends take their settings as arguments (issue 16).
 FOLDERS = ("server", "cli", "envs", "verifiers", "sandbox", "sdk", "scripts", "bench")
 ALLOWED = {

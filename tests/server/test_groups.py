@@ -254,7 +254,7 @@ async def test_cluster_mode_is_refused(stack: Stack) -> None:
 
 def test_group_store_round_trip(store_url: str, tmp_path: Path) -> None:
     """put_group / group_result / groups_of and the state's join, on SQLite and PostgreSQL."""
-    from test_store_engines import state
+    from server.test_store_engines import state
 
     store = Store(Database.open(store_url))
     try:

@@ -16,7 +16,6 @@ import psycopg
 import pytest
 from conftest import BIN, ServerProcess, cli_env
 from pg import PASSWORD_ROLE, PostgresServer
-from test_registry import write_pack
 
 from palaestra.sdk.errors import BadRequestError, UnavailableError
 from palaestra.sdk.models import (
@@ -34,8 +33,9 @@ from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.schema import MIGRATIONS
 from palaestra.server.store import Store, StoreWriteError
+from server.packs.test_registry import write_pack
 
-PEER = Path(__file__).parent / "programs" / "store_peer.py"
+PEER = Path(__file__).parents[1] / "programs" / "store_peer.py"
 LATEST = MIGRATIONS[-1].version
 ECHO = "palaestra/echo:say-birch"
 

@@ -475,7 +475,11 @@ def test_rubric_load_and_choice_values(tmp_path: Path) -> None:
 def test_a_garbage_speaking_real_model_ends_unavailable(tmp_path: Path) -> None:
     """The tiny random Qwen2 served by palaestra.sdk.train.openai_server speaks garbage:
     every attempt is malformed, and the verdict is JudgeUnavailable (void), not a crash."""
-    from tests.test_openai_server import CACHE, KEY, model_server  # imports torch: only here
+    from tests.sdk.train.test_openai_server import (  # imports torch: only here
+        CACHE,
+        KEY,
+        model_server,
+    )
 
     model = make_models(CACHE / "tiny-models")["random"]
     port = free_port()

@@ -37,8 +37,8 @@ from palaestra.verifiers.judge_endpoint import (
 from palaestra.verifiers.judge_protocol import JudgeSampling, JudgeUnavailable
 from tests.judge_endpoint_fakes import Reply, ScriptedJudge, completion
 from tests.peers.tiny_models import make_models
-from tests.test_faults import echo_task, write_pack
-from tests.test_openai_server import CACHE, model_server
+from tests.sdk.train.test_openai_server import CACHE, model_server
+from tests.server.test_faults import echo_task, write_pack
 
 ASK = [{"role": "system", "content": "Judge."}, {"role": "user", "content": "Is it fine?"}]
 SAMPLING = JudgeSampling(temperature=0.0, top_p=1.0, max_tokens=64, seed=7)
@@ -284,7 +284,7 @@ def test_judge_settings_from_toml_and_env_with_clear_errors(tmp_path: Path) -> N
 
 
 def test_the_operations_page_example_is_valid(tmp_path: Path) -> None:
-    page = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    page = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     block = page.split("# palaestra.toml\n", 1)[1].split("```", 1)[0]
     (tmp_path / "palaestra.toml").write_text(block)
     grader = load_settings(environ={}, config_file=tmp_path / "palaestra.toml").judges["grader"]

@@ -19,7 +19,7 @@ from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.loader import load_pack
 from tests.conftest import docker_skip_reason
-from tests.test_cad_family import BLENDER_PLATE
+from tests.envs.cad.test_cad_family import BLENDER_PLATE
 
 IMAGE = "palaestra/cad:latest"
 

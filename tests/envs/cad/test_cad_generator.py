@@ -4,7 +4,7 @@ The oracle and cheat scripts are the very scripts the family plays in its sandbo
 (`palaestra.envs.cad.cheats`); here they run in this process (in a temporary directory) so
 that many tasks per domain fit the CI budget, and their meshes go through the same scoring
 function the family's `verify` uses (`family.score_mesh`). The sandboxed path is covered by
-tests/test_cad_family.py and `palaestra pack check`.
+tests/envs/cad/test_cad_family.py and `palaestra pack check`.
 """
 
 from __future__ import annotations

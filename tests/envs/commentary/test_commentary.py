@@ -41,7 +41,7 @@ from palaestra.server.runtime import build_manager
 from palaestra.server.sealed import WITHHELD, sealed_feedback
 from palaestra.verifiers.judge import Subject, score_rubric
 
-PACK = Path(__file__).resolve().parent.parent / "packs" / "finance-commentary"
+PACK = Path(__file__).resolve().parents[3] / "packs" / "finance-commentary"
 NAME = "palaestra/finance-commentary"
 MODEL = "fake-commentary-judge"
 

@@ -29,7 +29,7 @@ from palaestra.server.inprocess import InProcessClient
 from palaestra.server.packs.check import check_pack
 from palaestra.verifiers import finance as vf
 
-PACK = Path(__file__).resolve().parent.parent / "packs" / "finance"
+PACK = Path(__file__).resolve().parents[3] / "packs" / "finance"
 PER_DOMAIN = 200
 
 

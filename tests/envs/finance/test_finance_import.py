@@ -25,7 +25,7 @@ from palaestra.server.packs.loader import load_pack
 from palaestra.verifiers import finance as vf
 from palaestra.verifiers import finance_text as ft
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 FINQA = FIXTURES / "finqa" / "finqa.json"
 TATQA = FIXTURES / "tatqa-real" / "tatqa_dev_sample.json"
 TABLE = [

@@ -38,7 +38,7 @@ CHEAT_PRONE = {
 
 @pytest.fixture(scope="module")
 def pack_tasks() -> list[Task]:
-    pack = load_pack(Path(__file__).resolve().parent.parent / "packs" / "reasoning-gym")
+    pack = load_pack(Path(__file__).resolve().parents[3] / "packs" / "reasoning-gym")
     assert pack.name == PACK
     return sorted(pack.tasks.values(), key=lambda t: t.id)
 

@@ -28,7 +28,7 @@ PUZZLES = ("sudoku", "mini_sudoku", "futoshiki")
 
 @pytest.fixture(scope="module")
 def pack_tasks() -> list[Task]:
-    pack = load_pack(Path(__file__).resolve().parent.parent / "packs" / "reasoning-gym")
+    pack = load_pack(Path(__file__).resolve().parents[3] / "packs" / "reasoning-gym")
     return sorted(pack.tasks.values(), key=lambda t: t.id)
 
 

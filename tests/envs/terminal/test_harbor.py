@@ -31,7 +31,7 @@ from palaestra.sdk.task import Task
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.loader import Pack, inspect_pack
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "harbor"
 COOKBOOK = ROOT / "tests" / "fixtures" / "harbor-cookbook"  # real tasks, current format
 CORE = ROOT / "packs" / "terminal-core"

@@ -28,7 +28,7 @@ from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.runtime import build_manager
 from palaestra.verifiers.terminal import files_tar, verify_workspace
 
-PACK = Path(__file__).parent / "fixtures" / "terminal-pack"
+PACK = Path(__file__).parents[2] / "fixtures" / "terminal-pack"
 NAME = "test/terminal-mini"
 WORDS = f"{NAME}:word-count"
 REPO = f"{NAME}:fix-calc"

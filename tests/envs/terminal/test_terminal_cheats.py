@@ -34,9 +34,9 @@ from palaestra.server.runtime import build_manager
 from palaestra.verifiers.terminal import _channel, files_tar, judge_set, verify_workspace
 from tests.conftest import FULL_CHECKS, docker_skip_reason, one_per_category
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CORE = ROOT / "packs" / "terminal-core"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 IMAGE = "palaestra/terminal:latest"
 NONCE = "a" * 32
 WHY_NO_BWRAP = "" if bwrap_available()[0] else f"bwrap unavailable: {bwrap_available()[1]}"

@@ -10,7 +10,7 @@
 - docker: the oracle scores 1 and the null agent 0 in palaestra/terminal, on one task of
   each category (every task with PALAESTRA_FULL_CHECKS=1; bwrap plays every task, and the
   task's environment and verifier are the same on both). The rerun is skipped there; the
-  cheats on docker are tests/test_terminal_cheats.py's (a verifier step a backend cannot
+  cheats on docker are tests/envs/terminal/test_terminal_cheats.py's (a verifier step a backend cannot
   run voids, so a backend difference shows there, never as a silently skipped step).
 
 Skipped, with the reason, where the backend cannot run (no bwrap; no docker engine or no
@@ -43,7 +43,7 @@ from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.runtime import build_manager
 from tests.conftest import FULL_CHECKS, docker_skip_reason, one_per_category
 
-PACK = Path(__file__).resolve().parents[1] / "packs" / "terminal-core"
+PACK = Path(__file__).resolve().parents[3] / "packs" / "terminal-core"
 TASKS = PACK / "tasks"
 REPO_DOMAIN = "terminal-core/repo-repair"
 HOST_TOOLS = ("bash", "jq", "sqlite3", "git", "gcc", "make", "gawk", "gzip", "tar", "patch")

@@ -16,7 +16,7 @@ from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 from tests.conftest import docker_skip_reason
 
-PACK = Path(__file__).parent / "fixtures" / "terminal-pack"
+PACK = Path(__file__).parents[2] / "fixtures" / "terminal-pack"
 REPO = "test/terminal-mini:fix-calc"
 IMAGE = "palaestra/terminal:latest"
 

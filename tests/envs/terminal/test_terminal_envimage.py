@@ -20,7 +20,7 @@ from palaestra.envs.terminal.envimage import (
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.server.config import Settings
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 
 
 def test_digest_names_the_image() -> None:

@@ -31,7 +31,7 @@ from palaestra.sandbox.docker import DockerBackend
 from palaestra.server.packs.check import CheckReport, check_pack
 from tests.conftest import docker_skip_reason
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 BASE = "palaestra/base:bookworm"
 WHY = docker_skip_reason(BASE)
 pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)

@@ -20,7 +20,7 @@ from palaestra.envs.terminal.importer import clean_test_script
 from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.server.packs.check import CheckReport, check_pack
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 runner = CliRunner()
 
 
@@ -103,7 +103,7 @@ def test_harbor_import(tmp_path: Path) -> None:
 @pytest.mark.skipif(not bwrap_available()[0], reason=f"bwrap unavailable: {bwrap_available()[1]}")
 def test_imported_packs_pass_pack_check(tmp_path: Path) -> None:
     """oracle 1, null 0, cheats <= 0.1 for what was imported, on bwrap (the Harbor import:
-    tests/test_harbor.py::test_importing_doc_end_to_end)."""
+    tests/envs/terminal/test_harbor.py::test_importing_doc_end_to_end)."""
     outs = [tmp_path / "terminal-bench"]
     for out in outs:
         assert _import(out.name, out)[0] == 0

@@ -22,7 +22,7 @@ from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
 from palaestra.verifiers.terminal import TerminalRun, files_tar, verify_workspace
 from tests.conftest import docker_skip_reason
 
-TASK = Path(__file__).resolve().parents[1] / "packs" / "terminal-core" / "tasks" / "rr-slugify"
+TASK = Path(__file__).resolve().parents[3] / "packs" / "terminal-core" / "tasks" / "rr-slugify"
 IMAGE = "palaestra/terminal:latest"
 WHY_NO_BWRAP = "" if bwrap_available()[0] else f"bwrap unavailable: {bwrap_available()[1]}"
 WHY_NO_DOCKER = docker_skip_reason(IMAGE)

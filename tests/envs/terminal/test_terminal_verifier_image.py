@@ -42,7 +42,7 @@ from palaestra.server.runtime import build_manager
 from palaestra.verifiers.terminal import results_counts
 from tests.conftest import docker_skip_reason
 
-FIXTURES = Path(__file__).parent / "fixtures" / "harbor-verifier"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "harbor-verifier"
 PACK = "test/harbor-verifier"
 STANDARD = (FIXTURES / "csv-stats" / "tests" / "test.sh").read_text()
 WHY = docker_skip_reason("palaestra/terminal:latest")
@@ -302,7 +302,7 @@ def test_uv_fixtures_pass_their_oracle_under_the_monitor(tmp_path: Path) -> None
     tasks: list[str] = []
     for name in UV_FIXTURES:
         out = packs / name
-        src = Path(__file__).parent / "fixtures" / name
+        src = Path(__file__).parents[2] / "fixtures" / name
         imported = runner.invoke(app, ["pack", "import", "harbor", str(src), str(out), "--build"])
         assert imported.exit_code == 0, imported.output
         built = runner.invoke(app, ["images", "verifiers", str(out)])

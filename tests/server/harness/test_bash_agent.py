@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import free_port
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 AGENT = ROOT / "server" / "harness" / "programs" / "bash_agent.py"
 
 
@@ -122,7 +122,7 @@ def tiny_servers(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from contextlib import ExitStack
 
     from tests.peers.tiny_models import make_models
-    from tests.test_openai_server import CACHE, model_server
+    from tests.sdk.train.test_openai_server import CACHE, model_server
 
     models = make_models(CACHE / "tiny-models")
     log_dir = tmp_path_factory.mktemp("tiny-servers")

@@ -33,7 +33,7 @@ from tests.harness_peers import (
     wait_calls,
 )
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
-from tests.test_sealed import make_token
+from tests.server.test_sealed import make_token
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from palaestra.server.harness.proxy import LlmSession, SessionProxy
 from tests.conftest import free_port, make_settings
 from tests.harness_fakes import CONTEXT_ERROR, FakeUpstream, gateway_on_loopback, options
 from tests.peers.tiny_models import TOOL_CALL, make_models
-from tests.test_openai_server import CACHE, TOOLS, model_server
+from tests.sdk.train.test_openai_server import CACHE, TOOLS, model_server
 
 USER = [{"role": "user", "content": "hi"}]
 SYSTEM = {"role": "system", "content": "be brief"}

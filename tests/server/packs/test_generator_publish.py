@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ServerProcess
-from test_registry import cli
 
 from palaestra.cli.materialize import materialize
 from palaestra.server.auth import create_token
@@ -23,6 +22,7 @@ from palaestra.server.packs.genstore import GeneratedStore
 from palaestra.server.packs.loader import load_pack
 from palaestra.server.packs.manifest import PackError
 from palaestra.server.packs.registry import PackRegistry
+from server.packs.test_registry import cli
 
 GENERATOR = '''"""Echo tasks from seeds; marks where it is imported (GENTEST_MARKER)."""
 import os

@@ -23,7 +23,7 @@ from palaestra.server.packs.lock import (
 from palaestra.server.packs.manifest import PackError, PackManifest, manifest_schema, semver_key
 
 FAMILIES = ["echo", "coding"]
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 PACK_TOML = """\
 name = "acme/demo"

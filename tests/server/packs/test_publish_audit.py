@@ -18,9 +18,9 @@ from palaestra.server.config import Settings
 from palaestra.server.packs.archive import pack_archive
 from palaestra.server.packs.lock import pack_files
 from palaestra.server.runtime import build_manager
-from tests.test_pack_check_report import LenientFamily, lenient_pack
+from tests.server.packs.test_pack_check_report import LenientFamily, lenient_pack
 
-FINQA = Path(__file__).resolve().parent / "fixtures" / "finqa" / "finqa.json"
+FINQA = Path(__file__).resolve().parents[2] / "fixtures" / "finqa" / "finqa.json"
 
 
 @pytest.mark.timeout(300)
