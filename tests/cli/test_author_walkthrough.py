@@ -23,8 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import cli_env, free_port
 from docblocks import shell_script
+
+pytestmark = pytest.mark.slow
 
 PAGE = "writing-a-pack.md"
 PAGE_DIR = "sums-walkthrough"  # the folder the page starts with

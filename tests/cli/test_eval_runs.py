@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import cli_env
 
+pytestmark = pytest.mark.slow
+
 CLI = str(Path(sys.executable).parent / "palaestra")
 
 # A policy module the CLI imports as `module:callable` (PYTHONPATH is the test's tmp dir).

@@ -106,6 +106,7 @@ def test_check_builtin_echo() -> None:
     assert code == 0, out
 
 
+@pytest.mark.slow
 def test_check_builtin_humaneval_sample() -> None:
     # All 164 tasks (7 episodes each) take about a minute on 2 cores; a fixed sample here.
     started = time.monotonic()

@@ -74,6 +74,7 @@ def cad_tasks() -> list[Task]:
     return first_per_domain("cad")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # ~130 meshes built and scored; a loaded 2-core machine is slow
 def test_cad_cheats_at_most_the_floor(
     cad_tasks: list[Task], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -85,7 +85,12 @@ def make(kind: str, tmp_path: Path) -> Backend:
     raise AssertionError(kind)
 
 
-@pytest.fixture(params=BACKENDS, name="backend")
+# The docker engine and the E2B cloud are the slow tier's (tests/README.md).
+SLOW_BACKENDS = {"docker", "e2b-live"}
+PARAMS = [pytest.param(b, marks=pytest.mark.slow) if b in SLOW_BACKENDS else b for b in BACKENDS]
+
+
+@pytest.fixture(params=PARAMS, name="backend")
 async def backend_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     b = make(request.param, tmp_path)
     try:

@@ -20,7 +20,7 @@ from palaestra.sandbox.docker import BASE_IMAGE, DockerBackend, DockerSandbox
 from tests.conftest import docker_skip_reason
 
 WHY = docker_skip_reason(BASE_IMAGE)
-pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY), reason=WHY)]
 
 SPEC = SandboxSpec(memory_mb=128, pids=64, workspace_mb=16, default_timeout_s=10.0)
 

@@ -30,6 +30,10 @@ from palaestra.server.runtime import make_backend
 
 FETCH = (Path(__file__).parents[1] / "adversarial" / "programs" / "gateway_fetch.py").read_text()
 SPEC = SandboxSpec(memory_mb=256, pids=64, default_timeout_s=30.0)
+# docker is the slow tier's (tests/README.md)
+GATEWAY_BACKENDS = [
+    pytest.param(b, marks=pytest.mark.slow) if b == "docker" else b for b in BACKENDS
+]
 
 
 def gateway_spec(key: str) -> SandboxSpec:
@@ -41,7 +45,7 @@ def needs_root() -> None:
         pytest.skip("the gateway's listener is placed in the sandbox's namespace by root")
 
 
-@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("backend_name", GATEWAY_BACKENDS)
 async def test_each_sandbox_reaches_its_own_session(backend_name: str) -> None:
     needs_root()
     gw = EchoGateway()
@@ -89,7 +93,7 @@ async def test_a_restarted_container_gets_its_listener_back() -> None:
     assert gw.keys == []
 
 
-@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("backend_name", GATEWAY_BACKENDS)
 async def test_specs_the_backends_refuse(backend_name: str) -> None:
     gw = EchoGateway()
     egress = EgressProxy.from_settings([], [])

@@ -32,6 +32,8 @@ from palaestra.sdk.policies.hf import HFPolicy
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 
+pytestmark = pytest.mark.slow
+
 CLI = str(Path(sys.executable).parent / "palaestra")
 WORD = re.compile(r"Submit the word '(\w+)'")
 

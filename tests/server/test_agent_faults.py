@@ -240,6 +240,7 @@ async def docker_manager(tmp_path: Path) -> AsyncIterator[EpisodeManager]:
         await built.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", DOCKER_ODD)
 async def test_docker_odd_solution_file_is_zero_with_its_class(
     docker_manager: EpisodeManager, kind: str
@@ -249,6 +250,7 @@ async def test_docker_odd_solution_file_is_zero_with_its_class(
     assert verdict["failure"] == failure, verdict
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["too_deep", "too_large"])
 async def test_docker_terminal_workspace_faults_are_zero(
     docker_manager: EpisodeManager, kind: str
@@ -379,12 +381,14 @@ async def test_terminal_odd_workspace_states_keep_a_right_answer(
 # -- the same on docker ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_docker_coding_write_into_a_full_workspace_is_a_422_never_void(
     docker_manager: EpisodeManager,
 ) -> None:
     await _coding_full_workspace(docker_manager)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [HARD_LINKS, SPARSE_COPY], ids=["hard-links", "sparse"])
 async def test_docker_terminal_workspace_over_its_size_when_copied_never_voids(
     docker_manager: EpisodeManager, command: str
@@ -394,6 +398,7 @@ async def test_docker_terminal_workspace_over_its_size_when_copied_never_voids(
     assert verdict["reward"] == 1.0 or verdict["failure"] == "workspace_full", verdict
 
 
+@pytest.mark.slow
 async def test_docker_terminal_fork_bomb_left_running_never_voids(
     docker_manager: EpisodeManager,
 ) -> None:
@@ -404,6 +409,7 @@ async def test_docker_terminal_fork_bomb_left_running_never_voids(
     assert verdict["reward"] == 1.0, verdict
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(ODD_STATES))
 async def test_docker_terminal_odd_workspace_states_keep_a_right_answer(
     docker_manager: EpisodeManager, kind: str

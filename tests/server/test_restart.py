@@ -16,6 +16,8 @@ from palaestra.sdk.errors import ConflictError
 from palaestra.sdk.http import HTTPClient
 from palaestra.sdk.models import EpisodeState, StepResponse
 
+pytestmark = pytest.mark.slow
+
 ECHO = "palaestra/echo:say-birch"
 HE_TRAIN = "openai/humaneval:HumanEval-1"
 HE_TRUNCATE = "openai/humaneval:HumanEval-2"

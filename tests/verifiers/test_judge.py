@@ -472,6 +472,7 @@ def test_rubric_load_and_choice_values(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the real model server
 
 
+@pytest.mark.slow
 def test_a_garbage_speaking_real_model_ends_unavailable(tmp_path: Path) -> None:
     """The tiny random Qwen2 served by palaestra.sdk.train.openai_server speaks garbage:
     every attempt is malformed, and the verdict is JudgeUnavailable (void), not a crash."""

@@ -398,6 +398,7 @@ async def test_a_judge_that_is_down_voids_the_episode_on_a_real_server(
 # -- a real OpenAI-compatible model server as the judge ----------------------------------------
 
 
+@pytest.mark.slow
 def test_a_real_model_server_answers_the_endpoint(tmp_path: Path) -> None:
     """Plumbing: palaestra.sdk.train.openai_server (a tiny HF model) is a judge endpoint."""
     model = make_models(CACHE / "tiny-models")["random"]

@@ -30,7 +30,7 @@ def _why() -> str:
 
 
 WHY = _why()
-pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY), reason=WHY)]
 
 
 @pytest.fixture

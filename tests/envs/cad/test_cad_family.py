@@ -294,6 +294,7 @@ def test_blender_toolchain_builds_a_verified_part(
     assert final.reward is not None and final.reward >= 0.95, verdict.feedback
 
 
+@pytest.mark.slow
 def test_pack_check_passes_on_a_sample() -> None:
     result = CliRunner().invoke(
         app, ["pack", "check", str(REPO_PACKS / "cad"), "--limit", "1"], env={"COLUMNS": "200"}

@@ -166,6 +166,7 @@ def _oracle_batch(batch: list[dict[str, Any]], root: str) -> list[tuple[str, flo
     return out
 
 
+@pytest.mark.slow
 def test_oracle_scores_one_on_a_sample_of_every_domain(
     pack_tasks: list[Task], tmp_path: Path
 ) -> None:
@@ -204,6 +205,7 @@ def _one_per_domain(pack_tasks: list[Task]) -> list[Task]:
     return out
 
 
+@pytest.mark.slow
 def test_every_cheat_scores_at_most_a_tenth(pack_tasks: list[Task], tmp_path: Path) -> None:
     worst: dict[str, float] = {}
     for k, task in enumerate(_one_per_domain(pack_tasks)):
@@ -336,6 +338,7 @@ def _cheat_batch(batch: list[dict[str, Any]], root: str) -> list[tuple[str, str,
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # ~200 meshes built and scored; a loaded 2-core machine is slow
 def test_small_feature_cheats_score_at_most_a_tenth_on_every_generator(
     pack_tasks: list[Task], tmp_path: Path

@@ -75,6 +75,7 @@ def variant(number: int, name: str) -> Variant:
 # -- every documented form of a correct solution ------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_bom_solution_passes_on_all_164(manager: EpisodeManager) -> None:
     """Before: 0/164 (the worker decoded the file as plain UTF-8 and the BOM was a syntax
     error)."""
@@ -361,6 +362,7 @@ async def docker_manager(tmp_path: Path) -> AsyncIterator[EpisodeManager]:
         await built.shutdown()
 
 
+@pytest.mark.slow
 async def test_docker_documented_forms_pass(docker_manager: EpisodeManager) -> None:
     for number, name in ((10, "bom-crlf-tabs-entry-only"), (111, "subclass-collections")):
         verdict = await play(docker_manager, number, variant(number, name).source)

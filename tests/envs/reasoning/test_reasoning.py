@@ -103,6 +103,7 @@ def test_heldout_seeds_never_in_training(pack_tasks: list[Task]) -> None:
         assert not any(t.public["question"] in train_q for t in tasks if t.split == "heldout")
 
 
+@pytest.mark.slow
 def test_scores_equal_reasoning_gyms_own(pack_tasks: list[Task]) -> None:
     """Every domain, a train and a held-out entry: oracle, wrong, near-miss, empty answers.
 

@@ -226,6 +226,7 @@ def by_domain(tasks: list[Task]) -> dict[str, list[Task]]:
     return out
 
 
+@pytest.mark.slow
 def test_no_constant_earns_more_than_its_share_on_any_domain(pack_tasks: list[Task]) -> None:
     """Each domain's most common training answers (and labels), submitted on every task of
     the domain: mean ≤ 1/k + 0.05 for k distinct answers (game_of_life's dead board earned

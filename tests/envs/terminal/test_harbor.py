@@ -278,6 +278,7 @@ def _harbor_python() -> Path:
     return Path(made.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_export_is_accepted_by_harbors_own_tooling(tmp_path: Path) -> None:
     python = _harbor_python()
     out = tmp_path / "h"

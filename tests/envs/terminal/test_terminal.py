@@ -208,6 +208,7 @@ def test_repository_repair_sets(http: HTTPClient) -> None:
     assert verdict["components"] == {"fail_to_pass": 0.5, "pass_to_pass": 1.0}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # 41 episodes; a loaded 2-core machine needs more than 300 s
 def test_pack_check_on_bwrap(tmp_path: Path) -> None:
     """oracle 1 (and the same on a rerun), null 0, and every known cheat -- printing PASS,

@@ -190,6 +190,7 @@ def _check(results: dict[tuple[str, str], tuple[float | None, str]]) -> None:
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(WHY_NO_DOCKER), reason=WHY_NO_DOCKER)
 @pytest.mark.timeout(3600)  # the full matrix: ~560 episodes, two containers each
 def test_every_cheat_on_docker_terminal_core() -> None:
@@ -204,6 +205,7 @@ def test_every_cheat_on_docker_terminal_core() -> None:
     _check(results)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(WHY_NO_DOCKER), reason=WHY_NO_DOCKER)
 @pytest.mark.timeout(900)
 def test_imported_tasks_with_a_shadowed_pytest_on_docker(tmp_path: Path) -> None:

@@ -10,8 +10,9 @@
 - docker: the oracle scores 1 and the null agent 0 in palaestra/terminal, on one task of
   each category (every task with PALAESTRA_FULL_CHECKS=1; bwrap plays every task, and the
   task's environment and verifier are the same on both). The rerun is skipped there; the
-  cheats on docker are tests/envs/terminal/test_terminal_cheats.py's (a verifier step a backend cannot
-  run voids, so a backend difference shows there, never as a silently skipped step).
+  cheats on docker are tests/envs/terminal/test_terminal_cheats.py's (a verifier step a
+  backend cannot run voids, so a backend difference shows there, never as a silently
+  skipped step).
 
 Skipped, with the reason, where the backend cannot run (no bwrap; no docker engine or no
 terminal image; host tools missing for bwrap, which uses the host's /usr).
@@ -122,6 +123,7 @@ def _bwrap_unavailable() -> str:
 WHY_NO_BWRAP = _bwrap_unavailable()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(WHY_NO_BWRAP), reason=WHY_NO_BWRAP)
 @pytest.mark.timeout(3600)  # all tasks: ~730 episodes (7 generic cheats on each) on 2 cores
 def test_pack_check_bwrap(tmp_path: Path) -> None:
@@ -217,6 +219,7 @@ async def _oracle_and_null(
 WHY_NO_DOCKER = docker_skip_reason(DOCKER_IMAGE)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(WHY_NO_BWRAP), reason=WHY_NO_BWRAP)
 @pytest.mark.timeout(900)  # ~106 episodes
 def test_oracle_and_null_bwrap() -> None:
@@ -224,6 +227,7 @@ def test_oracle_and_null_bwrap() -> None:
     _oracle_one_null_zero(asyncio.run(_oracle_and_null("bwrap", ids)), ids)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(WHY_NO_DOCKER), reason=WHY_NO_DOCKER)
 @pytest.mark.timeout(900)  # ~106 episodes, two containers each, with every task
 def test_oracle_and_null_docker() -> None:

@@ -22,7 +22,7 @@ IMAGE = "palaestra/terminal:latest"
 
 
 WHY = docker_skip_reason(IMAGE)
-pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY), reason=WHY)]
 
 
 @pytest.fixture

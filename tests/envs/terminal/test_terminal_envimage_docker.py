@@ -34,7 +34,7 @@ from tests.conftest import docker_skip_reason
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 BASE = "palaestra/base:bookworm"
 WHY = docker_skip_reason(BASE)
-pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY), reason=WHY)]
 BUILD = {"aliases": {}, "timeout_s": 120.0, "max_bytes": 1 << 20, "workdir": "/app"}
 
 HOSTILE = {

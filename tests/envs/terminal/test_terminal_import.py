@@ -100,6 +100,7 @@ def test_harbor_import(tmp_path: Path) -> None:
     assert "$VERIFIER_LOGS/reward.txt" in harbor_test and "$VERIFIER_DIR/tests/" in harbor_test
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not bwrap_available()[0], reason=f"bwrap unavailable: {bwrap_available()[1]}")
 def test_imported_packs_pass_pack_check(tmp_path: Path) -> None:
     """oracle 1, null 0, cheats <= 0.1 for what was imported, on bwrap (the Harbor import:
@@ -119,6 +120,7 @@ def test_imported_packs_pass_pack_check(tmp_path: Path) -> None:
         assert all(c["max"] <= 0.1 for c in report.to_json()["cheats"].values())
 
 
+@pytest.mark.slow
 def test_dockerfile_conversion_reasons() -> None:
     ctx = FIXTURES / "harbor" / "sum-column" / "environment"
     plan = convert_dockerfile(

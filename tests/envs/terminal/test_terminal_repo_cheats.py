@@ -28,7 +28,10 @@ WHY_NO_BWRAP = "" if bwrap_available()[0] else f"bwrap unavailable: {bwrap_avail
 WHY_NO_DOCKER = docker_skip_reason(IMAGE)
 BACKENDS = [
     pytest.param("bwrap", marks=pytest.mark.skipif(bool(WHY_NO_BWRAP), reason=WHY_NO_BWRAP)),
-    pytest.param("docker", marks=pytest.mark.skipif(bool(WHY_NO_DOCKER), reason=WHY_NO_DOCKER)),
+    pytest.param(
+        "docker",
+        marks=[pytest.mark.slow, pytest.mark.skipif(bool(WHY_NO_DOCKER), reason=WHY_NO_DOCKER)],
+    ),
 ]
 FIXED = '''"""URL slugs."""
 import re

@@ -12,6 +12,8 @@ from tests.conftest import ServerProcess
 from tests.peers import peer_python, run_peer
 from tests.peers.our_side import sdk_env, train_token
 
+pytestmark = pytest.mark.slow
+
 SKYRL = ("skyrl-gym==0.4.0", "httpx==0.28.1", "pydantic==2.14.4")
 TASK = "palaestra/echo:say-birch"
 SEALED = "palaestra/echo:say-apple"  # the heldout split of palaestra/echo is sealed

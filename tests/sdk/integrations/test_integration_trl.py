@@ -16,6 +16,8 @@ from tests.conftest import ServerProcess
 from tests.peers import peer_python, run_peer
 from tests.peers.our_side import sdk_env, train_token
 
+pytestmark = pytest.mark.slow
+
 TRL = (
     "torch==2.13.0",
     "trl==1.16.0",

@@ -15,6 +15,8 @@ from conftest import ServerProcess
 from tests.peers import peer_python, run_peer
 from tests.peers.our_side import sdk_env, train_token
 
+pytestmark = pytest.mark.slow
+
 VERL = (
     "torch==2.13.0",
     "verl==0.9.1",

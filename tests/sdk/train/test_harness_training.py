@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch", reason="needs the `train` extra (torch)")
 
 from palaestra.sdk.train.collector import CollectorConfig  # noqa: E402

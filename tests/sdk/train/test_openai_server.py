@@ -28,6 +28,8 @@ from palaestra.sdk.train.types import SamplingParams
 from tests.conftest import BIN, cli_env, free_port
 from tests.peers.tiny_models import TOOL_CALL, make_models
 
+pytestmark = pytest.mark.slow
+
 KEY = "sk-test-openai-server"
 CACHE = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
 TOOLS = [{"type": "function", "function": {"name": "submit", "parameters": {"type": "object"}}}]

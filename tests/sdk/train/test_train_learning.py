@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch", reason="the learning test needs the `train` extra (torch)")
 
 from palaestra.sdk.http import AsyncHTTPClient, RetryPolicy  # noqa: E402

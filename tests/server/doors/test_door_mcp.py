@@ -32,6 +32,8 @@ from palaestra.server.runtime import build_manager
 from server.test_sealed import WRONG_CODE, make_token, secrets_of
 from tests.peers import peer_python, run_peer
 
+pytestmark = pytest.mark.slow
+
 ECHO_TRAIN = "palaestra/echo:say-birch"
 
 

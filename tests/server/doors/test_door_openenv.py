@@ -18,6 +18,8 @@ from websockets.sync.client import connect
 
 from tests.peers import peer_python, run_peer
 
+pytestmark = pytest.mark.slow
+
 OPENENV = "openenv==0.10.0"
 ECHO = "/openenv/palaestra/echo"
 HUMANEVAL = "/openenv/openai/humaneval"

@@ -17,6 +17,8 @@ from palaestra.server.doors import ors
 from server.test_api import canonical, longest_line
 from tests.peers import peer_python, run_peer
 
+pytestmark = pytest.mark.slow
+
 ORS_SDK = "ors-sdk==0.1.0"
 HE_TRAIN = "openai/humaneval@1.0.0:HumanEval-1"
 HE_SEALED = "openai/humaneval@1.0.0:HumanEval-0"

@@ -136,6 +136,7 @@ def tiny_servers(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield urls
 
 
+@pytest.mark.slow
 def test_real_model_garbage_does_not_crash_the_agent(
     tiny_servers: dict[str, str], tmp_path: Path
 ) -> None:

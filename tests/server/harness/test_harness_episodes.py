@@ -35,6 +35,8 @@ from tests.harness_peers import (
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
 from tests.server.test_sealed import make_token
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordingModel]:

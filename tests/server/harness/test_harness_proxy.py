@@ -27,6 +27,8 @@ from tests.harness_fakes import CONTEXT_ERROR, FakeUpstream, gateway_on_loopback
 from tests.peers.tiny_models import TOOL_CALL, make_models
 from tests.sdk.train.test_openai_server import CACHE, TOOLS, model_server
 
+pytestmark = pytest.mark.slow
+
 USER = [{"role": "user", "content": "hi"}]
 SYSTEM = {"role": "system", "content": "be brief"}
 CALL = json.loads(TOOL_CALL)

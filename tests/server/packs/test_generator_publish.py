@@ -24,6 +24,8 @@ from palaestra.server.packs.manifest import PackError
 from palaestra.server.packs.registry import PackRegistry
 from server.packs.test_registry import cli
 
+pytestmark = pytest.mark.slow
+
 GENERATOR = '''"""Echo tasks from seeds; marks where it is imported (GENTEST_MARKER)."""
 import os
 

@@ -86,6 +86,7 @@ def token(server: ServerProcess, tmp_path: Path, *scopes: str, name: str) -> str
     return made.stdout.strip()
 
 
+@pytest.mark.slow
 def test_check_build_publish_install_round_trip(server: ServerProcess, tmp_path: Path) -> None:
     src = write_pack(tmp_path / "tiny", "test/tiny", "1.0.0")
     publisher = token(server, tmp_path, "publish", name="ci-publisher")
