@@ -409,6 +409,7 @@ def test_a_postgres_lost_mid_run(pg_server: PostgresServer) -> None:
 # -- end to end ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_serve_on_postgres_end_to_end(pg_url: str, tmp_path: Path) -> None:
     """`palaestra serve --store postgresql://…`: episodes, tokens and packs land in the
     database, and a restart on it keeps the trajectory, the verdict and the tokens."""
