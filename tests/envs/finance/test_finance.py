@@ -384,6 +384,7 @@ def test_oracle_null_and_cheats_through_episodes(client: InProcessClient) -> Non
             assert reply.reward in (0.0, vf.VALUE_ONLY_REWARD), (name, reply.info)
 
 
+@pytest.mark.slow
 def test_pack_check_passes() -> None:
     report = __import__("asyncio").run(check_pack(PACK, limit=2, concurrency=2))
     assert report.ok, [(p.where, p.check, p.message) for p in report.problems]

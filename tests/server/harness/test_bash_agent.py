@@ -148,6 +148,7 @@ def test_real_model_garbage_does_not_crash_the_agent(
     assert once.returncode == 1 and "out of turns (1)" in once.stderr, once.stderr
 
 
+@pytest.mark.slow
 def test_real_model_tool_call_submits(tiny_servers: dict[str, str], tmp_path: Path) -> None:
     # The tool-calling tiny model's greedy reply is one hermes `submit` call.
     done = run_agent(tiny_servers["tools"] + "/v1", tmp_path, model="tiny")
