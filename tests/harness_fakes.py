@@ -1,4 +1,5 @@
-"""`FakeUpstream`: a FAKE model server for the session proxy's tests (tests/test_harness_proxy.py,
+"""`FakeUpstream`: a FAKE model server for the session proxy's tests
+(tests/server/harness/test_harness_proxy.py,
 tests/redteam/test_harness_proxy.py), for what a real one will not do on demand: answer
 without token ids, fail with 5xx, 4xx or 429, answer slowly, redirect. It is a real HTTP
 server on loopback (uvicorn in a thread) that records every request it gets, so a test

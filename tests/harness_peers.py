@@ -1,4 +1,4 @@
-"""Shared pieces of the harness episode tests (tests/test_harness_episodes.py and
+"""Shared pieces of the harness episode tests (tests/server/harness/test_harness_episodes.py and
 tests/redteam/test_harness_redteam.py): the real model server that records what it
 generated, a scripted upstream without token ids (a fake), and reset/wait helpers."""
 
@@ -17,7 +17,7 @@ import httpx
 from tests.conftest import ServerProcess, free_port
 from tests.peers.fake_model import FakeModel
 from tests.peers.tiny_models import make_models
-from tests.test_openai_server import CACHE, model_server
+from tests.sdk.train.test_openai_server import CACHE, model_server
 
 PEER = Path(__file__).resolve().parent / "peers" / "recording_model_server.py"
 TRAIN_TASK = "openai/humaneval:HumanEval-2"  # truncate_number: `return number % 1.0`

@@ -8,7 +8,7 @@ once, the bodies and auth headers it got, and how many requests arrived inside a
 it had announced with Retry-After (`during_window`: a well-behaved client sends none; those
 that arrive within `grace_s` of the announcement were on their way before the client could
 read it, and are counted apart as `crossed`).
-Used by tests/test_judge_endpoint.py and bench/judge_throttle.py.
+Used by tests/verifiers/test_judge_endpoint.py and bench/judge_throttle.py.
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         proc.stop()
 
 
+@pytest.mark.slow
 def test_fuzzing_the_whole_api_finds_no_server_error(fuzzed: ServerProcess, tmp_path: Path) -> None:
     st = schemathesis()
     junit = tmp_path / "junit.xml"
