@@ -15,7 +15,7 @@ from palaestra.sandbox.sweep import containers, sweep
 from tests.conftest import docker_skip_reason
 
 WHY = docker_skip_reason(BASE_IMAGE)
-pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY), reason=WHY)]  # docker: the slow tier
 
 SPEC = SandboxSpec(memory_mb=128, pids=64, workspace_mb=16, default_timeout_s=10.0)
 
