@@ -1,29 +1,25 @@
-"""Shared fixtures: settings on a temporary data dir, an embedded manager, a real server process."""
+"""Shared fixtures: settings on a temporary data dir, an embedded manager, a real server process
+(tests/servers.py makes those)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from pg import PostgresServer, PostgresUnavailable
 
 from palaestra.sdk.http import HTTPClient
-from palaestra.server.config import REPO_PACKS, Settings
+from palaestra.server.config import Settings
 from palaestra.server.inprocess import InProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
+from tests.servers import BIN, ServerProcess, free_port, server_fixture
 
-BIN = Path(sys.executable).parent
+__all__ = ["BIN", "ServerProcess", "free_port"]  # where the tests import them from
 
 
 def docker_skip_reason(image: str) -> str:
@@ -113,106 +109,12 @@ def inproc(settings: Settings) -> Iterator[InProcessClient]:
         yield client
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+# A `palaestra serve` of the test's own (a module overrides it with a module-scoped one).
+server = server_fixture("function")
 
-
-class ServerProcess:
-    """`palaestra serve` in a subprocess on loopback; restartable on the same data dir."""
-
-    def __init__(
-        self, data_dir: Path, extra_env: dict[str, str] | None = None, args: list[str] | None = None
-    ) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **(extra_env or {})}
-        self.args = args or []
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = data_dir.parent / f"server-{self.port}.log"
-        self.token: str | None = None  # the local admin token, read after start
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """The Authorization header of the local admin token (for raw httpx calls)."""
-        return {"authorization": f"Bearer {self.token}"} if self.token else {}
-
-    def client(self, **kwargs: Any) -> HTTPClient:
-        """An HTTPClient on this server with its admin token."""
-        return HTTPClient(self.url, token=self.token, **kwargs)
-
-    def start(self, ready: int = 200) -> ServerProcess:
-        """Start and wait until /readyz answers `ready` (503: a server that starts unready)."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    str(BIN / "palaestra"),
-                    "serve",
-                    "--port",
-                    str(self.port),
-                    "--data-dir",
-                    str(self.data_dir),
-                    *self.args,
-                ],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == ready:
-                    token_file = self.data_dir / "admin.token"
-                    if token_file.exists():
-                        self.token = token_file.read_text().strip()
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"server not ready: {self.log.read_text()}")
-
-    def stop(self, sig: int = signal.SIGINT) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def logs(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path / "server-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="session")
-def door_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One `palaestra serve` with the echo and humaneval packs, for the session: the tests of
-    the doors and trainer adapters (each makes its own tokens, so they stay apart)."""
-    base = tmp_path_factory.mktemp("doors")
-    (base / "packs").mkdir()
-    for name in ("echo", "humaneval"):
-        (base / "packs" / name).symlink_to(REPO_PACKS / name)
-    proc = ServerProcess(base / "server-data", {"PALAESTRA_PACKS_DIRS": str(base / "packs")})
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+# One `palaestra serve` with the echo and humaneval packs, for the session: the tests of the
+# doors and trainer adapters (each makes its own tokens, so they stay apart).
+door_server = server_fixture("session", packs=["echo", "humaneval"])
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import httpx
 from tests.conftest import ServerProcess, free_port
 from tests.peers.fake_model import FakeModel
 from tests.peers.tiny_models import make_models
+from tests.servers import scaled
 from tests.test_openai_server import CACHE, model_server
 
 PEER = Path(__file__).resolve().parent / "peers" / "recording_model_server.py"
@@ -113,7 +114,7 @@ def finished(server: ServerProcess, token: str, episode: str) -> dict[str, Any]:
 
 
 def wait_calls(server: ServerProcess, token: str, episode: str, calls: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while True:
         doc: dict[str, Any] = call(server, token, "GET", f"/v1/episodes/{episode}").json()
         if doc["harness"] is not None and doc["harness"]["calls"] >= calls:

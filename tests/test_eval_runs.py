@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import cli_env
 
+from tests.servers import scaled
+
 CLI = str(Path(sys.executable).parent / "palaestra")
 
 # A policy module the CLI imports as `module:callable` (PYTHONPATH is the test's tmp dir).
@@ -160,14 +162,14 @@ def test_crash_and_ctrl_c_then_resume(work: Path) -> None:
             )
 
     def wait_lines(n: int, proc: subprocess.Popen[str]) -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while time.monotonic() < deadline:
             path = run / "attempts.jsonl"
             if path.exists() and len(path.read_text().splitlines()) >= n:
                 return
             assert proc.poll() is None, logs[-1].read_text()
             time.sleep(0.05)
-        raise AssertionError(f"fewer than {n} attempts after 60 s: {logs[-1].read_text()}")
+        raise AssertionError(f"fewer than {n} attempts in time: {logs[-1].read_text()}")
 
     proc = start(args)
     wait_lines(3, proc)

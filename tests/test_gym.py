@@ -4,29 +4,21 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
 
 import pytest
-from conftest import ServerProcess
 from gymnasium.utils.env_checker import check_env
 
 from palaestra.sdk.client import Client
 from palaestra.sdk.gym import PalaestraEnv
 from palaestra.sdk.http import HTTPClient
 from palaestra.server.inprocess import InProcessClient
+from tests.servers import server_fixture
 
 ECHO = "palaestra/echo:say-birch"
 HUMANEVAL = "openai/humaneval:HumanEval-1"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server for this module (overrides conftest's per-test one; `http` uses it)."""
-    proc = ServerProcess(tmp_path_factory.mktemp("gym") / "server-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+server = server_fixture("module")  # overrides conftest's per-test one; `http` uses it
 
 
 @pytest.fixture(params=["inproc", "http"])

@@ -33,6 +33,7 @@ from tests.harness_peers import (
     wait_calls,
 )
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
+from tests.servers import server_fixture
 from tests.test_sealed import make_token
 
 
@@ -225,22 +226,15 @@ def test_mini_swe_agent_in_bwrap(door_server: ServerProcess, token: str) -> None
     assert state["verdict"]["reward"] == 1.0, ending(state)["info"]["harness_output"]
 
 
-@pytest.fixture(scope="module")
-def docker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def _no_docker_base() -> str:
     from palaestra.sandbox.docker.engine import BASE_IMAGE
-    from palaestra.server.config import REPO_PACKS
 
-    if why := docker_skip_reason(BASE_IMAGE):
-        pytest.skip(why)
-    base = tmp_path_factory.mktemp("docker-harness")
-    (base / "packs").mkdir()
-    (base / "packs" / "humaneval").symlink_to(REPO_PACKS / "humaneval")
-    env = {"PALAESTRA_PACKS_DIRS": str(base / "packs"), "PALAESTRA_SANDBOX": "docker"}
-    proc = ServerProcess(base / "server-data", env).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    return docker_skip_reason(BASE_IMAGE)
+
+
+docker_server = server_fixture(
+    "module", packs=["humaneval"], settings={"sandbox": "docker"}, skip=_no_docker_base
+)
 
 
 def test_mini_swe_agent_in_docker(docker_server: ServerProcess, tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from conftest import ServerProcess, free_port
 
 from palaestra.sdk.errors import CapacityError, TransportError
 from palaestra.sdk.http import AsyncHTTPClient, HTTPClient, RetryPolicy
+from tests.servers import server_fixture
 
 ECHO = "palaestra/echo:say-birch"
 
@@ -87,13 +87,7 @@ class DropFirstResponse:
             up_w.close()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("http-client") / "data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+server = server_fixture("module")
 
 
 def test_lost_step_response_is_retried_without_stepping_twice(server: ServerProcess) -> None:
