@@ -109,12 +109,16 @@ def inproc(settings: Settings) -> Iterator[InProcessClient]:
         yield client
 
 
-# A `palaestra serve` of the test's own (a module overrides it with a module-scoped one).
-server = server_fixture("function")
-
 # One `palaestra serve` with the echo and humaneval packs, for the session: the tests of the
-# doors and trainer adapters (each makes its own tokens, so they stay apart).
+# doors and trainer adapters and any test that neither stops its server nor counts what it
+# served (each makes its own tokens or episodes, so they stay apart). A module needing a
+# server of its own defines `server = server_fixture(...)` with its packs and settings.
 door_server = server_fixture("session", packs=["echo", "humaneval"])
+
+
+@pytest.fixture(scope="session")
+def server(door_server: ServerProcess) -> ServerProcess:
+    return door_server
 
 
 @pytest.fixture

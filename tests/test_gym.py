@@ -12,13 +12,9 @@ from palaestra.sdk.client import Client
 from palaestra.sdk.gym import PalaestraEnv
 from palaestra.sdk.http import HTTPClient
 from palaestra.server.inprocess import InProcessClient
-from tests.servers import server_fixture
 
 ECHO = "palaestra/echo:say-birch"
 HUMANEVAL = "openai/humaneval:HumanEval-1"
-
-
-server = server_fixture("module")  # overrides conftest's per-test one; `http` uses it
 
 
 @pytest.fixture(params=["inproc", "http"])

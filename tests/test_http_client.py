@@ -13,7 +13,6 @@ from conftest import ServerProcess, free_port
 
 from palaestra.sdk.errors import CapacityError, TransportError
 from palaestra.sdk.http import AsyncHTTPClient, HTTPClient, RetryPolicy
-from tests.servers import server_fixture
 
 ECHO = "palaestra/echo:say-birch"
 
@@ -85,9 +84,6 @@ class DropFirstResponse:
             return
         finally:
             up_w.close()
-
-
-server = server_fixture("module")
 
 
 def test_lost_step_response_is_retried_without_stepping_twice(server: ServerProcess) -> None:
