@@ -192,3 +192,15 @@ def _warm_reasoning_gym(secret: bytes) -> None:
         pass
     for _ in module.load_tasks(secret=secret):
         pass
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the modules holding `slow` tests first, the most slow tests first; the others
+    keep their order. `--dist loadfile` hands modules out in this order, so the suite ends
+    on short modules instead of one worker idling while the other plays a long one (longest
+    work first). Every worker sorts the same collection the same way."""
+    slow: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.nodeid.split("::", 1)[0]])  # stable

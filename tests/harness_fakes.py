@@ -1,4 +1,4 @@
-"""`FakeUpstream`: a FAKE model upstream for the session proxy's tests (tests/test_harness_proxy.py,
+"""`FakeUpstream`: a FAKE model server for the session proxy's tests (tests/test_harness_proxy.py,
 tests/redteam/test_harness_proxy.py), for what a real one will not do on demand: answer
 without token ids, fail with 5xx, 4xx or 429, answer slowly, redirect. It is a script of
 the fake model server (tests/peers/fake_model_server.py, in a thread), which records every

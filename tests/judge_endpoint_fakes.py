@@ -1,14 +1,12 @@
-"""A SCRIPTED FAKE judge endpoint: a script of the fake model server
-(tests/peers/fake_model_server.py) answering `/v1/chat/completions` for what a real judge
-cannot be made to do on demand (429s with Retry-After, 5xx, refusing response_format,
-answering slowly).
-
-The server speaks real HTTP/1.1 (keep-alive) on the test's own event loop, so the client
-under test speaks real HTTP to it; the script records what a test asserts on: requests, the
-most in flight at once, the bodies and auth headers it got, and how many requests arrived
-inside a cool-down it had announced with Retry-After (`during_window`: a well-behaved client
-sends none; those that arrive within `grace_s` of the announcement were on their way before
-the client could read it, and are counted apart as `crossed`).
+"""A SCRIPTED FAKE judge endpoint: a script of the fake model server (tests/peers/
+fake_model_server.py, on the test's own event loop) answering `/v1/chat/completions`, for
+what a real judge cannot be made to do on demand (429s with Retry-After, 5xx, refusing
+response_format, answering slowly). The client under test speaks real HTTP/1.1 to it;
+it records what a test asserts on: requests, the most in flight at
+once, the bodies and auth headers it got, and how many requests arrived inside a cool-down
+it had announced with Retry-After (`during_window`: a well-behaved client sends none; those
+that arrive within `grace_s` of the announcement were on their way before the client could
+read it, and are counted apart as `crossed`).
 Used by tests/test_judge_endpoint.py and bench/judge_throttle.py.
 """
 
