@@ -114,10 +114,12 @@ def finished(server: ServerProcess, token: str, episode: str) -> dict[str, Any]:
 
 
 def wait_calls(server: ServerProcess, token: str, episode: str, calls: int) -> dict[str, Any]:
+    """The episode's state once `calls` model calls are answered and recorded (the proxy
+    counts a call when it sends it upstream, and records it when the answer is back)."""
     deadline = time.monotonic() + scaled(60)
     while True:
         doc: dict[str, Any] = call(server, token, "GET", f"/v1/episodes/{episode}").json()
-        if doc["harness"] is not None and doc["harness"]["calls"] >= calls:
+        if doc["harness"] is not None and len(llm_calls(doc)) >= calls:
             return doc
         assert time.monotonic() < deadline, doc
         time.sleep(0.1)

@@ -260,10 +260,11 @@ def server_fixture(
     ) -> Iterator[ServerProcess]:
         if skip is not None and (why := skip()):
             pytest.skip(why)
+        name = request.fixturename or "server"
         if scope == "function":  # a folder of its own: a test may hold two such servers
-            base: Path = request.getfixturevalue("tmp_path") / request.fixturename
+            base: Path = request.getfixturevalue("tmp_path") / name
         else:
-            base = tmp_path_factory.mktemp(request.fixturename)
+            base = tmp_path_factory.mktemp(name)
         overrides = settings(request) if callable(settings) else settings
         with serve(
             base, packs=packs, copy_packs=copy_packs, settings=overrides, env=env, args=args

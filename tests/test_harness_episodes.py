@@ -276,7 +276,8 @@ def test_shutdown_kills_a_running_harness(tmp_path: Path) -> None:
     (tmp_path / "packs").mkdir()
     (tmp_path / "packs" / "humaneval").symlink_to(REPO_PACKS / "humaneval")
     proc = ServerProcess(tmp_path / "data", {"PALAESTRA_PACKS_DIRS": str(tmp_path / "packs")})
-    fake = FakeModel([bash_call("sleep 300")])
+    # An odd duration: `pgrep` looks machine-wide, where others may sleep 300 s too.
+    fake = FakeModel([bash_call("sleep 300.017")])
     with fake.serve() as url:
         proc.start()
         try:
@@ -290,7 +291,7 @@ def test_shutdown_kills_a_running_harness(tmp_path: Path) -> None:
         finally:
             proc.stop()
     assert state["status"] == "void" and state["void_reason"] == "server shut down", state
-    left = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", r"sleep 300\.017"], capture_output=True, text=True)
     assert left.stdout.strip() == "", "the harness's command outlived its server"
 
 

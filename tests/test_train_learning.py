@@ -50,7 +50,7 @@ def _run(server: ServerProcess, config: DemoConfig, stop_at: float | None) -> li
     return asyncio.run(go())
 
 
-letters_server = server_fixture("module")
+letters_server = server_fixture("module", packs=["letters"])  # the one pack it plays
 
 
 @pytest.mark.timeout(900)
