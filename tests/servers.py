@@ -205,8 +205,10 @@ def packs_dir(base: Path, packs: Packs, *, copy: bool = False) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     named = packs if isinstance(packs, Mapping) else {p: REPO_PACKS / p for p in packs}
     for name, source in named.items():
+        if (folder / name).exists():  # a restart on the same folder
+            continue
         if copy:
-            shutil.copytree(source, folder / name, symlinks=True)
+            shutil.copytree(source, folder / name)
         else:
             (folder / name).symlink_to(source)
     return folder
