@@ -53,7 +53,7 @@ def longest_line(text: str) -> str:
     return max((line.strip() for line in text.splitlines()), key=len)
 
 
-server = server_fixture("module")  # overrides conftest's per-test one; `http` uses it
+server = server_fixture("module", packs=["echo", "humaneval"])  # the packs it plays; `http` uses it
 fresh_server = server_fixture("function")  # a server of one's own, for tests that count
 
 
