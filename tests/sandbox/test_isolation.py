@@ -16,6 +16,7 @@ from conftest import ServerProcess
 
 from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.sdk.http import HTTPClient
+from tests.servers import server_fixture
 
 _OK, _WHY = bwrap_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")
@@ -26,15 +27,7 @@ TASK = "openai/humaneval:HumanEval-1"
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def secret_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        tmp_path_factory.mktemp("iso") / "server-data", extra_env={SECRET_NAME: SECRET}
-    ).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+secret_server = server_fixture("module", env={SECRET_NAME: SECRET})
 
 
 @pytest.fixture

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
 
 import pytest
-from conftest import ServerProcess
 from gymnasium.utils.env_checker import check_env
 
 from palaestra.sdk.client import Client
@@ -17,16 +15,6 @@ from palaestra.server.inprocess import InProcessClient
 
 ECHO = "palaestra/echo:say-birch"
 HUMANEVAL = "openai/humaneval:HumanEval-1"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server for this module (overrides conftest's per-test one; `http` uses it)."""
-    proc = ServerProcess(tmp_path_factory.mktemp("gym") / "server-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(params=["inproc", "http"])

@@ -6,7 +6,6 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -85,15 +84,6 @@ class DropFirstResponse:
             return
         finally:
             up_w.close()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("http-client") / "data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def test_lost_step_response_is_retried_without_stepping_twice(server: ServerProcess) -> None:

@@ -28,6 +28,7 @@ from palaestra.sdk.report import build_report
 from palaestra.sdk.report_html import render_html
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
+from tests.servers import scaled
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = (
@@ -120,7 +121,7 @@ def browser(tmp_path: Path) -> Iterator[CDP]:
     )
     try:
         port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.flush()

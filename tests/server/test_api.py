@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -28,6 +27,7 @@ from palaestra.sdk.errors import (
 from palaestra.sdk.http import HTTPClient, RetryPolicy
 from palaestra.sdk.models import EpisodeState, StepResponse, Verdict
 from palaestra.server.inprocess import InProcessClient
+from tests.servers import server_fixture
 
 ECHO = "palaestra/echo:say-birch"
 ECHO_ANSWER = "hcrib"
@@ -53,24 +53,8 @@ def longest_line(text: str) -> str:
     return max((line.strip() for line in text.splitlines()), key=len)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server for this module (overrides conftest's per-test one; `http` uses it)."""
-    proc = ServerProcess(tmp_path_factory.mktemp("api") / "server-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def fresh_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server of one's own, for tests that count."""
-    proc = ServerProcess(tmp_path / "fresh-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+server = server_fixture("module", packs=["echo", "humaneval"])  # the packs it plays; `http` uses it
+fresh_server = server_fixture("function")  # a server of one's own, for tests that count
 
 
 @pytest.fixture(params=["inproc", "http"])

@@ -15,12 +15,19 @@ from conftest import ServerProcess
 from palaestra.sdk.errors import ConflictError
 from palaestra.sdk.http import HTTPClient
 from palaestra.sdk.models import EpisodeState, StepResponse
+from tests.servers import packs_dir, settings_env
 
 pytestmark = pytest.mark.slow
 
 ECHO = "palaestra/echo:say-birch"
 HE_TRAIN = "openai/humaneval:HumanEval-1"
 HE_TRUNCATE = "openai/humaneval:HumanEval-2"
+
+
+def server_on(data: Path) -> ServerProcess:
+    """A server on `data` serving the two packs these tests play (a start reads no other)."""
+    packs = packs_dir(data.parent, ["echo", "humaneval"])
+    return ServerProcess(data, settings_env({"packs_dirs": [packs]}))
 
 
 def kill(proc: ServerProcess) -> None:
@@ -55,7 +62,7 @@ def run_finished(client: HTTPClient) -> dict[str, tuple[EpisodeState, StepRespon
 
 def test_restart_after_graceful_stop(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    first = ServerProcess(data).start()
+    first = server_on(data).start()
     try:
         with first.client() as client:
             finished = run_finished(client)
@@ -78,7 +85,7 @@ def test_restart_after_graceful_stop(tmp_path: Path) -> None:
     finally:
         first.stop(signal.SIGINT)
 
-    second = ServerProcess(data).start()
+    second = server_on(data).start()
     assert second.port != first.port
     try:
         with second.client() as client:
@@ -140,7 +147,7 @@ def test_sigkill_right_after_episode_end(tmp_path: Path) -> None:
     rounds = 4
     seen: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     for _ in range(rounds):
-        proc = ServerProcess(data).start()
+        proc = server_on(data).start()
         url = proc.url
         with httpx.Client(base_url=url, headers=proc.headers) as raw:
             episode = raw.post("/v1/episodes", json={"task": ECHO}).json()["episode_id"]
@@ -155,7 +162,7 @@ def test_sigkill_right_after_episode_end(tmp_path: Path) -> None:
         assert final.status_code == 200 and final.json()["terminated"]
         seen.append((episode, final.json(), body))
 
-    survivor = ServerProcess(data).start()
+    survivor = server_on(data).start()
     try:
         with httpx.Client(base_url=survivor.url, headers=survivor.headers) as raw:
             for episode, final, body in seen:
@@ -172,11 +179,11 @@ def test_sigkill_right_after_episode_end(tmp_path: Path) -> None:
 
 def test_sigkill_voids_active_episode(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    proc = ServerProcess(data).start()
+    proc = server_on(data).start()
     with proc.client() as client:
         episode = client.reset(HE_TRAIN).episode_id
     kill(proc)
-    survivor = ServerProcess(data).start()
+    survivor = server_on(data).start()
     try:
         with survivor.client() as client:
             state = client.state(episode)

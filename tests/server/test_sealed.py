@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from palaestra.sdk.http import HTTPClient, RetryPolicy
 from palaestra.sdk.task import Task
 from palaestra.server.config import REPO_PACKS
 from palaestra.server.packs.loader import load_pack
+from tests.servers import server_fixture
 
 HE_SEALED = ["HumanEval-0", "HumanEval-5"]
 ECHO_SEALED = ["say-apple", "say-fjord"]
@@ -94,13 +94,7 @@ def secrets_of(task: Task) -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("sealed") / "server-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+server = server_fixture("module", packs=["echo", "humaneval"])  # the sealed splits it probes
 
 
 def make_token(server: ServerProcess, *scopes: str, name: str | None = None) -> str:

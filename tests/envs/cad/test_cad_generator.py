@@ -205,14 +205,102 @@ def _one_per_domain(pack_tasks: list[Task]) -> list[Task]:
     return out
 
 
-@pytest.mark.slow
-def test_every_cheat_scores_at_most_a_tenth(pack_tasks: list[Task], tmp_path: Path) -> None:
-    worst: dict[str, float] = {}
-    for k, task in enumerate(_one_per_domain(pack_tasks)):
+# -- issue 31, invariant 5: fidelity is graded on every feature, however small -------------------
+SMALL_FEATURE_CHEATS = (
+    "needle-block",
+    "needle-hull",
+    "needle-part",
+    "slots-filled",
+    "holes-oversize",
+    "holes-undersize",
+    "sample-carved",
+)
+
+
+def _one_per_domain_and_level(pack_tasks: list[Task]) -> list[Task]:
+    return [
+        min(
+            (t for t in pack_tasks if t.domain == d and t.private["level"] == level),
+            key=lambda t: t.id,
+        )
+        for d in sorted({t.domain for t in pack_tasks})
+        for level in (1, 2, 3)
+    ]
+
+
+# -- the cheats, each (task, cheat) played once for every test below that asserts on it ---------
+Plays = dict[tuple[str, str], tuple[float, dict[str, float]]]
+
+
+def _cheat_batch(
+    batch: list[tuple[dict[str, Any], list[str] | None]], root: str
+) -> list[tuple[str, str, float, str]]:
+    """Play the named cheats (None: every cheat) of each task (a worker of a process pool)."""
+    from palaestra.sdk.task import Task as T
+
+    out = []
+    for i, (raw, names) in enumerate(batch):
+        task = T(
+            id=raw["id"],
+            family="cad",
+            domain="",
+            split="",
+            pack="",
+            version="",
+            public=raw["public"],
+            private=raw["private"],
+        )
         for name, actions in cheats.all_cheats(task):
-            work = tmp_path / f"{k}-{name}"
-            work.mkdir()
-            reward, comps = _play(_task_dict(task), [a.model_dump() for a in actions], work)
+            if names is not None and name not in names:
+                continue
+            work = Path(root) / f"{i}-{name}"
+            work.mkdir(parents=True)
+            reward, comps = _play(raw, [a.model_dump() for a in actions], work)
+            out.append((raw["id"], name, reward, json.dumps(comps)))
+    return out
+
+
+def _mug_and_plate(pack_tasks: list[Task]) -> tuple[Task, Task]:
+    mug = next(t for t in pack_tasks if t.domain == "cad/mug" and t.private["level"] == 1)
+    plate = next(t for t in pack_tasks if t.domain == "cad/plate" and t.private["level"] == 2)
+    return mug, plate
+
+
+@pytest.fixture(scope="module")
+def plays(pack_tasks: list[Task], tmp_path_factory: pytest.TempPathFactory) -> Plays:
+    """(task id, cheat) -> (reward, components) of every play the cheat tests assert on:
+    every cheat on one task a domain and on the documented mug and plate, the small-feature
+    cheats on every domain and level. A play two tests need is played once (the tests
+    overlapped by ~100 meshes), on two processes."""
+    wanted: dict[str, list[str] | None] = {}
+    for task in _one_per_domain_and_level(pack_tasks):
+        wanted[task.id] = list(SMALL_FEATURE_CHEATS)
+    for task in [*_one_per_domain(pack_tasks), *_mug_and_plate(pack_tasks)]:
+        wanted[task.id] = None
+    by_id = {t.id: t for t in pack_tasks}
+    jobs = [(_task_dict(by_id[i]), names) for i, names in wanted.items()]
+    root = tmp_path_factory.mktemp("cad-cheats")
+    # spawn, not fork: manifold3d's thread pool may already run in this process.
+    # A task a job: the two processes stay busy whatever each task's number of cheats.
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = pool.map(
+            _cheat_batch, [[j] for j in jobs], [str(root / str(k)) for k in range(len(jobs))]
+        )
+        return {(i, n): (r, json.loads(c)) for part in parts for i, n, r, c in part}
+
+
+def _plays_of(plays: Plays, task: Task) -> dict[str, tuple[float, dict[str, float]]]:
+    return {name: result for (task_id, name), result in plays.items() if task_id == task.id}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # the module's ~400 cheat meshes; a loaded 2-core machine is slow
+def test_every_cheat_scores_at_most_a_tenth(pack_tasks: list[Task], plays: Plays) -> None:
+    worst: dict[str, float] = {}
+    for task in _one_per_domain(pack_tasks):
+        played = _plays_of(plays, task)
+        assert {name for name, _ in cheats.all_cheats(task)} == set(played), task.id
+        for name, (reward, comps) in played.items():
             assert reward <= 0.1, (task.id, name, reward, comps)
             worst[name] = max(worst.get(name, 0.0), reward)
     conditional = {"mirrored", "needle-part", "slots-filled", "holes-oversize", "holes-undersize"}
@@ -237,18 +325,14 @@ def test_every_cheat_scores_at_most_a_tenth(pack_tasks: list[Task], tmp_path: Pa
     assert "mirrored" in worst  # some domain's part is asymmetric
 
 
-def test_cheats_fail_for_the_documented_reason(pack_tasks: list[Task], tmp_path: Path) -> None:
+@pytest.mark.timeout(1200)  # the shared plays (see `plays`)
+@pytest.mark.slow
+def test_cheats_fail_for_the_documented_reason(pack_tasks: list[Task], plays: Plays) -> None:
     """Each cheat is caught by the check meant for it, not by accident."""
-    mug = next(t for t in pack_tasks if t.domain == "cad/mug" and t.private["level"] == 1)
-    plate = next(t for t in pack_tasks if t.domain == "cad/plate" and t.private["level"] == 2)
     found = {}
-    for task in (mug, plate):
-        for name, actions in cheats.all_cheats(task):
-            work = tmp_path / f"{task.id}-{name}"
-            work.mkdir()
-            found[(task.domain, name)] = _play(
-                _task_dict(task), [a.model_dump() for a in actions], work
-            )
+    for task in _mug_and_plate(pack_tasks):
+        for name, _ in cheats.all_cheats(task):
+            found[(task.domain, name)] = plays[(task.id, name)]
     # A mug without its handle: genus 0, not 1. A plate's bounding box: no holes.
     assert found[("cad/mug", "without-feature")][1]["topology"] == 0.0
     assert found[("cad/plate", "bounding-box")][1]["topology"] == 0.0
@@ -289,73 +373,22 @@ def test_oracle_actions_are_a_script_then_run_then_submit(pack_tasks: list[Task]
     assert "import manifold3d" in actions[0].arguments["content"]
 
 
-# -- issue 31, invariant 5: fidelity is graded on every feature, however small -------------------
-SMALL_FEATURE_CHEATS = (
-    "needle-block",
-    "needle-hull",
-    "needle-part",
-    "slots-filled",
-    "holes-oversize",
-    "holes-undersize",
-    "sample-carved",
-)
-
-
-def _one_per_domain_and_level(pack_tasks: list[Task]) -> list[Task]:
-    return [
-        min(
-            (t for t in pack_tasks if t.domain == d and t.private["level"] == level),
-            key=lambda t: t.id,
-        )
-        for d in sorted({t.domain for t in pack_tasks})
-        for level in (1, 2, 3)
-    ]
-
-
-def _cheat_batch(batch: list[dict[str, Any]], root: str) -> list[tuple[str, str, float, str]]:
-    """Play the small-feature cheats of each task (a worker of a process pool)."""
-    from palaestra.sdk.task import Task as T
-
-    out = []
-    for i, raw in enumerate(batch):
-        task = T(
-            id=raw["id"],
-            family="cad",
-            domain="",
-            split="",
-            pack="",
-            version="",
-            public=raw["public"],
-            private=raw["private"],
-        )
-        for name, actions in cheats.all_cheats(task):
-            if name not in SMALL_FEATURE_CHEATS:
-                continue
-            work = Path(root) / f"{i}-{name}"
-            work.mkdir(parents=True)
-            reward, comps = _play(raw, [a.model_dump() for a in actions], work)
-            out.append((raw["id"], name, reward, json.dumps(comps)))
-    return out
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # ~200 meshes built and scored; a loaded 2-core machine is slow
+@pytest.mark.timeout(1200)  # the shared plays (see `plays`)
 def test_small_feature_cheats_score_at_most_a_tenth_on_every_generator(
-    pack_tasks: list[Task], tmp_path: Path
+    pack_tasks: list[Task], plays: Plays
 ) -> None:
     """A block (or hull, or the part itself) with needles where the probes look, holes
     drilled 25 % too large or too small, slots and keyways filled, a block carved at the
     old verifier's fixed surface samples: ≤ 0.1 on every domain and level (up to 1.0 with
     verifier 2.0.0: a needled bracket, a gear with its keyway filled, an oversize shaft
     cross hole)."""
-    chosen = [_task_dict(t) for t in _one_per_domain_and_level(pack_tasks)]
-    halves = [chosen[0::2], chosen[1::2]]
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = [
-            r
-            for part in pool.map(_cheat_batch, halves, [str(tmp_path / "a"), str(tmp_path / "b")])
-            for r in part
-        ]
+    results = [
+        (task.id, name, reward, comps)
+        for task in _one_per_domain_and_level(pack_tasks)
+        for name, (reward, comps) in _plays_of(plays, task).items()
+        if name in SMALL_FEATURE_CHEATS
+    ]
     over = [(i, n, r, c) for i, n, r, c in results if r > 0.1]
     assert not over, over[:5]
     played: dict[str, set[str]] = {}
@@ -367,16 +400,17 @@ def test_small_feature_cheats_score_at_most_a_tenth_on_every_generator(
     assert played["slots-filled"]  # plate slots, shaft and gear keyways, enclosure ports
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # the shared plays (see `plays`)
 def test_a_needled_part_passes_every_probe_and_is_held_by_the_surface(
-    pack_tasks: list[Task], tmp_path: Path
+    pack_tasks: list[Task], plays: Plays
 ) -> None:
     """The bracket with its holes left solid and a needle through each hole's probe has the
     right topology and passes every probe; its hole walls are not there, so the surface
     gate holds it at 0 (verifier 2.0.0 gave it 1.0: its holes are too small a share of
     its voids for the fill gate)."""
     task = next(t for t in _one_per_domain_and_level(pack_tasks) if t.domain == "cad/bracket")
-    actions = dict(cheats.all_cheats(task))["needle-part"]
-    reward, comps = _play(_task_dict(task), [a.model_dump() for a in actions], tmp_path)
+    reward, comps = plays[(task.id, "needle-part")]
     assert comps["topology"] == 1.0 and comps["features"] == 1.0
     assert reward == 0.0, comps
     assert comps["surface_patch"] < 0.6 and comps["surface_gate"] == 0.0

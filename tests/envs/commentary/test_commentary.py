@@ -40,6 +40,7 @@ from palaestra.server.packs.loader import Pack, inspect_pack, load_pack
 from palaestra.server.runtime import build_manager
 from palaestra.server.sealed import WITHHELD, sealed_feedback
 from palaestra.verifiers.judge import Subject, score_rubric
+from tests.servers import server_fixture
 
 PACK = Path(__file__).resolve().parents[3] / "packs" / "finance-commentary"
 NAME = "palaestra/finance-commentary"
@@ -272,24 +273,14 @@ def test_a_pack_with_a_bad_task_is_refused_naming_it(tmp_path: Path, pack: Pack)
 
 
 # -- a real server on loopback ---------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(
-    tmp_path_factory: pytest.TempPathFactory, judge: tuple[FakeCommentaryJudge, str]
-) -> Iterator[ServerProcess]:
-    """`palaestra serve` with this pack and the fake judge as its `default` endpoint."""
-    base = tmp_path_factory.mktemp("commentary")
-    (base / "packs").mkdir()
-    (base / "packs" / "finance-commentary").symlink_to(PACK)
-    env = {
-        "PALAESTRA_PACKS_DIRS": str(base / "packs"),
-        "PALAESTRA_JUDGES": json.dumps({"default": endpoint(judge[1])}),
-    }
-    proc = ServerProcess(base / "server-data", env)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def judged_by_the_fake(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The fake judge (the `judge` fixture) as the server's `default` endpoint."""
+    url: str = request.getfixturevalue("judge")[1]
+    return {"judges": {"default": endpoint(url)}}
+
+
+# `palaestra serve` with this pack and the fake judge as its `default` endpoint.
+server = server_fixture("module", packs={"finance-commentary": PACK}, settings=judged_by_the_fake)
 
 
 def play_oracle(client: HTTPClient, task_id: str) -> Verdict:

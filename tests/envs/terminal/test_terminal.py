@@ -27,6 +27,7 @@ from palaestra.server.config import Settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.runtime import build_manager
 from palaestra.verifiers.terminal import files_tar, verify_workspace
+from tests.servers import server_fixture
 
 PACK = Path(__file__).parents[2] / "fixtures" / "terminal-pack"
 NAME = "test/terminal-mini"
@@ -37,17 +38,7 @@ OK, WHY = bwrap_available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"bwrap unavailable: {WHY}")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("terminal")
-    shutil.copytree(PACK, root / "packs" / "terminal-pack")
-    proc = ServerProcess(
-        root / "data", extra_env={"PALAESTRA_PACKS_DIRS": str(root / "packs")}
-    ).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+server = server_fixture("module", packs={"terminal-pack": PACK}, copy_packs=True)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ thread); the learning run stops as soon as the last 5 steps average ≥ 0.8 (at 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
@@ -21,6 +20,7 @@ from palaestra.sdk.http import AsyncHTTPClient, RetryPolicy  # noqa: E402
 from palaestra.sdk.train.letters_demo import DemoConfig, run_demo  # noqa: E402
 from palaestra.sdk.train.trainer import StepReport  # noqa: E402
 from tests.conftest import ServerProcess  # noqa: E402
+from tests.servers import server_fixture  # noqa: E402
 
 MAX_STEPS = 150
 CONTROL_STEPS = 40
@@ -52,12 +52,7 @@ def _run(server: ServerProcess, config: DemoConfig, stop_at: float | None) -> li
     return asyncio.run(go())
 
 
-@pytest.fixture(scope="module")
-def letters_server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
-    data: Path = tmp_path_factory.mktemp("learning") / "data"
-    proc = ServerProcess(data).start()
-    yield proc  # type: ignore[misc]
-    proc.stop()
+letters_server = server_fixture("module", packs=["letters"])  # the one pack it plays
 
 
 @pytest.mark.timeout(900)

@@ -26,6 +26,7 @@ import pytest
 from palaestra.server.cluster.connect import pin_loopback
 from tests.conftest import BIN, ServerProcess, cli_env
 from tests.pg import PostgresServer
+from tests.servers import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -217,7 +218,7 @@ def test_a_killed_ledger_is_made_again_and_quotas_hold(ctx: Ctx) -> None:
     pids = ledger_pids()
     assert len(pids) == 1, pids
     os.kill(pids[0], signal.SIGKILL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while pids[0] in ledger_pids() and time.monotonic() < deadline:
         time.sleep(0.1)
     again = ctx.reset(1, token)  # the front's ledger channel broke: the ledger is remade
@@ -261,7 +262,7 @@ def test_a_killed_node_voids_exactly_its_episodes(ctx: Ctx) -> None:
     lost_worker = "palaestra-worker-" + plain_node[:16]
     assert lost_worker in by_worker
     ctx.cluster.remove_node(ctx.nodes["plain"])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     lost = by_worker[lost_worker]
     while time.monotonic() < deadline:
         states = [ctx.call(1, "GET", f"/v1/episodes/{e}").json() for e in lost]
@@ -288,7 +289,7 @@ def test_a_killed_node_voids_exactly_its_episodes(ctx: Ctx) -> None:
     assert lost_worker not in workers_of(fresh)
     # cad needs `bpy`: only node 2 has it; with node 2 gone, a clear 503, not a hang
     ctx.cluster.remove_node(ctx.nodes["bpy"])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while time.monotonic() < deadline:
         cad = ctx.reset(pack="palaestra/cad")
         if cad.status_code == 503 and cad.json()["error"]["code"] == "no_capable_node":

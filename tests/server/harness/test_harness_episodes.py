@@ -34,6 +34,7 @@ from tests.harness_peers import (
 )
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
 from tests.server.test_sealed import make_token
+from tests.servers import server_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -227,22 +228,15 @@ def test_mini_swe_agent_in_bwrap(door_server: ServerProcess, token: str) -> None
     assert state["verdict"]["reward"] == 1.0, ending(state)["info"]["harness_output"]
 
 
-@pytest.fixture(scope="module")
-def docker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def _no_docker_base() -> str:
     from palaestra.sandbox.docker.engine import BASE_IMAGE
-    from palaestra.server.config import REPO_PACKS
 
-    if why := docker_skip_reason(BASE_IMAGE):
-        pytest.skip(why)
-    base = tmp_path_factory.mktemp("docker-harness")
-    (base / "packs").mkdir()
-    (base / "packs" / "humaneval").symlink_to(REPO_PACKS / "humaneval")
-    env = {"PALAESTRA_PACKS_DIRS": str(base / "packs"), "PALAESTRA_SANDBOX": "docker"}
-    proc = ServerProcess(base / "server-data", env).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    return docker_skip_reason(BASE_IMAGE)
+
+
+docker_server = server_fixture(
+    "module", packs=["humaneval"], settings={"sandbox": "docker"}, skip=_no_docker_base
+)
 
 
 def test_mini_swe_agent_in_docker(docker_server: ServerProcess, tmp_path: Path) -> None:
@@ -284,7 +278,8 @@ def test_shutdown_kills_a_running_harness(tmp_path: Path) -> None:
     (tmp_path / "packs").mkdir()
     (tmp_path / "packs" / "humaneval").symlink_to(REPO_PACKS / "humaneval")
     proc = ServerProcess(tmp_path / "data", {"PALAESTRA_PACKS_DIRS": str(tmp_path / "packs")})
-    fake = FakeModel([bash_call("sleep 300")])
+    # An odd duration: `pgrep` looks machine-wide, where others may sleep 300 s too.
+    fake = FakeModel([bash_call("sleep 300.017")])
     with fake.serve() as url:
         proc.start()
         try:
@@ -298,7 +293,7 @@ def test_shutdown_kills_a_running_harness(tmp_path: Path) -> None:
         finally:
             proc.stop()
     assert state["status"] == "void" and state["void_reason"] == "server shut down", state
-    left = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", r"sleep 300\.017"], capture_output=True, text=True)
     assert left.stdout.strip() == "", "the harness's command outlived its server"
 
 

@@ -9,7 +9,6 @@ import os
 import sqlite3
 import subprocess
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ from palaestra.server.db import Database
 from palaestra.server.packs.archive import ArchiveError, extract_archive, pack_archive
 from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.runtime import build_manager
+from tests.servers import server_fixture
 
 CLI = str(BIN / "palaestra")
 
@@ -66,13 +66,7 @@ def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProc
     )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("registry") / "server-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+server = server_fixture("module")
 
 
 def token(server: ServerProcess, tmp_path: Path, *scopes: str, name: str) -> str:
