@@ -122,7 +122,7 @@ async def test_repo_attacks_score_zero_and_correct_work_one(backend_name: str) -
         await backend.aclose()
 
 
-PROBE = Path(__file__).resolve().parent / "fixtures" / "repo-worker"
+PROBE = Path(__file__).resolve().parents[2] / "fixtures" / "repo-worker"
 PROBE_IDS = [
     f"tests/test_probe.py::{name}"
     for name in ("test_reach", "test_death", "test_after_death", "test_hang", "test_after_hang")
