@@ -62,6 +62,9 @@ BOOT_PROGRAMS = (
     "script_boot.py",
     "agent_jail.py",
     "uv_boot.py",
+    "repo_wire.py",
+    "repo_proxy.py",
+    "repo_worker.py",
 )
 MAX_CHANNEL = 1024 * 1024
 VERIFIER_DIR = "/tmp/verifier"
@@ -474,6 +477,7 @@ async def _run_test_sh(
         "verifier_dir": VERIFIER_DIR,
         "logs": VERIFIER_LOGS,
         "reward_file": reward_file,
+        "call_timeout_s": timeout_s,  # one call of the agent's code a test makes (worker)
         "programs": {name: programs.text(name, package=PROGRAMS) for name in BOOT_PROGRAMS},
     }
     result = await box.exec(
