@@ -169,6 +169,20 @@ class Remote:
         except (WireError, TypeError, ValueError) as exc:
             raise self._fault(f"wrote something that is not an answer ({exc})") from None
 
+    def imported(self, request: list[Any]) -> None:
+        """An import in the worker; an error of the code's there is also a fault of the
+        file's (named in its note: a denied read of a test file, say)."""
+        try:
+            self.request(request)
+        except WorkerGone:
+            raise
+        except Exception as exc:
+            self.faults.append(
+                f"the code under test failed to import {request[1]}: "
+                f"{type(exc).__name__}: {str(exc)[:200]}"
+            )
+            raise
+
     def _events(self, events: dict[str, Any]) -> None:
         claims = events.get("claims")
         if type(claims) is int and claims > 0:
@@ -466,7 +480,7 @@ class ProxyFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Import it in the worker, which also searches the workspace folders the tests put
         on sys.path (``sys.path.insert(0, "/app/src")``)."""
         folders = [p for p in sys.path if isinstance(p, str) and p and self.inside(p)]
-        self.remote.request(["import", module.__name__, folders])
+        self.remote.imported(["import", module.__name__, folders])
 
 
 class FileLoader(importlib.abc.Loader):
@@ -480,7 +494,7 @@ class FileLoader(importlib.abc.Loader):
         return ProxyModule(spec.name)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        self.remote.request(["load", module.__name__, self.path])
+        self.remote.imported(["load", module.__name__, self.path])
 
 
 def install(remote: Remote, inside: Callable[[str], bool], trusted: set[str]) -> ProxyFinder:
