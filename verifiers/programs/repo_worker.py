@@ -202,16 +202,29 @@ class Worker:
             return delattr(self.value(args[0]), str(args[1]))
         if op == "call" and len(args) == 3 and isinstance(args[2], list):
             fn = self.value(args[0])
+            # what it was given, as text: a decoded JSON value shares the request's objects
+            sent = {i: json.dumps(n) for i, n in enumerate(args[1][1])}
+            sent |= {str(k): json.dumps(v) for k, v in args[2]}
             call_args = self.value(args[1])
             kwargs = {str(k): self.value(v) for k, v in args[2]}
             result = fn(*call_args, **kwargs)
             # the plain containers it was given, as the call left them (written back there)
-            after = [[i, a] for i, a in enumerate(call_args) if type(a) in MUTABLE]
-            after += [[k, v] for k, v in kwargs.items() if type(v) in MUTABLE]
+            # (only those it changed: a large argument does not cross twice for nothing)
+            after = [[i, a] for i, a in enumerate(call_args) if self._changed(a, sent[i])]
+            after += [[k, v] for k, v in kwargs.items() if self._changed(v, sent[k])]
             return (result, after)
         if op == "op" and len(args) == 2 and args[0] in OPS and isinstance(args[1], list):
             return OPS[args[0]](*[self.value(a) for a in args[1]])
         raise WireError(f"no such request {str(op)[:20]!r}")
+
+    def _changed(self, value: object, sent: str) -> bool:
+        """Whether `value`, a plain container the call received as `sent`, differs now."""
+        if type(value) not in MUTABLE:
+            return False
+        try:
+            return json.dumps(encode(value, self.ref)) != sent
+        except (TypeError, ValueError, WireError):
+            return True
 
     def events(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
