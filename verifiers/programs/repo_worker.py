@@ -203,7 +203,7 @@ class Worker:
         if op == "call" and len(args) == 3 and isinstance(args[2], list):
             fn = self.value(args[0])
             # what it was given, as text: a decoded JSON value shares the request's objects
-            sent = {i: json.dumps(n) for i, n in enumerate(args[1][1])}
+            sent: dict[int | str, str] = {i: json.dumps(n) for i, n in enumerate(args[1][1])}
             sent |= {str(k): json.dumps(v) for k, v in args[2]}
             call_args = self.value(args[1])
             kwargs = {str(k): self.value(v) for k, v in args[2]}
