@@ -31,9 +31,8 @@ Modes:
   test passed; the agent's modules its tests import run in a jailed worker behind
   proxies, `WORKER_PROGRAMS`), and a program of the agent's under agent_jail.py
   (Landlock: it cannot open the verifier's files, logs, wrappers or HOME). Where the
-  verifier image has uv
-  (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline, a pytest it runs
-  under the same guard and monitor.
+  verifier image has uv (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it
+  offline, a pytest it runs under the same guard and monitor.
 """
 
 import contextlib
