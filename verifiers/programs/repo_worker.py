@@ -27,6 +27,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import json
+import marshal
 import operator
 import os
 import sys
@@ -202,11 +203,11 @@ class Worker:
             return delattr(self.value(args[0]), str(args[1]))
         if op == "call" and len(args) == 3 and isinstance(args[2], list):
             fn = self.value(args[0])
-            # what it was given, as text: a decoded JSON value shares the request's objects
-            sent: dict[int | str, str] = {i: json.dumps(n) for i, n in enumerate(args[1][1])}
-            sent |= {str(k): json.dumps(v) for k, v in args[2]}
             call_args = self.value(args[1])
             kwargs = {str(k): self.value(v) for k, v in args[2]}
+            # what it was given, as bytes (marshal: exact builtin types, in C)
+            sent: dict[int | str, bytes | None] = {i: _image(a) for i, a in enumerate(call_args)}
+            sent |= {k: _image(v) for k, v in kwargs.items()}
             result = fn(*call_args, **kwargs)
             # the plain containers it was given, as the call left them (written back there)
             # (only those it changed: a large argument does not cross twice for nothing)
@@ -217,14 +218,14 @@ class Worker:
             return OPS[args[0]](*[self.value(a) for a in args[1]])
         raise WireError(f"no such request {str(op)[:20]!r}")
 
-    def _changed(self, value: object, sent: str) -> bool:
-        """Whether `value`, a plain container the call received as `sent`, differs now."""
+    @staticmethod
+    def _changed(value: object, sent: bytes | None) -> bool:
+        """Whether `value`, a plain container the call received (`sent`: its image then),
+        may differ now (anything that is not plain data counts as changed)."""
         if type(value) not in MUTABLE:
             return False
-        try:
-            return json.dumps(encode(value, self.ref)) != sent
-        except (TypeError, ValueError, WireError):
-            return True
+        now = _image(value)
+        return now is None or now != sent
 
     def events(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -288,6 +289,16 @@ def describe_class(cls: type) -> dict[str, Any]:
         None,
     )
     return {"module": str(cls.__module__), "qualname": str(cls.__qualname__), "builtin": builtin}
+
+
+def _image(value: object) -> bytes | None:
+    """`value`'s marshal bytes (exact builtin types only), None where it has others."""
+    if type(value) not in MUTABLE:
+        return None
+    try:
+        return marshal.dumps(value)
+    except ValueError:
+        return None
 
 
 def load_file(name: str, path: str) -> None:
