@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` (the product working) and `make test` (the suite).
 PY := .venv/bin/python
 
-.PHONY: demo test bootstrap docker-up lint typecheck pytest bench
+.PHONY: demo test test-fast bootstrap docker-up lint typecheck pytest bench
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -28,6 +28,11 @@ PYTEST_WORKERS ?= 2
 
 pytest:
 	$(PY) -m pytest -q -rs --durations=40 -n $(PYTEST_WORKERS) --dist loadfile
+
+# The tier a developer runs while editing (tests/README.md): the unit and contract tests, no
+# docker engine, within 5 minutes on an idle 2-core machine. `make test` stays the full gate.
+test-fast: bootstrap
+	$(PY) -m pytest -q -rs --durations=20 -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: bootstrap
 	$(PY) bench/api.py

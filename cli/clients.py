@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+from palaestra.cli.console import err
 from palaestra.sdk.client import AsyncClient
+from palaestra.sdk.errors import UnavailableError
 from palaestra.sdk.http import AsyncHTTPClient
+from palaestra.sdk.models import ResetResponse
 from palaestra.server.auth import read_token_file
 from palaestra.server.config import Settings, load_settings
 from palaestra.server.db import Database
@@ -55,9 +61,34 @@ async def open_client(
         if read_only and not settings.data_dir.exists():
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="palaestra-list-"))
             settings = settings.model_copy(update={"data_dir": Path(tmp)})
-        manager = build_manager(settings)
+        # In a thread: a Ctrl-C while the packs load stops the command at once. Packs not
+        # cached warm in the background: a run of one task never waits for them.
+        manager = await asyncio.to_thread(
+            build_manager, settings, background_warm=settings.background_warm
+        )
         await manager.start()
         try:
             yield AsyncInProcessClient(manager)
         finally:
             await manager.shutdown()
+
+
+WARM_WAIT_S = 900.0  # how long `palaestra run` waits for its task's pack to be generated
+POLL_S = 5.0  # asks again at least this often (and says how far the generation is)
+
+
+async def reset_when_warm(
+    client: AsyncClient, task: str, options: dict[str, Any], *, wait_s: float = WARM_WAIT_S
+) -> ResetResponse:
+    """A reset that waits while the task's pack is generated (503 `warming`: a server, or
+    the embedded one, started a moment ago on a fresh cache), saying so on stderr."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await client.reset(task, options=options)
+        except UnavailableError as exc:
+            left = deadline - time.monotonic()
+            if exc.code != "warming" or left <= 0:
+                raise
+            err.print(f"waiting: {exc.message}")
+            await asyncio.sleep(min(exc.retry_after or POLL_S, POLL_S, left))

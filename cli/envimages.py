@@ -76,12 +76,18 @@ def build_pack(
     *,
     force: bool = False,
     rootfs_dir: Path | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_built: Callable[[BuildResult], None] | None = None,
 ) -> list[BuildResult]:
     """Build every environment of the pack at `root` (see the module docstring); with
-    `rootfs_dir`, also export each image there as a bwrap rootfs of the same name."""
+    `rootfs_dir`, also export each image there as a bwrap rootfs of the same name.
+    `on_start(n)` once the n environments are known, `on_built(result)` after each: the
+    CLI's progress."""
     envs, problems = pack_environments(root)
     if problems and not envs:
         return [BuildResult("(pack)", "failed", "; ".join(problems))]
+    if on_start is not None:
+        on_start(len(envs))
     wanted = stand_ins(settings) if envs else set()
     base_failures: dict[str, str] = {}
     for name in sorted(wanted):
@@ -108,6 +114,8 @@ def build_pack(
             except RuntimeError as exc:
                 result.status, result.cause = "failed", f"bwrap rootfs export: {exc}"
         results.append(result)
+        if on_built is not None:
+            on_built(result)
     return results
 
 

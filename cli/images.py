@@ -23,6 +23,8 @@ from rich.table import Table
 
 from palaestra.cli import envimages
 from palaestra.cli.console import console, err, error
+from palaestra.cli.progress import LiveProgress
+from palaestra.cli.stopping import Stop
 from palaestra.envs.terminal.verifierimage import (
     DEFAULT_TAG,
     TOOLS_IMAGE,
@@ -141,19 +143,27 @@ def ensure_image(client: Any, name: str) -> None:
 
 
 def build_pack_environments(
-    pack: Path, *, force: bool = False, report: Path | None = None, rootfs: bool = False
+    pack: Path,
+    *,
+    force: bool = False,
+    report: Path | None = None,
+    rootfs: bool = False,
+    command: str = "images build --pack",
 ) -> bool:
     """Build (or find cached) the environment image of every task of `pack` that has one,
     print a line per environment, and say whether all of them built."""
     client = docker_client()
     settings = load_settings()
-    results = envimages.build_pack(
-        pack,
-        settings,
-        lambda image: ensure_image(client, image),
-        force=force,
-        rootfs_dir=(settings.images_dir or settings.cache / "images") if rootfs else None,
-    )
+    with Stop(command), LiveProgress(f"environments of {pack}", unit="images") as progress:
+        results = envimages.build_pack(
+            pack,
+            settings,
+            lambda image: ensure_image(client, image),
+            force=force,
+            rootfs_dir=(settings.images_dir or settings.cache / "images") if rootfs else None,
+            on_start=progress.start,
+            on_built=lambda r: progress.advance(note=f"{r.image} {r.status}"),
+        )
     envimages.render(results, err)
     if report is not None:
         envimages.write_report(report, pack, results)
@@ -186,29 +196,36 @@ def build(
         raise typer.Exit(2)
     client = docker_client()
     wanted = list(known) if name is None else [name]
-    for image in wanted:
-        started = time.perf_counter()
-        try:
-            if image == "base":
-                build_base(force=force)
-            elif image == "verifier":  # wheels come from the host's pip first
-                if not has_image(client, tag_of("terminal")):
-                    build_family(client, "terminal")
-                build_tools_image(client, cache_dir(), force=force)
-                settings = load_settings()  # bwrap runs it as the rootfs image "verifier"
-                images = settings.images_dir or settings.cache / "images"
-                export_rootfs(client, DEFAULT_TAG, images, TOOLS_IMAGE)
-            else:
-                if not has_image(client, BASE_TAG):
-                    build_base()
-                if not force and has_image(client, tag_of(image)):
-                    err.print(f"images/{image}: {tag_of(image)} already built")
-                    continue
-                build_family(client, image, force=force)
-        except (RuntimeError, subprocess.CalledProcessError) as e:
-            error(f"building {image}: {e}")
-            raise typer.Exit(1) from None
-        err.print(f"images/{image}: {tag_of(image)} ready ({time.perf_counter() - started:.1f} s)")
+    with Stop("images build"), LiveProgress("images build", len(wanted), unit="images") as bar:
+        for image in wanted:
+            _build_one(client, image, force)
+            bar.advance(note=f"{image} ready")
+
+
+def _build_one(client: Any, image: str, force: bool) -> None:
+    """Build images/IMAGE (with what it needs), or exit 1 saying why it failed."""
+    started = time.perf_counter()
+    try:
+        if image == "base":
+            build_base(force=force)
+        elif image == "verifier":  # wheels come from the host's pip first
+            if not has_image(client, tag_of("terminal")):
+                build_family(client, "terminal")
+            build_tools_image(client, cache_dir(), force=force)
+            settings = load_settings()  # bwrap runs it as the rootfs image "verifier"
+            images = settings.images_dir or settings.cache / "images"
+            export_rootfs(client, DEFAULT_TAG, images, TOOLS_IMAGE)
+        else:
+            if not has_image(client, BASE_TAG):
+                build_base()
+            if not force and has_image(client, tag_of(image)):
+                err.print(f"images/{image}: {tag_of(image)} already built")
+                return
+            build_family(client, image, force=force)
+    except (RuntimeError, subprocess.CalledProcessError) as e:
+        error(f"building {image}: {e}")
+        raise typer.Exit(1) from None
+    err.print(f"images/{image}: {tag_of(image)} ready ({time.perf_counter() - started:.1f} s)")
 
 
 @images_app.command("verifiers")

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from palaestra.cli.clients import open_client
+from palaestra.cli.clients import open_client, reset_when_warm
 from palaestra.cli.console import console, err, error, styled
 from palaestra.cli.eval.app import eval_app
 from palaestra.cli.images import images_app
@@ -73,6 +73,14 @@ def serve(
             "(an N-node cluster on this machine); see docs/operations.md",
         ),
     ] = None,
+    background_warm: Annotated[
+        bool | None,
+        typer.Option(
+            "--background-warm/--no-background-warm",
+            help="generate packs not cached yet in the background while serving the others "
+            "(default), or before answering at all",
+        ),
+    ] = None,
 ) -> None:
     """Run the HTTP server on the embedded defaults (bwrap, SQLite, built-in packs).
 
@@ -97,6 +105,7 @@ def serve(
             "auth": auth,
             "packs_dirs": packs or None,
             "ray": ray,
+            "background_warm": background_warm,
         }
     )
     configure_logging(settings.log_level)
@@ -291,7 +300,7 @@ def _run_harness(
 
 async def _one_episode(client: AsyncClient, task: str, policy: str, script: Path | None) -> None:
     options = {"oracle": True} if policy == "oracle" else {}
-    reset = await client.reset(task, options=options)
+    reset = await reset_when_warm(client, task, options)
     console.rule(f"episode {reset.episode_id}")
     console.print(reset.observation.text)
     console.print("tools: " + ", ".join(t.name for t in reset.tools))

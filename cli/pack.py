@@ -16,6 +16,8 @@ from rich.text import Text
 
 from palaestra.cli.console import console, err, error, styled
 from palaestra.cli.options import DataDir, Token, Url, judges_setting, sandbox_setting
+from palaestra.cli.progress import LiveProgress
+from palaestra.cli.stopping import Stop
 from palaestra.sdk.errors import PalaestraError
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.archive import pack_archive
@@ -135,16 +137,19 @@ def check_cmd(
     """Prove a pack: schema, lock, oracle ≥ expected, rerun identical, null 0, cheats ≤ 0.1."""
     import json
 
-    report = asyncio.run(
-        check_pack(
-            directory,
-            limit=limit,
-            concurrency=concurrency,
-            timeout_s=timeout,
-            sandbox=sandbox,
-            judges=judges_setting(judge),
+    with Stop("pack check") as stop, LiveProgress("pack check") as progress:
+        report = stop.run(
+            check_pack(
+                directory,
+                limit=limit,
+                concurrency=concurrency,
+                timeout_s=timeout,
+                sandbox=sandbox,
+                judges=judges_setting(judge),
+                on_start=progress.start,
+                on_task=lambda task: progress.advance(),
+            )
         )
-    )
     if json_path == Path("-"):
         console.file.write(json.dumps(report.to_json(), indent=1) + "\n")
     else:

@@ -17,6 +17,8 @@ from rich.table import Table
 
 from palaestra.cli.console import console, error, styled
 from palaestra.cli.images import build_pack_environments
+from palaestra.cli.progress import LiveProgress
+from palaestra.cli.stopping import Stop
 from palaestra.envs.finance.importer import ImportProblem, import_file
 from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.importer import import_tasks
@@ -115,13 +117,21 @@ def audit_import(out: Path, tasks: int, sandbox: str | None = None) -> bool:
     """`pack check --limit tasks` on the imported pack: `pack check`'s table and problems,
     its JSON in `.palaestra-check.json` (a dotfile: not part of the pack); False where a
     cheat scores over the limit."""
-    import asyncio
     import json
 
     from palaestra.cli.pack import render_report
     from palaestra.server.packs.check import check_pack
 
-    report = asyncio.run(check_pack(out, limit=tasks, sandbox=sandbox))
+    with Stop("pack import --check") as stop, LiveProgress("pack check") as progress:
+        report = stop.run(
+            check_pack(
+                out,
+                limit=tasks,
+                sandbox=sandbox,
+                on_start=progress.start,
+                on_task=lambda task: progress.advance(),
+            )
+        )
     render_report(report, console)
     (out / ".palaestra-check.json").write_text(json.dumps(report.to_json(), indent=1) + "\n")
     for over in report.over_limit:
@@ -159,7 +169,7 @@ def _run(
     render_import(report, console, verbose=verbose)
     if not report.imported or (strict and report.skipped):
         raise typer.Exit(1)
-    if build and not build_pack_environments(out):
+    if build and not build_pack_environments(out, command="pack import --build"):
         raise typer.Exit(1)
     if check and not audit_import(out, check):
         raise typer.Exit(1)

@@ -2,7 +2,8 @@
 
 It runs the real trainer adapter (collector with batch routes, GRPO, HF backend) against
 a server: `--url` for a running one, else an embedded one on a temporary data dir. It
-shows a progress bar and writes the reward curve as a PNG (and the figures as JSON).
+shows live progress (cli/progress.py), stops cleanly on Ctrl-C / SIGTERM, and writes
+the reward curve as a PNG (and the figures as JSON).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from palaestra.cli.console import err, styled
 from palaestra.cli.options import Token, Url
+from palaestra.cli.progress import LiveProgress
+from palaestra.cli.stopping import Stop
 
 
 def plot_rewards(curves: dict[str, list[float]], out: Path, title: str) -> None:
@@ -79,16 +81,17 @@ def train(
     torch.set_num_threads(threads)
     runs = [("GRPO", False)] + ([("shuffled-reward control", True)] if control else [])
     curves: dict[str, list[float]] = {}
-    for name, shuffle in runs:
-        config = DemoConfig(
-            steps=steps,
-            seed=seed,
-            lr=lr,
-            groups_per_step=groups,
-            group_size=group_size,
-            shuffle_rewards=shuffle,
-        )
-        curves[name] = asyncio.run(_run(config, name, stop_at, url, token, data_dir))
+    with Stop("train") as stopper:
+        for name, shuffle in runs:
+            config = DemoConfig(
+                steps=steps,
+                seed=seed,
+                lr=lr,
+                groups_per_step=groups,
+                group_size=group_size,
+                shuffle_rewards=shuffle,
+            )
+            curves[name] = stopper.run(_run(config, name, stop_at, url, token, data_dir))
     plot_rewards(curves, out, f"palaestra/letters, tiny GPT-2 from scratch (seed {seed})")
     summary = {
         name: {
@@ -123,26 +126,15 @@ async def _run(
 
     assert isinstance(config, DemoConfig)
     rewards: list[float] = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("reward {task.fields[reward]:.3f} (last 5: {task.fields[last5]:.3f})"),
-        TextColumn("hack-flagged {task.fields[hacks]:.0%}"),
-        TimeElapsedColumn(),
-        console=err,
-    ) as progress:
-        bar = progress.add_task(name, total=config.steps, reward=0.0, last5=0.0, hacks=0.0)
+    with LiveProgress(name, config.steps, unit="steps") as progress:
 
         def on_step(report: StepReport) -> None:
             rewards.append(report.mean_reward)
             last = rewards[-5:]
-            progress.update(
-                bar,
-                advance=1,
-                reward=report.mean_reward,
-                last5=sum(last) / len(last),
-                hacks=report.hacks.get("hack_flagged_share", 0.0),
+            hacks = report.hacks.get("hack_flagged_share", 0.0)
+            progress.advance(
+                note=f"reward {report.mean_reward:.3f} (last 5: {sum(last) / len(last):.3f}) "
+                f"· hack-flagged {hacks:.0%}"
             )
 
         def stop(history: list[StepReport]) -> bool:
@@ -162,7 +154,7 @@ async def _run(
             return rewards
         with tempfile.TemporaryDirectory(prefix="palaestra-train-") as tmp:
             settings = load_settings({"data_dir": data_dir or Path(tmp)})
-            manager = build_manager(settings)
+            manager = await asyncio.to_thread(build_manager, settings)  # a stop cuts it
             await manager.start()
             try:
                 await run_demo(AsyncInProcessClient(manager), config, on_step, stop)

@@ -217,7 +217,8 @@ class Sandboxes:
                 max_output=job.max_output,
             )
         finally:
-            self._made.remove(box)
+            if box in self._made:  # else the episode ended meanwhile: aclose() has it
+                self._made.remove(box)
             await box.close()
 
     async def retire_episode(self) -> None:

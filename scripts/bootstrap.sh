@@ -17,7 +17,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-# Headless Chromium for the HTML report's browser test (tests/test_report_browser.py skips,
+# Headless Chromium for the HTML report's browser test (tests/sdk/test_report_browser.py skips,
 # saying why, where it is missing). Soft: a non-root user still gets a working install.
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then

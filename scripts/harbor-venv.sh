@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A venv of its own for Harbor (the `harbor` package of the Harbor framework, PyPI), whose
-# loader and linter tests/test_harbor_export.py runs on `palaestra pack export harbor`
+# loader and linter tests/envs/terminal/test_harbor.py runs on `palaestra pack export harbor`
 # output: its pins must never reach the project's .venv, and it needs Python >= 3.12.
 # Idempotent: prints the venv's python path; exits 3 when no Python >= 3.12 is found.
 set -euo pipefail

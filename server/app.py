@@ -178,7 +178,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        owned = manager or build_manager(settings)
+        owned = manager or build_manager(settings, background_warm=settings.background_warm)
         app.state.manager = owned
         await owned.start()
         log.info(
@@ -482,6 +482,9 @@ def create_app(
 
     @app.get("/readyz", tags=["operations"])
     async def readyz(request: Request) -> JSONResponse:
+        """Ready (200): `status` "ready", or "warming" while packs whose tasks are not
+        generated yet warm in the background (`warming`: {pack: progress}); the packs
+        that are ready are served meanwhile (docs/decisions.md, "Ready at once")."""
         manager_ = manager_of(request)
         problems = {"packs": manager_.packs.errors} if manager_.packs.errors else {}
         if not manager_.ready:
@@ -496,6 +499,10 @@ def create_app(
         if broken:
             message = "; ".join(b.message() for b in broken)
             return _error(503, "family_unavailable", f"not ready: {message}", False)
+        warming = {name: w.shown() for name, w in manager_.packs.warming.items()}
+        if warming:
+            body = {"status": "warming", "warming": warming, "pack_errors": problems}
+            return JSONResponse(body)
         return JSONResponse({"status": "ready", "pack_errors": problems})
 
     @app.get("/metrics", tags=["operations"])

@@ -213,6 +213,12 @@ class Settings(BaseModel):
     )
     pool_max_total: int = Field(default=64, ge=1, description="warm sandboxes over all specs")
     packs_dirs: list[Path] = Field(default_factory=lambda: [REPO_PACKS])
+    background_warm: bool = Field(
+        default=True,
+        description="serve and run: packs whose generated tasks are not cached yet are "
+        "generated in a background process while the others are served (/readyz lists them "
+        "as warming); false: generated before the server answers",
+    )
     max_episodes: int = Field(default=2048, ge=1, description="live episodes before 429")
     # Per-token quotas (server/tenancy.py): the defaults for tokens made without their own;
     # admin tokens are bound only by a quota set on them. None: no cap.

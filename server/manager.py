@@ -137,8 +137,12 @@ class EpisodeManager:
         starts = await asyncio.to_thread(self.store.starts_since, time.time() - 3600.0)
         self.tenancy.restore_starts(starts)
         self._reaper = asyncio.create_task(self._reap_forever(), name="palaestra-reaper")
+        if self.packs.warmer is not None:  # packs not cached: generated in the background
+            self.packs.warmer.start()
 
     async def shutdown(self) -> None:
+        if self.packs.warmer is not None:
+            await self.packs.warmer.aclose()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -25,6 +25,7 @@ from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.gencache import GeneratedTaskCache
 from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.packs.taskfields import HostPolicy
+from palaestra.server.packs.warming import WARM_LOG, PackWarmer
 from palaestra.server.store import Store
 
 
@@ -85,12 +86,16 @@ def build_manager(
     make: Callable[..., EpisodeManager] = EpisodeManager,
     cluster_node: bool = False,
     admin_token: bool = True,
+    background_warm: bool = False,
 ) -> EpisodeManager:
     """A manager on the embedded defaults; call `await manager.start()` inside the event loop.
 
     `cluster_node`: built for a cluster's worker or front (server/cluster/): published packs
     missing from this node's data dir are fetched from the shared store by digest.
-    `admin_token`: write the local admin token (workers authenticate nobody)."""
+    `admin_token`: write the local admin token (workers authenticate nobody).
+    `background_warm`: packs whose generated tasks are not cached are generated after
+    `start()`, in a process of their own, while the others are served (`palaestra serve`
+    and `palaestra run` pass `settings.background_warm`); False: before this returns."""
     if settings.ray and not cluster_node:
         from palaestra.server.cluster.front import build_front
 
@@ -98,10 +103,17 @@ def build_manager(
     families = FamilyRegistry.discover(family_options(settings))
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
     secret = heldout.ensure_secret(secret_file)  # sealed generated seeds
-    packs = PackCatalog(secret, GeneratedTaskCache(settings.cache / "generated"))
+    task_cache = GeneratedTaskCache(settings.cache / "generated")
+    packs = PackCatalog(secret, task_cache)
     policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
     broken = families.unavailable()  # families that failed to import: their packs are 503
-    packs.load_dirs(settings.packs_dirs, families.all(), policy, broken)
+    packs.load_dirs(settings.packs_dirs, families.all(), policy, broken, cached_only=True)
+    if packs.warming:  # generated in a process of their own (server/packs/warming.py)
+        warmer = PackWarmer(packs, task_cache.folder, settings.data_dir / "logs" / WARM_LOG)
+        if background_warm:
+            packs.warmer = warmer  # EpisodeManager.start starts it
+        else:
+            warmer.run_blocking()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.database())
     if settings.auth == "token" and admin_token:

@@ -488,6 +488,13 @@ class Sampler:
                 else "no task matches"
             )
             hint = "" if split else " (sealed splits are drawn from only when named by `split`)"
+            warming = (
+                None
+                if plan.packs
+                else self.packs.warming_error(f"no ready task matches {shown or 'any filter'}")
+            )
+            if warming is not None:  # a pack generated in the background may match
+                raise warming
             raise NotFoundError(f"nothing to sample: {why} {shown or 'any filter'}{hint}")
         pp = plan.eligible[_pick(plan.cum, rng.random())]
         pd = pp.eligible[_pick(pp.cum, rng.random())]

@@ -1,29 +1,25 @@
-"""Shared fixtures: settings on a temporary data dir, an embedded manager, a real server process."""
+"""Shared fixtures: settings on a temporary data dir, an embedded manager, a real server process
+(tests/servers.py makes those)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from pg import PostgresServer, PostgresUnavailable
 
 from palaestra.sdk.http import HTTPClient
-from palaestra.server.config import REPO_PACKS, Settings
+from palaestra.server.config import Settings
 from palaestra.server.inprocess import InProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
+from tests.servers import BIN, ServerProcess, free_port, server_fixture
 
-BIN = Path(sys.executable).parent
+__all__ = ["BIN", "ServerProcess", "free_port"]  # where the tests import them from
 
 
 def docker_skip_reason(image: str) -> str:
@@ -113,111 +109,16 @@ def inproc(settings: Settings) -> Iterator[InProcessClient]:
         yield client
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class ServerProcess:
-    """`palaestra serve` in a subprocess on loopback; restartable on the same data dir."""
-
-    def __init__(
-        self,
-        data_dir: Path,
-        extra_env: dict[str, str] | None = None,
-        args: list[str] | None = None,
-        program: Path = BIN / "palaestra",
-    ) -> None:
-        self.data_dir = data_dir
-        self.program = program  # another install's `palaestra` (tests/install/)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **(extra_env or {})}
-        self.args = args or []
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = data_dir.parent / f"server-{self.port}.log"
-        self.token: str | None = None  # the local admin token, read after start
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """The Authorization header of the local admin token (for raw httpx calls)."""
-        return {"authorization": f"Bearer {self.token}"} if self.token else {}
-
-    def client(self, **kwargs: Any) -> HTTPClient:
-        """An HTTPClient on this server with its admin token."""
-        return HTTPClient(self.url, token=self.token, **kwargs)
-
-    def start(self, ready: int = 200) -> ServerProcess:
-        """Start and wait until /readyz answers `ready` (503: a server that starts unready)."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    str(self.program),
-                    "serve",
-                    "--port",
-                    str(self.port),
-                    "--data-dir",
-                    str(self.data_dir),
-                    *self.args,
-                ],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == ready:
-                    token_file = self.data_dir / "admin.token"
-                    if token_file.exists():
-                        self.token = token_file.read_text().strip()
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"server not ready: {self.log.read_text()}")
-
-    def stop(self, sig: int = signal.SIGINT) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def logs(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path / "server-data").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+# One `palaestra serve` with the echo and humaneval packs, for the session: the tests of the
+# doors and trainer adapters and any test that neither stops its server nor counts what it
+# served (each makes its own tokens or episodes, so they stay apart). A module needing a
+# server of its own defines `server = server_fixture(...)` with its packs and settings.
+door_server = server_fixture("session", packs=["echo", "humaneval"])
 
 
 @pytest.fixture(scope="session")
-def door_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One `palaestra serve` with the echo and humaneval packs, for the session: the tests of
-    the doors and trainer adapters (each makes its own tokens, so they stay apart)."""
-    base = tmp_path_factory.mktemp("doors")
-    (base / "packs").mkdir()
-    for name in ("echo", "humaneval"):
-        (base / "packs" / name).symlink_to(REPO_PACKS / name)
-    proc = ServerProcess(base / "server-data", {"PALAESTRA_PACKS_DIRS": str(base / "packs")})
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def server(door_server: ServerProcess) -> ServerProcess:
+    return door_server
 
 
 @pytest.fixture
@@ -291,3 +192,15 @@ def _warm_reasoning_gym(secret: bytes) -> None:
         pass
     for _ in module.load_tasks(secret=secret):
         pass
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the modules holding `slow` tests first, the most slow tests first; the others
+    keep their order. `--dist loadfile` hands modules out in this order, so the suite ends
+    on short modules instead of one worker idling while the other plays a long one (longest
+    work first). Every worker sorts the same collection the same way."""
+    slow: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.nodeid.split("::", 1)[0]])  # stable

@@ -1,9 +1,11 @@
-"""`FakeUpstream`: a FAKE model server for the session proxy's tests (tests/test_harness_proxy.py,
+"""`FakeUpstream`: a FAKE model server for the session proxy's tests
+(tests/server/harness/test_harness_proxy.py,
 tests/redteam/test_harness_proxy.py), for what a real one will not do on demand: answer
-without token ids, fail with 5xx, 4xx or 429, answer slowly, redirect. It is a real HTTP
-server on loopback (uvicorn in a thread) that records every request it gets, so a test
-can also prove a request never reached it. The mode is the first path segment of the
-endpoint: `model_endpoint = f"{fake.url}/ok"` is served by POST /ok/chat/completions.
+without token ids, fail with 5xx, 4xx or 429, answer slowly, redirect. It is a script of
+the fake model server (tests/peers/fake_model_server.py, in a thread), which records every
+request it gets, so a test can also prove a request never reached it. The mode is the first
+path segment of the endpoint: `model_endpoint = f"{fake.url}/ok"` is served by POST
+/ok/chat/completions.
 
 Plus `gateway_on_loopback`: the proxy's gateway serving a loopback listener, as a
 backend serves one inside a sandbox's network namespace.
@@ -11,22 +13,15 @@ backend serves one inside a sandbox's network namespace.
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-
 from palaestra.sdk.harness import HarnessOptions
 from palaestra.server.harness.proxy import SessionProxy
-from tests.conftest import free_port
+from tests.peers.fake_model_server import FakeModelServer, Hit, Reply
 
 CONTEXT_ERROR = {
     "error": {
@@ -36,13 +31,6 @@ CONTEXT_ERROR = {
         "code": 400,
     }
 }
-
-
-@dataclass
-class Hit:
-    path: str
-    headers: dict[str, str]
-    body: Any
 
 
 def fake_reply(body: dict[str, Any], ids: bool = True) -> dict[str, Any]:
@@ -88,63 +76,44 @@ class FakeUpstream:
 
     redirect_to: str = ""
     hits: list[Hit] = field(default_factory=list)
-    port: int = field(default_factory=free_port)
+    server: FakeModelServer | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        assert self.server is not None, "the fake upstream is not serving"
+        return self.server.base
 
-    def app(self) -> FastAPI:
-        app = FastAPI()
-
-        @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
-        async def anything(path: str, request: Request) -> Response:
-            raw = await request.body()
-            try:
-                body = await request.json() if raw else None
-            except ValueError:
-                body = raw.decode(errors="replace")
-            self.hits.append(Hit("/" + path, dict(request.headers), body))
-            mode, _, rest = path.partition("/")
-            if rest != "chat/completions" or not isinstance(body, dict):
-                return JSONResponse({"error": {"message": "no such route"}}, 404)
-            if mode == "ok":
-                return JSONResponse(fake_reply(body))
-            if mode == "noids":
-                return JSONResponse(fake_reply(body, ids=False))
-            if mode == "e500":
-                return Response("upstream exploded", 500)
-            if mode == "e400":
-                return JSONResponse(CONTEXT_ERROR, 400)
-            if mode == "e429":
-                return JSONResponse({"error": {"message": "busy"}}, 429, {"retry-after": "3"})
-            if mode == "slow":
-                await asyncio.sleep(sleep_s(body))
-                return JSONResponse(fake_reply(body))
-            if mode == "redirect":
-                return Response(status_code=307, headers={"location": self.redirect_to})
-            if mode == "notjson":
-                return Response("<html>hello</html>", 200, media_type="text/html")
-            return JSONResponse({"error": {"message": f"unknown mode {mode}"}}, 404)
-
-        return app
+    def answer(self, hit: Hit) -> Reply:
+        self.hits.append(hit)
+        mode, _, rest = hit.path.removeprefix("/").partition("/")
+        body = hit.body
+        if rest != "chat/completions" or not isinstance(body, dict):
+            return Reply(404, {"error": {"message": "no such route"}})
+        if mode == "ok":
+            return Reply(200, fake_reply(body))
+        if mode == "noids":
+            return Reply(200, fake_reply(body, ids=False))
+        if mode == "e500":
+            return Reply(500, "upstream exploded")
+        if mode == "e400":
+            return Reply(400, CONTEXT_ERROR)
+        if mode == "e429":
+            return Reply(429, {"error": {"message": "busy"}}, {"retry-after": "3"})
+        if mode == "slow":
+            return Reply(200, fake_reply(body), delay_s=sleep_s(body))
+        if mode == "redirect":
+            return Reply(307, headers={"location": self.redirect_to})
+        if mode == "notjson":
+            return Reply(200, "<html>hello</html>", content_type="text/html; charset=utf-8")
+        return Reply(404, {"error": {"message": f"unknown mode {mode}"}})
 
     def __enter__(self) -> FakeUpstream:
-        config = uvicorn.Config(
-            self.app(), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            assert time.monotonic() < deadline, "the fake upstream did not start"
-            time.sleep(0.02)
+        self.server = FakeModelServer(self.answer, suffix="").__enter__()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
+        if self.server is not None:
+            self.server.__exit__()
 
 
 def options(endpoint: str, model: str = "fake", **sampling: Any) -> HarnessOptions:

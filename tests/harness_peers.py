@@ -1,4 +1,4 @@
-"""Shared pieces of the harness episode tests (tests/test_harness_episodes.py and
+"""Shared pieces of the harness episode tests (tests/server/harness/test_harness_episodes.py and
 tests/redteam/test_harness_redteam.py): the real model server that records what it
 generated, a scripted upstream without token ids (a fake), and reset/wait helpers."""
 
@@ -17,7 +17,8 @@ import httpx
 from tests.conftest import ServerProcess, free_port
 from tests.peers.fake_model import FakeModel
 from tests.peers.tiny_models import make_models
-from tests.test_openai_server import CACHE, model_server
+from tests.sdk.train.test_openai_server import CACHE, model_server
+from tests.servers import scaled
 
 PEER = Path(__file__).resolve().parent / "peers" / "recording_model_server.py"
 TRAIN_TASK = "openai/humaneval:HumanEval-2"  # truncate_number: `return number % 1.0`
@@ -113,10 +114,12 @@ def finished(server: ServerProcess, token: str, episode: str) -> dict[str, Any]:
 
 
 def wait_calls(server: ServerProcess, token: str, episode: str, calls: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
+    """The episode's state once `calls` model calls are answered and recorded (the proxy
+    counts a call when it sends it upstream, and records it when the answer is back)."""
+    deadline = time.monotonic() + scaled(60)
     while True:
         doc: dict[str, Any] = call(server, token, "GET", f"/v1/episodes/{episode}").json()
-        if doc["harness"] is not None and doc["harness"]["calls"] >= calls:
+        if doc["harness"] is not None and len(llm_calls(doc)) >= calls:
             return doc
         assert time.monotonic() < deadline, doc
         time.sleep(0.1)

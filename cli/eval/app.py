@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import re
@@ -26,8 +25,10 @@ from palaestra.cli.console import console, err, styled
 from palaestra.cli.eval.console import fail, open_run
 from palaestra.cli.eval.report import load_report, write_report
 from palaestra.cli.eval.server import find_pack, server_version
-from palaestra.cli.eval.session import execute, progress_bar
+from palaestra.cli.eval.session import execute
 from palaestra.cli.options import DataDir, Token, Url
+from palaestra.cli.progress import LiveProgress
+from palaestra.cli.stopping import Stop
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.evaluation.attempt import Attempt, AttemptLimits
 from palaestra.sdk.evaluation.regrade import regrade
@@ -205,7 +206,7 @@ def run(
             await execute(client, live, store, chosen, k, concurrency, limits, server_patience_s)
             return path
 
-    path = _run_async(go())
+    path = _run_async(go(), "eval run")
     write_report(RunDir.open(path), out=out)
 
 
@@ -265,7 +266,7 @@ def resume(
                 retry_errors=retry_errors,
             )
 
-    _run_async(go())
+    _run_async(go(), "eval resume")
     write_report(store, out=out)
 
 
@@ -299,6 +300,7 @@ def report(
         try:
             attempts, grading = _run_async(
                 _regrade(target_url, token, target_dir, manifest, attempts, concurrency),
+                "eval report",
                 exit_on_error=False,
             )
         except (PalaestraError, OSError) as exc:
@@ -330,13 +332,12 @@ async def _regrade(
                 f"{manifest['pack_digest']}",
                 code="digest_mismatch",
             )
-        with progress_bar(stats=False) as progress:
-            bar = progress.add_task("regrading by replay", total=len(attempts))
+        with LiveProgress("regrading by replay", len(attempts), unit="attempts") as progress:
             return await regrade(
                 client,
                 attempts,
                 concurrency=concurrency,
-                on_attempt=lambda a, o: progress.update(bar, advance=1),
+                on_attempt=lambda a, o: progress.advance(),
             )
 
 
@@ -401,9 +402,11 @@ def _limits_json(limits: AttemptLimits) -> dict[str, Any]:
     }
 
 
-def _run_async(coro: Any, *, exit_on_error: bool = True) -> Any:
+def _run_async(coro: Any, command: str, *, exit_on_error: bool = True) -> Any:
+    """Run the command's work; Ctrl-C / SIGTERM stop it cleanly (cli/stopping.py)."""
     try:
-        return asyncio.run(coro)
+        with Stop(command) as stop:
+            return stop.run(coro)
     except PalaestraError as exc:
         if not exit_on_error:
             raise

@@ -1,4 +1,4 @@
-"""One session of a run: what its directory lacks runs under a live progress bar, and the
+"""One session of a run: what its directory lacks runs under live progress, and the
 manifest records how the session ended (complete, interrupted, server unreachable)."""
 
 from __future__ import annotations
@@ -8,17 +8,10 @@ import datetime
 from typing import Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from palaestra.cli.console import err
 from palaestra.cli.eval.console import fail
+from palaestra.cli.progress import LiveProgress
+from palaestra.cli.stopping import keep
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.evaluation.attempt import Attempt, AttemptLimits
@@ -26,21 +19,6 @@ from palaestra.sdk.evaluation.rundir import RunDir, pending
 from palaestra.sdk.evaluation.suite import ServerGone, run_suite
 from palaestra.sdk.models import TaskInfo
 from palaestra.sdk.policies.base import Policy
-
-
-def progress_bar(stats: bool = True) -> Progress:
-    """A live bar: done/total, reward so far, voids and errors, elapsed time and ETA."""
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
-    if stats:
-        columns.append(
-            TextColumn(
-                "reward {task.fields[reward]:.3f} · void {task.fields[void]} · "
-                "errors {task.fields[errors]}"
-            )
-        )
-    return Progress(
-        *columns, TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err
-    )
 
 
 async def execute(
@@ -56,7 +34,7 @@ async def execute(
     retry_void: bool = True,
     retry_errors: bool = False,
 ) -> None:
-    """Run what the directory lacks under a live progress bar; record how the session ended."""
+    """Run what the directory lacks under live progress; record how the session ended."""
     done = store.latest()
     todo = pending(tasks, k, done, retry_void=retry_void, retry_errors=retry_errors)
     redo = {(t.id, i) for t, i in todo}
@@ -69,28 +47,25 @@ async def execute(
         "to_run": len(todo),
     }
     ended, reason = "complete", ""
-    with progress_bar() as progress:
-        bar = progress.add_task(
-            f"{policy.name} · {len(tasks)} tasks × {k}",
-            total=len(tasks) * k,
-            completed=len(tasks) * k - len(todo),
-            reward=sum(rewards) / len(rewards) if rewards else 0.0,
-            void=counts["void"],
-            errors=counts["errors"],
-        )
+
+    def note() -> str:
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        return f"reward {mean:.3f} · void {counts['void']} · errors {counts['errors']}"
+
+    with LiveProgress(
+        f"{policy.name} · {len(tasks)} tasks × {k}",
+        len(tasks) * k,
+        unit="attempts",
+        done=len(tasks) * k - len(todo),
+    ) as progress:
+        progress.update(note=note())
 
         def tick(a: Attempt) -> None:
             if a.status != "void":
                 rewards.append(a.reward)
             counts["void"] += a.status == "void"
             counts["errors"] += a.status == "error"
-            progress.update(
-                bar,
-                advance=1,
-                reward=sum(rewards) / len(rewards) if rewards else 0.0,
-                void=counts["void"],
-                errors=counts["errors"],
-            )
+            progress.advance(note=note())
 
         try:
             await run_suite(
@@ -114,6 +89,7 @@ async def execute(
         except PalaestraError:
             record_session(store, session, "refused")
             raise
+        progress.close(finished=ended == "complete")
     record_session(store, session, ended)
     resume_hint = f"continue with `palaestra eval resume {store.path}`"
     if ended == "server_unreachable":
@@ -121,7 +97,7 @@ async def execute(
             f"{reason}. Every finished attempt is saved in {store.path}; {resume_hint}", code=3
         )
     if ended == "interrupted":
-        err.print(f"interrupted: finished attempts are saved in {store.path}; {resume_hint}")
+        keep(f"finished attempts are saved in {store.path}; {resume_hint}")
         raise typer.Exit(130)
 
 

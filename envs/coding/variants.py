@@ -9,7 +9,7 @@ wrong answer whose `__iter__`/`items`/`__int__`... report another value (compari
 its real contents, so HumanEval rejects it too), and the always-equal cheats that
 HumanEval's `assert candidate(x) == y` accepts but palaestra must not.
 
-tests/test_coding_variants.py and bench/humaneval_agreement.py grade each variant with
+tests/envs/coding/test_coding_variants.py and bench/humaneval_agreement.py grade each variant with
 palaestra's verifier beside HumanEval's own `check_correctness`.
 """
 

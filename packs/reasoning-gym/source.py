@@ -22,19 +22,23 @@ with a warm cache reads the file and never imports reasoning-gym.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from palaestra.envs.reasoning import canon, gym, skew
+from palaestra.server.packs.gencache import NotCached
 
 log = logging.getLogger(__name__)
+Progress = Callable[[int, int, str], None]  # (done, total, unit)
 
 TRAIN_PER_DOMAIN = 12
 HELDOUT_PER_DOMAIN = 6
@@ -290,13 +294,18 @@ def _split_tasks(
     return tasks
 
 
-def build_train(problems: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Every training task (slow: imports reasoning-gym and generates each entry)."""
+def build_train(
+    problems: dict[str, str] | None = None, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """Every training task (slow: imports reasoning-gym and generates each entry);
+    `progress(done, total, unit)` after each dataset."""
     problems = {} if problems is None else problems
     tasks: list[dict[str, Any]] = []
-    for name in gym.dataset_names():
-        if name not in SKIP:
-            tasks.extend(_split_tasks(name, "train", levels(name), problems))
+    names = [name for name in gym.dataset_names() if name not in SKIP]
+    for done, name in enumerate(names, 1):
+        tasks.extend(_split_tasks(name, "train", levels(name), problems))
+        if progress is not None:
+            progress(done, len(names), "train datasets")
     mark_common(tasks, tasks)
     _report(problems)
     return tasks
@@ -314,7 +323,10 @@ def mark_common(tasks: list[dict[str, Any]], train: list[dict[str, Any]]) -> Non
 
 
 def build_heldout(
-    train: list[dict[str, Any]], secret: bytes | None, problems: dict[str, str] | None = None
+    train: list[dict[str, Any]],
+    secret: bytes | None,
+    problems: dict[str, str] | None = None,
+    progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """The held-out tasks of the levels `train` has, none asking a training question."""
     problems = {} if problems is None else problems
@@ -329,11 +341,13 @@ def build_heldout(
         ref = (p["level"], p["seed"], p["size"], p["index"])
         drawn.setdefault(name, Drawn()).add(t["public"]["question"], p["answer"], ref)
     tasks: list[dict[str, Any]] = []
-    for name in sorted(served):
+    for done, name in enumerate(sorted(served), 1):
         chosen = [lv for lv in levels(name) if lv in served[name]]
         held = _split_tasks(name, "heldout", chosen, problems, secret, drawn[name])
         # A small problem space can draw the same question from both ranges: held out, never.
         tasks.extend(t for t in held if t["public"]["question"] not in questions[name])
+        if progress is not None:
+            progress(done, len(served), "held-out datasets")
     mark_common(tasks, train)
     _report(problems)
     return tasks
@@ -395,22 +409,38 @@ def _write_cache(path: Path, tasks: list[dict[str, Any]], private: bool) -> None
         log.warning("reasoning/gym: cannot write the task cache %s: %s", path, exc)
 
 
-def load_tasks(secret: bytes | None = None) -> Iterator[dict[str, Any]]:
+STALE_AFTER_S = 7 * 86400  # another key's cache unused this long is deleted
+
+
+def _drop_stale(folder: Path, prefix: str) -> None:
+    """Delete caches of other keys not written for a week (checkouts of several versions
+    may share one cache folder: each keeps its own while it is in use)."""
+    now = time.time()
+    for stale in folder.glob("reasoning-gym-*.jsonl"):
+        with contextlib.suppress(OSError):
+            if not stale.name.startswith(prefix) and now - stale.stat().st_mtime > STALE_AFTER_S:
+                stale.unlink()
+
+
+def load_tasks(
+    secret: bytes | None = None, *, cached_only: bool = False, progress: Progress | None = None
+) -> Iterator[dict[str, Any]]:
     """Training tasks, then held-out ones (seeded by the server's `secret` when given);
-    each part cached on its own (the held-out part per secret, readable by its owner only)."""
+    each part cached on its own (the held-out part per secret, readable by its owner only).
+    `cached_only`: raise NotCached instead of generating (a server starts at once and warms
+    this pack in a process of its own, server/packs/warming.py)."""
     path = cache_path()
-    train = _read_cache(path)
-    if train is None:
-        train = build_train()
-        prefix = f"reasoning-gym-{cache_key()}-"
-        for stale in path.parent.glob("reasoning-gym-*.jsonl"):
-            if not stale.name.startswith(prefix):
-                stale.unlink(missing_ok=True)
-        _write_cache(path, train, private=False)
     held_path = cache_path(f"heldout-{secret_fingerprint(secret)}")
+    train = _read_cache(path)
     held = _read_cache(held_path)
+    if cached_only and (train is None or held is None):
+        raise NotCached(f"reasoning/gym: {'held-out' if train else 'training'} tasks not cached")
+    if train is None:
+        train = build_train(progress=progress)
+        _drop_stale(path.parent, f"reasoning-gym-{cache_key()}-")
+        _write_cache(path, train, private=False)
     if held is None:
-        held = build_heldout(train, secret)
+        held = build_heldout(train, secret, progress=progress)
         _write_cache(held_path, held, private=secret is not None)
     yield from train
     yield from held

@@ -4,6 +4,7 @@ create what killed servers left (containers and volumes whose owner process is g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +100,23 @@ class DockerBackend(Backend):
             egress=self.egress,
             gateway=self.gateway,
         )
+        making = asyncio.ensure_future(asyncio.to_thread(box.create_sync))
         try:
-            await asyncio.to_thread(box.create_sync)
+            await asyncio.shield(making)
             await box.attach_listener()
         except BaseException:
-            await asyncio.shield(box.close())
+            # Cancelled (a stop) while the thread still creates the container: it would
+            # appear after this close and outlive the command. Let it finish, then remove it.
+            await asyncio.shield(self._discard(box, making))
             raise
         self._live.add(box)
         return box
+
+    @staticmethod
+    async def _discard(box: DockerSandbox, making: asyncio.Future[None]) -> None:
+        with contextlib.suppress(BaseException):
+            await making
+        await box.close()
 
     async def aclose(self) -> None:
         await close_all(self._live)

@@ -5,7 +5,7 @@ turns use, a 2-layer GPT-2 (transformers) with random weights, and a compact epi
 format. A prompt is `<bos>1a` (shift, letter); the model samples one character (its
 guess); a wrong guess gets the environment turn `+` or `-` (the answer is later or
 earlier) and a refused one `!`, tokenized alone, appended and masked out of the loss.
-`palaestra train` and tests/test_train_learning.py run this.
+`palaestra train` and tests/sdk/train/test_train_learning.py run this.
 """
 
 from __future__ import annotations

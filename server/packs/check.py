@@ -310,8 +310,12 @@ async def check_pack(
     on_task: Callable[[Task], None] | None = None,
     judges: Mapping[str, Any] | None = None,
     extra_cheats: Sequence[GenericCheat] = (),
+    on_start: Callable[[int], None] | None = None,
 ) -> CheckReport:
     """Prove the pack at `root` (see the module docstring); never raises for a bad pack.
+
+    `on_start(n)` once the pack is loaded and n tasks are chosen, `on_task(task)` as each
+    is checked: the CLI's progress.
 
     `judges`: the judge endpoints by name (the `judges` setting's shape) that the embedded
     server gives families whose verifier asks a judge. `extra_cheats`: generic cheat classes
@@ -349,6 +353,8 @@ async def check_pack(
                     )
                 )
     chosen = choose_tasks(pack, limit)
+    if on_start is not None:
+        on_start(len(chosen))
     values: dict[str, Any] = {"packs_dirs": []}
     if sandbox is not None:
         values["sandbox"] = sandbox

@@ -36,6 +36,12 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+class NotCached(Exception):
+    """Raised by a load with `cached_only` (server/packs/loader.py) where a generator split's
+    or a source's tasks are not cached yet: the pack is warmed in the background
+    (server/packs/warming.py). A pack source (`load_tasks(cached_only=True)`) raises it too."""
+
+
 class GeneratedTaskCache:
     """One file per generator split: `<folder>/<key>.json`, the list of task dicts."""
 

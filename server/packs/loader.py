@@ -38,7 +38,7 @@ from palaestra.envs.base import Family, TaskFieldsError
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
 from palaestra.server import heldout
-from palaestra.server.packs.gencache import GeneratedTaskCache, as_json
+from palaestra.server.packs.gencache import GeneratedTaskCache, NotCached, as_json
 from palaestra.server.packs.lock import file_hashes, files_digest, ignored, pack_files, verify_lock
 from palaestra.server.packs.manifest import (
     GeneratorSplit,
@@ -126,6 +126,8 @@ def _import(root: Path, rel: str, tag: str) -> Any:
 Found = tuple[str, dict[str, Any] | None, list[str]]  # where, the task dict or None, problems
 # What a sandbox generated at publish: generator -> split -> each call's task dict.
 GeneratedSet = dict[str, dict[str, list[dict[str, Any]]]]
+# progress(done, total, unit) while a pack's tasks are generated (server/packs/warmjob.py)
+Progress = Callable[[int, int, str], None]
 
 
 def _jsonl_tasks(root: Path) -> Iterator[Found]:
@@ -238,29 +240,24 @@ def _generated_tasks(
     cache: GeneratedTaskCache | None = None,
     pack_files: dict[str, str] | None = None,
     stored: GeneratedSet | None = None,
+    *,
+    cached_only: bool = False,
+    progress: Progress | None = None,
 ) -> Iterator[Found]:
     """A sealed split's tasks get secret seeds (with `secret`) and ids that name no seed
     (`<generator>-<split>-<index>`, whatever the generator says), and their problems quote
     neither the seed nor the generator's error text (pack errors are shown by /readyz).
-    A split whose every call succeeded is kept in `cache` (keyed by `pack_files`' hashes).
-    With `stored` (what a sandbox generated at publish, server/packs/generate.py) the
-    generators' results come from there and no generator is imported."""
+    A split whose every call succeeded is kept in `cache` (keyed by `pack_files`' hashes);
+    a generator module is imported only for a split the cache does not hold, and with
+    `cached_only` such a split raises NotCached instead (its pack is warmed in the
+    background). With `stored` (what a sandbox generated at publish,
+    server/packs/generate.py) the generators' results come from there and no generator is
+    imported. `progress(done, total, "tasks")` follows the calls."""
+    total = sum(spec.count for gen in manifest.generators.values() for spec in gen.splits.values())
+    done = 0
     for gen_name, gen in manifest.generators.items():
         where = f"{root / 'pack.toml'}: generators.{gen_name}"
-        generate: Callable[..., Any] | None = None
-        try:
-            if stored is None:
-                generate = getattr(_import(root, gen.module, f"gen_{gen_name}"), "generate", None)
-        except PackError as exc:
-            yield where, None, exc.problems
-            continue
-        if stored is None and not callable(generate):
-            yield (
-                where,
-                None,
-                [f"{root / gen.module}: needs `generate(seed, index, level) -> dict`"],
-            )
-            continue
+        generate: Callable[..., Any] | None = None  # imported at the first split not cached
         for split, spec in gen.splits.items():
             sealed = manifest.splits[split].sealed
             key = secret if sealed else None
@@ -275,8 +272,27 @@ def _generated_tasks(
                 if cached is None or len(cached) != len(seeds):
                     yield where, None, [f"{where}: split {split}: no stored generated tasks"]
                     continue
+            if cached is None and cached_only:
+                raise NotCached(f"{where}: split {split} is not generated yet")
+            if cached is None and generate is None:
+                try:
+                    module = _import(root, gen.module, f"gen_{gen_name}")
+                except PackError as exc:
+                    yield where, None, exc.problems
+                    break
+                generate = getattr(module, "generate", None)
+                if not callable(generate):
+                    yield (
+                        where,
+                        None,
+                        [f"{root / gen.module}: needs `generate(seed, index, level) -> dict`"],
+                    )
+                    break
             results: list[str | None] = []  # each call's task as JSON, None if it failed
             for index, seed in enumerate(seeds):
+                if progress is not None:
+                    progress(done, total, "tasks")  # those done before this call
+                done += 1
                 level = levels[index]
                 shown = "<sealed>" if sealed else seed
                 at = f"{root / gen.module}: generate(seed={shown}, index={index}, level={level})"
@@ -314,10 +330,17 @@ def _generated_tasks(
 
 
 def _source_tasks(
-    root: Path, manifest: PackManifest, secret: bytes | None = None
+    root: Path,
+    manifest: PackManifest,
+    secret: bytes | None = None,
+    *,
+    cached_only: bool = False,
+    progress: Progress | None = None,
 ) -> Iterator[Found]:
-    """`load_tasks()`, or `load_tasks(secret=...)` where the source takes the server's
-    held-out secret (to draw its sealed tasks from seeds nobody else can compute)."""
+    """`load_tasks()`, with what of these keywords it takes: `secret` (the server's
+    held-out secret, to draw its sealed tasks from seeds nobody else can compute),
+    `cached_only` (raise NotCached rather than generate: a slow source takes it, so a server
+    starts at once and warms it in the background) and `progress(done, total, unit)`."""
     assert manifest.source is not None
     rel = manifest.source.python
     try:
@@ -334,9 +357,13 @@ def _source_tasks(
         )
         return
     try:
-        wants = "secret" in inspect.signature(loader).parameters
-        for i, task in enumerate(loader(secret=secret) if wants else loader()):
+        takes = inspect.signature(loader).parameters
+        given = {"secret": secret, "cached_only": cached_only, "progress": progress}
+        kwargs = {name: value for name, value in given.items() if name in takes}
+        for i, task in enumerate(loader(**kwargs)):
             yield f"{rel} task #{i}", task, []
+    except NotCached:
+        raise
     except Exception as exc:
         yield (
             f"{root / rel}",
@@ -393,6 +420,8 @@ def inspect_pack(
     cache: GeneratedTaskCache | None = None,
     generated: GeneratedSet | None = None,
     broken: Mapping[str, str] | None = None,
+    cached_only: bool = False,
+    progress: Progress | None = None,
 ) -> tuple[Pack | None, list[str]]:
     """Load what can be loaded and list every problem; the pack is None if pack.toml is unusable.
 
@@ -403,7 +432,8 @@ def inspect_pack(
     tasks between loads (server/packs/gencache.py); `generated` replaces running the
     generators (the tasks a sandbox made at publish: no generator is imported). `broken`
     (family name -> why it failed to import) turns its tasks into one problem per family
-    (`Pack.unavailable`)."""
+    (`Pack.unavailable`). `cached_only`: raise NotCached where tasks would be generated
+    (server/packs/warming.py warms that pack); `progress` follows the generation."""
     root = Path(root)
     broken = broken or {}
     policy = policy or HostPolicy.default()
@@ -430,9 +460,22 @@ def inspect_pack(
     if (root / "tasks").is_dir():
         found.append(_directory_tasks(root))
     if manifest.generators:
-        found.append(_generated_tasks(root, manifest, secret, cache, hashes, generated))
+        found.append(
+            _generated_tasks(
+                root,
+                manifest,
+                secret,
+                cache,
+                hashes,
+                generated,
+                cached_only=cached_only,
+                progress=progress,
+            )
+        )
     if manifest.source is not None:
-        found.append(_source_tasks(root, manifest, secret))
+        found.append(
+            _source_tasks(root, manifest, secret, cached_only=cached_only, progress=progress)
+        )
     if not found:
         problems.append(
             f"{root}: no tasks: add tasks.jsonl, tasks/<id>/ folders, [generators.<name>] or "
@@ -527,9 +570,11 @@ def load_pack(
     cache: GeneratedTaskCache | None = None,
     generated: GeneratedSet | None = None,
     broken: Mapping[str, str] | None = None,
+    cached_only: bool = False,
 ) -> Pack:
     """Read and validate one pack directory; raises PackError listing what to fix
-    (PackUnavailable where some of its tasks are of a family that failed to import)."""
+    (PackUnavailable where some of its tasks are of a family that failed to import;
+    NotCached, with `cached_only`, where some of its tasks are not generated yet)."""
     pack, problems = inspect_pack(
         root,
         known_families,
@@ -538,6 +583,7 @@ def load_pack(
         cache=cache,
         generated=generated,
         broken=broken,
+        cached_only=cached_only,
     )
     if pack is not None and pack.unavailable:
         raise PackUnavailable(pack.name, pack.version, pack.unavailable, problems)

@@ -52,7 +52,7 @@ from .harness import (
 )
 
 # A hung attack must fail its own test, not eat the suite's 300 s.
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 MEM = ATTACK_SPEC.memory_mb
 DISK = ATTACK_SPEC.workspace_mb

@@ -30,6 +30,8 @@ from palaestra.server.runtime import build_manager
 
 from .harness import BACKENDS, backend_unavailable
 
+pytestmark = pytest.mark.slow
+
 PROGRAMS = Path(__file__).parent / "programs"
 PROBE = (PROGRAMS / "egress_probe.py").read_text()
 NO_NETWORK_PROBE = (PROGRAMS / "no_network_probe.py").read_text()

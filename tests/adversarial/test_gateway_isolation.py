@@ -26,6 +26,8 @@ from palaestra.sandbox.egress import EgressProxy
 from .gateway_echo import EchoGateway, gateway_backend
 from .harness import BACKENDS
 
+pytestmark = pytest.mark.slow
+
 PROBE = (Path(__file__).parent / "programs" / "gateway_probe.py").read_text()
 SPEC = SandboxSpec(memory_mb=256, pids=64, default_timeout_s=60.0, gateway="episode-x")
 SECRET = b"HOST-SECRET"

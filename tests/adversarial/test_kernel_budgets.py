@@ -30,7 +30,7 @@ from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
 
 from .harness import ATTACK_SPEC, Guard, bwrap_cgroups, on_backends
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 PROGRAMS = Path(__file__).parent / "programs"
 PIDS = ATTACK_SPEC.pids

@@ -35,6 +35,8 @@ from palaestra.server.config import Settings
 from palaestra.verifiers.terminal import TerminalRun, files_tar, verify_workspace
 from tests.conftest import docker_skip_reason
 
+pytestmark = pytest.mark.slow
+
 IMAGE = "palaestra/terminal:latest"
 UV_IMAGE = "palaestra/verifier:latest"  # images/verifier/: uv, uvx and pinned wheels offline
 WORKDIR = "/work"

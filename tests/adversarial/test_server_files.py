@@ -37,7 +37,7 @@ from palaestra.server.store import Store
 
 from .harness import REPO, Guard, new_marker, on_backends
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 PROGRAMS = Path(__file__).parent / "programs"
 ATTACK = (PROGRAMS / "server_files_attack.sh").read_text()

@@ -23,7 +23,7 @@ from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
 from palaestra.sandbox.bwrap.host import default_runtime_base
 
 _OK, _WHY = bwrap_available()
-pytestmark = pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _OK, reason=f"bwrap unusable: {_WHY}")]
 
 CYCLES = 1000
 

@@ -1,4 +1,5 @@
-"""FakeCommentaryJudge: a scripted rubric judge on loopback, standing in for a judge model (a fake).
+"""FakeCommentaryJudge: a scripted rubric judge standing in for a judge model (a fake, served
+by tests/peers/fake_model_server.py).
 
 No judge model can run in the test suite, so `pack check` of the finance-commentary pack
 is played against this OpenAI-compatible /chat/completions server. It grades the way the
@@ -32,9 +33,9 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 import tomllib
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from typing import Any
 from judge_fakes import OVERRIDE, outside_fences
 
 from palaestra.verifiers.judge import fenced_blocks
-from tests.peers.json_server import JsonReply, error_reply, serve_json
+from tests.peers.fake_model_server import FakeModelServer, Hit, Reply, completion, error_reply
 
 RUBRIC = Path(__file__).resolve().parents[2] / "envs" / "commentary" / "rubric.toml"
 
@@ -288,30 +289,23 @@ class FakeCommentaryJudge:
         return sum(self.weights[n] * chosen[n] / 2 for n in self.choices) / total
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "id": f"chatcmpl-judge-{len(self.requests)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", "fake-commentary-judge"),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": self.reply(body)},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1},
-        }
+        model = body.get("model", "fake-commentary-judge")
+        return completion(self.reply(body), model, id=f"chatcmpl-judge-{len(self.requests)}")
 
-    def answer(self, path: str, body: dict[str, Any]) -> JsonReply:
+    def answer(self, hit: Hit) -> Reply:
+        if hit.method != "POST":
+            return error_reply(404, f"no route {hit.method} {hit.path}")
+        body = hit.body if isinstance(hit.body, dict) else {}
         with self.lock:
             self.requests.append(body)
         if self.fail_with is not None:
             return error_reply(self.fail_with, "scripted failure")
-        if not path.endswith("/chat/completions"):
-            return error_reply(404, f"no route {path}")
-        return JsonReply(200, self.completion(body))
+        if not hit.path.endswith("/chat/completions"):
+            return error_reply(404, f"no route {hit.path}")
+        return Reply(200, self.completion(body))
 
-    def serve(self) -> AbstractContextManager[str]:
+    @contextmanager
+    def serve(self) -> Iterator[str]:
         """Serve on 127.0.0.1 (a free port) while the block runs; yields the `/v1` base URL."""
-        return serve_json(self.answer)
+        with FakeModelServer(self.answer) as server:
+            yield server.url

@@ -1,10 +1,11 @@
-"""FakeModel: a scripted OpenAI chat-completions server on loopback (a fake, named so).
+"""FakeModel: an agent's replies scripted on the fake model server (a fake, named so).
 
 The real model server (sdk/train/openai_server.py over a tiny model) only produces
 garbage or one fixed call; a harness test that needs a *sensible* agent (run `bash`, then
 `submit`) scripts the replies here. Each reply is a chat message dict (`content`,
 `tool_calls`), an int (answer that HTTP status) or a (status, message) pair (that status
-with OpenAI's error body, e.g. `CONTEXT_TOO_LONG`). The server records every request body.
+with OpenAI's error body, e.g. `CONTEXT_TOO_LONG`). It records every request body. The
+server is tests/peers/fake_model_server.py.
 Token ids are made up per call (prompt: one id per message; completion: 1, 2, …) so a
 proxy that asks for them gets some; they are not a tokenizer's.
 """
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from tests.peers.json_server import JsonReply, error_reply, serve_json
+from tests.peers.fake_model_server import FakeModelServer, Hit, error_reply
+from tests.peers.fake_model_server import Reply as HttpReply
+from tests.peers.fake_model_server import completion as openai_completion
 
 Reply = dict[str, Any] | int | tuple[int, str]
 # vLLM's answer to a prompt past --max-model-len (its message, word for word).
@@ -61,37 +64,34 @@ class FakeModel:
     def completion(self, body: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
         ids = list(range(1, 4))
         calls = message.get("tool_calls") or []
-        choice = {
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": message.get("content"),
-                "tool_calls": calls,
-            },
-            "finish_reason": "tool_calls" if calls else "stop",
-            "token_ids": ids,
-            "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": -0.5} for i in ids]},
-        }
         prompt = list(range(100, 100 + len(body.get("messages", []))))
-        return {
-            "id": f"chatcmpl-fake-{len(self.requests)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", "fake"),
-            "choices": [choice],
-            "prompt_token_ids": prompt,
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
-        }
+        reply = openai_completion(
+            message.get("content"),
+            body.get("model", "fake"),
+            id=f"chatcmpl-fake-{len(self.requests)}",
+            prompt_token_ids=prompt,
+            usage={"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
+        )
+        choice = reply["choices"][0]
+        choice["message"]["tool_calls"] = calls
+        choice["finish_reason"] = "tool_calls" if calls else "stop"
+        choice["token_ids"] = ids
+        choice["logprobs"] = {"content": [{"token": f"token_id:{i}", "logprob": -0.5} for i in ids]}
+        return reply
 
-    def answer(self, path: str, body: dict[str, Any]) -> JsonReply:
+    def answer(self, hit: Hit) -> HttpReply:
+        if hit.method == "GET":  # /models
+            return HttpReply(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        body = hit.body if isinstance(hit.body, dict) else {}
         reply = self.next_reply(body)
         if isinstance(reply, int):
             return error_reply(reply, "scripted failure")
         if isinstance(reply, tuple):
             return error_reply(*reply)
-        return JsonReply(200, self.completion(body, reply))
+        return HttpReply(200, self.completion(body, reply))
 
-    def serve(self) -> AbstractContextManager[str]:
+    @contextmanager
+    def serve(self) -> Iterator[str]:
         """Serve on 127.0.0.1 (a free port) while the block runs; yields the `/v1` base URL."""
-        models = {"object": "list", "data": [{"id": "fake", "object": "model"}]}
-        return serve_json(self.answer, get=lambda path: JsonReply(200, models))
+        with FakeModelServer(self.answer) as server:
+            yield server.url

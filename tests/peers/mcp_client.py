@@ -1,5 +1,5 @@
 """The official `mcp` client against palaestra's /v1/episodes/{id}/mcp (run by
-tests/test_door_mcp.py with the peer venv's python).
+tests/server/doors/test_door_mcp.py with the peer venv's python).
 
 Usage: mcp_client.py PLAN.json, where the plan names the server's url, the tokens and the
 episodes the test started over /v1. Every scenario goes through the SDK's own

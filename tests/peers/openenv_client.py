@@ -1,5 +1,6 @@
 """openenv 0.10.0's own EnvClient (GenericEnvClient over its default WebSocket) against a
-palaestra server's OpenEnv door. Run by tests/test_door_openenv.py with the peer's python:
+palaestra server's OpenEnv door. Run by tests/server/doors/test_door_openenv.py with the
+peer's python:
 
     openenv_client.py URL PLAN.json
 

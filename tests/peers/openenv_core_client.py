@@ -2,7 +2,7 @@
 against a palaestra server's OpenEnv door. Their WebSocket sends no headers of ours: the
 token rides in the URL's user info (`http://palaestra:<token>@host/…`), which the
 `websockets` library under them sends as HTTP Basic credentials. Run by
-tests/test_door_openenv.py with the peer's python:
+tests/server/doors/test_door_openenv.py with the peer's python:
 
     openenv_core_client.py URL PLAN.json
 

@@ -3,7 +3,7 @@
     python ors_client.py URL TOKEN OTHER_TOKEN SOLUTIONS_JSON
 
 SOLUTIONS_JSON maps a HumanEval task id to the solution.py to write. Prints one JSON line
-of what the client saw; tests/test_door_ors.py asserts on it."""
+of what the client saw; tests/server/doors/test_door_ors.py asserts on it."""
 
 from __future__ import annotations
 

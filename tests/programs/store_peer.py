@@ -1,4 +1,4 @@
-"""A second process on a store (tests/test_store_engines.py): reads what the test wrote,
+"""A second process on a store (tests/server/test_store_engines.py): reads what the test wrote,
 then writes episodes of its own while the test keeps writing.
 
     python store_peer.py STORE_URL COUNT   # prints the step count it read of episode a-0

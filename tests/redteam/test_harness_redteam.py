@@ -22,7 +22,7 @@ from tests.harness_peers import (
     wait_calls,
 )
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
-from tests.test_sealed import make_token
+from tests.server.test_sealed import make_token
 
 LOOPBACK = "http://127.0.0.1:9/v1"  # never contacted: each attack is refused before
 

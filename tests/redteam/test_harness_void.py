@@ -23,6 +23,8 @@ from tests.conftest import make_settings
 from tests.harness_fakes import FakeUpstream, gateway_on_loopback, options
 from tests.harness_peers import RecordingModel, recording_model
 
+pytestmark = pytest.mark.slow
+
 USER = [{"role": "user", "content": "hi"}]
 
 

@@ -71,6 +71,7 @@ def settings(tmp_path: Path) -> Settings:
     return make_settings(data_dir=tmp_path / "data", pool_size=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("public", "private", "field"), ATTACKS)
 async def test_publish_refuses_a_task_naming_the_host(
     manager: EpisodeManager,
@@ -178,6 +179,7 @@ async def test_bwrap_follows_symlinks_out_of_the_images_dir(tmp_path: Path) -> N
 DOCKER_SKIP = docker_skip_reason("palaestra/base:bookworm")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(DOCKER_SKIP), reason=DOCKER_SKIP or "docker")
 @pytest.mark.parametrize("image", ["/", "/root/.palaestra", "../../", "./x", "a/../../b"])
 async def test_docker_refuses_an_image_that_is_a_path(image: str) -> None:

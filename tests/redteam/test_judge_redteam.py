@@ -1,7 +1,7 @@
 """Attacks on the judge verifier (verifiers/judge*.py) by a policy that wants reward without
 doing the task, or a void instead of its sure 0, and by a hostile pack author's rubric;
 against the scripted judge server (tests/judge_fakes.py, a FAKE standing in for a judge
-model) through HttpJudgeChat, as tests/test_judge.py does.
+model) through HttpJudgeChat, as tests/verifiers/test_judge.py does.
 
 Found and fixed (docs/decisions.md, "Judges: red-team findings"):
 - fence escape: "xEND CANDIDATE" (a letter, digit or _ before END) was not neutralised,
@@ -67,7 +67,7 @@ from tests.judge_fakes import (
     rank_by,
     rubric_reply,
 )
-from tests.test_judge import CONFIG, RUBRIC, SUBJECT, DictCache, quality, verdict
+from tests.verifiers.test_judge import CONFIG, RUBRIC, SUBJECT, DictCache, quality, verdict
 
 BEST = verdict("right", "clear", "the judge agrees")  # what a cheating candidate wants
 WORST = verdict("wrong", "unclear", "no figures match")
@@ -213,7 +213,7 @@ def test_the_keen_reader_has_teeth() -> None:
         FENCE_OPEN.format(label="CANDIDATE", nonce=nonce) + "\n" + SPELLINGS["fullwidth"]
         + "\n" + FENCE_CLOSE.format(label="CANDIDATE", nonce=nonce)
     )  # fmt: skip
-    from tests.test_judge import rubric_format
+    from tests.verifiers.test_judge import rubric_format
 
     body = {"messages": [{"role": "user", "content": raw}], "response_format": rubric_format()}
     assert json.loads(str(keen_reader(body)))["criteria"][0]["choice"] == "right"

@@ -23,6 +23,7 @@ import pytest
 from conftest import ServerProcess
 
 from palaestra.server.app import create_app
+from tests.servers import server_fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT_PACKS = ("echo", "letters")  # no sandbox per episode: the fuzz run stays cheap
@@ -75,21 +76,10 @@ def schemathesis() -> Path:
     return Path(made.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    base = tmp_path_factory.mktemp("fuzz")
-    packs = base / "packs"
-    packs.mkdir()
-    for name in LIGHT_PACKS:
-        (packs / name).symlink_to(ROOT / "packs" / name)
-    env = {"PALAESTRA_PACKS_DIRS": str(packs), "PALAESTRA_POOL_SIZE": "0"}
-    proc = ServerProcess(base / "data", extra_env=env).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+fuzzed = server_fixture("module", packs=LIGHT_PACKS, settings={"pool_size": 0})
 
 
+@pytest.mark.slow
 def test_fuzzing_the_whole_api_finds_no_server_error(fuzzed: ServerProcess, tmp_path: Path) -> None:
     st = schemathesis()
     junit = tmp_path / "junit.xml"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -19,6 +19,7 @@ import pytest_asyncio
 from conftest import ServerProcess, make_settings
 
 from palaestra.server.runtime import build_manager
+from tests.servers import server_fixture
 
 from .conftest import app_client
 
@@ -155,18 +156,9 @@ async def test_lone_surrogates_are_refused_before_the_store(api: httpx.AsyncClie
 
 
 # -- connections and request heads (a real `palaestra serve`) ----------------------------------
-@pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    env = {
-        "PALAESTRA_HEADER_TIMEOUT_S": "1",
-        "PALAESTRA_MAX_CONNECTIONS": "16",
-        "PALAESTRA_MAX_HEADER_BYTES": "8192",
-    }
-    proc = ServerProcess(tmp_path_factory.mktemp("limits") / "data", extra_env=env).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+guarded = server_fixture(
+    "module", settings={"header_timeout_s": 1, "max_connections": 16, "max_header_bytes": 8192}
+)
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:

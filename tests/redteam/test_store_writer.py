@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_store_engines import state
+from server.test_store_engines import state
 
 from palaestra.server.db import Database
 from palaestra.server.manager import EpisodeManager

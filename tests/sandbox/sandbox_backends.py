@@ -51,9 +51,8 @@ def _fake_e2b_or_skip(tmp_path: Path) -> Backend:
         pytest.skip(f"FakeE2B runs its VMs in bwrap, which is unusable here: {why}")
     if not IS_ROOT:
         pytest.skip("FakeE2B enters its VMs with nsenter, which needs root")
-    from fake_e2b import FakeE2B
-
     from palaestra.sandbox.e2b import E2BBackend
+    from sandbox.fake_e2b import FakeE2B
 
     vms = tmp_path / "fake-e2b"
     vms.mkdir()
@@ -86,7 +85,12 @@ def make(kind: str, tmp_path: Path) -> Backend:
     raise AssertionError(kind)
 
 
-@pytest.fixture(params=BACKENDS, name="backend")
+# The docker engine and the E2B cloud are the slow tier's (tests/README.md).
+SLOW_BACKENDS = {"docker", "e2b-live"}
+PARAMS = [pytest.param(b, marks=pytest.mark.slow) if b in SLOW_BACKENDS else b for b in BACKENDS]
+
+
+@pytest.fixture(params=PARAMS, name="backend")
 async def backend_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     b = make(request.param, tmp_path)
     try:

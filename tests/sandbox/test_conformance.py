@@ -8,7 +8,6 @@ import tarfile
 import time
 
 import pytest
-from sandbox_backends import backend_fixture, spec_fixture  # noqa: F401  (fixtures)
 
 from palaestra.sandbox.base import (
     Backend,
@@ -17,6 +16,7 @@ from palaestra.sandbox.base import (
     SandboxPathError,
     SandboxSpec,
 )
+from sandbox.sandbox_backends import backend_fixture, spec_fixture  # noqa: F401  (fixtures)
 
 
 async def test_exec_argv_shell_and_exit_codes(backend: Backend, spec: SandboxSpec) -> None:

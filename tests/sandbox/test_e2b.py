@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sandbox_backends import IS_ROOT
 
 from palaestra.sandbox.base import SandboxCreateError, SandboxGone, SandboxSpec
 from palaestra.sandbox.bwrap import bwrap_available
+from sandbox.sandbox_backends import IS_ROOT
 
 pytest.importorskip("e2b", reason="the e2b SDK is not installed")
 pytestmark = pytest.mark.skipif(
@@ -17,9 +17,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 from e2b.exceptions import AuthenticationException  # noqa: E402
-from fake_e2b import FakeE2B  # noqa: E402
 
 from palaestra.sandbox.e2b import E2BBackend  # noqa: E402
+from sandbox.fake_e2b import FakeE2B  # noqa: E402
 
 
 @pytest.fixture

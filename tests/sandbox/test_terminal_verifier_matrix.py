@@ -5,11 +5,11 @@ skipped where a backend's /tmp or PATH differs (sandbox_backends.py says what sk
 from __future__ import annotations
 
 import pytest
-from sandbox_backends import backend_fixture  # noqa: F401  (fixtures)
 
 from palaestra.envs import cheats
 from palaestra.sandbox.base import Backend, SandboxSpec
 from palaestra.verifiers.terminal import TerminalRun, files_tar, verify_workspace
+from sandbox.sandbox_backends import backend_fixture  # noqa: F401  (fixtures)
 
 CALC = "def add(a, b):\n    return a + b\n"
 WRONG = "def add(a, b):\n    return a - b\n"

@@ -3,7 +3,8 @@ process (repo_worker.py) on a package written to a temporary workspace: what cro
 is plain data of builtin types or a handle, exceptions keep their builtin type, plain
 arguments changed in place are written back, a value of the test's cannot cross, and a
 worker that ends, hangs or writes something that is not an answer is a fault that a fresh
-worker follows. (The sandboxed end-to-end checks: tests/test_terminal_repo_cheats.py.)"""
+worker follows. (The sandboxed end-to-end checks:
+tests/envs/terminal/test_terminal_repo_cheats.py.)"""
 
 from __future__ import annotations
 
