@@ -62,6 +62,17 @@ BOOT_PROGRAMS = (
     "script_boot.py",
     "agent_jail.py",
     "uv_boot.py",
+    "repo_wire.py",
+    "repo_proxy.py",
+    "repo_worker.py",
+)
+# What repo_runner.py writes for its worker (repo_proxy.py), in its HELPERS order.
+REPO_HELPERS = (
+    "repo_wire.py",
+    "repo_strict.py",
+    "repo_proxy.py",
+    "repo_worker.py",
+    "agent_jail.py",
 )
 MAX_CHANNEL = 1024 * 1024
 VERIFIER_DIR = "/tmp/verifier"
@@ -399,10 +410,7 @@ async def _run_sets(
         "allowed": sorted({r.split("/")[0].removesuffix(".py") for r in (*environment, *files)}),
         "program": programs.text("repo_runner.py", package=PROGRAMS),
         # the code under test runs in a worker process these start (repo_proxy.py)
-        "helpers": {
-            name: programs.text(name, package=PROGRAMS)
-            for name in ("repo_wire.py", "repo_strict.py", "repo_proxy.py", "repo_worker.py")
-        },
+        "helpers": {name: programs.text(name, package=PROGRAMS) for name in REPO_HELPERS},
         "call_timeout_s": max(5.0, timeout_s / 4),
     }
     env = _exec_env(workdir, path)
@@ -474,6 +482,7 @@ async def _run_test_sh(
         "verifier_dir": VERIFIER_DIR,
         "logs": VERIFIER_LOGS,
         "reward_file": reward_file,
+        "call_timeout_s": timeout_s,  # one call of the agent's code a test makes (worker)
         "programs": {name: programs.text(name, package=PROGRAMS) for name in BOOT_PROGRAMS},
     }
     result = await box.exec(

@@ -7,6 +7,10 @@ Every task gets:
   the workdir), then submits;
 - `shadow-pytest`: plants a `pytest.py` (and `_pytest/`) in the workdir that prints a pass
   and exits 0, for tests that run ``python3 -m pytest`` from there.
+Tasks verified by a test script (not repository tasks) also get:
+- `boot-forge`: every workspace module, once a test imports it, writes the records of
+  pytest_boot.py's monitor for a session where every expected test passed, then exits 0
+  (`cheat_scripts/boot-forge.sh`, `boot_forge.py`).
 (`pack check` also plays the generic cheat library on every task, envs/cheatlib.py: startup
 files, workspace pytest config, PATH and module shadowing, test packages and plugins, early
 exit, always-equal objects, reading the verifier, results written anywhere, background
@@ -105,6 +109,13 @@ def _bash_then_submit(script: str) -> list[Action]:
     ]
 
 
+def _boot_forge() -> str:
+    payload = (generic.SCRIPTS / "boot_forge.py").read_text(encoding="utf-8")
+    trick = (generic.SCRIPTS / "boot-forge.sh").read_text(encoding="utf-8")
+    helper = f"BOOT_FORGE_PY=$(cat <<'PALAESTRA_HELPER'\n{payload}PALAESTRA_HELPER\n)"
+    return f"touch {generic.AGENT_MARKER}\n{helper}\n{trick}"
+
+
 def for_task(task: Task) -> list[tuple[str, list[Action]]]:
     cheats = [
         ("print-pass", _bash_then_submit(PRINT_PASS)),
@@ -121,4 +132,6 @@ def for_task(task: Task) -> list[tuple[str, list[Action]]]:
             ("conftest-hook", _bash_then_submit(CONFTEST_HOOK)),
             *repo_cheats.command_cheats(TerminalPublic.of(task).environment),
         ]
+    else:
+        cheats.append(("boot-forge", _bash_then_submit(_boot_forge())))
     return cheats

@@ -42,20 +42,43 @@ def rights(abi: int) -> tuple[int, int]:
     return every, files
 
 
-def allowed_paths(hidden: list[str], named: list[str]) -> list[tuple[str, bool]]:
-    """(path, everything) pairs: all of / but /tmp, every entry of /tmp but the hidden ones,
-    and (read only) the hidden files the command names."""
-    out = [(os.path.join("/", n), True) for n in os.listdir("/") if n != "tmp"]
-    for name in os.listdir("/tmp"):
-        path = os.path.join("/tmp", name)
-        if not any(path == h or h.startswith(path + "/") for h in hidden):
-            out.append((path, True))
-    out += [(p, False) for p in named]
+READ_DIR = 1 << 3
+
+
+def allowed_paths(
+    hidden: list[str], named: list[str], listable: tuple[str, ...] = ()
+) -> list[tuple[str, int]]:
+    """(path, rights) pairs: every path but the hidden ones and the folders above them,
+    (read only) the hidden files the command names, and the listing alone of a folder above
+    a hidden path that is, or lies under, one of `listable` (a workspace holding tests).
+    -1 stands for every right."""
+    hidden = [os.path.realpath(h) for h in hidden]
+    out: list[tuple[str, int]] = []
+
+    def walk(path: str) -> None:
+        if any(path == h for h in hidden):
+            return
+        prefix = path.rstrip("/") + "/"
+        if not any(h.startswith(prefix) for h in hidden):
+            out.append((path, -1))
+            return
+        if any(path == r or path.startswith(r.rstrip("/") + "/") for r in listable):
+            out.append((path, READ_DIR))
+        try:
+            names = sorted(os.listdir(path))
+        except OSError:
+            return
+        for name in names:
+            walk(os.path.join(path, name))
+
+    walk("/")
+    out += [(p, 1 << 2) for p in named]
     return out
 
 
-def confine(hidden: list[str], named: list[str]) -> str:
-    """Landlock this process (and what it will exec); '' or why it could not."""
+def confine(hidden: list[str], named: list[str], listable: tuple[str, ...] = ()) -> str:
+    """Landlock this process (and what it will exec); '' or why it could not. Also the
+    jail of repo_worker.py, the worker that runs the agent's code for the tests."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     abi = libc.syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
@@ -67,14 +90,14 @@ def confine(hidden: list[str], named: list[str]) -> str:
     ruleset = libc.syscall(SYS_CREATE_RULESET, attr, ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         return f"Landlock ruleset refused ({os.strerror(ctypes.get_errno())})"
-    for path, full in allowed_paths(hidden, named):
+    for path, granted in allowed_paths(hidden, named, listable):
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             continue
         try:
             is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
-            access = (every if is_dir else files) if full else (1 << 2)
+            access = (every if is_dir else files) if granted == -1 else granted
             rule = PathBeneath(access, fd)
             libc.syscall(SYS_ADD_RULE, ruleset, 1, ctypes.byref(rule), ctypes.c_uint32(0))
         finally:
@@ -85,6 +108,19 @@ def confine(hidden: list[str], named: list[str]) -> str:
         return f"Landlock restrict refused ({os.strerror(ctypes.get_errno())})"
     os.close(ruleset)
     return ""
+
+
+def agent_env(environ: dict[str, str]) -> dict[str, str]:
+    """The environment of a program of the agent's: no verifier or runner variable, no
+    wrapper folder on PATH, a TMPDIR of its own."""
+    env = {k: v for k, v in environ.items() if k not in HIDDEN_VARS}
+    env = {k: v for k, v in env.items() if not k.startswith("PALAESTRA_")}
+    bindir = environ.get("PALAESTRA_BIN", "")
+    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p and p != bindir)
+    tmp = environ.get("PALAESTRA_AGENT_TMP")
+    if tmp:
+        env["TMPDIR"] = tmp
+    return env
 
 
 def main() -> None:
@@ -98,14 +134,8 @@ def main() -> None:
     why = confine(hidden, named)
     if why:
         sys.stderr.write(f"palaestra: {why}; the program runs unconfined\n")
-    env = {k: v for k, v in os.environ.items() if k not in HIDDEN_VARS}
-    env = {k: v for k, v in env.items() if not k.startswith("PALAESTRA_")}
-    bindir = os.environ.get("PALAESTRA_BIN", "")
-    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p and p != bindir)
-    tmp = os.environ.get("PALAESTRA_AGENT_TMP")
-    if tmp:
-        env["TMPDIR"] = tmp
-    os.execve(argv[0], argv, env)
+    os.execve(argv[0], argv, agent_env(dict(os.environ)))
 
 
-main()
+if __name__ == "__main__":  # a module of repo_worker.py's otherwise
+    main()

@@ -17,11 +17,20 @@
   during the tests, or tests dropped from the collection, is a failure (exit 1, said on
   stderr), whatever the child's own status.
 
-What remains: code of the agent that a test imports runs in the child, and can write what
-the child's reporter writes (see docs/decisions.md, "Imported test.sh tasks").
+- Code of the agent's never runs in the session: a module the tests import from the
+  workspace (by name, or by file through ``importlib.util.spec_from_file_location``), other
+  than the test modules and conftests pytest itself loads, is a proxy (repo_proxy.py); the
+  code runs in a worker process (repo_worker.py, the runner wrote these beside its
+  wrappers) with only its two pipes, the agent's environment (agent_jail.agent_env) and
+  a Landlock jail: it cannot open the verifier's files, logs, wrappers or HOME, nor a test
+  file the command names. A test during which the worker ended, hung past the call
+  timeout (PALAESTRA_CALL_TIMEOUT) or broke the protocol fails (said on stderr); a test
+  that needs the code in its own memory (``isinstance`` with the code's classes, a
+  callback of its own) fails with a TypeError or assertion saying so, never voids.
 """
 
 import ast
+import importlib.machinery
 import json
 import os
 import secrets
@@ -116,8 +125,62 @@ def wrappers_first() -> None:
         os.environ["PATH"] = os.pathsep.join([bindir, *rest])
 
 
+def load_program(folder: str, name: str) -> types.ModuleType:
+    """`name`.py of the runner's worker folder as module `name` (read before any workspace
+    path is reachable)."""
+    path = os.path.join(folder, name + ".py")
+    module = types.ModuleType(name)
+    module.__file__ = path
+    sys.modules[name] = module
+    with open(path, encoding="utf-8") as f:
+        exec(compile(f.read(), path, "exec"), vars(module))
+    return module
+
+
+def start_proxies(args: list[str], trusted: set[str]) -> types.SimpleNamespace | None:
+    """The worker of the agent's code and the finder of its modules (not yet installed);
+    None (said) where the runner wrote no worker folder."""
+    folder = os.path.join(os.environ.get("PALAESTRA_BIN", "/nonexistent"), "worker")
+    if not os.path.isfile(os.path.join(folder, "repo_worker.py")):
+        say("no worker for the agent's code: modules the tests import run in the session")
+        return None
+    load_program(folder, "repo_wire")
+    proxy = load_program(folder, "repo_proxy")
+    jail = load_program(folder, "agent_jail")
+    tests = {p for p, _ in expected_tests(args)}
+    hidden = [h for h in os.environ.get("PALAESTRA_HIDDEN", "").split(":") if h]
+    workdir = os.path.realpath(os.environ.get("WORKDIR") or os.getcwd())
+    remote = proxy.Remote(
+        os.path.join(folder, "repo_worker.py"),
+        workdir,
+        [],
+        float(os.environ.get("PALAESTRA_CALL_TIMEOUT") or 600),
+        config={"jail": os.path.join(folder, "agent_jail.py"), "hidden": [*hidden, *tests]},
+        env=jail.agent_env(dict(os.environ)),
+    )
+    trusted |= tests
+    finder = proxy.ProxyFinder(remote, in_workspace, trusted)  # type: ignore[name-defined]  # noqa: F821
+    proxy.proxy_file_loads(finder)
+    return types.SimpleNamespace(module=proxy, remote=remote, finder=finder)
+
+
+def proxies_first(proxies: types.SimpleNamespace | None) -> None:
+    """The builtin and frozen importers, the import guard, then the proxies' finder, first
+    on sys.meta_path (ahead of pytest's assertion rewriter)."""
+    if proxies is not None:
+        inside = in_workspace  # type: ignore[name-defined]  # noqa: F821 (import_guard.py)
+        proxies.module.install(proxies.remote, inside, proxies.finder.trusted)
+    guard = WorkspaceGuard  # type: ignore[name-defined]  # noqa: F821 (import_guard.py)
+    head = [importlib.machinery.BuiltinImporter, importlib.machinery.FrozenImporter, guard]
+    if proxies is not None:
+        head.append(proxies.finder)
+    sys.meta_path[:] = [*head, *(f for f in sys.meta_path if f not in head)]
+
+
 def session(write_fd: int, nonce: str, args: list[str]) -> None:
     """The child: pytest on `args`, reporting to the monitor through `write_fd`."""
+    trusted_paths: set[str] = set()
+    proxies = start_proxies(args, trusted_paths)
     import pytest
     from _pytest.config import Config, PytestPluginManager
 
@@ -136,6 +199,7 @@ def session(write_fd: int, nonce: str, args: list[str]) -> None:
                 empty = types.ModuleType("conftest")
                 empty.__file__ = path
                 return empty
+        trusted_paths.add(path)  # pytest's own import, never a proxy
         return original(self, conftestpath, *rest, **kw)  # type: ignore[arg-type]
 
     PytestPluginManager._importconftest = importconftest  # type: ignore[method-assign,assignment]
@@ -143,15 +207,35 @@ def session(write_fd: int, nonce: str, args: list[str]) -> None:
     def send(kind: str, data: object) -> None:
         os.write(write_fd, f"{nonce} {kind} {json.dumps(data)}\n".encode())
 
+    remote = proxies.remote if proxies is not None else None
+
     class Reporter:
         def __init__(self) -> None:
             self.failed: set[str] = set()
+            self.faults = 0
 
         @pytest.hookimpl(tryfirst=True)
         def pytest_load_initial_conftests(self, early_config: Config) -> None:
             """Plugins (-p, autoloaded entry points) are loaded; conftests and tests are
-            next, and may import the agent's modules by name."""
+            next, and may import the agent's modules by name (proxies from here on)."""
             append_workspace(workspace)  # type: ignore[name-defined]  # noqa: F821 (import_guard.py)
+            proxies_first(proxies)
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionstart(self, session: pytest.Session) -> None:
+            proxies_first(proxies)  # first again, ahead of anything pytest added
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_pycollect_makemodule(self, module_path: object, parent: object) -> None:
+            """A test module pytest collects is imported here, never a proxy."""
+            trusted_paths.add(os.path.realpath(str(module_path)))
+
+        def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+            self.faults = len(remote.faults) if remote is not None else 0
+
+        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+            if report.failed:
+                self.failed.add(report.nodeid)
 
         def pytest_collection_finish(self, session: pytest.Session) -> None:
             items = []
@@ -160,18 +244,19 @@ def session(write_fd: int, nonce: str, args: list[str]) -> None:
                 items.append([item.nodeid, os.path.realpath(str(item.path)), name])
             send("COLLECTED", items)
 
-        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-            if report.failed:
-                self.failed.add(report.nodeid)
-
         def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
-            send("TEST", {"id": nodeid, "ok": nodeid not in self.failed})
+            faults = remote.faults[self.faults :] if remote is not None else []
+            for fault in faults:
+                say(f"{nodeid}: {fault}; the test fails")
+            send("TEST", {"id": nodeid, "ok": nodeid not in self.failed and not faults})
 
         def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
             send("END", int(exitstatus))
 
     argv = ["-p", "no:cacheprovider", "-c", BOOT_INI, "--confcutdir", BOOT_VDIR, *args]
     rc = int(pytest.main(argv, plugins=[Reporter()]))
+    if remote is not None:
+        remote.close()
     send("EXIT", rc)
     raise SystemExit(rc)
 

@@ -26,6 +26,7 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import json
 import os
 import signal
@@ -67,9 +68,21 @@ class Remote:
     """The worker of one test process: started on the first request, started again after
     a fault; its faults, always-equal claims and refused imports, for the report."""
 
-    def __init__(self, program: str, workdir: str, sources: list[str], timeout_s: float) -> None:
+    def __init__(
+        self,
+        program: str,
+        workdir: str,
+        sources: list[str],
+        timeout_s: float,
+        *,
+        config: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`config`: more of the worker's config (its jail: `jail`, `hidden`); `env`: its
+        environment (this process's by default)."""
         self.program, self.workdir, self.sources = program, workdir, sources
         self.timeout_s = timeout_s
+        self.config, self.env = dict(config or {}), env
         self.proc: subprocess.Popen[bytes] | None = None
         self.out = -1
         self.reader: Reader | None = None
@@ -87,10 +100,14 @@ class Remote:
         req_r, req_w = os.pipe()
         ans_r, ans_w = os.pipe()
         cfg = {"workdir": self.workdir, "sources": self.sources, "in": req_r, "out": ans_w}
-        argv = [sys.executable, "-I", "-B", self.program, json.dumps(cfg)]
+        argv = [sys.executable, "-I", "-B", self.program, json.dumps({**self.config, **cfg})]
         try:
             self.proc = subprocess.Popen(
-                argv, pass_fds=(req_r, ans_w), stdin=subprocess.DEVNULL, cwd=self.workdir
+                argv,
+                pass_fds=(req_r, ans_w),
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env=self.env,
             )
         finally:
             os.close(req_r)
@@ -151,6 +168,20 @@ class Remote:
             return decode(reply[2], self.deref)
         except (WireError, TypeError, ValueError) as exc:
             raise self._fault(f"wrote something that is not an answer ({exc})") from None
+
+    def imported(self, request: list[Any]) -> None:
+        """An import in the worker; an error of the code's there is also a fault of the
+        file's (named in its note: a denied read of a test file, say)."""
+        try:
+            self.request(request)
+        except WorkerGone:
+            raise
+        except Exception as exc:
+            self.faults.append(
+                f"the code under test failed to import {request[1]}: "
+                f"{type(exc).__name__}: {str(exc)[:200]}"
+            )
+            raise
 
     def _events(self, events: dict[str, Any]) -> None:
         claims = events.get("claims")
@@ -446,7 +477,24 @@ class ProxyFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return ProxyModule(spec.name)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        self.remote.request(["import", module.__name__])
+        """Import it in the worker, which also searches the workspace folders the tests put
+        on sys.path (``sys.path.insert(0, "/app/src")``)."""
+        folders = [p for p in sys.path if isinstance(p, str) and p and self.inside(p)]
+        self.remote.imported(["import", module.__name__, folders])
+
+
+class FileLoader(importlib.abc.Loader):
+    """The loader of a workspace file a test loads by path (`spec_from_file_location`):
+    a ProxyModule, the file run in the worker."""
+
+    def __init__(self, remote: Remote, path: str) -> None:
+        self.remote, self.path = remote, path
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return ProxyModule(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.remote.imported(["load", module.__name__, self.path])
 
 
 def install(remote: Remote, inside: Callable[[str], bool], trusted: set[str]) -> ProxyFinder:
@@ -456,3 +504,23 @@ def install(remote: Remote, inside: Callable[[str], bool], trusted: set[str]) ->
     finder = finder or ProxyFinder(remote, inside, trusted)
     sys.meta_path[:] = [finder, *(f for f in sys.meta_path if f is not finder)]
     return finder
+
+
+def proxy_file_loads(finder: ProxyFinder) -> None:
+    """``importlib.util.spec_from_file_location`` of a workspace file that is not one of
+    `finder`'s trusted files gives a spec whose module is a proxy (the evoeval adapters'
+    tests load ``/app/solution.py`` so)."""
+    original = importlib.util.spec_from_file_location
+
+    def spec_from_file_location(name: str, location: Any = None, **kw: Any) -> Any:
+        spec = original(name, location, **kw)
+        where = spec.origin if spec is not None else None
+        if where is None or not finder.inside(where):
+            return spec
+        if os.path.realpath(where) in finder.trusted or kw.get("loader") is not None:
+            return spec
+        proxy = importlib.machinery.ModuleSpec(name, FileLoader(finder.remote, where))
+        proxy.origin, proxy.has_location = where, True
+        return proxy
+
+    importlib.util.spec_from_file_location = spec_from_file_location

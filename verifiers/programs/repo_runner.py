@@ -21,7 +21,9 @@ cannot reach.
   answer pipes. Calls, attribute access and operators go over them; only plain data of
   builtin types, built fresh here, or handles come back; an exception comes back as the
   builtin of its name. The test process is non-dumpable (the worker cannot open its
-  /proc/<pid>/fd, mem or environ, nor the runner's). A worker that ends, hangs past the
+  /proc/<pid>/fd, mem or environ, nor the runner's), and the worker confines itself with
+  Landlock (agent_jail.py) before the code loads: it cannot open the task's test files and
+  folders, nor the runner's HOME (its own programs, the ini). A worker that ends, hangs past the
   call timeout (the config's `call_timeout_s`) or writes something that is not an answer
   fails the test running (named in the note); the next test gets a fresh worker.
 - The test process reports over a pipe: the collected ids, each test's outcome after
@@ -84,7 +86,7 @@ VOLATILE = {("_pytest.assertion.util", "_reprcompare"),
 MAX_CHILD_OUTPUT = 16 * 1024 * 1024
 PR_SET_DUMPABLE = 4
 # The programs beside this one: the wire, the test side's proxies, the worker.
-HELPERS = ("repo_wire.py", "repo_strict.py", "repo_proxy.py", "repo_worker.py")
+HELPERS = ("repo_wire.py", "repo_strict.py", "repo_proxy.py", "repo_worker.py", "agent_jail.py")
 
 
 # -- the declared artifacts ---------------------------------------------------------------
@@ -301,7 +303,10 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
 
     non_dumpable()
     proxy = sys.modules["repo_proxy"]
-    remote = proxy.Remote(worker["program"], workdir, worker["sources"], float(worker["timeout_s"]))
+    remote = proxy.Remote(
+        worker["program"], workdir, worker["sources"], float(worker["timeout_s"]),
+        config=worker["config"],
+    )  # fmt: skip
     proxy.install(remote, guard.inside, trusted)
     trusted_code: list[types.CodeType] = []
     strict = sys.modules["repo_strict"].install_strict(trusted_code)
@@ -486,7 +491,12 @@ def load_helpers(cfg: dict[str, Any], home: str, workdir: str) -> dict[str, Any]
     # the task's own top-level names, which load from the workspace in the worker
     sources = sorted(str(n) for n in cfg.get("allowed") or ())
     timeout_s = float(cfg.get("call_timeout_s") or 30.0)
-    return {"program": os.path.join(folder, HELPERS[3]), "sources": sources, "timeout_s": timeout_s}
+    # its Landlock jail: no test file or folder of the task's, nothing of the runner's
+    tests = [*dict(cfg["files"]), *(d for d in cfg["test_dirs"] if d not in ("", "."))]
+    hidden = [home, *(os.path.join(workdir, str(rel)) for rel in tests)]
+    jail = {"jail": os.path.join(folder, HELPERS[4]), "hidden": hidden}
+    program = os.path.join(folder, HELPERS[3])
+    return {"program": program, "sources": sources, "timeout_s": timeout_s, "config": jail}
 
 
 def run(

@@ -9,7 +9,10 @@ worker and crosses as a reference (a handle), which the test process can only ha
 One message a line: a JSON array. A value is a tagged array: ``["n"]`` None, ``["b", x]``,
 ``["i", x]``, ``["f", float.hex]``, ``["c", re, im]``, ``["s", x]``, ``["y", base64]``,
 ``["Y", base64]`` (bytearray), ``["l" | "t" | "S" | "F", [values]]`` (list, tuple, set,
-frozenset), ``["d", [[key, value], …]]``; the other tags (handles, modules, exception
+frozenset), ``["d", [[key, value], …]]``, ``["j", value]`` (a list or dict holding only
+lists, dicts with string keys, str, int, float, bool and None: the JSON value itself, which
+the JSON decoder already builds as fresh builtin objects, so a large plain argument or
+result costs no walk of ours on the way in); the other tags (handles, modules, exception
 classes, a fresh sentinel) are each side's own (`ref` and `deref` below).
 """
 
@@ -55,12 +58,29 @@ def encode(value: object, ref: Callable[[object], list[Any]], depth: int = 0) ->
     if kind is bytes or kind is bytearray:
         tag = "y" if kind is bytes else "Y"
         return [tag, base64.b64encode(value).decode("ascii")]  # type: ignore[arg-type]
+    if (kind is list or kind is dict) and _json_only(value, depth):
+        return ["j", value]
     if kind in SEQUENCES:
         return [SEQUENCES[kind], [encode(x, ref, depth + 1) for x in value]]  # type: ignore[attr-defined]
     if kind is dict:
         items = value.items()  # type: ignore[attr-defined]
         return ["d", [[encode(k, ref, depth + 1), encode(v, ref, depth + 1)] for k, v in items]]
     return ref(value)
+
+
+def _json_only(value: object, depth: int) -> bool:
+    """Whether `value` is made of JSON's own types only (exact types; string keys)."""
+    if depth > MAX_DEPTH:
+        return False
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return True
+    if kind is list:
+        return all(_json_only(x, depth + 1) for x in value)  # type: ignore[attr-defined]
+    if kind is dict:
+        items = value.items()  # type: ignore[attr-defined]
+        return all(type(k) is str and _json_only(v, depth + 1) for k, v in items)
+    return False
 
 
 def decode(node: object, deref: Callable[[list[Any]], object], depth: int = 0) -> Any:
@@ -70,6 +90,8 @@ def decode(node: object, deref: Callable[[list[Any]], object], depth: int = 0) -
     tag, args = node[0], node[1:]
     if tag == "n" and not args:
         return None
+    if tag == "j" and len(args) == 1 and type(args[0]) in (list, dict):
+        return args[0]  # built by the JSON decoder from this message alone
     if len(args) == 1 and (tag, type(args[0])) in (("b", bool), ("s", str), ("i", int)):
         return {"b": bool, "s": str, "i": int}[tag](args[0])
     if tag == "f" and len(args) == 1 and isinstance(args[0], str):
@@ -88,7 +110,7 @@ def decode(node: object, deref: Callable[[list[Any]], object], depth: int = 0) -
                 raise WireError("not a dict item of the protocol")
             out[decode(pair[0], deref, depth + 1)] = decode(pair[1], deref, depth + 1)
         return out
-    if isinstance(tag, str) and tag not in ("n", "b", "s", "i", "f", "c", "y", "Y", "d"):
+    if isinstance(tag, str) and tag not in ("n", "b", "s", "i", "f", "c", "y", "Y", "d", "j"):
         return deref(node)
     raise WireError(f"not a value of the protocol (tag {str(tag)[:20]!r})")
 
@@ -123,19 +145,22 @@ class Reader:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         poller = select.poll()
         poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        while b"\n" not in self.buffer:
-            if len(self.buffer) > MAX_LINE:
+        chunks, size = [self.buffer], len(self.buffer)
+        while b"\n" not in chunks[-1]:  # each chunk is searched once (a large message)
+            if size > MAX_LINE:
                 raise WireError(f"a message over {MAX_LINE} bytes")
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                self.buffer = b"".join(chunks)
                 raise TimeoutError
             if not poller.poll(None if left is None else max(1, int(left * 1000))):
                 continue
             chunk = os.read(self.fd, 1 << 20)
             if not chunk:
                 raise EOFError
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
+            chunks.append(chunk)
+            size += len(chunk)
+        line, _, self.buffer = b"".join(chunks).partition(b"\n")
         try:
             return json.loads(line)
         except (ValueError, RecursionError):

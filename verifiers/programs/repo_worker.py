@@ -12,6 +12,12 @@ object is counted (an always-equal object). The tests' tooling (pytest, pluggy) 
 the code's: importing it fails. An exception goes back described (its name, its nearest
 builtin base, its arguments where they are plain); SystemExit and KeyboardInterrupt end
 this process, as they would end a program.
+
+Where the config names a jail (agent_jail.py) and hidden paths (the tests, the verifier's
+files, the runner's folder), this process confines itself with Landlock once its own
+modules are loaded and before any of the agent's: the code cannot open them, nor the
+memory, descriptors or environment of processes outside its domain. Also the worker of an
+imported ``test.sh`` task's tests (pytest_boot.py), whose modules it may load by file.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from __future__ import annotations
 import builtins
 import importlib
 import importlib.machinery
+import importlib.util
 import json
+import marshal
 import operator
 import os
 import sys
@@ -170,8 +178,14 @@ class Worker:
     def answer(self, request: list[Any]) -> Any:
         """The result of one request (raises what the code under test raised)."""
         op, args = request[0], request[1:]
-        if op == "import" and len(args) == 1:
+        if op == "import" and len(args) in (1, 2):
+            for folder in args[1] if len(args) == 2 and isinstance(args[1], list) else ():
+                if isinstance(folder, str) and folder not in sys.path:
+                    sys.path.append(folder)  # where the tests found it (their sys.path)
             return importlib.import_module(str(args[0]))
+        if op == "load" and len(args) == 2:  # importlib.util.spec_from_file_location
+            load_file(str(args[0]), str(args[1]))
+            return None
         if op == "resolve" and len(args) == 1 and isinstance(args[0], list) and args[0]:
             obj: Any = importlib.import_module(str(args[0][0]))
             for attr in args[0][1:]:
@@ -191,14 +205,27 @@ class Worker:
             fn = self.value(args[0])
             call_args = self.value(args[1])
             kwargs = {str(k): self.value(v) for k, v in args[2]}
+            # what it was given, as bytes (marshal: exact builtin types, in C)
+            sent: dict[int | str, bytes | None] = {i: _image(a) for i, a in enumerate(call_args)}
+            sent |= {k: _image(v) for k, v in kwargs.items()}
             result = fn(*call_args, **kwargs)
             # the plain containers it was given, as the call left them (written back there)
-            after = [[i, a] for i, a in enumerate(call_args) if type(a) in MUTABLE]
-            after += [[k, v] for k, v in kwargs.items() if type(v) in MUTABLE]
+            # (only those it changed: a large argument does not cross twice for nothing)
+            after = [[i, a] for i, a in enumerate(call_args) if self._changed(a, sent[i])]
+            after += [[k, v] for k, v in kwargs.items() if self._changed(v, sent[k])]
             return (result, after)
         if op == "op" and len(args) == 2 and args[0] in OPS and isinstance(args[1], list):
             return OPS[args[0]](*[self.value(a) for a in args[1]])
         raise WireError(f"no such request {str(op)[:20]!r}")
+
+    @staticmethod
+    def _changed(value: object, sent: bytes | None) -> bool:
+        """Whether `value`, a plain container the call received (`sent`: its image then),
+        may differ now (anything that is not plain data counts as changed)."""
+        if type(value) not in MUTABLE:
+            return False
+        now = _image(value)
+        return now is None or now != sent
 
     def events(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -264,6 +291,45 @@ def describe_class(cls: type) -> dict[str, Any]:
     return {"module": str(cls.__module__), "qualname": str(cls.__qualname__), "builtin": builtin}
 
 
+def _image(value: object) -> bytes | None:
+    """`value`'s marshal bytes (exact builtin types only), None where it has others."""
+    if type(value) not in MUTABLE:
+        return None
+    try:
+        return marshal.dumps(value)
+    except ValueError:
+        return None
+
+
+def load_file(name: str, path: str) -> None:
+    """Module `name` from the file at `path` (a test that loads the agent's file by path)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"palaestra: no module at {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+
+
+def jail(cfg: dict[str, Any], workdir: str) -> None:
+    """Landlock this process before any of the agent's code loads (see the module doc)."""
+    path = cfg.get("jail")
+    if not path:
+        return
+    spec = importlib.util.spec_from_file_location("palaestra_agent_jail", str(path))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    hidden = [str(h) for h in cfg.get("hidden") or () if str(h).startswith("/")]
+    why = module.confine(hidden, [], (workdir,))
+    if why:
+        sys.stderr.write(f"palaestra: {why}; the code under test runs unconfined\n")
+
+
 def find_class(desc: dict[str, Any]) -> type:
     """An exception class the test process names (a builtin, or one of the code's)."""
     module, qualname = str(desc.get("module")), str(desc.get("qualname"))
@@ -283,6 +349,7 @@ def main() -> None:
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(workdir)]
     sys.path.append(workdir)
     os.chdir(workdir)
+    jail(cfg, workdir)
     worker = Worker(workdir, tooling)
     worker.serve(int(cfg["in"]), int(cfg["out"]))
 

@@ -28,10 +28,11 @@ Modes:
   verifier's Python (pytest, its scripts, ``-c`` code) starts under import_guard.py (no
   workspace module stands in for the standard library or the test tooling), pytest under
   the monitor of pytest_boot.py (exit 0 only for a session that reached its end with every
-  test passed), and a program of the agent's under agent_jail.py (Landlock: it cannot open
-  the verifier's files, logs, wrappers or HOME). Where the verifier image has uv
-  (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it offline, a pytest it runs
-  under the same guard and monitor.
+  test passed; the agent's modules its tests import run in a jailed worker behind
+  proxies, `WORKER_PROGRAMS`), and a program of the agent's under agent_jail.py
+  (Landlock: it cannot open the verifier's files, logs, wrappers or HOME). Where the
+  verifier image has uv (images/verifier/), `uv`/`uvx` wrappers (uv_boot.py) run it
+  offline, a pytest it runs under the same guard and monitor.
 """
 
 import contextlib
@@ -58,6 +59,8 @@ TOOLS_UV = "/opt/palaestra-verifier/bin/uv"
 TOOLS_WHEELS = "/opt/palaestra-verifier/wheels"
 # uv's installer, which standard test scripts run and then source; offline it cannot run.
 UV_ENV_FILE = "# palaestra: uv is preinstalled in the verifier image; nothing to add\n"
+# The worker of pytest_boot.py's proxies, beside the wrappers (hidden from the agent's code).
+WORKER_PROGRAMS = ("repo_wire.py", "repo_proxy.py", "repo_worker.py", "agent_jail.py")
 MAX_RESULTS_FILE = 8 * 1024 * 1024
 MAX_REPORTS = 20  # CTRF / JUnit files read a run
 MAX_RESULT_NAMES = 200  # test files counted a run (the rest are summed under "…")
@@ -346,6 +349,11 @@ def write_wrappers(bindir: str, real: str, path: str, boot: dict[str, str]) -> N
         with open(os.path.join(bindir, name), "w") as f:
             f.write(text)
         os.chmod(os.path.join(bindir, name), 0o755)
+    # what pytest_boot.py starts for the agent's code the tests import (repo_worker.py)
+    os.makedirs(os.path.join(bindir, "worker"), exist_ok=True)
+    for name in WORKER_PROGRAMS:
+        with open(os.path.join(bindir, "worker", name), "w") as f:
+            f.write(boot[name])
 
 
 def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
@@ -377,6 +385,7 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     env["PALAESTRA_PYTHON"] = real or ""
     env.update(VERIFIER_DIR=vdir, VERIFIER_LOGS=logs)
     env["PALAESTRA_PYTEST_INI"] = os.path.join(bindir, "pytest.ini")
+    env["PALAESTRA_CALL_TIMEOUT"] = str(cfg.get("call_timeout_s") or 600)
     # What agent_jail.py keeps every program of the agent's from opening.
     env.update(PALAESTRA_HIDDEN=":".join((vdir, logs, bindir, home)), PALAESTRA_AGENT_TMP=agent_tmp)
     if not os.path.isdir(workdir):

@@ -216,9 +216,10 @@ def test_pack_check_on_bwrap(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["ok"] and report["problems"] == []
     # 3 tasks x (oracle, rerun, null) + 3 terminal cheats and the library's shell classes
-    # each + 2 more and the repository cheats on the repository task
+    # each + 2 more and the repository cheats on the repository task + boot-forge on the
+    # two test-script tasks
     n = len(generic.NAMES)
-    episodes = 3 * 3 + 3 * (3 + n) + 2 + len(repo_cheats.NAMES)
+    episodes = 3 * 3 + 3 * (3 + n) + 2 + len(repo_cheats.NAMES) + 2
     assert report["checked"] == 3 and report["episodes"] == episodes
     assert [r["task"] for r in report["results"]] == ["csv-sum", "fix-calc", "word-count"]
     for row in report["results"]:

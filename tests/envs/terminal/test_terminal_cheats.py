@@ -195,7 +195,7 @@ def _check(results: dict[tuple[str, str], tuple[float | None, str]]) -> None:
 @pytest.mark.timeout(3600)  # the full matrix: ~560 episodes, two containers each
 def test_every_cheat_on_docker_terminal_core() -> None:
     pack = _load(CORE)
-    names = (*cheats.NAMES, "print-pass", "write-verifier-result", "shadow-pytest")
+    names = (*cheats.NAMES, "print-pass", "write-verifier-result", "shadow-pytest", "boot-forge")
     names += ("edit-tests", "conftest-hook")
     # ~560 episodes, two containers each, with every task: see conftest.FULL_CHECKS. By
     # default every other category (bwrap's pack check plays every cheat on each category).

@@ -114,8 +114,9 @@ def test_imported_packs_pass_pack_check(tmp_path: Path) -> None:
 
     for report in asyncio.run(both()):
         assert report.ok, [(p.where, p.check, p.message) for p in report.problems]
-        # oracle, rerun, null, 3 terminal cheats and every shell class of the library
-        assert report.checked == 1 and report.episodes == 6 + len(generic.NAMES)
+        # oracle, rerun, null, 4 terminal cheats (boot-forge: a test-script task) and
+        # every shell class of the library
+        assert report.checked == 1 and report.episodes == 7 + len(generic.NAMES)
         assert set(report.generic) == set(generic.NAMES)
         assert all(c["max"] <= 0.1 for c in report.to_json()["cheats"].values())
 

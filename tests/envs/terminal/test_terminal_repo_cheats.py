@@ -53,7 +53,8 @@ NOTES = {
     "sys-exit": "the code under test ended its own process (exit status 0)",
     "always-equal": "claims to equal anything",
     "forge-channel": "the code under test ended its own process (exit status 0)",
-    "forge-report": "the code under test wrote something that is not an answer",
+    # its fallback reads the test files: Landlock denies it in the worker
+    "forge-report": "failed to import textkit: PermissionError",
 }
 
 
@@ -123,16 +124,15 @@ async def test_repo_attacks_score_zero_and_correct_work_one(backend_name: str) -
 
 
 PROBE = Path(__file__).resolve().parents[2] / "fixtures" / "repo-worker"
-PROBE_IDS = [
-    f"tests/test_probe.py::{name}"
-    for name in ("test_reach", "test_death", "test_after_death", "test_hang", "test_after_hang")
-]
+PROBE_TESTS = ("reach", "peek", "death", "after_death", "hang", "after_hang")
+PROBE_IDS = [f"tests/test_probe.py::test_{name}" for name in PROBE_TESTS]
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 async def test_the_worker_reaches_nothing_of_the_test_process(backend_name: str) -> None:
     """The agent's code runs in a worker that holds only its two pipes and can open no
-    descriptor, memory or environment of the test process or the runner; a worker that
+    descriptor, memory or environment of the test process or the runner, nor read the
+    task's test files or the runner's HOME (Landlock); a worker that
     ends itself or hangs fails its test only, and the next test gets a fresh one (module
     names looked up again)."""
     backend = _backend(backend_name)
@@ -143,6 +143,7 @@ async def test_the_worker_reaches_nothing_of_the_test_process(backend_name: str)
     finally:
         await backend.aclose()
     feedback = run.feedback()
-    assert run.sets[0].passed == 3, feedback  # test_reach, test_after_death, test_after_hang
+    # test_reach, test_peek (Landlock: no test file, no runner file), test_after_*
+    assert run.sets[0].passed == 4, feedback
     assert "the code under test ended its own process (exit status 3)" in feedback, feedback
     assert "the code under test did not answer within 10 s (killed)" in feedback, feedback
