@@ -198,7 +198,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the modules holding `slow` tests first, the most slow tests first; the others
     keep their order. `--dist loadfile` hands modules out in this order, so the suite ends
     on short modules instead of one worker idling while the other plays a long one (longest
-    work first). Every worker sorts the same collection the same way."""
+    work first). Every worker sorts the same collection the same way. A test with a
+    `docker` parameter is marked slow here (the fast tier never waits on a container)."""
+    for item in items:
+        # a `docker` parameter is the slow tier's, whichever module forgot to mark it
+        callspec = getattr(item, "callspec", None)  # set on parametrized tests only
+        if callspec is not None and "docker" in callspec.params.values():
+            item.add_marker(pytest.mark.slow)
     slow: dict[str, int] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]

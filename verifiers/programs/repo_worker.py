@@ -296,7 +296,7 @@ def _image(value: object) -> bytes | None:
     if type(value) not in MUTABLE:
         return None
     try:
-        return marshal.dumps(value)
+        return marshal.dumps(value)  # type: ignore[arg-type]  # ValueError if not plain
     except ValueError:
         return None
 

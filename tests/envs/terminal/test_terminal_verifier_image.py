@@ -158,6 +158,7 @@ async def _play(
     return reply.info["verdict"]  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 @docker_only
 async def test_verifier_images_score_oracle_null_and_planted_results(
     pack: Path, images: dict[str, str], manager: EpisodeManager
@@ -225,6 +226,7 @@ def test_runner_reads_reports_and_named_rewards(tmp_path: Path) -> None:
     assert len(files) == 201 and files["…"] == [50, 0, 50]
 
 
+@pytest.mark.slow
 @docker_only
 async def test_tools_image_as_a_bwrap_rootfs(pack: Path, tmp_path: Path) -> None:
     """The same image unpacked as bwrap's rootfs "verifier": the standard script runs there
@@ -259,6 +261,7 @@ async def test_tools_image_as_a_bwrap_rootfs(pack: Path, tmp_path: Path) -> None
     assert null["reward"] == 0.0 and null["status"] == "ok", null["feedback"]
 
 
+@pytest.mark.slow
 @docker_only
 def test_images_verifiers_builds_each_declared_image(tmp_path: Path) -> None:
     """`palaestra images verifiers PACK` builds what each task declares; a tests/Dockerfile
@@ -291,6 +294,7 @@ UV_FIXTURES = ("harbor-cookbook", "harbor-verifier", "terminal-bench-2")
 EXIT_0 = "printf 'import os\\nos._exit(0)\\n' > /app/deduplicate.py"
 
 
+@pytest.mark.slow
 @docker_only
 def test_uv_fixtures_pass_their_oracle_under_the_monitor(tmp_path: Path) -> None:
     from typer.testing import CliRunner
