@@ -115,6 +115,13 @@ class ProcessLimit(WorkspaceFault):
     failure = "process_limit"
 
 
+class MemoryFull(WorkspaceFault):
+    """No process can start in the sandbox: its memory limit is held by what the agent
+    left there (files in its tmpfs folders, which no OOM kill frees, or its processes)."""
+
+    failure = "oom"
+
+
 class UnreadableWorkspace(WorkspaceFault):
     """EACCES or EPERM on the workspace: permissions the agent set."""
 

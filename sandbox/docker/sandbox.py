@@ -12,7 +12,7 @@ Every exec runs as uid/gid 1000 through the wrapper of `palaestra.sandbox.docker
 whose sweep kills what the exec left, so when an exec returns nothing it started is left
 running, although ``docker exec`` itself has no way to kill what it started.  On a timeout a
 second exec runs the same sweep (it works at the pids limit too); if even that exec cannot
-start, the container is restarted (the workspace volume survives, /tmp does not).  A
+start, the container is restarted (its tmpfs workspace and /tmp are remounted empty).  A
 timed-out exec returns with ``exit_code=-9`` within about 0.1-0.3 s of its timeout.  Because
 of that sweep, execs in one sandbox run one at a time (an asyncio lock).
 
@@ -40,6 +40,7 @@ from palaestra.sandbox.base import (
     BASE_PATH,
     DEFAULT_MAX_OUTPUT,
     ExecResult,
+    MemoryFull,
     ProcessLimit,
     Sandbox,
     SandboxCreateError,
@@ -127,6 +128,7 @@ class DockerSandbox(Sandbox):
         spec = self.spec
         labels = {LABEL: self.id, **owner()}
         mb = spec.workspace_mb
+        inodes = max(8192, mb * 256)
         try:
             self.client.images.get(self.image)  # never a pull: images are built here
             self.client.volumes.create(
@@ -135,7 +137,7 @@ class DockerSandbox(Sandbox):
                 driver_opts={
                     "type": "tmpfs",
                     "device": "tmpfs",
-                    "o": f"size={mb}m,nr_inodes={max(8192, mb * 256)},uid={SANDBOX_UID},"
+                    "o": f"size={mb}m,nr_inodes={inodes},uid={SANDBOX_UID},"
                     f"gid={SANDBOX_UID},mode=0755,nosuid,nodev",
                 },
                 labels=labels,
@@ -167,7 +169,9 @@ class DockerSandbox(Sandbox):
                 labels=labels,
                 network_mode="none",
                 read_only=True,
-                tmpfs={"/tmp": f"size={mb}m,mode=1777,nosuid,nodev,exec"},  # verifier files run
+                # verifier files run from /tmp; its inodes bounded as the workspace's are
+                # (tmpfs pages and inodes are charged to the container's memory)
+                tmpfs={"/tmp": f"size={mb}m,nr_inodes={inodes},mode=1777,nosuid,nodev,exec"},
                 volumes={self._volume: {"bind": self._workdir, "mode": "rw"}},
                 mounts=mounts,
                 mem_limit=f"{spec.memory_mb}m",
@@ -513,8 +517,12 @@ class DockerSandbox(Sandbox):
     async def kill_all(self) -> None:
         if await asyncio.to_thread(self._kill_sync):
             return
-        # No exec could start (pids limit reached?): restart the container; the workspace
-        # volume survives.
+        # No exec could start. Memory held by the agent's files: a restart would remount
+        # the tmpfs workspace empty (its work lost), so that is the agent's fault instead.
+        if isinstance(fault := await self.agent_fault(), MemoryFull):
+            raise fault
+        # Otherwise (the pids limit reached?): restart the container (its processes end;
+        # the workspace's files are lost with its tmpfs, /tmp's too).
         try:
             await asyncio.to_thread(self._container.restart, timeout=0)
             await self.attach_listener()
@@ -536,7 +544,7 @@ class DockerSandbox(Sandbox):
                 f"no process can start: {current} of the sandbox's {self.spec.pids} processes "
                 "are the agent's own (kill its background processes)"
             )
-        return None
+        return memory_fault(stats.get("memory_stats") or {}, self.spec.memory_mb)
 
     # ---- files (palaestra.sandbox.docker.files) --------------------------------------------
 
@@ -563,3 +571,27 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
         await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()
+
+
+def memory_fault(memory: dict[str, Any], limit_mb: int) -> MemoryFull | None:
+    """The agent's fault when the container's memory is (nearly) all in use: an exec's
+    runc init is then OOM-killed before it starts ("read init-p: connection reset").
+    Files the agent wrote to its tmpfs /tmp and workspace are memory no OOM kill frees, so
+    filling them (the workspace-exhaustion cheat) voided the episode before this check.
+    `memory` is the engine's `memory_stats` (cgroup v1 or v2)."""
+    detail = memory.get("stats") or {}
+    cache = int(detail.get("inactive_file") or detail.get("total_inactive_file") or 0)
+    usage = int(memory.get("usage") or 0) - cache  # as `docker stats` counts: no idle cache
+    limit = int(memory.get("limit") or 0) or limit_mb << 20
+    if usage * 10 < limit * 9:
+        return None
+    files = int(detail.get("shmem") or detail.get("total_shmem") or 0)
+    what = (
+        f"its files in /tmp and the workspace hold {files >> 20} MiB (delete some)"
+        if files * 2 >= usage
+        else "its processes hold the rest (stop its background processes)"
+    )
+    return MemoryFull(
+        f"no process can start: {usage >> 20} of the sandbox's {limit >> 20} MiB of memory "
+        f"are in use; {what}"
+    )

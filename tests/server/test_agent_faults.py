@@ -19,6 +19,7 @@ from conftest import docker_skip_reason, make_settings
 
 from palaestra.envs.coding.family import task_solution
 from palaestra.sandbox.bwrap import bwrap_available
+from palaestra.sandbox.docker.sandbox import memory_fault
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import FAILURE_CLASSES, Action
 from palaestra.server.config import Settings
@@ -417,3 +418,50 @@ async def test_docker_terminal_odd_workspace_states_keep_a_right_answer(
     command = "echo done > out.txt; " + ODD_STATES[kind] + "; true"
     verdict, refused = await _play_on(docker_manager, "test/faults:done", [_bash(command), SUBMIT])
     assert not refused and verdict["reward"] == 1.0, verdict
+
+
+# Fill folders with files, then with empty files until no inode is left (on docker the
+# workspace and /tmp are tmpfs: their pages and inodes are the container's memory, which no
+# OOM kill frees).
+FILL = (
+    "echo done > out.txt; for d in {folders}; do for i in $(seq 40); do "
+    "head -c 8M /dev/zero > $d/fill$i 2>/dev/null || break; done; "
+    "mkdir -p $d/n && (cd $d/n && timeout 20 sh -c 'seq 600000 | xargs touch' 2>/dev/null); "
+    "done; true"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folders", ["/tmp", ". /tmp"], ids=["tmp", "workspace-and-tmp"])
+async def test_docker_memory_filled_by_the_agents_files_keeps_its_work(
+    docker_manager: EpisodeManager, folders: str
+) -> None:
+    """The workspace-exhaustion cheat voided docker episodes: /tmp's inodes were unbounded,
+    so files and inodes filled the container's memory; runc could not start the next exec
+    ("read init-p: connection reset": void), or the container was OOM-killed and restarted,
+    which remounts its tmpfs workspace empty (the agent's answer lost). Now both folders are
+    bounded well inside the memory limit: a full /tmp keeps the answer; a full workspace is
+    0 with its class where its copy for the tests is over the size (never void)."""
+    command = FILL.format(folders=folders)
+    actions = [_bash(command), *TERMINAL_TOOLS, SUBMIT]
+    verdict, refused = await _play_on(docker_manager, "test/faults:done", actions)
+    assert set(refused) <= {"workspace_full"}, refused
+    if folders == "/tmp":
+        assert verdict["reward"] == 1.0, (verdict["feedback"], refused)
+    else:
+        assert verdict["reward"] == 1.0 or verdict["failure"] in ("too_large", "workspace_full")
+
+
+def test_a_container_whose_memory_is_full_is_the_agents_fault() -> None:
+    """The diagnosis after an exec could not start: memory (less idle cache) at 90 % of the
+    limit is the agent's (`oom`), named by what holds it; cgroup v1 and v2 shapes."""
+    mib = 1 << 20
+    v2 = {"usage": 1000 * mib, "limit": 1024 * mib, "stats": {"shmem": 700 * mib}}
+    fault = memory_fault(v2, 1024)
+    assert fault is not None and fault.failure == "oom" and "files in /tmp" in str(fault)
+    v1 = {"usage": 1010 * mib, "limit": 1024 * mib, "stats": {"total_shmem": 10 * mib}}
+    fault = memory_fault(v1, 1024)
+    assert fault is not None and "its processes" in str(fault)
+    cached = {"usage": 1000 * mib, "limit": 1024 * mib, "stats": {"inactive_file": 400 * mib}}
+    assert memory_fault(cached, 1024) is None  # page cache is reclaimable: not full
+    assert memory_fault({}, 1024) is None  # no stats: nothing to blame
