@@ -119,9 +119,11 @@ class ServerProcess:
         extra_env: dict[str, str] | None = None,
         args: list[str] | None = None,
         program: Path = BIN / "palaestra",
+        prefix: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir
         self.program = program  # another install's `palaestra` (tests/install/)
+        self.prefix = list(prefix)  # runs it so, e.g. as another user (tests/users.py)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **(extra_env or {})}
@@ -147,6 +149,7 @@ class ServerProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
+                    *self.prefix,
                     str(self.program),
                     "serve",
                     "--port",

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
-import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,6 +32,7 @@ from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
 from palaestra.server.auth import ensure_admin_token
 from palaestra.server.db import Database
 from palaestra.server.store import Store
+from tests.users import as_user, closed_to_others, normal_user, why_not_root_and_user
 
 from .harness import REPO, Guard, new_marker, on_backends
 
@@ -146,46 +145,19 @@ async def test_forkserver_cannot_reach_server_files(
     assert str(data_dir) not in r.stdout.split("mounts:", 1)[1]  # not in its mount table
 
 
-def _normal_user() -> pwd.struct_passwd | None:
-    """A non-root account with a home it owns, to run the server as."""
-    for uid in (1000, 1001):
-        try:
-            user = pwd.getpwuid(uid)
-        except KeyError:
-            continue
-        home = Path(user.pw_dir)
-        if home.is_dir() and home.stat().st_uid == uid:
-            return user
-    return None
-
-
-def _private(path: Path) -> str | None:
-    """Why another uid could not read `path` (None if it can): o+x on every ancestor, o+r on
-    the path itself (o+x too where it is a directory)."""
-    path = path.resolve()
-    for part in path.parents:
-        if not part.stat().st_mode & stat.S_IXOTH:
-            return f"{part} lacks o+x"
-    mode = path.stat().st_mode
-    if not mode & stat.S_IROTH or (path.is_dir() and not mode & stat.S_IXOTH):
-        return f"{path} lacks o+r"
-    return None
-
-
 def test_server_as_a_normal_user_keeps_its_files() -> None:
     """The server runs as a normal user (bwrap unprivileged: the sandbox's host uid is the
     server's own, so only the mounts keep the files out), its data dir in that user's home."""
-    user = _normal_user()
-    if os.getuid() != 0 or user is None or shutil.which("setpriv") is None:
-        pytest.skip("needs root (to become a normal user with a home) and setpriv")
+    if why := why_not_root_and_user():
+        pytest.skip(why)
+    user = normal_user()
+    assert user is not None
     site = next(p for p in sys.path if p.endswith("site-packages") and "venv" in p)
     for needed in (PROGRAMS / "nonroot_server.py", Path(site)):
-        if why := _private(needed):
+        if why := closed_to_others(needed):
             pytest.skip(f"the checkout is private to root here: {why}")
     secret = f"s3cret-{new_marker()}"
-    argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
-    argv += ["env", "-i", f"HOME={user.pw_dir}", "PATH=/usr/bin:/bin", "/usr/bin/python3"]
-    argv += [str(PROGRAMS / "nonroot_server.py"), site]
+    argv = [*as_user(user), "/usr/bin/python3", str(PROGRAMS / "nonroot_server.py"), site]
     stdin = json.dumps({"attack": ATTACK, "secret": secret, "checkout": str(REPO)})
     done = subprocess.run(
         argv, input=stdin, capture_output=True, text=True, timeout=150, check=False, cwd="/"
