@@ -47,11 +47,19 @@ def resolve_token(token: str | None, data_dir: Path | None) -> str | None:
 
 @asynccontextmanager
 async def open_client(
-    url: str | None, token: str | None, data_dir: Path | None, *, read_only: bool = False
+    url: str | None,
+    token: str | None,
+    data_dir: Path | None,
+    *,
+    read_only: bool = False,
+    waits_for_warm: bool = False,
 ) -> AsyncIterator[AsyncClient]:
     """A client of `url`, else of an embedded server on the data dir. `read_only` (a
     command that only lists): where the data dir does not exist yet, the embedded server
-    runs on a temporary one, so listing creates nothing."""
+    runs on a temporary one, so listing creates nothing. `waits_for_warm`: the command
+    retries a `warming` reset (`reset_when_warm`), so packs not cached may warm in the
+    background (settings.background_warm); any other command gets every pack warm first
+    (a listing of a pack still warming would fail)."""
     if url:
         async with AsyncHTTPClient(url, token=resolve_token(token, data_dir)) as http:
             yield http
@@ -61,11 +69,10 @@ async def open_client(
         if read_only and not settings.data_dir.exists():
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="palaestra-list-"))
             settings = settings.model_copy(update={"data_dir": Path(tmp)})
-        # In a thread: a Ctrl-C while the packs load stops the command at once. Packs not
-        # cached warm in the background: a run of one task never waits for them.
-        manager = await asyncio.to_thread(
-            build_manager, settings, background_warm=settings.background_warm
-        )
+        # In a thread: a Ctrl-C while the packs load stops the command at once. A run of
+        # one task never waits for the packs it does not play.
+        background = waits_for_warm and settings.background_warm
+        manager = await asyncio.to_thread(build_manager, settings, background_warm=background)
         await manager.start()
         try:
             yield AsyncInProcessClient(manager)

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 from rich.table import Table
 
+from palaestra.cli.clients import reset_when_warm
 from palaestra.cli.console import console
 from palaestra.sdk.client import AsyncClient
 from palaestra.sdk.harness import LLM_CALL_TOOL, HarnessOptions, LlmCall
@@ -141,7 +142,7 @@ def report(state: EpisodeState) -> None:
 
 async def run_harness(client: AsyncClient, task: str, options: HarnessOptions) -> EpisodeState:
     """Start the harness episode, wait for its verdict, print it; the ended state."""
-    reset = await client.reset(task, options=harness_reset_options(options))
+    reset = await reset_when_warm(client, task, harness_reset_options(options))
     console.rule(f"episode {reset.episode_id} (harness {options.name})")
     try:
         await client.verify(reset.episode_id)  # waits for the harness to end

@@ -261,7 +261,7 @@ def run(
         return
 
     async def go() -> None:
-        async with open_client(url, token, data_dir) as client:
+        async with open_client(url, token, data_dir, waits_for_warm=True) as client:
             await _one_episode(client, task, policy, script)
 
     _run(go())
@@ -286,7 +286,7 @@ def _run_harness(
     async def go() -> EpisodeState:
         chosen = model or await hr.served_model(endpoint)
         options = hr.harness_options(name, endpoint, chosen, sampling, config, *limits)
-        async with open_client(*server) as client:
+        async with open_client(*server, waits_for_warm=True) as client:
             return await hr.run_harness(client, task, options)
 
     try:

@@ -123,6 +123,12 @@ def containers() -> Running:
 def sweep(rounds: int = 3) -> Running:
     """Kill every descendant process (bwrap sandboxes among them) and force-remove every
     docker container and volume this process made; what was still there."""
+    return kill_descendants(rounds) | remove_containers()
+
+
+def kill_descendants(rounds: int = 3) -> Running:
+    """SIGKILL every descendant process of this one (bwrap sandboxes among them); what was
+    running. Only for a process about to exit: a test runner's own servers die too."""
     removed = Running()
     for _ in range(rounds):  # a process forked while we killed its parent: again
         procs = descendants()
@@ -139,6 +145,12 @@ def sweep(rounds: int = 3) -> Running:
     for pid in list(descendants()):  # reap what were our own children
         with contextlib.suppress(OSError):
             os.waitpid(pid, os.WNOHANG)
+    return removed
+
+
+def remove_containers() -> Running:
+    """Force-remove every docker container and volume this process made; the containers."""
+    removed = Running()
     client = _docker_client()
     if client is not None:
         from palaestra.sandbox.docker.engine import remove_owned

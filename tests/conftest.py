@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,22 @@ door_server = server_fixture("session", packs=["echo", "humaneval"])
 @pytest.fixture(scope="session")
 def server(door_server: ServerProcess) -> ServerProcess:
     return door_server
+
+
+@pytest.fixture(autouse=True)
+def _door_server_alive(request: pytest.FixtureRequest) -> None:
+    """Start the session's door server again (with a warning) where an earlier test of
+    this worker killed it: one killer fails itself, not every later test of the worker."""
+    if "door_server" not in request.fixturenames:
+        return
+    door: ServerProcess = request.getfixturevalue("door_server")
+    proc = door.proc
+    if proc is None or proc.poll() is not None:
+        code = None if proc is None else proc.returncode
+        warnings.warn(
+            f"the session's door server had ended (exit {code}); started again", stacklevel=2
+        )
+        door.start()
 
 
 @pytest.fixture

@@ -296,7 +296,9 @@ def _image(value: object) -> bytes | None:
     if type(value) not in MUTABLE:
         return None
     try:
-        return marshal.dumps(value)  # type: ignore[arg-type]  # ValueError if not plain
+        # version 2: no object references, whose flags follow refcounts (a call that only
+        # kept references to its argument would read as a change and be written back)
+        return marshal.dumps(value, 2)  # type: ignore[arg-type]  # ValueError if not plain
     except ValueError:
         return None
 
