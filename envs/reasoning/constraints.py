@@ -49,8 +49,11 @@ ROOTS = {"polynomial_equations": "real_solutions"}
 # Expressions that must use exactly the puzzle's numbers (metadata "numbers"), however the
 # scorer pays them.
 GIVEN_NUMBERS = frozenset({"puzzle24"})
+# Words judged as the scorer judges equality (spaces dropped, lower case) whatever it pays:
+# figlet_font's 0.1 a letter in place reaches 1.0 for a wrong word of 10 letters or more.
+SAME_WORD = frozenset({"figlet_font"})
 # Datasets whose rules bind full credit as well as partial credit.
-FULL = GIVEN_NUMBERS
+FULL = GIVEN_NUMBERS | SAME_WORD
 CHECKED = frozenset(BOX) | frozenset(ALL_OR_NOTHING) | GIVEN_NUMBERS | frozenset(ROOTS)
 INTEGER = re.compile(r"\b\d+\b")
 
@@ -126,8 +129,14 @@ def _roots(answer: str, expected: Any) -> str | None:
     return None
 
 
-def breaks(dataset: str, answer: str, metadata: dict[str, Any]) -> str | None:
+def _word(text: str) -> str:
+    return text.replace(" ", "").strip().lower()  # as figlet_font's scorer compares
+
+
+def breaks(dataset: str, answer: str, metadata: dict[str, Any], expected: str = "") -> str | None:
     """Which of the puzzle's rules `answer` breaks, or None (also for datasets not checked)."""
+    if dataset in SAME_WORD and _word(answer) == _word(expected):
+        return None
     if dataset in ALL_OR_NOTHING:
         return ALL_OR_NOTHING[dataset]
     if dataset in GIVEN_NUMBERS:
