@@ -22,6 +22,9 @@ every answer is brought to one form first, and only that form is scored:
    collapsed: "-1" is not the label "1") and must
    then equal exactly one label, which is what the scorer sees. An answer holding several
    labels ("True/False", "yes and no") or anything else is wrong.
+5. Case: on CASELESS datasets an answer equal to the expected one but for case ("friday")
+   is the expected answer (calendar_arithmetic's scorer paid it 0.05, format credit that
+   is no longer paid).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ LABEL_SETS: dict[str, tuple[str, ...]] = {
     "ransom_note": ("True", "False"),
     "syllogism": ("Yes", "No"),
 }
+# Datasets whose answer is right whatever its case (their scorers pay the exact case more).
+CASELESS = frozenset({"calendar_arithmetic"})
 WRAPPERS = (
     re.compile(r"^\\boxed\{(.*)\}$", re.S),
     re.compile(r"^\\text\{(.*)\}$", re.S),
@@ -171,10 +176,12 @@ def number(text: str, expected: str) -> Canonical:
 
 
 def canonical(dataset: str, answer: str, expected: str) -> Canonical:
-    """`answer` in the one form the scorer sees (the module's rules 1-4), or refused."""
+    """`answer` in the one form the scorer sees (the module's rules 1-5), or refused."""
     text = unwrap(_plain_unicode(answer, expected), expected)
     if nonfinite(text) and not nonfinite(expected.strip()):
         return Canonical(text, "not a finite number", "nonfinite_number")
     if dataset in LABEL_SETS:
         return label(dataset, text)
+    if dataset in CASELESS and text.casefold() == expected.strip().casefold():
+        return Canonical(expected)
     return number(text, expected)

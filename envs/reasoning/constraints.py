@@ -16,7 +16,13 @@ Some rules bind full credit too (`FULL`): puzzle24's scorer checks that the expr
 ("5*5 + 4 - 5") scored 1.0 on every task; an expression must use exactly the puzzle's
 numbers. time_intervals pays closeness (1 - diff / a day, or / a month), so one constant
 duration earned 0.3 a task: a duration is exact or wrong. spell_backward pays the share of
-letters in place, so another task's word earned 0.33: the word is exact or wrong.
+letters in place, so another task's word earned 0.33: the word is exact or wrong. Scorers
+that pay format credit for any answer of the right kind are exact or wrong too (issue 31,
+invariant 4: a constant must not beat chance): calendar_arithmetic (0.1 for any weekday,
+closeness for a count), figlet_font (0.1 a letter in place), color_cube_rotation (0.01 for
+any other answer). polynomial_equations pays each root by closeness less a penalty per
+missing or extra one, so "0.0, x" earned on every equation with the root 0: partial credit
+needs every root (as many as the equation has, each within the tolerance of a distinct one).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import math
 import re
 from typing import Any
 
+from palaestra.envs.reasoning import guard
+
 # Latin-square puzzles: rows and columns hold 1..n once each, the givens are kept.
 BOX = {"sudoku": True, "mini_sudoku": True, "futoshiki": False}
 # One right answer, closeness not paid: anything else is wrong (the reason says why).
@@ -32,13 +40,21 @@ ALL_OR_NOTHING = {
     "game_of_life": "not the board the rules give",
     "time_intervals": "not the exact duration",
     "spell_backward": "not the word spelled backward",
+    "calendar_arithmetic": "not the exact day, count or answer",
+    "figlet_font": "not the word the font draws",
+    "color_cube_rotation": "not the colour of that side",
 }
+# Answers that list a polynomial's real roots (metadata key of the expected roots).
+ROOTS = {"polynomial_equations": "real_solutions"}
 # Expressions that must use exactly the puzzle's numbers (metadata "numbers"), however the
 # scorer pays them.
 GIVEN_NUMBERS = frozenset({"puzzle24"})
+# Words judged as the scorer judges equality (spaces dropped, lower case) whatever it pays:
+# figlet_font's 0.1 a letter in place reaches 1.0 for a wrong word of 10 letters or more.
+SAME_WORD = frozenset({"figlet_font"})
 # Datasets whose rules bind full credit as well as partial credit.
-FULL = GIVEN_NUMBERS
-CHECKED = frozenset(BOX) | frozenset(ALL_OR_NOTHING) | GIVEN_NUMBERS
+FULL = GIVEN_NUMBERS | SAME_WORD
+CHECKED = frozenset(BOX) | frozenset(ALL_OR_NOTHING) | GIVEN_NUMBERS | frozenset(ROOTS)
 INTEGER = re.compile(r"\b\d+\b")
 
 
@@ -93,12 +109,40 @@ def _given_numbers(answer: str, metadata: dict[str, Any]) -> str | None:
     return None
 
 
-def breaks(dataset: str, answer: str, metadata: dict[str, Any]) -> str | None:
+def _roots(answer: str, expected: Any) -> str | None:
+    """Every root once, none else: as many values (read as the scorer reads them, comma-
+    separated, the unreadable ignored) as the equation has roots, each within the guard's
+    tolerance of its own root (sorted, the closest pairing on a line)."""
+    if not isinstance(expected, list):
+        return None
+    got = []
+    for piece in answer.split(","):
+        try:
+            got.append(float(piece.strip()))
+        except ValueError:
+            continue
+    if len(got) != len(expected):
+        return "not as many roots as the equation has"
+    for value, root in zip(sorted(got), sorted(float(r) for r in expected), strict=True):
+        if not abs(value - root) <= guard.NUMBER_REL_TOL * max(1.0, abs(root)):
+            return "a root that is not one of the equation's"
+    return None
+
+
+def _word(text: str) -> str:
+    return text.replace(" ", "").strip().lower()  # as figlet_font's scorer compares
+
+
+def breaks(dataset: str, answer: str, metadata: dict[str, Any], expected: str = "") -> str | None:
     """Which of the puzzle's rules `answer` breaks, or None (also for datasets not checked)."""
+    if dataset in SAME_WORD and _word(answer) == _word(expected):
+        return None
     if dataset in ALL_OR_NOTHING:
         return ALL_OR_NOTHING[dataset]
     if dataset in GIVEN_NUMBERS:
         return _given_numbers(answer, metadata)
+    if dataset in ROOTS:
+        return _roots(answer, metadata.get(ROOTS[dataset]))
     if dataset not in BOX:
         return None
     puzzle = metadata.get("puzzle")

@@ -212,7 +212,8 @@ def score_answer(task: Task, answer: str | None) -> Scored:
         return Scored(0.0, "the scorer could not read the answer")
     reward = min(1.0, max(0.0, reward)) if math.isfinite(reward) else 0.0
     if 0.0 < reward < PASS_THRESHOLD or (reward > 0.0 and args[0] in constraints.FULL):
-        broken = constraints.breaks(args[0], answer, entry.get("metadata") or {})
+        metadata = entry.get("metadata") or {}
+        broken = constraints.breaks(args[0], answer, metadata, str(entry["answer"]))
         if broken is not None:
             return Scored(0.0, f"incorrect (breaks the puzzle's rules: {broken})", "breaks_rules")
     question = str(entry.get("question") or public.question)

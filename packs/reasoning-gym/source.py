@@ -16,7 +16,8 @@ and a task id do not give its answer.
 
 Generating the ~1,900 tasks takes ~10-20 s, so the tasks are cached as JSON lines under
 `$PALAESTRA_CACHE` (default `~/.cache/palaestra`)/packs/, keyed by the reasoning-gym
-version and the bytes of this file and of the family's generator module; a server start
+version and the bytes of this file, of pack.toml (its version) and of the family's modules
+that pick the tasks (gym, canon, skew); a server start
 with a warm cache reads the file and never imports reasoning-gym.
 """
 
@@ -30,7 +31,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +49,18 @@ SPLIT_SEED_BASE = {"train": 0, "heldout": HELDOUT_SEED_START}
 LEVEL_SEED_STRIDE = 1_000_000  # each level's seeds start at base + slot * stride
 # Each level's tasks are drawn from a pool this many times its size, the least-used answer
 # first over the domain, so that no constant answer earns more than its share
-# (envs/reasoning/skew.py: ≤ 1/k + 0.05 for k answers, ≤ 0.1 where answers are open-ended).
-# The passes read the pool lazily: a domain whose answers are mostly distinct reads about
-# as many entries as it draws.
-POOL = 16
+# (envs/reasoning/skew.py: ≤ 1/k + 0.05 for k answers, 1/n + 0.05 where answers are
+# open-ended). A level whose first SPREAD * size entries give `size` answers the domain
+# lacks reads no more (most domains); any other reads its whole pool and takes the answers
+# the domain's pools give least often first (balanced_indices).
+POOL = 64
+SPREAD = 2
+# Datasets whose generation is too slow to read a whole pool: their levels read the first
+# SHALLOW_POOL * size entries of it.
+SHALLOW: dict[str, str] = {
+    "zebra_puzzles": "~50 ms an entry (its answers, 2-4 names, all show in the first entries)",
+}
+SHALLOW_POOL = 16
 
 SKIP: dict[str, str] = {
     "composite": "a mixture of other datasets (needs a list of datasets), not a dataset itself",
@@ -136,7 +146,8 @@ def split_seed(
 
 class Drawn:
     """What a domain's tasks drawn so far hold: answer key -> tasks, their questions and
-    answers, and (level, seed, size, index) of each. (A plain class: the pack loader and
+    answers, (level, seed, size, index) of each, and answer key -> entries of the pools
+    read whole (`seen`, balanced_indices). (A plain class: the pack loader and
     tests exec this file without registering it as a module, which dataclasses need.)"""
 
     def __init__(
@@ -145,11 +156,13 @@ class Drawn:
         questions: set[str] | None = None,
         answers: list[str] | None = None,
         refs: list[tuple[str, int, int, int]] | None = None,
+        seen: Counter[str] | None = None,
     ) -> None:
         self.counts = counts or {}
         self.questions = questions or set()
         self.answers = answers or []
         self.refs = refs or []
+        self.seen = seen or Counter()
 
     def add(self, question: str, answer: str, ref: tuple[str, int, int, int] | None = None) -> None:
         key = skew.answer_key(answer)
@@ -161,10 +174,16 @@ class Drawn:
 
     def restore(self, saved: Drawn) -> None:
         self.counts, self.questions = saved.counts, saved.questions
-        self.answers, self.refs = saved.answers, saved.refs
+        self.answers, self.refs, self.seen = saved.answers, saved.refs, saved.seen
 
     def copy(self) -> Drawn:
-        return Drawn(dict(self.counts), set(self.questions), list(self.answers), list(self.refs))
+        return Drawn(
+            dict(self.counts),
+            set(self.questions),
+            list(self.answers),
+            list(self.refs),
+            Counter(self.seen),
+        )
 
 
 def solved_by_drawn(name: str, level: str, seed: int, pool: int, index: int, drawn: Drawn) -> bool:
@@ -190,26 +209,28 @@ def admitted(name: str, entry: dict[str, Any]) -> bool:
     return rule is None or rule(entry)
 
 
-def balanced_indices(
-    name: str, level: str, seed: int, pool: int, size: int, drawn: Drawn
-) -> list[int]:
-    """`size` entry indices of the pool (seed, pool) whose answers are the least used so
-    far in the domain (`drawn`, updated), none asking a question the domain already asks.
+def _fresh_key(name: str, level: str, seed: int, pool: int, index: int, drawn: Drawn) -> str | None:
+    """The entry's answer key, or None when it may not be drawn (not admitted, or a question
+    the domain already asks)."""
+    entry = gym.entry(name, level, seed, pool, index)
+    if entry["question"] in drawn.questions or not admitted(name, entry):
+        return None
+    return skew.answer_key(str(entry["answer"]))
 
-    Passes over the pool in index order: pass t takes each admitted entry whose answer (by
-    skew.answer_key) has at most t tasks so far, until `size` are taken. Deterministic for
-    a seed; only as many entries are generated as the passes read (most domains: about
-    `size`); a constant answer then holds ⌈n/k⌉ of a domain's n tasks when the pool has k
-    answers. A pool with fewer new questions than `size` gives what it has."""
+
+def _passes(
+    name: str, level: str, seed: int, pool: int, size: int, drawn: Drawn, order: Iterable[int]
+) -> tuple[list[int], int]:
+    """(indices taken, the last pass): pass t reads the pool in `order` and takes each entry
+    whose answer has at most t tasks in the domain so far (`drawn`, updated), until `size`."""
+    order = list(order) if not isinstance(order, range) else order
     keys: dict[int, str | None] = {}  # None: not admitted, or a question already asked
     chosen: list[int] = []
     most = 0
     while len(chosen) < size and most <= size + max(drawn.counts.values(), default=0):
-        for index in range(pool):
+        for index in order:
             if index not in keys:
-                entry = gym.entry(name, level, seed, pool, index)
-                fresh = entry["question"] not in drawn.questions and admitted(name, entry)
-                keys[index] = skew.answer_key(str(entry["answer"])) if fresh else None
+                keys[index] = _fresh_key(name, level, seed, pool, index, drawn)
             key = keys[index]
             if key is None or drawn.counts.get(key, 0) > most:
                 continue
@@ -223,8 +244,48 @@ def balanced_indices(
             keys[index] = None
             drawn.add(entry["question"], str(entry["answer"]), (level, seed, pool, index))
             if len(chosen) == size:
-                return sorted(chosen)
+                return chosen, most
         most += 1
+    return chosen, most
+
+
+def rarest_first(name: str, level: str, seed: int, pool: int, size: int, drawn: Drawn) -> list[int]:
+    """The pool's drawable indices (of a SHALLOW dataset, the first SHALLOW_POOL * size), those
+    whose answer the domain's pools read so far give least often first (ties in index
+    order). The answers read are added to `drawn.seen`."""
+    reach = min(pool, SHALLOW_POOL * size) if name in SHALLOW else pool
+    keys = {i: _fresh_key(name, level, seed, pool, i, drawn) for i in range(reach)}
+    drawn.seen.update(key for key in keys.values() if key is not None)
+    drawable = [i for i, key in keys.items() if key is not None]
+    return sorted(drawable, key=lambda i: (drawn.seen[keys[i]], i))
+
+
+def balanced_indices(
+    name: str, level: str, seed: int, pool: int, size: int, drawn: Drawn
+) -> list[int]:
+    """`size` entry indices of the pool (seed, pool) whose answers are the least used so
+    far in the domain (`drawn`, updated), none asking a question the domain already asks.
+
+    Passes over the pool (`_passes`): pass t takes each admitted entry whose answer (by
+    skew.answer_key) has at most t tasks so far, until `size` are taken; a constant answer
+    then holds about n/k of a domain's n tasks when its pools have k answers. The passes
+    read the pool lazily in index order, and a level whose first SPREAD * size entries give
+    `size` answers the domain lacks (most domains: answers rarely repeat) stops there.
+    Otherwise the domain's answers come from a small set, and from then on (this level, its
+    later levels and the held-out draw) each pool is read whole and the passes take first
+    the answers the domain's pools give least often: a rare answer is drawn while a level
+    can give it, and common ones are left to the levels and the held-out draw that come
+    later (largest_island's easy grids give 5-10 cells, 6 in 1% of them, and its hard ones
+    10 as rarely). Deterministic for a seed. A pool with fewer new questions than `size`
+    gives what it has."""
+    if not drawn.seen:
+        before = drawn.copy()
+        chosen, last = _passes(name, level, seed, pool, size, drawn, range(SPREAD * size))
+        if len(chosen) == size and last == 0 and max(chosen) < SPREAD * size:
+            return sorted(chosen)
+        drawn.restore(before)
+    order = rarest_first(name, level, seed, pool, size, drawn)
+    chosen, _ = _passes(name, level, seed, pool, size, drawn, order)
     if not chosen:
         raise ValueError(f"the pool of {pool} entries has no question the domain lacks")
     return sorted(chosen)  # a small problem space: fewer tasks than asked
@@ -366,7 +427,12 @@ def _report(problems: dict[str, str]) -> None:
 
 def cache_key() -> str:
     h = hashlib.sha256(gym.rg_version().encode() + b"\0")
-    for path in (Path(__file__), *(Path(m.__file__) for m in (gym, canon, skew))):
+    here = Path(__file__)
+    for path in (
+        here,
+        here.with_name("pack.toml"),
+        *(Path(m.__file__) for m in (gym, canon, skew)),
+    ):
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()[:24]
 

@@ -251,7 +251,7 @@ def test_family_cheats_at_most_the_floor(reasoning_tasks: list[Task]) -> None:
 
 def sokoban_echo_task(like: Task) -> Task:
     """sokoban hard entry 0 of (seed 1000000, size 6), a task of pack 1.1.0: reasoning-gym's
-    scorer solves it with its own question sent back (1.2.0's draw holds no such task)."""
+    scorer solves it with its own question sent back (the draws since 1.2.0 hold no such task)."""
     rebuild = ("sokoban", "hard", 1_000_000, 6, 0)
     entry = gym.entry(*rebuild)
     private = {**like.private, "level": "hard", "seed": 1_000_000, "size": 6, "index": 0}
