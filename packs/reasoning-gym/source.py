@@ -210,9 +210,13 @@ def admitted(name: str, entry: dict[str, Any]) -> bool:
 
 
 def _fresh_key(name: str, level: str, seed: int, pool: int, index: int, drawn: Drawn) -> str | None:
-    """The entry's answer key, or None when it may not be drawn (not admitted, or a question
-    the domain already asks)."""
-    entry = gym.entry(name, level, seed, pool, index)
+    """The entry's answer key, or None when it may not be drawn (not admitted, a question
+    the domain already asks, or one its generator fails to make: tsumego's "Failed to
+    generate a capture problem" at some indices, which a pool read whole meets)."""
+    try:
+        entry = gym.entry(name, level, seed, pool, index)
+    except Exception:  # the dataset's own generator: any error means "not this entry"
+        return None
     if entry["question"] in drawn.questions or not admitted(name, entry):
         return None
     return skew.answer_key(str(entry["answer"]))
@@ -314,15 +318,10 @@ def _split_tasks(
         mine: list[dict[str, Any]] = []
         before = drawn.copy()
         try:
-            ds = gym.dataset(name, level, seed, pool)
-            indices = balanced_indices(name, level, seed, pool, size, drawn)
+            indices = _scoring_draw(name, level, seed, pool, size, drawn)
             for ordinal, index in enumerate(indices):
                 entry = gym.entry(name, level, seed, pool, index)
                 answer = entry["answer"]
-                if not isinstance(answer, str):
-                    raise ValueError(f"answer is {type(answer).__name__}, not str")
-                if ds.score_answer(answer=answer, entry=entry) != 1.0:
-                    raise ValueError(f"reference answer does not score 1.0 (index {index})")
                 tail = str(seed + index) if split == "train" else f"h{ordinal}"
                 mine.append(
                     {
@@ -353,6 +352,33 @@ def _split_tasks(
             continue
         tasks.extend(mine)
     return tasks
+
+
+REDRAWS = 8  # draws of a level that may meet entries whose own answer does not score 1.0
+
+
+def _scoring_draw(
+    name: str, level: str, seed: int, pool: int, size: int, drawn: Drawn
+) -> list[int]:
+    """balanced_indices, drawn again without the entries whose reference answer is not a
+    string scoring 1.0 (tsumego's scorer refuses some of its own answers): the rarest-first
+    order reaches deep into a pool, so one such entry must not cost the level its tasks."""
+    ds = gym.dataset(name, level, seed, pool)
+    start, excluded = drawn.copy(), set[str]()
+    for _ in range(REDRAWS):
+        drawn.restore(start.copy())
+        drawn.questions |= excluded
+        indices = balanced_indices(name, level, seed, pool, size, drawn)
+        bad = set()
+        for index in indices:
+            entry = gym.entry(name, level, seed, pool, index)
+            answer = entry["answer"]
+            if not isinstance(answer, str) or ds.score_answer(answer=answer, entry=entry) != 1.0:
+                bad.add(entry["question"])
+        if not bad:
+            return indices
+        excluded |= bad
+    raise ValueError(f"{len(excluded)} drawn entries' own answers do not score 1.0")
 
 
 def build_train(
