@@ -24,6 +24,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,24 @@ def _make_base(base: Path) -> None:
             f"{base} belongs to another user or is writable by others; palaestra serves its "
             "sandbox programs only from a folder it owns: remove it, or start as its owner"
         )
+    # A folder above it that someone else may change lets them rename `base` away and plant
+    # another copy at the same path (/tmp/palaestra-<uid> made first by another user).
+    for parent in base.parents:
+        if not _safe_parent(parent):
+            raise ServeError(
+                f"{parent}, a folder above {base}, belongs to another user or is writable by "
+                "others: they could replace palaestra's sandbox programs; remove it, or start with "
+                "TMPDIR set to a folder of your own"
+            )
+
+
+def _safe_parent(path: Path) -> bool:
+    """Ours or root's, and writable by no one else but as a sticky folder of root's (/tmp:
+    others there cannot rename or remove what is ours)."""
+    st = os.stat(path)
+    if st.st_uid not in (0, os.geteuid()):
+        return False
+    return not st.st_mode & 0o022 or (st.st_uid == 0 and bool(st.st_mode & stat.S_ISVTX))
 
 
 def _write(base: Path, name: str, contents: dict[str, bytes]) -> Path:

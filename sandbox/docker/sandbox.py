@@ -580,8 +580,13 @@ def memory_fault(memory: dict[str, Any], limit_mb: int) -> MemoryFull | None:
     filling them (the workspace-exhaustion cheat) voided the episode before this check.
     `memory` is the engine's `memory_stats` (cgroup v1 or v2)."""
     detail = memory.get("stats") or {}
-    cache = int(detail.get("inactive_file") or detail.get("total_inactive_file") or 0)
-    usage = int(memory.get("usage") or 0) - cache  # as `docker stats` counts: no idle cache
+    # page cache (active or not) is freed before any OOM kill; tmpfs pages are not in it
+    # (shmem is swap-backed: on the anon lists)
+    cache = sum(
+        int(detail.get(name) or detail.get(f"total_{name}") or 0)
+        for name in ("inactive_file", "active_file")
+    )
+    usage = int(memory.get("usage") or 0) - cache
     limit = int(memory.get("limit") or 0) or limit_mb << 20
     if usage * 10 < limit * 9:
         return None

@@ -309,7 +309,10 @@ def child(fd: int, workdir: str, ini: str, ids: list[str], trusted: set[str], gu
     )  # fmt: skip
     proxy.install(remote, guard.inside, trusted)
     trusted_code: list[types.CodeType] = []
-    strict = sys.modules["repo_strict"].install_strict(trusted_code)
+    code_object = proxy.RemoteObject
+    strict = sys.modules["repo_strict"].install_strict(
+        trusted_code, lambda x: isinstance(x, code_object)
+    )
     sys.dont_write_bytecode = True
     out = os.fdopen(fd, "w", buffering=1)
     conftests = {p for p in trusted if os.path.basename(p) == "conftest.py"}

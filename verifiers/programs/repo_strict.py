@@ -17,6 +17,7 @@ import types
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 STRICT = "@palaestra_strict"
@@ -40,11 +41,50 @@ class Claimed:
         return f"<a {self.kind} that claims to equal anything>"
 
 
+class CodeValue:
+    """An operand that is an object of the code under test (a proxy of its worker's): it
+    equals another such object as the code says, and nothing of the test's. Its worker
+    answers `==`, so the code's own `__eq__` would decide an `assert got == want`, and it
+    can tell any probe from a real expected value (which it also sees): an object of the
+    code's class never equals plain data in a strict assert."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, value: object, is_code: Callable[[object], bool]) -> None:
+        self.value, self._is_code = value, is_code
+
+    def __eq__(self, other: object) -> bool:
+        inner = other.value if isinstance(other, CodeValue) else other
+        return self._is_code(inner) and bool(self.value == inner)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class CodeContainer:
+    """A container of the code under test on the right of `in`: a CodeValue on the left
+    is looked up as the object it stands for."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __contains__(self, item: object) -> bool:
+        inner = item.value if isinstance(item, CodeValue) else item
+        return inner in self.value  # type: ignore[operator]
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
 HONEST_CONTAINERS = (list, tuple, set, frozenset, dict, str, bytes, bytearray, range)
 
 
-def strict_module() -> types.ModuleType:
-    """`_palaestra_strict`: what rewritten asserts call on their comparison operands."""
+def strict_module(is_code: Callable[[object], bool] = lambda x: False) -> types.ModuleType:
+    """`_palaestra_strict`: what rewritten asserts call on their comparison operands.
+    `is_code(x)`: whether x is an object of the code under test (a proxy)."""
     mod = types.ModuleType("_palaestra_strict")
     state = {"claims": 0}
 
@@ -52,6 +92,8 @@ def strict_module() -> types.ModuleType:
         mock = sys.modules.get("unittest.mock")
         if mock is not None and x is mock.ANY:
             return x
+        if is_code(x):
+            return CodeValue(x, is_code)
         s = object()
         try:
             claims = bool(x == s) or not bool(x != s)
@@ -72,7 +114,7 @@ def strict_module() -> types.ModuleType:
         if claims:
             state["claims"] += 1
             return ()
-        return x
+        return CodeContainer(x) if is_code(x) else x
 
     mod.operand = operand  # type: ignore[attr-defined]
     mod.container = container  # type: ignore[attr-defined]
@@ -125,12 +167,15 @@ def strict_tree(tree: ast.Module) -> None:
     ast.fix_missing_locations(tree)
 
 
-def install_strict(trusted_code: list[types.CodeType]) -> types.ModuleType:
+def install_strict(
+    trusted_code: list[types.CodeType], is_code: Callable[[object], bool] = lambda x: False
+) -> types.ModuleType:
     """Hook pytest's assertion rewriting: strict operands, no cached bytecode, and every
-    code object of a rewritten module remembered (a test must run one of them)."""
+    code object of a rewritten module remembered (a test must run one of them). `is_code`:
+    whether an operand is an object of the code under test (see CodeValue)."""
     from _pytest.assertion import rewrite
 
-    mod = strict_module()
+    mod = strict_module(is_code)
     sys.modules["_palaestra_strict"] = mod
     original_rewrite, original_test = rewrite.rewrite_asserts, rewrite._rewrite_test
 
