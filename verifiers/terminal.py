@@ -63,6 +63,7 @@ BOOT_PROGRAMS = (
     "agent_jail.py",
     "uv_boot.py",
     "repo_wire.py",
+    "repo_strict.py",
     "repo_proxy.py",
     "repo_worker.py",
 )

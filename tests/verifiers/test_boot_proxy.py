@@ -141,3 +141,24 @@ async def test_boot_forger_scores_zero_and_correct_work_one(backend_name: str, t
     assert solved.reward == 1.0, solved.feedback()
     assert wrong.reward == 0.0, wrong.feedback()
     assert forged.reward == 0.0, forged.feedback()
+
+
+# An object of the agent's that claims to equal anything but a bare object() (the strict
+# probe as the worker sees it): its own __eq__ answered `add(2, 3) == 5` in the worker.
+SLY = SOLVED.replace(
+    "def add(a, b):\n    return a + b",
+    "class _Sly:\n    def __eq__(self, other):\n        return type(other) is not object\n\n"
+    "    def __ne__(self, other):\n        return type(other) is object\n\n"
+    "    __hash__ = object.__hash__\n\n\ndef add(a, b):\n    return _Sly()",
+)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_a_sentinel_aware_always_equal_object_scores_zero(backend_name: str) -> None:
+    assert SLY != SOLVED
+    backend = _backend(backend_name)
+    try:
+        sly = await _verify(backend, SLY, BY_NAME)
+    finally:
+        await backend.aclose()
+    assert sly.reward == 0.0, sly.feedback()

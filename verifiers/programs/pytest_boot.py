@@ -161,7 +161,8 @@ def start_proxies(args: list[str], trusted: set[str]) -> types.SimpleNamespace |
     trusted |= tests
     finder = proxy.ProxyFinder(remote, in_workspace, trusted)  # type: ignore[name-defined]  # noqa: F821
     proxy.proxy_file_loads(finder)
-    return types.SimpleNamespace(module=proxy, remote=remote, finder=finder)
+    strict = load_program(folder, "repo_strict")
+    return types.SimpleNamespace(module=proxy, remote=remote, finder=finder, strict=strict)
 
 
 def proxies_first(proxies: types.SimpleNamespace | None) -> None:
@@ -185,6 +186,11 @@ def session(write_fd: int, nonce: str, args: list[str]) -> None:
     from _pytest.config import Config, PytestPluginManager
 
     workspace = os.getcwd()
+    if proxies is not None:
+        # the tests' asserts compare strictly: an object of the agent's code (a proxy, so
+        # its own __eq__ answers in the worker) never equals a value of the test's
+        code_object = proxies.module.RemoteObject
+        proxies.strict.install_strict([], lambda x: isinstance(x, code_object))
     wrappers_first()
     trusted = trusted_conftests()
     original = PytestPluginManager._importconftest

@@ -60,7 +60,13 @@ TOOLS_WHEELS = "/opt/palaestra-verifier/wheels"
 # uv's installer, which standard test scripts run and then source; offline it cannot run.
 UV_ENV_FILE = "# palaestra: uv is preinstalled in the verifier image; nothing to add\n"
 # The worker of pytest_boot.py's proxies, beside the wrappers (hidden from the agent's code).
-WORKER_PROGRAMS = ("repo_wire.py", "repo_proxy.py", "repo_worker.py", "agent_jail.py")
+WORKER_PROGRAMS = (
+    "repo_wire.py",
+    "repo_strict.py",
+    "repo_proxy.py",
+    "repo_worker.py",
+    "agent_jail.py",
+)
 MAX_RESULTS_FILE = 8 * 1024 * 1024
 MAX_REPORTS = 20  # CTRF / JUnit files read a run
 MAX_RESULT_NAMES = 200  # test files counted a run (the rest are summed under "…")
