@@ -188,13 +188,18 @@ class Sandboxes:
             self._episode = await self._new(spec)
             self._spec = self._episode.spec
 
-    async def verifier(self, spec: SandboxSpec | None = None) -> Sandbox:
+    async def verifier(
+        self, spec: SandboxSpec | None = None, *, traces_execs: bool = False
+    ) -> Sandbox:
         """A fresh sandbox for the verifier (default: the episode sandbox's spec, image
-        included); it lives until the episode ends."""
+        included); it lives until the episode ends. `traces_execs`: its processes may trace
+        their children (`SandboxSpec.traces_execs`, the terminal verifier's exec guard)."""
         if spec is None:
             if self._spec is None:
                 raise ValueError("this episode has no sandbox whose spec a verifier could copy")
-            return await self._new(self._spec)
+            spec = self._spec
+        if traces_execs:
+            spec = dataclasses.replace(spec, traces_execs=True)
         return await self._new(spec)
 
     async def run_python(self, job: PythonRun) -> ExecResult:

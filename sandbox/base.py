@@ -221,6 +221,10 @@ class SandboxSpec:
     # of its own whose only listener is 127.0.0.1:GATEWAY_PORT, served by the backend's
     # gateway (a `SocketService`) for this key; combined with `network` it is refused.
     gateway: str | None = None
+    # The terminal verifier's sandbox: its processes may ptrace their own children (the exec
+    # guard, verifiers/programs/exec_guard.py, traces the checker's tree; every process in
+    # that tree is traced, so none can be attached by another). Denied everywhere else.
+    traces_execs: bool = False
 
 
 _RESERVED_TARGETS = ("/proc", "/dev", "/tmp", "/etc", "/usr", "/run/palaestra", "/.palaestra")

@@ -242,17 +242,22 @@ def build(
     return a.assemble()
 
 
+def denied(traces_execs: bool = False) -> tuple[str, ...]:
+    """`DENIED`, less ptrace in a sandbox whose spec has `traces_execs`."""
+    return tuple(n for n in DENIED if not (traces_execs and n == "ptrace"))
+
+
 @functools.cache
-def filter_bytes() -> bytes:
+def filter_bytes(traces_execs: bool = False) -> bytes:
     """The host architecture's filter (cached). Raises SeccompUnsupported."""
-    return build(host_arch())
+    return build(host_arch(), denied(traces_execs))
 
 
-def filter_fd() -> int:
+def filter_fd(traces_execs: bool = False) -> int:
     """A pipe read end holding `filter_bytes()` (write end closed), for ``bwrap --seccomp``.
 
     The caller passes it with ``pass_fds`` and closes it after the spawn."""
-    prog = filter_bytes()
+    prog = filter_bytes(traces_execs)
     r, w = os.pipe()
     try:
         os.write(w, prog)  # a few hundred bytes: fits the pipe buffer, never blocks
@@ -278,7 +283,7 @@ CLONE_NEW_FLAGS = {
 _DOCKER_ARCH = {AUDIT_ARCH_X86_64: "SCMP_ARCH_X86_64", AUDIT_ARCH_AARCH64: "SCMP_ARCH_AARCH64"}
 
 
-def docker_profile(arch: int | None = None) -> dict[str, object]:
+def docker_profile(arch: int | None = None, traces_execs: bool = False) -> dict[str, object]:
     """The same policy as `build`, as a docker seccomp profile (``--security-opt seccomp=``).
 
     Why our own and not docker's default: the default is an engine setting (an engine run
@@ -292,7 +297,11 @@ def docker_profile(arch: int | None = None) -> dict[str, object]:
     table = SYSCALLS[arch]
     eperm, enosys = errno.EPERM, errno.ENOSYS
     rules: list[dict[str, object]] = [
-        {"names": [n for n in DENIED if n in table], "action": "SCMP_ACT_ERRNO", "errnoRet": eperm},
+        {
+            "names": [n for n in denied(traces_execs) if n in table],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": eperm,
+        },
         {
             "names": [n for n in UNAVAILABLE if n in table] + ["clone3"],
             "action": "SCMP_ACT_ERRNO",

@@ -61,6 +61,7 @@ BOOT_PROGRAMS = (
     "pytest_boot.py",
     "script_boot.py",
     "agent_jail.py",
+    "exec_guard.py",
     "uv_boot.py",
     "repo_wire.py",
     "repo_strict.py",
@@ -505,6 +506,8 @@ async def _run_test_sh(
         run.script, run.script_note = 0.0, "the test harness was killed before it reported"
         return
     report = reports[-1]
+    if report.get("guard"):
+        run.notes.append(f"exec guard off ({report['guard']}): only the wrappers confine")
     run.tests = results_counts(report.get("results"))
     rc, reward = report.get("rc"), report.get("reward")
     if reward_file and isinstance(reward, int | float):

@@ -576,14 +576,14 @@ class TerminalFamily(Family):
         back to the agent's; docker without the built image voids (`SandboxCreateError`
         says which `palaestra images build` makes it)."""
         if image is None:
-            return await ctx.sandboxes.verifier()
+            return await ctx.sandboxes.verifier(traces_execs=True)
         own = self.sandbox_spec(ctx.task)
         assert own is not None  # the terminal family always asks for a sandbox
         spec = dataclasses.replace(own, image=image)
         try:
-            return await ctx.sandboxes.verifier(spec)
+            return await ctx.sandboxes.verifier(spec, traces_execs=True)
         except SandboxSpecError:
-            return await ctx.sandboxes.verifier()
+            return await ctx.sandboxes.verifier(traces_execs=True)
 
     # -- oracle, null, cheats -------------------------------------------------------------
     def oracle(self, task: Task) -> list[Action]:

@@ -188,4 +188,4 @@ class Launcher:
 
     def seccomp_fd(self) -> int | None:
         """A fresh fd holding the seccomp program for ``--seccomp`` (None: no filter)."""
-        return seccomp.filter_fd() if self.seccomp_filter else None
+        return seccomp.filter_fd(self.spec.traces_execs) if self.seccomp_filter else None

@@ -130,9 +130,10 @@ def host_limits() -> tuple[int, int]:
 
 
 @cache
-def seccomp_profile() -> str:
+def seccomp_profile(traces_execs: bool = False) -> str:
     """Our seccomp policy as docker's JSON profile (`seccomp.docker_profile`), once."""
-    return json.dumps(seccomp.docker_profile(), separators=(",", ":"))
+    profile = seccomp.docker_profile(traces_execs=traces_execs)
+    return json.dumps(profile, separators=(",", ":"))
 
 
 def check_spec(spec: SandboxSpec) -> None:

@@ -179,7 +179,7 @@ class DockerSandbox(Sandbox):
                 pids_limit=spec.pids,
                 nano_cpus=int(spec.cpus * 1e9),
                 cap_drop=["ALL"],
-                security_opt=["no-new-privileges", f"seccomp={seccomp_profile()}"],
+                security_opt=["no-new-privileges", f"seccomp={seccomp_profile(spec.traces_execs)}"],
                 ipc_mode="private",
                 ulimits=[
                     docker.types.Ulimit(name="nofile", soft=NOFILE, hard=NOFILE),

@@ -8,7 +8,9 @@ bwrap and docker (issue 31, invariants 1-3):
 - the agent's module, imported by a test, ending the session with ``os._exit(0)`` or skipping
   its test module is a failure (the pytest monitor of pytest_boot.py);
 - the agent's program, run by the checker, cannot read the checker's files (its script,
-  expected outputs) nor write its logs (agent_jail.py, Landlock);
+  expected outputs) nor write its logs (agent_jail.py, Landlock), however the checker runs
+  it: through ``python3``, directly, from a test's ``subprocess``, in a ``make`` recipe
+  (the exec guard, exec_guard.py);
 - a reward.txt that the agent's imported module writes beside the reward.json of test.sh
   does not raise the reward (the least of the reward files present counts);
 - the same through uv (``uvx … pytest``, Terminal-Bench 2 / Harbor's line, on the verifier
@@ -138,6 +140,33 @@ ATTACKS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
         },
     ),
 }
+# The checker runs the agent's program by other means than python3/bash (issue 31,
+# invariant 3): directly, from a test's subprocess, through a build tool's recipe. The
+# program reads the answer from the checker's files; the exec guard jails every one.
+READ_SECRET = "#!/bin/sh\ngrep -ho 'expected-[0-9a-f]*' /tmp/verifier/* | head -n 1\n"
+RUN_DIRECT = 'chmod +x /work/prog\n[ "$(/work/prog)" = "$(cat "$VERIFIER_DIR/expected.txt")" ]\n'
+RUN_FROM_TEST = """\
+import subprocess
+
+def test_program():
+    out = subprocess.run(["/work/prog"], capture_output=True, text=True).stdout
+    assert out.strip() == "expected-7f3a9c"
+"""
+RUN_MAKE = 'make -s -C /work >/dev/null 2>&1\ncmp -s /work/out.txt "$VERIFIER_DIR/expected.txt"\n'
+EXPECTED = {"expected.txt": "expected-7f3a9c\n"}
+HONEST_PROG = {"prog": "#!/bin/sh\necho expected-7f3a9c\n"}
+ATTACKS["exec-directly"] = ({"prog": READ_SECRET}, {"test.sh": RUN_DIRECT, **EXPECTED})
+ATTACKS["test-runs-program"] = (
+    {"prog": READ_SECRET},
+    {
+        "test.sh": "chmod +x /work/prog\n" + PYTEST.replace("test_out.py", "test_run.py"),
+        "test_run.py": RUN_FROM_TEST,
+    },
+)
+ATTACKS["make-recipe"] = (
+    {"Makefile": "all:\n\tcat /tmp/verifier/expected.txt > out.txt\n"},
+    {"test.sh": RUN_MAKE, **EXPECTED},
+)
 # Harbor's named rewards, written by test.sh once its tests ran (multi-reward's shape).
 NAMED_REWARD = (
     'python3 -m pytest -q "$VERIFIER_DIR/test_out.py" && ok=1 || ok=0\n'
@@ -157,6 +186,9 @@ HONEST_WORK = {
     "import-skip-module": HONEST,
     "read-the-checker": {"prog.py": "print('expected-7f3a9c')\n"},
     "write-the-logs": None,
+    "exec-directly": HONEST_PROG,
+    "test-runs-program": HONEST_PROG,
+    "make-recipe": {"Makefile": "all:\n\techo expected-7f3a9c > out.txt\n"},
 }
 
 
@@ -191,7 +223,8 @@ async def _verify(
     reward_file: bool,
     image: str | None = None,
 ) -> TerminalRun:
-    spec = SandboxSpec(image=image, workdir=WORKDIR, workspace_mb=32)
+    # what the terminal family asks for its verifier: the exec guard may trace
+    spec = SandboxSpec(image=image, workdir=WORKDIR, workspace_mb=32, traces_execs=True)
     files = {**verifier, "test.sh": "#!/bin/bash\n" + verifier["test.sh"]}
     async with await backend.create(spec) as box:
         return await verify_workspace(

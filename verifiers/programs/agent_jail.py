@@ -8,9 +8,16 @@ verifier file the command names as an argument stays readable), and a Landlock d
 cannot read the memory, descriptors or environment of processes outside it (/proc/<pid>/
 mem, fd, environ of the checker) nor, where the kernel scopes them, signal them. The
 program gets a TMPDIR of its own and no verifier variable. A kernel without Landlock runs
-the program unconfined and says so on stderr."""
+the program unconfined and says so on stderr.
+
+``--guard SPEC EXE ARGV...`` is the form exec_guard.py makes a process the checker started
+execute instead of the agent's program (SPEC: JSON of the hidden paths, the wrappers' folder,
+the agent's TMPDIR, since the checker may have cleared the environment): it confines itself
+(unless it already is) and then executes EXE with ARGV, and it never runs the program
+unconfined."""
 
 import ctypes
+import json
 import os
 import stat
 import sys
@@ -43,15 +50,35 @@ def rights(abi: int) -> tuple[int, int]:
 
 
 READ_DIR = 1 << 3
+READ_FILE = 1 << 2
+
+
+def named_paths(args: list[str], cwd: str, hidden: list[str]) -> list[tuple[str, int]]:
+    """The hidden files and folders a command names (absolute, relative to `cwd`, or after
+    an ``=``), each readable: a checker hands its own files to the program it runs."""
+    roots = [os.path.realpath(h) for h in hidden]
+    out: list[tuple[str, int]] = []
+    for arg in args:
+        for text in (arg, arg.split("=", 1)[1] if "=" in arg else ""):
+            if not text:
+                continue
+            path = os.path.realpath(os.path.join(cwd, text))
+            if not any(path.startswith(r + "/") for r in roots):
+                continue
+            if os.path.isfile(path):
+                out.append((path, READ_FILE))
+            elif os.path.isdir(path):
+                out.append((path, READ_FILE | READ_DIR))
+    return out
 
 
 def allowed_paths(
-    hidden: list[str], named: list[str], listable: tuple[str, ...] = ()
+    hidden: list[str], named: list[tuple[str, int]], listable: tuple[str, ...] = ()
 ) -> list[tuple[str, int]]:
     """(path, rights) pairs: every path but the hidden ones and the folders above them,
-    (read only) the hidden files the command names, and the listing alone of a folder above
-    a hidden path that is, or lies under, one of `listable` (a workspace holding tests).
-    -1 stands for every right."""
+    the hidden paths the command names with their rights (`named_paths`), and the listing
+    alone of a folder above a hidden path that is, or lies under, one of `listable` (a
+    workspace holding tests). -1 stands for every right."""
     hidden = [os.path.realpath(h) for h in hidden]
     out: list[tuple[str, int]] = []
 
@@ -72,11 +99,10 @@ def allowed_paths(
             walk(os.path.join(path, name))
 
     walk("/")
-    out += [(p, 1 << 2) for p in named]
-    return out
+    return out + named
 
 
-def confine(hidden: list[str], named: list[str], listable: tuple[str, ...] = ()) -> str:
+def confine(hidden: list[str], named: list[tuple[str, int]], listable: tuple[str, ...] = ()) -> str:
     """Landlock this process (and what it will exec); '' or why it could not. Also the
     jail of repo_worker.py, the worker that runs the agent's code for the tests."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -92,12 +118,14 @@ def confine(hidden: list[str], named: list[str], listable: tuple[str, ...] = ())
         return f"Landlock ruleset refused ({os.strerror(ctypes.get_errno())})"
     for path, granted in allowed_paths(hidden, named, listable):
         try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            # never through a symlink: one under /tmp could name a hidden folder
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
             continue
         try:
             is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
             access = (every if is_dir else files) if granted == -1 else granted
+            access &= every if is_dir else files
             rule = PathBeneath(access, fd)
             libc.syscall(SYS_ADD_RULE, ruleset, 1, ctypes.byref(rule), ctypes.c_uint32(0))
         finally:
@@ -110,28 +138,56 @@ def confine(hidden: list[str], named: list[str], listable: tuple[str, ...] = ())
     return ""
 
 
-def agent_env(environ: dict[str, str]) -> dict[str, str]:
+def agent_env(environ: dict[str, str], bindir: str = "", tmp: str = "") -> dict[str, str]:
     """The environment of a program of the agent's: no verifier or runner variable, no
     wrapper folder on PATH, a TMPDIR of its own."""
     env = {k: v for k, v in environ.items() if k not in HIDDEN_VARS}
     env = {k: v for k, v in env.items() if not k.startswith("PALAESTRA_")}
-    bindir = environ.get("PALAESTRA_BIN", "")
+    bindir = bindir or environ.get("PALAESTRA_BIN", "")
     env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p and p != bindir)
-    tmp = environ.get("PALAESTRA_AGENT_TMP")
+    tmp = tmp or environ.get("PALAESTRA_AGENT_TMP", "")
     if tmp:
         env["TMPDIR"] = tmp
     return env
 
 
+def confined_already(hidden: list[str]) -> bool:
+    """Whether a Landlock domain of ours already holds this process (a hidden folder that
+    exists cannot be opened): a program a confined one starts needs no second layer."""
+    for path in hidden:
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_DIRECTORY))
+            return False
+        except PermissionError:
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def guarded(argv: list[str]) -> None:
+    """``--guard SPEC EXE ARGV...`` (see the module doc)."""
+    spec, exe, args = json.loads(argv[0]), argv[1], argv[2:] or [argv[1]]
+    hidden = [p for p in spec["hidden"] if p.startswith("/")]
+    if not confined_already(hidden):
+        why = confine(hidden, named_paths(args[1:], os.getcwd(), hidden))
+        if why:
+            sys.stderr.write(f"palaestra: {why}; the checker's program does not run\n")
+            os._exit(126)
+    env = agent_env(dict(os.environ), spec["bin"], spec["tmp"])
+    try:
+        os.execve(exe, args, env)
+    except OSError as exc:
+        sys.stderr.write(f"palaestra: {args[0]}: {exc.strerror}\n")
+        os._exit(126)
+
+
 def main() -> None:
     argv = sys.argv[1:]
+    if argv[:1] == ["--guard"]:
+        return guarded(argv[1:])
     hidden = [p for p in os.environ.get("PALAESTRA_HIDDEN", "").split(":") if p.startswith("/")]
-    named = []
-    for arg in argv[1:]:
-        path = os.path.realpath(arg) if arg.startswith("/") else ""
-        if path and os.path.isfile(path) and any(path.startswith(h + "/") for h in hidden):
-            named.append(path)
-    why = confine(hidden, named)
+    why = confine(hidden, named_paths(argv[1:], os.getcwd(), hidden))
     if why:
         sys.stderr.write(f"palaestra: {why}; the program runs unconfined\n")
     os.execve(argv[0], argv, agent_env(dict(os.environ)))

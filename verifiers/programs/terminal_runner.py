@@ -47,6 +47,7 @@ import sys
 import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
+from typing import Any
 
 PR_SET_DUMPABLE = 4
 HOST_PID_NS = 0xEFFFFFFC  # the initial pid namespace's inode (PROC_PID_INIT_INO)
@@ -362,6 +363,28 @@ def write_wrappers(bindir: str, real: str, path: str, boot: dict[str, str]) -> N
             f.write(boot[name])
 
 
+def exec_guard(
+    boot: dict[str, str], real: str | None, hidden: list[str], workdir: str, agent_tmp: str
+) -> Any:
+    """exec_guard.py's tracer for test.sh (every program of the agent's the checker starts
+    runs confined), or why it cannot run here."""
+    space: dict[str, Any] = {"__name__": "palaestra_exec_guard"}
+    exec(compile(boot["exec_guard.py"], "exec_guard.py", "exec"), space)
+    why = space["available"]() or ("" if real else "no python3 for the jail")
+    if not why:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        if libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)) < 0:
+            why = "Landlock is unavailable"
+    if why:
+        return why
+    vdir, _logs, bindir, home = hidden
+    jail = space["jail_argv"](real, boot["agent_jail.py"], hidden, bindir, agent_tmp)
+    own = [vdir, bindir, home, os.path.dirname(os.path.dirname(TOOLS_UV))]
+    policy = space["Policy"](own, bindir, [workdir, agent_tmp], jail)
+    return space["Tracer"](policy)
+
+
 def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     workdir, vdir, logs = str(cfg["workdir"]), str(cfg["verifier_dir"]), str(cfg["logs"])
     try:
@@ -398,11 +421,19 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
         chan.emit("RESULT", {"rc": None, "note": f"the workdir {workdir} is gone"})
         return
     bash = shutil.which("bash", path=path) or "/bin/bash"
-    proc = subprocess.run(
-        [bash, os.path.join(vdir, "test.sh")], cwd=workdir, env=env, stdin=subprocess.DEVNULL
-    )
+    argv = [bash, os.path.join(vdir, "test.sh")]
+    hidden = [vdir, logs, bindir, home]
+    guard = exec_guard(cfg["programs"], real, hidden, workdir, agent_tmp)  # type: ignore[arg-type]
+    if isinstance(guard, str):
+        sys.stderr.write(f"palaestra: {guard}; only the wrappers confine the agent's programs\n")
+        rc = subprocess.run(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL).returncode
+    else:
+        rc = guard.run(argv, workdir, env)
+        guard = guard.refused or guard
     kill_others()
-    result: dict[str, object] = {"rc": proc.returncode, "results": read_results(logs)}
+    result: dict[str, object] = {"rc": rc, "results": read_results(logs)}
+    if isinstance(guard, str):
+        result["guard"] = guard
     if cfg.get("reward_file"):
         result["reward"], result["reward_note"] = reward_of(logs)
     chan.emit("RESULT", result)

@@ -1,0 +1,132 @@
+"""The terminal runner's exec guard (verifiers/programs/exec_guard.py): every program of the
+agent's that the checker starts runs under Landlock, however it is started (issue 31,
+invariant 3: "including when the checker runs the agent's program").
+
+- `confines`: which execs of the checker's are the agent's (its files, a tool run on its
+  folder or in it) and which stay the checker's own (its scripts, inline code, plain tools);
+- on this host, a checker that executes the agent's script directly, by a relative path,
+  from a Python ``subprocess``, through ``make`` or ``env``, gets a program that cannot read
+  the verifier's folder, while the checker itself still reads it; a file the command names
+  stays readable; a confined program's children need no second jail.
+
+The same attacks through a real verification (bwrap, docker) are in
+tests/adversarial/test_script_verifier.py.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from palaestra.verifiers.programs.agent_jail import confine
+from palaestra.verifiers.programs.exec_guard import Policy, confines, is_wrapper
+
+HERE = Path(__file__).parent
+OWN = ["/tmp/verifier", "/tmp/bin", "/tmp/home", "/opt/palaestra-verifier"]
+POLICY = Policy(OWN, "/tmp/bin", ["/work", "/tmp/agent-tmp"], [])
+
+
+@pytest.mark.parametrize(
+    ("exe", "argv", "cwd", "agent"),
+    [
+        ("/work/prog", ["/work/prog"], "/", True),
+        ("/work/sub/a.out", ["./a.out"], "/work/sub", True),
+        ("/usr/bin/make", ["make"], "/work", True),
+        ("/usr/bin/make", ["make", "-C", "/work"], "/", True),
+        ("/usr/bin/gcc", ["gcc", "-I/work/inc", "main.c"], "/tmp/x", True),
+        ("/usr/bin/node", ["node", "--out=/work/o"], "/", True),
+        ("/usr/bin/bash", ["bash", "/work/run.sh"], "/", True),
+        ("/usr/bin/python3.11", ["python3", "/work/x.py"], "/", True),
+        ("/usr/bin/python3.11", ["python3", "-m", "pkg"], "/work", True),
+        ("/usr/bin/cat", ["cat", "/work/out"], "/work", False),
+        ("/usr/bin/cp", ["cp", "/work/out", "/tmp/verifier-logs/x"], "/work", False),
+        ("/usr/bin/dash", ["sh", "-c", "make"], "/work", False),
+        ("/usr/bin/bash", ["bash", "-ec", "make"], "/work", False),
+        ("/usr/bin/bash", ["bash", "/tmp/verifier/test.sh"], "/work", False),
+        ("/usr/bin/python3.11", ["python3", "-I", "-B", "-c", "code"], "/work", False),
+        ("/usr/bin/node", ["node", "/tmp/verifier/t.js", "/work"], "/work", False),
+        ("/tmp/verifier/checker", ["./checker", "/work/out"], "/tmp/verifier", False),
+        ("/opt/palaestra-verifier/bin/uv", ["uv", "run", "pytest"], "/work", False),
+        ("/usr/bin/apt-get", ["apt-get", "update"], "/", False),
+        ("/usr/bin/make", ["make", "-C", "/application"], "/", False),
+    ],
+)
+def test_which_execs_are_the_agents(exe: str, argv: list[str], cwd: str, agent: bool) -> None:
+    assert confines(exe, argv, cwd, POLICY) is agent
+
+
+def test_the_wrappers_route_themselves() -> None:
+    assert is_wrapper("/usr/bin/dash", ["/bin/sh", "/tmp/bin/python3", "x.py"], POLICY)
+    assert not is_wrapper("/usr/bin/dash", ["/bin/sh", "/work/python3"], POLICY)
+
+
+def _landlock() -> bool:
+    probe = [sys.executable, "-c", "from palaestra.verifiers.programs.agent_jail import "
+             "confine; raise SystemExit(1 if confine([], []) else 0)"]  # fmt: skip
+    return subprocess.run(probe, check=False).returncode == 0 and bool(confine)
+
+
+NEEDS = pytest.mark.skipif(
+    platform.machine() != "x86_64" or not _landlock(), reason="x86_64 with Landlock only"
+)
+# the checker's Python runs the agent's program (a test's subprocess.run: vfork and exec)
+RUN_PY = (
+    "import subprocess, sys\n"
+    "print(subprocess.run(sys.argv[1:], capture_output=True, text=True).stdout.strip())\n"
+)
+CHECKER = """\
+cd "$WORK"
+chmod +x prog sub/prog2
+echo "direct: $(/bin/sh -c "$WORK/prog")"
+echo "relative: $(./prog)"
+echo "python: $(python3 "$VERIFIER_DIR/run.py" "$WORK/prog")"
+make -s -C "$WORK" >/dev/null 2>&1; echo "make: $(cat "$WORK/made.txt")"
+echo "env: $(env ./prog)"
+echo "named: $(./sub/prog2 "$VERIFIER_DIR/named.txt")"
+echo "child: $(./sub/prog2)"
+echo "checker: $(cat "$VERIFIER_DIR/expected.txt")"
+"""
+
+
+@NEEDS
+def test_the_checkers_programs_of_the_agent_cannot_read_the_verifier(tmp_path: Path) -> None:
+    vdir, logs, bindir, home = (tmp_path / n for n in ("verifier", "logs", "bin", "home"))
+    work, agent_tmp = tmp_path / "work", tmp_path / "agent-tmp"
+    for d in (vdir, logs, bindir, home, work / "sub", agent_tmp):
+        d.mkdir(parents=True)
+    (vdir / "expected.txt").write_text("SECRET\n")
+    (vdir / "named.txt").write_text("NAMED\n")
+    (vdir / "run.py").write_text(RUN_PY)
+    read = f"cat {vdir}/expected.txt 2>/dev/null || echo denied\n"
+    (work / "prog").write_text("#!/bin/sh\n" + read)
+    # a confined program's child: reads what its parent was handed, never the rest
+    (work / "sub" / "prog2").write_text(
+        f'#!/bin/sh\n[ -n "$1" ] && cat "$1" && exit\nsh -c \'{read.strip()}\'\n'
+    )
+    (work / "Makefile").write_text(f"all:\n\t{read.strip()} > made.txt\n")
+    cfg = {
+        "hidden": [str(vdir), str(logs), str(bindir), str(home)],
+        "workdir": str(work),
+        "tmp": str(agent_tmp),
+        "own": [str(vdir), str(bindir), str(home)],
+        "argv": ["/bin/bash", "-c", f"WORK={work}\n{CHECKER}"],
+        "cwd": str(work),
+    }
+    out = subprocess.run(
+        [sys.executable, str(HERE / "exec_guard_host.py"), json.dumps(cfg)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["refused"] == "" and report["rc"] == 0, report
+    for how in ("direct", "relative", "python", "make", "env", "child"):
+        assert lines[how] == "denied", (how, out.stdout, out.stderr)
+    assert lines["named"] == "NAMED"
+    assert lines["checker"] == "SECRET"
+    assert report["confined"] >= 7

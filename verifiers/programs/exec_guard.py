@@ -1,0 +1,382 @@
+"""The terminal runner's exec guard: every program the checker starts that runs the agent's
+code runs under Landlock, however it is started (``./solution``, ``make``, a test's
+``subprocess.run(["/app/a.out"])``), not only those started through the runner's
+``python3``/``bash`` wrappers.
+
+How: the runner starts ``test.sh`` as a ptrace tracee (PTRACE_SEIZE, following forks,
+vforks, clones and execs). A tracee stops after every ``execve``, before the new program's
+first instruction; there the guard reads what was started (``/proc/<pid>/exe``,
+``cmdline``, ``cwd``) and, where `confines` says so, makes the stopped process ``execve``
+agent_jail.py in its ``--guard`` form instead, with the same argv and environment: the jail
+confines itself (no verifier folder, logs, wrappers or runner HOME; the hidden paths the
+command names stay readable) and then executes the program. A confined process's children
+are confined (Landlock domains are inherited); nothing of a confined process is looked at
+again. The injection is two register edits at the ``execve``'s syscall-exit stop: a
+``syscall`` instruction at the entry point and the jail's argv below the stack pointer
+(the original argv and environment pointers are reused), so no code of the program runs
+before it is confined; an injected ``execve`` that fails kills the process.
+
+Why ptrace and not a wrapper per name: the checker executes files directly, through
+``posix_spawn``, from static binaries and from build tools' recipes; only the kernel sees
+every exec. Every process of the checker's tree is traced, so none can be ptrace-attached
+by another (a tracee has one tracer; the runner is non-dumpable). x86_64 only;
+elsewhere, or where ptrace is refused, `available` says why and the runner goes on with
+the wrappers alone.
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import platform
+import re
+import signal
+import struct
+
+PTRACE_PEEKDATA, PTRACE_POKEDATA, PTRACE_CONT = 2, 5, 7
+PTRACE_GETREGS, PTRACE_SETREGS, PTRACE_SYSCALL = 12, 13, 24
+PTRACE_SEIZE, PTRACE_GETEVENTMSG, PTRACE_LISTEN = 0x4206, 0x4201, 0x4208
+OPTIONS = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x100000  # sysgood, fork, vfork, clone, exec, exitkill
+EVENT_FORK, EVENT_VFORK, EVENT_CLONE, EVENT_EXEC, EVENT_STOP = 1, 2, 3, 4, 128
+SYSCALL_STOP = signal.SIGTRAP | 0x80
+GROUP_STOPS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+WALL = 0x40000000
+PR_SET_DUMPABLE = 4
+SYS_EXECVE = 59
+MAX_ARGV_BYTES = 96 * 1024  # what is written below the stack pointer (the kernel leaves 128K)
+
+
+def words(text: str) -> list[str]:
+    return text.split()
+
+
+# Tracee states.
+TRUSTED, WRAPPER, CONFINED = "trusted", "wrapper", "confined"
+AWAIT_EXIT, AWAIT_ENTRY, AWAIT_RESULT = "await-exit", "await-entry", "await-result"
+INJECTING = (AWAIT_EXIT, AWAIT_ENTRY, AWAIT_RESULT)
+
+# Tools that run no code of their own arguments or working directory: the checker may run
+# them on the agent's files, unconfined (they may write the verifier's logs).
+SAFE_TOOLS = frozenset(
+    words(
+        "cat cp mv rm ls mkdir rmdir touch chmod ln head tail wc sort uniq cut tr tee echo "
+        "printf test [ true false sleep date stat du df basename dirname realpath readlink "
+        "grep diff cmp comm md5sum sha1sum sha256sum sha512sum b2sum cksum base64 od xxd "
+        "hexdump tar gzip gunzip zcat xz unxz bzip2 bunzip2 unzip file jq curl wget seq tac "
+        "nl paste join split fold expand column iconv id whoami uname hostname env timeout "
+        "nohup nice stdbuf xargs find ps kill pkill pgrep mktemp install truncate shuf expr "
+        "numfmt nproc sync strings"
+    )
+)
+# Interpreters whose leading option takes the program text: code of the checker's own.
+CODE_FLAGS = (
+    (re.compile(r"(ba|da|z|k|a)?sh|busybox"), re.compile(r"-[a-zA-Z]*c[a-zA-Z]*")),
+    (re.compile(r"python[0-9.]*"), re.compile(r"-c")),
+    (re.compile(r"(perl|ruby|node|nodejs|php)[0-9.]*"), re.compile(r"-e|-E|-r")),
+)
+VALUE_FLAGS = frozenset(("-X", "-W", "-m", "-o", "-O"))  # python/shell options with a value
+
+
+class Regs(ctypes.Structure):
+    """x86_64 ``struct user_regs_struct``."""
+
+    _fields_ = [
+        (name, ctypes.c_ulonglong)
+        for name in words(
+            "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs "
+            "eflags rsp ss fs_base gs_base ds es fs gs"
+        )
+    ]
+
+
+class Policy:
+    """Where the checker's own files are, where the agent's are, and the jail to run."""
+
+    def __init__(
+        self,
+        own: list[str],
+        wrappers: str,
+        agent: list[str],
+        jail: list[str],
+    ) -> None:
+        self.own = [os.path.realpath(p) for p in own if p]
+        self.wrappers = os.path.realpath(wrappers)
+        self.agent = [os.path.realpath(p) for p in agent if p]
+        self.jail = jail  # argv of the jail's --guard form, before the program and its argv
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _mentions(arg: str, roots: list[str]) -> bool:
+    """Whether `arg` holds a path in `roots` anywhere (``--out=/app/x``, ``-I/app``)."""
+    for root in roots:
+        at = arg.find(root)
+        while at >= 0:
+            end = at + len(root)
+            if end == len(arg) or arg[end] == "/":
+                return True
+            at = arg.find(root, at + 1)
+    return False
+
+
+def _program_arg(name: str, args: list[str]) -> tuple[bool, str]:
+    """(the interpreter runs code given inline, its first operand)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        for names, flags in CODE_FLAGS:
+            if names.fullmatch(name) and flags.fullmatch(args[i]):
+                return True, ""
+        if args[i] == "--":
+            i += 1
+            break
+        i += 2 if args[i] in VALUE_FLAGS else 1
+    return False, args[i] if i < len(args) else ""
+
+
+def is_wrapper(exe: str, argv: list[str], policy: Policy) -> bool:
+    """A runner wrapper (a shell script in the wrappers' folder): it routes what it runs."""
+    return _under(exe, [policy.wrappers]) or (
+        len(argv) > 1 and _under(os.path.realpath(argv[1]), [policy.wrappers])
+    )
+
+
+def confines(exe: str, argv: list[str], cwd: str, policy: Policy) -> bool:
+    """Whether a program an unconfined (checker's) process just executed is the agent's to
+    confine: the file is the agent's; or it is not the checker's own program (a file or
+    script of the verifier's, inline code of an interpreter, a tool of `SAFE_TOOLS`) and an
+    argument or its working directory is in the agent's folders."""
+    if _under(exe, policy.own):
+        return False
+    if _under(exe, policy.agent):
+        return True
+    name = os.path.basename(exe)
+    inline, operand = _program_arg(name, argv[1:])
+    if inline:
+        return False
+    if operand and _under(os.path.realpath(os.path.join(cwd, operand)), policy.own):
+        return False
+    if name in SAFE_TOOLS:
+        return False
+    args = [
+        os.path.normpath(os.path.join(cwd, a)) if not a.startswith("-") else a for a in argv[1:]
+    ]
+    if any(_mentions(a, policy.agent) for a in args):
+        return True
+    return _under(os.path.realpath(cwd), policy.agent)
+
+
+def available() -> str:
+    """'' where the guard can run here, else why not."""
+    if platform.machine() not in ("x86_64", "amd64"):
+        return f"the exec guard supports x86_64 only (this is {platform.machine()})"
+    return ""
+
+
+class Tracer:
+    """Runs one command tree under the guard (see the module doc)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.ptrace.restype = ctypes.c_long
+        self.libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        self.state: dict[int, str] = {}
+        self.held: set[int] = set()  # new tracees whose parent's event is not in yet
+        self.pending: dict[int, tuple[int, int, int, int]] = {}  # injection registers
+        self.confined = 0
+        self.refused = ""
+
+    def ptrace(self, request: int, pid: int, addr: int = 0, data: int = 0) -> int:
+        ctypes.set_errno(0)
+        out = self.libc.ptrace(request, pid, ctypes.c_void_p(addr), ctypes.c_void_p(data))
+        if out == -1 and ctypes.get_errno():
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        return int(out)
+
+    def resume(self, pid: int, sig: int = 0) -> None:
+        request = PTRACE_SYSCALL if self.state.get(pid) in INJECTING else PTRACE_CONT
+        with contextlib.suppress(OSError):  # it died meanwhile: its exit is reported next
+            self.ptrace(request, pid, 0, sig)
+
+    def run(self, argv: list[str], cwd: str, env: dict[str, str]) -> int:
+        """The command's exit status (negative: the signal that killed it). Where ptrace is
+        refused, the command runs untraced and `refused` says why."""
+        ready_r, ready_w = os.pipe()
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.close(ready_r)
+                os.close(go_w)
+                # a child of the non-dumpable runner is non-dumpable: nothing could trace it
+                self.libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+                os.write(ready_w, b"x")
+                os.read(go_r, 1)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.chdir(cwd)
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        os.close(ready_w)
+        os.close(go_r)
+        os.read(ready_r, 1)
+        os.close(ready_r)
+        try:
+            self.ptrace(PTRACE_SEIZE, pid, 0, OPTIONS)
+        except OSError as exc:
+            self.refused = f"ptrace refused ({exc.strerror})"
+        os.write(go_w, b"x")
+        os.close(go_w)
+        if self.refused:
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        self.state[pid] = TRUSTED
+        return self.loop(pid)
+
+    def loop(self, root: int) -> int:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, WALL)
+            except ChildProcessError:
+                return -signal.SIGKILL
+            if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                self.state.pop(pid, None)
+                if pid == root:
+                    return os.waitstatus_to_exitcode(status)
+                continue
+            if os.WIFSTOPPED(status):
+                self.stopped(pid, os.WSTOPSIG(status), status >> 16)
+
+    def stopped(self, pid: int, sig: int, event: int) -> None:
+        if event in (EVENT_FORK, EVENT_VFORK, EVENT_CLONE):
+            msg = ctypes.c_ulong()
+            self.ptrace(PTRACE_GETEVENTMSG, pid, 0, ctypes.addressof(msg))
+            child = int(msg.value)
+            parent = self.state.get(pid, TRUSTED)
+            self.state[child] = CONFINED if parent == CONFINED else TRUSTED
+            if child in self.held:
+                self.held.discard(child)
+                self.resume(child)
+            self.resume(pid)
+        elif event == EVENT_EXEC:
+            self.executed(pid)
+        elif event == EVENT_STOP:
+            if sig in GROUP_STOPS:
+                with contextlib.suppress(OSError):
+                    self.ptrace(PTRACE_LISTEN, pid)
+            elif pid not in self.state:
+                self.held.add(pid)  # resumed once its parent's fork event names it
+            else:
+                self.resume(pid)
+        elif sig == SYSCALL_STOP:
+            self.syscall_stop(pid)
+        else:
+            self.resume(pid, sig)
+
+    def executed(self, pid: int) -> None:
+        state = self.state.get(pid, TRUSTED)
+        if state == CONFINED:
+            return self.resume(pid)
+        if state in INJECTING:  # the jail is running: it confines itself before anything
+            self.state[pid] = CONFINED
+            self.confined += 1
+            return self.resume(pid)
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "surrogateescape") for a in f.read().split(b"\0")[:-1]]
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            exe, argv, cwd = "", [], "/"
+        if state == WRAPPER:
+            self.state[pid] = TRUSTED
+            return self.resume(pid)
+        if exe and is_wrapper(exe, argv, self.policy):
+            self.state[pid] = WRAPPER
+            return self.resume(pid)
+        if exe and not confines(exe, argv, cwd, self.policy):
+            return self.resume(pid)
+        try:
+            self.inject(pid, exe)
+        except OSError:
+            self.kill(pid)
+
+    def inject(self, pid: int, exe: str) -> None:
+        """Write the jail's argv below the new program's stack pointer and a ``syscall`` at
+        its entry point; the registers are set at the exec's syscall-exit stop."""
+        if not exe or exe.endswith(" (deleted)"):
+            raise OSError("the program's file is unknown")
+        regs = self.getregs(pid)
+        sp = regs.rsp
+        argc = self.peek(pid, sp)
+        if argc > MAX_ARGV_BYTES // 8:
+            raise OSError("too many arguments")
+        pointers = [self.peek(pid, sp + 8 * (i + 1)) for i in range(argc)]
+        envp = sp + 8 * (argc + 2)
+        strings = [*self.policy.jail, exe]
+        blob = b""
+        offsets = []
+        for s in strings:
+            offsets.append(len(blob))
+            blob += s.encode("utf-8", "surrogateescape") + b"\0"
+        blob += b"\0" * (-len(blob) % 8)
+        table = len(blob)
+        size = table + 8 * (len(strings) + len(pointers) + 1)
+        if size > MAX_ARGV_BYTES:
+            raise OSError("the jail's argv does not fit below the stack")
+        base = (sp - 4096 - size) & ~15
+        blob += struct.pack(
+            f"<{len(strings) + len(pointers) + 1}Q", *[base + o for o in offsets], *pointers, 0
+        )
+        self.poke(pid, base, blob)
+        word = self.peek(pid, regs.rip)
+        self.poke(pid, regs.rip, struct.pack("<Q", (word & ~0xFFFF) | 0x050F))  # syscall
+        self.pending[pid] = (regs.rip, base + offsets[0], base + table, envp)
+        self.state[pid] = AWAIT_EXIT
+        self.resume(pid)
+
+    def syscall_stop(self, pid: int) -> None:
+        state = self.state.get(pid)
+        try:
+            if state == AWAIT_EXIT:  # the original execve returns: run the jail's instead
+                rip, path, argv, envp = self.pending.pop(pid)
+                regs = self.getregs(pid)
+                regs.rax, regs.rdi, regs.rsi, regs.rdx, regs.rip = SYS_EXECVE, path, argv, envp, rip
+                self.ptrace(PTRACE_SETREGS, pid, 0, ctypes.addressof(regs))
+                self.state[pid] = AWAIT_ENTRY
+            elif state == AWAIT_ENTRY:
+                self.state[pid] = AWAIT_RESULT
+            elif state == AWAIT_RESULT:  # an exit stop, not an exec event: it failed
+                return self.kill(pid)
+        except (OSError, KeyError):
+            return self.kill(pid)
+        self.resume(pid)
+
+    def kill(self, pid: int) -> None:
+        self.state[pid] = CONFINED  # whatever is left of it runs nothing
+        os.kill(pid, signal.SIGKILL)
+        self.resume(pid)
+
+    def getregs(self, pid: int) -> Regs:
+        regs = Regs()
+        self.ptrace(PTRACE_GETREGS, pid, 0, ctypes.addressof(regs))
+        return regs
+
+    def peek(self, pid: int, addr: int) -> int:
+        return self.ptrace(PTRACE_PEEKDATA, pid, addr) & 0xFFFFFFFFFFFFFFFF
+
+    def poke(self, pid: int, addr: int, data: bytes) -> None:
+        data += b"\0" * (-len(data) % 8)
+        for i in range(0, len(data), 8):
+            (word,) = struct.unpack("<Q", data[i : i + 8])
+            self.ptrace(PTRACE_POKEDATA, pid, addr + i, word)
+
+
+def jail_argv(
+    python: str, jail_source: str, hidden: list[str], wrappers: str, tmp: str
+) -> list[str]:
+    """The argv of agent_jail.py's ``--guard`` form before the program and its argv."""
+    spec = json.dumps({"hidden": hidden, "bin": wrappers, "tmp": tmp})
+    return [python, "-I", "-B", "-c", jail_source, "--guard", spec]
