@@ -75,6 +75,7 @@ REPO_HELPERS = (
     "repo_proxy.py",
     "repo_worker.py",
     "agent_jail.py",
+    "exec_guard.py",
 )
 MAX_CHANNEL = 1024 * 1024
 VERIFIER_DIR = "/tmp/verifier"

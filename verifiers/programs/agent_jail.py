@@ -170,7 +170,8 @@ def guarded(argv: list[str]) -> None:
     spec, exe, args = json.loads(argv[0]), argv[1], argv[2:] or [argv[1]]
     hidden = [p for p in spec["hidden"] if p.startswith("/")]
     if not confined_already(hidden):
-        why = confine(hidden, named_paths(args[1:], os.getcwd(), hidden))
+        listable = tuple(spec.get("listable") or ())
+        why = confine(hidden, named_paths(args[1:], os.getcwd(), hidden), listable)
         if why:
             sys.stderr.write(f"palaestra: {why}; the checker's program does not run\n")
             os._exit(126)

@@ -43,6 +43,7 @@ GROUP_STOPS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 WALL = 0x40000000
 PR_SET_DUMPABLE = 4
 SYS_EXECVE = 59
+SYS_LANDLOCK_CREATE_RULESET = 444  # with flag 1: the ABI version
 MAX_ARGV_BYTES = 96 * 1024  # what is written below the stack pointer (the kernel leaves 128K)
 
 
@@ -168,9 +169,14 @@ def confines(exe: str, argv: list[str], cwd: str, policy: Policy) -> bool:
 
 
 def available() -> str:
-    """'' where the guard can run here, else why not."""
+    """'' where the guard can run here (x86_64, Landlock), else why not. Whether ptrace is
+    allowed shows at the first `Tracer.fork` (`refused`)."""
     if platform.machine() not in ("x86_64", "amd64"):
         return f"the exec guard supports x86_64 only (this is {platform.machine()})"
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)) < 0:
+        return "Landlock is unavailable"
     return ""
 
 
@@ -200,39 +206,52 @@ class Tracer:
         with contextlib.suppress(OSError):  # it died meanwhile: its exit is reported next
             self.ptrace(request, pid, 0, sig)
 
-    def run(self, argv: list[str], cwd: str, env: dict[str, str]) -> int:
-        """The command's exit status (negative: the signal that killed it). Where ptrace is
-        refused, the command runs untraced and `refused` says why."""
+    def fork(self) -> int:
+        """os.fork, the child traced from its start: 0 in the child, its pid here. Where
+        ptrace is refused the child runs untraced and `refused` says why."""
         ready_r, ready_w = os.pipe()
         go_r, go_w = os.pipe()
         pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            try:
-                os.close(ready_r)
-                os.close(go_w)
-                # a child of the non-dumpable runner is non-dumpable: nothing could trace it
-                self.libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-                os.write(ready_w, b"x")
-                os.read(go_r, 1)
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.chdir(cwd)
-                os.execve(argv[0], argv, env)
-            finally:
-                os._exit(127)
+        if pid == 0:
+            os.close(ready_r)
+            os.close(go_w)
+            # a child of the non-dumpable runner is non-dumpable: nothing could trace it
+            self.libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+            os.write(ready_w, b"x")
+            os.read(go_r, 1)
+            os.close(ready_w)
+            os.close(go_r)
+            return 0
         os.close(ready_w)
         os.close(go_r)
         os.read(ready_r, 1)
         os.close(ready_r)
         try:
             self.ptrace(PTRACE_SEIZE, pid, 0, OPTIONS)
+            self.state[pid] = TRUSTED
         except OSError as exc:
             self.refused = f"ptrace refused ({exc.strerror})"
         os.write(go_w, b"x")
         os.close(go_w)
+        return pid
+
+    def run(self, argv: list[str], cwd: str, env: dict[str, str]) -> int:
+        """Run a command under the guard; its exit status (negative: the signal)."""
+        pid = self.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.chdir(cwd)
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        return self.wait(pid)
+
+    def wait(self, pid: int) -> int:
+        """Serve the tree's stops until `pid` (a child of `fork`) ends; its exit status."""
         if self.refused:
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        self.state[pid] = TRUSTED
         return self.loop(pid)
 
     def loop(self, root: int) -> int:
@@ -375,8 +394,14 @@ class Tracer:
 
 
 def jail_argv(
-    python: str, jail_source: str, hidden: list[str], wrappers: str, tmp: str
+    python: str,
+    jail_source: str,
+    hidden: list[str],
+    wrappers: str,
+    tmp: str,
+    listable: tuple[str, ...] = (),
 ) -> list[str]:
-    """The argv of agent_jail.py's ``--guard`` form before the program and its argv."""
-    spec = json.dumps({"hidden": hidden, "bin": wrappers, "tmp": tmp})
+    """The argv of agent_jail.py's ``--guard`` form before the program and its argv
+    (`listable`: folders above hidden files whose listing stays open, agent_jail.py)."""
+    spec = json.dumps({"hidden": hidden, "bin": wrappers, "tmp": tmp, "listable": listable})
     return [python, "-I", "-B", "-c", jail_source, "--guard", spec]

@@ -55,6 +55,7 @@ import pkgutil
 import shutil
 import stat
 import sys
+import threading
 import types
 
 TYPE_CHECKING = False
@@ -86,7 +87,14 @@ VOLATILE = {("_pytest.assertion.util", "_reprcompare"),
 MAX_CHILD_OUTPUT = 16 * 1024 * 1024
 PR_SET_DUMPABLE = 4
 # The programs beside this one: the wire, the test side's proxies, the worker.
-HELPERS = ("repo_wire.py", "repo_strict.py", "repo_proxy.py", "repo_worker.py", "agent_jail.py")
+HELPERS = (
+    "repo_wire.py",
+    "repo_strict.py",
+    "repo_proxy.py",
+    "repo_worker.py",
+    "agent_jail.py",
+    "exec_guard.py",
+)
 
 
 # -- the declared artifacts ---------------------------------------------------------------
@@ -410,14 +418,40 @@ def _messages(raw: bytes) -> list[tuple[str, Any]]:
     return found
 
 
+def exec_tracer(worker: dict[str, Any], workdir: str) -> Any:
+    """exec_guard.py's tracer for the test processes (a program of the agent's a test
+    starts runs confined as the worker is), or None where it cannot run here."""
+    module = types.ModuleType("exec_guard")
+    exec(compile(worker["guard_source"], HELPERS[5], "exec"), vars(module))
+    if module.available():
+        return None
+    jail = worker["config"]
+    folder = os.path.dirname(jail["jail"])
+    argv = module.jail_argv(
+        sys.executable, worker["jail_source"], jail["hidden"], folder, "", (workdir,)
+    )
+    return module.Tracer(module.Policy([folder], folder, [workdir], argv))
+
+
+def _read_all(fd: int, chunks: list[bytes]) -> None:
+    size = 0
+    while chunk := os.read(fd, 1 << 16):
+        size += len(chunk)
+        if size <= MAX_CHILD_OUTPUT:
+            chunks.append(chunk)
+    os.close(fd)
+
+
 def run_file(
     ids: list[str], workdir: str, ini: str, trusted: set[str], guard: Guard, worker: dict[str, Any]
 ) -> tuple[list[str], dict[str, bool], str]:
-    """Fork a child for one test file; (collected ids, outcomes, problem or "")."""
+    """Fork a child for one test file (traced by the exec guard where it can run);
+    (collected ids, outcomes, problem or "")."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     r, w = os.pipe()
-    pid = os.fork()
+    tracer = exec_tracer(worker, workdir)
+    pid = os.fork() if tracer is None else tracer.fork()
     if pid == 0:  # the child: nothing of the parent's but the report pipe and stdio
         try:
             os.close(r)
@@ -427,13 +461,15 @@ def run_file(
         finally:
             os._exit(0)
     os.close(w)
-    chunks, size = [], 0
-    while chunk := os.read(r, 1 << 16):
-        size += len(chunk)
-        if size <= MAX_CHILD_OUTPUT:
-            chunks.append(chunk)
-    os.close(r)
-    _, status = os.waitpid(pid, 0)
+    chunks: list[bytes] = []
+    if tracer is None:
+        _read_all(r, chunks)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    else:  # the stops are served here while a thread drains the report pipe
+        reader = threading.Thread(target=_read_all, args=(r, chunks), daemon=True)
+        reader.start()
+        code = tracer.wait(pid)
+        reader.join()
     messages = _messages(b"".join(chunks))
     collected: list[str] = []
     outcomes: dict[str, bool] = {}
@@ -448,7 +484,6 @@ def run_file(
             tamper += [str(t) for t in data.get("tamper") or ()]
         elif kind == "END" and isinstance(data, dict):
             end = data
-    code = os.waitstatus_to_exitcode(status)
     why = ""
     if end is None:
         why = f"the test process ended (status {code}) before its session finished"
@@ -499,7 +534,14 @@ def load_helpers(cfg: dict[str, Any], home: str, workdir: str) -> dict[str, Any]
     hidden = [home, *(os.path.join(workdir, str(rel)) for rel in tests)]
     jail = {"jail": os.path.join(folder, HELPERS[4]), "hidden": hidden}
     program = os.path.join(folder, HELPERS[3])
-    return {"program": program, "sources": sources, "timeout_s": timeout_s, "config": jail}
+    return {
+        "program": program,
+        "sources": sources,
+        "timeout_s": timeout_s,
+        "config": jail,
+        "jail_source": helpers[HELPERS[4]],
+        "guard_source": helpers[HELPERS[5]],
+    }
 
 
 def run(

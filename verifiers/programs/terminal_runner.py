@@ -371,11 +371,6 @@ def exec_guard(
     space: dict[str, Any] = {"__name__": "palaestra_exec_guard"}
     exec(compile(boot["exec_guard.py"], "exec_guard.py", "exec"), space)
     why = space["available"]() or ("" if real else "no python3 for the jail")
-    if not why:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall.restype = ctypes.c_long
-        if libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)) < 0:
-            why = "Landlock is unavailable"
     if why:
         return why
     vdir, _logs, bindir, home = hidden

@@ -86,7 +86,8 @@ async def _verify(
     timeout_s: float = 120.0,
 ) -> TerminalRun:
     environment, verifier, private = task
-    async with await backend.create(SandboxSpec(workspace_mb=16)) as box:
+    # what the terminal family asks for its verifier: the exec guard may trace
+    async with await backend.create(SandboxSpec(workspace_mb=16, traces_execs=True)) as box:
         return await verify_workspace(
             box,
             files_tar(workspace),
@@ -147,3 +148,45 @@ async def test_the_worker_reaches_nothing_of_the_test_process(backend_name: str)
     assert run.sets[0].passed == 4, feedback
     assert "the code under test ended its own process (exit status 3)" in feedback, feedback
     assert "the code under test did not answer within 10 s (killed)" in feedback, feedback
+
+
+# A repository task whose hidden test runs the agent's command-line program in a
+# subprocess (issue 31, invariant 3): the program must not read the test to print its answer.
+CLI_TEST = """\
+import subprocess
+import sys
+
+
+def test_cli():
+    out = subprocess.run(
+        [sys.executable, "-m", "clikit"], capture_output=True, text=True, cwd="/work"
+    ).stdout
+    assert out.strip() == "answer-5e1d"
+"""
+CLI_TASK = (
+    {"clikit/__init__.py": "", "clikit/__main__.py": "print('todo')\n"},
+    {"tests/test_cli_hidden.py": CLI_TEST},
+    {"fail_to_pass": ["tests/test_cli_hidden.py::test_cli"]},
+)
+READS_THE_TEST = """\
+import glob, re
+found = []
+for path in glob.glob("/work/tests/*.py"):
+    try:
+        found += re.findall(r"answer-[0-9a-f]+", open(path).read())
+    except OSError:
+        pass
+print(found[0] if found else "nothing")
+"""
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_a_program_a_test_runs_cannot_read_the_tests(backend_name: str) -> None:
+    backend = _backend(backend_name)
+    try:
+        cheat = await _verify(backend, {"clikit/__main__.py": READS_THE_TEST}, CLI_TASK)
+        assert cheat.reward == 0.0, cheat.feedback()
+        honest = await _verify(backend, {"clikit/__main__.py": "print('answer-5e1d')\n"}, CLI_TASK)
+        assert honest.reward == 1.0, honest.feedback()
+    finally:
+        await backend.aclose()
