@@ -106,6 +106,22 @@ async def test_seccomp_denials(box: BwrapSandbox) -> None:
     assert r.stdout.split() == ["Seccomp:", "2"], r
 
 
+async def test_only_a_sandbox_that_traces_execs_allows_ptrace(backend: BwrapBackend) -> None:
+    """The terminal verifier's sandbox (SandboxSpec.traces_execs, for its exec guard) may
+    ptrace; every other keeps it denied, on bwrap and in the docker profile."""
+    spec = SandboxSpec(default_timeout_s=20, traces_execs=True)
+    async with await backend.create(spec) as traced:
+        r = await traced.exec(["python3", "-c", SECCOMP_PROBE])
+    out = eval(r.stdout)  # our own probe's repr of a dict of tuples
+    assert out["ptrace"][0] == 0, out["ptrace"]  # PTRACE_TRACEME: allowed
+    assert out["pvr"] == (-1, "EPERM") and out["bpf"] == (-1, "EPERM")
+    assert "ptrace" in seccomp.denied() and "ptrace" not in seccomp.denied(traces_execs=True)
+    for traces, denied in ((False, True), (True, False)):
+        rules = seccomp.docker_profile(traces_execs=traces)["syscalls"]
+        names = {n for rule in rules for n in rule["names"]}  # type: ignore[attr-defined]
+        assert ("ptrace" in names) is denied
+
+
 async def test_seccomp_normal_programs_work(box: BwrapSandbox) -> None:
     r = await box.exec("ls / >/dev/null && sh -c 'echo sh' && python3 -c 'import ssl; print(1)'")
     assert r.ok and r.stdout == "sh\n1\n", r

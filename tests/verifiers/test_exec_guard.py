@@ -60,6 +60,15 @@ def test_which_execs_are_the_agents(exe: str, argv: list[str], cwd: str, agent: 
     assert confines(exe, argv, cwd, POLICY) is agent
 
 
+def test_a_script_of_the_agents_is_confined_whatever_its_interpreter() -> None:
+    # ``#!/usr/bin/env -S cat /tmp/verifier/expected.txt``: the kernel runs env (a plain
+    # tool) with the script's path; the exec named the agent's file
+    argv = ["/usr/bin/env", "-S cat /tmp/verifier/expected.txt", "./prog"]
+    assert confines("/usr/bin/env", argv, "/work", POLICY, execfn="./prog")
+    assert confines("/usr/bin/python3.11", ["python", "-c", "x"], "/", POLICY, "/work/venv/py")
+    assert not confines("/usr/bin/bash", ["bash", "/tmp/verifier/t.sh"], "/", POLICY, "/bin/bash")
+
+
 def test_the_wrappers_route_themselves() -> None:
     assert is_wrapper("/usr/bin/dash", ["/bin/sh", "/tmp/bin/python3", "x.py"], POLICY)
     assert not is_wrapper("/usr/bin/dash", ["/bin/sh", "/work/python3"], POLICY)
@@ -81,7 +90,7 @@ RUN_PY = (
 )
 CHECKER = """\
 cd "$WORK"
-chmod +x prog sub/prog2
+chmod +x prog sub/prog2 sub/envs
 echo "direct: $(/bin/sh -c "$WORK/prog")"
 echo "relative: $(./prog)"
 echo "python: $(python3 "$VERIFIER_DIR/run.py" "$WORK/prog")"
@@ -89,6 +98,7 @@ make -s -C "$WORK" >/dev/null 2>&1; echo "make: $(cat "$WORK/made.txt")"
 echo "env: $(env ./prog)"
 echo "named: $(./sub/prog2 "$VERIFIER_DIR/named.txt")"
 echo "child: $(./sub/prog2)"
+echo "shebang: $(./sub/envs 2>/dev/null | grep -c SECRET)"
 echo "checker: $(cat "$VERIFIER_DIR/expected.txt")"
 """
 
@@ -108,6 +118,7 @@ def test_the_checkers_programs_of_the_agent_cannot_read_the_verifier(tmp_path: P
     (work / "sub" / "prog2").write_text(
         f'#!/bin/sh\n[ -n "$1" ] && cat "$1" && exit\nsh -c \'{read.strip()}\'\n'
     )
+    (work / "sub" / "envs").write_text(f"#!/usr/bin/env -S cat {vdir}/expected.txt\n")
     (work / "Makefile").write_text(f"all:\n\t{read.strip()} > made.txt\n")
     cfg = {
         "hidden": [str(vdir), str(logs), str(bindir), str(home)],
@@ -128,5 +139,6 @@ def test_the_checkers_programs_of_the_agent_cannot_read_the_verifier(tmp_path: P
     for how in ("direct", "relative", "python", "make", "env", "child"):
         assert lines[how] == "denied", (how, out.stdout, out.stderr)
     assert lines["named"] == "NAMED"
+    assert lines["shebang"] == "0"
     assert lines["checker"] == "SECRET"
     assert report["confined"] >= 7

@@ -43,6 +43,7 @@ GROUP_STOPS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 WALL = 0x40000000
 PR_SET_DUMPABLE = 4
 SYS_EXECVE = 59
+AT_EXECFN = 31
 SYS_LANDLOCK_CREATE_RULESET = 444  # with flag 1: the ABI version
 MAX_ARGV_BYTES = 96 * 1024  # what is written below the stack pointer (the kernel leaves 128K)
 
@@ -143,14 +144,16 @@ def is_wrapper(exe: str, argv: list[str], policy: Policy) -> bool:
     )
 
 
-def confines(exe: str, argv: list[str], cwd: str, policy: Policy) -> bool:
+def confines(exe: str, argv: list[str], cwd: str, policy: Policy, execfn: str = "") -> bool:
     """Whether a program an unconfined (checker's) process just executed is the agent's to
-    confine: the file is the agent's; or it is not the checker's own program (a file or
-    script of the verifier's, inline code of an interpreter, a tool of `SAFE_TOOLS`) and an
-    argument or its working directory is in the agent's folders."""
+    confine: the file, or the script the exec named (`execfn`, whatever its ``#!`` line
+    runs), is the agent's; or it is not the checker's own program (a file or script of the
+    verifier's, inline code of an interpreter, a tool of `SAFE_TOOLS`) and an argument or
+    its working directory is in the agent's folders."""
     if _under(exe, policy.own):
         return False
-    if _under(exe, policy.agent):
+    named = os.path.normpath(os.path.join(cwd, execfn)) if execfn else ""
+    if _under(exe, policy.agent) or (named and _under(named, policy.agent)):
         return True
     name = os.path.basename(exe)
     inline, operand = _program_arg(name, argv[1:])
@@ -302,20 +305,21 @@ class Tracer:
             self.state[pid] = CONFINED
             self.confined += 1
             return self.resume(pid)
+        if state == WRAPPER:
+            self.state[pid] = TRUSTED
+            return self.resume(pid)
         try:
             exe = os.readlink(f"/proc/{pid}/exe")
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = [a.decode("utf-8", "surrogateescape") for a in f.read().split(b"\0")[:-1]]
             cwd = os.readlink(f"/proc/{pid}/cwd")
+            execfn = self.execfn(pid)
         except OSError:
-            exe, argv, cwd = "", [], "/"
-        if state == WRAPPER:
-            self.state[pid] = TRUSTED
-            return self.resume(pid)
+            exe, argv, cwd, execfn = "", [], "/", ""
         if exe and is_wrapper(exe, argv, self.policy):
             self.state[pid] = WRAPPER
             return self.resume(pid)
-        if exe and not confines(exe, argv, cwd, self.policy):
+        if exe and not confines(exe, argv, cwd, self.policy, execfn):
             return self.resume(pid)
         try:
             self.inject(pid, exe)
@@ -377,6 +381,18 @@ class Tracer:
         self.state[pid] = CONFINED  # whatever is left of it runs nothing
         os.kill(pid, signal.SIGKILL)
         self.resume(pid)
+
+    def execfn(self, pid: int) -> str:
+        """The path the exec named (AT_EXECFN): a script's own path, whose interpreter is
+        what /proc/<pid>/exe shows."""
+        with open(f"/proc/{pid}/auxv", "rb") as f:
+            auxv = f.read()
+        pairs = struct.unpack(f"<{len(auxv) // 8}Q", auxv[: len(auxv) // 8 * 8])
+        addr = dict(zip(pairs[::2], pairs[1::2], strict=False)).get(AT_EXECFN, 0)
+        raw = b""
+        while addr and b"\0" not in raw and len(raw) < 4096:
+            raw += struct.pack("<Q", self.peek(pid, addr + len(raw)))
+        return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
     def getregs(self, pid: int) -> Regs:
         regs = Regs()
