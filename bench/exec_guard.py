@@ -33,7 +33,7 @@ def _tracer(root: Path) -> exec_guard.Tracer:
     hidden = [str(root / n) for n in ("verifier", "logs", "bin", "home")]
     jail_source = (PROGRAMS / "agent_jail.py").read_text()
     jail = exec_guard.jail_argv(sys.executable, jail_source, hidden, hidden[2], str(root / "t"))
-    policy = exec_guard.Policy(hidden[:1], hidden[2], [str(root / "work")], jail)
+    policy = exec_guard.Policy(hidden, [str(root / "work")], jail)
     return exec_guard.Tracer(policy)
 
 

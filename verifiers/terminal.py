@@ -80,6 +80,9 @@ REPO_HELPERS = (
 MAX_CHANNEL = 1024 * 1024
 VERIFIER_DIR = "/tmp/verifier"
 VERIFIER_LOGS = "/tmp/verifier-logs"
+# Where the verification sandbox keeps what the agent must not reach (VERIFIER_DIR, the
+# logs, the runner's wrappers and HOME) and the kernel's views of processes.
+VERIFIER_SPACE = ("/tmp", "/var/tmp", "/dev/shm", "/proc")
 PYTEST_CONFIG_NAMES = ("conftest.py", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini")
 TEST_SH = "test.sh"
 DEFAULT_TIMEOUT_S = 120.0
@@ -210,6 +213,22 @@ def files_tar(files: Mapping[str, str], executable: bool = False) -> bytes:
     return out.getvalue()
 
 
+def _links_outside_the_verifier(
+    workdir: str, links: list[tuple[str, str]]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """(the links to recreate, the names of those dropped): a link of the agent's into
+    the verification sandbox's scratch space (the verifier's files, logs and wrappers live
+    in its /tmp) would make the checker read its own expected output as the answer."""
+    keep, dropped = [], []
+    for name, target in links:
+        where = posixpath.normpath(posixpath.join(workdir, posixpath.dirname(name), target))
+        if any(where == d or where.startswith(d + "/") for d in VERIFIER_SPACE):
+            dropped.append(name)
+        else:
+            keep.append((name, target))
+    return keep, dropped
+
+
 def _link_commands(workdir: str, links: Sequence[tuple[str, str]]) -> str:
     return "".join(
         f"ln -sfn -- {shlex.quote(target)} {shlex.quote(posixpath.join(workdir, name))} "
@@ -247,6 +266,10 @@ async def verify_workspace(
     # Tar work is CPU-bound (a workspace may be hundreds of MB): off the event loop.
     clean, links, notes = await asyncio.to_thread(sanitize_workspace, workspace)
     run.notes.extend(notes)
+    links, dropped = _links_outside_the_verifier(workdir, links)
+    run.notes.extend(
+        f"{name}: a link into the verifier's scratch space; not copied" for name in dropped
+    )
     await box.upload_tar(clean)
     if links:
         await box.exec(

@@ -26,6 +26,8 @@ beside it still scores 1.
 from __future__ import annotations
 
 import asyncio
+import io
+import tarfile
 from collections.abc import AsyncIterator
 
 import pytest
@@ -394,3 +396,34 @@ async def test_every_uv_form_of_pytest_runs_under_the_monitor(
     assert run.reward == 0.0, (form, run.feedback())
     good = await _verify(b, HONEST, verifier, True, image)
     assert good.reward == 1.0, (form, good.feedback())
+
+
+def _link_tar(name: str, target: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = tarfile.SYMTYPE, target
+        tf.addfile(info)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("target", ["/tmp/verifier/expected.txt", "../tmp/verifier/expected.txt"])
+async def test_an_answer_linked_to_the_expected_output_is_not_the_answer(
+    target: str, backend: tuple[str, Backend]
+) -> None:
+    # the checker's own ``cmp`` (a plain tool, unconfined) would follow the agent's link and
+    # compare the expected output with itself: a link into the scratch space is not copied
+    _, b = backend
+    spec = SandboxSpec(workdir=WORKDIR, workspace_mb=32, traces_execs=True)
+    test_sh = '#!/bin/bash\ncmp -s /work/out.txt "$VERIFIER_DIR/expected.txt"\n'
+    async with await b.create(spec) as box:
+        run = await verify_workspace(
+            box,
+            _link_tar("out.txt", target),
+            workdir=WORKDIR,
+            verifier={"test.sh": test_sh, **EXPECTED},
+            environment={},
+            timeout_s=60,
+        )
+    assert run.reward == 0.0, run.feedback()
+    assert "a link into the verifier's scratch space" in run.feedback()

@@ -24,11 +24,12 @@ from pathlib import Path
 import pytest
 
 from palaestra.verifiers.programs.agent_jail import confine
-from palaestra.verifiers.programs.exec_guard import Policy, confines, is_wrapper
+from palaestra.verifiers.programs.exec_guard import Policy, Started, confines
 
 HERE = Path(__file__).parent
 OWN = ["/tmp/verifier", "/tmp/bin", "/tmp/home", "/opt/palaestra-verifier"]
-POLICY = Policy(OWN, "/tmp/bin", ["/work", "/tmp/agent-tmp"], [])
+SCRATCH = ["/tmp", "/var/tmp", "/dev/shm"]
+POLICY = Policy([*OWN, "/tmp/verifier-logs"], ["/work", "/tmp/agent-tmp", *SCRATCH], [])
 
 
 @pytest.mark.parametrize(
@@ -57,21 +58,34 @@ POLICY = Policy(OWN, "/tmp/bin", ["/work", "/tmp/agent-tmp"], [])
     ],
 )
 def test_which_execs_are_the_agents(exe: str, argv: list[str], cwd: str, agent: bool) -> None:
-    assert confines(exe, argv, cwd, POLICY) is agent
+    assert confines(Started(exe, argv, cwd), POLICY) is agent
 
 
 def test_a_script_of_the_agents_is_confined_whatever_its_interpreter() -> None:
     # ``#!/usr/bin/env -S cat /tmp/verifier/expected.txt``: the kernel runs env (a plain
     # tool) with the script's path; the exec named the agent's file
     argv = ["/usr/bin/env", "-S cat /tmp/verifier/expected.txt", "./prog"]
-    assert confines("/usr/bin/env", argv, "/work", POLICY, execfn="./prog")
-    assert confines("/usr/bin/python3.11", ["python", "-c", "x"], "/", POLICY, "/work/venv/py")
-    assert not confines("/usr/bin/bash", ["bash", "/tmp/verifier/t.sh"], "/", POLICY, "/bin/bash")
+    assert confines(Started("/usr/bin/env", argv, "/work", execfn="./prog"), POLICY)
+    venv = Started("/usr/bin/python3.11", ["python", "-c", "x"], "/", "/work/venv/bin/python")
+    assert confines(venv, POLICY)
+    own = Started("/usr/bin/bash", ["bash", "/tmp/verifier/t.sh"], "/", "/bin/bash")
+    assert not confines(own, POLICY)
 
 
-def test_the_wrappers_route_themselves() -> None:
-    assert is_wrapper("/usr/bin/dash", ["/bin/sh", "/tmp/bin/python3", "x.py"], POLICY)
-    assert not is_wrapper("/usr/bin/dash", ["/bin/sh", "/work/python3"], POLICY)
+def test_the_agents_code_that_no_path_of_the_command_names_is_confined() -> None:
+    # a script on stdin, a module on PYTHONPATH, a program built or copied outside the
+    # workspace (anything under the sandbox's scratch folders but the runner's own)
+    assert confines(Started("/usr/bin/bash", ["bash"], "/", stdin="/work/solve.sh"), POLICY)
+    on_path = Started(
+        "/usr/bin/python3.11", ["python3", "-m", "sol"], "/", env={"PYTHONPATH": "/work"}
+    )
+    assert confines(on_path, POLICY)
+    assert confines(Started("/tmp/b/a.out", ["./a.out"], "/tmp/b"), POLICY)
+    assert confines(Started("/usr/bin/dash", ["sh", "x.sh"], "/", execfn="/tmp/link"), POLICY)
+    assert not confines(Started("/tmp/home/.local/bin/tool", ["tool"], "/work"), POLICY)
+    assert not confines(Started("/usr/bin/bash", ["bash"], "/", stdin="/tmp/verifier/s.sh"), POLICY)
+    plain = Started("/usr/bin/python3.11", ["python3", "-m", "x"], "/", env={"WORKDIR": "/work"})
+    assert not confines(plain, POLICY)
 
 
 def _landlock() -> bool:
@@ -124,7 +138,7 @@ def test_the_checkers_programs_of_the_agent_cannot_read_the_verifier(tmp_path: P
         "hidden": [str(vdir), str(logs), str(bindir), str(home)],
         "workdir": str(work),
         "tmp": str(agent_tmp),
-        "own": [str(vdir), str(bindir), str(home)],
+        "own": [str(vdir), str(logs), str(bindir), str(home)],
         "argv": ["/bin/bash", "-c", f"WORK={work}\n{CHECKER}"],
         "cwd": str(work),
     }

@@ -55,15 +55,18 @@ READ_FILE = 1 << 2
 
 def named_paths(args: list[str], cwd: str, hidden: list[str]) -> list[tuple[str, int]]:
     """The hidden files and folders a command names (absolute, relative to `cwd`, or after
-    an ``=``), each readable: a checker hands its own files to the program it runs."""
+    an ``=``; through no symlink), each readable: a checker hands its own files to the
+    program it runs."""
     roots = [os.path.realpath(h) for h in hidden]
     out: list[tuple[str, int]] = []
     for arg in args:
         for text in (arg, arg.split("=", 1)[1] if "=" in arg else ""):
             if not text:
                 continue
-            path = os.path.realpath(os.path.join(cwd, text))
-            if not any(path.startswith(r + "/") for r in roots):
+            path = os.path.normpath(os.path.join(cwd, text))
+            # only a path that names the file itself: a symlink of the agent's (``./prog
+            # 42`` with /work/42 -> /tmp/verifier/expected.txt) is no grant
+            if os.path.realpath(path) != path or not any(path.startswith(r + "/") for r in roots):
                 continue
             if os.path.isfile(path):
                 out.append((path, READ_FILE))

@@ -430,7 +430,9 @@ def exec_tracer(worker: dict[str, Any], workdir: str) -> Any:
     argv = module.jail_argv(
         sys.executable, worker["jail_source"], jail["hidden"], folder, "", (workdir,)
     )
-    return module.Tracer(module.Policy([folder], folder, [workdir], argv))
+    home = os.path.dirname(folder)
+    policy = module.Policy([home], [workdir, "/tmp", "/var/tmp", "/dev/shm"], argv)
+    return module.Tracer(policy)
 
 
 def _read_all(fd: int, chunks: list[bytes]) -> None:

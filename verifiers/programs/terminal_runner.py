@@ -52,6 +52,9 @@ from typing import Any
 PR_SET_DUMPABLE = 4
 HOST_PID_NS = 0xEFFFFFFC  # the initial pid namespace's inode (PROC_PID_INIT_INO)
 EXEC_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
+# Where any program may write in the verification sandbox: what is found there (but the
+# runner's own folders) may be the agent's code, copied or built (exec_guard.py).
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 DROP_PREFIXES = ("PYTHON", "PYTEST_", "LD_", "BASH_FUNC_", "GIT_", "UV_")
 DROP_NAMES = ("BASH_ENV", "ENV", "CDPATH", "GLOBIGNORE", "PROMPT_COMMAND", "SHELLOPTS",
               "VIRTUAL_ENV", "CONDA_PREFIX")  # fmt: skip
@@ -373,10 +376,10 @@ def exec_guard(
     why = space["available"]() or ("" if real else "no python3 for the jail")
     if why:
         return why
-    vdir, _logs, bindir, home = hidden
+    bindir = hidden[2]
     jail = space["jail_argv"](real, boot["agent_jail.py"], hidden, bindir, agent_tmp)
-    own = [vdir, bindir, home, os.path.dirname(os.path.dirname(TOOLS_UV))]
-    policy = space["Policy"](own, bindir, [workdir, agent_tmp], jail)
+    own = [*hidden, os.path.dirname(os.path.dirname(TOOLS_UV))]
+    policy = space["Policy"](own, [workdir, agent_tmp, *SCRATCH], jail)
     return space["Tracer"](policy)
 
 
