@@ -129,6 +129,19 @@ def lie():
 
 def use_pytest():
     import pytest  # noqa: F401
+
+
+def stdlib_values():
+    import datetime as dt, decimal, fractions, zoneinfo
+    class Half(fractions.Fraction):
+        def __eq__(self, other):
+            return True
+    east = dt.timezone(dt.timedelta(hours=5, minutes=30))
+    return (
+        fractions.Fraction(3, 2), decimal.Decimal("1.10"), dt.date(2024, 2, 29),
+        dt.datetime(2024, 2, 29, 12, 0, 1, 5), dt.datetime(2024, 1, 1, tzinfo=east),
+        dt.time(23, 59), dt.timedelta(days=-1, seconds=3), Half(1, 2),
+    )
 """
 
 
@@ -185,6 +198,29 @@ def test_subclasses_of_builtins_cross_as_builtin_values(
     assert remote.claims == 1
     equal = mod.Equal()  # not plain: stays a handle; against a fresh object it claims
     assert isinstance(equal, repo_proxy.RemoteObject) and (equal == object()) is True
+
+
+def test_the_standard_librarys_numbers_and_times_cross_as_values(
+    pkg: tuple[ModuleType, repo_proxy.Remote],
+) -> None:
+    # a repository's correct Fraction, Decimal or date return equals the test's own value
+    # in a strict assert (a handle would equal nothing of the test's); a subclass of one
+    # stays a handle
+    import datetime as dt
+    import decimal
+    import fractions
+
+    mod, _ = pkg
+    got = mod.stdlib_values()
+    east = dt.timezone(dt.timedelta(hours=5, minutes=30))
+    want = (
+        fractions.Fraction(3, 2), decimal.Decimal("1.10"), dt.date(2024, 2, 29),
+        dt.datetime(2024, 2, 29, 12, 0, 1, 5), dt.datetime(2024, 1, 1, tzinfo=east),
+        dt.time(23, 59), dt.timedelta(days=-1, seconds=3),
+    )  # fmt: skip
+    assert got[:7] == want and [type(x) for x in got[:7]] == [type(x) for x in want]
+    assert str(got[1]) == "1.10" and got[4].utcoffset() == dt.timedelta(hours=5, minutes=30)
+    assert isinstance(got[7], repo_proxy.RemoteObject)
 
 
 def test_exceptions_keep_their_builtin_type(pkg: tuple[ModuleType, repo_proxy.Remote]) -> None:

@@ -9,16 +9,21 @@ worker and crosses as a reference (a handle), which the test process can only ha
 One message a line: a JSON array. A value is a tagged array: ``["n"]`` None, ``["b", x]``,
 ``["i", x]``, ``["f", float.hex]``, ``["c", re, im]``, ``["s", x]``, ``["y", base64]``,
 ``["Y", base64]`` (bytearray), ``["l" | "t" | "S" | "F", [values]]`` (list, tuple, set,
-frozenset), ``["d", [[key, value], …]]``, ``["j", value]`` (a list or dict holding only
-lists, dicts with string keys, str, int, float, bool and None: the JSON value itself, which
-the JSON decoder already builds as fresh builtin objects, so a large plain argument or
-result costs no walk of ours on the way in); the other tags (handles, modules, exception
-classes, a fresh sentinel) are each side's own (`ref` and `deref` below).
+frozenset), ``["d", [[key, value], …]]``, ``["q", num, den]`` (Fraction), ``["D", str]``
+(Decimal), ``["Td" | "Tt" | "Tc", iso, utc offset s | null]`` (date, datetime, time with
+no zone or a fixed one), ``["Tl", days, s, µs]`` (timedelta), ``["j", value]`` (a list or
+dict holding only lists, dicts with string keys, str, int, float, bool and None: the JSON
+value itself, which the JSON decoder already builds as fresh builtin objects, so a large
+plain argument or result costs no walk of ours on the way in); the other tags (handles,
+modules, exception classes, a fresh sentinel) are each side's own (`ref` and `deref`).
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
+import decimal
+import fractions
 import json
 import os
 import select
@@ -34,6 +39,17 @@ MAX_LINE = 64 * 1024 * 1024  # one message
 SEQUENCES: dict[type, str] = {list: "l", tuple: "t", set: "S", frozenset: "F"}
 JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 BUILDERS: dict[str, Callable[[list[Any]], Any]] = {"l": list, "t": tuple, "S": set, "F": frozenset}
+# Values of the standard library's number and time types, by their parts (exact types).
+TIME_TAGS: dict[type, str] = {datetime.date: "Td", datetime.datetime: "Tt", datetime.time: "Tc"}
+TIME_BUILDERS: dict[str, Callable[[str], Any]] = {
+    "Td": datetime.date.fromisoformat,
+    "Tt": datetime.datetime.fromisoformat,
+    "Tc": datetime.time.fromisoformat,
+}
+VALUE_TYPES = frozenset({fractions.Fraction, decimal.Decimal, datetime.timedelta, *TIME_TAGS})
+OWN_TAGS = frozenset(
+    {"n", "b", "s", "i", "f", "c", "y", "Y", "d", "j", "q", "D", "Tl", *TIME_BUILDERS}
+)
 
 
 class WireError(Exception):
@@ -59,6 +75,8 @@ def encode(value: object, ref: Callable[[object], list[Any]], depth: int = 0) ->
     if kind is bytes or kind is bytearray:
         tag = "y" if kind is bytes else "Y"
         return [tag, base64.b64encode(value).decode("ascii")]  # type: ignore[arg-type]
+    if kind in VALUE_TYPES and (parts := _stdlib_value(value)) is not None:
+        return parts
     if (kind is list or kind is dict) and _json_only(value, depth):
         return ["j", value]
     if kind in SEQUENCES:
@@ -67,6 +85,25 @@ def encode(value: object, ref: Callable[[object], list[Any]], depth: int = 0) ->
         items = value.items()  # type: ignore[attr-defined]
         return ["d", [[encode(k, ref, depth + 1), encode(v, ref, depth + 1)] for k, v in items]]
     return ref(value)
+
+
+def _stdlib_value(value: Any) -> list[Any] | None:
+    """A number or time value of the standard library's (exact type) by its parts; None
+    for a time in a zone of its own (a handle then)."""
+    kind = type(value)
+    if kind is fractions.Fraction:
+        return ["q", value.numerator, value.denominator]
+    if kind is decimal.Decimal:
+        return ["D", str(value)]
+    if kind is datetime.timedelta:
+        return ["Tl", value.days, value.seconds, value.microseconds]
+    if kind is datetime.date:
+        return ["Td", value.isoformat(), None]
+    if type(value.tzinfo) not in (type(None), datetime.timezone):
+        return None
+    offset = value.utcoffset()
+    seconds = None if offset is None else offset.days * 86400 + offset.seconds
+    return [TIME_TAGS[kind], value.isoformat(), seconds]
 
 
 def _json_only(value: object, depth: int) -> bool:
@@ -113,6 +150,17 @@ def decode(node: object, deref: Callable[[list[Any]], object], depth: int = 0) -
     if tag in ("y", "Y") and len(args) == 1 and isinstance(args[0], str):
         data = base64.b64decode(args[0].encode("ascii"), validate=True)
         return bytes(data) if tag == "y" else bytearray(data)
+    if tag == "q" and len(args) == 2 and all(type(a) is int for a in args) and args[1] > 0:
+        return fractions.Fraction(args[0], args[1])
+    if tag == "D" and len(args) == 1 and isinstance(args[0], str):
+        return decimal.Decimal(args[0])
+    if tag == "Tl" and len(args) == 3 and all(type(a) is int for a in args):
+        return datetime.timedelta(days=args[0], seconds=args[1], microseconds=args[2])
+    if tag in TIME_BUILDERS and len(args) == 2 and isinstance(args[0], str):
+        value = TIME_BUILDERS[tag](args[0])
+        offset = None if tag == "Td" else value.utcoffset()
+        if args[1] is None if offset is None else args[1] == offset.days * 86400 + offset.seconds:
+            return value
     if tag in BUILDERS and len(args) == 1 and isinstance(args[0], list):
         return BUILDERS[tag]([decode(x, deref, depth + 1) for x in args[0]])
     if tag == "d" and len(args) == 1 and isinstance(args[0], list):
@@ -122,7 +170,7 @@ def decode(node: object, deref: Callable[[list[Any]], object], depth: int = 0) -
                 raise WireError("not a dict item of the protocol")
             out[decode(pair[0], deref, depth + 1)] = decode(pair[1], deref, depth + 1)
         return out
-    if isinstance(tag, str) and tag not in ("n", "b", "s", "i", "f", "c", "y", "Y", "d", "j"):
+    if isinstance(tag, str) and tag not in OWN_TAGS:
         return deref(node)
     raise WireError(f"not a value of the protocol (tag {str(tag)[:20]!r})")
 
