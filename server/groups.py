@@ -143,7 +143,7 @@ class GroupVerifier:
         return Member(episode_id, key, episode)
 
     async def _stored(self, digest: str) -> dict[str, Any] | None:
-        text = await asyncio.to_thread(self.manager.store.group_result, digest)
+        text = await self.manager.store.group_result(digest)
         return None if text is None else dict(json.loads(text))
 
     async def _judge(self, scorer: str, members: list[Member], digest: str) -> dict[str, Any]:
@@ -154,7 +154,7 @@ class GroupVerifier:
                 f"a group is the episodes of one task; these are of {len(tasks)}: {tasks[:5]}",
                 code="mixed_tasks",
             )
-        taken = await asyncio.to_thread(self.manager.store.groups_of, tuple(m.key for m in members))
+        taken = await self.manager.store.groups_of(tuple(m.key for m in members))
         for member in members:
             if member.key in taken:
                 raise ConflictError(
@@ -219,8 +219,7 @@ class GroupVerifier:
             },
         }
         try:
-            await asyncio.to_thread(
-                self.manager.store.put_group,
+            await self.manager.store.put_group(
                 digest,
                 first.task.ref,
                 scorer,

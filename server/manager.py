@@ -126,15 +126,15 @@ class EpisodeManager:
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
-        voided = await asyncio.to_thread(
-            self.store.mark_unfinished, EpisodeStatus.VOID.value, "server restarted", time.time()
+        voided = await self.store.mark_unfinished(
+            EpisodeStatus.VOID.value, "server restarted", time.time()
         )
         if voided:
             log.warning("marked %d episodes left active by a previous server as void", voided)
-        history = await asyncio.to_thread(self.store.sampler_history, self.settings.sampler_history)
+        history = await self.store.sampler_history(self.settings.sampler_history)
         self.sampler.replay(history)
         self.sampler.refresh()
-        starts = await asyncio.to_thread(self.store.starts_since, time.time() - 3600.0)
+        starts = await self.store.starts_since(time.time() - 3600.0)
         self.tenancy.restore_starts(starts)
         self._reaper = asyncio.create_task(self._reap_forever(), name="palaestra-reaper")
         if self.packs.warmer is not None:  # packs not cached: generated in the background
@@ -157,7 +157,7 @@ class EpisodeManager:
         aclose = getattr(self.judges, "aclose", None)  # ServerJudges' pooled client
         if aclose is not None:
             await aclose()
-        await asyncio.to_thread(self.store.close)
+        await self.store.aclose()
 
     def detach(self, work: asyncio.Future[Any], owner: str | None = None) -> None:
         """Let `work` run on after its caller stopped waiting (a batch step answered
@@ -230,10 +230,9 @@ class EpisodeManager:
         self._reserved.add(episode_id)
         self._pending += 1
         try:
-            if request.episode_id:  # also taken when stored by an earlier server
-                await self.store.aflush()
-                if await asyncio.to_thread(self.store.owners, (episode_id,)):
-                    raise id_taken(request.episode_id)
+            # also taken when stored by an earlier server
+            if request.episode_id and await self.store.owners((episode_id,)):
+                raise id_taken(request.episode_id)
             sandboxes = self.sandboxes.for_episode(family, task)
             ctx = EpisodeContext(
                 episode_id=episode_id,
@@ -295,7 +294,7 @@ class EpisodeManager:
         )
         self._live[episode_id] = episode
         self.store.create_episode(state, task.digest, task.sealed, owner=owner)
-        await self.store.aflush()  # an episode a client was told of survives a crash
+        await self.store.commit()  # an episode a client was told of survives a crash
         if run is not None:
             self.detach(self.harness.launch(run, episode, self._harness_ended))
         self.metrics.episodes_started.labels(family=task.family).inc()
@@ -331,10 +330,7 @@ class EpisodeManager:
                 cached = episode.replies.get(request.request_id)
                 if cached is not None:
                     return cached
-                await self.store.aflush()
-                stored = await asyncio.to_thread(
-                    self.store.find_step, episode.id, request.request_id
-                )
+                stored = await self.store.find_step(episode.id, request.request_id)
                 if stored is not None:
                     return stored
             if episode.state.status is not EpisodeStatus.ACTIVE:
@@ -383,7 +379,7 @@ class EpisodeManager:
             if reply.terminated or reply.truncated:
                 self.store.update_episode(episode.settled_state())
                 # The client learns that the episode ended only once it is on disk.
-                await self.store.aflush()
+                await self.store.commit()
             return reply
 
     async def _run_step(
@@ -527,7 +523,7 @@ class EpisodeManager:
                 )
             verdict = await self._verify(episode)
             self.store.update_episode(episode.settled_state())
-            await self.store.aflush()
+            await self.store.commit()
             return verdict
 
     async def state(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> EpisodeState:
@@ -541,8 +537,7 @@ class EpisodeManager:
                 state.harness = episode.harness.snapshot()
             if principal.is_admin:  # the operator may read a sealed verifier's own words
                 state.sealed_feedback = episode.full_feedback
-            await self.store.aflush()
-        state.trajectory = await asyncio.to_thread(self.store.load_steps, key, state.step_count)
+        state.trajectory = await self.store.load_steps(key, state.step_count)
         state.episode_id = episode_id  # the id the caller knows it by
         return state
 
@@ -566,7 +561,7 @@ class EpisodeManager:
                 reply = await self._finish(episode, obs, terminated=not cut, truncated=cut)
             self.harness.final_record(episode.harness, episode, reply)
             self.store.update_episode(episode.settled_state())
-            await self.store.aflush()
+            await self.store.commit()
 
     # -- helpers --------------------------------------------------------------------------
     async def _allowed(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
@@ -585,8 +580,7 @@ class EpisodeManager:
         Another token's episode answers exactly as an unknown id does (404, same message):
         no existence oracle, and no split oracle (the sealed check comes after ownership)."""
         keys = candidate_keys(principal.token_id, episode_id)
-        await self.store.aflush()
-        found = await asyncio.to_thread(self.store.owners, keys)
+        found = await self.store.owners(keys)
         for key in keys:
             row = found.get(key)
             if row is None:
@@ -609,8 +603,7 @@ class EpisodeManager:
 
     async def _load(self, key: str, episode_id: str) -> EpisodeState:
         """The stored episode under `key`, shown under the id the caller used."""
-        await self.store.aflush()
-        state = await asyncio.to_thread(self.store.load_episode, key)
+        state = await self.store.load_episode(key)
         if state is None:
             raise unknown_episode(episode_id)
         state.episode_id = episode_id
@@ -620,8 +613,7 @@ class EpisodeManager:
         self, key: str, episode_id: str, request_id: str | None
     ) -> StepResponse:
         if request_id:
-            await self.store.aflush()
-            stored = await asyncio.to_thread(self.store.find_step, key, request_id)
+            stored = await self.store.find_step(key, request_id)
             if stored is not None:
                 return stored
         state = await self._load(key, episode_id)

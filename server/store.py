@@ -1,10 +1,13 @@
 """The store of episodes, every step of every trajectory, every verdict, and where each
 episode runs (its placement on a worker), on either engine of server/db.py.
 
-Writes go through one writer thread that batches them into transactions, so the
-event loop never waits on the disk; `flush()` waits until everything queued is
-committed (on shutdown, and before a read that must see the latest writes). Several
-processes may share one database (SQLite in WAL mode with a busy timeout, or PostgreSQL).
+Writes go through one writer thread that batches them into transactions, so the event
+loop never waits on the disk. Reads are async and see every write queued before them
+(`_read`: they wait for the writer, then run off the event loop); `commit()` is the one
+explicit durable point, where the contract says a client is told only what is on disk.
+Callers never flush or wrap store calls in threads (`flush()` and the blocking
+`StoreReads` are for code on a thread of its own). Several processes may share one
+database (SQLite in WAL mode with a busy timeout, or PostgreSQL).
 """
 
 from __future__ import annotations
@@ -15,25 +18,37 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from palaestra.sdk.errors import ServerError, UnavailableError
 from palaestra.sdk.models import (
-    EpisodeMetrics,
     EpisodeState,
-    GroupReward,
     StepRecord,
     StepResponse,
     Verdict,
 )
 from palaestra.server.db import Connection, Database
+from palaestra.server.store_reads import StoreReads
+
+_T = TypeVar("_T")
 
 # A queued write: statement, parameters, and the future its caller may wait on (or None).
 _Write = tuple[str, tuple[Any, ...], "Future[None] | None"]
-_Item = _Write | threading.Event | None
+# A marker the writer sets once everything queued before it is committed: an Event for a
+# thread that waits, a Future for a coroutine (`commit`).
+_Marker = threading.Event | Future[None]
+_Item = _Write | _Marker | None
 
 log = logging.getLogger("palaestra.store")
+
+
+def _set(marker: _Marker) -> None:
+    if isinstance(marker, threading.Event):
+        marker.set()
+    elif not marker.done():
+        marker.set_result(None)
 
 
 class StoreWriteError(ServerError):
@@ -65,19 +80,13 @@ def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
     return runs
 
 
-def _group_reward(row: Any) -> GroupReward | None:
-    """An episode's group reward from its (reward, scorer, method, digest) row."""
-    if row is None:
-        return None
-    return GroupReward(reward=row[0], scorer=row[1], method=row[2], group_digest=row[3])
-
-
 class Store:
     """Episodes, steps, verdicts and placements in `db` (which the store then owns: closing
     the store closes it)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.reads = StoreReads(db)  # blocking, for code on a thread of its own
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self.write_errors = 0  # writes dropped because their statement failed
         self.writer_error: str | None = None  # why the writer thread stopped, if it did
@@ -102,12 +111,12 @@ class Store:
             while True:
                 item = self._queue.get()
                 batch: list[_Write] = []
-                events: list[threading.Event] = []
+                events: list[_Marker] = []
                 stop = False
                 while True:
                     if item is None:
                         stop = True
-                    elif isinstance(item, threading.Event):
+                    elif isinstance(item, threading.Event | Future):
                         events.append(item)
                     else:
                         batch.append(item)
@@ -120,7 +129,7 @@ class Store:
                 if batch:
                     conn = self._commit_or_reconnect(conn, batch)
                 for event in events:
-                    event.set()
+                    _set(event)
                 if stop:
                     return
         except Exception as exc:  # a bug here, or a database gone: readiness must show it
@@ -188,8 +197,8 @@ class Store:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, threading.Event):
-                item.set()
+            if isinstance(item, threading.Event | Future):
+                _set(item)
             elif item is not None and item[2] is not None and not item[2].done():
                 item[2].set_exception(_writer_down(self.writer_error))
 
@@ -264,7 +273,8 @@ class Store:
         )
 
     def put_placement(self, episode_id: str, worker: str, node: str) -> None:
-        """Queued: `episode_id` runs on `worker` of `node` (cluster mode; await aflush())."""
+        """Queued: `episode_id` runs on `worker` of `node` (cluster mode; `commit` where it
+        must be on disk)."""
         self._put(
             "INSERT INTO placements (episode_id, worker, node, created_at) VALUES (?,?,?,?)"
             " ON CONFLICT (episode_id) DO UPDATE"
@@ -280,7 +290,7 @@ class Store:
             (digest, data, time.time()),
         )
 
-    def put_group(
+    async def put_group(
         self,
         digest: str,
         task: str,
@@ -290,9 +300,22 @@ class Store:
         result: str,
         rewards: dict[str, float],
     ) -> None:
-        """Store a judged group and its members' rewards now, in one transaction (blocking:
-        call it through asyncio.to_thread). IntegrityError where the group, or one of its
-        episodes in another group, is stored already (a group reward is given once)."""
+        """Store a judged group and its members' rewards now, in one transaction.
+        IntegrityError where the group, or one of its episodes in another group, is stored
+        already (a group reward is given once)."""
+        args = (digest, task, scorer, method, owner, result, rewards)
+        await self._read(self._put_group_now, *args)
+
+    def _put_group_now(
+        self,
+        digest: str,
+        task: str,
+        scorer: str,
+        method: str,
+        owner: str | None,
+        result: str,
+        rewards: dict[str, float],
+    ) -> None:
         with self.db.transaction() as conn:
             conn.execute(
                 "INSERT INTO group_verdicts (digest, task, scorer, method, owner, result,"
@@ -305,19 +328,8 @@ class Store:
                     (episode_id, digest, reward),
                 )
 
-    def group_result(self, digest: str) -> str | None:
-        """The stored result (JSON) of the group `digest` (None: never judged)."""
-        row = self.db.one("SELECT result FROM group_verdicts WHERE digest=?", (digest,))
-        return str(row[0]) if row else None
-
-    def groups_of(self, keys: tuple[str, ...]) -> dict[str, str]:
-        """The group digest of each episode among `keys` judged in a group already."""
-        marks = ",".join("?" * len(keys))
-        rows = self.db.all(
-            f"SELECT episode_id, group_digest FROM group_rewards WHERE episode_id IN ({marks})",
-            keys,
-        )
-        return {row[0]: row[1] for row in rows}
+    def add_sampler_release(self, task: str, at: float) -> None:
+        self._put("INSERT INTO sampler_releases (task, at) VALUES (?,?)", (task, at))
 
     def flush(self) -> None:
         """Wait until everything queued before is committed (or dropped, or the writer died)."""
@@ -329,8 +341,69 @@ class Store:
             if not self._writer.is_alive():  # died between the check and the put
                 return
 
-    async def aflush(self) -> None:
-        await asyncio.to_thread(self.flush)
+    async def commit(self) -> None:
+        """Return once everything queued before is committed: where the contract says a
+        client is told only what is on disk (an episode started, ended or verified)."""
+        if not self._writer.is_alive():
+            return
+        marker: Future[None] = Future()
+        self._queue.put(marker)
+        if not self._writer.is_alive():  # died between the check and the put
+            _set(marker)
+        await asyncio.wrap_future(marker)
+
+    async def _read(self, read: Callable[..., _T], *args: Any) -> _T:
+        """`read` (a `StoreReads` method) once every write queued before is committed, off
+        the event loop: a read never misses a write the server made before it."""
+        await self.commit()
+        return await asyncio.to_thread(read, *args)
+
+    # -- reads (async; each sees every write queued before it) --------------------------
+    async def load_episode(
+        self, episode_id: str, with_trajectory: bool = True
+    ) -> EpisodeState | None:
+        return await self._read(self.reads.load_episode, episode_id, with_trajectory)
+
+    async def load_steps(self, episode_id: str, count: int | None = None) -> list[StepRecord]:
+        return await self._read(self.reads.load_steps, episode_id, count)
+
+    async def find_step(self, episode_id: str, request_id: str) -> StepResponse | None:
+        return await self._read(self.reads.find_step, episode_id, request_id)
+
+    async def owners(self, keys: tuple[str, ...]) -> dict[str, tuple[str | None, bool]]:
+        return await self._read(self.reads.owners, keys)
+
+    async def starts_since(self, since: float) -> list[tuple[str, float]]:
+        return await self._read(self.reads.starts_since, since)
+
+    async def sampler_history(
+        self, limit: int
+    ) -> list[tuple[float, str, str, float, bool, str | None]]:
+        return await self._read(self.reads.sampler_history, limit)
+
+    async def placement(self, episode_id: str) -> tuple[str, str] | None:
+        return await self._read(self.reads.placement, episode_id)
+
+    async def active_on(self, worker: str) -> list[str]:
+        return await self._read(self.reads.active_on, worker)
+
+    async def group_result(self, digest: str) -> str | None:
+        return await self._read(self.reads.group_result, digest)
+
+    async def groups_of(self, keys: tuple[str, ...]) -> dict[str, str]:
+        return await self._read(self.reads.groups_of, keys)
+
+    async def mark_unfinished(self, status: str, reason: str, now: float) -> int:
+        """At start-up: episodes left `active` by a previous process can never resume."""
+        sql = (
+            "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?"
+            " WHERE status='active'"
+        )
+        return await self._read(self.db.run, sql, (status, reason, now, now))
+
+    async def aclose(self) -> None:
+        """`close`, off the event loop (it waits for the writer to commit what is queued)."""
+        await asyncio.to_thread(self.close)
 
     def close(self) -> None:
         """Commit what is queued, stop the writer and close the database."""
@@ -339,145 +412,3 @@ class Store:
             self._queue.put(None)
             self._writer.join()
             self.db.close()
-
-    # -- reads (blocking; call through asyncio.to_thread from the server) ---------------
-    def load_episode(self, episode_id: str, with_trajectory: bool = True) -> EpisodeState | None:
-        with self.db.connection() as db:
-            row = db.execute(
-                "SELECT id, task, family, domain, split, status, step_count, created_at,"
-                " updated_at, ended_at, void_reason, timings, metrics FROM episodes WHERE id=?",
-                (episode_id,),
-            ).fetchone()
-            if row is None:
-                return None
-            verdict_row = db.execute(
-                "SELECT verdict FROM verdicts WHERE episode_id=?", (episode_id,)
-            ).fetchone()
-            steps = self._steps(db, episode_id) if with_trajectory else []
-            group = db.execute(
-                "SELECT r.reward, g.scorer, g.method, g.digest FROM group_rewards r"
-                " JOIN group_verdicts g ON g.digest = r.group_digest WHERE r.episode_id=?",
-                (episode_id,),
-            ).fetchone()
-        return EpisodeState(
-            episode_id=row[0],
-            task=row[1],
-            family=row[2],
-            domain=row[3],
-            split=row[4],
-            status=row[5],
-            step_count=row[6],
-            created_at=row[7],
-            updated_at=row[8],
-            ended_at=row[9],
-            void_reason=row[10],
-            timings=json.loads(row[11]),
-            metrics=EpisodeMetrics.model_validate_json(row[12] or "{}"),
-            verdict=Verdict.model_validate_json(verdict_row[0]) if verdict_row else None,
-            trajectory=steps,
-            group_reward=_group_reward(group),
-        )
-
-    def load_steps(self, episode_id: str, count: int | None = None) -> list[StepRecord]:
-        """An episode's trajectory, its first `count` steps (flush first to see the latest)."""
-        with self.db.connection() as db:
-            return self._steps(db, episode_id, count)
-
-    @staticmethod
-    def _steps(db: Connection, episode_id: str, count: int | None = None) -> list[StepRecord]:
-        rows = db.execute(
-            "SELECT record FROM steps WHERE episode_id=? AND idx < ? ORDER BY idx",
-            (episode_id, 2**62 if count is None else count),
-        ).fetchall()
-        return [StepRecord.model_validate_json(row[0]) for row in rows]
-
-    def find_step(self, episode_id: str, request_id: str) -> StepResponse | None:
-        row = self.db.one(
-            "SELECT record FROM steps WHERE episode_id=? AND request_id=?",
-            (episode_id, request_id),
-        )
-        if row is None:
-            return None
-        record = StepRecord.model_validate_json(row[0])
-        return StepResponse(
-            observation=record.observation,
-            reward=record.reward,
-            terminated=record.terminated,
-            truncated=record.truncated,
-            info=record.info,
-        )
-
-    def is_sealed(self, episode_id: str) -> bool:
-        """Whether a stored episode ran on a sealed split (unknown episodes: False)."""
-        row = self.db.one("SELECT sealed FROM episodes WHERE id=?", (episode_id,))
-        return bool(row and row[0])
-
-    def owners(self, keys: tuple[str, ...]) -> dict[str, tuple[str | None, bool]]:
-        """(owner token id, sealed) of the stored episodes among `keys` (absent: unknown)."""
-        marks = ",".join("?" * len(keys))
-        rows = self.db.all(f"SELECT id, owner, sealed FROM episodes WHERE id IN ({marks})", keys)
-        return {row[0]: (row[1], bool(row[2])) for row in rows}
-
-    def starts_since(self, since: float) -> list[tuple[str, float]]:
-        """(owner, created_at) of the episodes started since `since` (quota windows)."""
-        rows = self.db.all(
-            "SELECT owner, created_at FROM episodes WHERE created_at > ? AND owner IS NOT NULL",
-            (since,),
-        )
-        return [(row[0], float(row[1])) for row in rows]
-
-    def placement(self, episode_id: str) -> tuple[str, str] | None:
-        """(worker, node) the episode was placed on (None: never placed)."""
-        row = self.db.one("SELECT worker, node FROM placements WHERE episode_id=?", (episode_id,))
-        return (row[0], row[1]) if row else None
-
-    def active_on(self, worker: str) -> list[str]:
-        """Ids of the `active` episodes placed on `worker`."""
-        rows = self.db.all(
-            "SELECT p.episode_id FROM placements p JOIN episodes e ON e.id = p.episode_id"
-            " WHERE p.worker=? AND e.status='active' ORDER BY p.episode_id",
-            (worker,),
-        )
-        return [row[0] for row in rows]
-
-    def get_blob(self, digest: str) -> bytes | None:
-        row = self.db.one("SELECT data FROM blobs WHERE digest=?", (digest,))
-        return bytes(row[0]) if row else None
-
-    def add_sampler_release(self, task: str, at: float) -> None:
-        self._put("INSERT INTO sampler_releases (task, at) VALUES (?,?)", (task, at))
-
-    def sampler_history(self, limit: int) -> list[tuple[float, str, str, float, bool, str | None]]:
-        """The last `limit` done/void episodes and the admin releases since, oldest first:
-        (ended_at, task, status, reward, passed, void_reason); status `release` for a release."""
-        if limit <= 0:
-            return []
-        with self.db.connection() as db:
-            reward = db.json_field("v.verdict", "reward")
-            passed = db.json_field("v.verdict", "passed")
-            rows = db.execute(
-                f"SELECT e.ended_at, e.task, e.status, {reward}, {passed}, e.void_reason"
-                " FROM episodes e LEFT JOIN verdicts v ON v.episode_id = e.id"
-                " WHERE e.ended_at IS NOT NULL AND e.status IN ('done', 'void')"
-                " ORDER BY e.ended_at DESC LIMIT ?",
-                (limit,),
-            ).fetchall()
-            since = rows[-1][0] if rows else 0.0
-            releases = db.execute(
-                "SELECT at, task FROM sampler_releases WHERE at >= ?", (since,)
-            ).fetchall()
-        history = [(r[0], r[1], r[2], float(r[3] or 0.0), r[4] in (1, "true"), r[5]) for r in rows]
-        history += [(at, task, "release", 0.0, False, None) for at, task in releases]
-        history.sort(key=lambda h: h[0])
-        return history
-
-    def count_by_status(self) -> dict[str, int]:
-        return dict(self.db.all("SELECT status, COUNT(*) FROM episodes GROUP BY status"))
-
-    def mark_unfinished(self, status: str, reason: str, now: float) -> int:
-        """At start-up: episodes left `active` by a previous process can never resume."""
-        return self.db.run(
-            "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?"
-            " WHERE status='active'",
-            (status, reason, now, now),
-        )

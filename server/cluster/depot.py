@@ -45,7 +45,7 @@ def _tar(folders: dict[str, Path]) -> bytes:
 
 def export(registry: PackRegistry, store: Store, row: Published) -> bool:
     """Put `row`'s pack into the shared store (idempotent); whether it had to."""
-    if store.get_blob(blob_key(row.digest)) is not None:
+    if store.reads.get_blob(blob_key(row.digest)) is not None:
         return False
     folders = {PACK_DIR: registry.store.path_of(row.digest)}
     if row.generated:
@@ -71,7 +71,7 @@ def fetch(registry: PackRegistry, store: Store, row: Published) -> None:
     gen_dir = registry.generated.folder(row.digest)
     if pack_dir.is_dir() and (not row.generated or gen_dir.is_dir()):
         return
-    data = store.get_blob(blob_key(row.digest))
+    data = store.reads.get_blob(blob_key(row.digest))
     if data is None:
         raise PackError(
             f"{row.name}@{row.version} ({row.digest}) is not in the shared store yet: "

@@ -115,10 +115,10 @@ class ClusterManager(EpisodeManager):
         # Ray joins (and starts a local cluster) on the main thread only: this blocks the
         # loop once, before the app serves anything.
         self.connection = RayConnection(self.settings)
-        history = await asyncio.to_thread(self.store.sampler_history, self.settings.sampler_history)
+        history = await self.store.sampler_history(self.settings.sampler_history)
         self.sampler.replay(history)
         self.sampler.refresh()
-        starts = await asyncio.to_thread(self.store.starts_since, time.time() - 3600.0)
+        starts = await self.store.starts_since(time.time() - 3600.0)
         self._ledger_starts = starts
         self.ledger = self._find_ledger()
         await self._sync_packs()
@@ -137,7 +137,7 @@ class ClusterManager(EpisodeManager):
             await worker.channel.aclose()
         if self._ledger_channel is not None:
             await self._ledger_channel.aclose()
-        await asyncio.to_thread(self.store.close)
+        await self.store.aclose()
         if self.connection is not None:
             await asyncio.to_thread(self.connection.close)
 
@@ -307,18 +307,17 @@ class ClusterManager(EpisodeManager):
         worker = self.workers.pop(name, None)
         if worker is not None:
             await worker.channel.aclose()
-        await self.store.aflush()
-        keys = await asyncio.to_thread(self.store.active_on, name)
+        keys = await self.store.active_on(name)
         for key in keys:
             await self._void_lost(key)
         if keys:
             await self._quota("ended", {"keys": keys})
-        await self.store.aflush()
+        await self.store.commit()  # the voids are on disk before the loss is reported
         log.warning("worker %s lost (%s): %d episodes void", name, why, len(keys))
         return len(keys)
 
     async def _void_lost(self, key: str) -> None:
-        state = await asyncio.to_thread(self.store.load_episode, key, False)
+        state = await self.store.load_episode(key, False)
         if state is None or state.status is not EpisodeStatus.ACTIVE:
             return
         try:
@@ -452,7 +451,7 @@ class ClusterManager(EpisodeManager):
             if route is not None:
                 return key, route
         for key in keys:
-            found = await asyncio.to_thread(self.store.placement, key)
+            found = await self.store.placement(key)
             if found is not None:
                 route = Route(found[0], "")
                 self._remember(key, route)
@@ -528,8 +527,7 @@ class ClusterManager(EpisodeManager):
     ) -> StepResponse:
         """A step for an episode whose worker is lost: a replay from the store, or void."""
         if request.request_id:
-            await self.store.aflush()
-            stored = await asyncio.to_thread(self.store.find_step, key, request.request_id)
+            stored = await self.store.find_step(key, request.request_id)
             if stored is not None:
                 return stored
         state = await self.state(episode_id, principal)  # ownership checked as always

@@ -110,7 +110,7 @@ class WorkerManager(EpisodeManager):
     async def start(self) -> None:
         """No `mark_unfinished`: other workers' episodes are alive. This worker's own active
         episodes in the store were a previous incarnation's: lost with it."""
-        stale = await asyncio.to_thread(self.store.active_on, self.identity[0])
+        stale = await self.store.active_on(self.identity[0])
         if stale:
             log.warning("%s: %d episodes of its previous run lost", self.identity[0], len(stale))
         self._reaper = asyncio.create_task(self._reap_forever(), name="palaestra-reaper")

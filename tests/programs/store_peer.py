@@ -15,7 +15,7 @@ from palaestra.server.store import Store
 
 target, count = sys.argv[1], int(sys.argv[2])
 store = Store(Database.open(target))
-seen = store.load_episode("a-0")
+seen = store.reads.load_episode("a-0")
 print(len(seen.trajectory) if seen else -1, flush=True)
 now = time.time()
 for i in range(count):

@@ -57,8 +57,8 @@ def test_a_failing_write_fails_alone(tmp_path: Path, poison: object) -> None:
         assert after is not None and after.result(timeout=5) is None
         assert store.writer_alive and store.writer_error is None
         assert store.write_errors == 1
-        assert store.load_episode("before") is not None
-        loaded = store.load_episode("after", with_trajectory=False)
+        assert store.reads.load_episode("before") is not None
+        loaded = store.reads.load_episode("after", with_trajectory=False)
         assert loaded is not None and loaded.task == ECHO
     finally:
         store.close()
@@ -97,8 +97,8 @@ async def test_lone_surrogate_through_batch_reset_cannot_kill_the_writer(
         json={"action": {"tool": "submit", "arguments": {"answer": "hcrib"}}},
     )
     assert step.status_code == 200, step.text
-    await manager.store.aflush()
-    saved = manager.store.load_episode(eid)
+    await manager.store.commit()
+    saved = manager.store.reads.load_episode(eid)
     assert saved is not None and saved.step_count == 1
 
 
@@ -107,7 +107,7 @@ async def test_readyz_reports_a_dead_writer_and_healthz_stays_live(
 ) -> None:
     assert (await api.get("/readyz")).status_code == 200
     manager.store._queue.put(("NOT SQL", (), None))  # a statement that cannot even parse
-    await manager.store.aflush()
+    await manager.store.commit()
     assert manager.store.writer_alive, "a failing statement must not stop the writer"
     assert manager.store.write_errors == 1
     # Kill the writer for real (a bug in the loop itself): readiness must say so.

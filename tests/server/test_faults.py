@@ -101,8 +101,7 @@ async def faulty(tmp_path: Path) -> AsyncIterator[EpisodeManager]:
 
 
 async def stored(manager: EpisodeManager, episode_id: str) -> EpisodeState:
-    await manager.store.aflush()
-    state = await asyncio.to_thread(manager.store.load_episode, episode_id)
+    state = await manager.store.load_episode(episode_id)  # sees every write before it
     assert state is not None
     return state
 

@@ -263,15 +263,21 @@ def test_group_store_round_trip(store_url: str, tmp_path: Path) -> None:
         store.flush()
         digest = group_digest("ranking", ["g2", "g1"])
         assert digest == group_digest("ranking", ["g1", "g2"])
-        store.put_group(digest, "t", "ranking", "ranking", "tok", '{"x": 1}', {"g1": 0.25, "g2": 1})
-        assert store.group_result(digest) == '{"x": 1}'
-        assert store.groups_of(("g1", "g2", "g3")) == {"g1": digest, "g2": digest}
-        loaded = store.load_episode("g1")
+        asyncio.run(
+            store.put_group(
+                digest, "t", "ranking", "ranking", "tok", '{"x": 1}', {"g1": 0.25, "g2": 1}
+            )
+        )
+        assert store.reads.group_result(digest) == '{"x": 1}'
+        assert store.reads.groups_of(("g1", "g2", "g3")) == {"g1": digest, "g2": digest}
+        loaded = store.reads.load_episode("g1")
         assert loaded is not None and loaded.group_reward is not None
         assert loaded.group_reward.reward == 0.25 and loaded.group_reward.method == "ranking"
         other = group_digest("ranking", ["g2", "g3"])
         with pytest.raises(IntegrityError):  # g2 is in a group already: nothing of it stored
-            store.put_group(other, "t", "ranking", "ranking", "tok", "{}", {"g3": 0.5, "g2": 0})
-        assert store.group_result(other) is None and store.groups_of(("g3",)) == {}
+            asyncio.run(
+                store.put_group(other, "t", "ranking", "ranking", "tok", "{}", {"g3": 0.5, "g2": 0})
+            )
+        assert store.reads.group_result(other) is None and store.reads.groups_of(("g3",)) == {}
     finally:
         store.close()

@@ -4,6 +4,8 @@ wrong store URLs; a PostgreSQL connection lost mid-run."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -91,7 +93,7 @@ def test_episodes_steps_verdicts_and_replays(store: Store) -> None:
     store.put_verdict("e1", verdict(1.0, True))
     store.put_verdict("e1", verdict(0.75, False))  # the last one stands
     store.flush()
-    loaded = store.load_episode("e1")
+    loaded = store.reads.load_episode("e1")
     assert loaded is not None and loaded.status.value == "done" and loaded.step_count == 3
     assert loaded.timings == {"verify_s": 0.25}
     assert [s.observation.text for s in loaded.trajectory] == [
@@ -100,11 +102,11 @@ def test_episodes_steps_verdicts_and_replays(store: Store) -> None:
         "replaced",
     ]
     assert loaded.verdict is not None and loaded.verdict.reward == 0.75
-    assert len(store.load_steps("e1", 2)) == 2
-    replay = store.find_step("e1", "r1")
+    assert len(store.reads.load_steps("e1", 2)) == 2
+    replay = store.reads.find_step("e1", "r1")
     assert replay is not None and replay.observation.text.startswith("t1")
-    assert store.find_step("e1", "nope") is None and store.load_episode("nope") is None
-    assert store.is_sealed("e1") and not store.is_sealed("nope")
+    assert store.reads.find_step("e1", "nope") is None and store.reads.load_episode("nope") is None
+    assert store.reads.is_sealed("e1") and not store.reads.is_sealed("nope")
     assert abs(loaded.created_at - started.created_at) < 1e-6  # a double, not a 4-byte REAL
 
 
@@ -114,14 +116,14 @@ def test_owners_quota_starts_and_counts(store: Store) -> None:
     store.create_episode(state("b", at=now - 10), "d", True, owner="tok")
     store.create_episode(state("c", at=now - 5), "d", False)  # embedded: no owner
     store.flush()
-    assert store.owners(("a", "b", "c", "zz")) == {
+    assert store.reads.owners(("a", "b", "c", "zz")) == {
         "a": ("old", False),
         "b": ("tok", True),
         "c": (None, False),
     }
-    starts = store.starts_since(now - 3600)  # tenancy's quota window at start-up
+    starts = store.reads.starts_since(now - 3600)  # tenancy's quota window at start-up
     assert [owner for owner, _ in starts] == ["tok"] and abs(starts[0][1] - (now - 10)) < 1e-6
-    assert store.count_by_status() == {"active": 3}
+    assert store.reads.count_by_status() == {"active": 3}
 
 
 def test_sampler_history_and_unfinished_episodes(store: Store) -> None:
@@ -140,16 +142,16 @@ def test_sampler_history_and_unfinished_episodes(store: Store) -> None:
     store.add_sampler_release("palaestra/echo:say-birch", now + 3)
     store.create_episode(state("live"), "d", False)
     store.flush()
-    history = store.sampler_history(10)
+    history = store.reads.sampler_history(10)
     assert [(h[2], h[3], h[4], h[5]) for h in history] == [
         ("done", 1.0, True, None),
         ("done", 0.25, False, None),
         ("void", 0.0, False, "crash"),
         ("release", 0.0, False, None),
     ]
-    assert [h[2] for h in store.sampler_history(1)] == ["void", "release"]
-    assert store.mark_unfinished("void", "server restarted", now + 5) == 1
-    gone = store.load_episode("live", with_trajectory=False)
+    assert [h[2] for h in store.reads.sampler_history(1)] == ["void", "release"]
+    assert asyncio.run(store.mark_unfinished("void", "server restarted", now + 5)) == 1
+    gone = store.reads.load_episode("live", with_trajectory=False)
     assert gone is not None and gone.status.value == "void"
     assert gone.void_reason == "server restarted"
 
@@ -163,14 +165,57 @@ def test_placements_and_blobs(store: Store) -> None:
     store.put_placement("p2", "w2", "node-b")  # moved: the last placement stands
     store.update_episode(state("p3", "done"))
     store.flush()
-    assert store.placement("p1") == ("w1", "node-a") and store.placement("p2") == ("w2", "node-b")
-    assert store.placement("nope") is None
-    assert store.active_on("w1") == ["p1"] and store.active_on("w2") == ["p2"]
-    assert store.active_on("w9") == []
+    assert store.reads.placement("p1") == ("w1", "node-a") and store.reads.placement("p2") == (
+        "w2",
+        "node-b",
+    )
+    assert store.reads.placement("nope") is None
+    assert store.reads.active_on("w1") == ["p1"] and store.reads.active_on("w2") == ["p2"]
+    assert store.reads.active_on("w9") == []
     data = bytes(range(256)) * 40  # every byte value, NUL included
     store.put_blob("sha256:aa", data)
     store.put_blob("sha256:aa", data)  # idempotent
-    assert store.get_blob("sha256:aa") == data and store.get_blob("sha256:bb") is None
+    assert store.reads.get_blob("sha256:aa") == data and store.reads.get_blob("sha256:bb") is None
+
+
+def test_an_async_read_sees_every_write_queued_before_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No caller flushes (issue 33): a read waits for the writer itself, however slow its
+    commits are (here 0.3 s each: a read that did not wait would find nothing)."""
+    commit = store._commit
+
+    def slow(conn: object, batch: list[object]) -> None:
+        time.sleep(0.3)
+        commit(conn, batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_commit", slow)
+
+    async def scenario() -> None:
+        store.create_episode(state("q1"), "sha256:q", True, owner="tok")
+        store.add_step("q1", 0, "r0", record(0))
+        loaded = await store.load_episode("q1")
+        assert loaded is not None and len(loaded.trajectory) == 1
+        assert await store.owners(("q1",)) == {"q1": ("tok", True)}
+        store.add_step("q1", 1, "r1", record(1))
+        assert [s.index for s in await store.load_steps("q1")] == [0, 1]
+        assert await store.find_step("q1", "r1") is not None
+
+    asyncio.run(scenario())
+
+
+def test_server_code_never_flushes_the_store_or_reads_it_on_a_thread() -> None:
+    """The store's own reads wait for its writer and leave the event loop (issue 33)."""
+    root = Path(__file__).resolve().parents[2] / "server"
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name in ("store.py", "store_reads.py"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            # (the tokens' own table through store.db is the auth module's: issue 33, item 1)
+            if "store.flush(" in line or re.search(r"to_thread\(.*\bstore\.(?!db\b)", line):
+                offenders.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
 
 
 def test_a_failing_write_fails_alone(store: Store) -> None:
@@ -185,7 +230,7 @@ def test_a_failing_write_fails_alone(store: Store) -> None:
         dup.result(timeout=5)
     assert after.result(timeout=5) is None
     assert store.write_errors == 2 and store.writer_alive
-    assert store.find_step("y", "r0") is not None
+    assert store.reads.find_step("y", "r0") is not None
 
 
 def test_tokens_on_both_engines(store_url: str) -> None:
@@ -271,11 +316,11 @@ def test_an_old_sqlite_store_opens_and_upgrades(tmp_path: Path) -> None:
     store = Store(db)
     try:
         assert db.version() == LATEST
-        kept = store.load_episode("old")
+        kept = store.reads.load_episode("old")
         assert kept is not None and kept.trajectory[0].observation.text == "kept"
         assert kept.verdict is not None and kept.verdict.passed
         assert kept.metrics.steps == 0  # the added column's default
-        assert store.owners(("old",)) == {"old": (None, False)}
+        assert store.reads.owners(("old",)) == {"old": (None, False)}
         principal = auth.lookup(db, "h4sh")
         assert principal is not None and principal.orgs == frozenset()
         with db.connection() as conn:
@@ -285,7 +330,7 @@ def test_an_old_sqlite_store_opens_and_upgrades(tmp_path: Path) -> None:
         assert "steps_request" not in indexes and "placements_worker" in indexes
         store.put_placement("old", "w", "n")  # the new tables are there
         store.flush()
-        assert store.placement("old") == ("w", "n")
+        assert store.reads.placement("old") == ("w", "n")
     finally:
         store.close()
     assert Database.open(path).migrate() == []  # a second open runs nothing
@@ -328,10 +373,10 @@ def test_two_processes_share_one_store(store_url: str) -> None:
         out, _ = peer.communicate(timeout=60)
         assert peer.returncode == 0 and out.split() == ["4"], out
         mine.flush()
-        assert mine.count_by_status() == {"active": 80}
-        theirs = mine.load_episode("b-39")
+        assert mine.reads.count_by_status() == {"active": 80}
+        theirs = mine.reads.load_episode("b-39")
         assert theirs is not None and len(theirs.trajectory) == 5
-        assert mine.find_step("b-7", "r4") is not None
+        assert mine.reads.find_step("b-7", "r4") is not None
     finally:
         mine.close()
 
@@ -387,7 +432,7 @@ def test_a_postgres_lost_mid_run(pg_server: PostgresServer) -> None:
             )
             store.add_step("k", 0, "r0", record(0))
             store.flush()
-            assert store.writer_alive and store.find_step("k", "r0") is not None
+            assert store.writer_alive and store.reads.find_step("k", "r0") is not None
             admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
         late = store.create_episode(state("late"), "d", False)
         assert late is not None
