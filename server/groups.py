@@ -139,7 +139,7 @@ class GroupVerifier:
             task.exception()
 
     async def _member(self, principal: Principal, episode_id: str) -> Member:
-        episode, key = await self.manager._allowed(principal, episode_id)  # 404: not its own
+        episode, key = await self.manager.owned(principal, episode_id)  # 404: not its own
         return Member(episode_id, key, episode)
 
     async def _stored(self, digest: str) -> dict[str, Any] | None:

@@ -505,7 +505,7 @@ class EpisodeManager:
 
     async def verify(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> Verdict:
         """Verify now (ending the episode if it is still active), or return the stored verdict."""
-        episode, key = await self._allowed(principal, episode_id)
+        episode, key = await self.owned(principal, episode_id)
         if episode is None:
             stored = await self._load(key, episode_id)
             if stored.verdict is None:
@@ -527,7 +527,7 @@ class EpisodeManager:
             return verdict
 
     async def state(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> EpisodeState:
-        episode, key = await self._allowed(principal, episode_id)
+        episode, key = await self.owned(principal, episode_id)
         if episode is None:
             return await self._load(key, episode_id)
         # Live episodes keep no trajectory in memory (it can be large; the store has it).
@@ -542,7 +542,7 @@ class EpisodeManager:
         return state
 
     async def close(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> None:
-        episode, _ = await self._allowed(principal, episode_id)  # 404: not the caller's
+        episode, _ = await self.owned(principal, episode_id)  # 404: not the caller's
         if episode is None:
             return  # stored, so ended: closing twice is fine
         await self.harness.stop(episode.harness)  # a harness is killed; no verdict
@@ -564,9 +564,10 @@ class EpisodeManager:
             await self.store.commit()
 
     # -- helpers --------------------------------------------------------------------------
-    async def _allowed(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
+    async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
         """The live (or recently ended) episode `episode_id` names for `principal` (else
-        None) and its store key; 404 when it names none the principal owns (DESIGN §3)."""
+        None) and its store key; 404 when it names none the principal owns (DESIGN §3). The
+        one ownership check of every route and of groups (server/groups.py)."""
         episode = self._find(episode_id, principal)
         if episode is None:
             return None, await self._stored_key(principal, episode_id)
