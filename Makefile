@@ -23,7 +23,7 @@ typecheck:
 	$(PY) scripts/typecheck.py
 
 # Two workers, a test module each at a time (module fixtures stay whole): most tests wait on
-# sandboxes, servers and subprocesses, so two keep a 2-core machine busy (docs/decisions.md).
+# sandboxes, servers and subprocesses, so two keep a 2-core machine busy (docs/reference/testing.md).
 PYTEST_WORKERS ?= 2
 
 pytest:

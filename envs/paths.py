@@ -1,4 +1,4 @@
-"""One path rule for every file-taking tool of every family (DESIGN §3, docs/decisions.md).
+"""One path rule for every file-taking tool of every family (DESIGN §3, docs/reference/episodes.md).
 
 `x`, `./x` and `<workdir>/x` (the workspace's own absolute path, whatever the family's
 workdir is) name the same file; anything else (`/etc/x`, `../x`, `<workdir>/../x`, a NUL

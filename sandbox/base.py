@@ -96,7 +96,7 @@ class SandboxPathError(SandboxError, AgentFault, ValueError):
 
 class WorkspaceFault(SandboxError, AgentFault):
     """A sandbox operation failed because of the state the agent's own processes left in
-    its sandbox (docs/decisions.md, "The agent cannot void its episode"): its workspace is
+    its sandbox (docs/reference/episodes.md, "The agent cannot void its episode"): its workspace is
     full, its processes fill the process limit, it made its files unreadable. An agent
     fault (reward 0 with the class, a 422 in a step), never void; a SandboxError still for
     callers that catch those."""

@@ -1,7 +1,7 @@
 """One-shot Python sandboxes forked from a zygote (a fork server).
 
 Forking an interpreter that is already running costs a fraction of a fresh ``bwrap …
-python3 -I -S -c CODE`` (docs/decisions.md has the figures).
+python3 -I -S -c CODE`` (docs/reference/sandboxes.md has the figures).
 
 Design
 ------

@@ -2,7 +2,8 @@
 by origin, spoken with h11. The session model proxy (server/harness/) and the judge
 endpoints (verifiers/judge_endpoint.py) share it; each owns its own pool.
 
-Why not httpx (docs/decisions.md, "Harness mode" and "Judges: endpoint operations"): with
+Why not httpx (docs/reference/harness.md, "The session model proxy", and
+docs/reference/judges.md, "Endpoint operations"): with
 32–64 calls at once through one pooled `httpx.AsyncClient`, its pool costs ~2.8–3.8 ms of
 CPU a call on this machine (httpcore rescans every connection, a poll(2) each, for every
 request), more than everything else the proxy does; this client costs a fraction of that.

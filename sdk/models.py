@@ -85,7 +85,7 @@ class VerifierInfo(WireModel):
 
 
 # Failure classes of an `ok` verdict the agent's own actions caused (DESIGN §3: reward 0,
-# never void). A family may add its own; these are the shared ones (docs/decisions.md).
+# never void). A family may add its own; these are the shared ones (docs/reference/episodes.md).
 FAILURE_CLASSES = (
     "missing_file",  # the answer file does not exist
     "not_regular_file",  # it is a directory, symlink, fifo, socket or device

@@ -484,7 +484,7 @@ def create_app(
     async def readyz(request: Request) -> JSONResponse:
         """Ready (200): `status` "ready", or "warming" while packs whose tasks are not
         generated yet warm in the background (`warming`: {pack: progress}); the packs
-        that are ready are served meanwhile (docs/decisions.md, "Ready at once")."""
+        that are ready are served meanwhile (docs/reference/packs.md, "Ready at once")."""
         manager_ = manager_of(request)
         problems = {"packs": manager_.packs.errors} if manager_.packs.errors else {}
         if not manager_.ready:

@@ -457,7 +457,7 @@ class Settings(BaseModel):
     sampler_history: int = Field(
         default=100_000, ge=0, description="recent episodes read at start to rebuild the stats"
     )
-    # Judges (verifiers/judge_endpoint.py, docs/decisions.md "Judges: endpoint operations").
+    # Judges (verifiers/judge_endpoint.py, docs/reference/judges.md "Endpoint operations").
     judges: dict[str, JudgeEndpointSettings] = Field(
         default_factory=dict,
         description=(

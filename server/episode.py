@@ -160,7 +160,7 @@ def agent_fault(exc: AgentFault) -> Assessment:
 async def sandbox_fault(episode: Episode) -> WorkspaceFault | None:
     """After a SandboxError: the agent fault the episode's sandbox state explains it by
     (its processes fill the pids limit, its workspace is full), else None (ours: void).
-    The rule (docs/decisions.md, "The agent cannot void its episode"): what the agent's
+    The rule (docs/reference/episodes.md, "The agent cannot void its episode"): what the agent's
     processes did to their own sandbox is the agent's, never void."""
     box = episode.ctx.sandboxes.episode
     if box is None or not box.alive:
@@ -189,7 +189,7 @@ async def judge(episode: Episode) -> Assessment:
 async def assess(episode: Episode) -> tuple[Verdict, EpisodeStatus, str | None]:
     """Run the family's verify: the verdict, the status it ends the episode with, and the
     void reason. An agent fault is a 0, never void (a void would let a policy escape a sure
-    0, docs/decisions.md); a judge that gave no verdict, a sandbox or verifier failure is
+    0, docs/reference/episodes.md); a judge that gave no verdict, a sandbox or verifier failure is
     void. A sealed verdict is made servable here, and only here."""
     started = time.perf_counter()
     try:

@@ -7,7 +7,7 @@ a reward in [0, 1]. The family says what is compared (`Family.judged_subject`: r
 judge config, task, reference, the episode's answer); the server's judge endpoint
 (`manager.judges`) does the judging.
 
-Rules kept here (docs/decisions.md, "Judges: group rewards and the pre-filter"):
+Rules kept here (docs/reference/judges.md, "Group rewards and the pre-filter"):
 - every id is the caller's own, else the one 404 of an unknown episode (no existence
   oracle); ownership of all ids is checked before anything else is said of any of them;
 - members are ended, verified and not void (409 naming the id), of one task, distinct, at

@@ -2,7 +2,7 @@
 Settings.judges, shared by every episode of this process, closed at shutdown.
 
 In cluster mode every worker builds its own from the same settings, so an endpoint's cap
-and retry budget hold per worker process (docs/decisions.md, "Judges: endpoint operations").
+and retry budget hold per worker process (docs/reference/judges.md, "Endpoint operations").
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def test_programs_are_files() -> None:
 # the contract pieces every family may use (the generic cheat library among them)
 SHARED_ENVS = {"base", "paths", "cheats", "cheatlib", "answer_forms", "repo_cheats"}
 # Families declared to build on another's code (composed, not copied): finance-commentary
-# reads the finance family's generated reports (docs/decisions.md, "Judges: the finance
+# reads the finance family's generated reports (docs/reference/judges.md, "The finance
 # commentary pack").
 BUILDS_ON = {"commentary": {"finance"}}
 
@@ -159,7 +159,7 @@ def test_no_source_module_is_over_about_600_lines() -> None:
     assert not long, sorted(long)
 
 
-# The light install (docs/decisions.md, "A light SDK install"): `pip install palaestra` is
+# The light install (docs/reference/install.md, "A light SDK install"): `pip install palaestra` is
 # the sdk with pydantic and httpx; a module that needs more names the extra that brings it.
 SDK_EXTRAS = {
     "sdk/gym.py": {"gym"},

@@ -12,7 +12,7 @@ answers in a JSON schema with a short reason before each choice. Two rules carry
 - Nothing the candidate wrote can make the judge fail. A reply that does not parse or does
   not validate is asked again (up to `JudgeConfig.max_attempts`), then the judge is
   `JudgeUnavailable` (the episode is void, never 0): the policy's text sits inside the
-  fence, so a malformed reply is the judge's fault (docs/decisions.md, "Judges").
+  fence, so a malformed reply is the judge's fault (docs/reference/judges.md, "The judge verifier").
 
 Every verdict carries a `JudgeRecord`: endpoint, model, sampling, the digest of the judging
 settings (prompt template + rubric, not the candidate), one digest per call of the full

@@ -3,7 +3,7 @@
 The test code (HumanEval's shape: `def check(candidate): assert ...`) is split into
 individual test cases, one per top-level statement of `check` that asserts something
 about `candidate`, so each is reported apart (the coding family pays only when all pass: a
-fraction pays constant and echo answers, docs/decisions.md). The runner reads its
+fraction pays constant and echo answers, docs/reference/verifiers.md). The runner reads its
 configuration — including a per-run nonce — from stdin before any untrusted code runs,
 and reports one letter per test on a line that starts with the nonce.
 

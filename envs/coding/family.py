@@ -17,7 +17,8 @@ completion" (bench/humaneval_agreement.py measures the agreement):
 - returns are compared as plain values: a subclass of a builtin (a Counter, an OrderedDict,
   a namedtuple, an IntEnum, a subclass of str or list...) counts as its base value, read
   through the base type's own slots, so a subclass's own `__eq__`, `__iter__` or `items`
-  is never consulted (docs/decisions.md, "Coding: subclass returns").
+  is never consulted (docs/reference/verifiers.md, "Coding: prompt plus completion, and
+  subclass returns").
 """
 
 from __future__ import annotations
@@ -216,8 +217,9 @@ class CodingFamily(Family):
         return await ctx.sandboxes.run_python(job)
 
     async def verify(self, ctx: EpisodeContext) -> Assessment:
-        """Reward 1 when every hidden test passes, else 0 (docs/decisions.md: a fraction of
-        tests pays constant and echo answers on many tasks); `tests_passed` is the fraction.
+        """Reward 1 when every hidden test passes, else 0 (docs/reference/verifiers.md: a
+        fraction of tests pays constant and echo answers on many tasks); `tests_passed` is
+        the fraction.
         Whatever the agent left instead of a solution is a 0 with a failure class."""
 
         def zero(failure: str, feedback: str) -> Assessment:

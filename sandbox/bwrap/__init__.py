@@ -12,7 +12,7 @@ lifecycle and execs), `spec` (what a spec may ask for, image names), `mounts` (i
 filesystem and the bwrap argv), `launch` (cgroup join, rlimits, host uid, seccomp before
 bwrap starts), `jail` (one bwrap per exec, the one started ahead), `run` (an exec in a jail
 to its end), `files` (the workspace from the host), `shell` (the persistent shell), `host`
-(bwrap, RAM, CPUs, runtime folders of dead servers).  docs/decisions.md says why.
+(bwrap, RAM, CPUs, runtime folders of dead servers).  docs/reference/sandboxes.md says why.
 """
 
 from palaestra.sandbox.bwrap.backend import BwrapBackend

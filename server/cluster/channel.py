@@ -3,7 +3,7 @@
 Ray places, starts, watches and names the workers; episode calls (reset, step, verify,
 state, close) go over this channel instead of Ray actor calls because an actor call costs
 about 1–5 ms from an asyncio front on a busy 2-core machine, while a step may add only
-0.5 ms (docs/decisions.md, "Cluster mode"). One TCP connection per front and worker carries
+0.5 ms (docs/reference/cluster.md). One TCP connection per front and worker carries
 many calls at once, each a length-prefixed frame:
 
     request:  u32 length | u32 call id | method (ascii) | 0x0a | JSON arguments

@@ -373,7 +373,7 @@ class ClusterManager(EpisodeManager):
         *,
         new_id: str | None = None,
     ) -> ResetResponse:
-        if HARNESS_OPTION in request.options:  # docs/decisions.md, "Harness episodes"
+        if HARNESS_OPTION in request.options:  # docs/decisions.md (cluster mode)
             raise InvalidActionError(
                 "harness episodes are not supported in cluster mode (--ray) yet: the model "
                 "session lives on the worker that hosts the sandbox; run them on an embedded "

@@ -6,7 +6,7 @@ they see end; workers report the sandbox CPU their episodes used and the episode
 on their own (idle TTL). Fronts make the calls on an episode's path (admit, refund, ended)
 over the ledger's own episode channel (channel.py), not as Ray actor calls: an actor call
 from an asyncio front costs milliseconds, two of them a coding episode's 10 % budget
-(docs/decisions.md, "Cluster mode"). It is an async actor whose methods never await inside,
+(docs/reference/cluster.md). It is an async actor whose methods never await inside,
 so calls run one at a time in the order they arrived, and live episodes are held as a set
 of episode keys, so an end reported twice (by the front and the worker) counts once.
 """

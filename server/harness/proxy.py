@@ -1,4 +1,4 @@
-"""The session model proxy (issue 20; docs/decisions.md, "Harness mode"): one `SessionProxy`
+"""The session model proxy (issue 20; docs/reference/harness.md): one `SessionProxy`
 per server, one `LlmSession` per harness episode.
 
 A session forwards the harness's chat-completions (and, translated, Anthropic messages)

@@ -2,9 +2,9 @@
 type both doors (the sandbox's gateway, the `/llm/` route) write out, and the server-sent
 events it synthesizes from a whole chat completion when the harness asked for a stream.
 
-The proxy never streams from the upstream (docs/decisions.md, "Harness mode"): it needs
-the whole reply to check and record its token ids before the harness sees a byte, so a
-streamed answer is the complete reply cut into OpenAI's chunk shape.
+The proxy never streams from the upstream (docs/reference/harness.md, "The session model
+proxy"): it needs the whole reply to check and record its token ids before the harness
+sees a byte, so a streamed answer is the complete reply cut into OpenAI's chunk shape.
 """
 
 from __future__ import annotations

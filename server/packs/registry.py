@@ -16,7 +16,7 @@ live; the pack itself is a folder of the on-disk store (server/packs/store.py). 
   only be published by an admin token; a publish token's generator pack (`[generators.*]`)
   is generated at publish in sandboxes (server/packs/generate.py), its tasks stored beside
   the pack (server/packs/genstore.py) and served from there: its code never runs in the
-  server (an admin's generator pack still loads in-process, docs/decisions.md);
+  server (an admin's generator pack still loads in-process, docs/reference/packs.md);
 - pack names have owners (`PublishRights`): a publish token publishes only into the orgs an
   admin granted it, the built-in orgs (Settings.builtin_orgs) are admin-only (403
   `org_not_granted`), so nobody else can add a version that an unpinned `org/name`

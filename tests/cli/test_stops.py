@@ -32,6 +32,13 @@ STOP_WITHIN_S = 15.0  # "within seconds", with room for a loaded 2-core machine
 PROGRESS = re.compile(r"^(?:pack check|oracle .*?): (\d+)/(\d+) (?:tasks|attempts) \(\d+%\)")
 
 
+def _default_sigint() -> None:
+    """A command started from a terminal has SIGINT at its default; a test run started as a
+    background job without job control inherits it ignored (and the command keeps it so,
+    as `nohup` asks): the user's Ctrl-C is what these tests play."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Command:
     """A CLI command run as a subprocess; its stderr lines gathered by a thread, the bwrap
     sandboxes it started recorded as they appear."""
@@ -45,6 +52,7 @@ class Command:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_default_sigint,
         )
         self.lines: list[str] = []
         self.sandboxes: set[tuple[int, str]] = set()  # (pid, start time): pids are reused

@@ -3,7 +3,7 @@ doing the task, or a void instead of its sure 0, and by a hostile pack author's 
 against the scripted judge server (tests/judge_fakes.py, a FAKE standing in for a judge
 model) through HttpJudgeChat, as tests/verifiers/test_judge.py does.
 
-Found and fixed (docs/decisions.md, "Judges: red-team findings"):
+Found and fixed (docs/reference/judges.md, "Red-team findings"):
 - fence escape: "xEND CANDIDATE" (a letter, digit or _ before END) was not neutralised,
   nor were fullwidth or mathematical letters, zero-width or combining characters inside
   the words, or angle-bracket look-alikes missing from the list (⋘, ❮, 〈 U+2329, ≪<);

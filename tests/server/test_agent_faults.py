@@ -1,4 +1,4 @@
-"""Agent fault = reward 0, never void (DESIGN §3, docs/decisions.md "Agent faults").
+"""Agent fault = reward 0, never void (DESIGN §3, docs/reference/episodes.md "Agent faults").
 
 Whatever the agent's actions can leave or do -- no solution file, a directory, symlink,
 fifo or socket in its place, a sparse giant, a tree too deep, code that hangs, crashes or

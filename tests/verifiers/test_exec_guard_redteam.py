@@ -344,7 +344,7 @@ def test_honest_programs_compile_thread_fork_and_use_tmp(box: Box) -> None:
 
 def test_an_honest_program_writes_its_temporary_files_in_tmpdir(box: Box) -> None:
     # /tmp holds the hidden folders, so a confined program cannot create entries directly
-    # in /tmp (a documented limit: docs/decisions.md); its TMPDIR is its own and works
+    # in /tmp (a documented limit: docs/reference/verifiers.md); its TMPDIR is its own and works
     box.agent("w", '#!/bin/sh\necho x > "$TMPDIR/t-$$.txt" && echo "got: WROTE"\n')
     out, _ = box.run("./w")
     assert "got: WROTE" in out, out

@@ -480,7 +480,7 @@ def expected_fraction(task_tests: str, prompt: str, entry: str, source: str) -> 
 
 async def test_partial_solution_scores_0_and_shows_its_fraction(manager: EpisodeManager) -> None:
     """Reward 1 only when every hidden test passes (a fraction pays constant answers: see
-    docs/decisions.md); the fraction is still reported as the `tests_passed` component."""
+    docs/reference/verifiers.md); the fraction is still reported as the `tests_passed` component."""
     task = manager.packs.resolve(ref(0))
     # Only checks neighbours in the given order: right for some hidden tests, wrong for others.
     source = (
