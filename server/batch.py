@@ -251,8 +251,7 @@ async def _resume(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
         try:
             if yielded is None:
                 await asyncio.sleep(0)
-            else:
-                yielded._asyncio_future_blocking = False
+            else:  # the future the coroutine awaits: resumed once it is done
                 await asyncio.wait([yielded])
         except asyncio.CancelledError:
             try:

@@ -148,3 +148,42 @@ async def test_batch_wait_s_answers_slow_items_still_running(tmp_path: Path) -> 
         assert (await client.state(a)).step_count == 1  # joined, never stepped twice
     finally:
         await manager.shutdown()
+
+
+async def test_an_eager_step_that_waits_goes_on_as_a_task_and_can_be_cancelled() -> None:
+    """`batch.eager` runs a step until it first waits, then drives it as a task would,
+    with no private asyncio state: it resumes when what it awaits is done, and a cancel
+    reaches the step."""
+    from palaestra.server.batch import eager
+
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[int] = loop.create_future()
+    seen: list[object] = []
+
+    async def step() -> None:
+        seen.append(await gate)
+        await asyncio.sleep(0)
+        seen.append("done")
+
+    async def never() -> None:
+        try:
+            await loop.create_future()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    async def instant() -> None:
+        seen.append("instant")
+
+    assert eager(instant()) is None and seen == ["instant"]
+    task = eager(step())
+    assert task is not None and not task.done()
+    gate.set_result(7)
+    await task
+    assert seen[1:] == [7, "done"]
+    stuck = eager(never())
+    assert stuck is not None
+    await asyncio.sleep(0)
+    stuck.cancel()
+    await asyncio.gather(stuck, return_exceptions=True)
+    assert seen[-1] == "cancelled"
