@@ -21,8 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from palaestra.envs.cheatlib import CheatSurface
 from palaestra.sandbox import ExecResult, Sandbox, SandboxSpec, SandboxSpecError
-from palaestra.sandbox.forkrun import PythonRun
-from palaestra.sandbox.forkserver import PYTHON, ForkServerUnavailable, PythonRunner
+from palaestra.sandbox.forkrun import PYTHON, ForkServerUnavailable, PythonRun, PythonRunner
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Limits, Observation, ToolSpec, VerifierInfo
 from palaestra.sdk.task import Task

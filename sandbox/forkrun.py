@@ -9,10 +9,17 @@ import json
 import os
 import posixpath
 import struct
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from palaestra.sandbox.base import DEFAULT_MAX_OUTPUT, SandboxPathError
+from palaestra.sandbox.base import DEFAULT_MAX_OUTPUT, ExecResult, SandboxError, SandboxPathError
+
+PYTHON = "/usr/bin/python3"
+
+
+class ForkServerUnavailable(SandboxError):
+    """The fork server cannot start here (no bwrap, no nested user namespaces…)."""
+
 
 WORKDIR = "/work"
 
@@ -29,6 +36,11 @@ class PythonRun:
     max_output: int = DEFAULT_MAX_OUTPUT
     memory_mb: int = 512
     workspace_mb: int = 64
+
+
+# What runs a `PythonRun` (the fork server, or a fresh sandbox): families get one as
+# `EpisodeContext.sandboxes.run_python`.
+PythonRunner = Callable[[PythonRun], Awaitable[ExecResult]]
 
 
 def payload(code: str, files: Mapping[str, bytes], stdin: bytes) -> bytes:

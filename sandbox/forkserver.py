@@ -80,7 +80,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,14 @@ from palaestra.sandbox.bwrap.jail import KILL_GRACE_S
 from palaestra.sandbox.bwrap.launch import CgroupMode, resolve_cgroups
 from palaestra.sandbox.bwrap.mounts import etc_args, usr_symlinks, write_etc_files
 from palaestra.sandbox.cgroups import CgroupManager
-from palaestra.sandbox.forkrun import WORKDIR, PythonRun, payload, sealed_memfd
+from palaestra.sandbox.forkrun import (
+    PYTHON,
+    WORKDIR,
+    ForkServerUnavailable,
+    PythonRun,
+    payload,
+    sealed_memfd,
+)
 from palaestra.sandbox.preamble import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -109,7 +116,6 @@ from palaestra.sandbox.spawn import drain_capped, spawn
 
 log = logging.getLogger("palaestra.sandbox.forkserver")
 
-PYTHON = "/usr/bin/python3"
 START_TIMEOUT_S = 15.0
 # A run's memory cgroup allows this much above its memory_mb (RLIMIT_AS per process): what
 # the forked interpreter copies of the zygote's pages, so one process meets its own
@@ -119,13 +125,6 @@ CGROUP_SLACK_MB = 64
 REPORT_SLACK_S = 5.0
 
 # What `run` looks like, for callers that only need "run this Python program somewhere fresh".
-PythonRunner = Callable[[PythonRun], Awaitable[ExecResult]]
-
-
-class ForkServerUnavailable(SandboxError):
-    """The fork server cannot start here (no bwrap, no nested user namespaces…)."""
-
-
 # The zygote (programs/zygote.py) runs inside the bwrap jail as `python3 -I -S -c ZYGOTE <ctl
 # fd> <seccomp hex>`. It never reads task data: it forks on control messages and closes the
 # descriptors it was handed.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import subprocess
 import sys
 from pathlib import Path
 
@@ -221,3 +222,12 @@ def test_sdk_imports_only_its_own_dependencies() -> None:
         allowed = allowed_by[wanted] | SDK_PEERS.get(rel, set())
         bad |= {f"{rel} imports {name}" for name in third_party_imports(path) - allowed}
     assert not bad, sorted(bad)
+
+
+def test_the_family_contract_loads_no_sandbox_backend() -> None:
+    """`palaestra.envs.base` (what every family imports) loads the sandbox interface and the
+    run contract only, never a backend (bwrap, docker, the fork server): issue 33, item 4."""
+    probe = "import sys, palaestra.envs.base; print(*sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    loaded = {m for m in out.stdout.split() if m.startswith("palaestra.sandbox")}
+    assert loaded <= {"palaestra.sandbox", "palaestra.sandbox.base", "palaestra.sandbox.forkrun"}

@@ -32,8 +32,7 @@ import time
 from dataclasses import dataclass
 
 from palaestra.sandbox import programs
-from palaestra.sandbox.forkrun import PythonRun
-from palaestra.sandbox.forkserver import PythonRunner
+from palaestra.sandbox.forkrun import PythonRun, PythonRunner
 
 VERSION = "1.5.0"  # 1.5: prompt before the solution, BOM, subclass returns
 PYTHON = "/usr/bin/python3"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.sandbox import Sandbox, SandboxSpec, programs
-from palaestra.sandbox.forkserver import PYTHON
+from palaestra.sandbox.forkrun import PYTHON
 from palaestra.server import served
 from palaestra.server.config import Settings
 from palaestra.server.packs.loader import GeneratedSet, generator_seeds
