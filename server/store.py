@@ -3,7 +3,7 @@ episode runs (its placement on a worker), on either engine of server/db.py.
 
 Writes go through one writer thread that batches them into transactions, so the event
 loop never waits on the disk. Reads are async and see every write queued before them
-(`_read`: they wait for the writer, then run off the event loop); `commit()` is the one
+(`_after_queued`: they wait for the writer, then run off the event loop); `commit()` is the one
 explicit durable point, where the contract says a client is told only what is on disk.
 Callers never flush or wrap store calls in threads (`flush()` and the blocking
 `StoreReads` are for code on a thread of its own). Several processes may share one
@@ -303,30 +303,22 @@ class Store:
         """Store a judged group and its members' rewards now, in one transaction.
         IntegrityError where the group, or one of its episodes in another group, is stored
         already (a group reward is given once)."""
-        args = (digest, task, scorer, method, owner, result, rewards)
-        await self._read(self._put_group_now, *args)
 
-    def _put_group_now(
-        self,
-        digest: str,
-        task: str,
-        scorer: str,
-        method: str,
-        owner: str | None,
-        result: str,
-        rewards: dict[str, float],
-    ) -> None:
-        with self.db.transaction() as conn:
-            conn.execute(
-                "INSERT INTO group_verdicts (digest, task, scorer, method, owner, result,"
-                " created_at) VALUES (?,?,?,?,?,?,?)",
-                (digest, task, scorer, method, owner, result, time.time()),
-            )
-            for episode_id, reward in rewards.items():
+        def write() -> None:
+            with self.db.transaction() as conn:
                 conn.execute(
-                    "INSERT INTO group_rewards (episode_id, group_digest, reward) VALUES (?,?,?)",
-                    (episode_id, digest, reward),
+                    "INSERT INTO group_verdicts (digest, task, scorer, method, owner, result,"
+                    " created_at) VALUES (?,?,?,?,?,?,?)",
+                    (digest, task, scorer, method, owner, result, time.time()),
                 )
+                for episode_id, reward in rewards.items():
+                    conn.execute(
+                        "INSERT INTO group_rewards (episode_id, group_digest, reward)"
+                        " VALUES (?,?,?)",
+                        (episode_id, digest, reward),
+                    )
+
+        await self._after_queued(write)
 
     def add_sampler_release(self, task: str, at: float) -> None:
         self._put("INSERT INTO sampler_releases (task, at) VALUES (?,?)", (task, at))
@@ -352,46 +344,46 @@ class Store:
             _set(marker)
         await asyncio.wrap_future(marker)
 
-    async def _read(self, read: Callable[..., _T], *args: Any) -> _T:
-        """`read` (a `StoreReads` method) once every write queued before is committed, off
-        the event loop: a read never misses a write the server made before it."""
+    async def _after_queued(self, call: Callable[..., _T], *args: Any) -> _T:
+        """`call` (a `StoreReads` read, or a direct statement) once every write queued
+        before is committed, off the event loop: it never misses a write made before it."""
         await self.commit()
-        return await asyncio.to_thread(read, *args)
+        return await asyncio.to_thread(call, *args)
 
     # -- reads (async; each sees every write queued before it) --------------------------
     async def load_episode(
         self, episode_id: str, with_trajectory: bool = True
     ) -> EpisodeState | None:
-        return await self._read(self.reads.load_episode, episode_id, with_trajectory)
+        return await self._after_queued(self.reads.load_episode, episode_id, with_trajectory)
 
     async def load_steps(self, episode_id: str, count: int | None = None) -> list[StepRecord]:
-        return await self._read(self.reads.load_steps, episode_id, count)
+        return await self._after_queued(self.reads.load_steps, episode_id, count)
 
     async def find_step(self, episode_id: str, request_id: str) -> StepResponse | None:
-        return await self._read(self.reads.find_step, episode_id, request_id)
+        return await self._after_queued(self.reads.find_step, episode_id, request_id)
 
     async def owners(self, keys: tuple[str, ...]) -> dict[str, tuple[str | None, bool]]:
-        return await self._read(self.reads.owners, keys)
+        return await self._after_queued(self.reads.owners, keys)
 
     async def starts_since(self, since: float) -> list[tuple[str, float]]:
-        return await self._read(self.reads.starts_since, since)
+        return await self._after_queued(self.reads.starts_since, since)
 
     async def sampler_history(
         self, limit: int
     ) -> list[tuple[float, str, str, float, bool, str | None]]:
-        return await self._read(self.reads.sampler_history, limit)
+        return await self._after_queued(self.reads.sampler_history, limit)
 
     async def placement(self, episode_id: str) -> tuple[str, str] | None:
-        return await self._read(self.reads.placement, episode_id)
+        return await self._after_queued(self.reads.placement, episode_id)
 
     async def active_on(self, worker: str) -> list[str]:
-        return await self._read(self.reads.active_on, worker)
+        return await self._after_queued(self.reads.active_on, worker)
 
     async def group_result(self, digest: str) -> str | None:
-        return await self._read(self.reads.group_result, digest)
+        return await self._after_queued(self.reads.group_result, digest)
 
     async def groups_of(self, keys: tuple[str, ...]) -> dict[str, str]:
-        return await self._read(self.reads.groups_of, keys)
+        return await self._after_queued(self.reads.groups_of, keys)
 
     async def mark_unfinished(self, status: str, reason: str, now: float) -> int:
         """At start-up: episodes left `active` by a previous process can never resume."""
@@ -399,7 +391,7 @@ class Store:
             "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?"
             " WHERE status='active'"
         )
-        return await self._read(self.db.run, sql, (status, reason, now, now))
+        return await self._after_queued(self.db.run, sql, (status, reason, now, now))
 
     async def aclose(self) -> None:
         """`close`, off the event loop (it waits for the writer to commit what is queued)."""

@@ -421,8 +421,7 @@ def _messages(raw: bytes) -> list[tuple[str, Any]]:
 def exec_tracer(worker: dict[str, Any], workdir: str) -> Any:
     """exec_guard.py's tracer for the test processes (a program of the agent's a test
     starts runs confined as the worker is), or None where it cannot run here."""
-    module = types.ModuleType("exec_guard")
-    exec(compile(worker["guard_source"], HELPERS[5], "exec"), vars(module))
+    module = worker["guard"]
     if module.available():
         return None
     jail = worker["config"]
@@ -528,6 +527,8 @@ def load_helpers(cfg: dict[str, Any], home: str, workdir: str) -> dict[str, Any]
         module = types.ModuleType(name.removesuffix(".py"))
         sys.modules[module.__name__] = module
         exec(compile(helpers[name], name, "exec"), vars(module))
+    guard = types.ModuleType("exec_guard")  # the parent's tracer of each test process
+    exec(compile(helpers[HELPERS[5]], HELPERS[5], "exec"), vars(guard))
     # the task's own top-level names, which load from the workspace in the worker
     sources = sorted(str(n) for n in cfg.get("allowed") or ())
     timeout_s = float(cfg.get("call_timeout_s") or 30.0)
@@ -542,7 +543,7 @@ def load_helpers(cfg: dict[str, Any], home: str, workdir: str) -> dict[str, Any]
         "timeout_s": timeout_s,
         "config": jail,
         "jail_source": helpers[HELPERS[4]],
-        "guard_source": helpers[HELPERS[5]],
+        "guard": guard,
     }
 
 
