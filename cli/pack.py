@@ -1,6 +1,6 @@
 """`palaestra pack init|check|build|list`: write, prove, build and list task packs (DESIGN §6).
 
-The check itself is server/packs/check.py; this module parses arguments and prints.
+The check itself is server/packcheck.py; this module parses arguments and prints.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from palaestra.cli.progress import LiveProgress
 from palaestra.cli.stopping import Stop
 from palaestra.sdk.errors import PalaestraError
 from palaestra.server.families import FamilyRegistry
+from palaestra.server.packcheck import CheckReport, check_pack
 from palaestra.server.packs.archive import pack_archive
-from palaestra.server.packs.check import CheckReport, check_pack
 from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.packs.lock import LOCK_FILE, write_lock
 from palaestra.server.packs.manifest import PackError, read_manifest

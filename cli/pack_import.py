@@ -120,7 +120,7 @@ def audit_import(out: Path, tasks: int, sandbox: str | None = None) -> bool:
     import json
 
     from palaestra.cli.pack import render_report
-    from palaestra.server.packs.check import check_pack
+    from palaestra.server.packcheck import check_pack
 
     with Stop("pack import --check") as stop, LiveProgress("pack check") as progress:
         report = stop.run(

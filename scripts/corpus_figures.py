@@ -27,7 +27,7 @@ from palaestra.cli.images import docker_client, ensure_image
 from palaestra.cli.pack_import import ceilings
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.server.config import load_settings
-from palaestra.server.packs.check import check_pack
+from palaestra.server.packcheck import check_pack
 
 CHEAT_FLOOR = 0.1
 

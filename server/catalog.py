@@ -136,7 +136,7 @@ class Catalog:
         `cheat_over_limit`) where any scores above its `cheat_max_reward`."""
         if self.settings.publish_check_tasks <= 0:
             return
-        from palaestra.server.packs.check import audit_pack  # the check builds a manager
+        from palaestra.server.packcheck import audit_pack  # the check builds a manager
 
         report = audit_pack(pack, self.families, self.settings, self.settings.publish_check_tasks)
         if not report.over_limit:

@@ -16,13 +16,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from palaestra.envs.base import Family
 from palaestra.sdk.errors import BadRequestError, NotFoundError, UnavailableError
 from palaestra.sdk.task import Task
 from palaestra.server.packs.gencache import GeneratedTaskCache, NotCached
 from palaestra.server.packs.loader import Pack, PackUnavailable, load_pack
 from palaestra.server.packs.manifest import read_manifest, semver_key
 from palaestra.server.packs.taskfields import HostPolicy
+from palaestra.server.packs.validator import TaskValidator
 from palaestra.server.packs.warming import Warming, warming_error
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class PackCatalog:
         # 503 `warming` with Retry-After.
         self.warming: dict[str, Warming] = {}
         self.warmer: PackWarmer | None = None
-        self._families: list[str | Family] = []
+        self._families: list[str | TaskValidator] = []
         self._policy: HostPolicy | None = None
         self._broken: Mapping[str, str] | None = None
 
@@ -98,7 +98,7 @@ class PackCatalog:
     def load_dirs(
         self,
         dirs: Iterable[Path],
-        known_families: Iterable[str | Family],
+        known_families: Iterable[str | TaskValidator],
         policy: HostPolicy | None = None,
         broken: Mapping[str, str] | None = None,
         *,

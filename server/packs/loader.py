@@ -34,7 +34,6 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from palaestra.envs.base import Family, TaskFieldsError
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
 from palaestra.server import heldout
@@ -49,6 +48,7 @@ from palaestra.server.packs.manifest import (
     validation_problems,
 )
 from palaestra.server.packs.taskfields import HostPolicy, task_field_problems
+from palaestra.server.packs.validator import TaskValidator, field_problem
 
 # Directory form: the folders of tasks/<id>/ and where their file maps land.
 TASK_DIRS: dict[str, tuple[str, str]] = {
@@ -397,23 +397,24 @@ def build_task(record: TaskRecord, manifest: PackManifest, secret: bytes | None)
     )
 
 
-def finalize_task(task: Task, policy: HostPolicy, family: Family | None = None) -> list[str]:
+def finalize_task(task: Task, policy: HostPolicy, family: TaskValidator | None = None) -> list[str]:
     """The one check every built task of a loaded pack passes before the pack holds it:
     its problems as 'field: what to fix' (the caller names the pack and the task); any
     problem refuses the pack. No field names a host path (server/packs/taskfields.py), and
-    the fields fit the family's models (`Family.validate_task`) where the family is known."""
+    the fields fit the family's models (`validate_task`, server/packs/validator.py) where the
+    family is known."""
     problems = task_field_problems(task.public, task.private, policy)
     if family is not None:
         try:
             family.validate_task(task)
-        except TaskFieldsError as exc:
-            problems.append(f"family {family.name}: {exc.problem}")
+        except ValueError as exc:
+            problems.append(f"family {family.name}: {field_problem(exc)}")
     return problems
 
 
 def inspect_pack(
     root: Path,
-    known_families: Iterable[str | Family] | None = None,
+    known_families: Iterable[str | TaskValidator] | None = None,
     policy: HostPolicy | None = None,
     *,
     secret: bytes | None = None,
@@ -447,7 +448,7 @@ def inspect_pack(
         if path.is_symlink():
             problems.append(f"{path}: symlinks are not allowed in a pack; copy the file")
     problems.extend(verify_lock(root, hashes))
-    # A Family (not only its name) also checks its tasks' fields (Family.validate_task).
+    # A family (not only its name) also checks its tasks' fields (TaskValidator.validate_task).
     families = list(known_families) if known_families is not None else None
     checkers = {f.name: f for f in families or () if not isinstance(f, str)}
     known = (
@@ -563,7 +564,7 @@ def inspect_pack(
 
 def load_pack(
     root: Path,
-    known_families: Iterable[str | Family] | None = None,
+    known_families: Iterable[str | TaskValidator] | None = None,
     policy: HostPolicy | None = None,
     *,
     secret: bytes | None = None,

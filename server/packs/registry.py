@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.base import Family
 from palaestra.sandbox import SandboxError
 from palaestra.sdk.errors import (
     BadRequestError,
@@ -63,6 +62,7 @@ from palaestra.server.packs.lock import pack_files
 from palaestra.server.packs.manifest import PackError, PackManifest, read_manifest
 from palaestra.server.packs.store import PackStore
 from palaestra.server.packs.taskfields import HostPolicy
+from palaestra.server.packs.validator import TaskValidator
 
 log = logging.getLogger("palaestra.registry")
 
@@ -307,7 +307,7 @@ class PackRegistry:
     def load_into(
         self,
         catalog: PackCatalog,
-        families: Iterable[str | Family],
+        families: Iterable[str | TaskValidator],
         policy: HostPolicy | None = None,
         broken: Mapping[str, str] | None = None,
         *,
@@ -362,7 +362,7 @@ class PackRegistry:
         data: bytes,
         *,
         publisher: str,
-        families: Iterable[str | Family],
+        families: Iterable[str | TaskValidator],
         catalog: PackCatalog | None = None,
         allow_code: bool = False,
         expect_digest: str | None = None,

@@ -14,8 +14,8 @@ from palaestra.cli.main import app
 from palaestra.envs.base import Assessment, EpisodeContext
 from palaestra.envs.echo import EchoFamily
 from palaestra.server.config import REPO_PACKS
+from palaestra.server.packcheck import CheckReport, check_pack
 from palaestra.server.packs.archive import extract_archive
-from palaestra.server.packs.check import CheckReport, check_pack
 from palaestra.server.packs.loader import load_pack
 from palaestra.server.packs.lock import LOCK_FILE
 from tests.conftest import ServerProcess

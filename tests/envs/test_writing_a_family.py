@@ -19,7 +19,7 @@ from palaestra.envs.base import EpisodeContext, Family, Sandboxes
 from palaestra.sandbox import SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend
 from palaestra.sdk.task import Task
-from palaestra.server.packs.check import check_pack
+from palaestra.server.packcheck import check_pack
 from palaestra.server.packs.loader import inspect_pack
 
 PAGE = "writing-a-family.md"

@@ -35,7 +35,7 @@ from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs.check import check_pack
+from palaestra.server.packcheck import check_pack
 from palaestra.server.packs.loader import Pack, inspect_pack, load_pack
 from palaestra.server.runtime import build_manager
 from palaestra.server.sealed import WITHHELD, sealed_feedback

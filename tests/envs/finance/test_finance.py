@@ -26,7 +26,7 @@ from palaestra.envs.finance.tasks import _generate, build_document
 from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.inprocess import InProcessClient
-from palaestra.server.packs.check import check_pack
+from palaestra.server.packcheck import check_pack
 from palaestra.verifiers import finance as vf
 
 PACK = Path(__file__).resolve().parents[3] / "packs" / "finance"

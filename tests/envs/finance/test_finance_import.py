@@ -20,7 +20,7 @@ from palaestra.envs.finance.family import FinanceFamily
 from palaestra.envs.finance.finqa_exec import InvalidProgram, execute
 from palaestra.envs.finance.imported import imported_numbers
 from palaestra.envs.finance.importer import ImportProblem, import_file
-from palaestra.server.packs.check import check_pack
+from palaestra.server.packcheck import check_pack
 from palaestra.server.packs.loader import load_pack
 from palaestra.verifiers import finance as vf
 from palaestra.verifiers import finance_text as ft

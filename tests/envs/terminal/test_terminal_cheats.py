@@ -28,7 +28,7 @@ from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
-from palaestra.server.packs.check import play_episode
+from palaestra.server.packcheck import play_episode
 from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.runtime import build_manager
 from palaestra.verifiers.terminal import _channel, files_tar, judge_set, verify_workspace

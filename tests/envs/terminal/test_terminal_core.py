@@ -39,7 +39,7 @@ from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
-from palaestra.server.packs.check import check_pack
+from palaestra.server.packcheck import check_pack
 from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.runtime import build_manager
 from tests.conftest import FULL_CHECKS, docker_skip_reason, one_per_category

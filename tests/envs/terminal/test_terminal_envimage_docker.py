@@ -28,7 +28,7 @@ from palaestra.envs.terminal.envimage import (
 from palaestra.sandbox import SandboxCreateError, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
 from palaestra.sandbox.docker import DockerBackend
-from palaestra.server.packs.check import CheckReport, check_pack
+from palaestra.server.packcheck import CheckReport, check_pack
 from tests.conftest import docker_skip_reason
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"

@@ -18,7 +18,7 @@ from palaestra.envs import cheats as generic
 from palaestra.envs.terminal.dockerfile import convert_dockerfile
 from palaestra.envs.terminal.importer import clean_test_script
 from palaestra.sandbox.bwrap import bwrap_available
-from palaestra.server.packs.check import CheckReport, check_pack
+from palaestra.server.packcheck import CheckReport, check_pack
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 runner = CliRunner()

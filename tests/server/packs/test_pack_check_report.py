@@ -27,7 +27,7 @@ from palaestra.envs.echo import EchoFamily, EchoPrivate, EchoPublic
 from palaestra.sandbox import SandboxSpec
 from palaestra.sdk.models import Action, Observation
 from palaestra.sdk.task import Task
-from palaestra.server.packs.check import CheckReport, Problem, TaskResult, check_pack
+from palaestra.server.packcheck import CheckReport, Problem, TaskResult, check_pack
 
 
 def _report() -> CheckReport:

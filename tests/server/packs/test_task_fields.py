@@ -14,8 +14,8 @@ from palaestra.envs.finance import FinanceFamily
 from palaestra.envs.terminal import TerminalFamily
 from palaestra.sdk.errors import BadRequestError
 from palaestra.server.db import Database
+from palaestra.server.packcheck import check_pack
 from palaestra.server.packs.archive import pack_archive
-from palaestra.server.packs.check import check_pack
 from palaestra.server.packs.loader import inspect_pack, load_pack
 from palaestra.server.packs.manifest import PackError
 from palaestra.server.packs.registry import PackRegistry

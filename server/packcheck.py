@@ -7,6 +7,10 @@ expected reward, a rerun of the oracle gives the same verdict, the null agent sc
 each known cheat of the family scores at most `checks.cheat_max_reward`. Every problem is
 listed (not just the first) with what to fix; a verifier that crashes (void episode) or
 hangs (per-episode timeout) is a failure, never a hang of the check itself.
+
+It lives beside the in-process server it builds (server/runtime.py's `build_manager`,
+server/inprocess.py): server/packs, the pack machinery, sits below the manager and the
+families (pyproject's import-linter contract "packs").
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from palaestra.sdk.task import Task
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.inprocess import AsyncInProcessClient
-from palaestra.server.packs.checkreport import (
+from palaestra.server.packcheck_report import (
     CheckReport,
     OverLimit,
     Problem,
@@ -39,7 +43,7 @@ from palaestra.server.packs.loader import Pack, inspect_pack
 from palaestra.server.packs.lock import LOCK_FILE
 from palaestra.server.runtime import build_manager
 
-__all__ = [  # the report's shapes live in checkreport.py; importers use them from here
+__all__ = [  # the report's shapes live in packcheck_report.py; importers use them from here
     "CheckReport",
     "OverLimit",
     "Problem",
