@@ -15,9 +15,11 @@ test: bootstrap docker-up lint typecheck pytest
 docker-up: bootstrap
 	@bash scripts/docker-up.sh
 
+# ruff, and the layering contracts of pyproject's [tool.importlinter] (import-linter)
 lint:
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) scripts/lint_imports.py
 
 typecheck:
 	$(PY) scripts/typecheck.py
