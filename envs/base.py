@@ -1,34 +1,108 @@
 """What a family is: its tools, its task fields, its episode logic and its verifier (DESIGN §1).
 
-This module is the whole contract a family is written against. A family never imports the
-server: the episode manager validates each task against the family's field models when a
-pack loads, hands the family an `EpisodeContext` per episode, and calls the hooks of
-`Family` below (each says when it is called and what it may do). Tool arguments are
-pydantic models, so their JSON Schema is what trainers see and a malformed action is
-refused with a 422. Sandboxes come from `ctx.sandboxes` only; the manager frees them.
+This module is the whole contract a family is written against; `palaestra.envs` re-exports
+it with the wire models, errors and sandbox types a family names (one import). A family
+never imports the server: the episode manager validates each task against the family's
+field models when a pack loads (the typed view is kept: `Model.of(task)` is a lookup
+afterwards), hands the family an `EpisodeContext` per episode (its `state` an instance of
+the family's `State` model), and calls the hooks of `Family` below (each says when it is
+called and what it may do). Tools are methods marked `@tool`: their argument models give
+the JSON Schema trainers see, a malformed action is refused with a 422, and `Family.step`
+calls the tool's method. Sandboxes come from `ctx.sandboxes` only; the manager frees them.
 """
 
 from __future__ import annotations
 
 import abc
-import dataclasses
 import functools
+import inspect
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from typing_extensions import TypeVar
 
 from palaestra.envs.cheatlib import CheatSurface
-from palaestra.sandbox import ExecResult, Sandbox, SandboxSpec, SandboxSpecError
-from palaestra.sandbox.forkrun import PYTHON, ForkServerUnavailable, PythonRun, PythonRunner
+from palaestra.envs.paths import workspace_abspath, workspace_relpath
+from palaestra.envs.sandboxes import Sandboxes
+from palaestra.sandbox import (
+    DEFAULT_MAX_OUTPUT,
+    AgentFault,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxGone,
+    SandboxPathError,
+    SandboxSpec,
+    SandboxSpecError,
+    ShellSession,
+    WorkspaceFault,
+)
+from palaestra.sandbox.base import BASE_PATH
+from palaestra.sandbox.forkrun import PYTHON, PythonRun
 from palaestra.sdk.errors import InvalidActionError
-from palaestra.sdk.models import Action, Limits, Observation, ToolSpec, VerifierInfo
+from palaestra.sdk.models import Action, Limits, Observation, ToolSpec, Verdict, VerifierInfo
 from palaestra.sdk.task import Task
-from palaestra.verifiers.judge_protocol import Judges, NoJudges
+from palaestra.verifiers.judge_protocol import (
+    JudgeChat,
+    Judges,
+    JudgeSampling,
+    JudgeUnavailable,
+    NoJudges,
+)
 
 if TYPE_CHECKING:
     from palaestra.verifiers.judge import JudgedSubject
+
+# The family author's surface (re-exported by `palaestra.envs`): this module's contract and
+# the wire models, errors, sandbox types and judge endpoints a family names.
+__all__ = [
+    "BASE_PATH",
+    "DEFAULT_MAX_OUTPUT",
+    "PYTHON",
+    "Action",
+    "AgentFault",
+    "Assessment",
+    "CheatSurface",
+    "EpisodeContext",
+    "ExecResult",
+    "Family",
+    "InvalidActionError",
+    "JudgeChat",
+    "JudgeSampling",
+    "JudgeUnavailable",
+    "Judges",
+    "Limits",
+    "NoArgs",
+    "Observation",
+    "PrivateFields",
+    "PublicFields",
+    "PythonRun",
+    "Sandbox",
+    "SandboxError",
+    "SandboxGone",
+    "SandboxPathError",
+    "SandboxSpec",
+    "SandboxSpecError",
+    "Sandboxes",
+    "ShellSession",
+    "State",
+    "StepOutcome",
+    "Task",
+    "TaskFields",
+    "TaskFieldsError",
+    "Tool",
+    "ToolArgs",
+    "ToolSpec",
+    "Verdict",
+    "VerifierInfo",
+    "WorkspaceFault",
+    "tool",
+    "workspace_abspath",
+    "workspace_relpath",
+]
 
 # -- tools -----------------------------------------------------------------------------------
 
@@ -61,6 +135,69 @@ def _tool_spec(name: str, description: str, args: type[ToolArgs]) -> ToolSpec:
     return ToolSpec(name=name, description=description, parameters=schema)
 
 
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable["StepOutcome"]])
+
+
+@dataclass(frozen=True)
+class _Declared:
+    tool: Tool
+    method: str  # the handler's attribute name on the family
+    takes_args: bool  # (self, ctx, args) rather than (self, ctx)
+
+
+_DECLARED: dict[Callable[..., Any], tuple[Tool, bool]] = {}
+
+
+def tool(
+    description: str, *, name: str | None = None, args: type[ToolArgs] | None = None
+) -> Callable[[Handler], Handler]:
+    """Declare a family method as a tool: `async def name(self, ctx, args: ArgsModel) ->
+    StepOutcome` (or `(self, ctx)` for a tool without arguments). The tool is named after
+    the method unless `name` says otherwise; its arguments model is `args`, else the
+    annotation of the method's `args` parameter, else `NoArgs`. `Family.step` validates
+    nothing more and calls the method with the validated model; the family's `tools` (and
+    so its `tool_specs()`) list the declared tools in the order the class body has them,
+    a base class's first."""
+
+    def declare(handler: Handler) -> Handler:
+        params = list(inspect.signature(handler).parameters.values())
+        if len(params) not in (2, 3):
+            raise TypeError(f"tool {handler.__qualname__}: takes (self, ctx) or (self, ctx, args)")
+        model = args or (_annotated(handler, params[2]) if len(params) == 3 else NoArgs)
+        _DECLARED[handler] = (Tool(name or handler.__name__, description, model), len(params) == 3)
+        return handler
+
+    return declare
+
+
+def _annotated(handler: Callable[..., Any], param: inspect.Parameter) -> type[ToolArgs]:
+    """The ToolArgs model `param` is annotated with (a string under postponed annotations,
+    read in the handler's module)."""
+    hint = param.annotation
+    if isinstance(hint, str):
+        try:
+            hint = eval(hint, getattr(handler, "__globals__", {}))
+        except Exception:
+            hint = None
+    if not (isinstance(hint, type) and issubclass(hint, ToolArgs)):
+        raise TypeError(
+            f"tool {handler.__qualname__}: annotate {param.name} with a ToolArgs model "
+            "defined before the family, or pass @tool(..., args=Model)"
+        )
+    return hint
+
+
+def _declared_tools(cls: type) -> dict[str, _Declared]:
+    """The @tool methods of `cls` and its bases, by tool name, in declaration order."""
+    found: dict[str, _Declared] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, value in vars(klass).items():
+            if inspect.isfunction(value) and value in _DECLARED:
+                declared, takes_args = _DECLARED[value]
+                found[declared.name] = _Declared(declared, attr, takes_args)
+    return found
+
+
 # -- task fields -----------------------------------------------------------------------------
 
 
@@ -84,8 +221,15 @@ class TaskFields(BaseModel):
 
     @classmethod
     def of(cls, task: Task) -> Self:
-        """The task's fields as this model (the pack loader checked that they fit)."""
-        return cls.model_validate(task.public if cls.side() == "public" else task.private)
+        """The task's fields as this model: validated once per task object (the pack loader's
+        check does it), then kept with the task while it lives. Treat it as read-only."""
+        try:
+            return _VIEWS[id(task)][cls]  # type: ignore[return-value]
+        except KeyError:
+            pass
+        view = cls.model_validate(task.public if cls.side() == "public" else task.private)
+        _keep(task, view)
+        return view
 
     @classmethod
     def check(cls, task: Task) -> None:
@@ -98,6 +242,22 @@ class TaskFields(BaseModel):
                 for e in exc.errors()
             )
             raise TaskFieldsError(task, problems) from None
+
+
+# Validated field views by task object: id(task) -> {model: view}. An entry goes when its
+# task is collected (a task's fields never change: its digest covers them).
+_VIEWS: dict[int, dict[type[TaskFields], TaskFields]] = {}
+
+
+def _keep(task: Task, view: TaskFields) -> None:
+    key = id(task)
+    views = _VIEWS.get(key)
+    if views is None:
+        fresh: dict[type[TaskFields], TaskFields] = {}
+        views = _VIEWS.setdefault(key, fresh)
+        if views is fresh:  # this task's first view: forget them all when it goes
+            weakref.finalize(task, _VIEWS.pop, key, None)
+    views[type(view)] = view
 
 
 class PublicFields(TaskFields):
@@ -144,164 +304,144 @@ class Assessment:
     failure: str | None = None  # on a failed attempt, its class (sdk.models.FAILURE_CLASSES)
 
 
-# -- sandboxes -------------------------------------------------------------------------------
-
-SandboxFactory = Callable[[SandboxSpec], Awaitable[Sandbox]]
-
-
-class Sandboxes:
-    """The one way a family gets sandboxes: the episode's own, verifier sandboxes and one-shot
-    Python runs. It records every sandbox it creates and the manager frees them all when the
-    episode ends (done, void, closed, expired); a family never creates or frees one itself.
-
-    Image choice: a spec with `image=None` runs on the family's `image` where the backend has
-    it and on the backend's default where it refuses that image as unknown (bwrap without the
-    family's rootfs); `images` remembers the answer across episodes. A spec naming an image
-    gets exactly that image."""
-
-    def __init__(
-        self,
-        create: SandboxFactory,
-        *,
-        image: str | None = None,
-        images: dict[str, bool] | None = None,
-        fork_server: PythonRunner | None = None,
-    ) -> None:
-        self._create = create
-        self._image = image
-        self._images = images if images is not None else {}
-        self._fork_server = fork_server
-        self._episode: Sandbox | None = None
-        self._spec: SandboxSpec | None = None
-        self._made: list[Sandbox] = []
-
-    @property
-    def episode(self) -> Sandbox | None:
-        """The episode's own sandbox (from `Family.sandbox_spec`); None when the family asks
-        for none, and once the episode has ended."""
-        return self._episode
-
-    async def start(self, spec: SandboxSpec | None) -> None:
-        """The manager's: create the episode's sandbox before `Family.reset`."""
-        if spec is not None:
-            self._episode = await self._new(spec)
-            self._spec = self._episode.spec
-
-    async def verifier(
-        self, spec: SandboxSpec | None = None, *, traces_execs: bool = False
-    ) -> Sandbox:
-        """A fresh sandbox for the verifier (default: the episode sandbox's spec, image
-        included); it lives until the episode ends. `traces_execs`: its processes may trace
-        their children (`SandboxSpec.traces_execs`, the terminal verifier's exec guard)."""
-        if spec is None:
-            if self._spec is None:
-                raise ValueError("this episode has no sandbox whose spec a verifier could copy")
-            spec = self._spec
-        if traces_execs:
-            spec = dataclasses.replace(spec, traces_execs=True)
-        return await self._new(spec)
-
-    async def run_python(self, job: PythonRun) -> ExecResult:
-        """Run `job` (`python3 -I -S -c code`) in a one-shot sandbox whose /work holds its
-        files alone: a fork of the server's Python fork server where it has one, else a fresh
-        sandbox, freed as soon as the run is over. Timeouts and exit codes are data."""
-        if self._fork_server is not None:
-            try:
-                return await self._fork_server(job)
-            except ForkServerUnavailable:
-                pass  # logged once by the fork server; a fresh sandbox does it
-        box = await self._new(SandboxSpec(memory_mb=job.memory_mb, workspace_mb=job.workspace_mb))
-        try:
-            for path, data in job.files.items():
-                await box.write_file(path, data)
-            return await box.exec(
-                [PYTHON, "-I", "-S", "-c", job.code],
-                stdin=job.stdin,
-                timeout=job.timeout,
-                max_output=job.max_output,
-            )
-        finally:
-            if box in self._made:  # else the episode ended meanwhile: aclose() has it
-                self._made.remove(box)
-            await box.close()
-
-    async def retire_episode(self) -> None:
-        """Free the episode's sandbox now, before the episode ends (a verifier that wants
-        every process the agent started dead before its tests run); its spec stays what
-        `verifier()` copies."""
-        box, self._episode = self._episode, None
-        if box is not None:
-            self._made.remove(box)
-            await box.close()
-
-    def episode_cpu_seconds(self) -> float | None:
-        """The manager's: CPU time the episode's sandbox used so far (None: no counter)."""
-        return self._episode.cpu_seconds() if self._episode is not None else None
-
-    async def aclose(self) -> list[BaseException]:
-        """The manager's: free every sandbox this episode has; returns what failed."""
-        made, self._made, self._episode = self._made, [], None
-        failed: list[BaseException] = []
-        for box in made:
-            try:
-                await box.close()
-            except Exception as exc:
-                failed.append(exc)
-        return failed
-
-    async def _new(self, spec: SandboxSpec) -> Sandbox:
-        box = await self._on_image(spec)
-        self._made.append(box)
-        return box
-
-    async def _on_image(self, spec: SandboxSpec) -> Sandbox:
-        image = self._image
-        if spec.image is not None or image is None or self._images.get(image) is False:
-            return await self._create(spec)
-        try:
-            box = await self._create(dataclasses.replace(spec, image=image))
-        except SandboxSpecError:
-            box = await self._create(spec)  # raises where the spec itself is at fault
-            self._images[image] = False
-            return box
-        self._images[image] = True
-        return box
-
-
 # -- episodes --------------------------------------------------------------------------------
 
 
+class State(BaseModel):
+    """Base of a family's per-episode state: what its tools keep between steps and its
+    verifier reads. Declare fields with defaults (a fresh instance is made before `reset`);
+    values may be any Python object (a shell session, a parsed document). It never leaves
+    the server: nothing of it is sent to clients."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    # Read and written like the dict it replaces (`ctx.state["key"]`, `.get`, `in`, `.pop`),
+    # for code written before typed state (tests' subclasses of built-in families): a field
+    # is a key once assigned; any other key lives beside the fields. New code uses fields.
+    _keys: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in type(self).model_fields:
+            if key not in self.model_fields_set:
+                raise KeyError(key)
+            return getattr(self, key)
+        return self._keys[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in type(self).model_fields:
+            setattr(self, key, value)
+        else:
+            self._keys[key] = value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.model_fields_set or key in self._keys
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in type(self).model_fields:
+            return getattr(self, key) if key in self.model_fields_set else default
+        return self._keys.get(key, default)
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        if key not in type(self).model_fields:
+            return self._keys.pop(key, default)
+        if key not in self.model_fields_set:
+            return default
+        value = getattr(self, key)
+        field_info = type(self).model_fields[key]
+        setattr(self, key, field_info.get_default(call_default_factory=True))
+        self.model_fields_set.discard(key)
+        return value
+
+
+# A family's State model: `Family[MyState]` makes `ctx.state` a `MyState`. A family that
+# declares none gets a dict (`ctx.state["key"]`), as before typed state existed.
+S = TypeVar("S", bound=BaseModel, default=Any)
+
+
+def _no_state() -> Any:
+    return {}
+
+
 @dataclass
-class EpisodeContext:
-    """Everything a family sees of one episode; `state` is the family's scratch space."""
+class EpisodeContext(Generic[S]):
+    """Everything a family sees of one episode. `state` is the family's own: an instance of
+    its `State` model (made before `reset`), or a dict where it declares none."""
 
     episode_id: str
     task: Task
     seed: int | None
     options: dict[str, Any]
     sandboxes: Sandboxes
-    state: dict[str, Any] = field(default_factory=dict)
+    state: S = field(default_factory=_no_state)
     # The server's judge endpoints (verifiers/judge_protocol.py); a judge verifier's only way
     # to reach a judge model.
     judges: Judges = field(default_factory=NoJudges)
 
 
-class Family(abc.ABC):
+def _with_state(reset: Callable[[Any, EpisodeContext], Awaitable[Observation]]) -> Any:
+    """`reset`, run after `ctx.state` is made an instance of the family's State model
+    (kept where it already is one: a family's reset that calls its base's, or a composed
+    family's with a State that extends the composed one's)."""
+
+    @functools.wraps(reset)
+    async def reset_with_state(self: Family, ctx: EpisodeContext) -> Observation:
+        model = type(self).state_model
+        if model is not None and not isinstance(ctx.state, model):
+            ctx.state = model()
+        return await reset(self, ctx)
+
+    setattr(reset_with_state, _MAKES_STATE, True)
+    return reset_with_state
+
+
+_MAKES_STATE = "__palaestra_makes_state__"
+
+
+class Family(abc.ABC, Generic[S]):
     """A kind of environment.
 
-    Subclasses set `name`, `description`, `version`, `tools` and the task field models
-    `public_fields` and `private_fields`, and implement `reset`, `step`, `verify` and
-    `oracle`. Every other hook has a default that does nothing special."""
+    Subclasses set `name`, `description`, `version` and the task field models
+    `public_fields` and `private_fields`, declare their tools as `@tool` methods, and
+    implement `reset`, `verify` and `oracle`. `class MyFamily(Family[MyState])` gives each
+    episode a fresh `MyState()` as `ctx.state` before `reset` runs (`state_model`). Every
+    other hook has a default that does nothing special.
+
+    (Families written before `@tool` list `tools` as `Tool`s and override `step`; both
+    still work, but not mixed in one class.)"""
 
     name: ClassVar[str]
     description: ClassVar[str]
     version: ClassVar[str] = "0.1.0"
-    tools: ClassVar[tuple[Tool, ...]]
+    tools: ClassVar[tuple[Tool, ...]]  # from the @tool methods where the family has them
     public_fields: ClassVar[type[PublicFields]]
     private_fields: ClassVar[type[PrivateFields]]
+    # The per-episode state model: from `Family[Model]` unless set; None: a dict.
+    state_model: ClassVar[type[BaseModel] | None] = None
     # The family's own image: what a sandbox spec with `image=None` runs on where the
     # backend has it (see `Sandboxes`).
     image: ClassVar[str | None] = None
+    _handlers: ClassVar[dict[str, _Declared]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "state_model" not in vars(cls):
+            for base in getattr(cls, "__orig_bases__", ()):
+                (arg, *_) = getattr(base, "__args__", (None,))
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    cls.state_model = arg
+        reset = vars(cls).get("reset")
+        if inspect.isfunction(reset) and not getattr(reset, _MAKES_STATE, False):
+            setattr(cls, "reset", _with_state(reset))  # noqa: B010 (mypy: a method)
+        declared = cls._handlers = _declared_tools(cls)
+        if "tools" in vars(cls):  # listed: the class's own list wins over its bases' tools
+            if any(inspect.isfunction(v) and v in _DECLARED for v in vars(cls).values()):
+                raise TypeError(f"{cls.__name__}: list `tools` or declare @tool methods, not both")
+        elif declared:
+            cls.tools = tuple(d.tool for d in declared.values())
+        if cls.step is Family.step and hasattr(cls, "tools"):
+            missing = [t.name for t in cls.tools if t.name not in declared]
+            if missing:
+                raise TypeError(f"{cls.__name__}: no @tool method for {', '.join(missing)}")
 
     def tool_specs(self) -> list[ToolSpec]:
         return [tool.spec() for tool in self.tools]
@@ -351,18 +491,26 @@ class Family(abc.ABC):
         return VerifierInfo(name=self.name, version=self.version)
 
     @abc.abstractmethod
-    async def reset(self, ctx: EpisodeContext) -> Observation:
-        """Called once per episode after its sandbox exists: set up `ctx.state` (and the
-        sandbox), return the first observation. SandboxError here refuses the reset (503)."""
+    async def reset(self, ctx: EpisodeContext[S]) -> Observation:
+        """Called once per episode after its sandbox exists, with `ctx.state` a fresh
+        instance of `state_model`: set up the state (and the sandbox), return the first
+        observation. SandboxError here refuses the reset (503)."""
 
-    @abc.abstractmethod
-    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+    async def step(self, ctx: EpisodeContext[S], tool: Tool, args: ToolArgs) -> StepOutcome:
         """Called for each action, one at a time per episode, with arguments already
-        validated. Raise InvalidActionError for an action the family refuses (422, the
-        episode goes on); SandboxError ends the episode void. `done=True` ends it verified."""
+        validated: calls the tool's @tool method. The method raises InvalidActionError for
+        an action the family refuses (422, the episode goes on); SandboxError ends the
+        episode void; `done=True` ends it verified. Override to wrap every tool (call
+        super().step for the tool's own work)."""
+        declared = self._handlers.get(tool.name)
+        if declared is None:
+            raise NotImplementedError(f"{type(self).__name__} has no handler for {tool.name!r}")
+        handler = getattr(self, declared.method)
+        outcome: StepOutcome = await (handler(ctx, args) if declared.takes_args else handler(ctx))
+        return outcome
 
     @abc.abstractmethod
-    async def verify(self, ctx: EpisodeContext) -> Assessment:
+    async def verify(self, ctx: EpisodeContext[S]) -> Assessment:
         """Called once, when the episode ends by `done`, a limit or the client's verify:
         judge the final state. AgentFault is a 0 with its failure class; SandboxError or
         any other exception makes the episode void (never a 0)."""
@@ -377,12 +525,12 @@ class Family(abc.ABC):
         could only end void); an explicit `task=` reset still runs them."""
         return frozenset()
 
-    def judged_subject(self, ctx: EpisodeContext) -> JudgedSubject | None:
+    def judged_subject(self, ctx: EpisodeContext[S]) -> JudgedSubject | None:
         """Called on an ended (verified, not void) episode by `POST /v1/groups/verify`: the
         rubric, judge config and subject (task, reference, the episode's final answer) a
         group scorer compares across the episodes of one task. None (the default): this
         family's episodes cannot be judged as a group (422). Must not touch a sandbox (they
-        are freed when the episode ends) nor block: read what `step` kept in `ctx.state`."""
+        are freed when the episode ends) nor block: read what the tools kept in `ctx.state`."""
         return None
 
     def null(self, task: Task) -> list[Action]:

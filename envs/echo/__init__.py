@@ -13,17 +13,20 @@ import re
 from pydantic import Field
 
 from palaestra.envs.base import (
+    Action,
     Assessment,
     EpisodeContext,
     Family,
+    Observation,
     PrivateFields,
     PublicFields,
+    State,
     StepOutcome,
-    Tool,
+    Task,
     ToolArgs,
+    VerifierInfo,
+    tool,
 )
-from palaestra.sdk.models import Action, Observation, VerifierInfo
-from palaestra.sdk.task import Task
 
 
 class EchoArgs(ToolArgs):
@@ -43,34 +46,40 @@ class EchoPrivate(PrivateFields):
     answer: str
 
 
-class EchoFamily(Family):
+class EchoState(State):
+    answer: str | None = None  # what `submit` was given
+
+
+Ctx = EpisodeContext[EchoState]
+
+
+class EchoFamily(Family[EchoState]):
     name = "echo"
     description = "Echo text back; submit an exact answer. For API benchmarks and as an example."
     version = "0.1.0"
-    tools = (
-        Tool("echo", "Return the given text unchanged.", EchoArgs),
-        Tool("submit", "End the episode with an answer.", SubmitArgs),
-    )
     public_fields = EchoPublic
     private_fields = EchoPrivate
 
-    async def reset(self, ctx: EpisodeContext) -> Observation:
+    async def reset(self, ctx: Ctx) -> Observation:
         return Observation(text=EchoPublic.of(ctx.task).instruction)
 
-    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
-        if isinstance(args, SubmitArgs):
-            ctx.state["answer"] = args.answer
-            return StepOutcome(Observation(text="submitted"), done=True)
-        assert isinstance(args, EchoArgs)
-        if "delay_ms" in ctx.task.public:  # the no-op step skips validating the fields
-            await asyncio.sleep(EchoPublic.of(ctx.task).delay_ms / 1000)
+    @tool("Return the given text unchanged.")
+    async def echo(self, ctx: Ctx, args: EchoArgs) -> StepOutcome:
+        delay_ms = EchoPublic.of(ctx.task).delay_ms  # validated at load: a lookup
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
         return StepOutcome(Observation(text=args.text))
+
+    @tool("End the episode with an answer.")
+    async def submit(self, ctx: Ctx, args: SubmitArgs) -> StepOutcome:
+        ctx.state.answer = args.answer
+        return StepOutcome(Observation(text="submitted"), done=True)
 
     def verifier_info(self) -> VerifierInfo:
         return VerifierInfo(name="exact-match", version="1.0.0")
 
-    async def verify(self, ctx: EpisodeContext) -> Assessment:
-        answer = ctx.state.get("answer")
+    async def verify(self, ctx: Ctx) -> Assessment:
+        answer = ctx.state.answer
         correct = answer is not None and answer.strip() == EchoPrivate.of(ctx.task).answer.strip()
         return Assessment(
             reward=1.0 if correct else 0.0,
