@@ -26,18 +26,21 @@ from typing import Any
 from pydantic import Field
 
 from palaestra.envs.base import (
+    Action,
     Assessment,
     EpisodeContext,
     Family,
+    Observation,
     PrivateFields,
     PublicFields,
+    State,
     StepOutcome,
-    Tool,
+    Task,
     ToolArgs,
+    VerifierInfo,
+    tool,
 )
 from palaestra.envs.reasoning import canon, cheats, constraints, guard, gym
-from palaestra.sdk.models import Action, Observation, VerifierInfo
-from palaestra.sdk.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -74,28 +77,35 @@ class ReasoningPrivate(PrivateFields):
     common_answers: list[str] = Field(default_factory=list)
 
 
-class ReasoningFamily(Family):
+class ReasoningState(State):
+    submitted: bool = False
+    answer: str | None = None  # None: submitted without one (or never submitted)
+
+
+Ctx = EpisodeContext[ReasoningState]
+
+
+class ReasoningFamily(Family[ReasoningState]):
     name = "reasoning"
     description = (
         "Procedural reasoning problems from reasoning-gym, scored by each dataset's own scorer."
     )
     version = "0.1.0"
-    tools = (
-        Tool("think", "Write a note to yourself; it changes nothing.", ThinkArgs),
-        Tool("submit", "End the episode with your final answer.", SubmitArgs),
-    )
     public_fields = ReasoningPublic
     private_fields = ReasoningPrivate
 
-    async def reset(self, ctx: EpisodeContext) -> Observation:
+    async def reset(self, ctx: Ctx) -> Observation:
         return Observation(text=ReasoningPublic.of(ctx.task).question)
 
-    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
-        if isinstance(args, SubmitArgs):
-            ctx.state["submitted"] = True
-            ctx.state["answer"] = args.answer
-            return StepOutcome(Observation(text="submitted"), done=True)
+    @tool("Write a note to yourself; it changes nothing.")
+    async def think(self, ctx: Ctx, args: ThinkArgs) -> StepOutcome:
         return StepOutcome(Observation(text="noted"))
+
+    @tool("End the episode with your final answer.")
+    async def submit(self, ctx: Ctx, args: SubmitArgs) -> StepOutcome:
+        ctx.state.submitted = True
+        ctx.state.answer = args.answer
+        return StepOutcome(Observation(text="submitted"), done=True)
 
     def __init__(self) -> None:
         # reasoning-gym's scorers (sympy, eval) are not known to be thread-safe: one at a
@@ -110,10 +120,9 @@ class ReasoningFamily(Family):
         with self._scoring:
             return score_answer(task, answer)
 
-    async def verify(self, ctx: EpisodeContext) -> Assessment:
-        answer: str | None = ctx.state.get("answer")
-        scored = await asyncio.to_thread(self._score, ctx.task, answer)
-        submitted = bool(ctx.state.get("submitted"))
+    async def verify(self, ctx: Ctx) -> Assessment:
+        scored = await asyncio.to_thread(self._score, ctx.task, ctx.state.answer)
+        submitted = ctx.state.submitted
         return Assessment(
             reward=scored.reward,
             passed=scored.reward >= PASS_THRESHOLD,
