@@ -28,25 +28,29 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from palaestra.envs.base import (
+    DEFAULT_MAX_OUTPUT,
+    Action,
+    AgentFault,
     Assessment,
     EpisodeContext,
+    ExecResult,
     Family,
-    NoArgs,
+    InvalidActionError,
+    Observation,
     PrivateFields,
     PublicFields,
+    PythonRun,
+    Sandbox,
+    SandboxSpec,
     StepOutcome,
-    Tool,
+    Task,
     ToolArgs,
+    VerifierInfo,
+    tool,
+    workspace_relpath,
 )
 from palaestra.envs.coding import cheats
 from palaestra.envs.coding.examples import EXAMPLES_RUNNER, examples_input, public_examples
-from palaestra.envs.paths import workspace_relpath
-from palaestra.sandbox import AgentFault, ExecResult, Sandbox, SandboxSpec
-from palaestra.sandbox.base import DEFAULT_MAX_OUTPUT
-from palaestra.sandbox.forkrun import PythonRun
-from palaestra.sdk.errors import InvalidActionError
-from palaestra.sdk.models import Action, Observation, VerifierInfo
-from palaestra.sdk.task import Task
 from palaestra.verifiers import python_tests
 
 SOLUTION = "solution.py"
@@ -67,18 +71,6 @@ class RunPythonArgs(ToolArgs):
     code: str | None = Field(default=None, max_length=200_000, description="Python source to run")
     path: str | None = Field(default=None, max_length=255, description="or a file in /work to run")
     timeout: float = Field(default=10.0, gt=0, le=60)
-
-
-TOOLS = (
-    Tool("write_file", "Write a text file in the working directory /work.", WriteFileArgs),
-    Tool(
-        "run_python",
-        "Run Python code (or a file) in the sandbox; returns exit code and output.",
-        RunPythonArgs,
-    ),
-    Tool("run_tests", "Run the public examples from the docstring against solution.py.", NoArgs),
-    Tool("submit", "End the episode: solution.py is graded by hidden tests.", NoArgs),
-)
 
 
 TESTS_FILE = "tests.py"
@@ -140,7 +132,6 @@ class CodingFamily(Family):
     name = "coding"
     description = "Function-level Python tasks graded by hidden unit tests."
     version = "0.1.0"
-    tools = TOOLS
     public_fields = CodingPublic
     private_fields = CodingPrivate
 
@@ -161,35 +152,42 @@ class CodingFamily(Family):
         )
         return Observation(text=text, data={"entry_point": entry, "solution_path": SOLUTION})
 
-    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+    @staticmethod
+    def _sandbox(ctx: EpisodeContext) -> Sandbox:
         sandbox = ctx.sandboxes.episode
         assert sandbox is not None
-        if isinstance(args, WriteFileArgs):
-            path = workspace_relpath(args.path, WORKDIR)
-            await sandbox.write_file(path, args.content)
-            return StepOutcome(Observation(text=f"wrote {len(args.content)} characters to {path}"))
-        if isinstance(args, RunPythonArgs):
-            if (args.code is None) == (args.path is None):
-                raise InvalidActionError("run_python needs exactly one of `code` or `path`")
-            argv = (
-                [PYTHON, "-c", args.code]
-                if args.code is not None
-                else [PYTHON, "./" + workspace_relpath(args.path or "", WORKDIR)]
+        return sandbox
+
+    @tool("Write a text file in the working directory /work.")
+    async def write_file(self, ctx: EpisodeContext, args: WriteFileArgs) -> StepOutcome:
+        path = workspace_relpath(args.path, WORKDIR)
+        await self._sandbox(ctx).write_file(path, args.content)
+        return StepOutcome(Observation(text=f"wrote {len(args.content)} characters to {path}"))
+
+    @tool("Run Python code (or a file) in the sandbox; returns exit code and output.")
+    async def run_python(self, ctx: EpisodeContext, args: RunPythonArgs) -> StepOutcome:
+        if (args.code is None) == (args.path is None):
+            raise InvalidActionError("run_python needs exactly one of `code` or `path`")
+        argv = (
+            [PYTHON, "-c", args.code]
+            if args.code is not None
+            else [PYTHON, "./" + workspace_relpath(args.path or "", WORKDIR)]
+        )
+        return StepOutcome(_format(await self._sandbox(ctx).exec(argv, timeout=args.timeout)))
+
+    @tool("Run the public examples from the docstring against solution.py.")
+    async def run_tests(self, ctx: EpisodeContext) -> StepOutcome:
+        public = CodingPublic.of(ctx.task)
+        examples = examples_input(public.prompt, public.entry_point)
+        if not examples:
+            return StepOutcome(
+                Observation(text="The docstring has no examples in doctest form; use run_python.")
             )
-            return StepOutcome(_format(await sandbox.exec(argv, timeout=args.timeout)))
-        if tool.name == "run_tests":
-            public = CodingPublic.of(ctx.task)
-            examples = examples_input(public.prompt, public.entry_point)
-            if not examples:
-                return StepOutcome(
-                    Observation(
-                        text="The docstring has no examples in doctest form; use run_python."
-                    )
-                )
-            return StepOutcome(_format(await self._run_examples(ctx, sandbox, examples)))
-        if tool.name == "submit":
-            return StepOutcome(Observation(text="Submitted; grading solution.py."), done=True)
-        raise InvalidActionError(f"tool {tool.name!r} is not handled")  # pragma: no cover
+        return StepOutcome(_format(await self._run_examples(ctx, self._sandbox(ctx), examples)))
+
+    @tool("End the episode: solution.py is graded by hidden tests.")
+    async def submit(self, ctx: EpisodeContext) -> StepOutcome:
+        return StepOutcome(Observation(text="Submitted; grading solution.py."), done=True)
 
     async def _run_examples(
         self, ctx: EpisodeContext, sandbox: Sandbox, examples: str
