@@ -23,23 +23,28 @@ from typing import Any, Literal
 from pydantic import Field
 
 from palaestra.envs.base import (
+    Action,
+    AgentFault,
     Assessment,
     EpisodeContext,
+    ExecResult,
     Family,
-    NoArgs,
+    InvalidActionError,
+    Observation,
+    Sandbox,
+    SandboxSpec,
+    State,
     StepOutcome,
+    Task,
     TaskFieldsError,
-    Tool,
     ToolArgs,
+    VerifierInfo,
+    tool,
+    workspace_relpath,
 )
 from palaestra.envs.cad import cheats, runtime
 from palaestra.envs.cad.fields import CadPrivate, CadPublic
 from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE, SCRIPT
-from palaestra.envs.paths import workspace_relpath
-from palaestra.sandbox import AgentFault, ExecResult, Sandbox, SandboxSpec
-from palaestra.sdk.errors import InvalidActionError
-from palaestra.sdk.models import Action, Observation, VerifierInfo
-from palaestra.sdk.task import Task
 from palaestra.verifiers import mesh as mesh_verifier
 
 MAX_TAIL = 4000
@@ -60,24 +65,6 @@ class RunScriptArgs(ToolArgs):
         "blender: python3 with bpy 5.0.1 (numpy < 2)",
     )
     timeout: float = Field(default=60.0, gt=0, le=300, description="seconds")
-
-
-TOOLS = (
-    Tool("write_file", "Write a text file in the working directory /work.", WriteFileArgs),
-    Tool(
-        "run_script",
-        f"Run a Python script in the sandbox; it should write {OUTPUT}. Returns its exit "
-        "code and output and a summary of the mesh: watertight, volume, bounds, bodies, "
-        "genus and problems.",
-        RunScriptArgs,
-    ),
-    Tool("render", f"A PNG of {OUTPUT} from four fixed views (iso, front, right, top).", NoArgs),
-    Tool(
-        "submit",
-        "End the episode: the last script run is run again and its solid graded.",
-        NoArgs,
-    ),
-)
 
 
 def _workspace_path(path: str) -> str:
@@ -120,11 +107,20 @@ async def run_in(
     return result, data
 
 
-class CadFamily(Family):
+class CadState(State):
+    """The last script run and its toolchain: what the verifier runs again."""
+
+    script: str = SCRIPT
+    toolchain: Literal["trimesh", "blender"] = "trimesh"
+
+
+Ctx = EpisodeContext[CadState]
+
+
+class CadFamily(Family[CadState]):
     name = "cad"
     description = "Build a solid part with trimesh/manifold3d or Blender; verified by geometry."
     version = "1.0.0"
-    tools = TOOLS
     public_fields = CadPublic
     private_fields = CadPrivate
     image = IMAGE  # docker: images/cad (bpy's X and GL libraries); bwrap: the host's /usr
@@ -153,7 +149,7 @@ class CadFamily(Family):
     def verifier_info(self) -> VerifierInfo:
         return VerifierInfo(name="cad-mesh", version=mesh_verifier.VERSION)
 
-    async def reset(self, ctx: EpisodeContext) -> Observation:
+    async def reset(self, ctx: Ctx) -> Observation:
         public = CadPublic.of(ctx.task)
         sandbox = ctx.sandboxes.episode
         assert sandbox is not None
@@ -173,26 +169,37 @@ class CadFamily(Family):
         }
         return Observation(text=text, data=data)
 
-    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+    @staticmethod
+    def _sandbox(ctx: Ctx) -> Sandbox:
         sandbox = ctx.sandboxes.episode
         assert sandbox is not None
-        if isinstance(args, WriteFileArgs):
-            path = _workspace_path(args.path)
-            await sandbox.write_file(path, args.content)
-            return StepOutcome(Observation(text=f"wrote {len(args.content)} characters to {path}"))
-        if isinstance(args, RunScriptArgs):
-            return StepOutcome(await self._run_script(ctx, sandbox, args))
-        if tool.name == "render":
-            return StepOutcome(await self._render(sandbox))
-        if tool.name == "submit":
-            return StepOutcome(
-                Observation(text="Submitted; running the script again to grade it."), done=True
-            )
-        raise InvalidActionError(f"tool {tool.name!r} is not handled")  # pragma: no cover
+        return sandbox
 
-    async def _run_script(
-        self, ctx: EpisodeContext, sandbox: Sandbox, args: RunScriptArgs
-    ) -> Observation:
+    @tool("Write a text file in the working directory /work.")
+    async def write_file(self, ctx: Ctx, args: WriteFileArgs) -> StepOutcome:
+        path = _workspace_path(args.path)
+        await self._sandbox(ctx).write_file(path, args.content)
+        return StepOutcome(Observation(text=f"wrote {len(args.content)} characters to {path}"))
+
+    @tool(
+        f"Run a Python script in the sandbox; it should write {OUTPUT}. Returns its exit "
+        "code and output and a summary of the mesh: watertight, volume, bounds, bodies, "
+        "genus and problems."
+    )
+    async def run_script(self, ctx: Ctx, args: RunScriptArgs) -> StepOutcome:
+        return StepOutcome(await self._run_script(ctx, self._sandbox(ctx), args))
+
+    @tool(f"A PNG of {OUTPUT} from four fixed views (iso, front, right, top).")
+    async def render(self, ctx: Ctx) -> StepOutcome:
+        return StepOutcome(await self._render(self._sandbox(ctx)))
+
+    @tool("End the episode: the last script run is run again and its solid graded.")
+    async def submit(self, ctx: Ctx) -> StepOutcome:
+        return StepOutcome(
+            Observation(text="Submitted; running the script again to grade it."), done=True
+        )
+
+    async def _run_script(self, ctx: Ctx, sandbox: Sandbox, args: RunScriptArgs) -> Observation:
         path = _workspace_path(args.path)
         chain = runtime.toolchain(args.toolchain, self.toolchains_dir)
         if not chain.available:
@@ -204,7 +211,7 @@ class CadFamily(Family):
         except FileNotFoundError:
             raise InvalidActionError(f"no file {path} in /work; write it first") from None
         result, data = await run_in(sandbox, path, chain, args.timeout)
-        ctx.state["script"], ctx.state["toolchain"] = path, args.toolchain
+        ctx.state.script, ctx.state.toolchain = path, args.toolchain
         text = _run_text(result, path)
         info: dict[str, Any] = {
             "exit_code": result.exit_code,
@@ -230,11 +237,10 @@ class CadFamily(Family):
             return Observation(text=f"cannot render {OUTPUT}: {message}")
         return Observation(text=f"{OUTPUT}: {message}", images=[png])
 
-    async def verify(self, ctx: EpisodeContext) -> Assessment:
-        sandbox = ctx.sandboxes.episode
-        assert sandbox is not None
-        path = str(ctx.state.get("script", SCRIPT))
-        chain = runtime.toolchain(str(ctx.state.get("toolchain", "trimesh")), self.toolchains_dir)
+    async def verify(self, ctx: Ctx) -> Assessment:
+        sandbox = self._sandbox(ctx)
+        path = ctx.state.script
+        chain = runtime.toolchain(ctx.state.toolchain, self.toolchains_dir)
         private = CadPrivate.of(ctx.task)
 
         def verdict(
