@@ -29,29 +29,31 @@ from typing import Any
 from pydantic import Field
 
 from palaestra.envs.base import (
+    BASE_PATH,
+    Action,
     Assessment,
     EpisodeContext,
-    Family,
-    NoArgs,
-    StepOutcome,
-    Tool,
-    ToolArgs,
-)
-from palaestra.envs.paths import workspace_abspath
-from palaestra.envs.terminal import cheats, envimage
-from palaestra.envs.terminal.fields import SETUP_TIMEOUT_S, TerminalPrivate, TerminalPublic
-from palaestra.sandbox import (
     ExecResult,
+    Family,
+    InvalidActionError,
+    Limits,
+    Observation,
     Sandbox,
     SandboxError,
     SandboxSpec,
     SandboxSpecError,
     ShellSession,
+    State,
+    StepOutcome,
+    Task,
+    Tool,
+    ToolArgs,
+    VerifierInfo,
+    tool,
+    workspace_abspath,
 )
-from palaestra.sandbox.base import BASE_PATH
-from palaestra.sdk.errors import InvalidActionError
-from palaestra.sdk.models import Action, Limits, Observation, VerifierInfo
-from palaestra.sdk.task import Task
+from palaestra.envs.terminal import cheats, envimage
+from palaestra.envs.terminal.fields import SETUP_TIMEOUT_S, TerminalPrivate, TerminalPublic
 from palaestra.verifiers import terminal as verifier
 
 DEFAULT_IMAGE = "terminal"  # docker: palaestra/terminal:latest; bwrap: the host's /usr
@@ -64,7 +66,6 @@ SETUP_SCRIPT = "setup.sh"
 MAX_EDIT_BYTES = 1024 * 1024
 MAX_LIST = 1000
 PROBE_TIMEOUT_S = 10.0
-SHELL_KEY, USAGE_KEY, STARTED_KEY, LIMITS_KEY = "shell", "output_bytes", "started", "limits"
 
 
 class BashArgs(ToolArgs):
@@ -98,26 +99,6 @@ class EditFileArgs(ToolArgs):
 class ListDirArgs(ToolArgs):
     path: str = Field(default=".", max_length=4096, description="relative to the workdir")
     depth: int = Field(default=1, ge=1, le=5, description="levels to descend")
-
-
-TOOLS = (
-    Tool(
-        "bash",
-        "Run a command in this episode's persistent bash shell (cwd and variables persist; "
-        "no terminal, stdin is /dev/null). Returns its output (stdout and stderr merged), exit "
-        "code and the shell's cwd. Long output keeps its head and tail.",
-        BashArgs,
-    ),
-    Tool("read_file", "Read a text file (a byte range of it for large files).", ReadFileArgs),
-    Tool("write_file", "Create or overwrite a file (parent directories are made).", WriteFileArgs),
-    Tool(
-        "edit_file",
-        "Replace an exact string in a file: `old` must match exactly once (or set replace_all).",
-        EditFileArgs,
-    ),
-    Tool("list_dir", "List a directory: type, size and name of each entry.", ListDirArgs),
-    Tool("submit", "End the episode; the hidden tests then judge the workdir.", NoArgs),
-)
 
 
 def _opt_float(options: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -169,14 +150,23 @@ def _format_bytes(n: int) -> str:
     return f"{n} bytes" if n < 10_240 else f"{n / 1024:.0f} KiB"
 
 
-class TerminalFamily(Family):
+class TerminalState(State):
+    shell: ShellSession | None = None  # started by the first `bash`
+    output_bytes: int = 0  # the episode's tool output so far (its budget: `limits`)
+    started: float = 0.0  # time.monotonic() at reset
+    limits: dict[str, float] = Field(default_factory=lambda: step_limits({}))
+
+
+Ctx = EpisodeContext[TerminalState]
+
+
+class TerminalFamily(Family[TerminalState]):
     name = "terminal"
     description = (
         "Multi-step work in a persistent shell (files, text, git, builds, repositories); "
         "hidden tests judge the final workdir."
     )
     version = "0.1.0"
-    tools = TOOLS
 
     public_fields = TerminalPublic
     private_fields = TerminalPrivate
@@ -222,7 +212,7 @@ class TerminalFamily(Family):
         return VerifierInfo(name="terminal-tests", version=verifier.VERSION)
 
     # -- episode -------------------------------------------------------------------------
-    async def reset(self, ctx: EpisodeContext) -> Observation:
+    async def reset(self, ctx: Ctx) -> Observation:
         limits = step_limits(ctx.options)
         task = ctx.task
         public = TerminalPublic.of(task)
@@ -250,9 +240,7 @@ class TerminalFamily(Family):
                     f"(exit {result.exit_code}{', timed out' if result.timed_out else ''}): "
                     f"{(result.stdout + result.stderr)[-1500:]}"
                 )
-        ctx.state[USAGE_KEY] = 0
-        ctx.state[STARTED_KEY] = time.monotonic()
-        ctx.state[LIMITS_KEY] = limits
+        ctx.state.started, ctx.state.limits = time.monotonic(), limits
         instruction = public.instruction.strip()
         network = (
             "Only the hosts the operator allows (package registries) are reachable, through"
@@ -268,37 +256,17 @@ class TerminalFamily(Family):
             "when you are done: hidden tests then check the final state of the working "
             "directory."
         )
-        data = {"workdir": workdir, "limits": limits, "tools": [t.name for t in TOOLS]}
+        data = {"workdir": workdir, "limits": limits, "tools": [t.name for t in self.tools]}
         return Observation(text=text, data=data)
 
-    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
-        box = ctx.sandboxes.episode
-        if box is None:
+    async def step(self, ctx: Ctx, tool: Tool, args: ToolArgs) -> StepOutcome:
+        """The tool's own step, its output counted against the episode's output budget."""
+        if ctx.sandboxes.episode is None:
             raise SandboxError("the episode's sandbox is gone")
-        limits: dict[str, float] = ctx.state.get(LIMITS_KEY) or step_limits({})
-        if tool.name == "submit":
-            return StepOutcome(
-                Observation(text="Submitted; the hidden tests now judge the working directory."),
-                done=True,
-                tool_ok=True,
-                output_bytes=0,
-            )
-        if isinstance(args, BashArgs):
-            outcome = await self._bash(ctx, box, args, limits)
-        elif isinstance(args, ReadFileArgs):
-            outcome = await self._read(box, self.workdir(ctx.task), args, limits)
-        elif isinstance(args, WriteFileArgs):
-            outcome = await self._write(box, self.workdir(ctx.task), args)
-        elif isinstance(args, EditFileArgs):
-            outcome = await self._edit(box, self.workdir(ctx.task), args)
-        elif isinstance(args, ListDirArgs):
-            outcome = await self._list(box, self.workdir(ctx.task), args, limits)
-        else:  # pragma: no cover - parse_action only yields the tools above
-            raise InvalidActionError(f"tool {tool.name!r} is not handled")
-        used = int(ctx.state.get(USAGE_KEY, 0)) + (outcome.output_bytes or 0)
-        ctx.state[USAGE_KEY] = used
-        budget = int(limits["max_episode_output_bytes"])
-        if used > budget:
+        outcome = await super().step(ctx, tool, args)
+        ctx.state.output_bytes += outcome.output_bytes or 0
+        budget = int(ctx.state.limits["max_episode_output_bytes"])
+        if ctx.state.output_bytes > budget and not outcome.done:
             outcome.observation.text += (
                 f"\n[episode output limit of {_format_bytes(budget)} reached: the episode ends "
                 "and the tests judge the working directory as it is]"
@@ -308,18 +276,51 @@ class TerminalFamily(Family):
         return outcome
 
     # -- tools ---------------------------------------------------------------------------
-    async def _shell(self, ctx: EpisodeContext, box: Sandbox) -> ShellSession:
-        shell = ctx.state.get(SHELL_KEY)
+    @staticmethod
+    def _box(ctx: Ctx) -> Sandbox:
+        box = ctx.sandboxes.episode
+        assert box is not None  # step checked
+        return box
+
+    @tool(
+        "Run a command in this episode's persistent bash shell (cwd and variables persist; "
+        "no terminal, stdin is /dev/null). Returns its output (stdout and stderr merged), exit "
+        "code and the shell's cwd. Long output keeps its head and tail."
+    )
+    async def bash(self, ctx: Ctx, args: BashArgs) -> StepOutcome:
+        shell = ctx.state.shell
         if shell is None:
-            shell = await box.shell()
-            ctx.state[SHELL_KEY] = shell
-        assert isinstance(shell, ShellSession)
-        return shell
+            shell = ctx.state.shell = await self._box(ctx).shell()
+        return await self._bash(ctx, shell, args, ctx.state.limits)
+
+    @tool("Read a text file (a byte range of it for large files).")
+    async def read_file(self, ctx: Ctx, args: ReadFileArgs) -> StepOutcome:
+        return await self._read(self._box(ctx), self.workdir(ctx.task), args, ctx.state.limits)
+
+    @tool("Create or overwrite a file (parent directories are made).")
+    async def write_file(self, ctx: Ctx, args: WriteFileArgs) -> StepOutcome:
+        return await self._write(self._box(ctx), self.workdir(ctx.task), args)
+
+    @tool("Replace an exact string in a file: `old` must match exactly once (or set replace_all).")
+    async def edit_file(self, ctx: Ctx, args: EditFileArgs) -> StepOutcome:
+        return await self._edit(self._box(ctx), self.workdir(ctx.task), args)
+
+    @tool("List a directory: type, size and name of each entry.")
+    async def list_dir(self, ctx: Ctx, args: ListDirArgs) -> StepOutcome:
+        return await self._list(self._box(ctx), self.workdir(ctx.task), args, ctx.state.limits)
+
+    @tool("End the episode; the hidden tests then judge the workdir.")
+    async def submit(self, ctx: Ctx) -> StepOutcome:
+        return StepOutcome(
+            Observation(text="Submitted; the hidden tests now judge the working directory."),
+            done=True,
+            tool_ok=True,
+            output_bytes=0,
+        )
 
     async def _bash(
-        self, ctx: EpisodeContext, box: Sandbox, args: BashArgs, limits: dict[str, float]
+        self, ctx: Ctx, shell: ShellSession, args: BashArgs, limits: dict[str, float]
     ) -> StepOutcome:
-        shell = await self._shell(ctx, box)
         timeout = args.timeout if args.timeout is not None else limits["step_timeout_s"]
         cap = int(limits["max_output_bytes"])
         result = await shell.run(args.command, timeout=timeout, max_output=cap)
@@ -535,11 +536,11 @@ class TerminalFamily(Family):
         )
 
     # -- verification ---------------------------------------------------------------------
-    async def verify(self, ctx: EpisodeContext) -> Assessment:
+    async def verify(self, ctx: Ctx) -> Assessment:
         task = ctx.task
         public, private = TerminalPublic.of(task), TerminalPrivate.of(task)
-        shell = ctx.state.pop(SHELL_KEY, None)
-        if isinstance(shell, ShellSession):
+        shell, ctx.state.shell = ctx.state.shell, None
+        if shell is not None:
             await shell.close()
         box = ctx.sandboxes.episode
         if box is None:
@@ -570,7 +571,7 @@ class TerminalFamily(Family):
             feedback=run.feedback(),
         )
 
-    async def _verifier_sandbox(self, ctx: EpisodeContext, image: str | None) -> Sandbox:
+    async def _verifier_sandbox(self, ctx: Ctx, image: str | None) -> Sandbox:
         """A fresh sandbox on the task's verifier image, else on the agent's spec (its image
         included). A backend that has no such image at all (bwrap without its rootfs) falls
         back to the agent's; docker without the built image voids (`SandboxCreateError`
