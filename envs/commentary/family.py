@@ -20,26 +20,30 @@ import asyncio
 import hashlib
 import json
 from pathlib import Path
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from palaestra.envs.base import (
+    Action,
     Assessment,
     EpisodeContext,
     Family,
+    JudgeSampling,
+    Observation,
     PrivateFields,
     StepOutcome,
+    Task,
     TaskFieldsError,
     Tool,
     ToolArgs,
+    VerifierInfo,
 )
 from palaestra.envs.commentary.answers import cheat_texts, oracle_commentary
 from palaestra.envs.commentary.tasks import MAX_CHARS
 from palaestra.envs.commentary.truth import METRICS, Truth, reference_text, truth_of
-from palaestra.envs.finance.family import DocumentSpec, FinanceFamily, FinancePublic
+from palaestra.envs.finance.family import DocumentSpec, FinanceFamily, FinancePublic, FinanceState
 from palaestra.envs.finance.tasks import build_document
-from palaestra.sdk.models import Action, Observation, VerifierInfo
-from palaestra.sdk.task import Task
 from palaestra.verifiers.judge import (
     FENCE_CLOSE,
     JudgeConfig,
@@ -49,7 +53,6 @@ from palaestra.verifiers.judge import (
     Subject,
     score_rubric,
 )
-from palaestra.verifiers.judge_protocol import JudgeSampling
 
 RUBRIC = Path(__file__).with_name("rubric.toml")
 PASS_AT = 0.85  # every criterion at its best choice but relevance one step down, or better
@@ -91,7 +94,22 @@ _READ_TOOLS: tuple[Tool, ...] = tuple(
 )
 
 
-class CommentaryFamily(Family):
+class CommentaryState(FinanceState):
+    """The finance family's (the report), with the reference and the commentary."""
+
+    reference: str = ""  # built at reset; it goes into the judge's prompt only
+    commentary: str | None = None  # what `submit` gave (None: never submitted)
+
+
+Ctx = EpisodeContext[CommentaryState]
+
+
+def _documents(ctx: Ctx) -> EpisodeContext[FinanceState]:
+    """The context as the composed finance family reads it (its state extends finance's)."""
+    return cast(EpisodeContext[FinanceState], ctx)
+
+
+class CommentaryFamily(Family[CommentaryState]):
     name = "finance-commentary"
     description = (
         "Read a PDF annual report with tools and write a short analyst commentary on the "
@@ -157,42 +175,42 @@ class CommentaryFamily(Family):
         return truth_of(accounts, ask.metrics, ask.offset_from, ask.offset_to)
 
     # -- episode -----------------------------------------------------------------------------
-    async def reset(self, ctx: EpisodeContext) -> Observation:
-        observation = await self.documents.reset(ctx)
+    async def reset(self, ctx: Ctx) -> Observation:
+        observation = await self.documents.reset(_documents(ctx))
         # The reference, built once per episode off the event loop; it stays in the
         # server's memory (ctx.state is never sent) until the judge's prompt.
         truth = await asyncio.to_thread(self.truth, ctx.task)
-        ctx.state["reference"] = reference_text(truth)
+        ctx.state.reference = reference_text(truth)
         return observation
 
-    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
+    async def step(self, ctx: Ctx, tool: Tool, args: ToolArgs) -> StepOutcome:
+        """`submit` is this family's; the report's tools are the finance family's."""
         if isinstance(args, CommentaryArgs):
-            ctx.state["commentary"] = args.commentary
+            ctx.state.commentary = args.commentary
             return StepOutcome(Observation(text="submitted"), done=True)
-        return await self.documents.step(ctx, tool, args)
+        return await self.documents.step(_documents(ctx), tool, args)
 
     def verifier_info(self) -> VerifierInfo:
         return VerifierInfo(name="finance-commentary-rubric", version=self.version)
 
-    def subject(self, ctx: EpisodeContext) -> Subject | None:
+    def subject(self, ctx: Ctx) -> Subject | None:
         """What the judge grades: None for an episode with no commentary, or an empty one."""
-        commentary: str | None = ctx.state.get("commentary")
+        commentary = ctx.state.commentary
         if commentary is None or not commentary.strip():
             return None
         question = FinancePublic.of(ctx.task).question
-        reference: str = ctx.state["reference"]
-        return Subject(task=question, reference=reference, candidate=commentary)
+        return Subject(task=question, reference=ctx.state.reference, candidate=commentary)
 
-    def judged_subject(self, ctx: EpisodeContext) -> JudgedSubject | None:
+    def judged_subject(self, ctx: Ctx) -> JudgedSubject | None:
         """What the group scorer judges (the same subject as `verify`'s); None is a 0."""
         subject = self.subject(ctx)
         return None if subject is None else JudgedSubject(self.rubric, self.config, subject)
 
-    async def verify(self, ctx: EpisodeContext) -> Assessment:
+    async def verify(self, ctx: Ctx) -> Assessment:
         subject = self.subject(ctx)
         if subject is None:
             zeros = {c.name: 0.0 for c in self.rubric.criteria}
-            empty = "commentary" in ctx.state
+            empty = ctx.state.commentary is not None
             said = "the commentary is empty" if empty else "no commentary submitted"
             return Assessment(
                 reward=0.0, passed=False, components=zeros, feedback=said, failure="no_answer"

@@ -27,16 +27,21 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from palaestra.envs.base import (
+    Action,
     Assessment,
+    CheatSurface,
     EpisodeContext,
     Family,
+    Observation,
     PrivateFields,
     PublicFields,
+    State,
     StepOutcome,
-    Tool,
+    Task,
     ToolArgs,
+    VerifierInfo,
+    tool,
 )
-from palaestra.envs.cheatlib import CheatSurface
 from palaestra.envs.finance import cheats as finance_cheats
 from palaestra.envs.finance.accounts import variant_seed
 from palaestra.envs.finance.document import (
@@ -48,8 +53,6 @@ from palaestra.envs.finance.document import (
 )  # pdfplumber and pypdfium2 are imported inside parse_pdf / render_png
 from palaestra.envs.finance.imported import imported_numbers, render_imported
 from palaestra.envs.finance.tasks import build_document
-from palaestra.sdk.models import Action, Observation, VerifierInfo
-from palaestra.sdk.task import Task
 from palaestra.verifiers import finance as vf
 from palaestra.verifiers import finance_program as fp
 from palaestra.verifiers import finance_text as ft
@@ -184,32 +187,25 @@ def _task_hex(task: Task) -> str:
     return task.digest.removeprefix("sha256:")[:40]
 
 
-class FinanceFamily(Family):
+class FinanceState(State):
+    doc: LoadedDocument | None = None  # the episode's report (loaded at reset)
+    answer: vf.Answer | ft.TextAnswer | None = None  # what `submit` or `submit_text` gave
+
+    def document(self) -> LoadedDocument:
+        assert self.doc is not None  # reset loads it
+        return self.doc
+
+
+Ctx = EpisodeContext[FinanceState]
+
+
+class FinanceFamily(Family[FinanceState]):
     name = "finance"
     description = (
         "Answer a question about a PDF annual report with a number and the FinQA-style program "
         "that computes it from the report's figures."
     )
     version = "1.0.0"
-    tools = (
-        Tool("list_pages", "List the report's pages with their first line."),
-        Tool(
-            "read_page",
-            "The text of one page in reading order (two columns: left first).",
-            PageArgs,
-        ),
-        Tool("extract_tables", "The tables of one page, as rows of cells.", PageArgs),
-        Tool("search", "Find the lines that contain a text, with their page.", SearchArgs),
-        Tool("page_image", "One page as a PNG image.", PageArgs),
-        Tool("calculate", "Run a FinQA-style program and show every step's value.", CalculateArgs),
-        Tool("submit", "End the episode with {value, unit, scale, program}.", SubmitArgs),
-        Tool(
-            "submit_text",
-            "End the episode with a text answer {answers, scale}: a span or list of the "
-            "document's text (imported TAT-QA questions that ask for one).",
-            SubmitTextArgs,
-        ),
-    )
     public_fields = FinancePublic
     private_fields = FinancePrivate
 
@@ -283,9 +279,8 @@ class FinanceFamily(Family):
         return hit
 
     # -- episode -----------------------------------------------------------------------------
-    async def reset(self, ctx: EpisodeContext) -> Observation:
-        doc = await self.load(ctx.task)
-        ctx.state["doc"] = doc
+    async def reset(self, ctx: Ctx) -> Observation:
+        doc = ctx.state.doc = await self.load(ctx.task)
         pages = len(doc.parsed.pages)
         text = f"{FinancePublic.of(ctx.task).instruction}\n\nThe report has {pages} pages."
         return Observation(text=text, data={"pages": pages})
@@ -299,62 +294,90 @@ class FinanceFamily(Family):
             )
         return doc.parsed.pages[page - 1], None
 
-    async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
-        doc: LoadedDocument = ctx.state["doc"]
-        if isinstance(args, vf.Answer | ft.TextAnswer):
-            ctx.state["answer"] = args
-            return StepOutcome(Observation(text="submitted"), done=True)
-        if tool.name == "list_pages":
-            lines = []
-            for p in doc.parsed.pages:
-                first = p.lines[0] if p.lines else "(blank)"
-                extra = ", two columns" if p.two_column else ""
-                if p.tables:
-                    extra += f", {len(p.tables)} table{'s' if len(p.tables) > 1 else ''}"
-                lines.append(f"page {p.number}: {first[:80]}{extra}")
-            return StepOutcome(
-                Observation(text="\n".join(lines), data={"pages": len(doc.parsed.pages)})
+    # -- tools -------------------------------------------------------------------------------
+    @tool("List the report's pages with their first line.")
+    async def list_pages(self, ctx: Ctx) -> StepOutcome:
+        doc = ctx.state.document()
+        lines = []
+        for p in doc.parsed.pages:
+            first = p.lines[0] if p.lines else "(blank)"
+            extra = ", two columns" if p.two_column else ""
+            if p.tables:
+                extra += f", {len(p.tables)} table{'s' if len(p.tables) > 1 else ''}"
+            lines.append(f"page {p.number}: {first[:80]}{extra}")
+        return StepOutcome(
+            Observation(text="\n".join(lines), data={"pages": len(doc.parsed.pages)})
+        )
+
+    @tool("The text of one page in reading order (two columns: left first).")
+    async def read_page(self, ctx: Ctx, args: PageArgs) -> StepOutcome:
+        page, error = self._page(ctx.state.document(), args.page)
+        if error is not None:
+            return StepOutcome(error)
+        return StepOutcome(
+            Observation(
+                text=page.text[:MAX_TEXT],
+                data={"page": page.number, "two_column": page.two_column},
             )
-        if isinstance(args, SearchArgs):
-            needle = args.text.lower()
-            hits = [
-                (p.number, line)
-                for p in doc.parsed.pages
-                for line in p.lines
-                if needle in line.lower()
-            ]
-            shown = hits[:MAX_HITS]
-            text = "\n".join(f"page {n}: {line}" for n, line in shown) or "no match"
-            if len(hits) > len(shown):
-                text += f"\n… {len(hits) - len(shown)} more"
-            return StepOutcome(Observation(text=text, data={"matches": len(hits)}))
-        if isinstance(args, CalculateArgs):
-            return StepOutcome(self._calculate(args.program, doc.printed))
-        assert isinstance(args, PageArgs)
+        )
+
+    @tool("The tables of one page, as rows of cells.")
+    async def extract_tables(self, ctx: Ctx, args: PageArgs) -> StepOutcome:
+        page, error = self._page(ctx.state.document(), args.page)
+        if error is not None:
+            return StepOutcome(error)
+        if not page.tables:
+            return StepOutcome(
+                Observation(text=f"no table on page {page.number}", data={"tables": []})
+            )
+        parts = []
+        for i, table in enumerate(page.tables, start=1):
+            body = "\n".join(" | ".join(row) for row in table)
+            parts.append(f"table {i}:\n{body}")
+        return StepOutcome(
+            Observation(text="\n\n".join(parts)[:MAX_TEXT], data={"tables": page.tables})
+        )
+
+    @tool("Find the lines that contain a text, with their page.")
+    async def search(self, ctx: Ctx, args: SearchArgs) -> StepOutcome:
+        needle = args.text.lower()
+        hits = [
+            (p.number, line)
+            for p in ctx.state.document().parsed.pages
+            for line in p.lines
+            if needle in line.lower()
+        ]
+        shown = hits[:MAX_HITS]
+        text = "\n".join(f"page {n}: {line}" for n, line in shown) or "no match"
+        if len(hits) > len(shown):
+            text += f"\n… {len(hits) - len(shown)} more"
+        return StepOutcome(Observation(text=text, data={"matches": len(hits)}))
+
+    @tool("One page as a PNG image.")
+    async def page_image(self, ctx: Ctx, args: PageArgs) -> StepOutcome:
+        doc = ctx.state.document()
         page, error = self._page(doc, args.page)
         if error is not None:
             return StepOutcome(error)
-        if tool.name == "read_page":
-            return StepOutcome(
-                Observation(
-                    text=page.text[:MAX_TEXT],
-                    data={"page": page.number, "two_column": page.two_column},
-                )
-            )
-        if tool.name == "extract_tables":
-            if not page.tables:
-                return StepOutcome(
-                    Observation(text=f"no table on page {page.number}", data={"tables": []})
-                )
-            parts = []
-            for i, table in enumerate(page.tables, start=1):
-                body = "\n".join(" | ".join(row) for row in table)
-                parts.append(f"table {i}:\n{body}")
-            return StepOutcome(
-                Observation(text="\n\n".join(parts)[:MAX_TEXT], data={"tables": page.tables})
-            )
         png = await asyncio.to_thread(render_png, doc.pdf, page.number)
         return StepOutcome(Observation(text=f"page {page.number}", images=[png]))
+
+    @tool("Run a FinQA-style program and show every step's value.")
+    async def calculate(self, ctx: Ctx, args: CalculateArgs) -> StepOutcome:
+        return StepOutcome(self._calculate(args.program, ctx.state.document().printed))
+
+    @tool("End the episode with {value, unit, scale, program}.")
+    async def submit(self, ctx: Ctx, args: SubmitArgs) -> StepOutcome:
+        ctx.state.answer = args
+        return StepOutcome(Observation(text="submitted"), done=True)
+
+    @tool(
+        "End the episode with a text answer {answers, scale}: a span or list of the "
+        "document's text (imported TAT-QA questions that ask for one)."
+    )
+    async def submit_text(self, ctx: Ctx, args: SubmitTextArgs) -> StepOutcome:
+        ctx.state.answer = args
+        return StepOutcome(Observation(text="submitted"), done=True)
 
     def _calculate(self, program: str, numbers: vf.Numbers) -> Observation:
         try:
@@ -380,8 +403,8 @@ class FinanceFamily(Family):
     def verifier_info(self) -> VerifierInfo:
         return VerifierInfo(name="finance-answer-program", version=vf.VERSION)
 
-    async def verify(self, ctx: EpisodeContext) -> Assessment:
-        answer: vf.Answer | ft.TextAnswer | None = ctx.state.get("answer")
+    async def verify(self, ctx: Ctx) -> Assessment:
+        answer = ctx.state.answer
         if answer is None:
             return Assessment(
                 reward=0.0,
@@ -398,7 +421,7 @@ class FinanceFamily(Family):
             feedback=graded.feedback,
         )
 
-    async def _grade(self, ctx: EpisodeContext, answer: vf.Answer | ft.TextAnswer) -> vf.Grade:
+    async def _grade(self, ctx: Ctx, answer: vf.Answer | ft.TextAnswer) -> vf.Grade:
         gold_json = FinancePrivate.of(ctx.task).gold
         if gold_json.get("kind") == "text":
             if isinstance(answer, ft.TextAnswer):
@@ -406,7 +429,7 @@ class FinanceFamily(Family):
             return _wrong_tool("this question asks for text: answer with submit_text")
         if isinstance(answer, ft.TextAnswer):
             return _wrong_tool("this question asks for a number and its program: use submit")
-        doc: LoadedDocument = ctx.state["doc"]
+        doc = ctx.state.document()
         gold = vf.Gold.from_json(gold_json)
         variant = await asyncio.to_thread(variant_of, ctx.task, gold)
         question = FinancePublic.of(ctx.task).question

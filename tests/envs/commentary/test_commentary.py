@@ -226,9 +226,9 @@ async def test_judged_subject_for_group_scoring(family: CommentaryFamily, pack: 
     ctx = EpisodeContext("e", task, None, {}, Sandboxes(never))
     await family.reset(ctx)
     assert family.judged_subject(ctx) is None
-    ctx.state["commentary"] = "   "
+    ctx.state.commentary = "   "
     assert family.judged_subject(ctx) is None
-    ctx.state["commentary"] = "Revenue rose."
+    ctx.state.commentary = "Revenue rose."
     judged = family.judged_subject(ctx)
     assert judged is not None and judged.rubric is family.rubric
     assert judged.config.judge == "default"
