@@ -13,10 +13,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.base import Action, Task
 from palaestra.envs.cad.fields import CadPrivate
 from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE, SCRIPT, sample_params
-from palaestra.sdk.models import Action
-from palaestra.sdk.task import Task
 
 # The switch that removes each domain's defining feature (read by its builder).
 FEATURE_OFF: dict[str, dict[str, bool]] = {

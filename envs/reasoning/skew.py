@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from palaestra.envs.base import Task
 from palaestra.envs.reasoning import canon
-from palaestra.sdk.task import Task
 
 COMMON = 3  # most common training answers played as constants (and kept on each task)
 SKEW_MARGIN = 0.05

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from palaestra.envs import cheats as generic
 from palaestra.envs import repo_cheats
+from palaestra.envs.base import Action, Task
 from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
-from palaestra.sdk.models import Action
-from palaestra.sdk.task import Task
 
 PRINT_PASS = r"""
 echo PASS
