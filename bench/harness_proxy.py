@@ -122,7 +122,7 @@ async def serve_proxy(upstream: int, port: int, sessions: int, data_dir: Path) -
     settings = Settings(data_dir=data_dir, auth="off", pool_size=0, log_level="warning")
     manager = build_manager(settings)
     proxy = SessionProxy(settings)
-    manager.llm_proxy = proxy
+    manager.services.sessions = proxy
     options = HarnessOptions(
         name="bench", model_endpoint=f"http://127.0.0.1:{upstream}/v1", model="policy"
     )

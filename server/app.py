@@ -45,7 +45,7 @@ from palaestra.sdk.models import (
 )
 from palaestra.server import auth as scopes
 from palaestra.server import group_routes
-from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.caller import manager_of, principal_of, services_of
 from palaestra.server.config import Settings
 from palaestra.server.doors import mcp_http, openenv, ors
 from palaestra.server.fastpath import (
@@ -296,19 +296,19 @@ def create_app(
     @app.get("/v1/families", response_model=list[FamilyInfo], tags=["discovery"])
     async def families(request: Request) -> list[FamilyInfo]:
         principal_of(request)
-        return manager_of(request).catalog.family_infos()
+        return services_of(request).catalog.family_infos()
 
     @app.get("/v1/packs", response_model=list[PackInfo], tags=["discovery"])
     async def packs(request: Request) -> list[PackInfo]:
         principal_of(request)
-        return manager_of(request).catalog.pack_infos()
+        return services_of(request).catalog.pack_infos()
 
     @app.get(
         "/v1/packs/{org}/{name}", response_model=PackInfo, responses=ERRORS, tags=["discovery"]
     )
     async def pack(org: str, name: str, request: Request) -> PackInfo:
         principal_of(request)
-        return manager_of(request).catalog.pack_info(f"{org}/{name}")
+        return services_of(request).catalog.pack_info(f"{org}/{name}")
 
     @app.get("/v1/tasks", response_model=TaskList, tags=["discovery"])
     async def tasks(
@@ -322,7 +322,7 @@ def create_app(
     ) -> Response:
         principal_of(request)
         return _json(
-            manager_of(request).catalog.task_list(
+            services_of(request).catalog.task_list(
                 TaskQuery(pack, split, family, domain, limit, offset)
             )
         )
@@ -339,7 +339,7 @@ def create_app(
         (tasks of sealed splits: `eval` and admin tokens only)."""
         principal = principal_of(request)
         return _json(
-            manager_of(request).catalog.sampler_report(
+            services_of(request).catalog.sampler_report(
                 pack=pack, split=split, domain=domain, limit=limit, principal=principal
             )
         )
@@ -353,7 +353,7 @@ def create_app(
     async def sampler_release(body: SamplerReleaseRequest, request: Request) -> Response:
         """Let the sampler draw a quarantined task again (an admin action)."""
         principal_of(request).require(scopes.ADMIN, "releasing a quarantined task")
-        return _json(manager_of(request).catalog.sampler_release(body.task))
+        return _json(services_of(request).catalog.sampler_release(body.task))
 
     @app.post(
         "/v1/packs",
@@ -375,14 +375,14 @@ def create_app(
         """Publish a pack archive (tar.gz; `publish` scope): 201 new, 200 already published."""
         principal = principal_of(request)
         principal.require(scopes.PUBLISH, "publishing a pack")
-        limit = manager_of(request).settings.max_pack_bytes
+        limit = services_of(request).settings.max_pack_bytes
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 return _error(413, "too_large", f"a pack archive may be at most {limit} bytes")
             chunks.append(chunk)
-        pack, created = await manager_of(request).catalog.publish(b"".join(chunks), principal)
+        pack, created = await services_of(request).catalog.publish(b"".join(chunks), principal)
         reply = PublishResponse(
             name=pack.name, version=pack.version, digest=pack.digest, created=created
         )
@@ -396,7 +396,7 @@ def create_app(
     async def pack_download(org: str, name: str, request: Request) -> Response:
         """The archive of `org/name[@version]` (for `pack install`); packs with sealed splits:
         admin only, since an archive carries their private fields."""
-        pack, data = await manager_of(request).catalog.pack_archive(
+        pack, data = await services_of(request).catalog.pack_archive(
             f"{org}/{name}", principal_of(request)
         )
         filename = f"{pack.name.replace('/', '-')}-{pack.version}.tar.gz"
@@ -414,7 +414,7 @@ def create_app(
     )
     async def pack_enable(org: str, name: str, request: Request) -> Response:
         """Let unfiltered sampling draw a published pack (admin; a new one is held out)."""
-        changed = await manager_of(request).catalog.enable_pack(
+        changed = await services_of(request).catalog.enable_pack(
             f"{org}/{name}", principal_of(request)
         )
         return _json(PackEnableResponse(name=f"{org}/{name}", changed=changed))
@@ -433,7 +433,7 @@ def create_app(
         it (pip and cargo semantics)."""
         undo = verb == "unyank"
         return _json(
-            await manager_of(request).catalog.yank_pack(
+            await services_of(request).catalog.yank_pack(
                 f"{org}/{name}", principal_of(request), undo=undo
             )
         )
@@ -441,7 +441,7 @@ def create_app(
     @app.get("/v1/tokens", response_model=list[TokenRecord], responses=ERRORS, tags=["tokens"])
     async def tokens_list(request: Request) -> list[TokenRecord]:
         principal_of(request).require(scopes.ADMIN, "listing tokens")
-        rows = await asyncio.to_thread(scopes.list_tokens, manager_of(request).store.db)
+        rows = await asyncio.to_thread(scopes.list_tokens, services_of(request).store.db)
         return [TokenRecord(**row) for row in rows]
 
     @app.post(
@@ -458,7 +458,7 @@ def create_app(
         token, record = await asyncio.to_thread(
             functools.partial(
                 scopes.create_token,
-                manager_of(request).store.db,
+                services_of(request).store.db,
                 body.scopes,
                 body.name,
                 orgs=body.orgs,
@@ -470,7 +470,7 @@ def create_app(
     @app.delete("/v1/tokens/{name}", status_code=204, responses=ERRORS, tags=["tokens"])
     async def tokens_revoke(name: str, request: Request) -> Response:
         principal_of(request).require(scopes.ADMIN, "revoking tokens")
-        hashes = await asyncio.to_thread(scopes.revoke_token, manager_of(request).store.db, name)
+        hashes = await asyncio.to_thread(scopes.revoke_token, services_of(request).store.db, name)
         if not hashes:
             return _error(404, "not_found", f"no live token named (or with id) {name!r}")
         authenticator(request.app).forget(hashes)
@@ -485,21 +485,21 @@ def create_app(
         """Ready (200): `status` "ready", or "warming" while packs whose tasks are not
         generated yet warm in the background (`warming`: {pack: progress}); the packs
         that are ready are served meanwhile (docs/reference/packs.md, "Ready at once")."""
-        manager_ = manager_of(request)
-        problems = {"packs": manager_.packs.errors} if manager_.packs.errors else {}
-        if not manager_.ready:
+        services = services_of(request)
+        problems = {"packs": services.packs.errors} if services.packs.errors else {}
+        if not manager_of(request).ready:
             return _error(503, "not_ready", "the episode manager is not running", True)
-        if not manager_.store.writer_alive:  # /healthz stays a liveness check
-            reason = manager_.store.writer_error or "closed"
+        if not services.store.writer_alive:  # /healthz stays a liveness check
+            reason = services.store.writer_error or "closed"
             return _error(503, "store_down", f"the store writer stopped ({reason})", False)
-        unreachable = await asyncio.to_thread(manager_.store.db.ping)
+        unreachable = await asyncio.to_thread(services.store.db.ping)
         if unreachable:  # a shared database that went down between writes
             return _error(503, "store_down", unreachable, True)
-        broken = manager_.families.broken()  # an installed family that failed to import
+        broken = services.families.broken()  # an installed family that failed to import
         if broken:
             message = "; ".join(b.message() for b in broken)
             return _error(503, "family_unavailable", f"not ready: {message}", False)
-        warming = {name: w.shown() for name, w in manager_.packs.warming.items()}
+        warming = {name: w.shown() for name, w in services.packs.warming.items()}
         if warming:
             body = {"status": "warming", "warming": warming, "pack_errors": problems}
             return JSONResponse(body)

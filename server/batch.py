@@ -185,7 +185,7 @@ async def step_outcomes(
     items: list[BatchStepItem | None] = list(request.items)
     try:
         # Detached steps of this token still running: bounded per token (server/tenancy.py).
-        manager.tenancy.check_pending(principal)
+        manager.may_detach(principal)
     except PalaestraError as exc:
         refused = item_error(exc)
         return [(_episode_of(item), refused) for item in items]

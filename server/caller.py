@@ -1,5 +1,5 @@
-"""Who is calling, and the manager that serves them: one answer for the app's routes and for
-every compatibility door (server/doors/), so auth works the same through each."""
+"""Who is calling, and the front and services that serve them: one answer for the app's
+routes and for every compatibility door (server/doors/), so auth works the same through each."""
 
 from __future__ import annotations
 
@@ -9,11 +9,19 @@ from palaestra.server import ws_auth
 from palaestra.server.auth import Principal
 from palaestra.server.fastpath import PRINCIPAL_KEY, authenticator
 from palaestra.server.manager import EpisodeManager
+from palaestra.server.services import Services
 
 
 def manager_of(request: HTTPConnection) -> EpisodeManager:
+    """The front: episodes (reset, step, verify, state, close) and detached work."""
     manager: EpisodeManager = request.app.state.manager
     return manager
+
+
+def services_of(request: HTTPConnection) -> Services:
+    """The server's shared parts: settings, store, catalog, families, tenancy, sessions."""
+    services: Services = request.app.state.manager.services
+    return services
 
 
 def principal_of(request: HTTPConnection, header: str | None = None) -> Principal:

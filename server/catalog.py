@@ -1,12 +1,13 @@
 """What the server serves, for the routes that read or change it: families, packs, tasks,
 the sampler's report and the pack registry (publish, enable, download). Episodes are the
-manager's (server/manager.py); this holds no episode state.
+front's (server/manager.py); this holds no episode state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from palaestra.sandbox import Sandbox, SandboxSpec
@@ -48,6 +49,7 @@ class Catalog:
         store: Store,
         registry: PackRegistry | None,
         sandboxes: SandboxOwner | None = None,
+        after_publish: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
         self.families = families
@@ -56,6 +58,7 @@ class Catalog:
         self.store = store
         self.registry = registry
         self.sandboxes = sandboxes  # where a publish token's generators run
+        self.after_publish = after_publish  # a cluster front exports the pack for its workers
 
     # -- discovery ------------------------------------------------------------------------
     def family_infos(self) -> list[FamilyInfo]:
@@ -128,6 +131,8 @@ class Catalog:
         )
         if created:
             self.sampler.refresh()
+            if self.after_publish is not None:
+                await self.after_publish()
         return pack, created
 
     def _audit(self, pack: Pack) -> None:

@@ -29,6 +29,7 @@ from palaestra.sdk.models import StepRequest
 from palaestra.server import batch, guards, ws_auth
 from palaestra.server.auth import Authenticator, Principal
 from palaestra.server.manager import EpisodeManager
+from palaestra.server.services import Services
 
 log = logging.getLogger("palaestra.server")
 
@@ -47,8 +48,8 @@ def authenticator(app: Any) -> Authenticator:
     """The app's authenticator (made from its manager's settings the first time it is asked)."""
     auth: Authenticator | None = getattr(app.state, "auth", None)
     if auth is None:
-        manager: EpisodeManager = app.state.manager
-        auth = Authenticator(manager.store.db, manager.settings.auth)
+        services: Services = app.state.manager.services
+        auth = Authenticator(services.store.db, services.settings.auth)
         app.state.auth = auth
     return auth
 
@@ -109,7 +110,7 @@ class StepFastPath:
             ws_auth.lift(scope)  # a WebSocket's query token, out of the scope uvicorn logs
             await self.app(scope, receive, send)
             return
-        settings = scope["app"].state.manager.settings
+        settings = scope["app"].state.manager.services.settings
         publish = scope["method"] == "POST" and scope["path"] == PUBLISH_PATH
         limit = settings.max_pack_bytes if publish else settings.max_body_bytes
         declared = guards.declared_length(scope["headers"])
@@ -148,7 +149,7 @@ class StepFastPath:
 
     async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The body, at most max_body_bytes and max_json_depth deep; None: answered."""
-        settings = scope["app"].state.manager.settings
+        settings = scope["app"].state.manager.services.settings
         try:
             raw = await guards.read_body(receive, settings.max_body_bytes)
             if raw is not None:

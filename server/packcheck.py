@@ -407,8 +407,8 @@ async def play_tasks(
             "heldout_secret_file": None,
             "ray": "",
         }
-        manager = await asyncio.to_thread(build_manager, settings.model_copy(update=own))
-        manager.families = families
+        built = settings.model_copy(update=own)
+        manager = await asyncio.to_thread(build_manager, built, families=families)
         manager.packs.add(pack)
         await manager.start()
         client = AsyncInProcessClient(manager)

@@ -1,9 +1,10 @@
-"""Building a server from settings: backend, store, packs, families, manager."""
+"""Building a server from settings: backend, store, packs, families, the host and its front."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from palaestra.sandbox import Backend
@@ -13,12 +14,14 @@ from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
 from palaestra.server import heldout, served
 from palaestra.server.auth import ensure_admin_token
+from palaestra.server.catalog import Catalog
 from palaestra.server.cluster import depot
 from palaestra.server.config import Settings
-from palaestra.server.families import FamilyRegistry
+from palaestra.server.families import FamilyRegistry, unjudged_families
 from palaestra.server.harness.proxy import SessionProxy
 from palaestra.server.judges import ServerJudges
-from palaestra.server.manager import EpisodeManager
+from palaestra.server.local_host import LocalHost
+from palaestra.server.manager import EpisodeManager, FrontAccounts
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs.archive import ArchiveLimits
 from palaestra.server.packs.catalog import PackCatalog
@@ -26,7 +29,11 @@ from palaestra.server.packs.gencache import GeneratedTaskCache
 from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.packs.warming import WARM_LOG, PackWarmer
+from palaestra.server.sampler import Sampler
+from palaestra.server.sandboxes import SandboxOwner
+from palaestra.server.services import Services
 from palaestra.server.store import Store
+from palaestra.server.tenancy import LocalQuota, Tenancy
 
 
 def make_backend(settings: Settings, *, gateway: SocketService | None = None) -> Backend:
@@ -79,28 +86,38 @@ def family_options(settings: Settings) -> dict[str, dict[str, Any]]:
     }
 
 
-def build_manager(
+@dataclass
+class Parts:
+    """What a server is built from: the shared services, and what hosts episodes here."""
+
+    services: Services
+    sandboxes: SandboxOwner
+
+
+def build_parts(
     settings: Settings,
     *,
     backend: Backend | None = None,
-    make: Callable[..., EpisodeManager] = EpisodeManager,
     cluster_node: bool = False,
     admin_token: bool = True,
     background_warm: bool = False,
-) -> EpisodeManager:
-    """A manager on the embedded defaults; call `await manager.start()` inside the event loop.
+    hosts_episodes: bool = True,
+    families: FamilyRegistry | None = None,
+    after_publish: Callable[[Store, PackRegistry], Callable[[], Awaitable[None]]] | None = None,
+) -> Parts:
+    """The parts on the embedded defaults.
 
     `cluster_node`: built for a cluster's worker or front (server/cluster/): published packs
     missing from this node's data dir are fetched from the shared store by digest.
     `admin_token`: write the local admin token (workers authenticate nobody).
     `background_warm`: packs whose generated tasks are not cached are generated after
-    `start()`, in a process of their own, while the others are served (`palaestra serve`
-    and `palaestra run` pass `settings.background_warm`); False: before this returns."""
-    if settings.ray and not cluster_node:
-        from palaestra.server.cluster.front import build_front
-
-        return build_front(settings)
-    families = FamilyRegistry.discover(family_options(settings))
+    `start()`, in a process of their own, while the others are served; False: before this
+    returns. `hosts_episodes`: False for a cluster front, whose sandboxes only run publish
+    tokens' generators (no warm pool, fork server or model sessions).
+    `families`: the families to serve (None: the installed ones, discovered).
+    `after_publish`: what runs after a pack is published (made from the store and registry)."""
+    if families is None:
+        families = FamilyRegistry.discover(family_options(settings))
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
     secret = heldout.ensure_secret(secret_file)  # sealed generated seeds
     task_cache = GeneratedTaskCache(settings.cache / "generated")
@@ -123,28 +140,68 @@ def build_manager(
     registry = PackRegistry(settings.data_dir, store.db, archive_limits=limits)
     fetch = functools.partial(depot.fetch, registry, store) if cluster_node else None
     registry.load_into(packs, families.all(), policy, broken, fetch=fetch)
-    fork_server = None
-    proxy = SessionProxy(settings)  # harness episodes' model sessions
+    fork_server, proxy = None, None
+    if hosts_episodes:
+        proxy = SessionProxy(settings)
     if backend is None:
         if settings.sandbox in ("bwrap", "docker"):
             served.preflight(settings.sandbox)  # `serve` told the user already; ServeError
-        backend = with_pool(make_backend(settings, gateway=proxy.gateway), settings)
-        fork_server = make_fork_server(settings)
+        backend = make_backend(settings, gateway=proxy.gateway if proxy else None)
+        if hosts_episodes:
+            backend = with_pool(backend, settings)
+            fork_server = make_fork_server(settings)
     metrics = Metrics()
     if isinstance(backend, WarmPool):
         metrics.bind_pool(backend.stats)
-    return make(
+    sandboxes = SandboxOwner(settings, backend, fork_server)
+    sampler = Sampler(settings, packs, unjudged=unjudged_families(settings, families))
+    catalog = Catalog(
         settings,
         families=families,
         packs=packs,
-        backend=backend,
+        sampler=sampler,
         store=store,
-        metrics=metrics,
-        fork_server=fork_server,
         registry=registry,
-        proxy=proxy,
-        judges=ServerJudges.from_settings(settings, metrics.judges),  # shared by all episodes
+        sandboxes=sandboxes,
+        after_publish=after_publish(store, registry) if after_publish else None,
     )
+    services = Services(
+        settings=settings,
+        store=store,
+        families=families,
+        packs=packs,
+        registry=registry,
+        sampler=sampler,
+        catalog=catalog,
+        metrics=metrics,
+        judges=ServerJudges.from_settings(settings, metrics.judges),  # shared by all episodes
+        tenancy=Tenancy(settings),
+        sessions=proxy,
+    )
+    return Parts(services, sandboxes)
+
+
+def build_manager(
+    settings: Settings,
+    *,
+    backend: Backend | None = None,
+    background_warm: bool = False,
+    families: FamilyRegistry | None = None,
+) -> EpisodeManager:
+    """The front over this process's episodes (a cluster's, with `settings.ray`); call
+    `await manager.start()` inside the event loop. `background_warm`: see `build_parts`
+    (`palaestra serve` and `palaestra run` pass `settings.background_warm`)."""
+    if settings.ray:
+        from palaestra.server.cluster.front import build_front
+
+        return build_front(settings)
+    parts = build_parts(
+        settings, backend=backend, background_warm=background_warm, families=families
+    )
+    services = parts.services
+    accounts = FrontAccounts(services.tenancy, services.sampler)
+    host = LocalHost(services, parts.sandboxes, accounts)
+    return EpisodeManager(services, host, LocalQuota(services.tenancy))
 
 
 def make_fork_server(settings: Settings) -> PythonForkServer | None:

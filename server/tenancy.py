@@ -214,3 +214,19 @@ class Tenancy:
             account.expire(now)
             if account.idle:
                 del self._accounts[owner]
+
+
+class LocalQuota:
+    """The `Quota` (server/host.py) of one server's own counters."""
+
+    def __init__(self, tenancy: Tenancy) -> None:
+        self.tenancy = tenancy
+
+    async def restore(self, starts: list[tuple[str, float]]) -> None:
+        self.tenancy.restore_starts(starts)
+
+    async def admit(self, principal: Principal, key: str) -> float:
+        return self.tenancy.admit(principal)
+
+    async def refund(self, principal: Principal, key: str, ticket: float) -> None:
+        self.tenancy.refund(principal.token_id, ticket)

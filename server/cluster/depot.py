@@ -18,12 +18,15 @@ import tarfile
 import tempfile
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.manifest import PackError
 from palaestra.server.packs.registry import PackRegistry, Published
 from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.store import Store
+
+if TYPE_CHECKING:
+    from palaestra.server.services import Services
 
 log = logging.getLogger("palaestra.cluster")
 
@@ -91,19 +94,19 @@ def fetch(registry: PackRegistry, store: Store, row: Published) -> None:
     log.info("fetched %s@%s (%s) from the shared store", row.name, row.version, row.digest)
 
 
-def sync_published(manager: EpisodeManager) -> int:
-    """Serve the packs published (on any front) since `manager` loaded; how many."""
-    registry = manager.registry
+def sync_published(services: Services) -> int:
+    """Serve the packs published (on any front) since `services` loaded; how many."""
+    registry = services.registry
     if registry is None:
         return 0
-    families = manager.families
+    families = services.families
     loaded = registry.load_into(
-        manager.packs,
+        services.packs,
         families.all(),
-        HostPolicy.from_settings(manager.settings),
+        HostPolicy.from_settings(services.settings),
         families.unavailable(),
-        fetch=partial(fetch, registry, manager.store),
+        fetch=partial(fetch, registry, services.store),
     )
     if loaded:
-        manager.sampler.refresh()
+        services.sampler.refresh()
     return loaded

@@ -1,8 +1,9 @@
-"""A cluster front: the same API, with episodes hosted by Ray workers (DESIGN §9).
+"""A cluster's host: the same front, with episodes hosted by Ray workers (DESIGN §9).
 
-`palaestra serve --ray ADDRESS|auto|local:N` runs this manager behind the unchanged app. A
-front holds no episode: it picks the task (sampler, catalog), asks the ledger for the
-token's quota, and sends the reset to the freest worker that can host it (placement.py);
+`palaestra serve --ray ADDRESS|auto|local:N` runs the one front (server/manager.py) over this
+host behind the unchanged app. The front picks the task and asks the ledger for the token's
+quota (`LedgerQuota`); the host holds no episode: it sends the reset to the freest worker
+that can host it (placement.py);
 steps go to the episode's worker over its channel. The episode → worker map is in the
 shared store (written by the worker), so a restarted front, or a second one, routes the
 same episodes. A worker whose node or actor is gone is `lost`: its active episodes end
@@ -17,10 +18,10 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from palaestra.sdk.errors import CapacityError, InvalidActionError, UnavailableError
 from palaestra.sdk.harness import HARNESS_OPTION
@@ -28,15 +29,13 @@ from palaestra.sdk.models import (
     EpisodeState,
     EpisodeStatus,
     Observation,
-    ResetRequest,
     ResetResponse,
     StepRequest,
     StepResponse,
     Verdict,
 )
 from palaestra.server import heldout
-from palaestra.server.auth import ADMIN_PRINCIPAL, Principal
-from palaestra.server.catalog import Catalog
+from palaestra.server.auth import Principal
 from palaestra.server.cluster import depot
 from palaestra.server.cluster.channel import ChannelClient, WorkerUnreachable
 from palaestra.server.cluster.connect import RayConnection
@@ -51,15 +50,24 @@ from palaestra.server.cluster.placement import (
 )
 from palaestra.server.cluster.worker import (
     EpisodeWorker,
+    order_json,
     principal_json,
     settings_for_workers,
     worker_name,
 )
 from palaestra.server.config import Settings
 from palaestra.server.episode import void_verdict
+from palaestra.server.host import Accounting, Ending, StartOrder
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.packs.loader import Pack
-from palaestra.server.tenancy import candidate_keys, episode_key, quota_error
+from palaestra.server.packs.registry import PackRegistry
+from palaestra.server.sandboxes import SandboxOwner
+from palaestra.server.services import Services
+from palaestra.server.store import Store
+from palaestra.server.stored_episodes import StoredEpisodes
+from palaestra.server.tenancy import candidate_keys, quota_error
+
+if TYPE_CHECKING:
+    from palaestra.server.episode import Episode
 
 log = logging.getLogger("palaestra.cluster")
 
@@ -81,24 +89,18 @@ class Route:
     task: str
 
 
-class ClusterCatalog(Catalog):
-    """A front's catalog: what is published here is exported at once for the workers."""
+class ClusterHost:
+    """The `EpisodeHost` of a cluster front: routing, placement and loss handling."""
 
-    async def publish(
-        self, data: bytes, principal: Principal = ADMIN_PRINCIPAL
-    ) -> tuple[Pack, bool]:
-        pack, created = await super().publish(data, principal)
-        if created and self.registry is not None:
-            await asyncio.to_thread(depot.export_all, self.registry, self.store)
-        return pack, created
-
-
-class ClusterManager(EpisodeManager):
-    catalog_class = ClusterCatalog
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, services: Services, sandboxes: SandboxOwner, accounting: Accounting) -> None:
+        self.services = services
+        self.settings, self.store = services.settings, services.store
+        self.sandboxes = sandboxes  # publish tokens' generators only
+        self.accounting = accounting
+        self.stored = StoredEpisodes(services.store)
+        self.quota = LedgerQuota(self)
         self.connection: RayConnection | None = None
+        self._poller: asyncio.Task[None] | None = None
         self.ledger: Any = None
         self._ledger_channel: ChannelClient | None = None
         self.workers: dict[str, Worker] = {}
@@ -107,43 +109,38 @@ class ClusterManager(EpisodeManager):
         self._over_cpu: set[str] = set()
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._published: set[str] = set()
-        self._ledger_starts: list[tuple[str, float]] = []
+        self.ledger_starts: list[tuple[str, float]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def open(self) -> None:
         """Join the cluster, find (or make) the ledger and a worker on every node."""
         # Ray joins (and starts a local cluster) on the main thread only: this blocks the
         # loop once, before the app serves anything.
         self.connection = RayConnection(self.settings)
-        history = await self.store.sampler_history(self.settings.sampler_history)
-        self.sampler.replay(history)
-        self.sampler.refresh()
-        starts = await self.store.starts_since(time.time() - 3600.0)
-        self._ledger_starts = starts
         self.ledger = self._find_ledger()
         await self._sync_packs()
         await self._refresh_workers(wait=True)
-        self._reaper = asyncio.create_task(self._poll_forever(), name="palaestra-cluster-poll")
+        self._poller = asyncio.create_task(self._poll_forever(), name="palaestra-cluster-poll")
 
-    async def shutdown(self) -> None:
+    async def aclose(self) -> None:
         """Workers and the ledger stay for the other fronts (a local cluster goes with us)."""
-        if self._reaper is not None:
-            self._reaper.cancel()
+        if self._poller is not None:
+            self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+                await self._poller
         for task in self._starting.values():
             task.cancel()
         for worker in self.workers.values():
             await worker.channel.aclose()
         if self._ledger_channel is not None:
             await self._ledger_channel.aclose()
-        await self.store.aclose()
+        await self.sandboxes.aclose()  # publish tokens' generators
         if self.connection is not None:
             await asyncio.to_thread(self.connection.close)
 
     @property
     def ready(self) -> bool:
-        return super().ready and bool(self.workers)
+        return self._poller is not None and not self._poller.done() and bool(self.workers)
 
     @property
     def live_count(self) -> int:
@@ -151,6 +148,9 @@ class ClusterManager(EpisodeManager):
 
     def _live_by_status(self) -> dict[str, int]:
         return {EpisodeStatus.ACTIVE.value: self.live_count}
+
+    async def reap(self) -> int:
+        return 0  # workers expire their own idle episodes
 
     def _find_ledger(self) -> Any:
         """The cluster's ledger (made by the first front to ask), on the head node: it lives
@@ -166,7 +166,7 @@ class ClusterManager(EpisodeManager):
                 num_cpus=0,
                 resources={"node:__internal_head__": 0.001},
             )
-            .remote(self.settings.model_dump_json(), self._ledger_starts)
+            .remote(self.settings.model_dump_json(), self.ledger_starts)
         )
 
     async def _ledger(self, method: str, *args: Any) -> Any:
@@ -181,7 +181,7 @@ class ClusterManager(EpisodeManager):
                 self.ledger = self._find_ledger()
         raise AssertionError("unreachable")
 
-    async def _quota(self, method: str, args: dict[str, Any]) -> None:
+    async def ledger_call(self, method: str, args: dict[str, Any]) -> None:
         """An admit, refund or end over the ledger's channel (every call is idempotent by
         episode key, so one that broke is sent again once the channel is open again)."""
         for attempt in range(2):
@@ -206,12 +206,12 @@ class ClusterManager(EpisodeManager):
                         retry_after=1.0,
                     ) from None
 
-    async def render_metrics(self) -> bytes:
+    async def exposition(self, own: bytes) -> bytes:
         """The front's series and every live worker's, labelled by worker (cluster/metrics.py)."""
         workers = list(self.workers.values())
         texts = await asyncio.gather(*(self._worker_metrics(w) for w in workers))
         scrapes = [Scrape(w.info, t) for w, t in zip(workers, texts, strict=True)]
-        return await asyncio.to_thread(exposition, self.metrics.render(), scrapes)
+        return await asyncio.to_thread(exposition, own, scrapes)
 
     async def _worker_metrics(self, worker: Worker) -> bytes | None:
         """The worker's exposition; None when it does not answer in time."""
@@ -311,7 +311,7 @@ class ClusterManager(EpisodeManager):
         for key in keys:
             await self._void_lost(key)
         if keys:
-            await self._quota("ended", {"keys": keys})
+            await self.ledger_call("ended", {"keys": keys})
         await self.store.commit()  # the voids are on disk before the loss is reported
         log.warning("worker %s lost (%s): %d episodes void", name, why, len(keys))
         return len(keys)
@@ -321,7 +321,7 @@ class ClusterManager(EpisodeManager):
         if state is None or state.status is not EpisodeStatus.ACTIVE:
             return
         try:
-            digest = self.packs.resolve(state.task).digest
+            digest = self.services.packs.resolve(state.task).digest
         except Exception:
             digest = ""
         now = time.time()
@@ -330,8 +330,8 @@ class ClusterManager(EpisodeManager):
         state.verdict = void_verdict(digest, LOST, 0.0)
         self.store.put_verdict(key, state.verdict)
         self.store.update_episode(state)
-        self.sampler.record(state.task, "void", 0.0, False, reason=LOST, at=now)
-        self.metrics.episodes_ended.labels(status="void").inc()
+        self.accounting.ended(Ending(key, "", state.task, "void", 0.0, False, LOST, now))
+        self.services.metrics.episodes_ended.labels(status="void").inc()
 
     async def _unreachable(self, worker: Worker) -> bool:
         """After a broken channel: whether Ray says the worker is gone (then it is lost)."""
@@ -350,14 +350,14 @@ class ClusterManager(EpisodeManager):
 
     async def _sync_packs(self) -> None:
         """Export what this front has published; load what other fronts published."""
-        registry = self.registry
+        registry = self.services.registry
         if registry is None:
             return
         rows = await asyncio.to_thread(registry.published)
         new = [r for r in rows if r.digest not in self._published]
         if not new:
             return
-        await asyncio.to_thread(depot.sync_published, self)
+        await asyncio.to_thread(depot.sync_published, self.services)
         for row in new:
             try:
                 await asyncio.to_thread(depot.export, registry, self.store, row)
@@ -366,56 +366,24 @@ class ClusterManager(EpisodeManager):
                 log.debug("pack %s@%s not exported here: %s", row.name, row.version, exc)
 
     # -- episodes -------------------------------------------------------------------------
-    async def reset(
-        self,
-        request: ResetRequest,
-        principal: Principal = ADMIN_PRINCIPAL,
-        *,
-        new_id: str | None = None,
-    ) -> ResetResponse:
-        if HARNESS_OPTION in request.options:  # docs/decisions.md (cluster mode)
+    async def start(self, order: StartOrder) -> ResetResponse:
+        if HARNESS_OPTION in order.request.options:  # docs/decisions.md (cluster mode)
             raise InvalidActionError(
                 "harness episodes are not supported in cluster mode (--ray) yet: the model "
                 "session lives on the worker that hosts the sandbox; run them on an embedded "
                 "`palaestra serve`",
                 code="harness_unsupported",
             )
-        probability: float | None = None
-        if request.task:
-            task = self.packs.resolve(request.task)
-        else:
-            task, probability = self.sampler.sample(
-                request.seed, pack=request.pack, split=request.split, domain=request.domain
-            )
-        principal.require_episodes(task.sealed, task.split)
-        family = self.families.get(task.family)
-        needs = Needs.of(family, task, self.settings)
-        overcommit = self.settings.ray_overcommit
+        task = order.task
+        needs = Needs.of(self.services.families.get(task.family), task, self.settings)
         infos = [w.info for w in self.workers.values()]
-        order = candidates(infos, needs, overcommit, f"family {task.family!r}")  # or 503
-        new_id = new_id or uuid.uuid4().hex
-        key = episode_key(principal.token_id, request.episode_id, new_id)
-        await self._quota("admit", {"principal": principal_json(principal), "key": key})
-        pinned = request.model_copy(update={"task": task.ref})
-        args = {
-            "request": pinned.model_dump(mode="json"),
-            "principal": principal_json(principal),
-            "new_id": new_id,
-            "needs": needs.to_json(),
-            "task_digest": task.digest,
-        }
-        try:
-            body, chosen = await self._place(order, args)
-        except BaseException:
-            await self._quota("refund", {"key": key})
-            raise
+        where = f"family {task.family!r}"
+        order_ = candidates(infos, needs, self.settings.ray_overcommit, where)  # or 503
+        args = {"order": order_json(order), "needs": needs.to_json()}
+        body, chosen = await self._place(order_, args)
         chosen.info.live += 1
-        self._remember(key, Route(chosen.info.name, task.ref))
+        self._remember(order.key, Route(chosen.info.name, task.ref))
         reply = ResetResponse.model_validate_json(body)
-        if probability is not None:
-            reply.info["sampled"] = {"probability": probability}
-        elif (note := self.sampler.quarantine_note(task.ref)) is not None:
-            reply.info["quarantined"] = f"run on request; the sampler holds it back: {note}"
         reply.info["worker"] = chosen.info.name
         return reply
 
@@ -475,7 +443,9 @@ class ClusterManager(EpisodeManager):
                 retry_after=1.0,
             ) from None
 
-    async def _saw_end(self, key: str, route: Route, verdict: dict[str, Any] | None) -> None:
+    async def _saw_end(
+        self, key: str, route: Route, status: str, verdict: dict[str, Any] | None
+    ) -> None:
         """An episode ended through this front: the ledger hears it before the client does
         (so the token's next reset, through any front, sees the slot free)."""
         if key in self._ends_seen:
@@ -483,29 +453,35 @@ class ClusterManager(EpisodeManager):
         self._ends_seen[key] = None
         if len(self._ends_seen) > ROUTES_CACHED:
             self._ends_seen.popitem(last=False)
-        await self._quota("ended", {"keys": [key]})
+        await self.ledger_call("ended", {"keys": [key]})
         worker = self.workers.get(route.worker)
         if worker is not None and worker.info.live > 0:
             worker.info.live -= 1
-        if route.task and verdict is not None:
-            self.sampler.record(
-                route.task,
-                str(verdict.get("status", "done")),
-                float(verdict.get("reward", 0.0)),
-                bool(verdict.get("passed", False)),
-                reason=verdict.get("feedback") if verdict.get("status") == "void" else None,
+        verdict = verdict or {}
+        reason = verdict.get("feedback") if status == EpisodeStatus.VOID.value else None
+        self.accounting.ended(
+            Ending(
+                key=key,
+                owner="",  # the ledger counts live episodes in a cluster
+                task=route.task,
+                status=status,
+                reward=float(verdict.get("reward", 0.0)),
+                passed=bool(verdict.get("passed", False)),
+                reason=reason,
                 at=time.time(),
             )
+        )
 
     async def step(
-        self, episode_id: str, request: StepRequest, principal: Principal = ADMIN_PRINCIPAL
+        self, principal: Principal, episode_id: str, request: StepRequest
     ) -> StepResponse:
         found = await self._route(principal, episode_id)
-        if found is None:
-            return await super().step(episode_id, request, principal)  # stored, or 404
+        if found is None:  # stored, or 404
+            key = await self.stored.key(principal, episode_id)
+            return await self.stored.step(key, episode_id, request.request_id)
         key, route = found
         if principal.token_id in self._over_cpu:
-            limit = self.tenancy.limits(principal)[2] or 0.0
+            limit = self.services.tenancy.limits(principal)[2] or 0.0
             raise quota_error(
                 "sandbox CPU-seconds per hour", limit, 60.0, "wait for the hour to roll on"
             )
@@ -519,18 +495,20 @@ class ClusterManager(EpisodeManager):
             return await self._after_loss(key, episode_id, request, principal)
         reply = StepResponse.model_validate_json(body)
         if reply.terminated or reply.truncated:
-            await self._saw_end(key, route, reply.info.get("verdict"))
+            status = str(reply.info.get("status", EpisodeStatus.DONE.value))
+            await self._saw_end(key, route, status, reply.info.get("verdict"))
         return reply
 
     async def _after_loss(
         self, key: str, episode_id: str, request: StepRequest, principal: Principal
     ) -> StepResponse:
         """A step for an episode whose worker is lost: a replay from the store, or void."""
+        key = await self.stored.key(principal, episode_id)  # ownership checked as always
         if request.request_id:
             stored = await self.store.find_step(key, request.request_id)
             if stored is not None:
                 return stored
-        state = await self.state(episode_id, principal)  # ownership checked as always
+        state = await self.stored.load(key, episode_id)
         if state.status is EpisodeStatus.VOID and state.void_reason == LOST:
             verdict = state.verdict.model_dump(mode="json") if state.verdict else None
             return StepResponse(
@@ -538,9 +516,9 @@ class ClusterManager(EpisodeManager):
                 terminated=True,
                 info={"status": "void", "void_reason": LOST, "verdict": verdict},
             )
-        return await super().step(episode_id, request, principal)
+        return await self.stored.step(key, episode_id, request.request_id)
 
-    async def verify(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> Verdict:
+    async def verify(self, principal: Principal, episode_id: str) -> Verdict:
         found = await self._route(principal, episode_id)
         if found is not None:
             key, route = found
@@ -548,34 +526,66 @@ class ClusterManager(EpisodeManager):
             body = await self._call(route, "verify", args)
             if body is not None:
                 verdict = Verdict.model_validate_json(body)
-                await self._saw_end(key, route, verdict.model_dump(mode="json"))
+                status = EpisodeStatus.VOID if verdict.status == "void" else EpisodeStatus.DONE
+                await self._saw_end(key, route, status.value, verdict.model_dump(mode="json"))
                 return verdict
-        return await super().verify(episode_id, principal)
+        key = await self.stored.key(principal, episode_id)
+        return await self.stored.verdict(key, episode_id)
 
-    async def state(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> EpisodeState:
+    async def state(self, principal: Principal, episode_id: str) -> EpisodeState:
         found = await self._route(principal, episode_id)
         if found is not None:
             args = {"id": episode_id, "principal": principal_json(principal)}
             body = await self._call(found[1], "state", args)
             if body is not None:
                 return EpisodeState.model_validate_json(body)
-        return await super().state(episode_id, principal)
+        key = await self.stored.key(principal, episode_id)
+        return await self.stored.load(key, episode_id)
 
-    async def close(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> None:
+    async def close(self, principal: Principal, episode_id: str) -> None:
         found = await self._route(principal, episode_id)
         if found is not None:
             key, route = found
             args = {"id": episode_id, "principal": principal_json(principal)}
             if await self._call(route, "close", args) is not None:
-                await self._saw_end(key, route, None)
+                await self._saw_end(key, route, EpisodeStatus.CLOSED.value, None)
                 return
-        await super().close(episode_id, principal)
+        await self.stored.key(principal, episode_id)  # 404: not the caller's
 
-    async def reap(self) -> int:
-        return 0  # workers expire their own idle episodes
+    async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
+        """No episode is held on a front: the store's key (404 when not the caller's)."""
+        return None, await self.stored.key(principal, episode_id)
+
+
+class LedgerQuota:
+    """The `Quota` of a cluster: the ledger actor counts every front's admissions."""
+
+    def __init__(self, host: ClusterHost) -> None:
+        self.host = host
+
+    async def restore(self, starts: list[tuple[str, float]]) -> None:
+        self.host.ledger_starts = starts  # the ledger is made with them, if this front makes it
+
+    async def admit(self, principal: Principal, key: str) -> float:
+        await self.host.ledger_call("admit", {"principal": principal_json(principal), "key": key})
+        return 0.0
+
+    async def refund(self, principal: Principal, key: str, ticket: float) -> None:
+        await self.host.ledger_call("refund", {"key": key})
 
 
 def build_front(settings: Settings) -> EpisodeManager:
-    from palaestra.server.runtime import build_manager
+    """A front over a cluster; published packs are exported for the workers at once."""
+    from palaestra.server.manager import FrontAccounts
+    from palaestra.server.runtime import build_parts
 
-    return build_manager(settings, make=ClusterManager, cluster_node=True)
+    def exporter(store: Store, registry: PackRegistry) -> Callable[[], Awaitable[None]]:
+        async def export() -> None:
+            await asyncio.to_thread(depot.export_all, registry, store)
+
+        return export
+
+    parts = build_parts(settings, cluster_node=True, hosts_episodes=False, after_publish=exporter)
+    services = parts.services
+    host = ClusterHost(services, parts.sandboxes, FrontAccounts(services.tenancy, services.sampler))
+    return EpisodeManager(services, host, host.quota)

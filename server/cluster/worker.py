@@ -1,7 +1,7 @@
 """Episode workers: the Ray actors that host a cluster's episodes, one per node.
 
-A worker is an `EpisodeManager` (the same one the embedded server runs) on its node, with
-its own sandbox backend, families and packs, writing to the shared store. Fronts find it by
+A worker runs a `LocalHost` (the host the embedded server runs) on its node, with its own
+sandbox backend, families and packs, writing to the shared store. Fronts find it by
 name through Ray, learn its channel address and key from `info()`, and send episode calls
 over the channel (server/cluster/channel.py). Quotas are the ledger's: the worker reports
 the CPU its episodes used and the episodes it ended on its own.
@@ -19,20 +19,19 @@ import logging
 import os
 import secrets
 import socket
-import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from palaestra.sdk.errors import CapacityError, UnavailableError
-from palaestra.sdk.models import EpisodeStatus, ResetRequest, StepRequest
+from palaestra.sdk.models import Limits, ResetRequest, StepRequest
 from palaestra.server.auth import Principal, Quota
 from palaestra.server.cluster import depot
 from palaestra.server.cluster.channel import ChannelServer
 from palaestra.server.cluster.placement import SLOTS_RESOURCE, WORKER_FULL, Needs, WorkerInfo
 from palaestra.server.config import Settings
-from palaestra.server.episode import Episode
-from palaestra.server.manager import EpisodeManager
-from palaestra.server.tenancy import Tenancy, episode_key
+from palaestra.server.host import Ending, StartOrder
+from palaestra.server.local_host import LocalHost
+from palaestra.server.services import Services
 
 log = logging.getLogger("palaestra.cluster")
 
@@ -63,101 +62,102 @@ def principal_from(data: dict[str, Any]) -> Principal:
     )
 
 
-class WorkerTenancy(Tenancy):
-    """Quotas are checked by the ledger before a front sends a reset; here the worker only
-    gathers the CPU its episodes use, for the ledger."""
+def order_json(order: StartOrder) -> dict[str, Any]:
+    """A front's start order, for the channel (the worker resolves the task again)."""
+    return {
+        "request": order.request.model_dump(mode="json"),
+        "principal": principal_json(order.principal),
+        "key": order.key,
+        "limits": order.limits.model_dump(mode="json"),
+        "oracle": order.oracle,
+        "task_digest": order.task.digest,
+    }
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+
+class WorkerAccounts:
+    """The `Accounting` of a worker: quotas are the ledger's (a front checks them before it
+    routes a call here); the worker gathers, for the ledger, the CPU its episodes used and
+    the episodes that ended, and frees what their placement reserved."""
+
+    def __init__(self) -> None:
         self.spent: dict[str, float] = {}
+        self.ended_keys: list[str] = []
+        self.needs: dict[str, Needs] = {}  # per live episode, what placement reserved
 
-    def admit(self, principal: Principal) -> float:
-        return time.time()
+    def before_step(self, principal: Principal) -> None:
+        return None
 
-    def refund(self, owner: str, started: float) -> None:
-        pass
-
-    def ended(self, owner: str) -> None:
-        pass
-
-    def check_cpu(self, principal: Principal) -> None:
-        pass
-
-    def check_pending(self, principal: Principal) -> None:
-        pass
-
-    def charge(self, owner: str, seconds: float) -> None:
+    def charged(self, owner: str, seconds: float) -> None:
         if owner and seconds > 0:
             self.spent[owner] = self.spent.get(owner, 0.0) + seconds
 
-    def drain(self) -> dict[str, float]:
+    def ended(self, ended: Ending) -> None:
+        self.needs.pop(ended.key, None)
+        self.ended_keys.append(ended.key)
+
+    def drain(self) -> tuple[dict[str, float], list[str]]:
         spent, self.spent = self.spent, {}
-        return spent
-
-
-class WorkerManager(EpisodeManager):
-    """The episode manager of one worker: a share of the cluster's episodes, within its slots."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.tenancy = WorkerTenancy(self.settings)
-        self.identity = ("", "")  # (worker name, node id), set by EpisodeWorker
-        self.slots = self.settings.max_episodes
-        self.cpus = self.memory_mb = 0.0
-        self._needs: dict[str, Needs] = {}
-        self.ended_keys: list[str] = []  # for the ledger
-
-    async def start(self) -> None:
-        """No `mark_unfinished`: other workers' episodes are alive. This worker's own active
-        episodes in the store were a previous incarnation's: lost with it."""
-        stale = await self.store.active_on(self.identity[0])
-        if stale:
-            log.warning("%s: %d episodes of its previous run lost", self.identity[0], len(stale))
-        self._reaper = asyncio.create_task(self._reap_forever(), name="palaestra-reaper")
+        ended, self.ended_keys = self.ended_keys, []
+        return spent, ended
 
     @property
     def reserved(self) -> tuple[float, float]:
         return (
-            sum(n.cpus for n in self._needs.values()),
-            sum(n.memory_mb for n in self._needs.values()),
+            sum(n.cpus for n in self.needs.values()),
+            sum(n.memory_mb for n in self.needs.values()),
         )
 
-    async def host(
-        self, request: ResetRequest, principal: Principal, new_id: str, needs: Needs
-    ) -> bytes:
-        cpus, memory = self.reserved
-        overcommit = self.settings.ray_overcommit
+
+@dataclass
+class Node:
+    """What this worker's node offers (from Ray), and the episodes it may hold."""
+
+    name: str
+    node_id: str
+    slots: int
+    cpus: float
+    memory_mb: float
+
+
+@dataclass
+class Hosting:
+    """A started worker's parts: its node, services, host and accounts."""
+
+    node: Node
+    services: Services
+    host: LocalHost
+    accounts: WorkerAccounts
+
+    def take(self, order: StartOrder, needs: Needs) -> None:
+        """Refuse (429 `worker_full`) an episode over this node's slots, CPUs or memory."""
+        cpus, memory = self.accounts.reserved
+        overcommit = self.services.settings.ray_overcommit
+        node, live = self.node, self.host.live_count
         if (
-            self.live_count >= self.slots
-            or cpus + needs.cpus > self.cpus * overcommit
-            or memory + needs.memory_mb > self.memory_mb * overcommit
+            live >= node.slots
+            or cpus + needs.cpus > node.cpus * overcommit
+            or memory + needs.memory_mb > node.memory_mb * overcommit
         ):
             raise CapacityError(
-                f"worker {self.identity[0]} is full: {self.live_count}/{self.slots} episodes, "
-                f"{cpus:g}+{needs.cpus:g} of {self.cpus * overcommit:g} CPUs, "
-                f"{memory:.0f}+{needs.memory_mb:.0f} of {self.memory_mb * overcommit:.0f} MB",
+                f"worker {node.name} is full: {live}/{node.slots} episodes, "
+                f"{cpus:g}+{needs.cpus:g} of {node.cpus * overcommit:g} CPUs, "
+                f"{memory:.0f}+{needs.memory_mb:.0f} of {node.memory_mb * overcommit:.0f} MB",
                 code=WORKER_FULL,
             )
-        key = episode_key(principal.token_id, request.episode_id, new_id)
-        self._needs[key] = needs
-        self.store.put_placement(key, *self.identity)  # before the episode's row
-        try:
-            reply = await self.reset(request, principal, new_id=new_id)
-        except BaseException:
-            self._needs.pop(key, None)
-            raise
-        if key not in self._live:  # ended during reset
-            self._needs.pop(key, None)
-        return reply.model_dump_json().encode()
 
-    async def _end(
-        self, episode: Episode, status: EpisodeStatus, reason: str | None = None
-    ) -> None:
-        was_active = episode.state.status is EpisodeStatus.ACTIVE
-        await super()._end(episode, status, reason)
-        if was_active:
-            self._needs.pop(episode.id, None)
-            self.ended_keys.append(episode.id)
+    async def start(self, order: StartOrder, needs: Needs) -> bytes:
+        self.take(order, needs)
+        key = order.key
+        self.accounts.needs[key] = needs
+        self.services.store.put_placement(key, self.node.name, self.node.node_id)  # first
+        try:
+            reply = await self.host.start(order)
+        except BaseException:
+            self.accounts.needs.pop(key, None)
+            raise
+        if not self.host.holds(key):  # ended during reset
+            self.accounts.needs.pop(key, None)
+        return reply.model_dump_json().encode()
 
 
 class EpisodeWorker:
@@ -168,37 +168,39 @@ class EpisodeWorker:
         self.settings_json = settings_json
         self.heldout_secret = heldout_secret
         self.key = secrets.token_bytes(32)
-        self.manager: WorkerManager | None = None
+        self.hosting: Hosting | None = None
         self.channel: ChannelServer | None = None
-        self.host = "127.0.0.1"
+        self.address = "127.0.0.1"
         self.port = 0
+        self.labels: dict[str, str] = {}
         self._starting = asyncio.Lock()
         self._report: asyncio.Task[None] | None = None
         self._ledger: Any = None
 
     async def start(self, ledger: Any) -> dict[str, Any]:
-        """Build the manager and open the channel (once; later calls just answer info)."""
+        """Build the host and open the channel (once; later calls just answer info)."""
         async with self._starting:
-            if self.manager is None:
+            if self.hosting is None:
                 self._ledger = ledger
-                self.manager = await asyncio.to_thread(self._build)
-                await self.manager.start()
+                hosting = await asyncio.to_thread(self._build)
+                await hosting.host.open()
+                self.hosting = hosting
                 gc.collect()  # as `palaestra serve` does: what is loaded leaves the
                 gc.freeze()  # collector's view, so collections walk only episodes' objects
                 self.channel = ChannelServer(self._handle, self.key)
-                self.port = await self.channel.start(self.host)
+                self.port = await self.channel.start(self.address)
                 self._report = asyncio.create_task(self._report_forever())
         return self.info()
 
-    def _build(self) -> WorkerManager:
+    def _build(self) -> Hosting:
         import importlib
 
-        from palaestra.server.runtime import build_manager
+        from palaestra.server.runtime import build_parts
 
         ray: Any = importlib.import_module("ray")  # untyped: its calls are Any here
         context = ray.get_runtime_context()
-        node = context.get_node_id()
-        self.host = ray.util.get_node_ip_address() or socket.gethostname()
+        node_id = context.get_node_id()
+        self.address = ray.util.get_node_ip_address() or socket.gethostname()
         settings = Settings.model_validate_json(self.settings_json)
         local = settings.cache / "workers" / self.name  # this node's own data dir
         local.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -209,68 +211,69 @@ class EpisodeWorker:
         settings = settings.model_copy(
             update={"data_dir": local, "heldout_secret_file": secret_file, "ray": ""}
         )
-        manager = build_manager(settings, make=WorkerManager, cluster_node=True, admin_token=False)
-        assert isinstance(manager, WorkerManager)
-        resources = next(n for n in ray.nodes() if n["NodeID"] == node)
+        parts = build_parts(settings, cluster_node=True, admin_token=False)
+        resources = next(n for n in ray.nodes() if n["NodeID"] == node_id)
         res = resources.get("Resources", {})
-        manager.identity = (self.name, node)
-        manager.slots = int(res.get(SLOTS_RESOURCE) or settings.ray_node_episodes or 0) or (
-            settings.max_episodes
+        node = Node(
+            name=self.name,
+            node_id=node_id,
+            slots=int(res.get(SLOTS_RESOURCE) or settings.ray_node_episodes or 0)
+            or settings.max_episodes,
+            cpus=float(res.get("CPU", 1.0)),
+            memory_mb=float(res.get("memory", 0.0)) / 2**20,
         )
-        manager.cpus = float(res.get("CPU", 1.0))
-        manager.memory_mb = float(res.get("memory", 0.0)) / 2**20
         self.labels = dict(resources.get("Labels") or {})
-        return manager
+        accounts = WorkerAccounts()
+        services = parts.services
+        host = LocalHost(services, parts.sandboxes, accounts, node=self.name)
+        return Hosting(node, services, host, accounts)
 
     def info(self) -> dict[str, Any]:
-        manager = self.manager
-        if manager is None:
-            raise UnavailableError(f"worker {self.name} has not started", code="worker_starting")
-        cpus, memory = manager.reserved
+        hosting = self._hosting()
+        cpus, memory = hosting.accounts.reserved
+        node = hosting.node
         return WorkerInfo(
             name=self.name,
-            node=manager.identity[1],
-            host=self.host,
+            node=node.node_id,
+            host=self.address,
             port=self.port,
             key=self.key.hex(),
             labels={k: v for k, v in self.labels.items() if not k.startswith("ray.io/")},
-            slots=manager.slots,
-            cpus=manager.cpus,
-            memory_mb=manager.memory_mb,
-            live=manager.live_count,
+            slots=node.slots,
+            cpus=node.cpus,
+            memory_mb=node.memory_mb,
+            live=hosting.host.live_count,
             reserved_cpus=cpus,
             reserved_memory_mb=memory,
         ).to_json()
 
     async def sync_packs(self) -> int:
         """Load packs published since this worker started (fetched from the shared store)."""
-        manager = self._manager()
-        return await asyncio.to_thread(depot.sync_published, manager)
+        return await asyncio.to_thread(depot.sync_published, self._hosting().services)
 
     async def metrics(self) -> bytes:
-        return self._manager().metrics.render()
+        return self._hosting().services.metrics.render()
 
     async def stop(self) -> None:
         if self._report is not None:
             self._report.cancel()
         if self.channel is not None:
             await self.channel.close()
-        if self.manager is not None:
-            await self.manager.shutdown()
+        if self.hosting is not None:
+            await self.hosting.host.aclose()
+            await self.hosting.services.store.aclose()
 
-    def _manager(self) -> WorkerManager:
-        if self.manager is None:
+    def _hosting(self) -> Hosting:
+        if self.hosting is None:
             raise UnavailableError(f"worker {self.name} has not started", code="worker_starting")
-        return self.manager
+        return self.hosting
 
     async def _report_forever(self) -> None:
-        manager = self._manager()
-        assert isinstance(manager.tenancy, WorkerTenancy)
+        hosting = self._hosting()
         while True:
-            await asyncio.sleep(manager.settings.ray_poll_s)
+            await asyncio.sleep(hosting.services.settings.ray_poll_s)
             with contextlib.suppress(Exception):
-                spent, ended = manager.tenancy.drain(), manager.ended_keys
-                manager.ended_keys = []
+                spent, ended = hosting.accounts.drain()
                 if spent:
                     self._ledger.charge.remote(spent)
                 if ended:
@@ -278,39 +281,44 @@ class EpisodeWorker:
 
     # -- the channel's calls ------------------------------------------------------------
     async def _handle(self, method: str, args: dict[str, Any]) -> bytes:
-        manager = self._manager()
+        hosting = self._hosting()
+        host = hosting.host
+        if method == "reset":
+            order = await self._order(hosting, args["order"])
+            return await hosting.start(order, Needs.from_json(args["needs"]))
         principal = principal_from(args["principal"])
         if method == "step":
             step = StepRequest.model_validate(args["request"])
-            reply = await manager.step(args["id"], step, principal)
+            reply = await host.step(principal, args["id"], step)
             return reply.model_dump_json().encode()
-        if method == "reset":
-            reset = ResetRequest.model_validate(args["request"])
-            await self._ensure_task(manager, reset, args["task_digest"])
-            return await manager.host(
-                reset, principal, args["new_id"], Needs.from_json(args["needs"])
-            )
         if method == "verify":
-            return (await manager.verify(args["id"], principal)).model_dump_json().encode()
+            return (await host.verify(principal, args["id"])).model_dump_json().encode()
         if method == "state":
-            return (await manager.state(args["id"], principal)).model_dump_json().encode()
+            return (await host.state(principal, args["id"])).model_dump_json().encode()
         if method == "close":
-            await manager.close(args["id"], principal)
+            await host.close(principal, args["id"])
             return b"null"
         raise UnavailableError(f"worker {self.name} has no call {method!r}", code="worker_error")
 
-    async def _ensure_task(
-        self, manager: WorkerManager, request: ResetRequest, digest: str
-    ) -> None:
-        """The front picked the task: this node must serve the very same bytes of it."""
+    async def _order(self, hosting: Hosting, data: dict[str, Any]) -> StartOrder:
+        """The front's order, with the task this node serves under the very same digest."""
+        request = ResetRequest.model_validate(data["request"])
         assert request.task is not None
+        digest = data["task_digest"]
         for attempt in range(2):
             try:
-                task = manager.packs.resolve(request.task)
+                task = hosting.services.packs.resolve(request.task)
             except Exception:
                 task = None
             if task is not None and task.digest == digest:
-                return
+                return StartOrder(
+                    task=task,
+                    request=request,
+                    principal=principal_from(data["principal"]),
+                    key=data["key"],
+                    limits=Limits.model_validate(data["limits"]),
+                    oracle=bool(data["oracle"]),
+                )
             if attempt == 0:
                 await self.sync_packs()
         raise UnavailableError(

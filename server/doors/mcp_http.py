@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import Action, StepRequest, StepResponse, ToolSpec
 from palaestra.server.auth import Principal
-from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.caller import manager_of, principal_of, services_of
 from palaestra.server.doors import mcp
 
 router = APIRouter(tags=["mcp"])
@@ -90,7 +90,7 @@ def sessions_of(request: Request) -> Sessions:
     """The app's MCP sessions (made on first use, from its settings)."""
     sessions: Sessions | None = getattr(request.app.state, "mcp_sessions", None)
     if sessions is None:
-        settings = manager_of(request).settings
+        settings = services_of(request).settings
         sessions = Sessions(settings.mcp_sessions_per_token, settings.idle_ttl_s)
         request.app.state.mcp_sessions = sessions
     return sessions
@@ -211,7 +211,9 @@ async def mcp_messages(episode_id: str, request: Request) -> Response:
     if mcp.is_initialize(message):
         try:  # 404 for an unknown id and for another token's episode alike
             state = await manager.state(episode_id, principal)
-            session = Session(episode_id, manager.families.get(state.family).tool_specs())
+            session = Session(
+                episode_id, services_of(request).families.get(state.family).tool_specs()
+            )
         except PalaestraError as exc:
             return _failed(exc, message.get("id"))
     else:

@@ -44,11 +44,12 @@ from palaestra.sdk.models import (
 )
 from palaestra.server import guards, ws_auth
 from palaestra.server.auth import Principal
-from palaestra.server.caller import manager_of, principal_of, ws_principal
+from palaestra.server.caller import manager_of, principal_of, services_of, ws_principal
 from palaestra.server.doors import mcp
 from palaestra.server.fastpath import PRINCIPAL_KEY, validation_message
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.catalog import REF_RE
+from palaestra.server.services import Services
 
 router = APIRouter(prefix="/openenv/{org}/{name}", tags=["openenv"])
 
@@ -323,7 +324,7 @@ async def http_metadata(org: str, name: str, request: Request) -> JSONResponse:
     """OpenEnv's EnvironmentMetadata from the pack's own card."""
     try:
         principal_of(request)
-        pack = manager_of(request).catalog.pack_info(f"{org}/{name}")
+        pack = services_of(request).catalog.pack_info(f"{org}/{name}")
     except PalaestraError as exc:
         return http_error(exc)
     return JSONResponse(
@@ -353,7 +354,7 @@ async def http_mcp(
         manager = manager_of(request)
         held = episode_of(episode_id, "POST /mcp")
         state = await manager.state(held, principal)  # 404 for another token's episode
-        tools = manager.families.get(state.family).tool_specs()
+        tools = services_of(request).families.get(state.family).tool_specs()
     except PalaestraError as exc:
         return http_error(exc)
     episode = mcp_episode(manager, principal, held, tools)
@@ -364,8 +365,11 @@ async def http_mcp(
 class Session:
     """One WebSocket connection's episode (at most one at a time)."""
 
-    def __init__(self, manager: EpisodeManager, principal: Principal, pack: str) -> None:
-        self.manager, self.principal, self.pack = manager, principal, pack
+    def __init__(
+        self, manager: EpisodeManager, services: Services, principal: Principal, pack: str
+    ) -> None:
+        self.manager, self.services = manager, services
+        self.principal, self.pack = principal, pack
         self.episode_id: str | None = None
         self.tools: list[ToolSpec] = []
         self.mcp = mcp.McpSession()
@@ -378,7 +382,7 @@ class Session:
 
     async def frame(self, raw: str) -> dict[str, Any] | None:
         """The answer to one frame; None: the client closed the session."""
-        settings = self.manager.settings
+        settings = self.services.settings
         if len(raw) > settings.max_body_bytes:
             return ws_error(TooLargeError(guards.too_large(settings.max_body_bytes, "a frame")))
         try:
@@ -425,8 +429,8 @@ class Session:
         """Before any reset: the tools of this pack's families (OpenEnv lists tools
         without an episode)."""
         tools: dict[str, ToolSpec] = {}
-        for family in self.manager.catalog.pack_info(self.pack).families:
-            for tool in self.manager.families.get(family).tool_specs():
+        for family in self.services.catalog.pack_info(self.pack).families:
+            for tool in self.services.families.get(family).tool_specs():
                 tools.setdefault(tool.name, tool)
         return list(tools.values())
 
@@ -459,7 +463,7 @@ async def ws(websocket: WebSocket, org: str, name: str) -> None:
     except PalaestraError as exc:
         await refuse(websocket, exc)
         return
-    session = Session(manager_of(websocket), principal, f"{org}/{name}")
+    session = Session(manager_of(websocket), services_of(websocket), principal, f"{org}/{name}")
     try:
         while True:
             raw = await websocket.receive_text()

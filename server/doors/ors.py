@@ -37,9 +37,9 @@ from palaestra.sdk.models import (
     ToolSpec,
 )
 from palaestra.server.auth import Principal
-from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.caller import manager_of, principal_of, services_of
+from palaestra.server.catalog import Catalog
 from palaestra.server.fastpath import validation_message
-from palaestra.server.manager import EpisodeManager
 
 SUPPORTED = "0.1"  # the ORS protocol (ors-sdk major.minor) this door speaks
 AGENT = re.compile(r"\bors-sdk/(\d+)\.(\d+)")
@@ -115,7 +115,7 @@ def sessions_of(request: Request) -> Sessions:
     state = request.app.state
     found: Sessions | None = getattr(state, "ors_sessions", None)
     if found is None:
-        found = state.ors_sessions = Sessions(manager_of(request).settings.max_episodes)
+        found = state.ors_sessions = Sessions(services_of(request).settings.max_episodes)
     return found
 
 
@@ -192,13 +192,13 @@ def split_type(name: str, sealed: bool) -> str:
     return "test" if sealed else SPLIT_TYPES.get(name, "validation")
 
 
-def env_tasks(manager: EpisodeManager, env: str, split: str) -> list[TaskInfo]:
+def env_tasks(catalog: Catalog, env: str, split: str) -> list[TaskInfo]:
     """The public view of `env`'s tasks in `split` (a sealed split: ids and public fields)."""
-    pack = manager.catalog.pack_info(env)
+    pack = catalog.pack_info(env)
     if split not in {s.name for s in pack.splits}:
         names = ", ".join(s.name for s in pack.splits)
         raise BadRequestError(f"environment {env!r} has no split {split!r} (it has: {names})")
-    listed = manager.catalog.task_list(TaskQuery(pack=env, split=split, limit=MAX_TASKS))
+    listed = catalog.task_list(TaskQuery(pack=env, split=split, limit=MAX_TASKS))
     return listed.tasks
 
 
@@ -261,14 +261,14 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 @ors
 async def list_environments(request: Request) -> Any:
     caller(request)
-    return [p.name for p in manager_of(request).catalog.pack_infos()]
+    return [p.name for p in services_of(request).catalog.pack_infos()]
 
 
 @router.get("/{org}/{name}/splits")
 @ors
 async def list_splits(request: Request, env: str = Depends(environment)) -> Any:
     caller(request)
-    pack = manager_of(request).catalog.pack_info(env)
+    pack = services_of(request).catalog.pack_info(env)
     return [{"name": s.name, "type": split_type(s.name, s.sealed)} for s in pack.splits]
 
 
@@ -278,7 +278,7 @@ async def asked_tasks(
     """The body of a task query and the public view of the split it names."""
     caller(request)
     asked = model.model_validate(await body(request))
-    return asked, env_tasks(manager_of(request), env, asked.split)
+    return asked, env_tasks(services_of(request).catalog, env, asked.split)
 
 
 @router.post("/{org}/{name}/tasks")
@@ -313,10 +313,10 @@ async def get_task_range(request: Request, env: str = Depends(environment)) -> A
 @ors
 async def list_tools(request: Request, env: str = Depends(environment)) -> Any:
     caller(request)
-    manager = manager_of(request)
-    families = set(manager.catalog.pack_info(env).families)
+    catalog = services_of(request).catalog
+    families = set(catalog.pack_info(env).families)
     tools: dict[str, ToolSpec] = {}
-    for family in manager.catalog.family_infos():
+    for family in catalog.family_infos():
         if family.name in families:
             tools.update((t.name, t) for t in family.tools)
     return tool_view(list(tools.values()))
@@ -355,7 +355,11 @@ async def create(request: Request) -> Any:
         if asked.env_name and not task.startswith((f"{asked.env_name}@", f"{asked.env_name}:")):
             raise BadRequestError(f"task {task!r} is not in environment {asked.env_name!r}")
     elif asked.env_name and asked.split is not None and asked.index is not None:
-        task = nth(env_tasks(manager, asked.env_name, asked.split), asked.index, asked.split).id
+        task = nth(
+            env_tasks(services_of(request).catalog, asked.env_name, asked.split),
+            asked.index,
+            asked.split,
+        ).id
     else:
         raise BadRequestError(
             "this server serves many environments and split/index name none: open the "
@@ -405,7 +409,7 @@ async def call(request: Request, env: str = Depends(environment)) -> Any:
     # The call's id is the step's request id: a resumed stream replays, never re-runs.
     call_id = asked.task_id or uuid.uuid4().hex
     step = StepRequest(action=Action(tool=asked.name, arguments=asked.input), request_id=call_id)
-    manager.tenancy.check_pending(principal)  # a dropped stream's step runs on, counted
+    manager.may_detach(principal)  # a dropped stream's step runs on, counted
     work = asyncio.ensure_future(manager.step(sid, step, principal))
     manager.detach(work, principal.token_id)
     work.add_done_callback(lambda done: done.cancelled() or done.exception())  # seen, if dropped

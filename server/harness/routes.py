@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.caller import principal_of, services_of
 from palaestra.server.episode import unknown_episode
 from palaestra.server.harness.proxy import LlmSession
 from palaestra.server.tenancy import candidate_keys
@@ -23,7 +23,7 @@ PATH = "/v1/episodes/{episode_id}/llm/{path:path}"
 def session_of(request: Request, episode_id: str) -> LlmSession | None:
     """The caller's own model session of `episode_id` (None for any other)."""
     principal = principal_of(request)
-    proxy = manager_of(request).llm_proxy
+    proxy = services_of(request).sessions
     if proxy is None:
         return None
     for key in candidate_keys(principal.token_id, episode_id):

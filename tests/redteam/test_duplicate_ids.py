@@ -22,6 +22,7 @@ from palaestra.envs.echo import EchoFamily
 from palaestra.sdk.models import Observation
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
+from tests.hosts import local_host
 from tests.redteam.tenants import ECHO, Tenant, client, tenant
 
 
@@ -78,7 +79,7 @@ async def test_duplicate_concurrent_resets(slow_manager: EpisodeManager) -> None
     for r in replies:
         if r.status_code == 409:
             conflict({"status": 409, **r.json()["error"]}, "race")
-    assert len([e for e in manager._live.values() if e.owner == alice.token_id]) == 1
+    assert len([e for e in local_host(manager)._live.values() if e.owner == alice.token_id]) == 1
     await alice.http.aclose()
 
 
@@ -93,7 +94,7 @@ async def test_reused_id_leaves_the_original_alone(manager: EpisodeManager) -> N
     assert (await alice.step("mine", request_id="r")).json() == first.json()
     # An ended one that left memory is still taken.
     await alice.http.delete("/v1/episodes/mine")
-    manager._ended.clear()
+    local_host(manager)._ended.clear()
     late = await alice.reset(episode_id="mine")
     conflict({"status": late.status_code, **late.json()["error"]}, "mine")
     assert (await alice.http.get("/v1/episodes/mine")).json()["status"] == "closed"

@@ -28,6 +28,7 @@ from palaestra.server.harness.runner import HarnessRunner
 from palaestra.server.manager import EpisodeManager
 from tests.conftest import make_settings
 from tests.harness_fakes import FakeUpstream, gateway_on_loopback, options
+from tests.hosts import local_host
 from tests.redteam.tenants import client, tenant
 
 USER = [{"role": "user", "content": "hi"}]
@@ -211,7 +212,7 @@ async def test_the_route_serves_only_the_owner(
     manager: EpisodeManager, named: FakeUpstream
 ) -> None:
     proxy = SessionProxy(manager.settings)
-    manager.llm_proxy = proxy
+    manager.services.sessions = proxy
     owner = tenant(manager, ["train"])
     other = tenant(manager, ["train"])
     admin_token = (manager.settings.data_dir / "admin.token").read_text().strip()
@@ -246,7 +247,7 @@ async def test_the_route_serves_only_the_owner(
     finally:
         for c in (owner.http, other.http, admin):
             await c.aclose()
-        manager.llm_proxy = None
+        manager.services.sessions = None
         await proxy.aclose()
 
 
@@ -347,7 +348,9 @@ async def test_the_reset_probe_reads_no_endless_body(manager: EpisodeManager) ->
     server = await asyncio.start_server(hostile.serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        await asyncio.wait_for(manager.harness._probe(f"http://127.0.0.1:{port}/v1"), 3.0)
+        await asyncio.wait_for(
+            local_host(manager).harness._probe(f"http://127.0.0.1:{port}/v1"), 3.0
+        )
     finally:
         server.close()
     assert hostile.sent < 8 << 20

@@ -26,6 +26,7 @@ from palaestra.server.packs.loader import load_pack
 from palaestra.server.packs.manifest import PackError
 from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.packs.taskfields import HostPolicy
+from tests.hosts import local_host
 
 from .publishers import archive, client, error, publish, write_pack
 
@@ -138,7 +139,7 @@ async def test_a_spec_naming_the_host_root_never_reaches_a_sandbox(
     manager.packs.add(load_pack(root, ["terminal"], wide))
     reply = await api.post("/v1/episodes", json={"task": "acme/slipped:attack"})
     assert reply.status_code != 200 and "outside the images dir" in reply.text, reply.text
-    assert manager.backend.live_count == 0
+    assert local_host(manager).sandboxes.backend.live_count == 0
 
 
 # ---- the backends ---------------------------------------------------------------------------

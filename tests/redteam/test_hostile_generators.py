@@ -16,6 +16,7 @@ from conftest import make_settings
 from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.archive import pack_archive
+from tests.hosts import local_host
 
 from .publishers import client, error, publish
 
@@ -131,7 +132,7 @@ async def test_hostile_generators_are_contained(manager: EpisodeManager, tmp_pat
         del os.environ["GENTEST_CANARY"]
     store = manager.settings.data_dir / "packs"
     assert not list((store / "sha256").iterdir()) and not (store / "generated").exists()
-    assert manager.sandboxes.live_count == 0
+    assert local_host(manager).sandboxes.live_count == 0
 
 
 async def test_a_sealed_split_failure_quotes_nothing(

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from palaestra.server.manager import EpisodeManager
+from tests.hosts import local_host
 from tests.redteam.tenants import SAY, SEALED_ECHO, Tenant, shape, tenant
 
 Factory = Callable[..., Tenant]
@@ -87,7 +88,7 @@ async def test_ended_and_stored_episode_of_another_token_is_404(
     ended = await alice.http.post(f"/v1/episodes/{episode}/step", json=submit)
     assert ended.json()["terminated"]
     await same_as_unknown(mallory, episode)  # in the ended cache
-    manager._ended.clear()
+    local_host(manager)._ended.clear()
     await same_as_unknown(mallory, episode)  # in the store only
     state = (await alice.http.get(f"/v1/episodes/{episode}")).json()
     assert state["status"] == "done" and state["verdict"]["reward"] == 1.0
@@ -98,7 +99,7 @@ async def test_sealed_episode_is_no_split_oracle(tenants: Factory, manager: Epis
     episode = await evaluator.start(task=SEALED_ECHO)
     await same_as_unknown(trainer, episode)  # was 403 missing_scope: "this id is sealed"
     await evaluator.http.delete(f"/v1/episodes/{episode}")
-    manager._ended.clear()
+    local_host(manager)._ended.clear()
     await same_as_unknown(trainer, episode)
 
 

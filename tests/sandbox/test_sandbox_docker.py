@@ -18,6 +18,7 @@ from conftest import make_settings
 from palaestra.sandbox import SandboxGone, SandboxPathError, SandboxSpec, SandboxSpecError
 from palaestra.sandbox.docker import BASE_IMAGE, DockerBackend, DockerSandbox
 from tests.conftest import docker_skip_reason
+from tests.hosts import local_host
 
 WHY = docker_skip_reason(BASE_IMAGE)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY), reason=WHY)]
@@ -222,7 +223,10 @@ async def test_coding_episodes_on_docker(tmp_path: Path) -> None:
     manager = build_manager(make_settings(data_dir=tmp_path / "data", sandbox="docker"))
     await manager.start()
     try:
-        assert manager.backend is not None and manager.backend.name == "docker"
+        assert (
+            local_host(manager).sandboxes.backend is not None
+            and local_host(manager).sandboxes.backend.name == "docker"
+        )
         client = AsyncInProcessClient(manager)
         listing = await client.tasks(pack="openai/humaneval", limit=1000)
         tasks = [t for t in listing.tasks if t.id.split(":")[-1] in ("HumanEval-0", "HumanEval-2")]

@@ -16,6 +16,7 @@ from palaestra.sdk.evaluation.runner import run_eval
 from palaestra.sdk.policies.chat import ChatPolicy
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
+from tests.hosts import local_host
 
 WORD = re.compile(r"Submit the word '(\w+)'")
 
@@ -129,7 +130,7 @@ async def test_chat_policy_solves_echo_train(
     assert all(a.reward == 1.0 and a.passed for a in attempts)
     assert all(a.steps == 2 and a.tool_calls == 2 and a.tool_errors == 0 for a in attempts)
     assert all(a.stop == "terminated" for a in attempts)
-    assert not manager._live  # every episode was closed
+    assert not local_host(manager)._live  # every episode was closed
 
     # Two requests per episode: the first (system + user) and one after the echo's result.
     assert len(fake_model.requests) == 16
@@ -168,7 +169,7 @@ async def test_unreachable_endpoint_is_an_error_not_a_crash(manager: EpisodeMana
     for a in attempts:
         assert a.status == "error" and a.error_class == "endpoint_unreachable", a
         assert a.stop == "error" and a.reward == 0.0 and not a.passed
-    assert not manager._live  # the episodes were closed, not leaked
+    assert not local_host(manager)._live  # the episodes were closed, not leaked
     # The server still serves.
     reset = await client.reset(tasks[0].id)
     reply = await client.step(reset.episode_id, {"tool": "submit", "arguments": {"answer": "x"}})
@@ -187,7 +188,7 @@ async def test_garbage_reply_is_bad_model_output(
     for a in attempts:
         assert a.status == "error" and a.error_class == "bad_model_output", a
         assert a.reward == 0.0
-    assert not manager._live
+    assert not local_host(manager)._live
 
 
 async def test_http_error_status_is_endpoint_error(

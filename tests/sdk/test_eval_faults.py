@@ -31,6 +31,7 @@ from palaestra.sdk.policies.base import Session
 from palaestra.sdk.policies.hf import HFPolicy
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
+from tests.hosts import local_host
 
 pytestmark = pytest.mark.slow
 
@@ -291,7 +292,7 @@ async def test_step_token_and_wall_limits(manager: EpisodeManager) -> None:
     for a in timed:
         assert a.stop == "timeout" and a.error_class == "timeout", a
         assert a.status == "ok" and a.steps == 1 and "wall-time limit" in a.error
-    assert not manager._live
+    assert not local_host(manager)._live
 
 
 # -- a local transformers model -------------------------------------------------------------------

@@ -25,6 +25,7 @@ from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.manifest import read_manifest
 from palaestra.server.runtime import build_manager
+from tests.hosts import local_host
 
 ECHO = "palaestra/echo:say-birch"
 HE0 = "openai/humaneval:HumanEval-0"
@@ -209,7 +210,7 @@ async def test_sandbox_dies_mid_episode(manager: EpisodeManager) -> None:
     eid = reset.episode_id
     ok = await client.step(eid, {"tool": "run_python", "arguments": {"code": "print(6 * 7)"}})
     assert "42" in ok.observation.text
-    sandbox = manager._live[eid].ctx.sandboxes.episode
+    sandbox = local_host(manager)._live[eid].ctx.sandboxes.episode
     assert sandbox is not None
     await sandbox.close()  # the sandbox is gone under the episode
     reply = await client.step(eid, {"tool": "run_python", "arguments": {"code": "print(1)"}})
@@ -217,7 +218,10 @@ async def test_sandbox_dies_mid_episode(manager: EpisodeManager) -> None:
     assert "sandbox failed" in reply.info["void_reason"]
     state = await client.state(eid)
     assert state.status == "void"
-    assert manager.backend is not None and manager.backend.live_count == 0
+    assert (
+        local_host(manager).sandboxes.backend is not None
+        and local_host(manager).sandboxes.backend.live_count == 0
+    )
     saved = await stored(manager, eid)
     assert saved.status == "void" and saved.step_count == 2
     # The server keeps serving new coding episodes.
@@ -234,7 +238,7 @@ async def test_sandbox_dies_before_verification(manager: EpisodeManager) -> None
     await client.step(
         eid, {"tool": "write_file", "arguments": {"path": "solution.py", "content": HE0_SOLUTION}}
     )
-    sandbox = manager._live[eid].ctx.sandboxes.episode
+    sandbox = local_host(manager)._live[eid].ctx.sandboxes.episode
     assert sandbox is not None
     await sandbox.close()
     reply = await client.step(eid, {"tool": "submit"})
@@ -390,11 +394,14 @@ async def test_idle_episode_expires_and_frees_its_sandbox(tmp_path: Path) -> Non
         client = AsyncInProcessClient(manager)
         reset = await client.reset(HE0)
         eid = reset.episode_id
-        sandbox = manager._live[eid].ctx.sandboxes.episode
+        sandbox = local_host(manager)._live[eid].ctx.sandboxes.episode
         assert sandbox is not None
         root: Path = sandbox.root  # type: ignore[attr-defined]
         assert root.exists()
-        assert manager.backend is not None and manager.backend.live_count == 1
+        assert (
+            local_host(manager).sandboxes.backend is not None
+            and local_host(manager).sandboxes.backend.live_count == 1
+        )
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             if (await client.state(eid)).status == "expired":
@@ -404,9 +411,11 @@ async def test_idle_episode_expires_and_frees_its_sandbox(tmp_path: Path) -> Non
         assert state.status == "expired"
         # the status flips first, then the sandbox is closed (its folder removed off the loop)
         freed = time.monotonic() + 5
-        while (manager.backend.live_count or root.exists()) and time.monotonic() < freed:
+        while (
+            local_host(manager).sandboxes.backend.live_count or root.exists()
+        ) and time.monotonic() < freed:
             await asyncio.sleep(0.02)
-        assert manager.backend.live_count == 0
+        assert local_host(manager).sandboxes.backend.live_count == 0
         assert not root.exists()
         with pytest.raises(ConflictError):
             await client.step(eid, {"tool": "run_python", "arguments": {"code": "print(1)"}})

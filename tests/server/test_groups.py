@@ -37,6 +37,7 @@ from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 from palaestra.server.store import Store
+from tests.hosts import local_host
 
 on_module_loop = pytest.mark.asyncio(loop_scope="module")
 # Better answers to "birch" reversed score higher (the scripted judge's quality).
@@ -215,7 +216,7 @@ async def test_an_episode_the_server_no_longer_holds(stack: Stack) -> None:
     judged = await group_of(stack, "hcrib", "zzzzz")
     first = await stack.train.verify_group(judged, "tournament")
     fresh = await group_of(stack, "hcrib", "zzzzz")
-    stack.manager._ended.clear()  # as after ENDED_CACHE more episodes, or a restart
+    local_host(stack.manager)._ended.clear()  # as after ENDED_CACHE more episodes, or a restart
     with pytest.raises(ConflictError, match="no longer holds") as gone:
         await stack.train.verify_group(fresh, "tournament")
     assert gone.value.code == "episode_not_held"

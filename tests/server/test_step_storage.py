@@ -20,6 +20,7 @@ from palaestra.sdk.models import (
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.tally import StepTally
 from tests.conftest import ServerProcess
+from tests.hosts import local_host
 
 TASK = "palaestra/echo:say-birch"
 
@@ -80,7 +81,7 @@ async def test_live_trajectory_is_in_the_store_not_in_memory(manager: EpisodeMan
     for i in range(40):
         action = Action(tool="echo", arguments={"text": f"t{i}"})
         await manager.step(episode_id, StepRequest(action=action, request_id=f"r{i}"))
-    live = manager._live[episode_id]
+    live = local_host(manager)._live[episode_id]
     assert live.state.trajectory == []  # nothing kept per step in memory
 
     state = await manager.state(episode_id)
@@ -95,7 +96,7 @@ async def test_live_trajectory_is_in_the_store_not_in_memory(manager: EpisodeMan
     assert end.terminated and end.info["metrics"]["steps"] == 41
     # Ended and still cached, or loaded back from disk: the same trajectory.
     assert len((await manager.state(episode_id)).trajectory) == 41
-    manager._ended.clear()
+    local_host(manager)._ended.clear()
     stored = await manager.state(episode_id)
     assert len(stored.trajectory) == 41 and stored.metrics.steps == 41
     # A retried request id of an ended, evicted episode is answered from the store.
@@ -140,7 +141,7 @@ async def test_a_retry_older_than_the_reply_cache_is_answered_from_the_store(
     for i in range(steps):
         action = Action(tool="echo", arguments={"text": f"t{i}"})
         await manager.step(episode_id, StepRequest(action=action, request_id=f"r{i}"))
-    live = manager._live[episode_id]
+    live = local_host(manager)._live[episode_id]
     assert len(live.replies) == REPLAY_CACHE
     other = Action(tool="echo", arguments={"text": "something else"})
     again = await manager.step(episode_id, StepRequest(action=other, request_id="r0"))
@@ -148,6 +149,8 @@ async def test_a_retry_older_than_the_reply_cache_is_answered_from_the_store(
     assert (await manager.state(episode_id)).step_count == steps  # not stepped again
     submit = Action(tool="submit", arguments={"answer": "x"})
     await manager.step(episode_id, StepRequest(action=submit, request_id="end"))
-    assert len(manager._ended[episode_id].replies) <= 1  # an ended episode keeps ~nothing
+    assert (
+        len(local_host(manager)._ended[episode_id].replies) <= 1
+    )  # an ended episode keeps ~nothing
     again = await manager.step(episode_id, StepRequest(action=other, request_id="r5"))
     assert again.observation.text == "t5"

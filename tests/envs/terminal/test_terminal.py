@@ -27,6 +27,7 @@ from palaestra.server.config import Settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.runtime import build_manager
 from palaestra.verifiers.terminal import files_tar, verify_workspace
+from tests.hosts import local_host
 from tests.servers import server_fixture
 
 PACK = Path(__file__).parents[2] / "fixtures" / "terminal-pack"
@@ -238,7 +239,7 @@ async def test_dead_sandbox_voids_the_episode(tmp_path: Path) -> None:
     try:
         client = AsyncInProcessClient(manager)
         reset = await client.reset(WORDS)
-        episode = manager._live[reset.episode_id]
+        episode = local_host(manager)._live[reset.episode_id]
         assert episode.ctx.sandboxes.episode is not None
         await episode.ctx.sandboxes.episode.close()  # the sandbox dies under the episode
         reply = await client.step(

@@ -1,0 +1,497 @@
+"""The local host: episodes and their sandboxes in this process (server/host.py).
+
+The embedded server runs one behind its front; each cluster worker runs one. Rules it keeps:
+- a step with a `request_id` seen before returns the stored result; it never steps twice;
+- a malformed action is refused (422) and the episode goes on;
+- an infrastructure fault (sandbox died, verifier or family crashed) ends the episode
+  `void`, never with reward 0;
+- the verdict's reward arrives with the step that ends the episode;
+- idle episodes expire after a TTL and their sandboxes are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+from palaestra.envs.base import EpisodeContext, StepOutcome
+from palaestra.sandbox import AgentFault, SandboxError
+from palaestra.sdk.errors import CapacityError, ConflictError, InvalidActionError, UnavailableError
+from palaestra.sdk.models import (
+    EpisodeState,
+    EpisodeStatus,
+    Observation,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+    Verdict,
+    step_record_json,
+)
+from palaestra.server.auth import ADMIN, Principal
+from palaestra.server.episode import (
+    Episode,
+    assess,
+    id_taken,
+    log_crash,
+    sandbox_fault,
+    void_verdict,
+)
+from palaestra.server.harness.runner import Ending as HarnessEnding
+from palaestra.server.harness.runner import HarnessRunner
+from palaestra.server.host import Accounting, Ending, StartOrder
+from palaestra.server.sandboxes import SandboxOwner
+from palaestra.server.services import Services
+from palaestra.server.stored_episodes import StoredEpisodes
+from palaestra.server.tenancy import candidate_keys
+
+log = logging.getLogger("palaestra.episodes")
+
+ENDED_CACHE = 4096
+
+
+class LocalHost:
+    """Live episodes of this process. `node`: the cluster worker's name (None: the embedded
+    server, which owns every active episode in its store)."""
+
+    def __init__(
+        self,
+        services: Services,
+        sandboxes: SandboxOwner,
+        accounting: Accounting,
+        *,
+        node: str | None = None,
+    ) -> None:
+        self.settings = services.settings
+        self.store = services.store
+        self.families = services.families
+        self.judges = services.judges
+        self.sandboxes = sandboxes
+        self.accounting = accounting
+        self.metrics = metrics = services.metrics
+        self.node = node
+        self.harness = HarnessRunner(services.settings, services.store, services.sessions)
+        self.stored = StoredEpisodes(services.store)
+        self._live: dict[str, Episode] = {}
+        self._ended: OrderedDict[str, Episode] = OrderedDict()
+        self._pending = 0
+        self._reserved: set[str] = set()  # keys of episodes being started
+        self._detached: set[asyncio.Future[Any]] = set()  # harness runs
+        self._open = False
+        metrics.bind_live(self._live_by_status, lambda: self.sandboxes.live_count)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def open(self) -> None:
+        if self.node is None:
+            voided = await self.store.mark_unfinished(
+                EpisodeStatus.VOID.value, "server restarted", time.time()
+            )
+            if voided:
+                log.warning("marked %d episodes left active by a previous server as void", voided)
+        else:  # other workers' episodes are alive: only this worker's are its previous run's
+            stale = await self.store.active_on(self.node)
+            if stale:
+                log.warning("%s: %d episodes of its previous run lost", self.node, len(stale))
+        self._open = True
+
+    async def aclose(self) -> None:
+        self._open = False
+        for work in list(self._detached):
+            work.cancel()
+        await asyncio.gather(*self._detached, return_exceptions=True)
+        await self.harness.aclose()
+        for episode in list(self._live.values()):
+            await self._end(episode, EpisodeStatus.VOID, reason="server shut down")
+        await self.sandboxes.aclose()
+
+    @property
+    def ready(self) -> bool:
+        return self._open
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live) + self._pending
+
+    def holds(self, key: str) -> bool:
+        """Whether the episode under `key` is live here."""
+        return key in self._live
+
+    def _live_by_status(self) -> dict[str, int]:
+        return {EpisodeStatus.ACTIVE.value: len(self._live)}
+
+    async def exposition(self, own: bytes) -> bytes:
+        return own
+
+    # -- episodes -------------------------------------------------------------------------
+    async def start(self, order: StartOrder) -> ResetResponse:
+        if len(self._live) + self._pending >= self.settings.max_episodes:
+            raise CapacityError(
+                f"the server holds its limit of {self.settings.max_episodes} live episodes; "
+                "close finished episodes or retry later",
+                retry_after=1.0,
+            )
+        task, request, principal, key = order.task, order.request, order.principal, order.key
+        if key in self._live or key in self._ended or key in self._reserved:
+            raise id_taken(request.episode_id or key)
+        owner = principal.token_id
+        family = self.families.get(task.family)
+        plan = await self.harness.plan(request.options, principal, family, task)
+        self._reserved.add(key)
+        self._pending += 1
+        try:
+            # also taken when stored by an earlier server
+            if request.episode_id and await self.store.owners((key,)):
+                raise id_taken(request.episode_id)
+            sandboxes = self.sandboxes.for_episode(family, task)
+            ctx = EpisodeContext(
+                episode_id=key,
+                task=task,
+                seed=request.seed,
+                options=request.options,
+                sandboxes=sandboxes,
+                judges=self.judges,
+            )
+            spec, run = family.sandbox_spec(task), None
+            if plan is not None:  # the sandbox reaches the episode's model session alone
+                run, spec = self.harness.prepare(plan, spec, key, owner)
+            try:
+                await self.sandboxes.start(sandboxes, spec)
+                observation = await family.reset(ctx)
+                if run is not None:
+                    await self.harness.stage(run, sandboxes, observation)
+            except BaseException as exc:
+                await self.sandboxes.free(sandboxes)  # whatever it made before the fault
+                if run is not None:
+                    await self.harness.abort(run)
+                if isinstance(exc, SandboxError):
+                    raise UnavailableError(
+                        f"the sandbox failed while starting the episode: {exc}",
+                        code="sandbox_failed",
+                    ) from None
+                raise
+        finally:
+            self._pending -= 1
+            self._reserved.discard(key)
+        now = time.time()
+        state = EpisodeState(
+            episode_id=key,
+            task=task.ref,
+            family=task.family,
+            domain=task.domain,
+            split=task.split,
+            status=EpisodeStatus.ACTIVE,
+            step_count=0,
+            created_at=now,
+            updated_at=now,
+        )
+        mono = time.monotonic()
+        episode = Episode(
+            step_timer=self.metrics.step_seconds.labels(task.family),
+            task=task,
+            family=family,
+            ctx=ctx,
+            limits=order.limits,
+            state=state,
+            started=mono,
+            last_active=mono,
+            oracle=family.oracle(task) if order.oracle else None,
+            owner=owner,
+            harness=run,
+        )
+        self._live[key] = episode
+        self.store.create_episode(state, task.digest, task.sealed, owner=owner)
+        await self.store.commit()  # an episode a client was told of survives a crash
+        info: dict[str, Any] = {}
+        if run is not None:
+            self._keep(self.harness.launch(run, episode, self._harness_ended))
+            info["harness"] = run.snapshot().model_dump(mode="json")
+        self.metrics.episodes_started.labels(family=task.family).inc()
+        log.info("episode started", extra={"episode_id": key, "task_digest": task.digest})
+        return ResetResponse(
+            episode_id=request.episode_id or key,
+            observation=observation,
+            tools=family.tool_specs(),
+            limits=order.limits,
+            info=info,
+        )
+
+    def _keep(self, work: asyncio.Future[Any]) -> None:
+        """Hold a reference to background work until it is done; cancelled at close."""
+        self._detached.add(work)
+        work.add_done_callback(self._detached.discard)
+
+    async def step(
+        self, principal: Principal, episode_id: str, request: StepRequest
+    ) -> StepResponse:
+        episode = self._find(episode_id, principal)
+        if episode is None:
+            key = await self.stored.key(principal, episode_id)
+            return await self.stored.step(key, episode_id, request.request_id)
+        if ADMIN not in principal.scopes:
+            principal.require_episodes(episode.task.sealed, episode.task.split)
+        async with episode.lock:
+            if request.request_id and request.request_id in episode.request_ids:
+                cached = episode.replies.get(request.request_id)
+                if cached is not None:
+                    return cached
+                stored = await self.store.find_step(episode.id, request.request_id)
+                if stored is not None:
+                    return stored
+            if episode.state.status is not EpisodeStatus.ACTIVE:
+                status = episode.state.status.value
+                raise ConflictError(f"episode {episode_id} has ended ({status}); start a new one")
+            self.harness.refuse_step(episode, episode_id)  # 409: the harness owns the loop
+            self.accounting.before_step(principal)  # 429 while over its CPU-seconds per hour
+            started = time.perf_counter()
+            episode.last_active = time.monotonic()
+            try:
+                action, recorded = episode.resolve_action(request.action)
+                tool, args = episode.family.parse_action(action)
+                reply, outcome = await self._run_step(episode, tool, args)
+            except InvalidActionError:
+                episode.tally.add_refused()
+                raise
+            finally:
+                metered = episode.meter()
+                spent = time.perf_counter() - started if metered is None else metered
+                self.accounting.charged(episode.owner, spent)
+            episode.count_step(reply, outcome)
+            if reply.terminated or reply.truncated:
+                reply.info["metrics"] = episode.settled_state().metrics.model_dump(mode="json")
+            duration = time.perf_counter() - started
+            episode.step_timer.observe(duration)
+            index, now = episode.state.step_count, time.time()
+            record = step_record_json(
+                index=index,
+                request_id=request.request_id,
+                action=recorded,
+                observation=reply.observation,
+                reward=reply.reward,
+                terminated=reply.terminated,
+                truncated=reply.truncated,
+                info=reply.info,
+                duration_s=duration,
+                at=now,
+            )
+            # The trajectory lives in the store only: it can be large, and a live copy of
+            # every step would be walked by every garbage collection.
+            self.store.add_step(episode.id, index, request.request_id, record)
+            episode.state.step_count = index + 1
+            episode.state.updated_at = now
+            if request.request_id:
+                episode.remember(request.request_id, reply)
+            if reply.terminated or reply.truncated:
+                self.store.update_episode(episode.settled_state())
+                # The client learns that the episode ended only once it is on disk.
+                await self.store.commit()
+            return reply
+
+    async def _run_step(
+        self, episode: Episode, tool: Any, args: Any
+    ) -> tuple[StepResponse, StepOutcome | None]:
+        """The reply, and the family's outcome (None: the step never reached the family, or
+        the episode went void)."""
+        if time.monotonic() - episode.started > episode.limits.max_wall_s:
+            text = f"wall-time limit of {episode.limits.max_wall_s:g} s reached"
+            return await self._finish(episode, Observation(text=text), truncated=True), None
+        try:
+            outcome = await episode.family.step(episode.ctx, tool, args)
+        except InvalidActionError:
+            raise
+        except AgentFault as exc:  # a path or file the agent made (before SandboxError)
+            raise InvalidActionError(str(exc), code=exc.failure) from None
+        except SandboxError as exc:
+            fault = await sandbox_fault(episode)  # the agent's own sandbox state?
+            if fault is not None:
+                raise InvalidActionError(str(fault), code=fault.failure) from None
+            return await self._void(episode, f"sandbox failed: {exc}"), None
+        except Exception as exc:
+            log_crash(episode, f"family {episode.family.name} crashed in step", exc)
+            reason = f"the environment crashed ({type(exc).__name__})"
+            return await self._void(episode, reason), None
+        if outcome.done:
+            reply = await self._finish(
+                episode, outcome.observation, terminated=True, info=outcome.info
+            )
+            return reply, outcome
+        if episode.state.step_count + 1 >= episode.limits.max_steps:
+            obs = outcome.observation.model_copy()
+            obs.text += f"\n[step limit of {episode.limits.max_steps} reached]"
+            reply = await self._finish(episode, obs, truncated=True, info=outcome.info)
+            return reply, outcome
+        return StepResponse(observation=outcome.observation, info=dict(outcome.info)), outcome
+
+    async def _finish(
+        self,
+        episode: Episode,
+        observation: Observation,
+        *,
+        terminated: bool = False,
+        truncated: bool = False,
+        info: dict[str, Any] | None = None,
+    ) -> StepResponse:
+        verdict = await self._verify(episode)
+        out = dict(info or {})
+        out.update(status=episode.state.status.value, verdict=verdict.model_dump(mode="json"))
+        return StepResponse(
+            observation=observation,
+            reward=verdict.reward,
+            terminated=terminated,
+            truncated=truncated,
+            info=out,
+        )
+
+    async def _void(self, episode: Episode, reason: str) -> StepResponse:
+        await self._end(episode, EpisodeStatus.VOID, reason=reason)
+        verdict = void_verdict(episode.task.digest, reason, 0.0)
+        episode.state.verdict = verdict
+        self.store.put_verdict(episode.id, verdict)
+        return StepResponse(
+            observation=Observation(text=f"episode void: {reason}"),
+            terminated=True,
+            info={
+                "status": "void",
+                "void_reason": reason,
+                "verdict": verdict.model_dump(mode="json"),
+            },
+        )
+
+    async def _verify(self, episode: Episode) -> Verdict:
+        """Verify once; the verdict is cached on the episode and stored."""
+        if episode.state.verdict is not None:
+            return episode.state.verdict
+        started = time.perf_counter()
+        verdict, status, reason = await assess(episode)
+        self.metrics.verify_seconds.labels(episode.task.family).observe(
+            time.perf_counter() - started
+        )
+        episode.state.timings["verify_s"] = round(time.perf_counter() - started, 6)
+        episode.state.verdict = verdict
+        self.store.put_verdict(episode.id, verdict)
+        await self._end(episode, status, reason=reason)
+        return verdict
+
+    async def _end(
+        self, episode: Episode, status: EpisodeStatus, reason: str | None = None
+    ) -> None:
+        if episode.state.status is not EpisodeStatus.ACTIVE:
+            return
+        now = time.time()
+        episode.state.status = status
+        episode.state.ended_at = now
+        episode.state.updated_at = now
+        episode.state.void_reason = reason if status is EpisodeStatus.VOID else None
+        episode.state.timings["wall_s"] = round(time.monotonic() - episode.started, 6)
+        self._live.pop(episode.id, None)
+        self._ended[episode.id] = episode
+        episode.replies.clear()  # retries of an ended episode's steps come from the store
+        if len(self._ended) > ENDED_CACHE:
+            self._ended.popitem(last=False)
+        self.metrics.episodes_ended.labels(status=status.value).inc()
+        verdict = episode.state.verdict
+        self.accounting.ended(
+            Ending(
+                key=episode.id,
+                owner=episode.owner,
+                task=episode.task.ref,
+                status=status.value,
+                reward=verdict.reward if verdict is not None else 0.0,
+                passed=verdict.passed if verdict is not None else False,
+                reason=reason,
+                at=now,
+            )
+        )
+        self.store.update_episode(episode.settled_state())
+        self.accounting.charged(episode.owner, episode.meter() or 0.0)  # what verify used
+        await self.sandboxes.free(episode.ctx.sandboxes)
+        log.info(
+            "episode ended: %s",
+            status.value,
+            extra={"episode_id": episode.id, "task_digest": episode.task.digest},
+        )
+
+    async def verify(self, principal: Principal, episode_id: str) -> Verdict:
+        """Verify now (ending the episode if it is still active), or return the stored verdict."""
+        episode, key = await self.owned(principal, episode_id)
+        if episode is None:
+            return await self.stored.verdict(key, episode_id)
+        await self.harness.wait(episode)  # a harness's end verifies its episode
+        async with episode.lock:
+            if episode.state.verdict is not None:
+                return episode.state.verdict
+            if episode.state.status is not EpisodeStatus.ACTIVE:
+                raise ConflictError(
+                    f"episode {episode_id} ended ({episode.state.status.value}) unverified"
+                )
+            verdict = await self._verify(episode)
+            self.store.update_episode(episode.settled_state())
+            await self.store.commit()
+            return verdict
+
+    async def state(self, principal: Principal, episode_id: str) -> EpisodeState:
+        episode, key = await self.owned(principal, episode_id)
+        if episode is None:
+            return await self.stored.load(key, episode_id)
+        # Live episodes keep no trajectory in memory (it can be large; the store has it).
+        async with episode.lock:
+            state = episode.settled_state().model_copy()
+            if episode.harness is not None:
+                state.harness = episode.harness.snapshot()
+            if principal.is_admin:  # the operator may read a sealed verifier's own words
+                state.sealed_feedback = episode.full_feedback
+        state.trajectory = await self.store.load_steps(key, state.step_count)
+        state.episode_id = episode_id  # the id the caller knows it by
+        return state
+
+    async def close(self, principal: Principal, episode_id: str) -> None:
+        episode, _ = await self.owned(principal, episode_id)  # 404: not the caller's
+        if episode is None:
+            return  # stored, so ended: closing twice is fine
+        await self.harness.stop(episode.harness)  # a harness is killed; no verdict
+        async with episode.lock:
+            await self._end(episode, EpisodeStatus.CLOSED)
+
+    async def _harness_ended(self, episode: Episode, ending: HarnessEnding) -> None:
+        """A harness stopped (server/harness/runner.py): verify, or void on a fault."""
+        async with episode.lock:
+            if episode.state.status is not EpisodeStatus.ACTIVE or episode.harness is None:
+                return
+            if ending.void is not None:
+                reply = await self._void(episode, ending.void)
+            else:
+                obs, cut = Observation(text=ending.reason), ending.truncated
+                reply = await self._finish(episode, obs, terminated=not cut, truncated=cut)
+            self.harness.final_record(episode.harness, episode, reply)
+            self.store.update_episode(episode.settled_state())
+            await self.store.commit()
+
+    # -- helpers --------------------------------------------------------------------------
+    async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
+        """The live (or recently ended) episode `episode_id` names for `principal` (else
+        None) and its store key; 404 when it names none the principal owns (DESIGN §3)."""
+        episode = self._find(episode_id, principal)
+        if episode is None:
+            return None, await self.stored.key(principal, episode_id)
+        if not principal.is_admin:
+            principal.require_episodes(episode.task.sealed, episode.task.split)
+        return episode, episode.id
+
+    def _find(self, episode_id: str, principal: Principal) -> Episode | None:
+        """The live or recently ended episode `episode_id` names for `principal`; None for
+        an unknown id and for another token's episode alike."""
+        for key in candidate_keys(principal.token_id, episode_id):
+            episode = self._live.get(key) or self._ended.get(key)
+            if episode is not None and (episode.owner == principal.token_id or principal.is_admin):
+                return episode
+        return None
+
+    async def reap(self) -> int:
+        """Expire idle episodes; returns how many."""
+        deadline = time.monotonic() - self.settings.idle_ttl_s
+        idle = [e for e in self._live.values() if e.last_active < deadline and not e.lock.locked()]
+        idle = [e for e in idle if e.harness is None or not e.harness.running]
+        for episode in idle:
+            await self._end(episode, EpisodeStatus.EXPIRED, reason="idle TTL")
+        return len(idle)

@@ -1,0 +1,33 @@
+"""The server's shared parts, built once (server/runtime.py) and handed to whoever needs them:
+the front, its host, the routes and the doors (`services_of` in server/caller.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from palaestra.server.catalog import Catalog
+from palaestra.server.config import Settings
+from palaestra.server.families import FamilyRegistry
+from palaestra.server.harness.proxy import SessionProxy
+from palaestra.server.metrics import Metrics
+from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.registry import PackRegistry
+from palaestra.server.sampler import Sampler
+from palaestra.server.store import Store
+from palaestra.server.tenancy import Tenancy
+from palaestra.verifiers.judge_protocol import Judges
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: Store
+    families: FamilyRegistry
+    packs: PackCatalog  # what is served: built-in and published packs
+    registry: PackRegistry | None  # the published packs' store (None: publishing is off)
+    sampler: Sampler
+    catalog: Catalog  # what the read-only and publishing routes answer
+    metrics: Metrics
+    judges: Judges  # shared by every episode's verifier and by group judging
+    tenancy: Tenancy  # per-token counters of this front
+    sessions: SessionProxy | None = None  # harness episodes' model sessions (None: no harness)
