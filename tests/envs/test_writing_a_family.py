@@ -13,12 +13,19 @@ import types
 from pathlib import Path
 from typing import Any
 
+import pytest
 from docblocks import blocks, write_files
 
-from palaestra.envs.base import EpisodeContext, Family, Sandboxes
-from palaestra.sandbox import SandboxSpec
+from palaestra.envs import (
+    Action,
+    EpisodeContext,
+    Family,
+    InvalidActionError,
+    Sandboxes,
+    SandboxSpec,
+    Task,
+)
 from palaestra.sandbox.bwrap import BwrapBackend
-from palaestra.sdk.task import Task
 from palaestra.server.packcheck import check_pack
 from palaestra.server.packs.loader import inspect_pack
 
@@ -51,6 +58,46 @@ def test_the_example_family_passes_pack_check(tmp_path: Path) -> None:
     report = asyncio.run(check_pack(example_pack(tmp_path), extra_families=[family]))
     assert report.ok, [p.message for p in report.problems]
     assert report.tasks == 2
+
+
+def test_the_example_family_needs_one_import() -> None:
+    """Everything the page's family names comes from `palaestra.envs` (and pydantic)."""
+    code = "\n".join(b.body for b in blocks(PAGE) if b.lang == "python" and not b.kind)
+    modules = {
+        node.module
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert {m for m in modules if m.split(".")[0] == "palaestra"} == {"palaestra.envs"}
+    assert not [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Import)]
+
+
+async def test_the_example_family_plays_an_episode_on_its_typed_state() -> None:
+    module = page_module()
+    family = module.ArithmeticFamily()
+    assert [t.name for t in family.tool_specs()] == ["note", "submit"]
+    public, private = {"question": "2 + 3?"}, {"answer": 5}
+    task = Task("add", "arithmetic", "x", "train", "acme/arithmetic", "1.0.0", public, private)
+    family.validate_task(task)
+
+    async def play(actions: list[Action]) -> tuple[Any, float]:
+        ctx = EpisodeContext("e", task, None, {}, Sandboxes(_no_sandbox))
+        assert (await family.reset(ctx)).text == "2 + 3?"
+        for action in actions:
+            tool, args = family.parse_action(action)
+            await family.step(ctx, tool, args)
+        return ctx.state, (await family.verify(ctx)).reward
+
+    state, reward = await play([Action(tool="note"), *family.oracle(task)])
+    assert isinstance(state, module.ArithmeticState)
+    assert (state.notes, state.answer, reward) == (1, 5.0, 1.0)
+    assert (await play(family.null(task)))[1] == 0.0
+    with pytest.raises(InvalidActionError, match="bad arguments for tool 'submit'"):
+        family.parse_action(Action(tool="submit", arguments={}))
+
+
+async def _no_sandbox(spec: Any) -> Any:
+    raise AssertionError("the example family runs no sandbox")
 
 
 def test_the_example_family_refuses_a_task_without_its_answer(tmp_path: Path) -> None:
