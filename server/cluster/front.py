@@ -459,11 +459,15 @@ class ClusterHost:
             worker.info.live -= 1
         verdict = verdict or {}
         reason = verdict.get("feedback") if status == EpisodeStatus.VOID.value else None
+        task = route.task
+        if not task:  # started through another front: the store knows its task
+            stored = await self.store.load_episode(key, False)
+            task = stored.task if stored is not None else ""
         self.accounting.ended(
             Ending(
                 key=key,
                 owner="",  # the ledger counts live episodes in a cluster
-                task=route.task,
+                task=task,
                 status=status,
                 reward=float(verdict.get("reward", 0.0)),
                 passed=bool(verdict.get("passed", False)),

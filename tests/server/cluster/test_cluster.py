@@ -143,6 +143,10 @@ def test_two_fronts_serve_the_same_episodes(ctx: Ctx) -> None:
     state = ctx.call(0, "GET", f"/v1/episodes/{episode}").json()
     assert [s["action"]["arguments"].get("text") for s in state["trajectory"][:2]] == ["a", "b"]
     assert state["verdict"]["reward"] == 0.0
+    # The front that saw the episode end records it for its sampler, as an embedded server does.
+    report = ctx.call(1, "GET", "/v1/sampler").json()
+    counted = {t["task"]: t["episodes"] for t in report["tasks"]}
+    assert counted.get(reply["info"]["task"], 0) >= 1, report["tasks"]
 
 
 def test_a_front_serves_its_workers_metrics(ctx: Ctx) -> None:
