@@ -425,7 +425,7 @@ class Family(abc.ABC, Generic[S]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "state_model" not in vars(cls):
-            for base in getattr(cls, "__orig_bases__", ()):
+            for base in vars(cls).get("__orig_bases__", ()):  # its own `Family[Model]`
                 (arg, *_) = getattr(base, "__args__", (None,))
                 if isinstance(arg, type) and issubclass(arg, BaseModel):
                     cls.state_model = arg

@@ -248,6 +248,20 @@ async def test_a_composed_familys_state_extends_the_composed_one() -> None:
     assert ctx.state.extra == "mine" and ctx.state.notes == ["reset"]
 
 
+def test_the_state_model_is_inherited_unless_a_class_names_its_own() -> None:
+    class Bigger(CountState):
+        more: int = 0
+
+    class Named(CountFamily):
+        state_model = Bigger
+
+    class Below(Named):
+        pass
+
+    assert CountFamily.state_model is CountState and Below.state_model is Bigger
+    assert EchoFamily.state_model is EchoState and Family.state_model is None
+
+
 def test_task_fields_are_validated_once_per_task(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Any] = []
     validate = EchoPublic.model_validate.__func__  # type: ignore[attr-defined]
