@@ -154,10 +154,10 @@ def tool(
     """Declare a family method as a tool: `async def name(self, ctx, args: ArgsModel) ->
     StepOutcome` (or `(self, ctx)` for a tool without arguments). The tool is named after
     the method unless `name` says otherwise; its arguments model is `args`, else the
-    annotation of the method's `args` parameter, else `NoArgs`. `Family.step` validates
-    nothing more and calls the method with the validated model; the family's `tools` (and
-    so its `tool_specs()`) list the declared tools in the order the class body has them,
-    a base class's first."""
+    annotation of the method's `args` parameter, else `NoArgs`. `Family.step` calls the
+    method with the arguments already validated against that model; the family's `tools`
+    (and so its `tool_specs()`) list the declared tools in the order the class body has
+    them, a base class's first."""
 
     def declare(handler: Handler) -> Handler:
         params = list(inspect.signature(handler).parameters.values())
