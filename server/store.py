@@ -90,6 +90,8 @@ class Store:
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self.write_errors = 0  # writes dropped because their statement failed
         self.writer_error: str | None = None  # why the writer thread stopped, if it did
+        # False once the writer stops (a flag: `Thread.is_alive` costs a lock on every write)
+        self._writing = True
         self._writer = threading.Thread(
             target=self._write_loop, name="palaestra-store", daemon=True
         )
@@ -102,6 +104,12 @@ class Store:
         return self._writer.is_alive() and not self._closed
 
     def _write_loop(self) -> None:
+        try:
+            self._write_batches()
+        finally:
+            self._writing = False
+
+    def _write_batches(self) -> None:
         try:
             conn = self.db.open_connection()
         except Exception as exc:
@@ -189,6 +197,7 @@ class Store:
                 done.set_result(None)
 
     def _die(self, exc: BaseException) -> None:
+        self._writing = False  # before the waiters are released: no write is queued after
         self.writer_error = f"{type(exc).__name__}: {exc}"
         log.critical("the store writer stopped: %s", self.writer_error)
         # Nobody may wait forever on a writer that is gone: release every waiter.
@@ -205,7 +214,7 @@ class Store:
     def _put(self, sql: str, params: tuple[Any, ...], wait: bool = False) -> Future[None] | None:
         """Queue a write; with `wait`, a future that ends when it is committed (or failed)."""
         done: Future[None] | None = Future() if wait else None
-        if not self._writer.is_alive():
+        if not self._writing:
             error = _writer_down(self.writer_error)
             if done is None:
                 raise error
