@@ -18,11 +18,13 @@ from collections import OrderedDict
 from typing import Any
 
 from palaestra.envs.base import EpisodeContext, StepOutcome
-from palaestra.sandbox import AgentFault, SandboxError
+from palaestra.sandbox import AgentFault, Sandbox, SandboxError
 from palaestra.sdk.errors import CapacityError, ConflictError, InvalidActionError, UnavailableError
 from palaestra.sdk.models import (
+    Action,
     EpisodeState,
     EpisodeStatus,
+    Limits,
     Observation,
     ResetResponse,
     StepRequest,
@@ -39,8 +41,8 @@ from palaestra.server.episode import (
     sandbox_fault,
     void_verdict,
 )
+from palaestra.server.harness.runner import END_TOOL, HarnessRunner
 from palaestra.server.harness.runner import Ending as HarnessEnding
-from palaestra.server.harness.runner import HarnessRunner
 from palaestra.server.host import Accounting, Ending, StartOrder
 from palaestra.server.sandboxes import SandboxOwner
 from palaestra.server.services import Services
@@ -72,7 +74,7 @@ class LocalHost:
         self.accounting = accounting
         self.metrics = metrics = services.metrics
         self.node = node
-        self.harness = HarnessRunner(services.settings, services.store, services.sessions)
+        self.harness = HarnessRunner(services.settings, services.sessions)
         self.stored = StoredEpisodes(services.store)
         self._live: dict[str, Episode] = {}
         self._ended: OrderedDict[str, Episode] = OrderedDict()
@@ -137,7 +139,6 @@ class LocalHost:
             raise id_taken(request.episode_id or key)
         owner = principal.token_id
         family = self.families.get(task.family)
-        plan = await self.harness.plan(request.options, principal, family, task)
         self._reserved.add(key)
         self._pending += 1
         try:
@@ -153,14 +154,13 @@ class LocalHost:
                 sandboxes=sandboxes,
                 judges=self.judges,
             )
-            spec, run = family.sandbox_spec(task), None
-            if plan is not None:  # the sandbox reaches the episode's model session alone
-                run, spec = self.harness.prepare(plan, spec, key, owner)
+            # a harness episode's sandbox reaches its model session alone
+            run, spec = await self.harness.open(
+                request.options, principal, family, task, family.sandbox_spec(task), key
+            )
             try:
                 await self.sandboxes.start(sandboxes, spec)
                 observation = await family.reset(ctx)
-                if run is not None:
-                    await self.harness.stage(run, sandboxes, observation)
             except BaseException as exc:
                 await self.sandboxes.free(sandboxes)  # whatever it made before the fault
                 if run is not None:
@@ -205,7 +205,8 @@ class LocalHost:
         await self.store.commit()  # an episode a client was told of survives a crash
         info: dict[str, Any] = {}
         if run is not None:
-            self._keep(self.harness.launch(run, episode, self._harness_ended))
+            handle = HarnessHandle(self, episode)
+            self._keep(self.harness.launch(run, handle, observation.text))
             info["harness"] = run.snapshot().model_dump(mode="json")
         self.metrics.episodes_started.labels(family=task.family).inc()
         log.info("episode started", extra={"episode_id": key, "task_digest": task.digest})
@@ -242,7 +243,7 @@ class LocalHost:
             if episode.state.status is not EpisodeStatus.ACTIVE:
                 status = episode.state.status.value
                 raise ConflictError(f"episode {episode_id} has ended ({status}); start a new one")
-            self.harness.refuse_step(episode, episode_id)  # 409: the harness owns the loop
+            self.harness.refuse_step(episode.harness, episode_id)  # 409: it owns the loop
             self.accounting.before_step(principal)  # 429 while over its CPU-seconds per hour
             started = time.perf_counter()
             episode.last_active = time.monotonic()
@@ -262,24 +263,7 @@ class LocalHost:
                 reply.info["metrics"] = episode.settled_state().metrics.model_dump(mode="json")
             duration = time.perf_counter() - started
             episode.step_timer.observe(duration)
-            index, now = episode.state.step_count, time.time()
-            record = step_record_json(
-                index=index,
-                request_id=request.request_id,
-                action=recorded,
-                observation=reply.observation,
-                reward=reply.reward,
-                terminated=reply.terminated,
-                truncated=reply.truncated,
-                info=reply.info,
-                duration_s=duration,
-                at=now,
-            )
-            # The trajectory lives in the store only: it can be large, and a live copy of
-            # every step would be walked by every garbage collection.
-            self.store.add_step(episode.id, index, request.request_id, record)
-            episode.state.step_count = index + 1
-            episode.state.updated_at = now
+            self.record(episode, recorded, reply, duration, request.request_id)
             if request.request_id:
                 episode.remember(request.request_id, reply)
             if reply.terminated or reply.truncated:
@@ -287,6 +271,36 @@ class LocalHost:
                 # The client learns that the episode ended only once it is on disk.
                 await self.store.commit()
             return reply
+
+    def record(
+        self,
+        episode: Episode,
+        action: Action,
+        reply: StepResponse,
+        duration_s: float,
+        request_id: str | None = None,
+    ) -> None:
+        """Append a step to the episode's trajectory and count it: the one path of ordinary
+        steps, a harness's model calls and its final record alike. The trajectory lives in
+        the store only: it can be large, and a live copy of every step would be walked by
+        every garbage collection."""
+        state, now = episode.state, time.time()
+        index = state.step_count
+        record = step_record_json(
+            index=index,
+            request_id=request_id,
+            action=action,
+            observation=reply.observation,
+            reward=reply.reward,
+            terminated=reply.terminated,
+            truncated=reply.truncated,
+            info=reply.info,
+            duration_s=duration_s,
+            at=now,
+        )
+        self.store.add_step(episode.id, index, request_id, record)
+        state.step_count = index + 1
+        state.updated_at = now
 
     async def _run_step(
         self, episode: Episode, tool: Any, args: Any
@@ -417,7 +431,7 @@ class LocalHost:
         episode, key = await self.owned(principal, episode_id)
         if episode is None:
             return await self.stored.verdict(key, episode_id)
-        await self.harness.wait(episode)  # a harness's end verifies its episode
+        await self.harness.wait(episode.harness)  # a harness's end verifies its episode
         async with episode.lock:
             if episode.state.verdict is not None:
                 return episode.state.verdict
@@ -453,8 +467,9 @@ class LocalHost:
         async with episode.lock:
             await self._end(episode, EpisodeStatus.CLOSED)
 
-    async def _harness_ended(self, episode: Episode, ending: HarnessEnding) -> None:
-        """A harness stopped (server/harness/runner.py): verify, or void on a fault."""
+    async def harness_ended(self, episode: Episode, ending: HarnessEnding) -> None:
+        """A harness stopped (server/harness/runner.py): verify, or void on a fault; the
+        final step record says how it ended."""
         async with episode.lock:
             if episode.state.status is not EpisodeStatus.ACTIVE or episode.harness is None:
                 return
@@ -463,7 +478,8 @@ class LocalHost:
             else:
                 obs, cut = Observation(text=ending.reason), ending.truncated
                 reply = await self._finish(episode, obs, terminated=not cut, truncated=cut)
-            self.harness.final_record(episode.harness, episode, reply)
+            reply.info.update(episode.harness.final_info())
+            self.record(episode, Action(tool=END_TOOL, arguments={}), reply, 0.0)
             self.store.update_episode(episode.settled_state())
             await self.store.commit()
 
@@ -495,3 +511,40 @@ class LocalHost:
         for episode in idle:
             await self._end(episode, EpisodeStatus.EXPIRED, reason="idle TTL")
         return len(idle)
+
+
+class HarnessHandle:
+    """A harness run's handle on its episode (server/harness/runner.py `EpisodeHandle`):
+    the runner records and finishes through it, and never sees the host."""
+
+    def __init__(self, host: LocalHost, episode: Episode) -> None:
+        self._host, self._episode = host, episode
+
+    @property
+    def key(self) -> str:
+        return self._episode.id
+
+    @property
+    def limits(self) -> Limits:
+        return self._episode.limits
+
+    @property
+    def started(self) -> float:
+        return self._episode.started
+
+    @property
+    def sandbox(self) -> Sandbox:
+        box = self._episode.ctx.sandboxes.episode
+        assert box is not None  # a harness episode has one (checked by `open`)
+        return box
+
+    @property
+    def active(self) -> bool:
+        return self._episode.state.status is EpisodeStatus.ACTIVE
+
+    def record(self, action: Action, reply: StepResponse, duration_s: float) -> None:
+        self._episode.last_active = time.monotonic()
+        self._host.record(self._episode, action, reply, duration_s)
+
+    async def finish(self, ending: HarnessEnding) -> None:
+        await self._host.harness_ended(self._episode, ending)

@@ -1,12 +1,14 @@
 """Harness episodes: check a reset's `options["harness"]`, start the harness in the
 episode's sandbox, record its model calls, and say how it ended (docs/harness.md).
 
-The manager calls four things: `plan` (before anything is made: 422 on bad options, 403
-without the scope or for an endpoint off the operator's allow-list, 503 for a harness or
-an endpoint that is unavailable), `prepare` (opens the model session; the sandbox spec
-with the gateway), `stage` (after the family's reset: the instruction and the harness's
-files written into the sandbox) and `launch` (the harness runs in the background until it
-exits or a limit stops it; then the manager's `end` callback verifies the episode).
+A host (server/local_host.py) calls two things at reset: `open` (before anything is made:
+422 on bad options, 403 without the scope or for an endpoint off the operator's allow-list,
+503 for a harness or an endpoint that is unavailable; then it opens the model session and
+gives the sandbox spec with the gateway) and, once the episode exists, `launch` with an
+`EpisodeHandle`: the harness's files are written into the sandbox and the harness runs in
+the background until it exits or a limit stops it; then `handle.finish` verifies the
+episode. A reset that fails after `open` calls `abort`. The runner reaches its episode only
+through the handle: each model call is recorded with `handle.record`, as a step is.
 
 How an episode ends (each is the final step record's `info["harness"]`):
 - the harness exited, whatever its exit code: verified (a crash is the agent's 0);
@@ -23,16 +25,15 @@ import dataclasses
 import ipaddress
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 from pydantic import ValidationError
 
-from palaestra.envs.base import Family, Sandboxes
-from palaestra.sandbox import AgentFault, SandboxError, SandboxSpec
+from palaestra.envs.base import Family
+from palaestra.sandbox import AgentFault, Sandbox, SandboxError, SandboxSpec
 from palaestra.sandbox.base import GATEWAY_PORT
 from palaestra.sdk.errors import (
     ConflictError,
@@ -47,13 +48,7 @@ from palaestra.sdk.harness import (
     HarnessStatus,
     LlmCall,
 )
-from palaestra.sdk.models import (
-    Action,
-    EpisodeStatus,
-    Observation,
-    StepResponse,
-    step_record_json,
-)
+from palaestra.sdk.models import Action, Limits, Observation, StepResponse
 from palaestra.sdk.task import Task
 from palaestra.server.auth import HARNESS, Principal
 from palaestra.server.config import Settings
@@ -68,9 +63,7 @@ from palaestra.server.harness.registry import (
 )
 
 if TYPE_CHECKING:
-    from palaestra.server.episode import Episode
     from palaestra.server.harness.proxy import LlmSession, SessionProxy
-    from palaestra.server.store import Store
 
 log = logging.getLogger("palaestra.harness")
 
@@ -101,6 +94,35 @@ class Ending:
     void: str | None = None
 
 
+class EpisodeHandle(Protocol):
+    """What a harness run may do to its episode (its host makes the handle)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def started(self) -> float:
+        """When the episode started (`time.monotonic`)."""
+        ...
+
+    @property
+    def sandbox(self) -> Sandbox: ...
+
+    @property
+    def active(self) -> bool: ...
+
+    def record(self, action: Action, reply: StepResponse, duration_s: float) -> None:
+        """Append a step to the episode's trajectory, and count it."""
+        ...
+
+    async def finish(self, ending: Ending) -> None:
+        """The harness stopped: verify the episode (or void it on a fault)."""
+        ...
+
+
 @dataclass(eq=False)
 class HarnessRun:
     """One harness episode's run: its session, status and background task."""
@@ -109,7 +131,7 @@ class HarnessRun:
     key: str
     session: LlmSession | None = None
     status: HarnessStatus = field(default_factory=lambda: HarnessStatus(name="", state="starting"))
-    episode: Episode | None = None
+    handle: EpisodeHandle | None = None
     task: asyncio.Task[None] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     instruction: str = ""
@@ -126,27 +148,43 @@ class HarnessRun:
             self.status.completion_tokens = self.session.completion_tokens
         return self.status.model_copy()
 
-
-EndEpisode = Callable[["Episode", Ending], Awaitable[None]]
+    def final_info(self) -> dict[str, Any]:
+        """What the final step record's `info` says of the run."""
+        return {"harness": self.snapshot().model_dump(mode="json"), "harness_output": self.output}
 
 
 class HarnessRunner:
-    """The server's harness episodes (one per manager)."""
+    """The harness episodes of one host."""
 
     def __init__(
         self,
         settings: Settings,
-        store: Store,
         proxy: SessionProxy | None,
         registry: HarnessRegistry | None = None,
     ) -> None:
         self.settings = settings
-        self.store = store
         self.proxy = proxy
         self.registry = registry or HarnessRegistry()
         self._runs: set[HarnessRun] = set()
 
     # -- reset ----------------------------------------------------------------------------
+    async def open(
+        self,
+        options: dict[str, Any],
+        principal: Principal,
+        family: Family,
+        task: Task,
+        spec: SandboxSpec | None,
+        key: str,
+    ) -> tuple[HarnessRun | None, SandboxSpec | None]:
+        """A reset's harness run, its model session open (None: not a harness episode), and
+        the episode sandbox's spec with the gateway (the sandbox reaches that session and
+        nothing else) and the harness's binds."""
+        plan = await self.plan(options, principal, family, task)
+        if plan is None:
+            return None, spec
+        return self._prepare(plan, spec, key, principal.token_id)
+
     async def plan(
         self, options: dict[str, Any], principal: Principal, family: Family, task: Task
     ) -> Plan | None:
@@ -221,11 +259,9 @@ class HarnessRunner:
                 retryable=True,
             )
 
-    def prepare(
+    def _prepare(
         self, plan: Plan, spec: SandboxSpec | None, key: str, owner: str
     ) -> tuple[HarnessRun, SandboxSpec]:
-        """Open the model session for episode `key`; the episode sandbox's spec with the
-        gateway (the sandbox reaches that session and nothing else) and the harness's binds."""
         assert self.proxy is not None and spec is not None  # plan() checked both
         if spec.network:
             raise InvalidActionError(
@@ -248,11 +284,9 @@ class HarnessRunner:
         )
         return run, spec
 
-    async def stage(self, run: HarnessRun, sandboxes: Sandboxes, observation: Observation) -> None:
+    async def _stage(self, run: HarnessRun, box: Sandbox) -> None:
         """The instruction and the harness's own files, written into the episode sandbox."""
-        box = sandboxes.episode
-        assert box is not None
-        launch = self._launch(run, box.spec.workdir, observation.text)
+        launch = self._launch(run, box.spec.workdir, run.instruction)
         await box.write_file(f"{HARNESS_DIR}/{INSTRUCTION_FILE}", launch.instruction)
         for name, text in run.plan.harness.files(launch, run.plan.config).items():
             await box.write_file(f"{HARNESS_DIR}/{name}", text)
@@ -263,63 +297,58 @@ class HarnessRunner:
         if self.proxy is not None:
             await self.proxy.close(run.key)
 
-    def launch(self, run: HarnessRun, episode: Episode, end: EndEpisode) -> asyncio.Task[None]:
-        """Start the harness; `end` is called once, when it has stopped (not when killed by
-        `stop`)."""
-        run.episode = episode
+    def launch(
+        self, run: HarnessRun, handle: EpisodeHandle, instruction: str
+    ) -> asyncio.Task[None]:
+        """Stage and start the harness on the episode `handle` reaches; `handle.finish` is
+        called once, when it has stopped (not when killed by `stop`)."""
+        run.handle, run.instruction = handle, instruction
         run.status.state = "running"
-        run.task = asyncio.create_task(self._drive(run, end), name=f"harness-{episode.id}")
+        run.task = asyncio.create_task(self._drive(run), name=f"harness-{handle.key}")
         self._runs.add(run)
         run.task.add_done_callback(lambda _: self._runs.discard(run))
         return run.task
 
     # -- while it runs --------------------------------------------------------------------
-    def refuse_step(self, episode: Episode, episode_id: str) -> None:
+    @staticmethod
+    def refuse_step(run: HarnessRun | None, episode_id: str) -> None:
         """A step of a harness episode: 409, the harness owns the loop."""
-        if episode.harness is not None:
+        if run is not None:
             raise ConflictError(
-                f"episode {episode_id} runs harness {episode.harness.plan.harness.name!r}, "
+                f"episode {episode_id} runs harness {run.plan.harness.name!r}, "
                 "which owns the loop: read GET /v1/episodes/{id}, POST …/verify to wait for "
                 "its end and the verdict, or DELETE to stop it",
                 code="harness_running",
             )
 
-    def _record_call(self, run: HarnessRun, call: LlmCall) -> None:
+    @staticmethod
+    def _record_call(run: HarnessRun, call: LlmCall) -> None:
         """Each model call as a step record, as it happens: the trajectory grows live."""
-        episode = run.episode
-        if episode is None or episode.state.status is not EpisodeStatus.ACTIVE:
+        handle = run.handle
+        if handle is None or not handle.active:
             return  # a call that finished after its episode ended is not the episode's
-        store = self.store
-        index, now = episode.state.step_count, time.time()
         usage = call.usage.get("completion_tokens", len(call.completion_token_ids))
         text = f"model call {call.index}: {usage} completion tokens, {call.finish_reason}"
-        record = step_record_json(
-            index=index,
-            request_id=None,
-            action=Action(tool=LLM_CALL_TOOL, arguments={}),
-            observation=Observation(text=text),
-            reward=0.0,
-            terminated=False,
-            truncated=False,
-            info={"llm_call": call.model_dump(mode="json")},
-            duration_s=call.proxy_s,
-            at=now,
+        reply = StepResponse(
+            observation=Observation(text=text), info={"llm_call": call.model_dump(mode="json")}
         )
-        store.add_step(episode.id, index, None, record)
-        episode.state.step_count = index + 1
-        episode.state.updated_at = now
-        episode.last_active = time.monotonic()
+        handle.record(Action(tool=LLM_CALL_TOOL, arguments={}), reply, call.proxy_s)
         run.snapshot()
 
-    async def _drive(self, run: HarnessRun, end: EndEpisode) -> None:
-        episode = run.episode
-        assert episode is not None and run.session is not None
-        box = episode.ctx.sandboxes.episode
-        assert box is not None
+    async def _drive(self, run: HarnessRun) -> None:
+        handle = run.handle
+        assert handle is not None and run.session is not None
+        box = handle.sandbox
+        try:
+            await self._stage(run, box)
+        except SandboxError as exc:
+            await self._end_unstarted(run, f"sandbox failed while staging the harness: {exc}")
+            return
         launch = self._launch(run, box.spec.workdir, run.instruction)
         argv = run.plan.harness.argv(launch, run.plan.config)
         env = run.plan.harness.env(launch, run.plan.bound)
-        wall = max(1.0, episode.limits.max_wall_s - (time.monotonic() - episode.started))
+        limits = handle.limits
+        wall = max(1.0, limits.max_wall_s - (time.monotonic() - handle.started))
         job = asyncio.ensure_future(box.exec(argv, timeout=wall, env=env, cwd=box.spec.workdir))
         stop = asyncio.ensure_future(run.session.stopped.wait())
         ending: Ending
@@ -329,7 +358,7 @@ class HarnessRunner:
             if not job.done():
                 await _kill(job, box)
                 ending = self._stopped(run) or Ending(
-                    f"wall-time limit of {episode.limits.max_wall_s:g} s reached; harness killed",
+                    f"wall-time limit of {limits.max_wall_s:g} s reached; harness killed",
                     truncated=True,
                 )
                 run.status.state = "killed"
@@ -346,7 +375,17 @@ class HarnessRunner:
             run.snapshot()
             run.done.set()
         run.status.reason = ending.reason
-        await end(episode, ending)
+        await handle.finish(ending)
+
+    async def _end_unstarted(self, run: HarnessRun, fault: str) -> None:
+        """The harness could not be staged (an infrastructure fault): its episode is void."""
+        assert run.handle is not None
+        if self.proxy is not None:
+            await self.proxy.close(run.key)
+        run.status.state, run.status.reason = "failed", fault
+        run.snapshot()
+        run.done.set()
+        await run.handle.finish(Ending(fault, void=fault))
 
     def _stopped(self, run: HarnessRun) -> Ending | None:
         """What the session stopped the harness for, if it did."""
@@ -394,13 +433,12 @@ class HarnessRunner:
         elif self.proxy is not None:
             await self.proxy.close(run.key)
 
-    async def wait(self, episode: Episode) -> None:
-        """Until the episode's harness ended (at most its wall limit, and a grace; past
+    async def wait(self, run: HarnessRun | None) -> None:
+        """Until the harness ended (at most its episode's wall limit, and a grace; past
         that it is killed)."""
-        run = episode.harness
-        if run is None:
+        if run is None or run.handle is None:
             return
-        left = episode.limits.max_wall_s - (time.monotonic() - episode.started)
+        left = run.handle.limits.max_wall_s - (time.monotonic() - run.handle.started)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.done.wait(), max(0.0, left) + 2 * KILL_GRACE_S)
         if run.task is not None and run.done.is_set():  # its end callback runs after `done`
@@ -414,28 +452,6 @@ class HarnessRunner:
             await self.stop(run)
         if self.proxy is not None:
             await self.proxy.aclose()
-
-    # -- the end --------------------------------------------------------------------------
-    def final_record(self, run: HarnessRun, episode: Episode, reply: StepResponse) -> None:
-        """The final step record: how the harness ended, and the verdict."""
-        index, now = episode.state.step_count, time.time()
-        reply.info["harness"] = run.snapshot().model_dump(mode="json")
-        reply.info["harness_output"] = run.output
-        record = step_record_json(
-            index=index,
-            request_id=None,
-            action=Action(tool=END_TOOL, arguments={}),
-            observation=reply.observation,
-            reward=reply.reward,
-            terminated=reply.terminated,
-            truncated=reply.truncated,
-            info=reply.info,
-            duration_s=0.0,
-            at=now,
-        )
-        self.store.add_step(episode.id, index, None, record)
-        episode.state.step_count = index + 1
-        episode.state.updated_at = now
 
     def _launch(self, run: HarnessRun, workdir: str, instruction: str) -> Launch:
         return Launch(

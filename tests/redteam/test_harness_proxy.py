@@ -371,7 +371,7 @@ async def test_the_reset_probe_outlasts_no_dripping_head(manager: EpisodeManager
 
     server = await asyncio.start_server(drip, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    runner = HarnessRunner(make_settings(harness_probe_timeout_s=0.5), manager.store, None)
+    runner = HarnessRunner(make_settings(harness_probe_timeout_s=0.5), None)
     started = time.monotonic()
     try:
         with pytest.raises(UnavailableError, match="does not answer"):
