@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.base import Action, Task
+from palaestra.envs import Action, Task
 from palaestra.envs.cad.fields import CadPrivate
 from palaestra.envs.cad.tasks import OUTPUT, PARAMS_FILE, SCRIPT, sample_params
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from palaestra.envs.base import (
+from palaestra.envs import (
     Action,
     AgentFault,
     Assessment,

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from palaestra.envs.base import PrivateFields, PublicFields
+from palaestra.envs import PrivateFields, PublicFields
 
 
 class CadPublic(PublicFields):

@@ -27,7 +27,7 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from palaestra.envs.base import (
+from palaestra.envs import (
     DEFAULT_MAX_OUTPUT,
     Action,
     AgentFault,

@@ -24,35 +24,33 @@ from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from palaestra.envs.base import (
+from palaestra.envs import (
     Action,
     Assessment,
     EpisodeContext,
     Family,
+    JudgeConfig,
+    JudgedSubject,
     JudgeSampling,
     Observation,
     PrivateFields,
+    Rubric,
+    RubricVerdict,
     StepOutcome,
+    Subject,
     Task,
     TaskFieldsError,
     Tool,
     ToolArgs,
     VerifierInfo,
+    score_rubric,
 )
 from palaestra.envs.commentary.answers import cheat_texts, oracle_commentary
 from palaestra.envs.commentary.tasks import MAX_CHARS
 from palaestra.envs.commentary.truth import METRICS, Truth, reference_text, truth_of
 from palaestra.envs.finance.family import DocumentSpec, FinanceFamily, FinancePublic, FinanceState
 from palaestra.envs.finance.tasks import build_document
-from palaestra.verifiers.judge import (
-    FENCE_CLOSE,
-    JudgeConfig,
-    JudgedSubject,
-    Rubric,
-    RubricVerdict,
-    Subject,
-    score_rubric,
-)
+from palaestra.verifiers.judge import FENCE_CLOSE
 
 RUBRIC = Path(__file__).with_name("rubric.toml")
 PASS_AT = 0.85  # every criterion at its best choice but relevance one step down, or better

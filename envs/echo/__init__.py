@@ -12,7 +12,7 @@ import re
 
 from pydantic import Field
 
-from palaestra.envs.base import (
+from palaestra.envs import (
     Action,
     Assessment,
     EpisodeContext,

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from palaestra.envs.base import (
+from palaestra.envs import (
     Action,
     Assessment,
     CheatSurface,

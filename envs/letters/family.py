@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from palaestra.envs.base import (
+from palaestra.envs import (
     Action,
     Assessment,
     CheatSurface,

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import Field
 
-from palaestra.envs.base import (
+from palaestra.envs import (
     Action,
     Assessment,
     EpisodeContext,

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from palaestra.envs.base import Task
+from palaestra.envs import Task
 from palaestra.envs.reasoning import canon
 
 COMMON = 3  # most common training answers played as constants (and kept on each task)

@@ -28,9 +28,8 @@ Repository tasks (with `fail_to_pass` / `pass_to_pass`) also get:
 
 from __future__ import annotations
 
+from palaestra.envs import Action, Task, repo_cheats
 from palaestra.envs import cheats as generic
-from palaestra.envs import repo_cheats
-from palaestra.envs.base import Action, Task
 from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
 
 PRINT_PASS = r"""

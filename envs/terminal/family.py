@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
-from palaestra.envs.base import (
+from palaestra.envs import (
     BASE_PATH,
     Action,
     Assessment,

@@ -7,7 +7,7 @@ from typing import Any, Self
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from palaestra.envs.base import PrivateFields, PublicFields
+from palaestra.envs import PrivateFields, PublicFields
 from palaestra.envs.paths import DEFAULT_WORKDIR
 
 SETUP_TIMEOUT_S = 120.0

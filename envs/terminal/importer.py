@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from palaestra.envs import BASE_PATH
 from palaestra.envs.terminal.dockerfile import (
     NETWORK,
     EnvPlan,
@@ -52,7 +53,6 @@ from palaestra.envs.terminal.verifierimage import (
     missing_wheels,
     task_verifier_tag,
 )
-from palaestra.sandbox.base import BASE_PATH
 from palaestra.sdk.packwriter import REPORT_FILE, ImportReport, write_manifest, write_task_folder
 
 TASK_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")

@@ -25,12 +25,12 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from palaestra.envs import Task
 from palaestra.envs.terminal.fields import SETUP_TIMEOUT_S, TerminalPrivate, TerminalPublic
 from palaestra.envs.terminal.harbor.digest import DATASET_FILE, content_digest
 from palaestra.envs.terminal.harbor.reader import ENV_FILES, EXPORT_KEY, VERIFIER_DIR
 from palaestra.envs.terminal.importer import category_of, difficulty_of
 from palaestra.sdk.packwriter import toml_text
-from palaestra.sdk.task import Task
 
 SCHEMA_VERSION = "1.4"  # Harbor's task config schema this writes
 HARBOR_BUILD_TIMEOUT_S = 600.0  # Harbor's default: the image build installs the userland
