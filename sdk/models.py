@@ -371,6 +371,45 @@ class SamplerReleaseResponse(WireModel):
     released: bool = Field(description="false when the task was not quarantined")
 
 
+# -- publishing and tokens (`palaestra pack publish`, `palaestra token`) ---------------------
+class PublishResponse(WireModel):
+    name: str
+    version: str
+    digest: str
+    created: bool
+
+
+class PackEnableResponse(WireModel):
+    name: str
+    enabled: bool = True
+    changed: bool = Field(description="false if unfiltered sampling already drew the pack")
+
+
+class TokenRequest(WireModel):
+    scopes: list[str]
+    name: str | None = None
+    orgs: list[str] = Field(default_factory=list, description="orgs a publish token may use")
+    max_live: int | None = Field(default=None, ge=0, le=10**9)
+    max_episodes_per_hour: int | None = Field(default=None, ge=0, le=10**9)
+    max_cpu_s_per_hour: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)
+
+
+class TokenRecord(WireModel):
+    id: str
+    name: str
+    scopes: list[str]
+    created_at: float
+    revoked: bool
+    orgs: list[str] = Field(default_factory=list)
+    max_live: int | None = None
+    max_episodes_per_hour: int | None = None
+    max_cpu_s_per_hour: float | None = None
+
+
+class TokenCreated(TokenRecord):
+    token: str
+
+
 # -- batch routes (the trainer's hot path): many episodes in one call -----------------------
 BATCH_MAX_ITEMS = 1024
 
