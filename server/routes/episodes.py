@@ -1,0 +1,105 @@
+"""Episodes (DESIGN §3): reset, step, verify, state, close, and the batch calls.
+
+Step and the batch calls are served by StepFastPath in front of the app (server/fastpath.py);
+their routes here document them (OpenAPI) and serve callers that mount the bare router.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from palaestra.sdk.models import (
+    BatchResetRequest,
+    BatchResetResponse,
+    BatchStepRequest,
+    BatchStepResponse,
+    EpisodeState,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+    Verdict,
+)
+from palaestra.server.caller import manager_of, principal_of
+from palaestra.server.fastpath import batch_reply, step_reply
+from palaestra.server.routes.common import ERRORS, body_schema, json_reply
+
+router = APIRouter()
+
+# The bodies these routes parse themselves: the app adds what they reference to OpenAPI.
+HAND_PARSED: list[type[BaseModel]] = [StepRequest, BatchResetRequest, BatchStepRequest]
+
+
+@router.post("/v1/episodes", response_model=ResetResponse, responses=ERRORS, tags=["episodes"])
+async def reset(body: ResetRequest, request: Request) -> Response:
+    return json_reply(await manager_of(request).reset(body, principal_of(request)))
+
+
+@router.post(
+    "/v1/episodes/{episode_id}/step",
+    response_model=StepResponse,
+    responses=ERRORS,
+    tags=["episodes"],
+    openapi_extra=body_schema(StepRequest),
+)
+async def step(episode_id: str, request: Request) -> Response:
+    # Served by StepFastPath in front of the app; this route documents it (OpenAPI)
+    # and serves callers that mount the bare router. Both go through step_reply.
+    status, body, headers = await step_reply(
+        manager_of(request), episode_id, await request.body(), principal_of(request)
+    )
+    extra = {k.decode(): v.decode() for k, v in headers}
+    return Response(body, status_code=status, media_type="application/json", headers=extra)
+
+
+async def batch_route(request: Request) -> Response:
+    # Served by StepFastPath too (batch_reply); here for OpenAPI and the bare app.
+    status, body, _ = await batch_reply(
+        request.url.path, manager_of(request), await request.body(), principal_of(request)
+    )
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _batch(path: str, out: type[BaseModel], body: type[BaseModel]) -> None:
+    router.add_api_route(
+        path,
+        batch_route,
+        methods=["POST"],
+        response_model=out,
+        responses=ERRORS,
+        tags=["batch"],
+        name=path.rsplit("/", 1)[-1] + "_batch",
+        openapi_extra=body_schema(body),
+    )
+
+
+_batch("/v1/batch/reset", BatchResetResponse, BatchResetRequest)
+_batch("/v1/batch/step", BatchStepResponse, BatchStepRequest)
+
+
+@router.post(
+    "/v1/episodes/{episode_id}/verify",
+    response_model=Verdict,
+    responses=ERRORS,
+    tags=["episodes"],
+)
+async def verify(episode_id: str, request: Request) -> Response:
+    return json_reply(await manager_of(request).verify(episode_id, principal_of(request)))
+
+
+@router.get(
+    "/v1/episodes/{episode_id}",
+    response_model=EpisodeState,
+    responses=ERRORS,
+    tags=["episodes"],
+)
+async def state(episode_id: str, request: Request) -> Response:
+    return json_reply(await manager_of(request).state(episode_id, principal_of(request)))
+
+
+@router.delete("/v1/episodes/{episode_id}", status_code=204, responses=ERRORS, tags=["episodes"])
+async def close(episode_id: str, request: Request) -> Response:
+    await manager_of(request).close(episode_id, principal_of(request))
+    return Response(status_code=204)

@@ -1,0 +1,100 @@
+"""Publishing packs (docs/reference/packs.md): publish an archive, download one, enable a
+published pack for unfiltered sampling, yank and unyank a version."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from palaestra.sdk.models import PackEnableResponse, PackYankResponse, PublishResponse
+from palaestra.server import auth as scopes
+from palaestra.server.caller import principal_of, services_of
+from palaestra.server.routes.common import ERRORS, error_reply, json_reply
+
+router = APIRouter(tags=["packs"])
+
+# The archive arrives as the raw body (read here with a bound), not as a parsed model.
+ARCHIVE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            kind: {"schema": {"type": "string", "format": "binary"}}
+            for kind in ("application/gzip", "application/octet-stream")
+        },
+    }
+}
+
+
+@router.post(
+    "/v1/packs",
+    response_model=PublishResponse,
+    responses=ERRORS,
+    status_code=201,
+    openapi_extra=ARCHIVE_BODY,
+)
+async def publish(request: Request) -> Response:
+    """Publish a pack archive (tar.gz; `publish` scope): 201 new, 200 already published."""
+    principal = principal_of(request)
+    principal.require(scopes.PUBLISH, "publishing a pack")
+    limit = services_of(request).settings.max_pack_bytes
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return error_reply(413, "too_large", f"a pack archive may be at most {limit} bytes")
+        chunks.append(chunk)
+    pack, created = await services_of(request).catalog.publish(b"".join(chunks), principal)
+    reply = PublishResponse(
+        name=pack.name, version=pack.version, digest=pack.digest, created=created
+    )
+    return json_reply(reply, 201 if created else 200)
+
+
+@router.get(
+    "/v1/packs/{org}/{name}/archive",
+    responses={**ERRORS, 200: {"content": {"application/gzip": {}}}},
+)
+async def pack_download(org: str, name: str, request: Request) -> Response:
+    """The archive of `org/name[@version]` (for `pack install`); packs with sealed splits:
+    admin only, since an archive carries their private fields."""
+    pack, data = await services_of(request).catalog.pack_archive(
+        f"{org}/{name}", principal_of(request)
+    )
+    filename = f"{pack.name.replace('/', '-')}-{pack.version}.tar.gz"
+    headers = {
+        "x-palaestra-digest": pack.digest,
+        "content-disposition": f'attachment; filename="{filename}"',
+    }
+    return Response(data, media_type="application/gzip", headers=headers)
+
+
+@router.post(
+    "/v1/packs/{org}/{name}/enable",
+    response_model=PackEnableResponse,
+    responses=ERRORS,
+)
+async def pack_enable(org: str, name: str, request: Request) -> Response:
+    """Let unfiltered sampling draw a published pack (admin; a new one is held out)."""
+    changed = await services_of(request).catalog.enable_pack(f"{org}/{name}", principal_of(request))
+    return json_reply(PackEnableResponse(name=f"{org}/{name}", changed=changed))
+
+
+@router.post(
+    "/v1/packs/{org}/{name}/{verb}",
+    response_model=PackYankResponse,
+    responses=ERRORS,
+)
+async def pack_yank(
+    org: str, name: str, verb: Literal["yank", "unyank"], request: Request
+) -> Response:
+    """Yank `org/name@version` (its publisher or an admin; `unyank` undoes it):
+    `org/name` and sampling skip it, while `org/name@version` and its digest still reach
+    it (pip and cargo semantics)."""
+    undo = verb == "unyank"
+    return json_reply(
+        await services_of(request).catalog.yank_pack(
+            f"{org}/{name}", principal_of(request), undo=undo
+        )
+    )
