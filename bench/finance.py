@@ -24,7 +24,7 @@ from pathlib import Path
 import pdfplumber
 
 from palaestra.envs.base import EpisodeContext, Sandboxes
-from palaestra.envs.finance.family import FinanceFamily
+from palaestra.envs.finance.family import FinanceFamily, FinanceSettings
 from palaestra.envs.finance.tasks import generate_task
 from palaestra.sandbox import Sandbox, SandboxSpec
 from palaestra.sdk.models import Action
@@ -89,7 +89,7 @@ def _through_manager(tmp: Path, task: Task, actions: list[Action]) -> list[float
 
 async def main(calls: int, json_path: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        family = FinanceFamily(cache_dir=Path(tmp) / "cache" / "finance")
+        family = FinanceFamily(FinanceSettings(cache_dir=Path(tmp) / "cache" / "finance"))
         task = _task()
         ctx = EpisodeContext("bench", task, None, {}, Sandboxes(_no_sandbox))
         started = time.perf_counter()

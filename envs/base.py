@@ -19,6 +19,7 @@ import inspect
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
@@ -40,7 +41,7 @@ from palaestra.sandbox import (
     ShellSession,
     WorkspaceFault,
 )
-from palaestra.sandbox.base import BASE_PATH
+from palaestra.sandbox.base import BASE_PATH, default_cache
 from palaestra.sandbox.forkrun import PYTHON, PythonRun
 from palaestra.sdk.errors import InvalidActionError
 from palaestra.sdk.models import Action, Limits, Observation, ToolSpec, Verdict, VerifierInfo
@@ -69,6 +70,7 @@ __all__ = [
     "EpisodeContext",
     "ExecResult",
     "Family",
+    "FamilySettings",
     "InvalidActionError",
     "JudgeChat",
     "JudgeSampling",
@@ -87,6 +89,7 @@ __all__ = [
     "SandboxSpec",
     "SandboxSpecError",
     "Sandboxes",
+    "ServerPaths",
     "ShellSession",
     "State",
     "StepOutcome",
@@ -304,6 +307,32 @@ class Assessment:
     failure: str | None = None  # on a failed attempt, its class (sdk.models.FAILURE_CLASSES)
 
 
+# -- settings --------------------------------------------------------------------------------
+
+
+class FamilySettings(BaseModel):
+    """Base of a family's own settings (`Family.settings_model`): what an operator may set
+    for this family alone. Declare fields with defaults; the server builds one from the
+    family's slice of its settings (`[families.<name>]` in palaestra.toml, or
+    `PALAESTRA_FAMILY_<NAME>__<FIELD>`) and refuses to start on a value that does not fit,
+    naming the family and the field. A field the operator did not set keeps its default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class ServerPaths:
+    """The server-wide folders a family is handed when it is made (from the server's own
+    settings, never a family's): where it may cache files, and the sandbox toolchains."""
+
+    cache: Path = field(default_factory=default_cache)  # the server's `cache` setting
+    toolchains: Path | None = None  # the `toolchains_dir` setting; None: not set
+
+    def cache_for(self, name: str) -> Path:
+        """A family's own cache folder, `<cache>/<name>` (made by whoever writes into it)."""
+        return self.cache / name
+
+
 # -- episodes --------------------------------------------------------------------------------
 
 
@@ -403,8 +432,9 @@ class Family(abc.ABC, Generic[S]):
     Subclasses set `name`, `description`, `version` and the task field models
     `public_fields` and `private_fields`, declare their tools as `@tool` methods, and
     implement `reset`, `verify` and `oracle`. `class MyFamily(Family[MyState])` gives each
-    episode a fresh `MyState()` as `ctx.state` before `reset` runs (`state_model`). Every
-    other hook has a default that does nothing special.
+    episode a fresh `MyState()` as `ctx.state` before `reset` runs (`state_model`); a
+    family with settings of its own declares `settings_model` (a `FamilySettings`) and reads
+    `self.settings`. Every other hook has a default that does nothing special.
 
     (Families written before `@tool` list `tools` as `Tool`s and override `step`; both
     still work, but not mixed in one class.)"""
@@ -417,6 +447,11 @@ class Family(abc.ABC, Generic[S]):
     private_fields: ClassVar[type[PrivateFields]]
     # The per-episode state model: from `Family[Model]` unless set; None: a dict.
     state_model: ClassVar[type[BaseModel] | None] = None
+    # The family's own settings: an instance of `settings_model` (default: none to set),
+    # built by the server from the family's slice of its settings, and the server's folders.
+    settings_model: ClassVar[type[FamilySettings]] = FamilySettings
+    settings: FamilySettings
+    server: ServerPaths
     # The family's own image: what a sandbox spec with `image=None` runs on where the
     # backend has it (see `Sandboxes`).
     image: ClassVar[str | None] = None
@@ -442,6 +477,24 @@ class Family(abc.ABC, Generic[S]):
             missing = [t.name for t in cls.tools if t.name not in declared]
             if missing:
                 raise TypeError(f"{cls.__name__}: no @tool method for {', '.join(missing)}")
+
+    def __init__(
+        self, settings: FamilySettings | None = None, server: ServerPaths | None = None
+    ) -> None:
+        """Made by the server once, with `settings` (an instance of `settings_model`, from
+        the family's slice of the server's settings) and `server` (its folders); made with
+        neither (a test, pack check), the model's defaults and the default folders. A family
+        that defines `__init__` takes both and passes them to `super().__init__`."""
+        model = type(self).settings_model
+        if settings is None:
+            settings = model()
+        elif not isinstance(settings, model):
+            raise TypeError(
+                f"{type(self).__name__} takes its settings as a {model.__name__}, "
+                f"not a {type(settings).__name__}"
+            )
+        self.settings = settings
+        self.server = server if server is not None else ServerPaths()
 
     def tool_specs(self) -> list[ToolSpec]:
         return [tool.spec() for tool in self.tools]

@@ -25,6 +25,7 @@ from pydantic import (
 from palaestra.sandbox.base import default_cache
 from palaestra.sandbox.docker.engine import BASE_IMAGE
 from palaestra.sandbox.egress import DEFAULT_ALLOW, AllowList, parse_reachable
+from palaestra.server import family_slices
 from palaestra.server.db import Database, redact
 from palaestra.shipped import shipped_dir
 
@@ -465,6 +466,9 @@ class Settings(BaseModel):
             "toml [judges.NAME] url, model, api_key, …; env: JSON"
         ),
     )
+    families: family_slices.FamilySlices = Field(
+        default_factory=dict, description=family_slices.HELP
+    )
     judge_cache_entries: int = Field(
         default=10_000, ge=1, description="judgements kept in memory (least recently used go)"
     )
@@ -575,6 +579,8 @@ def _coerce(name: str, raw: str) -> Any:
         return [p for p in raw.split(os.pathsep) if p]
     if name in ("images", "toolchains", "builtin_orgs", "harness_endpoints"):
         return [p.strip() for p in raw.split(",") if p.strip()]
+    if name == "families":
+        return family_slices.from_json(raw)
     if name == "judges":
         try:
             return json.loads(raw)
@@ -632,6 +638,10 @@ def load_settings_with_sources(
                 values[name] = _coerce(name, env_value)
                 sources[name] = var
                 break
+    family_vars = {k: v for k, v in environ.items() if k.startswith(family_slices.FAMILY_ENV)}
+    if family_vars:  # PALAESTRA_FAMILY_<NAME>__<FIELD>: one field of a family, over the rest
+        values["families"] = family_slices.with_variables(values.get("families"), family_vars)
+        sources["families"] = family_slices.source(sources.get("families"), family_vars)
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     values.update(given)
     sources.update(dict.fromkeys(given, "flag"))

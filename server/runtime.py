@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from palaestra.sandbox import Backend
 from palaestra.sandbox.base import SocketService
@@ -77,15 +76,6 @@ def with_pool(backend: Backend, settings: Settings) -> Backend:
     return WarmPool(backend, size=settings.pool_size, max_total=settings.pool_max_total)
 
 
-def family_options(settings: Settings) -> dict[str, dict[str, Any]]:
-    """What the built-in families are made with: the settings they take, as arguments."""
-    return {
-        "finance": {"cache_dir": settings.cache / "finance"},
-        "finance-commentary": {"cache_dir": settings.cache / "finance"},
-        "cad": {"toolchains_dir": settings.toolchains_dir},
-    }
-
-
 @dataclass
 class Parts:
     """What a server is built from: the shared services, and what hosts episodes here."""
@@ -117,7 +107,7 @@ def build_parts(
     `families`: the families to serve (None: the installed ones, discovered).
     `after_publish`: what runs after a pack is published (made from the store and registry)."""
     if families is None:
-        families = FamilyRegistry.discover(family_options(settings))
+        families = FamilyRegistry.discover(settings)  # each with its slice of `families`
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
     secret = heldout.ensure_secret(secret_file)  # sealed generated seeds
     task_cache = GeneratedTaskCache(settings.cache / "generated")

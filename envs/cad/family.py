@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -125,9 +124,6 @@ class CadFamily(Family[CadState]):
     private_fields = CadPrivate
     image = IMAGE  # docker: images/cad (bpy's X and GL libraries); bwrap: the host's /usr
 
-    def __init__(self, toolchains_dir: Path | None = None) -> None:
-        self.toolchains_dir = toolchains_dir  # None: the bootstrap script's rule (runtime.py)
-
     def node_labels(self, task: Task) -> frozenset[str]:
         """Any step may pick the Blender toolchain: a node needs both toolchains (`bpy`)."""
         return frozenset({"bpy"})
@@ -138,7 +134,7 @@ class CadFamily(Family[CadState]):
             memory_mb=2048,
             pids=512,
             default_timeout_s=60.0,
-            ro_binds=runtime.ro_binds(self.toolchains_dir),
+            ro_binds=runtime.ro_binds(self.server.toolchains),
         )
 
     def validate_task(self, task: Task) -> None:
@@ -155,7 +151,7 @@ class CadFamily(Family[CadState]):
         assert sandbox is not None
         if public.parametric:
             await sandbox.write_file(PARAMS_FILE, json.dumps(public.params, indent=2))
-        chains = {c: runtime.toolchain(c, self.toolchains_dir) for c in runtime.TOOLCHAINS}
+        chains = {c: runtime.toolchain(c, self.server.toolchains) for c in runtime.TOOLCHAINS}
         off = [f"{c} ({t.reason})" for c, t in chains.items() if not t.available]
         text = public.instruction + "\n\nParameters: " + json.dumps(public.params)
         if off:
@@ -201,7 +197,7 @@ class CadFamily(Family[CadState]):
 
     async def _run_script(self, ctx: Ctx, sandbox: Sandbox, args: RunScriptArgs) -> Observation:
         path = _workspace_path(args.path)
-        chain = runtime.toolchain(args.toolchain, self.toolchains_dir)
+        chain = runtime.toolchain(args.toolchain, self.server.toolchains)
         if not chain.available:
             raise InvalidActionError(
                 f"the {args.toolchain} toolchain is unavailable on this server: {chain.reason}"
@@ -240,7 +236,7 @@ class CadFamily(Family[CadState]):
     async def verify(self, ctx: Ctx) -> Assessment:
         sandbox = self._sandbox(ctx)
         path = ctx.state.script
-        chain = runtime.toolchain(ctx.state.toolchain, self.toolchains_dir)
+        chain = runtime.toolchain(ctx.state.toolchain, self.server.toolchains)
         private = CadPrivate.of(ctx.task)
 
         def verdict(

@@ -9,7 +9,7 @@ fixed path and put on PYTHONPATH:
 * ``blender``: the venv ``<toolchains>/blender`` (bpy 5.0.1, numpy<2), bound at
   /opt/palaestra/blender.
 
-``<toolchains>`` is the `toolchains_dir` setting (the family's argument), else
+``<toolchains>`` is the `toolchains_dir` setting (the family's `server.toolchains`), else
 /opt/palaestra/toolchains where it exists, else ``.toolchains`` in the checkout;
 scripts/bootstrap-cad.sh builds both there by the same rule. The
 sandbox's uid must be able to read a bound directory's files, so every one is checked for

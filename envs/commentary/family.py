@@ -29,6 +29,7 @@ from palaestra.envs import (
     Assessment,
     EpisodeContext,
     Family,
+    FamilySettings,
     JudgeConfig,
     JudgedSubject,
     JudgeSampling,
@@ -36,6 +37,7 @@ from palaestra.envs import (
     PrivateFields,
     Rubric,
     RubricVerdict,
+    ServerPaths,
     StepOutcome,
     Subject,
     Task,
@@ -48,7 +50,13 @@ from palaestra.envs import (
 from palaestra.envs.commentary.answers import cheat_texts, oracle_commentary
 from palaestra.envs.commentary.tasks import MAX_CHARS
 from palaestra.envs.commentary.truth import METRICS, Truth, reference_text, truth_of
-from palaestra.envs.finance.family import DocumentSpec, FinanceFamily, FinancePublic, FinanceState
+from palaestra.envs.finance.family import (
+    DocumentSpec,
+    FinanceFamily,
+    FinancePublic,
+    FinanceSettings,
+    FinanceState,
+)
 from palaestra.envs.finance.tasks import build_document
 from palaestra.verifiers.judge import FENCE_CLOSE
 
@@ -102,6 +110,17 @@ class CommentaryState(FinanceState):
 Ctx = EpisodeContext[CommentaryState]
 
 
+class CommentarySettings(FinanceSettings):
+    """`[families.finance-commentary]`: the finance family's report settings (its reports
+    are generated and cached the same way, by default in the same folder) and the judge."""
+
+    judge: str = Field(
+        default="default",
+        min_length=1,
+        description="the judge endpoint (a name of the server's `judges` setting) that grades",
+    )
+
+
 def _documents(ctx: Ctx) -> EpisodeContext[FinanceState]:
     """The context as the composed finance family reads it (its state extends finance's)."""
     return cast(EpisodeContext[FinanceState], ctx)
@@ -126,16 +145,23 @@ class CommentaryFamily(Family[CommentaryState]):
     public_fields = FinancePublic
     private_fields = CommentaryPrivate
 
+    settings_model = CommentarySettings
+    settings: CommentarySettings
+
     def __init__(
-        self, cache_dir: Path | None = None, judge: str = "default", rubric: Path = RUBRIC
+        self, settings: FamilySettings | None = None, server: ServerPaths | None = None
     ) -> None:
-        self.documents = FinanceFamily(cache_dir)  # the report: generation, caches, tools
-        self.judge = judge  # the operator's judge endpoint name (Settings.judges)
-        self.rubric = Rubric.load(rubric)
-        self.config = JudgeConfig(judge=judge, sampling=SAMPLING)
+        super().__init__(settings, server)
+        # the report: generation, caches, tools (finance's settings, from this family's own)
+        reports = FinanceSettings(
+            **self.settings.model_dump(include=set(FinanceSettings.model_fields))
+        )
+        self.documents = FinanceFamily(reports, self.server)
+        self.rubric = Rubric.load(RUBRIC)
+        self.config = JudgeConfig(judge=self.settings.judge, sampling=SAMPLING)
 
     def judges(self) -> frozenset[str]:
-        return frozenset({self.judge})
+        return frozenset({self.settings.judge})
 
     # -- tasks -------------------------------------------------------------------------------
     def validate_task(self, task: Task) -> None:
@@ -213,7 +239,7 @@ class CommentaryFamily(Family[CommentaryState]):
             return Assessment(
                 reward=0.0, passed=False, components=zeros, feedback=said, failure="no_answer"
             )
-        chat = ctx.judges.get(self.judge)  # JudgeUnavailable: no such endpoint, void
+        chat = ctx.judges.get(self.settings.judge)  # JudgeUnavailable: no such endpoint, void
         digest = "sha256:" + hashlib.sha256(subject.candidate.encode()).hexdigest()
         verdict = await score_rubric(
             chat,

@@ -1,5 +1,5 @@
 """The `finance` family: PDF annual reports, FinQA-style programs (docs/finance.md)."""
 
-from palaestra.envs.finance.family import FinanceFamily
+from palaestra.envs.finance.family import FinanceFamily, FinanceSettings
 
-__all__ = ["FinanceFamily"]
+__all__ = ["FinanceFamily", "FinanceSettings"]

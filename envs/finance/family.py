@@ -32,9 +32,11 @@ from palaestra.envs import (
     CheatSurface,
     EpisodeContext,
     Family,
+    FamilySettings,
     Observation,
     PrivateFields,
     PublicFields,
+    ServerPaths,
     State,
     StepOutcome,
     Task,
@@ -57,14 +59,20 @@ from palaestra.verifiers import finance as vf
 from palaestra.verifiers import finance_program as fp
 from palaestra.verifiers import finance_text as ft
 
-MEMORY_DOCS = 32
 MAX_TEXT = 20_000
 MAX_HITS = 40
 
 
-def default_cache_dir() -> Path:
-    """Where parsed reports go when the server names no folder (it passes `<cache>/finance`)."""
-    return Path.home() / ".cache" / "palaestra" / "finance"
+class FinanceSettings(FamilySettings):
+    """`[families.finance]`: where the reports go and how many stay in memory."""
+
+    cache_dir: Path | None = Field(
+        default=None,
+        description="generated reports and their parses (default <cache>/finance)",
+    )
+    memory_documents: int = Field(
+        default=32, ge=1, description="parsed reports kept in memory (least recently used go)"
+    )
 
 
 class PageArgs(ToolArgs):
@@ -209,14 +217,19 @@ class FinanceFamily(Family[FinanceState]):
     public_fields = FinancePublic
     private_fields = FinancePrivate
 
-    def __init__(self, cache_dir: Path | None = None) -> None:
-        self.cache_dir = cache_dir
+    settings_model = FinanceSettings
+    settings: FinanceSettings
+
+    def __init__(
+        self, settings: FamilySettings | None = None, server: ServerPaths | None = None
+    ) -> None:
+        super().__init__(settings, server)
         self._docs: OrderedDict[str, LoadedDocument] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
 
     # -- documents -------------------------------------------------------------------------
     def _dir(self) -> Path:
-        return self.cache_dir or default_cache_dir()
+        return self.settings.cache_dir or self.server.cache_for("finance")
 
     def _numbers(self, task: Task) -> vf.Numbers:
         private = FinancePrivate.of(task)
@@ -273,7 +286,7 @@ class FinanceFamily(Family[FinanceState]):
             if hit is None:
                 hit = await asyncio.to_thread(self.load_sync, task)
                 self._docs[key] = hit
-                while len(self._docs) > MEMORY_DOCS:
+                while len(self._docs) > self.settings.memory_documents:
                     old, _ = self._docs.popitem(last=False)
                     self._locks.pop(old, None)
         return hit

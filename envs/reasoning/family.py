@@ -30,9 +30,11 @@ from palaestra.envs import (
     Assessment,
     EpisodeContext,
     Family,
+    FamilySettings,
     Observation,
     PrivateFields,
     PublicFields,
+    ServerPaths,
     State,
     StepOutcome,
     Task,
@@ -107,7 +109,10 @@ class ReasoningFamily(Family[ReasoningState]):
         ctx.state.answer = args.answer
         return StepOutcome(Observation(text="submitted"), done=True)
 
-    def __init__(self) -> None:
+    def __init__(
+        self, settings: FamilySettings | None = None, server: ServerPaths | None = None
+    ) -> None:
+        super().__init__(settings, server)
         # reasoning-gym's scorers (sympy, eval) are not known to be thread-safe: one at a
         # time (scoring takes milliseconds). A full run once saw two oracle answers of
         # concurrent episodes score 0 that score 1 alone.

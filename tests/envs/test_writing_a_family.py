@@ -95,6 +95,12 @@ async def test_the_example_family_plays_an_episode_on_its_typed_state() -> None:
     with pytest.raises(InvalidActionError, match="bad arguments for tool 'submit'"):
         family.parse_action(Action(tool="submit", arguments={}))
 
+    # the family's settings: an operator's tolerance lets a near answer pass
+    off = [Action(tool="submit", arguments={"value": 5.25})]
+    assert (await play(off))[1] == 0.0
+    family = module.ArithmeticFamily(settings=module.ArithmeticSettings(tolerance=0.5))
+    assert (await play(off))[1] == 1.0
+
 
 async def _no_sandbox(spec: Any) -> Any:
     raise AssertionError("the example family runs no sandbox")

@@ -13,7 +13,7 @@ import pytest
 from conftest import ServerProcess
 
 from palaestra.envs.base import Assessment, EpisodeContext
-from palaestra.envs.commentary import CommentaryFamily
+from palaestra.envs.commentary import CommentaryFamily, CommentarySettings
 from palaestra.envs.echo import EchoFamily
 from palaestra.sdk.errors import NotFoundError
 from palaestra.sdk.http import HTTPClient
@@ -479,7 +479,9 @@ def test_a_family_whose_judge_is_unconfigured_is_never_drawn(tmp_path: Path) -> 
     """Its episodes could only end void (no judge): drawn once the judge is configured."""
     a = make_pack("org/a", {"a/x": 2})
     b = make_pack("org/b", {"b/x": 2}, family="finance-commentary")
-    families = FamilyRegistry([EchoFamily(), CommentaryFamily(cache_dir=tmp_path)])
+    families = FamilyRegistry(
+        [EchoFamily(), CommentaryFamily(CommentarySettings(cache_dir=tmp_path))]
+    )
     bare = Settings()
     assert unjudged_families(bare, families) == frozenset({"finance-commentary"})
     catalog = PackCatalog()
