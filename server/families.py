@@ -9,6 +9,7 @@ pack check, `palaestra families`, /readyz and a reset of its packs can name it.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -101,9 +102,16 @@ def server_paths(settings: Settings) -> ServerPaths:
     return ServerPaths(cache=settings.cache, toolchains=settings.toolchains_dir)
 
 
-def make_family(family: type[Family], slices: Mapping[str, Any], server: ServerPaths) -> Family:
-    """`family` made with its settings (FamilySettingsError: a value its model refuses)."""
-    return family(settings=family_settings(family, slices), server=server)
+def make_family(family: type[Family], settings: FamilySettings, server: ServerPaths) -> Family:
+    """`family` made with its settings and the server's folders, passed by name. A family
+    whose `__init__` takes neither (written before family settings) is made with no
+    arguments, as it was then, and handed both after."""
+    params = inspect.signature(family).parameters.values()
+    if any(p.name == "settings" or p.kind is p.VAR_KEYWORD for p in params):
+        return family(settings=settings, server=server)
+    made = family()
+    made.settings, made.server = settings, server
+    return made
 
 
 class FamilyRegistry:
@@ -121,7 +129,9 @@ class FamilyRegistry:
         a family that is not installed."""
         slices: Mapping[str, Any] = settings.families if settings is not None else {}
         server = server_paths(settings) if settings is not None else ServerPaths()
-        registry = cls([make_family(family, slices, server) for family in BUILTIN])
+        registry = cls(
+            [make_family(family, family_settings(family, slices), server) for family in BUILTIN]
+        )
         for ep in entry_points(group="palaestra.families"):
             if ep.name in registry._families:
                 continue
@@ -139,7 +149,7 @@ class FamilyRegistry:
             # the operator's settings: a mistake there stops the server (not the package's)
             own = family_settings(loaded, slices)
             try:
-                registry.add(loaded(settings=own, server=server))
+                registry.add(make_family(loaded, own, server))
             except Exception as exc:
                 registry._break(ep.name, ep.value, exc)
         known = {family_key(n) for n in [*registry._families, *registry._broken]}

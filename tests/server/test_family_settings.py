@@ -30,7 +30,7 @@ from palaestra.envs.echo import EchoFamily
 from palaestra.envs.finance import FinanceFamily, FinanceSettings
 from palaestra.server import families as registry_module
 from palaestra.server.config import Settings, load_settings, load_settings_with_sources
-from palaestra.server.families import FamilyRegistry, FamilySettingsError
+from palaestra.server.families import FamilyRegistry, FamilySettingsError, make_family
 
 
 class GreetSettings(FamilySettings):
@@ -163,3 +163,16 @@ def test_a_family_made_without_the_server_has_its_defaults() -> None:
     assert EchoFamily().settings == FamilySettings()
     with pytest.raises(TypeError, match="FinanceSettings, not a GreetSettings"):
         FinanceFamily(GreetSettings())
+
+
+def test_a_family_whose_init_takes_no_settings_is_made_as_before() -> None:
+    """Written before family settings: made with no arguments, then handed both."""
+
+    class OldGreet(GreetFamily):
+        def __init__(self) -> None:
+            self.made = True
+
+    server = ServerPaths(cache=Path("/srv/cache"))
+    family = make_family(OldGreet, GreetSettings(repeat=2), server)
+    assert isinstance(family, OldGreet) and family.made
+    assert family.settings == GreetSettings(repeat=2) and family.server is server
