@@ -78,7 +78,7 @@ def _through_manager(tmp: Path, task: Task, actions: list[Action]) -> list[float
     settings = Settings(data_dir=tmp / "data", packs_dirs=[tmp / "packs"], cache=tmp / "cache")
     with InProcessClient(settings) as client:
         eid = client.reset(
-            f"bench/finance@1.0.0:{task.id}", options={"max_steps": 100_000}
+            f"bench/finance@1.0.0:{task.id}", options={"max_steps": 10_000}
         ).episode_id
         for action in actions:
             t = time.perf_counter()
@@ -95,7 +95,7 @@ async def main(calls: int, json_path: str | None) -> None:
         started = time.perf_counter()
         await family.reset(ctx)
         first = time.perf_counter() - started
-        doc = ctx.state["doc"]
+        doc = ctx.state.document()
         pages = len(doc.parsed.pages)
         actions = [
             Action(tool="read_page", arguments={"page": 1 + i % pages})

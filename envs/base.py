@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypeVar
 
 from palaestra.envs.cheatlib import CheatSurface
@@ -340,46 +340,10 @@ class State(BaseModel):
     """Base of a family's per-episode state: what its tools keep between steps and its
     verifier reads. Declare fields with defaults (a fresh instance is made before `reset`);
     values may be any Python object (a shell session, a parsed document). It never leaves
-    the server: nothing of it is sent to clients."""
+    the server: nothing of it is sent to clients. Read and written by attribute only: a
+    name that is no field is an error, as a typo should be."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
-    # Read and written like the dict it replaces (`ctx.state["key"]`, `.get`, `in`, `.pop`),
-    # for code written before typed state (tests' subclasses of built-in families): a field
-    # is a key once assigned; any other key lives beside the fields. New code uses fields.
-    _keys: dict[str, Any] = PrivateAttr(default_factory=dict)
-
-    def __getitem__(self, key: str) -> Any:
-        if key in type(self).model_fields:
-            if key not in self.model_fields_set:
-                raise KeyError(key)
-            return getattr(self, key)
-        return self._keys[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key in type(self).model_fields:
-            setattr(self, key, value)
-        else:
-            self._keys[key] = value
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.model_fields_set or key in self._keys
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in type(self).model_fields:
-            return getattr(self, key) if key in self.model_fields_set else default
-        return self._keys.get(key, default)
-
-    def pop(self, key: str, default: Any = None) -> Any:
-        if key not in type(self).model_fields:
-            return self._keys.pop(key, default)
-        if key not in self.model_fields_set:
-            return default
-        value = getattr(self, key)
-        field_info = type(self).model_fields[key]
-        setattr(self, key, field_info.get_default(call_default_factory=True))
-        self.model_fields_set.discard(key)
-        return value
 
 
 # A family's State model: `Family[MyState]` makes `ctx.state` a `MyState`. A family that

@@ -65,7 +65,7 @@ class JudgedEcho(EchoFamily):
             subject=Subject(
                 task=EchoPublic.of(ctx.task).instruction,
                 reference=EchoPrivate.of(ctx.task).answer,
-                candidate=str(ctx.state.get("answer", "")),
+                candidate=str(ctx.state.answer or ""),
             ),
         )
 

@@ -194,21 +194,19 @@ def test_declarations_that_cannot_work_are_refused_at_once() -> None:
                 raise AssertionError
 
 
-async def test_state_reads_like_the_dict_it_replaces() -> None:
-    """Code written before typed state (tests' subclasses of built-in families) still runs."""
+async def test_state_is_read_by_attribute_only() -> None:
+    """A `State` is no dict: its fields are attributes, and a name that is none is an error."""
     family = EchoFamily()
     task = Task("t", "echo", "echo", "train", "acme/e", "1", {"instruction": "x"}, {"answer": "a"})
     ctx = _ctx(task)
     await family.reset(ctx)
     state = ctx.state
-    assert isinstance(state, EchoState)
-    assert state.get("answer") is None and "answer" not in state
-    state["fault"] = "void"  # a key that is no field lives beside the fields
-    assert state["fault"] == "void" and state.get("fault") == "void"
+    assert isinstance(state, EchoState) and state.answer is None
     await _play(family, ctx, [Action(tool="submit", arguments={"answer": "a"})])
-    assert state["answer"] == "a" and state.get("answer") == "a" and "answer" in state
-    assert (await family.verify(ctx)).passed
-    assert state.pop("answer") == "a" and state.answer is None and "answer" not in state
+    assert state.answer == "a" and (await family.verify(ctx)).passed
+    with pytest.raises(TypeError):
+        state["answer"]  # type: ignore[index]
+    assert not hasattr(state, "get") and not hasattr(state, "pop")
     with pytest.raises(ValueError, match="no field"):
         state.answr = "typo"  # type: ignore[attr-defined]
 

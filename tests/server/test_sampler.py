@@ -332,7 +332,7 @@ class VerifyCrashFamily(EchoFamily):
     description = "echo whose verifier crashes on the answer 'crash'"
 
     async def verify(self, ctx: EpisodeContext) -> Assessment:
-        if ctx.state.get("answer") == "crash":
+        if ctx.state.answer == "crash":
             raise RuntimeError("the verifier fell over")
         return await super().verify(ctx)
 

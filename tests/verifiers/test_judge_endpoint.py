@@ -326,7 +326,7 @@ class JudgedEcho(EchoFamily):
 
     async def verify(self, ctx: EpisodeContext) -> Assessment:
         judge = ctx.judges.get("x" if ctx.task.id == "down" else "y")
-        ask = [{"role": "user", "content": f"answer: {ctx.state.get('answer')}"}]
+        ask = [{"role": "user", "content": f"answer: {ctx.state.answer}"}]
         text = await judge.complete(ask, JudgeSampling(max_tokens=4))
         good = text.strip() == "1"
         return Assessment(reward=float(good), passed=good, components={"judge": float(good)})

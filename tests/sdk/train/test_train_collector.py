@@ -18,6 +18,7 @@ from conftest import make_settings  # noqa: E402
 
 from palaestra.envs.base import EpisodeContext, StepOutcome, Tool, ToolArgs  # noqa: E402
 from palaestra.envs.letters import LettersFamily  # noqa: E402
+from palaestra.envs.letters.family import LettersState  # noqa: E402
 from palaestra.sdk.http import AsyncHTTPClient, RetryPolicy  # noqa: E402
 from palaestra.sdk.models import Observation  # noqa: E402
 from palaestra.sdk.train.backends import HFBackend  # noqa: E402
@@ -36,10 +37,17 @@ TOK = CharTokenizer(VOCAB)
 TASKS = [f"palaestra/letters:next-{c}" for c in "abcdefgh"]
 
 
+class FaultyState(LettersState):
+    fault: str | None = None  # "void" or "slow": what this episode's steps do
+
+
 class FaultyLetters(LettersFamily):
     """Letters whose n-th episode voids (crashes in step) or hangs, by n modulo a period."""
 
+    state_model = FaultyState
+
     def __init__(self, void_every: int = 0, slow_every: int = 0, slow_s: float = 60.0) -> None:
+        super().__init__()
         self.void_every, self.slow_every, self.slow_s = void_every, slow_every, slow_s
         self.count = 0
         self.voided: set[str] = set()
@@ -48,15 +56,15 @@ class FaultyLetters(LettersFamily):
     async def reset(self, ctx: EpisodeContext) -> Observation:
         self.count += 1
         if self.void_every and self.count % self.void_every == 0:
-            ctx.state["fault"] = "void"
+            ctx.state.fault = "void"
             self.voided.add(ctx.episode_id)
         elif self.slow_every and self.count % self.slow_every == 0:
-            ctx.state["fault"] = "slow"
+            ctx.state.fault = "slow"
             self.slowed.add(ctx.episode_id)
         return await super().reset(ctx)
 
     async def step(self, ctx: EpisodeContext, tool: Tool, args: ToolArgs) -> StepOutcome:
-        fault = ctx.state.get("fault")
+        fault = ctx.state.fault
         if fault == "void":
             raise RuntimeError("injected environment crash")
         if fault == "slow":

@@ -88,7 +88,7 @@ class LenientFamily(EchoFamily):
     name = "lenient"
 
     async def verify(self, ctx: EpisodeContext) -> Assessment:
-        answer = str(ctx.state.get("answer") or "")
+        answer = str(ctx.state.answer or "")
         expected = EchoPrivate.of(ctx.task).answer
         try:
             right = not abs(float(answer) - float(expected)) > 0.01
