@@ -13,63 +13,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from palaestra.envs.base import (
-    BASE_PATH,
-    DEFAULT_MAX_OUTPUT,
-    PYTHON,
-    Action,
-    AgentFault,
-    Assessment,
-    CheatSurface,
-    EpisodeContext,
-    ExecResult,
-    Family,
-    FamilySettings,
-    InvalidActionError,
-    JudgeChat,
-    Judges,
-    JudgeSampling,
-    JudgeUnavailable,
-    Limits,
-    NoArgs,
-    Observation,
-    PrivateFields,
-    PublicFields,
-    PythonRun,
-    Sandbox,
-    SandboxError,
-    Sandboxes,
-    SandboxGone,
-    SandboxPathError,
-    SandboxSpec,
-    SandboxSpecError,
-    ServerPaths,
-    ShellSession,
-    State,
-    StepOutcome,
-    Task,
-    TaskFields,
-    TaskFieldsError,
-    Tool,
-    ToolArgs,
-    ToolSpec,
-    Verdict,
-    VerifierInfo,
-    WorkspaceFault,
-    tool,
-    workspace_abspath,
-    workspace_relpath,
-)
+from palaestra.envs import base
+from palaestra.envs.base import *  # noqa: F403 (the contract is base.__all__: one list)
 
 if TYPE_CHECKING:
-    from palaestra.verifiers.judge import (
-        JudgeConfig,
-        JudgedSubject,
-        Rubric,
-        RubricVerdict,
-        Subject,
-        score_rubric,
-    )
+    from palaestra.verifiers.judge import JudgeConfig as JudgeConfig
+    from palaestra.verifiers.judge import JudgedSubject as JudgedSubject
+    from palaestra.verifiers.judge import Rubric as Rubric
+    from palaestra.verifiers.judge import RubricVerdict as RubricVerdict
+    from palaestra.verifiers.judge import Subject as Subject
+    from palaestra.verifiers.judge import score_rubric as score_rubric
 
 # name: the module that holds it, imported when the name is first read
 _LAZY = {
@@ -84,59 +37,7 @@ _LAZY = {
     )
 }
 
-__all__ = [
-    "BASE_PATH",
-    "DEFAULT_MAX_OUTPUT",
-    "PYTHON",
-    "Action",
-    "AgentFault",
-    "Assessment",
-    "CheatSurface",
-    "EpisodeContext",
-    "ExecResult",
-    "Family",
-    "FamilySettings",
-    "InvalidActionError",
-    "JudgeChat",
-    "JudgeConfig",
-    "JudgeSampling",
-    "JudgeUnavailable",
-    "JudgedSubject",
-    "Judges",
-    "Limits",
-    "NoArgs",
-    "Observation",
-    "PrivateFields",
-    "PublicFields",
-    "PythonRun",
-    "Rubric",
-    "RubricVerdict",
-    "Sandbox",
-    "SandboxError",
-    "SandboxGone",
-    "SandboxPathError",
-    "SandboxSpec",
-    "SandboxSpecError",
-    "Sandboxes",
-    "ServerPaths",
-    "ShellSession",
-    "State",
-    "StepOutcome",
-    "Subject",
-    "Task",
-    "TaskFields",
-    "TaskFieldsError",
-    "Tool",
-    "ToolArgs",
-    "ToolSpec",
-    "Verdict",
-    "VerifierInfo",
-    "WorkspaceFault",
-    "score_rubric",
-    "tool",
-    "workspace_abspath",
-    "workspace_relpath",
-]
+__all__ = [*base.__all__, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
