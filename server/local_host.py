@@ -335,10 +335,7 @@ class LocalHost:
             obs.text += f"\n[step limit of {episode.limits.max_steps} reached]"
             reply = await self._finish(episode, obs, truncated=True, info=outcome.info)
             return reply, outcome
-        observation, info = outcome.observation, dict(outcome.info)
-        if isinstance(observation, Observation):  # typed already: not validated again
-            return StepResponse.model_construct(observation=observation, info=info), outcome
-        return StepResponse(observation=observation, info=info), outcome
+        return StepResponse(observation=outcome.observation, info=dict(outcome.info)), outcome
 
     async def _finish(
         self,
