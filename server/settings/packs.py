@@ -1,0 +1,75 @@
+"""Packs: where the built-in ones come from, what a published archive may be, who may
+publish what, and the publish-time checks and generators."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from palaestra.shipped import shipped_dir
+
+REPO_PACKS = shipped_dir("packs")  # the built-in packs: in the wheel, or the checkout's
+
+
+class PackSettings(BaseModel):
+    """Packs: the folders served, a published archive's limits (413 over), the trust
+    boundaries of publishing (docs/security.md: who owns an org, how much one publisher may
+    store) and the cheat audit a new version passes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    packs_dirs: list[Path] = Field(default_factory=lambda: [REPO_PACKS])
+    background_warm: bool = Field(
+        default=True,
+        description="serve and run: packs whose generated tasks are not cached yet are "
+        "generated in a background process while the others are served (/readyz lists them "
+        "as warming); false: generated before the server answers",
+    )
+    max_pack_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1, description="largest pack archive POST /v1/packs takes"
+    )
+    max_pack_unpacked_bytes: int = Field(
+        default=2 * 1024**3, ge=1, description="a pack archive's uncompressed total (413 over)"
+    )
+    max_pack_files: int = Field(default=200_000, ge=1, description="entries in a pack archive")
+    max_pack_ratio: float = Field(
+        default=200.0, gt=1, allow_inf_nan=False, description="uncompressed/compressed bytes"
+    )
+    builtin_orgs: list[str] = Field(
+        default_factory=lambda: ["palaestra", "openai", "reasoning"],
+        description="pack orgs only an admin token may publish into",
+    )
+    publisher_max_bytes: int = Field(
+        default=1024 * 1024 * 1024, ge=0, description="installed bytes one publisher may store"
+    )
+    publisher_max_versions: int = Field(
+        default=200, ge=0, description="pack versions one publisher may publish"
+    )
+    publish_check_tasks: int = Field(
+        default=4,
+        ge=0,
+        description="tasks of a new pack version the family's cheats and the generic cheat "
+        "library are played on before it is published; any cheat above the pack's "
+        "cheat_max_reward refuses it (0: no audit)",
+    )
+
+
+class GenerateSettings(BaseModel):
+    """A publish token's generator pack runs its generators in a sandbox at publish time,
+    one fresh sandbox per generator and split (server/packs/generate.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    generate_timeout_s: float = Field(
+        default=120.0, gt=0, allow_inf_nan=False, description="one generator split's run"
+    )
+    generate_memory_mb: int = Field(
+        default=1024, ge=64, description="memory of one generator split's sandbox"
+    )
+    generate_max_output_mb: int = Field(
+        default=16, ge=1, description="the tasks one generator split may print, at most"
+    )
+    generate_pids: int = Field(
+        default=64, ge=4, description="processes one generator split's sandbox may hold"
+    )
