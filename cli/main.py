@@ -147,17 +147,25 @@ def config(
     ] = False,
 ) -> None:
     """Print every setting, its value and where it came from (PALAESTRA_<NAME>, palaestra.toml
-    or the default); secrets are shown redacted."""
+    or the default), grouped by concern; secrets are shown redacted."""
     settings, sources = load_settings_with_sources()
     values = settings.model_dump(mode="json")  # a SecretStr dumps as "**********"
+    groups = settings.groups()
     if as_json:
-        doc = {name: {"value": values[name], "from": sources[name]} for name in values}
+        doc = {
+            name: {"value": values[name], "from": sources[name]}
+            for names in groups.values()
+            for name in names
+        }
         console.print_json(json.dumps(doc))
         return
     table = Table("setting", "value", "from", title="palaestra settings")
-    for name, value in values.items():
-        shown = value if isinstance(value, str) else json.dumps(value)
-        table.add_row(name, shown, sources[name])
+    for group, names in groups.items():
+        table.add_row(styled(f"{group} settings", "bold"), "", "")  # no toml table: keys are flat
+        for name in names:
+            value = values[name]
+            shown = value if isinstance(value, str) else json.dumps(value)
+            table.add_row(name, shown, sources[name], end_section=name == names[-1])
     console.print(table)
 
 
