@@ -69,6 +69,10 @@ def _writer_down(reason: str | None) -> UnavailableError:
     )
 
 
+BATCH_ROWS = 1000  # writes in one transaction at most
+LINGER_S = 0.002  # how long a batch waits for more writes when nobody waits on it
+
+
 def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
     """Consecutive writes of one statement grouped for `executemany` (order kept)."""
     runs: list[tuple[str, list[tuple[Any, ...]]]] = []
@@ -121,6 +125,7 @@ class Store:
                 batch: list[_Write] = []
                 events: list[_Marker] = []
                 stop = False
+                linger_until = time.monotonic() + LINGER_S
                 while True:
                     if item is None:
                         stop = True
@@ -128,12 +133,20 @@ class Store:
                         events.append(item)
                     else:
                         batch.append(item)
-                    if len(batch) >= 1000:
+                    if len(batch) >= BATCH_ROWS:
                         break
                     try:
                         item = self._queue.get_nowait()
                     except queue.Empty:
-                        break
+                        # A busy server's next writes are on their way: one transaction for
+                        # them too, unless someone waits on this batch (a commit, a read).
+                        left = linger_until - time.monotonic()
+                        if events or stop or left <= 0:
+                            break
+                        try:
+                            item = self._queue.get(timeout=left)
+                        except queue.Empty:
+                            break
                 if batch:
                     conn = self._commit_or_reconnect(conn, batch)
                 for event in events:
