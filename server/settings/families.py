@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from palaestra.server import family_slices
+from palaestra.server.settings.shown import secret_shown
 
 JUDGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -82,10 +83,7 @@ class JudgeEndpointSettings(BaseModel):
     @field_serializer("api_key", when_used="json")
     def _key_shown(self, value: SecretStr | None, info: FieldSerializationInfo) -> str | None:
         """Masked, except for the settings a cluster front hands its workers."""
-        if value is None:
-            return None
-        reveal = isinstance(info.context, dict) and info.context.get("secrets") is True
-        return value.get_secret_value() if reveal else "**********"
+        return secret_shown(value, info)
 
 
 class JudgeSettings(BaseModel):

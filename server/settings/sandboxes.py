@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FieldSerializationInfo,
+    SecretStr,
+    field_serializer,
+    field_validator,
+)
 
 from palaestra.sandbox.base import default_cache
 from palaestra.sandbox.docker.engine import BASE_IMAGE
 from palaestra.sandbox.egress import DEFAULT_ALLOW, AllowList, parse_reachable
+from palaestra.server.settings.shown import secret_shown
 from palaestra.shipped import shipped_dir
 
 REPO_IMAGES = shipped_dir("images")  # the image recipes: in the wheel, or the checkout's
@@ -97,6 +106,10 @@ class SandboxSettings(BaseModel):
         default=4, ge=0, description="warm sandboxes kept ready per sandbox spec (0: no pool)"
     )
     pool_max_total: int = Field(default=64, ge=1, description="warm sandboxes over all specs")
+
+    @field_serializer("e2b_api_key", when_used="json")
+    def _e2b_key_shown(self, value: SecretStr | None, info: FieldSerializationInfo) -> str | None:
+        return secret_shown(value, info)  # workers of a cluster front get it whole
 
 
 class ImageSettings(BaseModel):

@@ -5,9 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FieldSerializationInfo,
+    SecretStr,
+    field_serializer,
+)
 
 from palaestra.server.db import Database, redact
+from palaestra.server.settings.shown import reveals
 
 
 def default_data_dir() -> Path:
@@ -41,8 +49,8 @@ class StoreSettings(BaseModel):
     )
 
     @field_serializer("store", when_used="json")
-    def _store_shown(self, value: str) -> str:
-        return redact(value)  # `palaestra config` never prints a password
+    def _store_shown(self, value: str, info: FieldSerializationInfo) -> str:
+        return value if reveals(info) else redact(value)  # `palaestra config` shows none
 
     def database(self) -> Database:
         """Open (and migrate) the `store`; the caller closes it (a Store closes its own).

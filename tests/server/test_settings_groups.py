@@ -64,6 +64,9 @@ def test_json_round_trips_for_the_workers() -> None:
     back = Settings.model_validate_json(sent)
     assert back.judges["j"].api_key is not None
     assert back.judges["j"].api_key.get_secret_value() == "judge-key"  # workers call judges
+    # ...and a shared database and the e2b backend: the password and key as they are
+    assert back.store == settings.store and "pw" in back.store
+    assert back.e2b_api_key is not None and back.e2b_api_key.get_secret_value() == "e2b-key"
     assert back.model_dump_json(context={"secrets": True}) == sent  # a stable round trip
     assert (back.pool_size, back.max_steps, back.ray) == (2, 7, "local:2")
     assert back.families == {"finance": {"memory_documents": 3}}
