@@ -1,0 +1,52 @@
+"""The JSON nesting guard (server/guards.py `json_depth`) against the nesting a real parse
+finds, on random documents full of brackets, quotes and backslashes inside strings."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from palaestra.sdk.errors import InvalidActionError
+from palaestra.server.guards import check_json_depth, json_depth
+
+TEXT = ["a", "[", "]", "{", "}", '"', "\\", "\n", "\\\\", '\\"', "]]}}", "é"]
+
+
+def parsed_depth(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max((parsed_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((parsed_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+def document(rng: random.Random, depth: int = 0) -> Any:
+    roll = rng.random()
+    if depth > 8 or roll < 0.3:
+        return rng.choice(["".join(rng.choices(TEXT, k=rng.randint(0, 6))), 1, None, 2.5])
+    if roll < 0.65:
+        return [document(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    keys = ("".join(rng.choices(TEXT, k=rng.randint(0, 4))) + str(i) for i in range(4))
+    return {key: document(rng, depth + 1) for key in list(keys)[: rng.randint(0, 3)]}
+
+
+def test_the_depth_is_the_parsed_depth_whatever_the_strings_hold() -> None:
+    rng = random.Random(33)
+    for _ in range(3000):
+        value = document(rng)
+        for raw in (json.dumps(value), json.dumps(value, ensure_ascii=False, indent=1)):
+            assert json_depth(raw.encode()) == parsed_depth(value), raw
+
+
+def test_brackets_in_strings_neither_hide_nor_fake_depth() -> None:
+    hiding = json.dumps({"a": "]]]]]]]]" + '\\"' + "]]]]", "b": [[[[[[1]]]]]]}).encode()
+    assert json_depth(hiding) == 7
+    faking = json.dumps({"text": "[" * 500 + "{" * 500}).encode()
+    assert json_depth(faking) == 1
+    check_json_depth(faking, 8)  # passes: the brackets are text
+    with pytest.raises(InvalidActionError) as refused:
+        check_json_depth(b"[" * 100 + b"]" * 100, 64)
+    assert refused.value.code == "too_deep"
