@@ -69,8 +69,8 @@ def _writer_down(reason: str | None) -> UnavailableError:
     )
 
 
-BATCH_ROWS = 1000  # writes in one transaction at most
-LINGER_S = 0.002  # how long a batch waits for more writes when nobody waits on it
+BATCH_ROWS = 2000  # writes in one transaction at most
+LINGER_S = 0.02  # how long a batch waits for more writes when nobody waits on it
 
 
 def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
@@ -133,15 +133,15 @@ class Store:
                         events.append(item)
                     else:
                         batch.append(item)
-                    if len(batch) >= BATCH_ROWS:
-                        break
+                    if events or len(batch) >= BATCH_ROWS:
+                        break  # someone waits on what was queued up to here: commit it now
                     try:
                         item = self._queue.get_nowait()
                     except queue.Empty:
                         # A busy server's next writes are on their way: one transaction for
-                        # them too, unless someone waits on this batch (a commit, a read).
+                        # them too (an episode's rows share their index pages then).
                         left = linger_until - time.monotonic()
-                        if events or stop or left <= 0:
+                        if stop or left <= 0:
                             break
                         try:
                             item = self._queue.get(timeout=left)
@@ -152,7 +152,9 @@ class Store:
                 for event in events:
                     _set(event)
                 if stop:
-                    return
+                    if self._queue.empty():
+                        return
+                    self._queue.put(None)  # what was queued after the stop is written first
         except Exception as exc:  # a bug here, or a database gone: readiness must show it
             log.exception("the store writer failed")
             self._die(exc)

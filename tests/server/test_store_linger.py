@@ -1,0 +1,65 @@
+"""The store writer lingers for more writes (server/store.py `LINGER_S`), but never keeps
+waiting whoever waits on a commit or a read, and never drops what was queued at close."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from palaestra.sdk.models import Action, Observation, step_record_json
+from palaestra.server import store as store_module
+from palaestra.server.db import Database
+from palaestra.server.store import Store
+
+
+def record(index: int) -> str:
+    return step_record_json(
+        index=index,
+        request_id=f"r{index}",
+        action=Action(tool="echo", arguments={"text": "hi"}),
+        observation=Observation(text="hi"),
+        reward=0.0,
+        terminated=False,
+        truncated=False,
+        info={},
+        duration_s=0.0,
+        at=0.0,
+    )
+
+
+def stored_steps(path: Path) -> list[tuple[str, int]]:
+    db = sqlite3.connect(path)
+    try:
+        return [tuple(row) for row in db.execute("SELECT episode_id, idx FROM steps ORDER BY idx")]
+    finally:
+        db.close()
+
+
+async def test_a_commit_or_a_read_ends_the_linger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "LINGER_S", 600.0)  # a batch nobody waits on: 10 min
+    path = tmp_path / "store.sqlite3"
+    store = Store(Database.open(path))
+    try:
+        store.add_step("e1", 0, "r0", record(0))
+        # Well inside the linger: the commit is answered by committing what is queued.
+        await asyncio.wait_for(store.commit(), 30)
+        assert stored_steps(path) == [("e1", 0)]
+        store.add_step("e1", 1, "r1", record(1))
+        found = await asyncio.wait_for(store.find_step("e1", "r1"), 30)  # a read, likewise
+        assert found is not None and found.observation.text == "hi"
+    finally:
+        await store.aclose()
+
+
+async def test_writes_queued_after_the_stop_are_written(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    store = Store(Database.open(path))
+    store._queue.put(None)  # a stop that raced ahead of a write (close's own comes last)
+    store.add_step("e1", 0, None, record(0))
+    await store.aclose()
+    assert stored_steps(path) == [("e1", 0)]
