@@ -149,13 +149,16 @@ while True:
         timeout=15,
     ),
     Attack(
-        "memory_many_processes",  # 4 × 200 MB, each under RLIMIT_AS; the sandbox has 256 MB
+        # 4 × 200 MB, each under RLIMIT_AS; the sandbox has 256 MB. A process says so once it
+        # has held its 200 MB for 2 s: the OOM killer may take the first to allocate (the
+        # largest) and let another finish, but two never hold theirs at once.
+        "memory_many_processes",
         "( for i in 1 2 3 4; do "
         + py("""
 import time  # {M}
 b = b"\\x01" * (200 << 20)
-print("held", flush=True)
 time.sleep(2)
+print("held", flush=True)
 """)
         + " & done; wait ) | grep -c held",
         Expect(count_max=1, within_s=10),
