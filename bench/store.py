@@ -1,4 +1,6 @@
-"""Store microbench: queued `add_step` (the step's hot path), committed steps/s, replay reads.
+"""Store microbench: queued `add_step` (the step's hot path), committed steps/s, replay reads;
+beside the same store with its writer's linger off (`store.LINGER_S = 0`: a transaction per
+wake-up), in the same run.
 
 .venv/bin/python bench/store.py                        # embedded SQLite in a temp dir
 .venv/bin/python bench/store.py postgresql://…/db      # a PostgreSQL database
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from palaestra.sdk.models import EpisodeState
 from palaestra.server.db import Database
+from palaestra.server import store as store_module
 from palaestra.server.store import Store
 
 EPISODES, STEPS, READS, RUNS = 50, 20_000, 500, 5
@@ -50,21 +53,29 @@ def once(target: str | Path, run: int) -> tuple[float, float, float]:
     total = time.perf_counter() - start
     start = time.perf_counter()
     for i in range(READS):
-        store.find_step(ids[i % EPISODES], f"r{i}")
+        store.reads.find_step(ids[i % EPISODES], f"r{i}")  # blocking: this is no loop
     reads = time.perf_counter() - start
     store.close()
     return queued / STEPS * 1e6, STEPS / total, reads / READS * 1e6
 
 
-def main() -> None:
+def measured(linger: float) -> tuple[float, float, float]:
+    store_module.LINGER_S = linger
     with tempfile.TemporaryDirectory() as tmp:
         target = sys.argv[1] if len(sys.argv) > 1 else Path(tmp) / "bench.sqlite3"
         runs = [once(target, run) for run in range(RUNS)]
     queued, committed, read = (statistics.median(r[k] for r in runs) for k in range(3))
-    print(
-        f"add_step queued {queued:.2f} us/step, committed {committed:.0f} steps/s, "
-        f"find_step {read:.0f} us (median of {RUNS})"
-    )
+    return queued, committed, read
+
+
+def main() -> None:
+    shipped = store_module.LINGER_S
+    for label, linger in (("linger off", 0.0), (f"linger {shipped * 1000:g} ms", shipped)):
+        queued, committed, read = measured(linger)
+        print(
+            f"{label:>14}: add_step queued {queued:.2f} us/step, committed {committed:.0f} "
+            f"steps/s, find_step {read:.0f} us (median of {RUNS})"
+        )
 
 
 if __name__ == "__main__":
