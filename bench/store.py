@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from palaestra.sdk.models import EpisodeState
-from palaestra.server.db import Database
 from palaestra.server import store as store_module
+from palaestra.server.db import Database
 from palaestra.server.store import Store
 
 EPISODES, STEPS, READS, RUNS = 50, 20_000, 500, 5
