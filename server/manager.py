@@ -114,9 +114,7 @@ class EpisodeManager:
             work.cancel()
         await asyncio.gather(*self._detached, return_exceptions=True)
         await self.host.aclose()
-        aclose = getattr(self.judges, "aclose", None)  # ServerJudges' pooled client
-        if aclose is not None:
-            await aclose()
+        await self.services.judges.aclose()  # the judge endpoints' pooled client
         await self.store.aclose()
 
     def detach(self, work: asyncio.Future[Any], owner: str | None = None) -> None:

@@ -9,13 +9,13 @@ from palaestra.server.catalog import Catalog
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.harness.proxy import SessionProxy
+from palaestra.server.judges import ServerJudges
 from palaestra.server.metrics import Metrics
 from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.registry import PackRegistry
 from palaestra.server.sampler import Sampler
 from palaestra.server.store import Store
 from palaestra.server.tenancy import Tenancy
-from palaestra.verifiers.judge_protocol import Judges
 
 
 @dataclass
@@ -28,6 +28,6 @@ class Services:
     sampler: Sampler
     catalog: Catalog  # what the read-only and publishing routes answer
     metrics: Metrics
-    judges: Judges  # shared by every episode's verifier and by group judging
+    judges: ServerJudges  # shared by every episode's verifier and by group judging
     tenancy: Tenancy  # per-token counters of this front
     sessions: SessionProxy | None = None  # harness episodes' model sessions (None: no harness)
