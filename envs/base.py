@@ -16,7 +16,6 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,12 +225,11 @@ class TaskFields(BaseModel):
     def of(cls, task: Task) -> Self:
         """The task's fields as this model: validated once per task object (the pack loader's
         check does it), then kept with the task while it lives. Treat it as read-only."""
-        try:
-            return _VIEWS[id(task)][cls]  # type: ignore[return-value]
-        except KeyError:
-            pass
-        view = cls.model_validate(task.public if cls.side() == "public" else task.private)
-        _keep(task, view)
+        view = task.views.get(cls)
+        if view is None:
+            view = task.views[cls] = cls.model_validate(
+                task.public if cls.side() == "public" else task.private
+            )
         return view
 
     @classmethod
@@ -249,20 +247,6 @@ class TaskFields(BaseModel):
 
 # Validated field views by task object: id(task) -> {model: view}. An entry goes when its
 # task is collected (a task's fields never change: its digest covers them).
-_VIEWS: dict[int, dict[type[TaskFields], TaskFields]] = {}
-
-
-def _keep(task: Task, view: TaskFields) -> None:
-    key = id(task)
-    views = _VIEWS.get(key)
-    if views is None:
-        fresh: dict[type[TaskFields], TaskFields] = {}
-        views = _VIEWS.setdefault(key, fresh)
-        if views is fresh:  # this task's first view: forget them all when it goes
-            weakref.finalize(task, _VIEWS.pop, key, None)
-    views[type(view)] = view
-
-
 class PublicFields(TaskFields):
     """What the agent may see of a task (sent to clients)."""
 

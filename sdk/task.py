@@ -29,6 +29,11 @@ class Task:
     difficulty: str = ""
     sealed: bool = False
     digest: str = ""
+    # A family's typed views of the fields, validated once (envs/base.py `TaskFields.of`) and
+    # kept as long as the task is: not a field of the task's content.
+    views: dict[type, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     @property
     def ref(self) -> str:

@@ -3,9 +3,11 @@ declared with their handlers and dispatched by `Family.step`, task fields valida
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import subprocess
 import sys
+import weakref
 from typing import Any
 
 import pytest
@@ -275,10 +277,13 @@ def test_task_fields_are_validated_once_per_task(monkeypatch: pytest.MonkeyPatch
     assert len(calls) == 1 and len(views) == 1 and EchoPublic.of(task).delay_ms == 5
     other = Task("u", "echo", "echo", "train", "acme/e", "1", {"delay_ms": 7}, {"answer": "a"})
     assert EchoPublic.of(other).delay_ms == 7 and len(calls) == 2
-    key = id(task)
+    # The views are kept with the task (not in any table of the module's): they go with it,
+    # and they are not part of its content.
+    assert EchoPublic in task.views and task == dataclasses.replace(task)
+    held = weakref.ref(task.views[EchoPublic])
     del task, views
     gc.collect()
-    assert key not in contract._VIEWS  # a view lives as long as its task
+    assert held() is None
 
 
 async def test_echo_is_declared_as_before() -> None:

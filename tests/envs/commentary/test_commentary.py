@@ -9,6 +9,7 @@ obey a phrase or a reference outside the fence, so that proof is not vacuous.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -242,7 +243,7 @@ def test_task_field_errors_say_what_to_fix(family: CommentaryFamily, pack: Pack)
 
     def broken(**gold: Any) -> Task:
         private = {**task.private, "gold": {**task.private["gold"], **gold}}
-        return Task(**{**task.__dict__, "private": private})
+        return dataclasses.replace(task, private=private)
 
     with pytest.raises(TaskFieldsError, match=r"private.gold.metrics: unknown metric 'ebitda'"):
         family.validate_task(broken(metrics=["ebitda"]))
