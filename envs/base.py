@@ -147,7 +147,7 @@ class _Declared:
     takes_args: bool  # (self, ctx, args) rather than (self, ctx)
 
 
-_DECLARED: dict[Callable[..., Any], tuple[Tool, bool]] = {}
+_TOOL_MARK = "__palaestra_tool__"  # on a @tool method: (its Tool, whether it takes args)
 
 
 def tool(
@@ -166,7 +166,8 @@ def tool(
         if len(params) not in (2, 3):
             raise TypeError(f"tool {handler.__qualname__}: takes (self, ctx) or (self, ctx, args)")
         model = args or (_annotated(handler, params[2]) if len(params) == 3 else NoArgs)
-        _DECLARED[handler] = (Tool(name or handler.__name__, description, model), len(params) == 3)
+        declared = (Tool(name or handler.__name__, description, model), len(params) == 3)
+        setattr(handler, _TOOL_MARK, declared)
         return handler
 
     return declare
@@ -194,9 +195,9 @@ def _declared_tools(cls: type) -> dict[str, _Declared]:
     found: dict[str, _Declared] = {}
     for klass in reversed(cls.__mro__):
         for attr, value in vars(klass).items():
-            if inspect.isfunction(value) and value in _DECLARED:
-                declared, takes_args = _DECLARED[value]
-                found[declared.name] = _Declared(declared, attr, takes_args)
+            mark: tuple[Tool, bool] | None = getattr(value, _TOOL_MARK, None)
+            if inspect.isfunction(value) and mark is not None:
+                found[mark[0].name] = _Declared(mark[0], attr, mark[1])
     return found
 
 
@@ -417,7 +418,7 @@ class Family(abc.ABC, Generic[S]):
             setattr(cls, "reset", _with_state(reset))  # noqa: B010 (mypy: a method)
         declared = cls._handlers = _declared_tools(cls)
         if "tools" in vars(cls):  # listed: the class's own list wins over its bases' tools
-            if any(inspect.isfunction(v) and v in _DECLARED for v in vars(cls).values()):
+            if any(inspect.isfunction(v) and hasattr(v, _TOOL_MARK) for v in vars(cls).values()):
                 raise TypeError(f"{cls.__name__}: list `tools` or declare @tool methods, not both")
         elif declared:
             cls.tools = tuple(d.tool for d in declared.values())
