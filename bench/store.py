@@ -31,6 +31,7 @@ def once(target: str | Path, run: int) -> tuple[float, float, float]:
     store = Store(Database.open(target))
     now = time.time()
     ids = [f"b{run}-{time.time_ns()}-{i}" for i in range(EPISODES)]
+    numbers = []
     for eid in ids:
         state = EpisodeState(
             episode_id=eid,
@@ -43,11 +44,11 @@ def once(target: str | Path, run: int) -> tuple[float, float, float]:
             created_at=now,
             updated_at=now,
         )
-        store.create_episode(state, "x", False)
+        numbers.append(store.create_episode(state, "x", False).number)
     store.flush()
     start = time.perf_counter()
     for i in range(STEPS):
-        store.add_step(ids[i % EPISODES], i, f"r{i}", RECORD)
+        store.add_step(numbers[i % EPISODES], i, f"r{i}", RECORD)
     queued = time.perf_counter() - start
     store.flush()
     total = time.perf_counter() - start

@@ -348,6 +348,8 @@ class Database:
         for table, column, decl in migration.columns:
             if column not in conn.columns(table):
                 self._ddl(conn, f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        if migration.then is not None:
+            migration.then(conn)
         conn.execute(
             "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?,?,?)",
             (migration.version, migration.name, time.time()),

@@ -46,6 +46,7 @@ VOID = EpisodeStatus.VOID
 
 @dataclass
 class Episode:
+    number: int  # what its steps are stored under (Store.create_episode)
     task: Task
     family: Family
     ctx: EpisodeContext

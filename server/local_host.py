@@ -186,8 +186,10 @@ class LocalHost:
             created_at=now,
             updated_at=now,
         )
+        row = self.store.create_episode(state, task.digest, task.sealed, owner=owner)
         mono = time.monotonic()
         episode = Episode(
+            number=row.number,
             step_timer=self.metrics.step_seconds.labels(task.family),
             task=task,
             family=family,
@@ -201,7 +203,6 @@ class LocalHost:
             harness=run,
         )
         self._live[key] = episode
-        self.store.create_episode(state, task.digest, task.sealed, owner=owner)
         await self.store.commit()  # an episode a client was told of survives a crash
         info: dict[str, Any] = {}
         if run is not None:
@@ -298,7 +299,7 @@ class LocalHost:
             duration_s=duration_s,
             at=now,
         )
-        self.store.add_step(episode.id, index, request_id, record)
+        self.store.add_step(episode.number, index, request_id, record)
         state.step_count = index + 1
         state.updated_at = now
 

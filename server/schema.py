@@ -9,7 +9,20 @@ that has shipped: append a new one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from palaestra.server.db import Connection
+
+# Episode numbers are handed out in blocks (`Store` reserves one at a time, one process or
+# several sharing the database): a number is `block << BLOCK_BITS | n`, under 2**63.
+BLOCK_BITS = 32
+RESERVE_BLOCK = (
+    "INSERT INTO counters (name, value) VALUES ('episode_blocks', 1)"
+    " ON CONFLICT (name) DO UPDATE SET value = counters.value + 1 RETURNING value"
+)
 
 
 @dataclass(frozen=True)
@@ -19,6 +32,32 @@ class Migration:
     statements: tuple[str, ...] = ()
     # (table, column, declaration): added where the column is missing
     columns: tuple[tuple[str, str, str], ...] = ()
+    # what SQL alone cannot say, run last (it must be idempotent too)
+    then: Callable[[Connection], None] | None = None
+
+
+def reserve_block(conn: Connection) -> int:
+    """The next block of episode numbers (inside the caller's transaction)."""
+    return int(conn.one(RESERVE_BLOCK)[0])
+
+
+def _number_stepped_episodes(conn: Connection) -> None:
+    """Move the steps of a store made before migration 7 under their episode's number."""
+    conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS episodes_number ON episodes (number)")
+    if not conn.columns("steps"):
+        return
+    stepped = [row[0] for row in conn.all("SELECT DISTINCT episode_id FROM steps")]
+    for start in range(0, len(stepped), 1 << BLOCK_BITS):
+        block = reserve_block(conn)
+        for n, episode_id in enumerate(stepped[start : start + (1 << BLOCK_BITS)]):
+            number = block << BLOCK_BITS | n
+            conn.execute("UPDATE episodes SET number=? WHERE id=?", (number, episode_id))
+            conn.execute(
+                "INSERT INTO step_records (episode, idx, request_id, record)"
+                " SELECT ?, idx, request_id, record FROM steps WHERE episode_id=?",
+                (number, episode_id),
+            )
+    conn.execute("DROP TABLE steps")
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -156,5 +195,24 @@ MIGRATIONS: tuple[Migration, ...] = (
                 reward REAL NOT NULL
             )""",
         ),
+    ),
+    Migration(
+        7,
+        "steps keyed by an episode number (an integer key costs half a text one per step)",
+        (
+            "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+            # `episode` is episodes.number. No index on request_id: a replay lookup scans
+            # one episode's steps through the primary key (a second index would double the
+            # cost of every step's insert).
+            """CREATE TABLE IF NOT EXISTS step_records (
+                episode INTEGER NOT NULL,
+                idx INTEGER NOT NULL,
+                request_id TEXT,
+                record TEXT NOT NULL,
+                PRIMARY KEY (episode, idx)
+            )""",
+        ),
+        columns=(("episodes", "number", "INTEGER"),),
+        then=_number_stepped_episodes,
     ),
 )

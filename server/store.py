@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from palaestra.sdk.errors import ServerError, UnavailableError
@@ -30,6 +31,7 @@ from palaestra.sdk.models import (
     Verdict,
 )
 from palaestra.server.db import Connection, Database
+from palaestra.server.schema import BLOCK_BITS, reserve_block
 from palaestra.server.store_reads import StoreReads
 
 _T = TypeVar("_T")
@@ -49,6 +51,15 @@ def _set(marker: _Marker) -> None:
         marker.set()
     elif not marker.done():
         marker.set_result(None)
+
+
+@dataclass(frozen=True)
+class EpisodeRow:
+    """A queued episode row: its number (what its steps are stored under) and the future
+    that ends when the row is committed (StoreWriteError: it could not be)."""
+
+    number: int
+    written: Future[None]
 
 
 class StoreWriteError(ServerError):
@@ -101,6 +112,7 @@ class Store:
         )
         self._writer.start()
         self._closed = False
+        self._numbers: range = range(0)  # the episode numbers of the block in hand
 
     @property
     def writer_alive(self) -> bool:
@@ -241,12 +253,14 @@ class Store:
     # -- writes (queued) ------------------------------------------------------------------
     def create_episode(
         self, state: EpisodeState, task_digest: str, sealed: bool, owner: str | None = None
-    ) -> Future[None] | None:
-        """Queued; the future fails (StoreWriteError) when the row cannot be stored.
-        `owner`: the token id that started it (server/tenancy.py)."""
-        return self._put(
+    ) -> EpisodeRow:
+        """Queued, under a new episode number. `owner`: the token id that started it
+        (server/tenancy.py)."""
+        number = self._next_number()
+        written = self._put(
             "INSERT INTO episodes (id, task, task_digest, family, domain, split, sealed, status,"
-            " step_count, created_at, updated_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            " step_count, created_at, updated_at, owner, number)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 state.episode_id,
                 state.task,
@@ -260,17 +274,32 @@ class Store:
                 state.created_at,
                 state.updated_at,
                 owner,
+                number,
             ),
             wait=True,
         )
+        assert written is not None
+        return EpisodeRow(number, written)
 
-    def add_step(self, episode_id: str, index: int, request_id: str | None, record: str) -> None:
-        """One step; `record` is a StepRecord's JSON (`models.step_record_json`)."""
+    def _next_number(self) -> int:
+        """A number no other episode of the database has: from the block in hand, or a new
+        block (one blocking statement per 2**32 episodes of this process)."""
+        if not self._numbers:
+            with self.db.transaction() as conn:
+                block = reserve_block(conn)
+            self._numbers = range(block << BLOCK_BITS, (block + 1) << BLOCK_BITS)
+        number = self._numbers[0]
+        self._numbers = self._numbers[1:]
+        return number
+
+    def add_step(self, episode: int, index: int, request_id: str | None, record: str) -> None:
+        """One step of the episode numbered `episode` (`create_episode`); `record` is a
+        StepRecord's JSON (`models.step_record_json`)."""
         self._put(
-            "INSERT INTO steps (episode_id, idx, request_id, record) VALUES (?,?,?,?)"
-            " ON CONFLICT (episode_id, idx) DO UPDATE"
+            "INSERT INTO step_records (episode, idx, request_id, record) VALUES (?,?,?,?)"
+            " ON CONFLICT (episode, idx) DO UPDATE"
             " SET request_id=excluded.request_id, record=excluded.record",
-            (episode_id, index, request_id, record),
+            (episode, index, request_id, record),
         )
 
     def update_episode(self, state: EpisodeState) -> None:

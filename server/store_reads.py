@@ -94,14 +94,16 @@ class StoreReads:
     @staticmethod
     def _steps(db: Connection, episode_id: str, count: int | None = None) -> list[StepRecord]:
         rows = db.execute(
-            "SELECT record FROM steps WHERE episode_id=? AND idx < ? ORDER BY idx",
+            "SELECT record FROM step_records WHERE episode=(SELECT number FROM episodes"
+            " WHERE id=?) AND idx < ? ORDER BY idx",
             (episode_id, 2**62 if count is None else count),
         ).fetchall()
         return [StepRecord.model_validate_json(row[0]) for row in rows]
 
     def find_step(self, episode_id: str, request_id: str) -> StepResponse | None:
         row = self.db.one(
-            "SELECT record FROM steps WHERE episode_id=? AND request_id=?",
+            "SELECT record FROM step_records WHERE episode=(SELECT number FROM episodes"
+            " WHERE id=?) AND request_id=?",
             (episode_id, request_id),
         )
         if row is None:

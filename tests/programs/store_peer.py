@@ -20,7 +20,7 @@ print(len(seen.trajectory) if seen else -1, flush=True)
 now = time.time()
 for i in range(count):
     eid = f"b-{i}"
-    store.create_episode(
+    number = store.create_episode(
         EpisodeState(
             episode_id=eid,
             task="t",
@@ -34,8 +34,8 @@ for i in range(count):
         ),
         "sha256:x",
         False,
-    )
+    ).number
     for idx in range(5):
         record = StepRecord(index=idx, action=Action(tool="echo"), observation=Observation())
-        store.add_step(eid, idx, f"r{idx}", record.model_dump_json())
+        store.add_step(number, idx, f"r{idx}", record.model_dump_json())
 store.close()

@@ -121,7 +121,10 @@ def test_sigterm_drains_steps_voids_the_rest_and_leaves_nothing(server: ServerPr
         status, reason, _ = rows[eid]
         assert status == "void" and reason == "server shut down", (eid, rows[eid])
     assert rows[quick][2] == 1
-    steps = db.execute("SELECT COUNT(*) FROM steps WHERE episode_id=?", (quick,)).fetchone()
+    steps = db.execute(
+        "SELECT COUNT(*) FROM step_records s JOIN episodes e ON e.number = s.episode WHERE e.id=?",
+        (quick,),
+    ).fetchone()
     assert steps[0] == 1, "the finished step was not flushed to the store"
     assert idle in rows
 

@@ -40,21 +40,21 @@ def flushes(store: Store, within: float = 10.0) -> bool:
 def test_a_failing_write_fails_alone(tmp_path: Path, poison: object) -> None:
     store = Store(Database.open(tmp_path / "s.sqlite3"))
     try:
-        assert store.create_episode(state("before"), "sha256:x", False) is not None
+        before = store.create_episode(state("before"), "sha256:x", False)
         if poison == "dup":
-            bad = store.create_episode(state("before"), "sha256:x", False)
+            bad = store.create_episode(state("before"), "sha256:x", False).written
         elif isinstance(poison, str):
-            bad = store.create_episode(state(poison), "sha256:x", False)
+            bad = store.create_episode(state(poison), "sha256:x", False).written
         else:  # an int SQLite cannot hold, through a write nobody waits on
-            store.add_step("before", poison, None, "{}")  # type: ignore[arg-type]
+            store.add_step(before.number, poison, None, "{}")  # type: ignore[arg-type]
             bad = None
         after = store.create_episode(state("after"), "sha256:x", False)
-        store.add_step("after", 0, "r0", "{}")
+        store.add_step(after.number, 0, "r0", "{}")
         assert flushes(store), "flush() hung: the writer thread died"
         if bad is not None:
             with pytest.raises(StoreWriteError):
                 bad.result(timeout=5)
-        assert after is not None and after.result(timeout=5) is None
+        assert after.written.result(timeout=5) is None
         assert store.writer_alive and store.writer_error is None
         assert store.write_errors == 1
         assert store.reads.load_episode("before") is not None
@@ -70,7 +70,7 @@ def test_a_dead_writer_is_reported_and_never_hangs(tmp_path: Path) -> None:
     assert not store.writer_alive
     assert flushes(store, 5), "flush() on a stopped writer must return"
     with pytest.raises(Exception, match="store writer stopped"):
-        store.add_step("x", 0, None, "{}")
+        store.add_step(1, 0, None, "{}")
 
 
 async def test_lone_surrogate_through_batch_reset_cannot_kill_the_writer(

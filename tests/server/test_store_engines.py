@@ -83,10 +83,10 @@ def store(store_url: str) -> Iterator[Store]:
 
 def test_episodes_steps_verdicts_and_replays(store: Store) -> None:
     started = state("e1")
-    assert store.create_episode(started, "sha256:d", True, owner="tok1") is not None
+    e1 = store.create_episode(started, "sha256:d", True, owner="tok1").number
     for i in range(3):
-        store.add_step("e1", i, f"r{i}", record(i, f"t{i} é ✓ 'quoted' %s ?"))
-    store.add_step("e1", 2, "r2", record(2, "replaced"))  # the same index again: replaced
+        store.add_step(e1, i, f"r{i}", record(i, f"t{i} é ✓ 'quoted' %s ?"))
+    store.add_step(e1, 2, "r2", record(2, "replaced"))  # the same index again: replaced
     ended = state("e1", "done").model_copy(update={"step_count": 3, "ended_at": time.time()})
     ended.timings["verify_s"] = 0.25
     store.update_episode(ended)
@@ -192,12 +192,12 @@ def test_an_async_read_sees_every_write_queued_before_it(
     monkeypatch.setattr(store, "_commit", slow)
 
     async def scenario() -> None:
-        store.create_episode(state("q1"), "sha256:q", True, owner="tok")
-        store.add_step("q1", 0, "r0", record(0))
+        q1 = store.create_episode(state("q1"), "sha256:q", True, owner="tok").number
+        store.add_step(q1, 0, "r0", record(0))
         loaded = await store.load_episode("q1")
         assert loaded is not None and len(loaded.trajectory) == 1
         assert await store.owners(("q1",)) == {"q1": ("tok", True)}
-        store.add_step("q1", 1, "r1", record(1))
+        store.add_step(q1, 1, "r1", record(1))
         assert [s.index for s in await store.load_steps("q1")] == [0, 1]
         assert await store.find_step("q1", "r1") is not None
 
@@ -219,16 +219,15 @@ def test_server_code_never_flushes_the_store_or_reads_it_on_a_thread() -> None:
 
 
 def test_a_failing_write_fails_alone(store: Store) -> None:
-    store.create_episode(state("x"), "d", False)
+    x = store.create_episode(state("x"), "d", False).number
     dup = store.create_episode(state("x"), "d", False)
-    store.add_step("x", 2**70, None, "{}")  # an int no column holds, nobody waits on it
+    store.add_step(x, 2**70, None, "{}")  # an int no column holds, nobody waits on it
     after = store.create_episode(state("y"), "d", False)
-    store.add_step("y", 0, "r0", record(0))
+    store.add_step(after.number, 0, "r0", record(0))
     store.flush()
-    assert dup is not None and after is not None
     with pytest.raises(StoreWriteError):
-        dup.result(timeout=5)
-    assert after.result(timeout=5) is None
+        dup.written.result(timeout=5)
+    assert after.written.result(timeout=5) is None
     assert store.write_errors == 2 and store.writer_alive
     assert store.reads.find_step("y", "r0") is not None
 
@@ -328,6 +327,12 @@ def test_an_old_sqlite_store_opens_and_upgrades(tmp_path: Path) -> None:
             assert {"orgs", "max_live", "max_cpu_s_per_hour"} <= conn.columns("tokens")
             indexes = {r[0] for r in conn.all("SELECT name FROM sqlite_master WHERE type='index'")}
         assert "steps_request" not in indexes and "placements_worker" in indexes
+        assert not conn.columns("steps")  # moved under the episodes' numbers
+        new = store.create_episode(state("new"), "d", False).number
+        store.add_step(new, 0, "r0", record(0, "fresh"))
+        store.flush()
+        assert [s.observation.text for s in store.reads.load_steps("new")] == ["fresh"]
+        assert store.reads.load_steps("old")[0].observation.text == "kept"
         store.put_placement("old", "w", "n")  # the new tables are there
         store.flush()
         assert store.reads.placement("old") == ("w", "n")
@@ -358,16 +363,16 @@ def test_two_processes_share_one_store(store_url: str) -> None:
     """Another process reads what this one wrote, then both write at once; each sees all."""
     mine = Store(Database.open(store_url))
     try:
-        mine.create_episode(state("a-0"), "d", False)
+        a0 = mine.create_episode(state("a-0"), "d", False).number
         for i in range(4):
-            mine.add_step("a-0", i, f"r{i}", record(i))
+            mine.add_step(a0, i, f"r{i}", record(i))
         mine.flush()
         peer = subprocess.Popen(
             [sys.executable, str(PEER), store_url, "40"], stdout=subprocess.PIPE, text=True
         )
         for n in range(1, 40):  # writing while the peer writes
-            mine.create_episode(state(f"a-{n}"), "d", False)
-            mine.add_step(f"a-{n}", 0, "r0", record(0))
+            number = mine.create_episode(state(f"a-{n}"), "d", False).number
+            mine.add_step(number, 0, "r0", record(0))
             if n % 10 == 0:
                 mine.flush()
         out, _ = peer.communicate(timeout=60)
@@ -422,7 +427,7 @@ def test_a_postgres_lost_mid_run(pg_server: PostgresServer) -> None:
     url = pg_server.create_database()
     store = Store(Database.open(url))
     try:
-        store.create_episode(state("k"), "d", False)
+        k = store.create_episode(state("k"), "d", False).number
         store.flush()
         with psycopg.connect(pg_server.url, autocommit=True) as admin:
             name = url.rsplit("/", 1)[1]
@@ -430,12 +435,11 @@ def test_a_postgres_lost_mid_run(pg_server: PostgresServer) -> None:
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
                 (name,),
             )
-            store.add_step("k", 0, "r0", record(0))
+            store.add_step(k, 0, "r0", record(0))
             store.flush()
             assert store.writer_alive and store.reads.find_step("k", "r0") is not None
             admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-        late = store.create_episode(state("late"), "d", False)
-        assert late is not None
+        late = store.create_episode(state("late"), "d", False).written
         stopped = threading.Event()
         threading.Thread(target=lambda: (store.flush(), stopped.set()), daemon=True).start()
         assert stopped.wait(30), "flush() hung on a database that is gone"
@@ -444,7 +448,7 @@ def test_a_postgres_lost_mid_run(pg_server: PostgresServer) -> None:
         assert told.value.code == "store_unavailable"
         assert not store.writer_alive and store.writer_error
         with pytest.raises(UnavailableError, match="store writer stopped"):
-            store.add_step("k", 1, None, "{}")
+            store.add_step(k, 1, None, "{}")
         reason = store.db.ping()
         assert reason is not None and name in reason
     finally:
@@ -492,7 +496,10 @@ def test_serve_on_postgres_end_to_end(pg_url: str, tmp_path: Path) -> None:
     finally:
         server.stop()
     db = Database.open(pg_url)
-    assert db.all("SELECT COUNT(*) FROM steps WHERE episode_id = ?", (eid,)) == [(1,)]
+    count = (
+        "SELECT COUNT(*) FROM step_records s JOIN episodes e ON e.number = s.episode WHERE e.id = ?"
+    )
+    assert db.all(count, (eid,)) == [(1,)]
     db.close()
     again = ServerProcess(tmp_path / "data", args=["--store", pg_url]).start()
     try:

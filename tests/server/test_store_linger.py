@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from palaestra.sdk.models import Action, Observation, step_record_json
+from palaestra.sdk.models import Action, EpisodeState, Observation, step_record_json
 from palaestra.server import store as store_module
 from palaestra.server.db import Database
 from palaestra.server.store import Store
@@ -30,10 +30,30 @@ def record(index: int) -> str:
     )
 
 
+def started(store: Store, episode_id: str) -> int:
+    """Queue an episode's row; its number."""
+    state = EpisodeState(
+        episode_id=episode_id,
+        task="palaestra/echo:t",
+        family="echo",
+        domain="echo",
+        split="train",
+        status="active",
+        step_count=0,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+    return store.create_episode(state, "sha256:x", False).number
+
+
 def stored_steps(path: Path) -> list[tuple[str, int]]:
     db = sqlite3.connect(path)
     try:
-        return [tuple(row) for row in db.execute("SELECT episode_id, idx FROM steps ORDER BY idx")]
+        rows = db.execute(
+            "SELECT e.id, s.idx FROM step_records s JOIN episodes e ON e.number = s.episode"
+            " ORDER BY s.idx"
+        )
+        return [tuple(row) for row in rows]
     finally:
         db.close()
 
@@ -45,11 +65,12 @@ async def test_a_commit_or_a_read_ends_the_linger(
     path = tmp_path / "store.sqlite3"
     store = Store(Database.open(path))
     try:
-        store.add_step("e1", 0, "r0", record(0))
+        e1 = started(store, "e1")
+        store.add_step(e1, 0, "r0", record(0))
         # Well inside the linger: the commit is answered by committing what is queued.
         await asyncio.wait_for(store.commit(), 30)
         assert stored_steps(path) == [("e1", 0)]
-        store.add_step("e1", 1, "r1", record(1))
+        store.add_step(e1, 1, "r1", record(1))
         found = await asyncio.wait_for(store.find_step("e1", "r1"), 30)  # a read, likewise
         assert found is not None and found.observation.text == "hi"
     finally:
@@ -59,7 +80,8 @@ async def test_a_commit_or_a_read_ends_the_linger(
 async def test_writes_queued_after_the_stop_are_written(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite3"
     store = Store(Database.open(path))
+    e1 = started(store, "e1")
     store._queue.put(None)  # a stop that raced ahead of a write (close's own comes last)
-    store.add_step("e1", 0, None, record(0))
+    store.add_step(e1, 0, None, record(0))
     await store.aclose()
     assert stored_steps(path) == [("e1", 0)]
