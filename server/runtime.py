@@ -127,7 +127,12 @@ def build_parts(
         ensure_admin_token(settings.data_dir, store.db)
     # Published packs (the server's content-addressed store) after the built-in ones.
     limits = ArchiveLimits.from_settings(settings)  # bombs are refused while they inflate
-    registry = PackRegistry(settings.data_dir, store.db, archive_limits=limits)
+    registry = PackRegistry(
+        settings.data_dir,
+        store.db,
+        archive_limits=limits,
+        queued_per_publisher=settings.publish_queue_per_publisher,
+    )
     fetch = functools.partial(depot.fetch, registry, store) if cluster_node else None
     registry.load_into(packs, families.all(), policy, broken, fetch=fetch)
     fork_server, proxy = None, None

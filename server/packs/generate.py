@@ -49,6 +49,7 @@ class GenerateLimits:
     memory_mb: int = 1024
     max_output_mb: int = 16
     pids: int = 64
+    max_splits: int = 16  # generator splits a pack may have (each runs up to timeout_s)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GenerateLimits:
@@ -57,6 +58,7 @@ class GenerateLimits:
             settings.generate_memory_mb,
             settings.generate_max_output_mb,
             settings.generate_pids,
+            settings.generate_max_splits,
         )
 
 
@@ -95,6 +97,12 @@ async def generate_pack(
 ) -> GeneratedSet:
     """Every generator split of the pack at `root`, each in its own sandbox; raises
     GenerationError on the first that fails."""
+    splits = sum(len(gen.splits) for gen in manifest.generators.values())
+    if splits > limits.max_splits:  # before any sandbox: a pack's publish time is bounded
+        raise GenerationError(
+            f"the pack has {splits} generator splits, more than the {limits.max_splits} a "
+            "publish may run (generate_max_splits); generate fewer splits, or ask an admin"
+        )
     files = {rel: path.read_bytes() for rel, path in pack_files(root).items()}
     out: GeneratedSet = {}
     for gen_name, gen in manifest.generators.items():

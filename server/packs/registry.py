@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.generate import GenerationError
 from palaestra.server.packs.genstore import GeneratedStore, canonical
 from palaestra.server.packs.loader import GeneratedSet, Pack, PackUnavailable, load_pack
-from palaestra.server.packs.lock import pack_files
+from palaestra.server.packs.lock import pack_digest, pack_files
 from palaestra.server.packs.manifest import PackError, PackManifest, read_manifest
 from palaestra.server.packs.store import PackStore
 from palaestra.server.packs.taskfields import HostPolicy
@@ -144,6 +144,14 @@ class PublishRights:
 ADMIN_RIGHTS = PublishRights()
 
 
+@dataclass
+class _Turn:
+    """A publisher's queue of publishes: one installs at a time."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: int = 0  # publishes holding or waiting for the lock
+
+
 class PackRegistry:
     """Published pack versions, indexed in `db`; their folders are in the store under
     `<data_dir>/packs/` (`store`)."""
@@ -156,6 +164,7 @@ class PackRegistry:
         archive_limits: ArchiveLimits | None = None,
         install_workers: int = 2,
         install_queue: int = 8,
+        queued_per_publisher: int = 4,
     ) -> None:
         self.store = PackStore(data_dir, archive_limits)
         self.generated = GeneratedStore(self.store.root)
@@ -166,12 +175,48 @@ class PackRegistry:
         self._installer = ThreadPoolExecutor(install_workers, thread_name_prefix="pack-install")
         self._install_queue = install_queue
         self._installing = 0
+        # One install at a time per publisher (the rest of its publishes wait their turn), so
+        # one publisher never holds more than one install thread: the others get the rest.
+        self._queued_per_publisher = queued_per_publisher
+        self._turns: dict[str, _Turn] = {}
 
     async def ainstall(
-        self, data: bytes, *, generate: AsyncGenerate | None = None, **kwargs: Any
+        self,
+        data: bytes,
+        *,
+        publisher: str,
+        generate: AsyncGenerate | None = None,
+        **kwargs: Any,
     ) -> tuple[Pack, bool]:
-        """`install` off the event loop, on the registry's bounded pool of install threads;
-        `generate` runs on this loop while its install thread waits."""
+        """`install` off the event loop, on the registry's bounded pool of install threads,
+        one at a time per publisher; `generate` runs on this loop while its install thread
+        waits."""
+        turn = self._turns.get(publisher)
+        if turn is None:
+            turn = self._turns[publisher] = _Turn()
+        if turn.waiting >= self._queued_per_publisher:
+            raise CapacityError(
+                f"publisher {publisher!r} has {turn.waiting} publishes in progress already, "
+                "the most it may queue; wait for them to finish",
+                code="publish_busy",
+                retry_after=2.0,
+            )
+        turn.waiting += 1
+        try:
+            async with turn.lock:
+                return await self._install_off_loop(data, publisher, generate, kwargs)
+        finally:
+            turn.waiting -= 1
+            if not turn.waiting:
+                del self._turns[publisher]
+
+    async def _install_off_loop(
+        self,
+        data: bytes,
+        publisher: str,
+        generate: AsyncGenerate | None,
+        kwargs: dict[str, Any],
+    ) -> tuple[Pack, bool]:
         if self._installing >= self._install_queue:
             raise CapacityError(
                 f"{self._installing} pack archives are being installed; retry shortly",
@@ -188,7 +233,9 @@ class PackRegistry:
                 def blocking(root: Path, manifest: PackManifest) -> GeneratedSet:
                     return asyncio.run_coroutine_threadsafe(run(root, manifest), loop).result()
 
-            install = functools.partial(self.install, data, generate=blocking, **kwargs)
+            install = functools.partial(
+                self.install, data, publisher=publisher, generate=blocking, **kwargs
+            )
             return await loop.run_in_executor(self._installer, install)
         finally:
             self._installing -= 1
@@ -397,9 +444,14 @@ class PackRegistry:
                     "fine: its generators run in a sandbox at publish)",
                     code="missing_scope",
                 )
-            generated = None  # with `generate` (or without allow_code): never in-process
-            if manifest.generators and (generate is not None or not allow_code):
-                generated = self._generate(root, manifest, generate)
+            known = self._known(root, manifest)  # other bytes: refused before generating
+            generated = None
+            if known is not None and known.generated:  # the same bytes again: as stored
+                generated = self.generated.load(known.digest, known.generated)
+            elif manifest.generators and (generate is not None or not allow_code):
+                if known is None:  # over quota: refused before any generator runs
+                    self._check_quota(rights, publisher, _files_size(root))
+                generated = self._generate(root, manifest, generate)  # never in-process
             try:
                 secret = catalog.secret if catalog is not None else None  # sealed seeds
                 cache = catalog.task_cache if catalog is not None else None
@@ -430,6 +482,18 @@ class PackRegistry:
                 audit(pack)
             with self._lock:
                 return self._place(pack, root, publisher, catalog, rights, generated)
+
+    def _known(self, root: Path, manifest: PackManifest) -> Published | None:
+        """The index row of this version if it is published (ConflictError where with other
+        bytes: refused before any generator runs); None for a new version."""
+        known = self.find(manifest.name, manifest.version)
+        if known is not None and pack_digest(root) != known.digest:
+            raise ConflictError(
+                f"{manifest.name}@{manifest.version} is already published with other bytes "
+                f"({known.digest}); a published version is immutable: bump the version",
+                code="version_exists",
+            )
+        return known
 
     @staticmethod
     def _generate(root: Path, manifest: PackManifest, generate: Generate | None) -> GeneratedSet:
@@ -471,7 +535,7 @@ class PackRegistry:
         if existing is not None or served is not None:
             current = served or pack
             return current, False
-        size = sum(p.stat().st_size for p in pack_files(root).values())
+        size = _files_size(root)
         if generated is not None:  # the stored tasks count toward the publisher's quota
             size += sum(len(canonical(t)) for splits in generated.values() for t in splits.values())
         self._check_quota(rights, publisher, size)
@@ -505,3 +569,8 @@ def _served(catalog: PackCatalog | None, name: str, version: str) -> Pack | None
         return catalog.get(name, version)
     except Exception:
         return None
+
+
+def _files_size(root: Path) -> int:
+    """Bytes of the pack's own files (what a publisher's quota counts before generation)."""
+    return sum(p.stat().st_size for p in pack_files(root).values())

@@ -46,6 +46,12 @@ class PackSettings(BaseModel):
     publisher_max_versions: int = Field(
         default=200, ge=0, description="pack versions one publisher may publish"
     )
+    publish_queue_per_publisher: int = Field(
+        default=4,
+        ge=1,
+        description="publishes of one publisher in progress at once (they install one at a "
+        "time, so one publisher never holds more than one install thread); more: 429",
+    )
     publish_check_tasks: int = Field(
         default=4,
         ge=0,
@@ -72,4 +78,10 @@ class GenerateSettings(BaseModel):
     )
     generate_pids: int = Field(
         default=64, ge=4, description="processes one generator split's sandbox may hold"
+    )
+    generate_max_splits: int = Field(
+        default=16,
+        ge=1,
+        description="generator splits one published pack may run (each up to "
+        "generate_timeout_s); more is refused before any runs",
     )
