@@ -179,13 +179,15 @@ async def step_outcomes(
     request: BatchStepRequest,
     principal: Principal,
     problems: list[str | None] | None = None,
+    size: int = 0,
 ) -> list[tuple[str, Outcome]]:
     """(episode id, reply or error) per item, in order: what `batch_step` answers, before
-    it is wrapped in models (the HTTP route serializes these directly)."""
+    it is wrapped in models (the HTTP route serializes these directly). `size`: the request's
+    bytes, what its detached items count against the token's pending bytes."""
     items: list[BatchStepItem | None] = list(request.items)
     try:
         # Detached steps of this token still running: bounded per token (server/tenancy.py).
-        manager.may_detach(principal)
+        manager.may_detach(principal, size)
     except PalaestraError as exc:
         refused = item_error(exc)
         return [(_episode_of(item), refused) for item in items]
@@ -213,7 +215,7 @@ async def step_outcomes(
             assert item is not None
             results[index] = await one(item)
 
-    started = [eager(run(indices)) for indices in by_episode.values()]
+    started = {eager(run(indices)): len(indices) for indices in by_episode.values()}
     tasks = [task for task in started if task is not None]
     if tasks:
         finished_any = len(tasks) < len(started)
@@ -225,7 +227,8 @@ async def step_outcomes(
         for task in late:
             # Still running: it goes on (its reply is kept under the item's request_id,
             # and a resend joins it); the caller resends the item.
-            manager.detach(task, principal.token_id)
+            held = size * started[task] // max(1, len(items))  # its items' share of the body
+            manager.detach(task, principal.token_id, held)
     return [
         (_episode_of(item), _still_running() if outcome is None else outcome)
         for item, outcome in zip(items, results, strict=True)
@@ -294,7 +297,7 @@ async def step_reply(manager: EpisodeManager, raw: bytes, principal: Principal) 
     """The JSON body of `POST /v1/batch/step` (InvalidActionError: the envelope is bad)."""
     limit = manager.settings.max_batch_items
     request, problems = parse_items(raw, BatchStepRequest, BatchStepItem, limit)
-    outcomes = await step_outcomes(manager, request, principal, problems)
+    outcomes = await step_outcomes(manager, request, principal, problems, len(raw))
     # The JSON of a BatchStepResponse, written without building one (the trainer's hot path).
     return to_json(
         {

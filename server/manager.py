@@ -117,20 +117,21 @@ class EpisodeManager:
         await self.services.judges.aclose()  # the judge endpoints' pooled client
         await self.store.aclose()
 
-    def detach(self, work: asyncio.Future[Any], owner: str | None = None) -> None:
+    def detach(self, work: asyncio.Future[Any], owner: str | None = None, size: int = 0) -> None:
         """Let `work` run on after its caller stopped waiting (a batch step answered
         `still_running`): referenced until it is done, cancelled at shutdown, and counted
-        against `owner`'s pending quota while it runs."""
+        (with the `size` request bytes it holds) against `owner`'s pending quota while it
+        runs."""
         self._detached.add(work)
         work.add_done_callback(self._detached.discard)
         if owner is not None:
-            self.tenancy.pending(owner, +1)
-            work.add_done_callback(lambda _: self.tenancy.pending(owner, -1))
+            self.tenancy.pending(owner, +1, size)
+            work.add_done_callback(lambda _: self.tenancy.pending(owner, -1, -size))
 
-    def may_detach(self, principal: Principal) -> None:
-        """429 while the token has its cap of detached steps running (before a batch or
-        stream step that may be detached)."""
-        self.tenancy.check_pending(principal)
+    def may_detach(self, principal: Principal, size: int = 0) -> None:
+        """429 while the token has its cap of detached steps running, or of the bytes they
+        hold (before a batch or stream step of `size` request bytes that may be detached)."""
+        self.tenancy.check_pending(principal, size)
 
     @property
     def ready(self) -> bool:

@@ -22,7 +22,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from palaestra.sdk.errors import CapacityError
+from palaestra.sdk.errors import CapacityError, InvalidActionError
+from palaestra.sdk.models import UNSTORABLE
 from palaestra.server.auth import Principal
 from palaestra.server.config import Settings
 
@@ -36,7 +37,15 @@ def episode_key(owner: str, episode_id: str | None, new_id: str) -> str:
 
 
 def candidate_keys(owner: str, episode_id: str) -> tuple[str, str]:
-    """The keys a wire id may name for `owner`: its own scoped id, then a key as it is."""
+    """The keys a wire id may name for `owner`: its own scoped id, then a key as it is.
+    Every route's episode id passes here: one with a control character is refused (422) on
+    every engine alike (PostgreSQL cannot even look a NUL up), as ResetRequest refuses it."""
+    if UNSTORABLE.search(episode_id) is not None:
+        raise InvalidActionError(
+            f"episode_id {episode_id[:200]!r}: must not contain control characters or lone "
+            "surrogates",
+            code="invalid_id",
+        )
     return f"{owner}:{episode_id}", episode_id
 
 
@@ -62,6 +71,7 @@ class _Account:
     cpu: deque[list[float]] = field(default_factory=deque)  # [bucket start, seconds]
     cpu_total: float = 0.0
     pending: int = 0
+    pending_bytes: int = 0  # request bytes of the detached work (what it holds while it runs)
 
     def expire(self, now: float) -> None:
         cutoff = now - HOUR_S
@@ -74,7 +84,7 @@ class _Account:
 
     @property
     def idle(self) -> bool:
-        return not (self.live or self.starts or self.cpu or self.pending)
+        return not (self.live or self.starts or self.cpu or self.pending or self.pending_bytes)
 
 
 class Tenancy:
@@ -189,22 +199,29 @@ class Tenancy:
         return account.cpu_total
 
     # -- pending batch work ---------------------------------------------------------------
-    def check_pending(self, principal: Principal) -> None:
-        """Before a batch step: 429 while the token has its cap of detached steps running."""
+    def check_pending(self, principal: Principal, size: int = 0) -> None:
+        """Before a batch step of `size` request bytes: 429 while the token has its cap of
+        detached steps running, or while what they hold and this request would pass its cap
+        of pending bytes (a lone request is bounded by max_body_bytes already)."""
         account = self._accounts.get(principal.token_id)
+        if account is None:
+            return
+        fix = (
+            "wait for the steps answered `still_running` (resend them to collect their "
+            "replies) before sending more"
+        )
         cap = self.settings.token_max_pending
-        if account is not None and account.pending >= cap:
-            raise quota_error(
-                "pending batch steps",
-                cap,
-                1.0,
-                "wait for the steps answered `still_running` (resend them to collect their "
-                "replies) before sending more",
-            )
+        if account.pending >= cap:
+            raise quota_error("pending batch steps", cap, 1.0, fix)
+        cap_bytes = self.settings.token_max_pending_bytes
+        if account.pending_bytes and account.pending_bytes + size > cap_bytes:
+            raise quota_error("bytes of pending batch work", cap_bytes, 1.0, fix)
 
-    def pending(self, owner: str, delta: int) -> None:
+    def pending(self, owner: str, delta: int, size: int = 0) -> None:
+        """`delta` detached works holding `size` request bytes (negative: they ended)."""
         account = self._account(owner)
         account.pending = max(0, account.pending + delta)
+        account.pending_bytes = max(0, account.pending_bytes + size)
 
     def prune(self) -> None:
         """Forget tokens with nothing live and empty windows (called by the reaper)."""

@@ -28,6 +28,14 @@ class EpisodeSettings(BaseModel):
         description="episodes one group verify may judge together (422 over; a tournament's "
         "judge calls grow with its square; the judge's own MAX_GROUP caps it too)",
     )
+    # The JSON-RPC doors (server/doors/mcp.py): what one request may ask of the server.
+    jsonrpc_max_batch: int = Field(
+        default=64,
+        ge=1,
+        le=10_000,
+        description="messages in one JSON-RPC batch (MCP over HTTP, OpenEnv's /mcp); a longer "
+        "batch is -32600 Invalid Request (HTTP 413), none of it run",
+    )
 
 
 class CeilingSettings(BaseModel):
@@ -101,11 +109,35 @@ class QuotaSettings(BaseModel):
         ge=1,
         description="detached batch steps (answered still_running) per token before 429",
     )
+    token_max_pending_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1,
+        description="request bytes the detached batch steps of one token may hold while they "
+        "run; a batch step past it (with some already pending) is 429",
+    )
     mcp_sessions_per_token: int = Field(
         default=64,
         ge=1,
         description="open MCP sessions per token (/v1/episodes/{id}/mcp); a new one past it "
         "ends the token's least recently used",
+    )
+    mcp_sessions_max: int = Field(
+        default=16_384,
+        ge=1,
+        description="open MCP sessions on this server, all tokens together; an initialize past "
+        "it is 429 (never the end of another token's session)",
+    )
+    ors_sessions_per_token: int = Field(
+        default=1024,
+        ge=1,
+        description="open ORS sessions per token (POST /create); a new one past it ends the "
+        "token's least recently used (its episode lives on until closed or idle)",
+    )
+    ors_sessions_max: int = Field(
+        default=8192,
+        ge=1,
+        description="open ORS sessions on this server, all tokens together; a POST /create "
+        "past it is 429 (never the end of another token's session)",
     )
 
 

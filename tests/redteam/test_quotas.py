@@ -151,6 +151,46 @@ async def test_pending_batch_work_is_bounded_per_token(tmp_path: Path) -> None:
         await manager.shutdown()
 
 
+async def test_pending_batch_bytes_are_bounded_per_token(tmp_path: Path) -> None:
+    """Detached batch work holds its request while it runs: a token's pending bytes are
+    capped (token_max_pending_bytes), whatever the count of its detached steps."""
+    settings = make_settings(
+        data_dir=tmp_path / "data", token_max_pending=100, token_max_pending_bytes=200
+    )
+    manager = build_manager(settings)
+    manager.families.add(SlowEcho())
+    await manager.start()
+    try:
+        flooder, quiet = tenant(manager, ["train"]), tenant(manager, ["train"])
+        ids = [await flooder.start(options={"max_steps": 100}) for _ in range(4)]
+        slow = {"tool": "echo", "arguments": {"text": "slow"}}
+        items = [{"episode_id": e, "action": slow, "request_id": "s"} for e in ids[:2]]
+        fast = {"episode_id": ids[2], "action": {"tool": "echo", "arguments": {"text": "f"}}}
+        first = await flooder.http.post(
+            "/v1/batch/step", json={"items": [*items, fast], "wait_s": 0.05}
+        )
+        codes = [i["error"]["code"] for i in first.json()["items"] if i["error"]]
+        assert codes == ["still_running", "still_running"], first.text
+        assert manager.tenancy._accounts[flooder.token_id].pending_bytes > 200
+        more = {"episode_id": ids[3], "action": slow, "request_id": "t"}
+        refused = await flooder.http.post("/v1/batch/step", json={"items": [more]})
+        error = refused.json()["items"][0]["error"]
+        assert (error["status"], error["code"]) == (429, "quota_exceeded"), refused.text
+        assert "bytes of pending batch work" in error["message"]
+        other = await quiet.start()
+        quick = {"episode_id": other, "action": {"tool": "echo", "arguments": {"text": "x"}}}
+        served = await quiet.http.post("/v1/batch/step", json={"items": [quick]})
+        assert served.json()["items"][0]["result"]["observation"]["text"] == "x"
+        await asyncio.sleep(1.3)  # the detached steps end: what they held is released
+        assert manager.tenancy._accounts[flooder.token_id].pending_bytes == 0
+        again = await flooder.http.post("/v1/batch/step", json={"items": [more]})
+        assert again.json()["items"][0]["result"]["observation"]["text"] == "slow"
+        for t in (flooder, quiet):
+            await t.http.aclose()
+    finally:
+        await manager.shutdown()
+
+
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4:\n    pass\n"
 
 
