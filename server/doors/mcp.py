@@ -8,15 +8,26 @@ WebSocket `mcp` frame share it. Its interface, kept stable:
   step for the caller's episode (raising `PalaestraError` as the manager does).
 - `McpSession()`: the state of one MCP session: `protocol_version`, the version
   `initialize` negotiated (None before), and `initialized` (the client's notification came).
-- `await handle(message, episode, session)`: one parsed JSON-RPC message or batch in;
-  out the reply to send (a response object, a list for a batch), or None when nothing is
-  due (notifications and client responses only).
-- `await handle_bytes(raw, episode, session)`: the same from a raw body (-32700 on bad JSON).
+- `await handle(message, episode, session, max_batch=...)`: one parsed JSON-RPC message or
+  batch in; out the reply to send (a response object, a list for a batch), or None when
+  nothing is due (notifications and client responses only).
+- `await handle_bytes(raw, episode, session, max_batch=...)`: the same from a raw body
+  (-32700 on bad JSON).
+- `await decode(raw, max_batch)`: a raw body parsed as `handle` takes it, a batch one message
+  at a time (RpcError: -32700, or -32600 past `max_batch`, before the rest is parsed);
+  `await encode(reply)`: the reply's JSON text; `status_of(reply)`: the HTTP status a
+  transport-level error asks for (its `data.status`), else None.
 - `SUPPORTED_VERSIONS`, `LATEST_VERSION`, and `version_error(requested)`: the JSON-RPC
   error object refusing a protocol version (code -32022, `data: {supported, requested}`),
   for a transport's own version checks (the HTTP `MCP-Protocol-Version` header).
 - `episode_error(exc)`: the JSON-RPC error object for a `PalaestraError` (`ERROR_CODES`);
   `error_response(id, error)` and `is_initialize(message)`: for transports.
+
+Bounded work per request (issue 34): a batch holds at most `max_batch` messages (the
+`jsonrpc_max_batch` setting; longer: -32600 naming it, none run), and long work (parsing,
+running and encoding a batch) yields to the event loop every `YIELD_EVERY` messages, so no
+request holds the loop (other tenants' steps, /healthz) for long. Values a client sent are
+clipped to `SHOWN_CHARS` where an error message quotes them.
 
 Methods: `initialize`, `ping`, `tools/list`, `tools/call`, `server/discover` (refused:
 no stateless 2026 revision here, so the official client falls back to `initialize`), and
@@ -31,8 +42,10 @@ carries the HTTP status and the /v1 error code (`ERROR_CODES`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +61,10 @@ LATEST_VERSION = SUPPORTED_VERSIONS[-1]
 UNSTRUCTURED = frozenset({"2024-11-05", "2025-03-26"})  # revisions without structuredContent
 PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"  # the 2026 envelope's key
 STEP_META = "palaestra/step"
+MAX_BATCH = 64  # the `jsonrpc_max_batch` default, for in-process callers without settings
+YIELD_EVERY = 16  # messages parsed, run or encoded between yields to the event loop
+SHOWN_CHARS = 200  # a client's value, quoted in an error message, at most
+SPACE = re.compile(r"[ \t\n\r]*")  # JSON's insignificant whitespace
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -73,6 +90,7 @@ INSTRUCTIONS = (
 
 Message = dict[str, Any]
 Reply = Message | list[Message] | None
+DECODER = json.JSONDecoder()  # stateless: json.loads's own
 
 
 @dataclass(frozen=True)
@@ -97,16 +115,45 @@ class RpcError(Exception):
             self.error["data"] = data
 
 
+def shown(value: object) -> str:
+    """A client's value as an error message quotes it: repr, clipped (a reply never grows
+    with what was sent)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    clipped = repr(text[:SHOWN_CHARS])
+    return clipped if len(text) <= SHOWN_CHARS else f"{clipped}... ({len(text)} characters)"
+
+
+def batch_error(limit: int) -> Message:
+    """The refusal of a batch longer than `limit` (HTTP 413 at a transport)."""
+    return {
+        "code": INVALID_REQUEST,
+        "message": (
+            f"Invalid Request: a batch holds at most {limit} messages (jsonrpc_max_batch); "
+            "none of this one ran: send the messages in smaller batches"
+        ),
+        "data": {"status": 413, "setting": "jsonrpc_max_batch", "limit": limit},
+    }
+
+
+def status_of(reply: Reply) -> int | None:
+    """The HTTP status a transport-level error reply asks for (`data.status`), else None."""
+    if not isinstance(reply, dict) or reply.get("id") is not None:
+        return None
+    data = reply.get("error", {}).get("data")
+    status = data.get("status") if isinstance(data, dict) else None
+    return status if isinstance(status, int) and 400 <= status < 600 else None
+
+
 def version_error(requested: object) -> Message:
     """The error refusing protocol version `requested`, naming the ones served."""
-    shown = requested if isinstance(requested, str) else json.dumps(requested)
+    text = requested if isinstance(requested, str) else json.dumps(requested)
     return {
         "code": UNSUPPORTED_VERSION,
         "message": (
-            f"Unsupported protocol version {shown!r}; this server supports "
+            f"Unsupported protocol version {shown(text)}; this server supports "
             f"{', '.join(SUPPORTED_VERSIONS)} (through initialize)"
         ),
-        "data": {"supported": list(SUPPORTED_VERSIONS), "requested": shown},
+        "data": {"supported": list(SUPPORTED_VERSIONS), "requested": text[:SHOWN_CHARS]},
     }
 
 
@@ -130,20 +177,81 @@ def is_initialize(message: object) -> bool:
     return isinstance(message, dict) and message.get("method") == "initialize"
 
 
-async def handle_bytes(raw: bytes, episode: McpEpisode, session: McpSession) -> Reply:
+async def decode(raw: bytes, max_batch: int) -> Any:
+    """`raw` as JSON; a batch (a top-level array) one message at a time, yielding every
+    YIELD_EVERY, and refused (RpcError -32600) at message `max_batch + 1`, before the rest
+    is parsed: a huge batch costs what `max_batch` messages do. RpcError -32700: not JSON."""
     try:
-        message = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        return error_response(None, {"code": PARSE_ERROR, "message": f"Parse error: {exc}"})
-    return await handle(message, episode, session)
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        start = _skip(text, 0)
+        if not text.startswith("[", start):
+            return json.loads(text)
+        items: list[object] = []
+        end = _skip(text, start + 1)
+        closed = text.startswith("]", end)
+        while not closed:
+            if len(items) == max_batch:
+                raise RpcError(**batch_error(max_batch))
+            if items and len(items) % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            item, end = DECODER.raw_decode(text, end)
+            items.append(item)
+            end = _skip(text, end)
+            closed = text.startswith("]", end)
+            if not closed:
+                if not text.startswith(",", end):
+                    raise json.JSONDecodeError("Expecting ',' delimiter", text, end)
+                end = _skip(text, end + 1)
+        tail = _skip(text, end + 1)
+        if tail != len(text):
+            raise json.JSONDecodeError("Extra data", text, tail)
+        return items
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError too
+        raise RpcError(PARSE_ERROR, f"Parse error: {exc}") from None
 
 
-async def handle(message: object, episode: McpEpisode, session: McpSession) -> Reply:
+def _skip(text: str, position: int) -> int:
+    """The position after the whitespace at `position` (a regular expression's C loop: a
+    body of spaces costs no Python step per byte)."""
+    found = SPACE.match(text, position)
+    return found.end() if found else position
+
+
+async def encode(reply: Reply, **dumps: Any) -> str:
+    """The reply's JSON text (`dumps`: json.dumps's options); a batch's one message at a
+    time, yielding every YIELD_EVERY."""
+    if not isinstance(reply, list):
+        return json.dumps(reply, **dumps)
+    parts = []
+    for index, message in enumerate(reply):
+        if index and index % YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+        parts.append(json.dumps(message, **dumps))
+    return "[" + ",".join(parts) + "]"
+
+
+async def handle_bytes(
+    raw: bytes, episode: McpEpisode, session: McpSession, max_batch: int = MAX_BATCH
+) -> Reply:
+    try:
+        message = await decode(raw, max_batch)
+    except RpcError as exc:
+        return error_response(None, exc.error)
+    return await handle(message, episode, session, max_batch)
+
+
+async def handle(
+    message: object, episode: McpEpisode, session: McpSession, max_batch: int = MAX_BATCH
+) -> Reply:
     if isinstance(message, list):
         if not message:
             return error_response(None, _invalid("an empty batch"))
+        if len(message) > max_batch:
+            return error_response(None, batch_error(max_batch))
         replies = []
-        for item in message:
+        for index, item in enumerate(message):
+            if index and index % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a long batch never holds the loop: others go on
             reply: Message | None
             if is_initialize(item):
                 assert isinstance(item, dict)
@@ -206,7 +314,7 @@ async def _dispatch(
         raise RpcError(**version_error(requested or "2026-07-28"))
     raise RpcError(
         METHOD_NOT_FOUND,
-        f"Method not found: {method!r}; this server serves initialize, ping, tools/list "
+        f"Method not found: {shown(method)}; this server serves initialize, ping, tools/list "
         "and tools/call (no resources, prompts or completions)",
     )
 
@@ -240,11 +348,14 @@ async def _call(params: Message, episode: McpEpisode, session: McpSession) -> Me
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
-        raise RpcError(INVALID_PARAMS, f"tools/call {name}: params.arguments must be an object")
+        raise RpcError(
+            INVALID_PARAMS, f"tools/call {shown(name)}: params.arguments must be an object"
+        )
     names = [spec.name for spec in episode.tools]
     if name not in names:
         raise RpcError(
-            INVALID_PARAMS, f"Unknown tool: {name!r}; this episode's tools are: {', '.join(names)}"
+            INVALID_PARAMS,
+            f"Unknown tool: {shown(name)}; this episode's tools are: {', '.join(names)}",
         )
     try:
         reply = await episode.step(Action(tool=name, arguments=arguments))

@@ -8,10 +8,17 @@ and any other pairing is the 404 of an unknown session. `MCP-Protocol-Version` m
 a version served (400, -32022 otherwise) and the session's own. GET is 405 (no server-
 initiated stream); DELETE ends the MCP session, never the episode. Auth is /v1's bearer
 token (server/caller.py); its 401 comes in JSON-RPC's error shape.
+
+No tenant slows or evicts another (issue 34): a token past `mcp_sessions_per_token` ends
+only its own least recently used session, the server past `mcp_sessions_max` refuses a new
+one (429) rather than end anyone's, and a batch longer than `jsonrpc_max_batch` is 413
+(-32600) before it is parsed whole; a batch is parsed, run and encoded in slices that yield
+to the event loop (server/doors/mcp.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -21,7 +28,7 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from palaestra.sdk.errors import PalaestraError
+from palaestra.sdk.errors import CapacityError, PalaestraError
 from palaestra.sdk.models import Action, StepRequest, StepResponse, ToolSpec
 from palaestra.server.auth import Principal
 from palaestra.server.caller import manager_of, principal_of, services_of
@@ -47,33 +54,61 @@ class Session:
 
 class Sessions:
     """This server's open MCP sessions, by token, least recently used first: a session idle
-    for the episode TTL is gone, and a token past its cap loses its oldest."""
+    for the episode TTL is gone, a token past its cap loses its own oldest, and past the
+    server's cap (all tokens) a new session is refused: one token's sessions never end
+    another's, and memory stays bounded however many tokens open them."""
 
-    def __init__(self, per_token: int, ttl_s: float) -> None:
+    def __init__(self, per_token: int, ttl_s: float, limit: int) -> None:
         self.per_token = per_token
         self.ttl_s = ttl_s
+        self.limit = limit
+        self.count = 0
         self._by_owner: dict[str, OrderedDict[str, Session]] = {}
 
-    def _mine(self, owner: str) -> OrderedDict[str, Session]:
-        mine = self._by_owner.setdefault(owner, OrderedDict())
+    def _mine(self, owner: str) -> OrderedDict[str, Session] | None:
+        """The owner's sessions, those idle past the TTL gone (None: it holds none)."""
+        mine = self._by_owner.get(owner)
+        if mine is None:
+            return None
         deadline = time.monotonic() - self.ttl_s
         while mine and next(iter(mine.values())).last_used < deadline:
-            mine.popitem(last=False)
-        return mine
+            self._pop(owner, mine)
+        return self._by_owner.get(owner)
+
+    def _pop(self, owner: str, mine: OrderedDict[str, Session]) -> None:
+        """End the owner's least recently used session (and forget an owner left empty)."""
+        mine.popitem(last=False)
+        self.count -= 1
+        if not mine:
+            del self._by_owner[owner]
 
     def open(self, owner: str, session: Session) -> str:
+        """A new session's id; CapacityError (429) when the server holds `limit` sessions
+        and this owner none to give up."""
         mine = self._mine(owner)
-        while len(mine) >= self.per_token:
-            mine.popitem(last=False)
+        if mine is not None and len(mine) >= self.per_token:
+            while mine and len(mine) >= self.per_token:
+                self._pop(owner, mine)
+        elif self.count >= self.limit:
+            for other in list(self._by_owner):
+                self._mine(other)
+            if self.count >= self.limit:
+                raise CapacityError(
+                    f"this server holds {self.limit} open MCP sessions (mcp_sessions_max); "
+                    "retry later, or end sessions you no longer use (DELETE with their "
+                    f"{SESSION_HEADER})",
+                    retry_after=5,
+                )
         session_id = uuid.uuid4().hex
-        mine[session_id] = session
+        self._by_owner.setdefault(owner, OrderedDict())[session_id] = session
+        self.count += 1
         return session_id
 
     def get(self, owner: str, session_id: str, episode_id: str) -> Session | None:
         """The owner's session `session_id` on `episode_id`; None for any other."""
         mine = self._mine(owner)
-        session = mine.get(session_id)
-        if session is None or session.episode_id != episode_id:
+        session = mine.get(session_id) if mine is not None else None
+        if mine is None or session is None or session.episode_id != episode_id:
             return None
         session.last_used = time.monotonic()
         mine.move_to_end(session_id)
@@ -82,7 +117,9 @@ class Sessions:
     def close(self, owner: str, session_id: str, episode_id: str) -> bool:
         if self.get(owner, session_id, episode_id) is None:
             return False
-        del self._by_owner[owner][session_id]
+        mine = self._by_owner[owner]
+        mine.move_to_end(session_id, last=False)
+        self._pop(owner, mine)
         return True
 
 
@@ -91,23 +128,37 @@ def sessions_of(request: Request) -> Sessions:
     sessions: Sessions | None = getattr(request.app.state, "mcp_sessions", None)
     if sessions is None:
         settings = services_of(request).settings
-        sessions = Sessions(settings.mcp_sessions_per_token, settings.idle_ttl_s)
+        sessions = Sessions(
+            settings.mcp_sessions_per_token, settings.idle_ttl_s, settings.mcp_sessions_max
+        )
         request.app.state.mcp_sessions = sessions
     return sessions
 
 
-def _reply(
-    status: int, body: object, headers: dict[str, str] | None = None, sse: bool = False
-) -> Response:
+def _reply(status: int, body: mcp.Reply, headers: dict[str, str] | None = None) -> Response:
     if body is None:
         return Response(status_code=status, headers=headers)
-    if sse:
-        messages = body if isinstance(body, list) else [body]
-        events = "".join(f"event: message\ndata: {json.dumps(m)}\n\n" for m in messages)
-        return Response(
-            events, status, headers={"cache-control": "no-cache", **(headers or {})}, media_type=SSE
-        )
     return Response(json.dumps(body), status, headers=headers, media_type=JSON)
+
+
+async def _replied(status: int, body: mcp.Reply, headers: dict[str, str], sse: bool) -> Response:
+    """A handled request's reply: JSON, or SSE events (a batch's encoded in slices that
+    yield to the event loop)."""
+    if not sse:
+        if body is None:
+            return Response(status_code=status, headers=headers)
+        return Response(await mcp.encode(body), status, headers=headers, media_type=JSON)
+    events = []
+    for index, message in enumerate(body if isinstance(body, list) else [body]):
+        if index and index % mcp.YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+        events.append(f"event: message\ndata: {json.dumps(message)}\n\n")
+    return Response(
+        "".join(events),
+        status,
+        headers={"cache-control": "no-cache", **headers},
+        media_type=SSE,
+    )
 
 
 def _refused(
@@ -200,10 +251,12 @@ async def mcp_messages(episode_id: str, request: Request) -> Response:
         return _refused(
             415, mcp.INVALID_REQUEST, f"Unsupported Media Type: Content-Type must be {JSON}"
         )
+    settings = services_of(request).settings
     try:
-        message = json.loads(await request.body())
-    except (ValueError, RecursionError) as exc:
-        return _refused(400, mcp.PARSE_ERROR, f"Parse error: {exc}")
+        message = await mcp.decode(await request.body(), settings.jsonrpc_max_batch)
+    except mcp.RpcError as exc:
+        refusal = mcp.error_response(None, exc.error)
+        return _reply(mcp.status_of(refusal) or 400, refusal)
     manager = manager_of(request)
     headers: dict[str, str] = {}
     if (refused := _unsupported(request)) is not None:
@@ -227,14 +280,22 @@ async def mcp_messages(episode_id: str, request: Request) -> Response:
     async def step(action: Action) -> StepResponse:
         return await manager.step(episode_id, StepRequest(action=action), principal)
 
-    reply = await mcp.handle(message, mcp.McpEpisode(session.tools, step), session.state)
+    episode = mcp.McpEpisode(session.tools, step)
+    reply = await mcp.handle(message, episode, session.state, settings.jsonrpc_max_batch)
     if mcp.is_initialize(message) and session.state.protocol_version is not None:
-        session_id = sessions_of(request).open(principal.token_id, session)
+        try:
+            session_id = sessions_of(request).open(principal.token_id, session)
+        except PalaestraError as exc:
+            refused = _failed(exc, message.get("id"))
+            if exc.retry_after is not None:
+                refused.headers["retry-after"] = f"{exc.retry_after:g}"
+            return refused
         headers = {SESSION_HEADER: session_id}
     if reply is None:
         return Response(status_code=202, headers=headers)
-    status = 400 if isinstance(reply, dict) and reply.get("id") is None else 200
-    return _reply(status, reply, headers, sse=sse and status == 200)
+    failed = isinstance(reply, dict) and reply.get("id") is None
+    status = (mcp.status_of(reply) or 400) if failed else 200
+    return await _replied(status, reply, headers, sse=sse and status == 200)
 
 
 @router.get(PATH)

@@ -358,8 +358,13 @@ async def http_mcp(
     except PalaestraError as exc:
         return http_error(exc)
     episode = mcp_episode(manager, principal, held, tools)
-    reply = await mcp.handle_bytes(await request.body(), episode, mcp.McpSession())
-    return Response(status_code=202) if reply is None else JSONResponse(reply)
+    limit = services_of(request).settings.jsonrpc_max_batch
+    reply = await mcp.handle_bytes(await request.body(), episode, mcp.McpSession(), limit)
+    if reply is None:
+        return Response(status_code=202)
+    # JSONResponse's encoding, a batch's in slices that yield to the event loop.
+    body = await mcp.encode(reply, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return Response(body, mcp.status_of(reply) or 200, media_type="application/json")
 
 
 class Session:
@@ -418,7 +423,8 @@ class Session:
                 return {"type": "state", "data": state_payload(state)}
             if kind == "mcp":
                 episode = mcp_episode(*self.held(), self.tools)
-                answer = await mcp.handle(data, episode, self.mcp)
+                limit = settings.jsonrpc_max_batch
+                answer = await mcp.handle(data, episode, self.mcp, limit)
                 return {"type": "mcp", "data": {} if answer is None else answer}
         except PalaestraError as exc:
             return ws_error(exc)

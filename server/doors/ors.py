@@ -6,17 +6,22 @@ verdict is the submit call's reward.
 The client joins absolute paths onto its base URL, so the routes sit at the server's root
 (`/create_session`, `/{org}/{name}/splits`, ...). Every route takes the token as ORS sends
 it (`X-API-Key`, or `Authorization: Bearer`) and answers errors in ORS's shape,
-`{"detail": "..."}`."""
+`{"detail": "..."}`.
+
+Sessions belong to their token (issue 34): a token past `ors_sessions_per_token` ends only
+its own least recently used session, and the server past `ors_sessions_max` refuses a new
+one (429) rather than end another token's."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -26,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from palaestra.sdk.client import TaskQuery
-from palaestra.sdk.errors import BadRequestError, NotFoundError, PalaestraError
+from palaestra.sdk.errors import BadRequestError, CapacityError, NotFoundError, PalaestraError
 from palaestra.sdk.models import (
     Action,
     Observation,
@@ -91,31 +96,119 @@ class Opened:
     tools: list[ToolSpec]
 
 
-class Sessions:
-    """The reset views of this app's ORS sessions, by owner and session id (bounded; the
-    episode itself, and who may reach it, stay with the manager)."""
+@dataclass
+class Held:
+    """One open session: its reset view, and when it was last used."""
 
-    def __init__(self, limit: int) -> None:
+    opened: Opened
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class Sessions:
+    """The reset views of this app's ORS sessions, by owner, least recently used first (the
+    episode itself, and who may reach it, stay with the manager).
+
+    Capacity is per owner: an owner past `per_token` ends its own least recently used, never
+    another's. The whole is bounded too: a session idle for the TTL is gone, and past `limit`
+    (all owners, sessions being opened included) a new one is refused (429) rather than
+    another owner's ended. `claim` holds a place before the episode starts (no flood of
+    concurrent creates slips past the caps); `put` fills it, `release` gives it back."""
+
+    def __init__(self, per_token: int, limit: int, ttl_s: float) -> None:
+        self.per_token = per_token
         self.limit = limit
-        self.opened: OrderedDict[tuple[str, str], Opened] = OrderedDict()
+        self.ttl_s = ttl_s
+        self.count = 0  # sessions held, all owners
+        self.pending: dict[str, int] = {}  # places claimed, by owner
+        self._by_owner: dict[str, OrderedDict[str, Held]] = {}
+
+    def _mine(self, owner: str) -> OrderedDict[str, Held] | None:
+        """The owner's sessions, those idle past the TTL gone (None: it holds none)."""
+        mine = self._by_owner.get(owner)
+        if mine is None:
+            return None
+        deadline = time.monotonic() - self.ttl_s
+        while mine and next(iter(mine.values())).last_used < deadline:
+            self._pop(owner, mine)
+        return self._by_owner.get(owner)
+
+    def _pop(self, owner: str, mine: OrderedDict[str, Held], sid: str | None = None) -> None:
+        """End the owner's session `sid` (its least recently used by default)."""
+        if sid is None:
+            mine.popitem(last=False)
+        else:
+            del mine[sid]
+        self.count -= 1
+        if not mine:
+            del self._by_owner[owner]
+
+    def claim(self, owner: str) -> None:
+        """Hold a place for the owner's new session, ending its own least recently used
+        when it is at its cap; CapacityError (429) when it cannot have one now."""
+        mine = self._mine(owner)
+        held, claimed = len(mine or ()), self.pending.get(owner, 0)
+        if claimed >= self.per_token:
+            raise CapacityError(
+                f"this token is opening {claimed} ORS sessions at once "
+                f"(ors_sessions_per_token); wait for them before opening more",
+                retry_after=1,
+            )
+        ended_own = False
+        while mine and held + claimed >= self.per_token:
+            self._pop(owner, mine)
+            held, ended_own = held - 1, True
+        if not ended_own and self.count + sum(self.pending.values()) >= self.limit:
+            for other in list(self._by_owner):  # the idle first
+                self._mine(other)
+            if self.count + sum(self.pending.values()) >= self.limit:
+                raise CapacityError(
+                    f"this server holds {self.limit} open ORS sessions (ors_sessions_max); "
+                    "retry later, and end sessions you are done with (POST /delete)",
+                    retry_after=5,
+                )
+        self.pending[owner] = claimed + 1
+
+    def release(self, owner: str) -> None:
+        """Give back a place `claim` held (its session was not opened)."""
+        left = self.pending.get(owner, 0) - 1
+        if left > 0:
+            self.pending[owner] = left
+        else:
+            self.pending.pop(owner, None)
 
     def put(self, owner: str, sid: str, opened: Opened) -> None:
-        self.opened[(owner, sid)] = opened
-        while len(self.opened) > self.limit:
-            self.opened.popitem(last=False)
+        """Open the session in the place `claim` held."""
+        self.release(owner)
+        mine = self._by_owner.setdefault(owner, OrderedDict())
+        if sid in mine:
+            self._pop(owner, mine, sid)
+            mine = self._by_owner.setdefault(owner, OrderedDict())
+        mine[sid] = Held(opened)
+        self.count += 1
 
     def get(self, owner: str, sid: str) -> Opened | None:
-        return self.opened.get((owner, sid))
+        mine = self._mine(owner)
+        held = mine.get(sid) if mine is not None else None
+        if mine is None or held is None:
+            return None
+        held.last_used = time.monotonic()
+        mine.move_to_end(sid)
+        return held.opened
 
     def drop(self, owner: str, sid: str) -> None:
-        self.opened.pop((owner, sid), None)
+        mine = self._by_owner.get(owner)
+        if mine is not None and sid in mine:
+            self._pop(owner, mine, sid)
 
 
 def sessions_of(request: Request) -> Sessions:
     state = request.app.state
     found: Sessions | None = getattr(state, "ors_sessions", None)
     if found is None:
-        found = state.ors_sessions = Sessions(services_of(request).settings.max_episodes)
+        settings = services_of(request).settings
+        found = state.ors_sessions = Sessions(
+            settings.ors_sessions_per_token, settings.ors_sessions_max, settings.idle_ttl_s
+        )
     return found
 
 
@@ -365,8 +458,14 @@ async def create(request: Request) -> Any:
             "this server serves many environments and split/index name none: open the "
             "session with a task from POST /{env}/tasks (env.session(task=...))"
         )
-    reset = await manager.reset(ResetRequest(task=task, episode_id=sid), principal)
-    sessions_of(request).put(principal.token_id, sid, Opened(reset.observation, reset.tools))
+    sessions = sessions_of(request)
+    sessions.claim(principal.token_id)  # 429 before an episode starts, never another's end
+    try:
+        reset = await manager.reset(ResetRequest(task=task, episode_id=sid), principal)
+    except BaseException:
+        sessions.release(principal.token_id)
+        raise
+    sessions.put(principal.token_id, sid, Opened(reset.observation, reset.tools))
     return {"sid": sid}
 
 
@@ -374,7 +473,11 @@ async def opened(request: Request) -> tuple[Principal, str, Opened]:
     """The caller's session: 404 for an unknown id and for another token's alike."""
     principal = caller(request)
     sid = sid_of(request)
-    await manager_of(request).state(sid, principal)  # the manager's ownership check
+    try:
+        await manager_of(request).state(sid, principal)  # the manager's ownership check
+    except NotFoundError:
+        sessions_of(request).drop(principal.token_id, sid)  # its episode is gone
+        raise
     found = sessions_of(request).get(principal.token_id, sid)
     if found is None:
         raise NotFoundError(f"session {sid!r} is not open on this server (POST /create)")
