@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from palaestra.sdk.models import WireModel
+from palaestra.sdk.models import PlainStr, WireModel
 
 GroupScorer = Literal["tournament", "ranking"]
 # Ids a request may carry at all; the server's `max_group_size` ceiling is usually lower.
@@ -19,7 +19,7 @@ MAX_GROUP_IDS = 1024
 
 
 class GroupVerifyRequest(WireModel):
-    episode_ids: list[str] = Field(
+    episode_ids: list[PlainStr] = Field(
         min_length=2,
         max_length=MAX_GROUP_IDS,
         description="the ended episodes of one task (each the caller's own); order is free",

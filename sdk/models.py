@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
 from palaestra.sdk.harness import HarnessStatus
+
+# What no id may hold: C0/C1 control characters (NUL above all: PostgreSQL's text cannot hold
+# it, SQLite's can, so the same id would answer differently by engine) and lone surrogates
+# (no UTF-8: neither engine can store them).
+UNSTORABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def plain_text(value: str) -> str:
+    """`value` when it holds no control character or lone surrogate; ValueError otherwise,
+    so an id is refused alike on every engine (422 naming the field), never stored."""
+    found = UNSTORABLE.search(value)
+    if found is not None:
+        raise ValueError(
+            f"must not contain control characters or lone surrogates ({found.group()!r} at "
+            f"position {found.start()})"
+        )
+    return value
+
+
+# An id or name a client chooses (episode ids, request ids, task refs, token names).
+PlainStr = Annotated[str, AfterValidator(plain_text)]
 
 
 class WireModel(BaseModel):
@@ -20,7 +42,7 @@ class WireModel(BaseModel):
 class Action(WireModel):
     """A tool call, in the OpenAI function-call shape."""
 
-    tool: str = Field(min_length=1, max_length=128)
+    tool: PlainStr = Field(min_length=1, max_length=128)
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -49,12 +71,12 @@ class Limits(WireModel):
 
 
 class ResetRequest(WireModel):
-    task: str | None = Field(default=None, description='"org/name[@ver]:task_id"')
-    pack: str | None = None
-    split: str | None = None
-    domain: str | None = None
+    task: PlainStr | None = Field(default=None, description='"org/name[@ver]:task_id"')
+    pack: PlainStr | None = None
+    split: PlainStr | None = None
+    domain: PlainStr | None = None
     seed: int | None = None
-    episode_id: str | None = Field(default=None, max_length=128)
+    episode_id: PlainStr | None = Field(default=None, max_length=128)
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -68,7 +90,7 @@ class ResetResponse(WireModel):
 
 class StepRequest(WireModel):
     action: Action
-    request_id: str | None = Field(default=None, max_length=128)
+    request_id: PlainStr | None = Field(default=None, max_length=128)
 
 
 class StepResponse(WireModel):
@@ -356,7 +378,7 @@ class SamplerReport(WireModel):
 
 
 class SamplerReleaseRequest(WireModel):
-    task: str = Field(description='"org/name[@ver]:task_id"')
+    task: PlainStr = Field(description='"org/name[@ver]:task_id"')
 
 
 class PackYankResponse(WireModel):
@@ -386,9 +408,9 @@ class PackEnableResponse(WireModel):
 
 
 class TokenRequest(WireModel):
-    scopes: list[str]
-    name: str | None = None
-    orgs: list[str] = Field(default_factory=list, description="orgs a publish token may use")
+    scopes: list[PlainStr]
+    name: PlainStr | None = None
+    orgs: list[PlainStr] = Field(default_factory=list, description="orgs a publish token may use")
     max_live: int | None = Field(default=None, ge=0, le=10**9)
     max_episodes_per_hour: int | None = Field(default=None, ge=0, le=10**9)
     max_cpu_s_per_hour: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)
@@ -445,7 +467,7 @@ class BatchStepItem(StepRequest):
     """A step request for one episode of a batch (it is a `StepRequest`, so the manager
     takes it as one)."""
 
-    episode_id: str = Field(min_length=1, max_length=128)
+    episode_id: PlainStr = Field(min_length=1, max_length=128)
 
 
 class BatchStepRequest(WireModel):

@@ -62,6 +62,12 @@ class EpisodeRow:
     written: Future[None]
 
 
+def storable(text: str) -> str:
+    """Free text (a void reason quoting a sandbox's output) as every engine stores it alike:
+    a NUL (PostgreSQL's text cannot hold one; SQLite's can) becomes U+FFFD."""
+    return text.replace("\x00", "\ufffd")
+
+
 class StoreWriteError(ServerError):
     """A queued write failed (a value SQLite cannot bind, a constraint): it was dropped and
     the writer went on. Input that reaches the store is validated first, so this is a bug."""
@@ -239,8 +245,20 @@ class Store:
                 item[2].set_exception(_writer_down(self.writer_error))
 
     def _put(self, sql: str, params: tuple[Any, ...], wait: bool = False) -> Future[None] | None:
-        """Queue a write; with `wait`, a future that ends when it is committed (or failed)."""
+        """Queue a write; with `wait`, a future that ends when it is committed (or failed).
+        A text PostgreSQL cannot hold (a NUL) is refused here, on every engine alike, never
+        queued to be dropped by the writer after its caller went on: StoreWriteError, raised
+        (or on the future). Wire ids are refused before (sdk/models.py `PlainStr`), JSON
+        escapes a NUL, and free text is `storable`: reaching this is a bug, said loudly."""
         done: Future[None] | None = Future() if wait else None
+        if any(type(p) is str and "\x00" in p for p in params):
+            self.write_errors += 1
+            refused = StoreWriteError(f"a NUL character in a text value; not written: {sql[:60]}")
+            log.error("store write refused: %s", refused.message)
+            if done is None:
+                raise refused
+            done.set_exception(refused)
+            return done
         if not self._writing:
             error = _writer_down(self.writer_error)
             if done is None:
@@ -311,7 +329,7 @@ class Store:
                 state.step_count,
                 state.updated_at,
                 state.ended_at,
-                state.void_reason,
+                None if state.void_reason is None else storable(state.void_reason),
                 json.dumps(state.timings),
                 state.metrics.model_dump_json(),
                 state.episode_id,

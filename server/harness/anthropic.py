@@ -43,6 +43,15 @@ def anthropic_error(status: int, message: str) -> Reply:
     return Reply.json(status, {"type": "error", "error": {"type": kind, "message": message}})
 
 
+def _str(block: dict[str, Any], key: str, where: str, default: str = "") -> str:
+    """`block[key]`, a string (`default` when absent); MessagesError naming it otherwise:
+    nothing the harness sent is turned into something else or dropped unsaid."""
+    value = block.get(key, default)
+    if not isinstance(value, str):
+        raise MessagesError(f"{where}.{key} must be a string, not {type(value).__name__}")
+    return value
+
+
 def _text_of(content: Any, where: str) -> str:
     """A string, or a list of text blocks joined (tool_result and system content)."""
     if isinstance(content, str):
@@ -54,7 +63,7 @@ def _text_of(content: Any, where: str) -> str:
         if not isinstance(block, dict) or block.get("type") != "text":
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
             raise MessagesError(f"{where}: only text blocks are supported here, not {kind!r}")
-        parts.append(str(block.get("text", "")))
+        parts.append(_str(block, "text", where))
     return "".join(parts)
 
 
@@ -70,14 +79,13 @@ def _user(content: Any, k: int) -> list[dict[str, Any]]:
         where = f"messages[{k}].content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append(str(block.get("text", "")))
+            texts.append(_str(block, "text", where))
         elif kind == "tool_result":
             body = _text_of(block.get("content", ""), where)
             if block.get("is_error"):
                 body = f"Error: {body}"
-            tools.append(
-                {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": body}
-            )
+            call_id = _str(block, "tool_use_id", where)
+            tools.append({"role": "tool", "tool_call_id": call_id, "content": body})
         else:
             raise MessagesError(
                 f"{where}: block type {kind!r} is not supported (text, tool_result)"
@@ -93,22 +101,18 @@ def _assistant(content: Any, k: int) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(content):
+        where = f"messages[{k}].content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append(str(block.get("text", "")))
+            texts.append(_str(block, "text", where))
         elif kind == "tool_use":
-            arguments = json.dumps(block.get("input") or {})
-            calls.append(
-                {
-                    "id": str(block.get("id", "")),
-                    "type": "function",
-                    "function": {"name": str(block.get("name", "")), "arguments": arguments},
-                }
-            )
+            arguments = block.get("input", {})
+            if not isinstance(arguments, dict):
+                raise MessagesError(f"{where}.input must be an object")
+            function = {"name": _str(block, "name", where), "arguments": json.dumps(arguments)}
+            calls.append({"id": _str(block, "id", where), "type": "function", "function": function})
         elif kind not in ("thinking", "redacted_thinking"):  # the upstream never sees them
-            raise MessagesError(
-                f"messages[{k}].content[{j}]: block type {kind!r} is not supported (text, tool_use)"
-            )
+            raise MessagesError(f"{where}: block type {kind!r} is not supported (text, tool_use)")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
     if calls:
         message["tool_calls"] = calls
@@ -128,14 +132,39 @@ def _tool_choice(choice: Any) -> Any:
     raise MessagesError("tool_choice must be {type: auto | any | none | tool (with name)}")
 
 
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    """Anthropic's tools as OpenAI functions; MessagesError for any that is not a tool (a
+    tool left out unsaid would leave the model without it, the harness none the wiser)."""
+    if not isinstance(tools, list):
+        raise MessagesError("tools must be a list of {name, description?, input_schema}")
+    functions = []
+    for k, tool in enumerate(tools):
+        where = f"tools[{k}]"
+        if not isinstance(tool, dict):
+            raise MessagesError(f"{where} must be an object {{name, description?, input_schema}}")
+        schema = tool.get("input_schema", {"type": "object"})
+        if not isinstance(schema, dict):
+            raise MessagesError(f"{where}.input_schema must be a JSON Schema object")
+        function = {
+            "name": _str(tool, "name", where),
+            "description": _str(tool, "description", where),
+            "parameters": schema or {"type": "object"},
+        }
+        if not function["name"]:
+            raise MessagesError(f"{where}.name is required")
+        functions.append({"type": "function", "function": function})
+    return functions
+
+
 def to_openai(body: dict[str, Any]) -> dict[str, Any]:
     """The chat-completions request of a Messages request (MessagesError when refused)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise MessagesError("messages must be a non-empty list")
     out: list[dict[str, Any]] = []
-    if body.get("system"):
-        out.append({"role": "system", "content": _text_of(body["system"], "system")})
+    system = _text_of(body["system"], "system") if body.get("system") is not None else ""
+    if system:
+        out.append({"role": "system", "content": system})
     for k, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
         if role == "user":
@@ -145,27 +174,21 @@ def to_openai(body: dict[str, Any]) -> dict[str, Any]:
         else:
             raise MessagesError(f"messages[{k}].role must be 'user' or 'assistant'")
     chat: dict[str, Any] = {"messages": out}
-    if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
+    max_tokens = body.get("max_tokens")
+    if type(max_tokens) is not int or max_tokens < 1:
         raise MessagesError("max_tokens is required: a positive integer")
-    chat["max_tokens"] = body["max_tokens"]
+    chat["max_tokens"] = max_tokens
     for key in ("temperature", "top_p", "top_k"):
         if key in body:
             chat[key] = body[key]
-    if body.get("stop_sequences"):
-        chat["stop"] = list(body["stop_sequences"])
-    if body.get("tools"):
-        chat["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.get("name"),
-                    "description": t.get("description", ""),
-                    "parameters": t.get("input_schema") or {"type": "object"},
-                },
-            }
-            for t in body["tools"]
-            if isinstance(t, dict)
-        ]
+    stop = body.get("stop_sequences")
+    if stop is not None:
+        if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+            raise MessagesError("stop_sequences must be a list of strings")
+        if stop:
+            chat["stop"] = stop
+    if body.get("tools") is not None:
+        chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     return chat

@@ -98,16 +98,56 @@ def _fetched(messages: Any) -> str | None:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text":
                 continue
-            inner = part.get(kind) if isinstance(kind, str) else None
+            if not isinstance(kind, str):  # a list or object is no type (nor hashable)
+                return f"messages[{i}].content[{j}]"
+            inner = part.get(kind)
             url = inner.get("url", "data:") if isinstance(inner, dict) else None
             if kind not in MEDIA or not isinstance(url, str) or not url.startswith("data:"):
                 return f"messages[{i}].content[{j}]"
     return None
 
 
+def _shape_error(fields: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, what is wrong) for the first of the harness's fields not in the JSON type
+    OpenAI's chat API gives it; None when all are. The upstream is never asked to make
+    sense of the rest: its 500 (a fault, void) would be the policy's doing, and a size the
+    proxy cannot read would be dropped unsaid."""
+    messages = fields.get("messages")
+    if not isinstance(messages, list):
+        return "messages", "messages must be a list of message objects"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return "messages", f"messages[{i}] must be an object with a string role"
+        content = message.get("content")
+        if not (content is None or isinstance(content, str | list)):
+            return "messages", f"messages[{i}].content must be a string, a list of parts or null"
+        parts = content if isinstance(content, list) else []
+        if not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in parts):
+            return "messages", f"messages[{i}].content: each part must be an object with a type"
+    tools = fields.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        return "tools", "tools must be a list of tool objects"
+    choice = fields.get("tool_choice")
+    if not (choice is None or isinstance(choice, str | dict)):
+        return "tool_choice", "tool_choice must be a string or an object"
+    for key in ("max_tokens", "max_completion_tokens", "n"):
+        value = fields.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            return key, f"{key} must be a positive integer"
+    parallel = fields.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        return "parallel_tool_calls", "parallel_tool_calls must be true or false"
+    return None
+
+
 def _check_fields(fields: dict[str, Any]) -> None:
     """_Refusal naming the first of the harness's fields out of what the upstream is sure to
-    take: RANGES, inline media only (`_fetched`), at most MAX_STOP stop strings."""
+    take: their JSON types (`_shape_error`), RANGES, inline media only (`_fetched`), at most
+    MAX_STOP stop strings."""
+    if (wrong := _shape_error(fields)) is not None:
+        raise _Refusal(400, wrong[1], "invalid_type", wrong[0])
     for key, (low, high) in RANGES.items():
         value = fields.get(key)
         number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -323,6 +363,11 @@ class LlmSession:
             chat = anthropic.to_openai(request) if api == ANTHROPIC else request
         except anthropic.MessagesError as exc:
             raise _Refusal(400, str(exc), "invalid_request") from None
+        except (TypeError, ValueError, AttributeError, LookupError) as exc:  # a shape missed
+            log.warning("model session %s: a Messages body not translated: %r", self.key, exc)
+            raise _Refusal(
+                400, f"the Messages request is malformed ({type(exc).__name__})", "invalid_request"
+            ) from None
         async with self._lock:
             self._check_open()
             body = self._upstream_body(chat)

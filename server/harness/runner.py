@@ -491,7 +491,16 @@ def _capped(name: str, value: int | None, settings: Settings, what: str) -> int:
 
 def check_endpoint(url: str, settings: Settings) -> str:
     """`url` when it is an http(s) URL whose host is on `harness_endpoints` and is not this
-    server itself; 422 for a malformed one, 403 naming the setting for any other."""
+    server itself; 422 for a malformed one, 403 naming the setting for any other. Whitespace
+    around it (a pasted URL's newline) is stripped; any inside, or a control character, is
+    refused here: the probe and the proxy would each fail on it their own way (a 500)."""
+    url = url.strip()
+    if any(ord(c) <= 0x20 or 0x7F <= ord(c) <= 0x9F for c in url):
+        raise InvalidActionError(
+            f"options.harness.model_endpoint {url[:200]!r} holds a space or a control "
+            "character; send the base URL alone, e.g. http://127.0.0.1:8001/v1",
+            code="invalid_harness",
+        )
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -63,6 +63,11 @@ class JudgeEndpointSettings(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
+        """The URL stripped of surrounding whitespace (a pasted newline); one with a space
+        or control character inside is refused here, not when the first judge call fails."""
+        value = value.strip()
+        if any(ord(c) <= 0x20 or 0x7F <= ord(c) <= 0x9F for c in value):
+            raise ValueError(f"{value!r} holds a space or a control character; write the URL alone")
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
