@@ -129,6 +129,7 @@ class StepFastPath:
                 body = error_body(exc.code, exc.message, exc.retryable)
                 await _respond(send, exc.status, body, CHALLENGE)
                 return
+            guards.trust(scope)  # the connection is a tenant's now, not a stranger's
             if scope["method"] == "POST":
                 match = STEP_PATH.match(scope["path"])
                 if match is not None:

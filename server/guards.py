@@ -5,7 +5,10 @@ the bytes, so a 2 GiB body or a 100,000-deep `[[[[…` answers 413/422 in the co
 error shape instead of a RecursionError (500) or an exhausted memory. The connection
 guards are the uvicorn side (`uvicorn_options`): how many connections, how large and how
 slow a request's headers may be (uvicorn itself never times out a connection that has
-not sent its first request yet, nor one that trickles a header a byte at a time).
+not sent its first request yet, nor one that trickles a header a byte at a time), and how
+many connections one client address may hold before any of them authenticates. A
+connection that has sent a valid token (`trust`, from the front door) is a tenant's: no
+stranger's flood closes it, and when the server is full an idle stranger makes room.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import asyncio
 from typing import Any
 
 import numpy as np
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
 from palaestra.sdk.errors import InvalidActionError, TooLargeError
 from palaestra.server.config import Settings
@@ -127,31 +130,117 @@ _TOO_MANY = (
 ) + _TOO_MANY_BODY
 
 
+_STRANGERS_BODY = (
+    b'{"error": {"code": "capacity", "message": "this client address holds its limit of'
+    b" connections that have not authenticated (max_unauthenticated_per_client); send a"
+    b' request on the ones it holds or retry later", "retryable": true}}'
+)
+_TOO_MANY_STRANGERS = (
+    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(_STRANGERS_BODY)
+) + _STRANGERS_BODY
+
+CONNECTION_KEY = "palaestra.connection"  # the request's connection, in scope["state"]
+
+
+class Strangers:
+    """The server's connections that have not authenticated yet, oldest first: overall and
+    per client address. Only these are capped per client and evicted to make room, so a
+    tenant's own connection, once it has sent a valid token, is never closed for a
+    stranger's sake."""
+
+    def __init__(self) -> None:
+        self.by_host: dict[str, dict[Any, None]] = {}  # dicts: insertion-ordered sets
+        self.all: dict[Any, None] = {}
+
+    def add(self, conn: Any, host: str) -> None:
+        self.by_host.setdefault(host, {})[conn] = None
+        self.all[conn] = None
+
+    def discard(self, conn: Any, host: str) -> None:
+        self.all.pop(conn, None)
+        held = self.by_host.get(host)
+        if held is not None:
+            held.pop(conn, None)
+            if not held:
+                del self.by_host[host]
+
+    def count(self, host: str) -> int:
+        return len(self.by_host.get(host, ()))
+
+    def oldest_idle(self, host: str | None = None) -> Any:
+        """The oldest stranger (of `host`, or of anyone) the server is waiting on (for a
+        request head or body); None when every one is being answered."""
+        held = self.all if host is None else self.by_host.get(host, {})
+        return next((conn for conn in held if conn.idle()), None)
+
+
+def trust(scope: Scope) -> None:
+    """Mark the connection `scope` arrived on as authenticated (a valid token was sent on
+    it): it leaves the strangers, so neither the per-client cap nor eviction touches it.
+    A no-op outside `palaestra serve` (no guarded connection in the scope)."""
+    state = scope.get("state")
+    conn = state.get(CONNECTION_KEY) if isinstance(state, dict) else None
+    if conn is not None:
+        conn.trust()
+
+
 def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
     """`base` (uvicorn's httptools or h11 protocol) that closes a connection which has not
     sent a whole request head within `header_timeout_s` of connecting (or of its last
-    response), and answers 431 to a head over `max_header_bytes`."""
+    response), and answers 431 to a head over `max_header_bytes`.
+
+    Connections that have not authenticated (strangers) are bounded per client address
+    (`max_unauthenticated_per_client`): past it, that address's oldest idle stranger is
+    closed. At `max_connections` the oldest idle stranger of anyone makes room; only when
+    none is idle is the new connection refused (429). A WebSocket leaves the guard at its
+    upgrade: its life is the door's (idle_ttl_s), not a request-head timer."""
     timeout = settings.header_timeout_s
     limit = settings.max_header_bytes
     most = settings.max_connections
+    per_client = settings.max_unauthenticated_per_client
 
     class Guarded(base):  # type: ignore[misc]
+        strangers = Strangers()  # this server's (one class per guarded_protocol call)
+        app_state: dict[str, Any]  # uvicorn's (the lifespan state each scope copies)
         _guard: asyncio.TimerHandle | None = None
         _waiting: object = None
         _head_bytes = 0
+        _host = ""
+        _stranger = False
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # Each request's scope["state"] is a copy of this: the route can reach its
+            # connection (`trust`) however a proxy header rewrote scope["client"].
+            self.app_state = {**self.app_state, CONNECTION_KEY: self}
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            self._host = self.client[0] if self.client else ""
+            if self.strangers.count(self._host) >= per_client:
+                victim = self.strangers.oldest_idle(self._host)
+                if victim is None:
+                    self._refuse(_TOO_MANY_STRANGERS)
+                    return
+                victim.evict()
             if len(self.connections) > most:
-                transport.write(_TOO_MANY)
-                transport.close()
-                return
+                victim = self.strangers.oldest_idle()
+                if victim is None:
+                    self._refuse(_TOO_MANY)
+                    return
+                victim.evict()
+            self._stranger = True
+            self.strangers.add(self, self._host)
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._guard is not None:
-                self._guard.cancel()
+            self._leave()
             super().connection_lost(exc)
+
+        def handle_websocket_upgrade(self, *args: Any) -> None:
+            self._leave()  # the WebSocket protocol owns the transport from here
+            super().handle_websocket_upgrade(*args)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -165,6 +254,44 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
                 if self._head_bytes > limit and not self.transport.is_closing():
                     self.transport.write(_HEADER_TOO_LARGE)
                     self.transport.close()
+
+        def idle(self) -> bool:
+            """Whether the server waits on this client, not the client on the server: no
+            whole request head yet, or a body still to come with no answer begun (a slow
+            body holds a connection as a slow head does)."""
+            if self.transport.is_closing():
+                return False
+            cycle = self.cycle
+            if cycle is self._waiting:
+                return True
+            return bool(cycle.more_body and not cycle.response_started)
+
+        def trust(self) -> None:
+            self._unlist()
+
+        def evict(self) -> None:
+            """Close this idle stranger to make room (as a keep-alive timeout would: it
+            has no whole request for the server to answer). Counted out at once, so one
+            new connection closes one stranger, not several while the close is under way."""
+            self._leave()
+            self.connections.discard(self)
+            self.transport.close()
+
+        def _refuse(self, reply: bytes) -> None:
+            self.transport.write(reply)
+            self.transport.close()
+
+        def _leave(self) -> None:
+            """Out of the guard's books: no timer, no stranger."""
+            if self._guard is not None:
+                self._guard.cancel()
+                self._guard = None
+            self._unlist()
+
+        def _unlist(self) -> None:
+            if self._stranger:
+                self._stranger = False
+                self.strangers.discard(self, self._host)
 
         def _arm(self) -> None:
             if self._guard is not None:
@@ -194,8 +321,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         base = H11Protocol
     return {
         "http": guarded_protocol(base, settings),
-        # Guarded refuses connections over max_connections in our error shape; uvicorn's
-        # own bound (a plain-text 503) stays behind it, for tasks as well as connections.
+        # Guarded holds connections at max_connections (an idle stranger makes room, else
+        # a 429 in our error shape); uvicorn's own bound (a plain-text 503) stays behind
+        # it, for tasks as well as connections.
         "limit_concurrency": 2 * settings.max_connections,
         "h11_max_incomplete_event_size": settings.max_header_bytes,
         "timeout_keep_alive": max(1, round(settings.keep_alive_s)),

@@ -17,6 +17,7 @@ check is the episode manager's, so ownership, sealed splits, scopes and quotas a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from typing import Any
@@ -68,6 +69,7 @@ WS_CODES = {
     403: SESSION_ERROR,
 }
 POLICY_VIOLATION = 1008  # the WebSocket close code after a refused session
+NORMAL_CLOSURE = 1000  # after a session idle for idle_ttl_s
 CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is 125 bytes, code included
 
 
@@ -470,9 +472,16 @@ async def ws(websocket: WebSocket, org: str, name: str) -> None:
         await refuse(websocket, exc)
         return
     session = Session(manager_of(websocket), services_of(websocket), principal, f"{org}/{name}")
+    idle_s = session.services.settings.idle_ttl_s
     try:
         while True:
-            raw = await websocket.receive_text()
+            try:  # a session lives while it is used: idle as long as its episode may be, no more
+                async with asyncio.timeout(idle_s):
+                    raw = await websocket.receive_text()
+            except TimeoutError:
+                reason = f"idle: no frame for {idle_s:g} s (idle_ttl_s)"
+                await websocket.close(code=NORMAL_CLOSURE, reason=reason)
+                return
             try:  # each frame, as each /v1 request: a token revoked meanwhile ends the session
                 websocket.scope.pop(PRINCIPAL_KEY, None)
                 session.principal = ws_principal(websocket)

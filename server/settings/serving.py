@@ -104,6 +104,14 @@ class HttpSettings(BaseModel):
     max_connections: int = Field(
         default=4096, ge=16, description="open connections and tasks before 503 (uvicorn)"
     )
+    max_unauthenticated_per_client: int = Field(
+        default=1024,
+        ge=1,
+        description=(
+            "connections one client address may hold before they authenticate; past it its "
+            "oldest idle one is closed (at max_connections, anyone's oldest idle one is)"
+        ),
+    )
     max_header_bytes: int = Field(
         default=64 * 1024, ge=4096, description="request line and headers of one request"
     )

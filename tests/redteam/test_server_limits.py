@@ -210,7 +210,16 @@ def test_an_oversized_request_head_is_431(guarded: ServerProcess) -> None:
 def test_connections_over_the_limit_are_refused_and_others_served(
     guarded: ServerProcess,
 ) -> None:
+    # Tenants' requests under way (authenticated, a body still to come): none of them may
+    # make room for the new one (idle strangers do: tests/redteam/test_connection_abuse.py).
     held = [socket.create_connection(("127.0.0.1", guarded.port)) for _ in range(16)]
+    head = (
+        f"POST /v1/episodes/x/step HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {guarded.token}"
+        "\r\ncontent-length: 100\r\n\r\n"
+    )
+    for sock in held:
+        sock.sendall(head.encode())
+    time.sleep(0.2)
     try:
         with socket.create_connection(("127.0.0.1", guarded.port)) as extra:
             extra.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
