@@ -154,7 +154,7 @@ class StepFastPath:
         try:
             raw = await guards.read_body(receive, settings.max_body_bytes)
             if raw is not None:
-                guards.check_json_depth(raw, settings.max_json_depth)
+                await guards.vet_json_depth(raw, settings.max_json_depth)
             return raw
         except PalaestraError as exc:
             await _respond(send, exc.status, error_body(exc.code, exc.message), [])

@@ -16,38 +16,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import numpy as np
 from starlette.types import Receive, Scope
 
 from palaestra.sdk.errors import InvalidActionError, TooLargeError
 from palaestra.server.config import Settings
+from palaestra.server.jsondepth import json_depth
 
-_DEPTH_DELTA = np.zeros(256, dtype=np.int8)
-_DEPTH_DELTA[[ord("["), ord("{")]] = 1
-_DEPTH_DELTA[[ord("]"), ord("}")]] = -1
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
-
-
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of the JSON text `raw` (brackets inside strings do not count).
-
-    One vectorized pass (a batch body is scanned on every call): a quote opens or closes a
-    string unless an odd run of backslashes precedes it; brackets between an opening and a
-    closing quote are text."""
-    if raw.count(b"[") + raw.count(b"{") == 0:
-        return 0
-    data = np.frombuffer(raw, dtype=np.uint8)
-    delta = _DEPTH_DELTA[data]
-    if b'"' in raw:
-        quotes = data == _QUOTE
-        if b"\\" in raw:
-            slashes = data == _BACKSLASH
-            count = np.cumsum(slashes, dtype=np.int64)
-            run = count - np.maximum.accumulate(np.where(slashes, 0, count))  # ending here
-            quotes[1:] &= (run[:-1] & 1) == 0
-        inside = (np.cumsum(quotes, dtype=np.int64) & 1).astype(bool)
-        delta = np.where(inside, 0, delta)
-    return int(np.cumsum(delta, dtype=np.int64).max(initial=0))
+# Bodies larger than this have their nesting checked on a worker thread (numpy releases the
+# GIL as it scans), so a large body never holds other tenants' steps on the event loop.
+DEPTH_OFF_LOOP_BYTES = 256 * 1024
 
 
 def check_json_depth(raw: bytes, limit: int) -> None:
@@ -61,6 +38,14 @@ def check_json_depth(raw: bytes, limit: int) -> None:
             "(max_json_depth)",
             code="too_deep",
         )
+
+
+async def vet_json_depth(raw: bytes, limit: int) -> None:
+    """`check_json_depth`, off the event loop for a large body."""
+    if len(raw) > DEPTH_OFF_LOOP_BYTES:
+        await asyncio.to_thread(check_json_depth, raw, limit)
+    else:
+        check_json_depth(raw, limit)
 
 
 def too_large(limit: int, what: str = "a request body", setting: str = "max_body_bytes") -> str:
@@ -257,12 +242,13 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
 
         def idle(self) -> bool:
             """Whether the server waits on this client, not the client on the server: no
-            whole request head yet, or a body still to come with no answer begun (a slow
-            body holds a connection as a slow head does)."""
+            whole request head yet, a body still to come with no answer begun, or an
+            answer the client does not read (slow bodies and slow reads hold a connection
+            as a slow head does)."""
             if self.transport.is_closing():
                 return False
             cycle = self.cycle
-            if cycle is self._waiting:
+            if cycle is self._waiting or self.flow.write_paused:
                 return True
             return bool(cycle.more_body and not cycle.response_started)
 
@@ -270,12 +256,13 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
             self._unlist()
 
         def evict(self) -> None:
-            """Close this idle stranger to make room (as a keep-alive timeout would: it
-            has no whole request for the server to answer). Counted out at once, so one
-            new connection closes one stranger, not several while the close is under way."""
+            """Close this idle stranger to make room (as a keep-alive timeout would: the
+            server is not working for it, only waiting on it). Aborted, not closed: a
+            close would keep flushing an answer it does not read. Counted out at once, so
+            one new connection closes one stranger, not several while it goes."""
             self._leave()
             self.connections.discard(self)
-            self.transport.close()
+            self.transport.abort()
 
         def _refuse(self, reply: bytes) -> None:
             self.transport.write(reply)

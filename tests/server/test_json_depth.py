@@ -1,4 +1,4 @@
-"""The JSON nesting guard (server/guards.py `json_depth`) against the nesting a real parse
+"""The JSON nesting guard (server/jsondepth.py `json_depth`) against the nesting a real parse
 finds, on random documents full of brackets, quotes and backslashes inside strings."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from palaestra.sdk.errors import InvalidActionError
-from palaestra.server.guards import check_json_depth, json_depth
+from palaestra.server.guards import check_json_depth
+from palaestra.server.jsondepth import json_depth
 
 TEXT = ["a", "[", "]", "{", "}", '"', "\\", "\n", "\\\\", '\\"', "]]}}", "é"]
 
