@@ -230,8 +230,8 @@ def from_openai(reply: dict[str, Any], model: str) -> dict[str, Any]:
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence if stop_reason == "stop_sequence" else None,
         "usage": {
-            "input_tokens": int(usage.get("prompt_tokens", 0)),
-            "output_tokens": int(usage.get("completion_tokens", 0)),
+            "input_tokens": int(usage.get("prompt_tokens") or 0),
+            "output_tokens": int(usage.get("completion_tokens") or 0),
         },
     }
 

@@ -192,6 +192,41 @@ def _tokens(reply: dict[str, Any]) -> tuple[list[int], list[int], list[float]] |
     return prompt, completion, [float(lp) for lp in logprobs]  # type: ignore[arg-type]
 
 
+def _optional(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return value is None or (isinstance(value, kind) and not isinstance(value, bool))
+
+
+def _completion_error(reply: dict[str, Any]) -> str | None:
+    """What of a 2xx reply is not in the JSON type OpenAI's chat completion gives it (None:
+    all is). The model server's shape, never the policy's doing: a fault (void), where
+    reading it on would have been a 500 of this server."""
+    choice = reply["choices"][0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        return "choices[0].message that is no object"
+    if not _optional(message.get("content"), str):
+        return "choices[0].message.content that is no string"
+    calls = message.get("tool_calls")
+    if not _optional(calls, list):
+        return "choices[0].message.tool_calls that is no list"
+    for call in calls or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not all(
+            _optional(v, str) for v in (call.get("id"), call.get("type"), *function.values())
+        ):
+            return "a tool call that is no {id, type, function: {name, arguments}} of strings"
+    if not _optional(choice.get("finish_reason"), str):
+        return "choices[0].finish_reason that is no string"
+    if not _optional(choice.get("logprobs"), dict):
+        return "choices[0].logprobs that is no object"
+    usage = reply.get("usage")
+    if not _optional(usage, dict) or not all(
+        _optional((usage or {}).get(k), int) for k in ("prompt_tokens", "completion_tokens")
+    ):
+        return "usage that is no object of token counts"
+    return None
+
+
 def _no_constant(name: str) -> Any:
     """NaN and ±Infinity are no JSON (RFC 8259), though Python's parser takes them: sent on,
     a sampling parameter of NaN is the upstream's crash, a fault the policy would cause."""
@@ -386,6 +421,8 @@ class LlmSession:
                              error=refused)  # fmt: skip
                 return self._passthrough(api, status, reply, raw_reply, headers)
             assert reply is not None
+            if (wrong := _completion_error(reply)) is not None:
+                raise _Fault(f"model endpoint {self.options.model_endpoint} answered {wrong}")
             tokens = _tokens(reply)
             if tokens is None:
                 raise _Fault(

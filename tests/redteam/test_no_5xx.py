@@ -35,7 +35,9 @@ from palaestra.server.runtime import build_manager
 from palaestra.server.settings.families import JudgeEndpointSettings
 from palaestra.server.store import Store, StoreWriteError
 from tests.conftest import make_settings
-from tests.harness_fakes import FakeUpstream, options
+from tests.harness_fakes import FakeUpstream, fake_reply, options
+from tests.peers.fake_model_server import FakeModelServer, Hit
+from tests.peers.fake_model_server import Reply as FakeReply
 from tests.redteam.conftest import app_client
 from tests.redteam.tenants import ECHO, Tenant, tenant
 
@@ -169,6 +171,63 @@ async def test_malformed_chat_bodies_are_openai_400s(
         ok = await owner.http.post(f"{LLM}/v1/chat/completions", json=chat(max_tokens=2))
         assert ok.status_code == 200, ok.text
         assert upstream.hits[-1].body["max_tokens"] == 2
+
+
+def ignore(call: LlmCall) -> None:
+    """A session's recorder that keeps nothing."""
+
+
+def odd_completions() -> list[dict[str, Any]]:
+    """Chat completions (token ids and all) with one field in a type OpenAI never gives it."""
+
+    def odd(where: str, value: Any) -> dict[str, Any]:
+        reply = fake_reply({"messages": USER, "max_tokens": 3, "model": "fake"})
+        node: Any = reply
+        *path, last = where.split(".")
+        for key in path:
+            node = node[int(key)] if key.isdigit() else node[key]
+        node[last] = value
+        return reply
+
+    return [
+        odd("choices.0.message", "text"), odd("choices.0.message", None),
+        odd("choices.0.message.content", ["a"]), odd("choices.0.message.tool_calls", 1),
+        odd("choices.0.message.tool_calls", [{"function": "f"}]),
+        odd("choices.0.message.tool_calls", [{"id": "c", "function": {"arguments": {}}}]),
+        odd("choices.0.logprobs", [1]), odd("choices.0.finish_reason", ["stop"]),
+        odd("usage", [1]), odd("usage.prompt_tokens", 1.5), odd("usage.completion_tokens", "3"),
+    ]  # fmt: skip
+
+
+async def test_odd_upstream_completions_are_faults_not_500s(manager: EpisodeManager) -> None:
+    """A model server's 200 whose fields are of the wrong JSON type (a message that is a
+    string, logprobs a list, usage a list) answered 500 from inside the proxy's reading of
+    it: it is the upstream's fault, the session's 502 in the harness's dialect (void)."""
+    odd = odd_completions()
+
+    def answer(hit: Hit) -> FakeReply:
+        return FakeReply(200, odd[int(hit.body["messages"][-1]["content"])])
+
+    proxy = manager.services.sessions
+    assert isinstance(proxy, SessionProxy)
+    owner = tenant(manager, ["train"])
+    try:
+        with FakeModelServer(answer, suffix="") as upstream:
+            for k in range(len(odd)):
+                for api, path in (("chat", "v1/chat/completions"), ("msg", "v1/messages")):
+                    key = f"{owner.token_id}:{api}{k}"
+                    session = proxy.open(key, options(upstream.base), owner=owner.token_id,
+                                         max_calls=9, max_tokens=99, on_call=ignore)  # fmt: skip
+                    body = messages(messages=[{"role": "user", "content": str(k)}])
+                    reply = await owner.http.post(f"/v1/episodes/{api}{k}/llm/{path}", json=body)
+                    assert reply.status_code == 502, (k, api, reply.text)
+                    error = reply.json()
+                    shaped = error["error"]["type"] if api == "msg" else error["error"]["code"]
+                    assert shaped == ("api_error" if api == "msg" else "upstream_failed"), error
+                    assert session.fault is not None and "answered" in session.fault, k
+                    await proxy.close(key)
+    finally:
+        await owner.http.aclose()
 
 
 # ---- endpoints with whitespace -------------------------------------------------------------
