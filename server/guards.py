@@ -242,13 +242,13 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
 
         def idle(self) -> bool:
             """Whether the server waits on this client, not the client on the server: no
-            whole request head yet, a body still to come with no answer begun, or an
-            answer the client does not read (slow bodies and slow reads hold a connection
-            as a slow head does)."""
+            whole request head yet (pipelined ones queued behind an answer count as
+            that), or a body still to come with no answer begun (a slow body holds a
+            connection as a slow head does)."""
             if self.transport.is_closing():
                 return False
             cycle = self.cycle
-            if cycle is self._waiting or self.flow.write_paused:
+            if cycle is self._waiting:
                 return True
             return bool(cycle.more_body and not cycle.response_started)
 

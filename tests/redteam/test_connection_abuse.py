@@ -161,6 +161,34 @@ def test_strangers_over_the_per_client_cap_are_closed_early(
     assert not any(closed(sock) for sock in other)
 
 
+def test_a_slow_reader_is_a_stranger_too(crowded: ServerProcess, held: list[socket.socket]) -> None:
+    """Answers it never reads (a tiny receive buffer, many pipelined requests) hold a
+    connection as a silent one does: the server waits on it, so it may be evicted, and
+    the answer it was sent is dropped rather than flushed to it forever."""
+    heads = b"GET /openapi.json HTTP/1.1\r\nhost: x\r\n\r\n" * 200
+    for _ in range(PER_CLIENT):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.bind(("127.0.0.6", 0))
+        sock.connect(("127.0.0.1", crowded.port))
+        sock.sendall(heads)
+        held.append(sock)
+    time.sleep(1.0)  # each answer stalls on a full buffer
+    held.append(hostile(crowded, "127.0.0.6"))
+    oldest = held[0]
+    oldest.settimeout(5)
+    ended = False
+    try:
+        while oldest.recv(1 << 20):  # what was under way, then the end
+            pass
+        ended = True
+    except ConnectionResetError:
+        ended = True
+    except TimeoutError:
+        pass
+    assert ended, "a stranger that reads nothing held its place"
+
+
 def test_a_full_server_still_serves_an_authenticated_tenant(
     crowded: ServerProcess, held: list[socket.socket]
 ) -> None:
