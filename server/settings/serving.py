@@ -102,7 +102,12 @@ class HttpSettings(BaseModel):
         default=1024, ge=1, le=1024, description="items in one batch call (413 over)"
     )
     max_connections: int = Field(
-        default=4096, ge=16, description="open connections and tasks before 503 (uvicorn)"
+        default=4096,
+        ge=16,
+        description=(
+            "open connections: past it the oldest idle unauthenticated one is closed, else "
+            "429 (uvicorn's own 503 for tasks at twice it)"
+        ),
     )
     max_unauthenticated_per_client: int = Field(
         default=1024,
