@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import BinaryIO
 
 from palaestra.sandbox import ExecResult, Sandbox, SandboxSpec, SandboxSpecError
+from palaestra.sandbox.base import spool_file
 from palaestra.sandbox.forkrun import PYTHON, ForkServerUnavailable, PythonRun, PythonRunner
 
 SandboxFactory = Callable[[SandboxSpec], Awaitable[Sandbox]]
@@ -28,8 +32,12 @@ class Sandboxes:
         image: str | None = None,
         images: dict[str, bool] | None = None,
         fork_server: PythonRunner | None = None,
+        spool_dir: Path | None = None,
     ) -> None:
         self._create = create
+        # Where a workspace moved between sandboxes waits: the server's own tmp dir (the
+        # `spool_dir` setting); the system's when none is given (tests, tools).
+        self.spool_dir = spool_dir if spool_dir is not None else Path(tempfile.gettempdir())
         self._image = image
         self._images = images if images is not None else {}
         self._fork_server = fork_server
@@ -62,6 +70,21 @@ class Sandboxes:
         if traces_execs:
             spec = dataclasses.replace(spec, traces_execs=True)
         return await self._new(spec)
+
+    def spool(self) -> BinaryIO:
+        """An anonymous file in the server's tmp dir for a workspace on its way from one
+        sandbox to another (`Sandbox.download_tar_to`, `upload_tar_from`): it waits on disk,
+        never whole in server memory; close it (`with`) and it is gone."""
+        return spool_file(self.spool_dir)
+
+    async def copy_workspace(
+        self, src: Sandbox, dst: Sandbox, path: str | None = None, dest: str | None = None
+    ) -> None:
+        """Copy `path` of `src` (default its workdir) into `dest` of `dst` through a `spool`
+        file. A copy over the limit is the agent's (SandboxFileTooLarge: reward 0)."""
+        with self.spool() as f:
+            await src.download_tar_to(f, path)
+            await dst.upload_tar_from(f, dest)
 
     async def run_python(self, job: PythonRun) -> ExecResult:
         """Run `job` (`python3 -I -S -c code`) in a one-shot sandbox whose /work holds its

@@ -15,11 +15,12 @@ import os
 import posixpath
 import socket
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, BinaryIO, Protocol, Self
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -194,6 +195,52 @@ def upload_member(m: tarfile.TarInfo) -> str | None:
 def read_limit(spec: SandboxSpec) -> int:
     """The most bytes `read_file` or `download_tar` of a sandbox of `spec` takes in."""
     return (spec.workspace_mb + DOWNLOAD_SLACK_MB) << 20
+
+
+def transfer_limit(spec: SandboxSpec, limit: int | None) -> int:
+    """The byte cap of one tar moved out of or into a sandbox of `spec`: `read_limit`, lower
+    where the caller asks for less."""
+    cap = read_limit(spec)
+    return cap if limit is None else min(cap, limit)
+
+
+def too_large(limit: int, what: str) -> SandboxFileTooLarge:
+    """The agent fault of a tar over `limit` (sparse files, hard links or too many entries
+    the agent made: no real workspace outgrows it); the message names the limit."""
+    return SandboxFileTooLarge(
+        f"{what} is over its limit of {limit} bytes ({limit >> 20} MiB: the sandbox's "
+        f"workspace_mb plus {DOWNLOAD_SLACK_MB} MiB): sparse files, hard links or too many "
+        "entries"
+    )
+
+
+def spool_file(folder: Path) -> BinaryIO:
+    """An anonymous file in `folder`, the server's own tmp dir (never a path a sandbox sees):
+    a workspace in transit sits there, not in server memory, and is gone once closed or if
+    the server dies (O_TMPFILE: it never has a name)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return tempfile.TemporaryFile(dir=folder)
+
+
+TAR_CHUNK = 1 << 20  # what a copy of a file into or out of a tar holds at once
+
+
+def tar_writer(out: BinaryIO) -> tarfile.TarFile:
+    """A plain tar written into `out` that copies a file's contents TAR_CHUNK at a time."""
+    return tarfile.TarFile(fileobj=out, mode="w", copybufsize=TAR_CHUNK)
+
+
+def forget_members(tf: tarfile.TarFile) -> None:
+    """Drop the list of members tarfile keeps of all it read or wrote (call after each):
+    a tar of a million entries would otherwise hold them all in memory."""
+    tf.members.clear()  # type: ignore[attr-defined]
+
+
+def tar_members(tf: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The members of `tf`, read one at a time and none kept (`forget_members`)."""
+    while (m := tf.next()) is not None:
+        forget_members(tf)
+        yield m
 
 
 @dataclass(frozen=True)
@@ -395,6 +442,37 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def download_tar(self, path: str | None = None) -> bytes: ...
+
+    async def download_tar_to(
+        self, out: BinaryIO, path: str | None = None, *, limit: int | None = None
+    ) -> int:
+        """Write a tar of `path` (default the workdir), as `download_tar` makes it, into
+        `out` (a `spool_file`) as it is read, so a workspace never sits whole in server
+        memory; returns the bytes written. Past `transfer_limit` it stops with
+        SandboxFileTooLarge naming the limit (the agent's files: reward 0, never void).
+
+        This default, for a backend that cannot stream, holds the tar in memory once."""
+        cap = transfer_limit(self.spec, limit)
+        data = await self.download_tar(path)
+        if len(data) > cap:
+            raise too_large(cap, f"the tar of {path or self.spec.workdir!r}")
+        await asyncio.to_thread(out.write, data)
+        return len(data)
+
+    async def upload_tar_from(
+        self, src: BinaryIO, dest: str | None = None, *, limit: int | None = None
+    ) -> None:
+        """Unpack the tar in `src` (a seekable file, read from its start) into `dest`, with
+        `upload_tar`'s rules, without reading it whole into server memory; SandboxFileTooLarge
+        past `transfer_limit`.
+
+        This default, for a backend that cannot stream, reads it into memory once."""
+        cap = transfer_limit(self.spec, limit)
+        src.seek(0)
+        data = await asyncio.to_thread(src.read, cap + 1)
+        if len(data) > cap:
+            raise too_large(cap, "the tar to unpack")
+        await self.upload_tar(data, dest)
 
     async def shell(self) -> ShellSession:
         raise SandboxError(f"{type(self).__name__} has no persistent shell yet")

@@ -9,6 +9,7 @@ episode ends, whatever the family did.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from palaestra.envs.base import Family, Sandboxes
 from palaestra.sandbox import Backend, Sandbox, SandboxError, SandboxSpec
@@ -34,6 +35,11 @@ class SandboxOwner:
         self.fork_server = fork_server
         # Per family, whether the backend has the family's image (see `Sandboxes`).
         self._images: dict[str, dict[str, bool]] = {}
+
+    @property
+    def spool_dir(self) -> Path:
+        """Where workspaces moved between sandboxes wait on disk (`spool_dir` setting)."""
+        return self.settings.spool_dir or self.settings.data_dir / "tmp"
 
     @property
     def live_count(self) -> int:
@@ -65,6 +71,7 @@ class SandboxOwner:
             image=family.image,
             images=self._images.setdefault(family.name, {}),
             fork_server=self.fork_server.run if self.fork_server is not None else None,
+            spool_dir=self.spool_dir,
         )
 
     async def start(self, sandboxes: Sandboxes, spec: SandboxSpec | None) -> None:

@@ -45,10 +45,17 @@ import shlex
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from palaestra.sandbox import ExecResult, Sandbox, SandboxError, programs
-from palaestra.sandbox.base import BASE_PATH
+from palaestra.sandbox.base import (
+    BASE_PATH,
+    forget_members,
+    spool_file,
+    tar_members,
+    tar_writer,
+)
 from palaestra.verifiers.programs.terminal_runner import safe_path
 
 VERSION = "2.0.0"
@@ -78,6 +85,7 @@ REPO_HELPERS = (
     "exec_guard.py",
 )
 MAX_CHANNEL = 1024 * 1024
+MAX_NOTES = 100  # notes on members not copied, then one line that counts the rest
 VERIFIER_DIR = "/tmp/verifier"
 VERIFIER_LOGS = "/tmp/verifier-logs"
 # Where the verification sandbox keeps what the agent must not reach (VERIFIER_DIR, the
@@ -154,28 +162,31 @@ class TerminalRun:
 # -- the workspace copy ---------------------------------------------------------------------
 
 
-def sanitize_workspace(data: bytes) -> tuple[bytes, list[tuple[str, str]], list[str]]:
-    """A tar any backend's `upload_tar` takes: (tar, symlinks to recreate inside, notes).
+def sanitize_workspace(src: BinaryIO, dst: BinaryIO) -> tuple[list[tuple[str, str]], list[str]]:
+    """Copy the tar in `src` to `dst` as one any backend's `upload_tar` takes, a member at a
+    time (a workspace may be gigabytes; none of it is held whole): (symlinks to recreate
+    inside, notes).
 
     Directories, regular files and symlinks that stay inside are kept; a symlink that
     points elsewhere (absolute, or out through ..) is returned to be made with ``ln -s``
     in the sandbox; anything else (fifo, device, hard link) is dropped and noted."""
-    out = io.BytesIO()
     links: list[tuple[str, str]] = []
     notes: list[str] = []
+    dropped = 0
+    src.seek(0)
     with (
-        tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as src,
-        tarfile.open(fileobj=out, mode="w") as dst,
+        tarfile.open(fileobj=src, mode="r:*") as tin,
+        tar_writer(dst) as tout,
     ):
-        for member in src:
+        for member in tar_members(tin):
             name = posixpath.normpath(member.name)
             if name in (".", "") or name.startswith("/") or name.split("/")[0] == "..":
                 continue
             member.name = name
             if member.isdir():
-                dst.addfile(member)
+                tout.addfile(member)
             elif member.isreg():
-                dst.addfile(member, src.extractfile(member))
+                tout.addfile(member, tin.extractfile(member))
             elif member.issym():
                 target = posixpath.normpath(
                     posixpath.join(posixpath.dirname(name), member.linkname)
@@ -183,10 +194,15 @@ def sanitize_workspace(data: bytes) -> tuple[bytes, list[tuple[str, str]], list[
                 if member.linkname.startswith("/") or target.split("/")[0] == "..":
                     links.append((name, member.linkname))
                 else:
-                    dst.addfile(member)
-            else:
+                    tout.addfile(member)
+            elif len(notes) < MAX_NOTES:
                 notes.append(f"{name}: not a file, directory or symlink; not copied")
-    return out.getvalue(), links, notes
+            else:
+                dropped += 1
+            forget_members(tout)
+    if dropped:
+        notes.append(f"... and {dropped} more not a file, directory or symlink; not copied")
+    return links, notes
 
 
 def files_tar(files: Mapping[str, str], executable: bool = False) -> bytes:
@@ -249,7 +265,7 @@ def _tail(text: str, n: int = MAX_LOG) -> str:
 
 async def verify_workspace(
     box: Sandbox,
-    workspace: bytes,
+    workspace: bytes | BinaryIO,
     *,
     workdir: str,
     verifier: Mapping[str, str],
@@ -259,18 +275,24 @@ async def verify_workspace(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     path: str = BASE_PATH,
     reward_file: bool = False,
+    spool: Path | None = None,
 ) -> TerminalRun:
-    """Run the task's tests against `workspace` (a tar of the final workdir) in `box`,
-    a fresh sandbox; raises SandboxError only for faults of ours (see the module doc)."""
+    """Run the task's tests against `workspace` (a tar of the final workdir: bytes, or a
+    seekable file such as `Sandbox.download_tar_to` fills) in `box`, a fresh sandbox;
+    raises SandboxError only for faults of ours (see the module doc). The cleaned copy of
+    the workspace waits in an anonymous file in `spool` (the server's tmp dir; None: in
+    memory, for a small tar), so a big workspace never sits whole in server memory."""
     run = TerminalRun()
-    # Tar work is CPU-bound (a workspace may be hundreds of MB): off the event loop.
-    clean, links, notes = await asyncio.to_thread(sanitize_workspace, workspace)
-    run.notes.extend(notes)
-    links, dropped = _links_outside_the_verifier(workdir, links)
-    run.notes.extend(
-        f"{name}: a link into the verifier's scratch space; not copied" for name in dropped
-    )
-    await box.upload_tar(clean)
+    src = io.BytesIO(workspace) if isinstance(workspace, bytes) else workspace
+    with spool_file(spool) if spool is not None else io.BytesIO() as clean:
+        # Tar work is CPU-bound (a workspace may be hundreds of MB): off the event loop.
+        links, notes = await asyncio.to_thread(sanitize_workspace, src, clean)
+        run.notes.extend(notes)
+        links, dropped = _links_outside_the_verifier(workdir, links)
+        run.notes.extend(
+            f"{name}: a link into the verifier's scratch space; not copied" for name in dropped
+        )
+        await box.upload_tar_from(clean)
     if links:
         await box.exec(
             ["/bin/sh", "-c", _link_commands(workdir, links)],

@@ -262,15 +262,18 @@ class CadFamily(Family[CadState]):
             )
         if not chain.available:  # an infrastructure fault: void, never 0
             raise RuntimeError(f"toolchain {chain.name} unavailable: {chain.reason}")
-        workspace = await sandbox.download_tar()
+        # The agent's workspace goes to the fresh sandbox through a file on the server's
+        # disk, never whole in its memory; one over the limit is the agent's (reward 0).
+        with ctx.sandboxes.spool() as workspace:
+            await sandbox.download_tar_to(workspace)
+            fresh = await ctx.sandboxes.verifier()
+            await fresh.upload_tar_from(workspace)
         runs = [("", private.params)]
         if CadPublic.of(ctx.task).parametric:
             runs.append(("hidden_", private.hidden_params))
         comps: dict[str, float] = {}
         rewards, notes, passed = [], [], True
         failure: str | None = None  # the first run's that failed as a whole
-        fresh = await ctx.sandboxes.verifier()
-        await fresh.upload_tar(workspace)
         for prefix, params in runs:
             await fresh.write_file(PARAMS_FILE, json.dumps(params, indent=2))
             result, data = await run_in(fresh, path, chain, VERIFY_TIMEOUT_S)

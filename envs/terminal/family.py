@@ -545,24 +545,28 @@ class TerminalFamily(Family[TerminalState]):
         box = ctx.sandboxes.episode
         if box is None:
             raise SandboxError("the episode's sandbox is gone; nothing to verify")
-        try:
-            workspace = await box.download_tar()
-        finally:
-            # Every process the agent started dies with its sandbox, before any test runs.
-            await ctx.sandboxes.retire_episode()
-        fresh = await self._verifier_sandbox(ctx, private.verifier_image)
-        run = await verifier.verify_workspace(
-            fresh,
-            workspace,
-            workdir=public.workdir,
-            verifier=private.verifier,
-            environment=public.environment,
-            fail_to_pass=private.fail_to_pass,
-            pass_to_pass=private.pass_to_pass,
-            timeout_s=private.verifier_timeout_s or public.timeout_s or 120.0,
-            path=public.env.get("PATH") or BASE_PATH,
-            reward_file=private.reward_file,
-        )
+        # The workspace waits in a file on the server's disk, never whole in its memory; one
+        # over the sandbox's limit is the agent's (SandboxFileTooLarge: reward 0).
+        with ctx.sandboxes.spool() as workspace:
+            try:
+                await box.download_tar_to(workspace)
+            finally:
+                # Every process the agent started dies with its sandbox, before any test runs.
+                await ctx.sandboxes.retire_episode()
+            fresh = await self._verifier_sandbox(ctx, private.verifier_image)
+            run = await verifier.verify_workspace(
+                fresh,
+                workspace,
+                workdir=public.workdir,
+                verifier=private.verifier,
+                environment=public.environment,
+                fail_to_pass=private.fail_to_pass,
+                pass_to_pass=private.pass_to_pass,
+                timeout_s=private.verifier_timeout_s or public.timeout_s or 120.0,
+                path=public.env.get("PATH") or BASE_PATH,
+                reward_file=private.reward_file,
+                spool=ctx.sandboxes.spool_dir,
+            )
         reward = run.reward
         return Assessment(
             reward=reward,

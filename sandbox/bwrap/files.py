@@ -13,17 +13,24 @@ import errno
 import io
 import os
 import posixpath
+import shutil
 import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, BinaryIO
 
 from palaestra.sandbox.base import (
     MAX_TREE_DEPTH,
+    TAR_CHUNK,
     SandboxFileTooLarge,
     SandboxPathError,
     SandboxTreeTooDeep,
+    forget_members,
+    tar_members,
+    tar_writer,
+    too_large,
     upload_member,
 )
 
@@ -104,7 +111,8 @@ class Workspace:
         with os.fdopen(fd, "rb") as f:
             return f.read(limit + 1)
 
-    def write(self, parts: list[str], data: bytes, mode: int) -> None:
+    def write(self, parts: list[str], data: bytes | IO[bytes], mode: int) -> None:
+        """Write `data` (bytes, or a file read to its end in chunks) to the file `parts`."""
         if not parts:
             raise SandboxPathError("cannot write to the workdir itself")
         mode &= 0o777
@@ -122,13 +130,21 @@ class Workspace:
                 os.fchmod(fd, mode)
                 if self.host_uid is not None:
                     os.fchown(fd, self.host_uid, self.host_uid)
-                f.write(data)
+                if isinstance(data, bytes):
+                    f.write(data)
+                else:
+                    shutil.copyfileobj(data, f, TAR_CHUNK)
         finally:
             os.close(dfd)
 
-    def upload(self, data: bytes, dest: list[str]) -> None:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
-            for m in tf:
+    def upload(self, data: bytes | BinaryIO, dest: list[str]) -> None:
+        """Unpack the tar `data` (bytes, or a seekable file read from its start, a member at
+        a time) under `dest`."""
+        if isinstance(data, bytes):
+            data = io.BytesIO(data)
+        data.seek(0)
+        with tarfile.open(fileobj=data, mode="r:*") as tf:
+            for m in tar_members(tf):
                 name = upload_member(m)
                 if name is None:
                     continue
@@ -138,7 +154,7 @@ class Workspace:
                 elif m.isreg():
                     f = tf.extractfile(m)
                     assert f is not None
-                    self.write(parts, f.read(), (m.mode & 0o777) | 0o600)
+                    self.write(parts, f, (m.mode & 0o777) | 0o600)
                 else:  # a symlink inside the destination (upload_member)
                     dfd = self._open_dir(parts[:-1], create=True)
                     try:
@@ -155,8 +171,15 @@ class Workspace:
 
     def download(self, parts: list[str]) -> bytes:
         buf = io.BytesIO()
-        budget = _Budget(self.limit)
-        with tarfile.open(fileobj=buf, mode="w") as tf:
+        self.download_to(parts, buf, self.limit)
+        return buf.getvalue()
+
+    def download_to(self, parts: list[str], out: BinaryIO, limit: int) -> int:
+        """Write a tar of `parts` into `out` a file at a time (never a whole file in
+        memory); SandboxFileTooLarge past `limit` bytes (base.too_large). The bytes written."""
+        start = out.tell()
+        budget = _Budget(limit)
+        with tar_writer(out) as tf:
             if not parts:
                 fd = self._open_dir([])
                 try:
@@ -171,6 +194,7 @@ class Workspace:
                     if stat.S_ISDIR(st.st_mode):
                         fd = self._open_dir(parts)
                         try:
+                            budget.take(0, parts[-1])
                             _add(tf, parts[-1], st, None, None)
                             for item in _walk(fd, parts[-1], budget):
                                 _add(tf, *item)
@@ -180,7 +204,7 @@ class Workspace:
                         _add(tf, *_entry(dfd, parts[-1], parts[-1], st, budget))
                 finally:
                     os.close(dfd)
-        return buf.getvalue()
+        return out.tell() - start
 
 
 def _open_at(name: str, flags: int, dir_fd: int, mode: int = 0o644) -> int:
@@ -194,41 +218,45 @@ def _open_at(name: str, flags: int, dir_fd: int, mode: int = 0o644) -> int:
         raise
 
 
-_Entry = tuple[str, os.stat_result, bytes | None, str | None]
+# (name in the tar, its stat, an open fd of a regular file's contents, a symlink's target);
+# the fd is `_add`'s to close.
+_Entry = tuple[str, os.stat_result, int | None, str | None]
 
 
 @dataclass
 class _Budget:
-    """What is left of a download's byte allowance (`read_limit`): headers count too."""
+    """What is left of a download's byte allowance (`read_limit`, or the caller's lower
+    `limit`): every entry is charged what it takes in the tar, header and padding included."""
 
     left: int
+    limit: int = 0
+
+    def __post_init__(self) -> None:
+        self.limit = self.left
 
     def take(self, n: int, what: str) -> None:
-        self.left -= n + 512
+        name = len(what.encode(errors="surrogateescape"))
+        self.left -= -(-n // 512) * 512 + 512 + (-(-name // 512) * 512 + 1024 if name > 99 else 0)
         if self.left < 0:
-            raise SandboxFileTooLarge(
-                f"the download is over its limit at {what!r} (sparse files, hard links or "
-                "too many entries)"
-            )
+            raise too_large(self.limit, f"the download (at {what[:200]!r})")
 
 
 def _entry(dfd: int, name: str, arcname: str, st: os.stat_result, budget: _Budget) -> _Entry:
     if stat.S_ISLNK(st.st_mode):
-        budget.take(0, arcname)
-        return arcname, st, None, os.readlink(name, dir_fd=dfd)
+        target = os.readlink(name, dir_fd=dfd)
+        budget.take(len(target) if len(target) > 99 else 0, arcname)
+        return arcname, st, None, target
     if stat.S_ISREG(st.st_mode):
         fd = _open_at(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dfd)
-        real = os.fstat(fd)
-        if not stat.S_ISREG(real.st_mode):
-            os.close(fd)
-            raise SandboxPathError(f"{name!r} is not a regular file", "not_regular_file")
         try:
+            real = os.fstat(fd)
+            if not stat.S_ISREG(real.st_mode):
+                raise SandboxPathError(f"{name!r} is not a regular file", "not_regular_file")
             budget.take(real.st_size, arcname)
-        except SandboxFileTooLarge:
+        except BaseException:
             os.close(fd)
             raise
-        with os.fdopen(fd, "rb") as f:
-            return arcname, real, f.read(real.st_size), None
+        return arcname, real, fd, None
     budget.take(0, arcname)
     return arcname, st, None, None
 
@@ -264,9 +292,27 @@ def _walk(dfd: int, prefix: str, budget: _Budget, depth: int = 1) -> Iterator[_E
                 continue
 
 
+class _Exact:
+    """Exactly `size` bytes of the file `f`, zeros past an early end: the size its tar header
+    already promised, should the file have shrunk since (never more, should it have grown)."""
+
+    def __init__(self, f: IO[bytes], size: int) -> None:
+        self.f = f
+        self.left = size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        data = self.f.read(n)
+        if len(data) < n:
+            data += bytes(n - len(data))
+        self.left -= n
+        return data
+
+
 def _add(
-    tf: tarfile.TarFile, arc: str, st: os.stat_result, data: bytes | None, link: str | None
+    tf: tarfile.TarFile, arc: str, st: os.stat_result, fd: int | None, link: str | None
 ) -> None:
+    """Append one entry (closing its `fd`); tarfile keeps no list of what it wrote."""
     ti = tarfile.TarInfo(arc)
     ti.mtime = int(st.st_mtime)
     ti.mode = stat.S_IMODE(st.st_mode)
@@ -274,9 +320,11 @@ def _add(
         ti.type = tarfile.SYMTYPE
         ti.linkname = link
         tf.addfile(ti)
-    elif data is not None:
-        ti.size = len(data)
-        tf.addfile(ti, io.BytesIO(data))
+    elif fd is not None:
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            ti.size = st.st_size
+            tf.addfile(ti, _Exact(f, st.st_size))
     elif stat.S_ISDIR(st.st_mode):
         ti.type = tarfile.DIRTYPE
         tf.addfile(ti)
+    forget_members(tf)

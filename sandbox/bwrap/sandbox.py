@@ -23,6 +23,7 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from palaestra.sandbox import exechelper, netns
 from palaestra.sandbox.base import (
@@ -39,6 +40,8 @@ from palaestra.sandbox.base import (
     WorkspaceFault,
     WorkspaceFull,
     read_limit,
+    too_large,
+    transfer_limit,
     workspace_errors,
 )
 from palaestra.sandbox.bwrap.files import Workspace
@@ -456,6 +459,30 @@ class BwrapSandbox(Sandbox):
         with workspace_errors("copying the workspace"):
             return await asyncio.to_thread(self.files.download, self.files.parts(path or "."))
 
+    async def download_tar_to(
+        self, out: BinaryIO, path: str | None = None, *, limit: int | None = None
+    ) -> int:
+        """Stream the tar into `out` a file at a time (`Sandbox.download_tar_to`)."""
+        self.check_alive()
+        parts = self.files.parts(path or ".")
+        cap = transfer_limit(self.spec, limit)
+        with workspace_errors("copying the workspace"):
+            return await asyncio.to_thread(self.files.download_to, parts, out, cap)
+
+    async def upload_tar_from(
+        self, src: BinaryIO, dest: str | None = None, *, limit: int | None = None
+    ) -> None:
+        """Unpack `src` a member at a time (`Sandbox.upload_tar_from`); a tar over the cap is
+        refused before anything is written."""
+        self.check_alive()
+        parts = self.files.parts(dest or ".")
+        cap = transfer_limit(self.spec, limit)
+        size = await asyncio.to_thread(_size, src)
+        if size > cap:
+            raise too_large(cap, "the tar to unpack")
+        with workspace_errors("unpacking into the workspace"):
+            await asyncio.to_thread(self.files.upload, src, parts)
+
     async def agent_fault(self) -> WorkspaceFault | None:
         """Its processes fill the cgroup's pids limit (a fork bomb left running), or its
         workspace has no free block: the agent's doing (see `Sandbox.agent_fault`)."""
@@ -474,3 +501,8 @@ class BwrapSandbox(Sandbox):
         if self.tmpfs and (st.f_bavail == 0 or st.f_favail == 0):
             return WorkspaceFull(f"the workspace ({self.spec.workspace_mb} MB) is full")
         return None
+
+
+def _size(f: BinaryIO) -> int:
+    """The size of the seekable file `f`, whatever its position."""
+    return f.seek(0, os.SEEK_END)

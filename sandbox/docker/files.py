@@ -12,26 +12,32 @@ workspace volume, which the archive API sees (a plain tmpfs mount it would not).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import posixpath
 import tarfile
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import IO, Any, BinaryIO
 
 from palaestra.sandbox.base import (
     MAX_TREE_DEPTH,
     SandboxError,
-    SandboxFileTooLarge,
     SandboxGone,
     SandboxPathError,
     SandboxTreeTooDeep,
     WorkspaceFull,
+    forget_members,
+    tar_members,
+    tar_writer,
+    too_large,
     upload_member,
 )
 from palaestra.sandbox.docker.engine import import_docker
 from palaestra.sandbox.preamble import SANDBOX_UID
+
+CHUNK = 1 << 20  # what one piece of a tar on its way to or from the engine holds
 
 
 class ContainerFiles:
@@ -120,20 +126,19 @@ class ContainerFiles:
     def _get_archive(self, abs_path: str, shown: str) -> bytes:
         """The archive of `abs_path`, at most `read_limit` bytes (SandboxFileTooLarge: more
         is sparse files or hard links the agent made; the stream is dropped unread)."""
+        with self._archive(abs_path, shown, self.limit) as stream:
+            return stream.read()
+
+    @contextlib.contextmanager
+    def _archive(self, abs_path: str, shown: str, limit: int) -> Iterator[_Capped]:
+        """The engine's archive of `abs_path` as a file read as it arrives: at most `limit`
+        bytes and 1 MiB for the engine's own headers (past them SandboxFileTooLarge naming
+        `limit`; the stream is dropped unread); engine errors mapped as the module doc says."""
         docker = import_docker()
-        limit = self.limit + (1 << 20)
+        stream: Any = None
         try:
-            stream, _ = self.container.get_archive(abs_path)
-            chunks, size = [], 0
-            for chunk in stream:
-                size += len(chunk)
-                if size > limit:
-                    close = getattr(stream, "close", None)
-                    if close is not None:
-                        close()
-                    raise SandboxFileTooLarge(f"{shown!r}: the archive is over {limit} bytes")
-                chunks.append(chunk)
-            return b"".join(chunks)
+            stream, _ = self.container.get_archive(abs_path, chunk_size=CHUNK)
+            yield _Capped(iter(stream), limit, shown)
         except docker.errors.NotFound as e:
             if not self.running():
                 raise SandboxGone(f"sandbox {self.sandbox_id}: its container is gone") from e
@@ -145,8 +150,14 @@ class ContainerFiles:
             raise SandboxError(f"docker get_archive {shown!r}: {msg}") from e
         except docker.errors.DockerException as e:
             raise SandboxError(f"docker get_archive {shown!r}: {e}") from e
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
 
-    def _put_archive(self, data: bytes) -> None:
+    def _put_archive(self, data: bytes | Iterator[bytes]) -> None:
+        """Unpack `data` (a tar, whole or as chunks sent as they come) at the workdir."""
         docker = import_docker()
         try:
             ok = self.container.put_archive(self.workdir, data)
@@ -181,21 +192,43 @@ class ContainerFiles:
             await asyncio.to_thread(self._refuse_links, parent, parent)
         await asyncio.to_thread(self._put_archive, clean)
 
+    async def upload_tar_from(self, src: BinaryIO, dest: str | None, limit: int) -> None:
+        """`upload_tar` of the tar in the seekable file `src`, never whole in memory: one
+        pass checks every member (nothing is sent if one is refused), a second sends the
+        rewritten tar to the engine as it is made."""
+        base = self.rel(dest or ".")
+        size = await asyncio.to_thread(src.seek, 0, 2)
+        if size > limit:
+            raise too_large(limit, "the tar to unpack")
+        parents: set[str] = set()
+        await asyncio.to_thread(_drain, _rewritten(src, base, parents, contents=False))
+        for parent in sorted(parents):
+            await asyncio.to_thread(self._refuse_links, parent, parent)
+        chunks = _rewritten(src, base, set(), contents=True)
+        await asyncio.to_thread(self._put_archive, chunks)
+
     async def download_tar(self, path: str | None = None) -> bytes:
         rel = self.rel(path or ".")
-        return await asyncio.to_thread(self._download_sync, rel, path or ".")
+        out = io.BytesIO()
+        await asyncio.to_thread(self._download_sync, rel, path or ".", out, self.limit)
+        return out.getvalue()
 
-    def _download_sync(self, rel: str, shown: str) -> bytes:
+    async def download_tar_to(self, out: BinaryIO, path: str | None, limit: int) -> int:
+        """`download_tar` into `out`, as the engine sends it: never whole in memory."""
+        rel = self.rel(path or ".")
+        return await asyncio.to_thread(self._download_sync, rel, path or ".", out, limit)
+
+    def _download_sync(self, rel: str, shown: str, out: BinaryIO, limit: int) -> int:
         if rel:
             self._refuse_links(rel, shown)
-        raw = self._get_archive(f"{self.workdir}/{rel}" if rel else self.workdir, shown)
         top = posixpath.basename(self.workdir)
-        out = io.BytesIO()
+        start = out.tell()
         with (
-            tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as src,
-            tarfile.open(fileobj=out, mode="w") as dst,
+            self._archive(f"{self.workdir}/{rel}" if rel else self.workdir, shown, limit) as raw,
+            tarfile.open(fileobj=raw, mode="r|") as src,
+            tar_writer(out) as dst,
         ):
-            for m in src:
+            for m in tar_members(src):
                 name = m.name
                 if not rel:  # the workdir itself: its entries, relative to it
                     if name == top:
@@ -205,6 +238,8 @@ class ContainerFiles:
                     raise SandboxTreeTooDeep(
                         f"{name[:200]!r}... is nested deeper than {MAX_TREE_DEPTH} levels"
                     )
+                if out.tell() - start + 2 * tarfile.BLOCKSIZE + m.size > limit:
+                    raise too_large(limit, f"the download (at {name[:200]!r})")
                 if m.isreg():
                     f = src.extractfile(m)
                     assert f is not None
@@ -216,7 +251,44 @@ class ContainerFiles:
                     ti = _info(name, tarfile.SYMTYPE, 0o777, 0, m.mtime)
                     ti.linkname = m.linkname
                     dst.addfile(ti)
-        return out.getvalue()
+                forget_members(dst)
+        return out.tell() - start
+
+
+class _Capped(io.RawIOBase):
+    """The chunks of an engine stream read as a file, at most `limit` bytes and 1 MiB of
+    the engine's headers: past them SandboxFileTooLarge naming `limit` (sparse files or hard
+    links of the agent's)."""
+
+    def __init__(self, chunks: Iterator[bytes], limit: int, shown: str) -> None:
+        super().__init__()
+        self.chunks = chunks
+        self.limit = limit
+        self.shown = shown
+        self.seen = 0
+        self.buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1, /) -> bytes:
+        parts = [self.buf]
+        have = len(self.buf)
+        while n < 0 or have < n:
+            chunk = next(self.chunks, b"")
+            if not chunk:
+                break
+            self.seen += len(chunk)
+            if self.seen > self.limit + (1 << 20):
+                raise too_large(self.limit, f"the archive of {self.shown!r}")
+            parts.append(chunk)
+            have += len(chunk)
+        data = b"".join(parts)
+        if n < 0:
+            self.buf = b""
+            return data
+        self.buf = data[n:]
+        return data[:n]
 
 
 # How the engine words the errnos of a full workspace (base.WorkspaceFull) in an API error.
@@ -252,23 +324,29 @@ _GO_MODE_NOT_REGULAR = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24)
 
 
 def _rewrite_upload(data: bytes, base: str) -> tuple[bytes, set[str]]:
-    """The upload as a tar rooted at the workdir, and the parent folders it writes into.
+    """The upload as a tar rooted at the workdir, and the parent folders it writes into
+    (see `_rewritten`)."""
+    parents: set[str] = set()
+    clean = b"".join(_rewritten(io.BytesIO(data), base, parents, contents=True))
+    return clean, parents
+
+
+def _rewritten(src: BinaryIO, base: str, parents: set[str], *, contents: bool) -> Iterator[bytes]:
+    """The tar in `src` rewritten as one rooted at the workdir, a piece at a time (without
+    `contents`, only checked: nothing is read but its headers); the parent folders it writes
+    into are added to `parents`.
 
     SandboxPathError (see the module doc) for escapes, including a member that goes
     through a symlink of the same archive (`s1 -> .`, `s1/s2 -> ..`, `s1/s2/x`); the
     caller checks the parents for symlinks already in the container.
     """
-    out = io.BytesIO()
     done: set[str] = set()
     links: set[str] = set()
-    parents: set[str] = set()
-    with (
-        tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as src,
-        tarfile.open(fileobj=out, mode="w") as dst,
-    ):
+    src.seek(0)
+    with tarfile.open(fileobj=src, mode="r:*") as tf:
         if base:
-            _add_parents(dst, base + "/x", done)
-        for m in src:
+            yield from _parent_blocks(base + "/x", done)
+        for m in tar_members(tf):
             name = upload_member(m)
             if name is None:
                 continue
@@ -278,19 +356,53 @@ def _rewrite_upload(data: bytes, base: str) -> tuple[bytes, set[str]]:
                 raise SandboxPathError(f"tar member {m.name!r} goes through a symlink")
             if above:
                 parents.add(above[-1])
-            _add_parents(dst, full, done)
+            yield from _parent_blocks(full, done)
             if m.isdir():
                 if full not in done:
                     done.add(full)
-                    dst.addfile(_info(full, tarfile.DIRTYPE, (m.mode & 0o777) | 0o700))
+                    yield _header(_info(full, tarfile.DIRTYPE, (m.mode & 0o777) | 0o700))
             elif m.isreg():
-                f = src.extractfile(m)
-                assert f is not None
                 ti = _info(full, tarfile.REGTYPE, (m.mode & 0o777) | 0o600, m.size, m.mtime)
-                dst.addfile(ti, f)
+                yield _header(ti)
+                if contents:
+                    f = tf.extractfile(m)
+                    assert f is not None
+                    yield from _data_blocks(f, m.size)
             else:  # a symlink inside the destination (upload_member)
                 ti = _info(full, tarfile.SYMTYPE, 0o777, 0, m.mtime)
                 ti.linkname = m.linkname
-                dst.addfile(ti)
+                yield _header(ti)
                 links.add(full)
-    return out.getvalue(), parents
+    yield bytes(2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
+
+
+def _header(ti: tarfile.TarInfo) -> bytes:
+    return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _parent_blocks(rel: str, done: set[str]) -> Iterator[bytes]:
+    """The headers of the folders above `rel` not yet in the tar (`done`)."""
+    parts = rel.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        d = "/".join(parts[:i])
+        if d not in done:
+            done.add(d)
+            yield _header(_info(d, tarfile.DIRTYPE, 0o755))
+
+
+def _data_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
+    """`size` bytes of `f` in chunks, padded to whole tar blocks."""
+    left = size
+    while left > 0:
+        chunk = f.read(min(left, CHUNK))
+        if not chunk:
+            raise SandboxError("the tar to unpack ended inside a member")
+        left -= len(chunk)
+        yield chunk
+    if size % tarfile.BLOCKSIZE:
+        yield bytes(tarfile.BLOCKSIZE - size % tarfile.BLOCKSIZE)
+
+
+def _drain(chunks: Iterator[bytes]) -> None:
+    for _ in chunks:
+        pass

@@ -33,7 +33,7 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from palaestra.sandbox import netns
 from palaestra.sandbox.base import (
@@ -51,6 +51,7 @@ from palaestra.sandbox.base import (
     WorkspaceFault,
     read_limit,
     sandbox_env,
+    transfer_limit,
 )
 from palaestra.sandbox.docker.engine import (
     LABEL,
@@ -563,6 +564,20 @@ class DockerSandbox(Sandbox):
     async def download_tar(self, path: str | None = None) -> bytes:
         self._check_alive()
         return await self.files.download_tar(path)
+
+    async def download_tar_to(
+        self, out: BinaryIO, path: str | None = None, *, limit: int | None = None
+    ) -> int:
+        """Stream the engine's archive into `out` (`Sandbox.download_tar_to`)."""
+        self._check_alive()
+        return await self.files.download_tar_to(out, path, transfer_limit(self.spec, limit))
+
+    async def upload_tar_from(
+        self, src: BinaryIO, dest: str | None = None, *, limit: int | None = None
+    ) -> None:
+        """Stream `src` to the engine (`Sandbox.upload_tar_from`)."""
+        self._check_alive()
+        await self.files.upload_tar_from(src, dest, transfer_limit(self.spec, limit))
 
 
 async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:

@@ -106,6 +106,14 @@ class SandboxSettings(BaseModel):
         default=4, ge=0, description="warm sandboxes kept ready per sandbox spec (0: no pool)"
     )
     pool_max_total: int = Field(default=64, ge=1, description="warm sandboxes over all specs")
+    spool_dir: Path | None = Field(
+        default=None,
+        description=(
+            "where a workspace moved between sandboxes (a verifier's copy) waits on disk, in "
+            "files removed as soon as it is moved; never a folder a sandbox sees (default "
+            "<data_dir>/tmp)"
+        ),
+    )
 
     @field_serializer("e2b_api_key", when_used="json")
     def _e2b_key_shown(self, value: SecretStr | None, info: FieldSerializationInfo) -> str | None:

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 
 from palaestra.sandbox.base import (
     Backend,
     SandboxError,
+    SandboxFileTooLarge,
     SandboxGone,
     SandboxPathError,
     SandboxSpec,
+    spool_file,
 )
 from sandbox.sandbox_backends import backend_fixture, spec_fixture  # noqa: F401  (fixtures)
 
@@ -161,6 +165,68 @@ async def test_tar_roundtrip(backend: Backend, spec: SandboxSpec) -> None:
         with pytest.raises(FileNotFoundError):
             await box.download_tar("no-such-dir")
         assert (await box.exec("test -e ../evil.txt || echo clean")).stdout == "clean\n"
+
+
+def _listing(data: bytes) -> dict[str, tuple[str, int, bytes | str | None]]:
+    """name -> (kind, permission bits, contents or link target) of a tar."""
+    out: dict[str, tuple[str, int, bytes | str | None]] = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        for m in tf:
+            if m.isreg():
+                f = tf.extractfile(m)
+                assert f is not None
+                out[m.name] = ("file", m.mode & 0o777, f.read())
+            elif m.issym():
+                out[m.name] = ("link", 0, m.linkname)
+            else:
+                out[m.name] = ("dir" if m.isdir() else "other", m.mode & 0o777, None)
+    return out
+
+
+async def test_tar_streams_through_a_file(
+    backend: Backend, spec: SandboxSpec, tmp_path: Path
+) -> None:
+    """download_tar_to / upload_tar_from (a workspace moved through a file on the server's
+    disk) write what download_tar would, and a round trip into a fresh sandbox keeps
+    files, folders, modes and in-workspace symlinks; a tar over the cap is refused naming
+    the limit, and upload_tar's rules hold for a file too."""
+    make = (
+        "mkdir -p pkg/sub empty && printf alpha > pkg/a.txt && printf '#!/bin/sh\necho go\n'"
+        " > pkg/go.sh && chmod 755 pkg/go.sh && printf secret > pkg/sub/key && chmod 600"
+        " pkg/sub/key && ln -s a.txt pkg/link && head -c 300000 /dev/urandom > pkg/blob"
+    )
+    async with await backend.create(spec) as src, await backend.create(spec) as dst:
+        assert (await src.exec(make)).ok
+        with spool_file(tmp_path / "spool") as f:
+            n = await src.download_tar_to(f)
+            f.seek(0)
+            streamed = f.read()
+            assert n == len(streamed) > 300000
+            assert _listing(streamed) == _listing(await src.download_tar())
+            await dst.upload_tar_from(f, "copy")
+        assert os.listdir(tmp_path / "spool") == []  # nothing left behind, nothing named
+        moved = _listing(await dst.download_tar("copy"))
+        want = {f"copy/{k}": v for k, v in _listing(streamed).items()}
+        assert {k: v for k, v in moved.items() if k != "copy"} == want
+        assert moved["copy/pkg/go.sh"][1] == 0o755 and moved["copy/pkg/link"][0] == "link"
+        r = await dst.exec("cat copy/pkg/link && ./copy/pkg/go.sh")
+        assert r.stdout == "alphago\n", r
+
+        with spool_file(tmp_path / "spool") as f, pytest.raises(SandboxFileTooLarge) as big:
+            await src.download_tar_to(f, limit=100_000)
+        assert big.value.failure == "too_large" and "limit of 100000 bytes" in str(big.value)
+        with spool_file(tmp_path / "spool") as f:
+            f.write(_tar({"big.bin": bytes(200_000)}))
+            with pytest.raises(SandboxFileTooLarge, match="limit of 100000 bytes"):
+                await dst.upload_tar_from(f, limit=100_000)
+            assert (await dst.exec("test -e big.bin || echo absent")).stdout == "absent\n"
+        for evil in (_tar({"../evil.txt": b"x"}), _tar({}, {"ln": "/etc/passwd"})):
+            with spool_file(tmp_path / "spool") as f:
+                f.write(evil)
+                with pytest.raises(SandboxPathError):
+                    await dst.upload_tar_from(f)
+        with spool_file(tmp_path / "spool") as f, pytest.raises(FileNotFoundError):
+            await src.download_tar_to(f, "no-such-dir")
 
 
 async def test_timeout_kills_everything(backend: Backend, spec: SandboxSpec) -> None:
