@@ -265,6 +265,8 @@ class LocalHost:
             duration = time.perf_counter() - started
             episode.step_timer.observe(duration)
             self.record(episode, recorded, reply, duration, request.request_id)
+            if self.store.behind:  # the writer lags: wait for it rather than queue on in memory
+                await self.store.commit()
             if request.request_id:
                 episode.remember(request.request_id, reply)
             if reply.terminated or reply.truncated:

@@ -86,6 +86,11 @@ def _writer_down(reason: str | None) -> UnavailableError:
     )
 
 
+ADD_STEP = (
+    "INSERT INTO step_records (episode, idx, request_id, record) VALUES (?,?,?,?)"
+    " ON CONFLICT (episode, idx) DO UPDATE"
+    " SET request_id=excluded.request_id, record=excluded.record"
+)
 BATCH_ROWS = 2000  # writes in one transaction at most
 LINGER_S = 0.02  # how long a batch waits for more writes when nobody waits on it
 
@@ -105,8 +110,13 @@ class Store:
     """Episodes, steps, verdicts and placements in `db` (which the store then owns: closing
     the store closes it)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, max_backlog_bytes: int = 64 << 20) -> None:
         self.db = db
+        # Step records queued and not yet handled by the writer, in bytes: counted in by the
+        # event loop's thread and out by the writer's (each counter has one writer thread).
+        self.max_backlog_bytes = max_backlog_bytes
+        self._step_bytes_in = 0
+        self._step_bytes_out = 0
         self.reads = StoreReads(db)  # blocking, for code on a thread of its own
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self.write_errors = 0  # writes dropped because their statement failed
@@ -166,7 +176,12 @@ class Store:
                         except queue.Empty:
                             break
                 if batch:
-                    conn = self._commit_or_reconnect(conn, batch)
+                    try:
+                        conn = self._commit_or_reconnect(conn, batch)
+                    finally:
+                        self._step_bytes_out += sum(
+                            len(params[3]) for sql, params, _ in batch if sql is ADD_STEP
+                        )
                 for event in events:
                     _set(event)
                 if stop:
@@ -312,13 +327,16 @@ class Store:
 
     def add_step(self, episode: int, index: int, request_id: str | None, record: str) -> None:
         """One step of the episode numbered `episode` (`create_episode`); `record` is a
-        StepRecord's JSON (`models.step_record_json`)."""
-        self._put(
-            "INSERT INTO step_records (episode, idx, request_id, record) VALUES (?,?,?,?)"
-            " ON CONFLICT (episode, idx) DO UPDATE"
-            " SET request_id=excluded.request_id, record=excluded.record",
-            (episode, index, request_id, record),
-        )
+        StepRecord's JSON (`models.step_record_json`). A caller that may queue steps faster
+        than the disk takes them waits on `commit()` while the store is `behind`."""
+        self._put(ADD_STEP, (episode, index, request_id, record))
+        self._step_bytes_in += len(record)
+
+    @property
+    def behind(self) -> bool:
+        """Whether the step records queued for the writer pass `max_backlog_bytes`: the
+        queue lives in memory, so producers faster than the disk must wait for it."""
+        return self._step_bytes_in - self._step_bytes_out > self.max_backlog_bytes
 
     def update_episode(self, state: EpisodeState) -> None:
         self._put(

@@ -40,6 +40,12 @@ class StoreSettings(BaseModel):
             "postgresql://USER:PASSWORD@HOST:PORT/DB (shared by several servers)"
         ),
     )
+    store_max_backlog_mb: int = Field(
+        default=64,
+        ge=1,
+        description="step records queued in memory for the store's writer, at most; a step "
+        "past it waits until the writer has caught up (backpressure, not a refusal)",
+    )
     heldout_secret_file: Path | None = Field(
         default=None,
         description=(
