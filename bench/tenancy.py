@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,18 @@ def free_port() -> int:
         return port
 
 
+@dataclass(frozen=True)
+class Served:
+    url: str
+    quiet: str  # a train token
+    flood: str  # a train + publish token of org `flood`, live quota FLOOD_LIVE
+    pid: int  # the server process (its RSS: /proc/PID/status)
+    data: Path  # its data dir (admin.token)
+
+
 @contextlib.contextmanager
-def server(workdir: Path) -> Iterator[tuple[str, str, str]]:
-    """`palaestra serve` on a fresh data dir; (url, quiet token, flood token)."""
+def server(workdir: Path, *args: str) -> Iterator[Served]:
+    """`palaestra serve` (with `args`) on a fresh data dir, and two tokens."""
     data = workdir / "data"
     db = Database.open(data / "palaestra.sqlite3")
     quiet, _ = create_token(db, ["train"], name="quiet")
@@ -67,7 +77,7 @@ def server(workdir: Path) -> Iterator[tuple[str, str, str]]:
     port, log = free_port(), workdir / "server.log"
     binary = ROOT / ".venv" / "bin" / "palaestra"
     cmd = [str(binary) if binary.exists() else "palaestra", "serve", "--port", str(port)]
-    cmd += ["--data-dir", str(data), "--log-level", "warning"]
+    cmd += ["--data-dir", str(data), "--log-level", "warning", *args]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
@@ -82,7 +92,7 @@ def server(workdir: Path) -> Iterator[tuple[str, str, str]]:
             if time.monotonic() > deadline:
                 raise SystemExit(f"server not ready:\n{log.read_text()}")
             time.sleep(0.1)
-        yield url, quiet, flood
+        yield Served(url, quiet, flood, proc.pid, data)
     finally:
         proc.terminate()
         try:
@@ -217,12 +227,9 @@ def main() -> int:
     seconds = 3.0 if args.quick else args.seconds
     with (
         tempfile.TemporaryDirectory(prefix="palaestra-tenancy-") as tmp,
-        server(Path(tmp)) as (
-            url,
-            quiet,
-            flood_token,
-        ),
+        server(Path(tmp)) as served,
     ):
+        url, quiet, flood_token = served.url, served.quiet, served.flood
         asyncio.run(quiet_phase(url, quiet, 1.0))  # warm-up
         baseline = asyncio.run(quiet_phase(url, quiet, seconds))
         ctx = multiprocessing.get_context("spawn")
