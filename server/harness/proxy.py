@@ -107,6 +107,39 @@ def _fetched(messages: Any) -> str | None:
     return None
 
 
+def _optional(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return value is None or (isinstance(value, kind) and not isinstance(value, bool))
+
+
+def _message_error(message: Any) -> str | None:
+    """What is wrong with one chat message's JSON types (after its `messages[i]`), or None."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        return " must be an object with a string role"
+    content = message.get("content")
+    if not (content is None or isinstance(content, str | list)):
+        return ".content must be a string, a list of parts or null"
+    for part in content if isinstance(content, list) else []:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str) or (kind == "text" and not isinstance(part.get("text"), str)):
+            return ".content: each part must be an object with a type (a text part, a string text)"
+    for key in ("name", "tool_call_id"):
+        if not _optional(message.get(key), str):
+            return f".{key} must be a string"
+    calls = message.get("tool_calls")
+    if not _optional(calls, list):
+        return ".tool_calls must be a list"
+    for call in calls or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments"), str)
+            and _optional(call.get("id"), str)
+        ):
+            return ".tool_calls: each must be {id, type, function: {name, arguments}} of strings"
+    return None
+
+
 def _shape_error(fields: dict[str, Any]) -> tuple[str, str] | None:
     """(field, what is wrong) for the first of the harness's fields not in the JSON type
     OpenAI's chat API gives it; None when all are. The upstream is never asked to make
@@ -116,14 +149,8 @@ def _shape_error(fields: dict[str, Any]) -> tuple[str, str] | None:
     if not isinstance(messages, list):
         return "messages", "messages must be a list of message objects"
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            return "messages", f"messages[{i}] must be an object with a string role"
-        content = message.get("content")
-        if not (content is None or isinstance(content, str | list)):
-            return "messages", f"messages[{i}].content must be a string, a list of parts or null"
-        parts = content if isinstance(content, list) else []
-        if not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in parts):
-            return "messages", f"messages[{i}].content: each part must be an object with a type"
+        if (wrong := _message_error(message)) is not None:
+            return "messages", f"messages[{i}]{wrong}"
     tools = fields.get("tools")
     if tools is not None and not (
         isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
@@ -190,10 +217,6 @@ def _tokens(reply: dict[str, Any]) -> tuple[list[int], list[int], list[float]] |
     if len(logprobs) != len(completion) or not all(isinstance(lp, int | float) for lp in logprobs):
         return None
     return prompt, completion, [float(lp) for lp in logprobs]  # type: ignore[arg-type]
-
-
-def _optional(value: Any, kind: type | tuple[type, ...]) -> bool:
-    return value is None or (isinstance(value, kind) and not isinstance(value, bool))
 
 
 def _completion_error(reply: dict[str, Any]) -> str | None:
