@@ -149,12 +149,13 @@ class StepFastPath:
         await self.app(scope, receive, send)
 
     async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The body, at most max_body_bytes and max_json_depth deep; None: answered."""
+        """The body, at most max_body_bytes, max_json_depth deep and max_json_values
+        values; None: answered."""
         settings = scope["app"].state.manager.services.settings
         try:
             raw = await guards.read_body(receive, settings.max_body_bytes)
             if raw is not None:
-                await guards.vet_json_depth(raw, settings.max_json_depth)
+                await guards.vet_json(raw, settings)
             return raw
         except PalaestraError as exc:
             await _respond(send, exc.status, error_body(exc.code, exc.message), [])

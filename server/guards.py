@@ -20,32 +20,41 @@ from starlette.types import Receive, Scope
 
 from palaestra.sdk.errors import InvalidActionError, TooLargeError
 from palaestra.server.config import Settings
-from palaestra.server.jsondepth import json_depth
+from palaestra.server.jsondepth import json_shape
 
 # Bodies larger than this have their nesting checked on a worker thread (numpy releases the
 # GIL as it scans), so a large body never holds other tenants' steps on the event loop.
 DEPTH_OFF_LOOP_BYTES = 256 * 1024
 
 
-def check_json_depth(raw: bytes, limit: int) -> None:
-    """InvalidActionError (422) when `raw` nests deeper than `limit`."""
-    if raw.count(b"[") + raw.count(b"{") <= limit:  # cannot be deeper: the common case
-        return
-    depth = json_depth(raw)
+def check_json_depth(raw: bytes, limit: int, max_values: int | None = None) -> None:
+    """InvalidActionError (422) when `raw` nests deeper than `limit`; TooLargeError (413)
+    when it holds more than `max_values` values (what a parser would spend time and memory
+    on, however few bytes each takes: `[0,0,0,…]`)."""
+    brackets = raw.count(b"[") + raw.count(b"{")
+    if brackets <= limit and (max_values is None or raw.count(b",") + 2 * brackets < max_values):
+        return  # cannot be deeper, nor hold more values: the common case
+    depth, values = json_shape(raw)
     if depth > limit:
         raise InvalidActionError(
             f"the JSON body nests {depth} levels deep; at most {limit} are allowed "
             "(max_json_depth)",
             code="too_deep",
         )
+    if max_values is not None and values > max_values:
+        raise TooLargeError(
+            f"the JSON body holds about {values} values; at most {max_values} are allowed "
+            "(max_json_values): send fewer items or pack large data into strings"
+        )
 
 
-async def vet_json_depth(raw: bytes, limit: int) -> None:
-    """`check_json_depth`, off the event loop for a large body."""
+async def vet_json(raw: bytes, settings: Settings) -> None:
+    """`check_json_depth` on the settings' limits, off the event loop for a large body."""
+    limits = (settings.max_json_depth, settings.max_json_values)
     if len(raw) > DEPTH_OFF_LOOP_BYTES:
-        await asyncio.to_thread(check_json_depth, raw, limit)
+        await asyncio.to_thread(check_json_depth, raw, *limits)
     else:
-        check_json_depth(raw, limit)
+        check_json_depth(raw, *limits)
 
 
 def too_large(limit: int, what: str = "a request body", setting: str = "max_body_bytes") -> str:

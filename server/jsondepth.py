@@ -1,4 +1,5 @@
-"""How deeply a JSON text nests, without parsing it (server/guards.py refuses past a limit).
+"""How deeply a JSON text nests and how many values it holds, without parsing it
+(server/guards.py refuses past its limits, before a parser spends time or memory on it).
 
 A batch body is scanned on every call, and most of its bytes are string contents (a file, a
 patch, a model's answer), so the scan looks at the few bytes that matter: it finds the
@@ -12,21 +13,29 @@ from __future__ import annotations
 import numpy as np
 
 _OPEN, _CLOSE = (ord("["), ord("{")), (ord("]"), ord("}"))
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
 _MATTERS = np.zeros(256, dtype=bool)
-_MATTERS[[*_OPEN, *_CLOSE, _QUOTE, _BACKSLASH]] = True
+_MATTERS[[*_OPEN, *_CLOSE, _QUOTE, _BACKSLASH, _COMMA]] = True
 _DELTA = np.zeros(256, dtype=np.int64)
 _DELTA[list(_OPEN)] = 1
 _DELTA[list(_CLOSE)] = -1
 
 
 def json_depth(raw: bytes) -> int:
-    """The deepest nesting of the JSON text `raw` (brackets inside strings do not count).
+    """The deepest nesting of the JSON text `raw` (brackets inside strings do not count)."""
+    return json_shape(raw)[0]
+
+
+def json_shape(raw: bytes) -> tuple[int, int]:
+    """(deepest nesting, about how many values) of the JSON text `raw`: the values counted
+    are the containers and the elements their commas separate (one more per non-empty
+    container, at most), what a parser would make objects of. Brackets and commas inside
+    strings do not count.
 
     A quote opens or closes a string unless an odd run of backslashes ends right before it;
-    brackets between an opening and a closing quote are text."""
+    brackets and commas between an opening and a closing quote are text."""
     if raw.count(b"[") + raw.count(b"{") == 0:
-        return 0
+        return 0, 1
     data = np.frombuffer(raw, dtype=np.uint8)
     at = np.flatnonzero(_MATTERS[data])  # where the bytes that matter are
     chars = data[at]
@@ -48,4 +57,9 @@ def json_depth(raw: bytes) -> int:
             quotes &= ~escaped
         inside = (np.cumsum(quotes, dtype=np.int64) & 1).astype(bool)
         delta = np.where(inside, 0, delta)
-    return int(np.cumsum(delta, dtype=np.int64).max(initial=0))
+        separators = (chars == _COMMA) & ~inside
+    else:
+        separators = chars == _COMMA
+    depth = int(np.cumsum(delta, dtype=np.int64).max(initial=0))
+    opened = int(np.count_nonzero(delta > 0))
+    return depth, 2 * opened + int(np.count_nonzero(separators))

@@ -393,7 +393,7 @@ class Session:
         if len(raw) > settings.max_body_bytes:
             return ws_error(TooLargeError(guards.too_large(settings.max_body_bytes, "a frame")))
         try:
-            await guards.vet_json_depth(raw.encode(), settings.max_json_depth)
+            await guards.vet_json(raw.encode(), settings)
             message = json.loads(raw)
         except (ValueError, PalaestraError) as exc:
             return frame_error(f"Invalid JSON: {exc}", INVALID_JSON)

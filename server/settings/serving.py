@@ -104,6 +104,12 @@ class HttpSettings(BaseModel):
     max_json_depth: int = Field(
         default=64, ge=2, le=200, description="deepest nesting of a JSON request body (422)"
     )
+    max_json_values: int = Field(
+        default=200_000,
+        ge=1000,
+        description="values (containers and their elements) in one JSON request body: a "
+        "body of many tiny values costs its parser far more than its bytes say (413 over)",
+    )
     max_batch_items: int = Field(
         default=1024, ge=1, le=1024, description="items in one batch call (413 over)"
     )

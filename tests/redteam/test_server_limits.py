@@ -25,6 +25,7 @@ from .conftest import app_client
 
 ECHO = "palaestra/echo:say-birch"
 BODY_LIMIT = 64 * 1024
+MAX_VALUES = 20_000  # a 1025-item batch (the count test) holds about 9,000
 
 
 module_loop = pytest.mark.asyncio(loop_scope="module")  # the module's one manager
@@ -34,7 +35,9 @@ module_loop = pytest.mark.asyncio(loop_scope="module")  # the module's one manag
 async def api(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     """One manager for the module (its start is most of a test's cost), small limits."""
     data = tmp_path_factory.mktemp("limits-api") / "data"
-    settings = make_settings(data_dir=data, max_body_bytes=BODY_LIMIT, max_batch_items=8)
+    settings = make_settings(
+        data_dir=data, max_body_bytes=BODY_LIMIT, max_batch_items=8, max_json_values=MAX_VALUES
+    )
     manager = build_manager(settings)
     await manager.start()
     try:
@@ -133,6 +136,30 @@ async def test_deep_json_inside_an_action_is_422(api: httpx.AsyncClient) -> None
     assert_contract(await api.post("/v1/batch/step", content=items + deep(20_000) + b"}}}]}"), 422)
     # Brackets inside strings are not nesting.
     text = {"action": {"tool": "submit", "arguments": {"answer": "[" * 5000}}}
+    step = await api.post(f"/v1/episodes/{eid}/step", json=text)
+    assert step.status_code == 200, step.text
+
+
+@module_loop
+async def test_a_body_of_many_tiny_values_is_413_before_any_parse(api: httpx.AsyncClient) -> None:
+    """`[0,0,0,…]` in a step's arguments: under max_body_bytes, but a parser spent a quarter
+    of a second of the event loop (every tenant's) on 16 MB of them (8 million values).
+    Refused by the scan (max_json_values), which runs off the event loop for a large body."""
+    reset = await api.post("/v1/episodes", json={"task": ECHO})
+    eid = reset.json()["episode_id"]
+    values = b"[" + b"0," * MAX_VALUES + b"0]"
+    body = b'{"action": {"tool": "echo", "arguments": {"junk": ' + values + b"}}}"
+    error = assert_contract(await api.post(f"/v1/episodes/{eid}/step", content=body), 413)
+    assert "max_json_values" in error["message"], error
+    items = b'{"items": [{"episode_id": "%s", "action": {"tool": "echo", "arguments": {"x": ' % (
+        eid.encode()
+    )
+    error = assert_contract(
+        await api.post("/v1/batch/step", content=items + values + b"}}}]}"), 413
+    )
+    assert "max_json_values" in error["message"], error
+    # As many values in one string is a string.
+    text = {"action": {"tool": "echo", "arguments": {"text": "0," * MAX_VALUES}}}
     step = await api.post(f"/v1/episodes/{eid}/step", json=text)
     assert step.status_code == 200, step.text
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from palaestra.sdk.errors import InvalidActionError
+from palaestra.sdk.errors import InvalidActionError, TooLargeError
 from palaestra.server.guards import check_json_depth
-from palaestra.server.jsondepth import json_depth
+from palaestra.server.jsondepth import json_depth, json_shape
 
 TEXT = ["a", "[", "]", "{", "}", '"', "\\", "\n", "\\\\", '\\"', "]]}}", "é"]
 
@@ -51,3 +51,11 @@ def test_brackets_in_strings_neither_hide_nor_fake_depth() -> None:
     with pytest.raises(InvalidActionError) as refused:
         check_json_depth(b"[" * 100 + b"]" * 100, 64)
     assert refused.value.code == "too_deep"
+
+
+def test_values_are_counted_outside_strings() -> None:
+    assert json_shape(b"[0,0,0,0]") == (1, 5)  # an upper bound: the container and its commas
+    assert json_shape(json.dumps({"a": ",,,,[" * 100, "b": [1, 2]}).encode()) == (2, 6)
+    check_json_depth(b"[" + b"0," * 2000 + b"0]", 64, 5000)
+    with pytest.raises(TooLargeError, match="max_json_values"):
+        check_json_depth(b"[" + b"0," * 6000 + b"0]", 64, 5000)
