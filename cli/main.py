@@ -123,12 +123,12 @@ def serve(
             error(str(exc), "sandbox_location")
             raise typer.Exit(2) from None
     if settings.ray:
-        from palaestra.server.cluster.connect import ClusterError, check_address
+        from palaestra.server.cluster.connect import ClusterError, check_cluster
 
-        try:
-            check_address(settings.ray)  # before the app starts: a clear error, no traceback
+        try:  # before the app starts: a clear error (unreachable, unauthenticated), no traceback
+            check_cluster(settings)
         except ClusterError as exc:
-            error(str(exc), "ray_unreachable")
+            error(str(exc), exc.code)
             raise typer.Exit(2) from None
     uvicorn.run(
         create_app(settings, freeze_gc=True),

@@ -5,6 +5,9 @@
 it stops it. Ray would otherwise advertise the machine's public address and then fail to
 reach its own GCS, which listens on loopback only: `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`
 keeps it on 127.0.0.1 (../shared/feasibility.md §4).
+
+Ray runs with token authentication (rayauth.py): a local cluster gets palaestra's token, and
+a cluster at an address must require one (or the operator must accept that it does not).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from palaestra.server.cluster import rayauth
 from palaestra.server.cluster.placement import SLOTS_RESOURCE
 from palaestra.server.config import Settings
 
@@ -31,6 +35,14 @@ ADDRESS = re.compile(r"^(?:ray://)?([^:/\s]+):(\d+)$")
 
 class ClusterError(RuntimeError):
     """Cluster mode cannot start; the message names the address and what to fix."""
+
+    code = "ray_unreachable"
+
+
+class ClusterAuthError(ClusterError):
+    """The cluster runs without token authentication, or refuses palaestra's token."""
+
+    code = "ray_unauthenticated"
 
 
 def pin_loopback() -> None:
@@ -64,6 +76,35 @@ def check_address(value: str, timeout_s: float = 3.0) -> None:
         ) from None
 
 
+def join_address(settings: Settings) -> str:
+    """The address to join (`auto`: the cluster `ray start` last started on this machine);
+    Ray is imported, so pin_loopback() comes first."""
+    if settings.ray != "auto":
+        return settings.ray
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except Exception as exc:
+        raise ClusterError(f"--ray auto: no Ray cluster found on this machine ({exc})") from None
+    if not found:
+        raise ClusterError("--ray auto: no Ray cluster found on this machine")
+    return str(found)
+
+
+def check_cluster(settings: Settings) -> None:
+    """Fail fast (ClusterError) on an address no Ray cluster answers at, or on a cluster
+    that runs without token authentication (unless the operator accepts it)."""
+    check_address(settings.ray)
+    if LOCAL.match(settings.ray):
+        return
+    pin_loopback()
+    try:
+        rayauth.require_auth(settings, join_address(settings))
+    except rayauth.RayAuthError as exc:
+        raise ClusterAuthError(str(exc)) from None
+
+
 def local_labels(settings: Settings) -> dict[str, str]:
     """What this machine can do, as node labels for a local cluster."""
     from palaestra.envs.cad import runtime
@@ -92,7 +133,11 @@ class RayConnection:
         # graceful shutdown (the store's flush, this cluster's stop): keep the server's.
         on_sigterm = signal.getsignal(signal.SIGTERM)
         try:
-            address = self._start_local(settings, int(match[1])) if match else settings.ray
+            if match:
+                address = self._start_local(settings, int(match[1]))
+            else:
+                address = join_address(settings)
+                rayauth.require_auth(settings, address)
             ray.init(
                 address=address,
                 namespace=settings.ray_namespace,
@@ -101,6 +146,9 @@ class RayConnection:
             )
         except ClusterError:
             raise
+        except rayauth.RayAuthError as exc:
+            self.close()
+            raise ClusterAuthError(str(exc)) from None
         except Exception as exc:
             self.close()
             raise ClusterError(f"cannot join the Ray cluster at {settings.ray}: {exc}") from None
@@ -111,6 +159,9 @@ class RayConnection:
     def _start_local(self, settings: Settings, nodes: int) -> str:
         from ray.cluster_utils import Cluster
 
+        token = rayauth.token_path(settings)  # before the nodes start: they inherit it
+        rayauth.ensure_token(token, own_folder=settings.ray_token_file is None)
+        rayauth.use_token(token)
         # A short path: Ray's unix sockets live under it (at most 107 bytes).
         self.temp = Path(tempfile.mkdtemp(prefix="palaestra-ray-", dir="/tmp"))
         node: dict[str, Any] = {
@@ -125,6 +176,8 @@ class RayConnection:
         for _ in range(nodes - 1):
             self.cluster.add_node(**node)
         self.cluster.wait_for_nodes()
+        if rayauth.probe(self.cluster.address) != "closed":  # a Ray that ignored RAY_AUTH_MODE
+            raise rayauth.RayAuthError("the local Ray cluster started without authentication")
         log.info("started a local Ray cluster of %d nodes at %s", nodes, self.cluster.address)
         return str(self.cluster.address)
 

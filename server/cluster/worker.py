@@ -203,9 +203,12 @@ class EpisodeWorker:
         self.address = ray.util.get_node_ip_address() or socket.gethostname()
         settings = Settings.model_validate_json(self.settings_json)
         local = settings.cache / "workers" / self.name  # this node's own data dir
-        local.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for folder in (local.parent, local):  # it holds the held-out secret: this user's only
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            folder.chmod(0o700)
         secret_file = local / "heldout.secret"
         fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # a file left by an older worker keeps its mode otherwise
         with os.fdopen(fd, "w", encoding="ascii") as out:
             out.write(self.heldout_secret.hex() + "\n")  # the format of server/heldout.py
         settings = settings.model_copy(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -19,6 +21,23 @@ class ClusterSettings(BaseModel):
         ),
     )
     ray_namespace: str = Field(default="palaestra", description="Ray namespace of the workers")
+    ray_token_file: Path | None = Field(
+        default=None,
+        description=(
+            "the Ray cluster's auth token (RAY_AUTH_MODE=token): local:N writes a new one "
+            "here, mode 0600 in a 0700 folder; joining a cluster reads it from here, else "
+            "from Ray's own RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token "
+            "(default: <data dir>/ray/auth_token)"
+        ),
+    )
+    ray_allow_unauthenticated: bool = Field(
+        default=False,
+        description=(
+            "join a Ray cluster that runs without token authentication, where any process "
+            "that reaches it can act on every episode: only for a cluster on a network "
+            "nothing else reaches"
+        ),
+    )
     ray_node_episodes: int = Field(
         default=0,
         ge=0,

@@ -4,7 +4,9 @@ One cluster for the module (`ray.cluster_utils.Cluster`, every node on 127.0.0.1
 and node 3 plain, node 2 labelled `bpy`, each with 4 episode slots. Two fronts share one data
 dir and a real PostgreSQL database (the shared store). The tests run in order on that cluster:
 placement, the full cluster, two fronts, quotas across fronts, a front killed and
-restarted, and last a node killed mid-run.
+restarted, and last a node killed mid-run. The cluster runs with Ray's token authentication
+(server/cluster/rayauth.py), as every cluster a front joins must: the token is in a 0600 file
+the fronts name with PALAESTRA_RAY_TOKEN_FILE (attacks on it: tests/redteam/test_ray_auth.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from palaestra.server.cluster import rayauth
 from palaestra.server.cluster.connect import pin_loopback
 from tests.conftest import BIN, ServerProcess, cli_env
 from tests.pg import PostgresServer
@@ -69,10 +72,22 @@ class Ctx:
 
 @pytest.fixture(scope="module")
 def ctx(pg_server: PostgresServer) -> Iterator[Ctx]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield from authenticated_cluster(pg_server, patch)
+    rayauth.reload_ray_config()  # this process leaves token mode with the cluster
+
+
+def authenticated_cluster(pg_server: PostgresServer, patch: pytest.MonkeyPatch) -> Iterator[Ctx]:
     pin_loopback()
+    temp = Path(tempfile.mkdtemp(prefix="pc-", dir="/tmp"))
+    token = temp / "ray" / "auth_token"
+    rayauth.ensure_token(token, own_folder=True)
+    patch.setenv("RAY_AUTH_MODE", "token")  # the nodes this process starts inherit both
+    patch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    patch.delenv("RAY_AUTH_TOKEN", raising=False)
+    rayauth.reload_ray_config()
     from ray.cluster_utils import Cluster
 
-    temp = Path(tempfile.mkdtemp(prefix="pc-", dir="/tmp"))
     node = {
         "num_cpus": 1,
         "node_ip_address": "127.0.0.1",
@@ -87,7 +102,9 @@ def ctx(pg_server: PostgresServer) -> Iterator[Ctx]:
     nodes["bpy"] = cluster.add_node(**node, labels={"bpy": "1"})
     nodes["plain"] = cluster.add_node(**node)
     cluster.wait_for_nodes()
-    env = cli_env(PALAESTRA_RAY_POLL_S="0.3", PALAESTRA_IDLE_TTL_S="600")
+    env = cli_env(
+        PALAESTRA_RAY_POLL_S="0.3", PALAESTRA_IDLE_TTL_S="600", PALAESTRA_RAY_TOKEN_FILE=str(token)
+    )
     store = pg_server.create_database()  # the shared store of a real deployment
     args = ["--ray", str(cluster.address), "--store", store, *PACKS]
     data = temp / "data"
