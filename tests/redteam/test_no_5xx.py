@@ -152,7 +152,7 @@ async def test_malformed_messages_bodies_are_anthropic_400s(
             assert error["type"] == "error", (body, error)
             assert error["error"]["type"] == "invalid_request_error", (body, error)
             assert error["error"]["message"], body
-        assert len(upstream.hits) == before and calls == []
+        assert len(upstream.hits) == before and not any(c.completion_token_ids for c in calls)
         assert session.fault is None and session.limit is None  # never void, never stopped
         ok = await owner.http.post(f"{LLM}/v1/messages", json=messages())
         assert ok.status_code == 200 and ok.json()["type"] == "message", ok.text
@@ -171,7 +171,7 @@ async def test_malformed_chat_bodies_are_openai_400s(
             error = reply.json()["error"]
             assert error["type"] == "invalid_request_error" and error["message"], (body, error)
             assert set(error) == {"message", "type", "param", "code"}, (body, error)
-        assert len(upstream.hits) == before and calls == []
+        assert len(upstream.hits) == before and not any(c.completion_token_ids for c in calls)
         assert session.fault is None and session.limit is None
         ok = await owner.http.post(f"{LLM}/v1/chat/completions", json=chat(max_tokens=2))
         assert ok.status_code == 200, ok.text
