@@ -14,8 +14,10 @@ stranger's flood closes it, and when the server is full an idle stranger makes r
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
+import pydantic_core
 from starlette.types import Receive, Scope
 
 from palaestra.sdk.errors import InvalidActionError, TooLargeError
@@ -25,6 +27,7 @@ from palaestra.server.jsondepth import json_shape
 # Bodies larger than this have their nesting checked on a worker thread (numpy releases the
 # GIL as it scans), so a large body never holds other tenants' steps on the event loop.
 DEPTH_OFF_LOOP_BYTES = 256 * 1024
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def check_json_depth(raw: bytes, limit: int, max_values: int | None = None) -> None:
@@ -48,13 +51,43 @@ def check_json_depth(raw: bytes, limit: int, max_values: int | None = None) -> N
         )
 
 
+def check_text(raw: bytes) -> None:
+    """InvalidActionError (422) when the body holds text no store can encode: bytes that are
+    not UTF-8, or an escaped lone surrogate (`"\\ud800"`). The /v1 routes parse with
+    pydantic-core, which refuses both; the doors' `json.loads` lets both through, and an
+    action holding one would fail to be recorded after its step ran."""
+    if not raw.isascii():
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidActionError(
+                f"the body is not UTF-8 text ({exc.reason} at byte {exc.start}); send UTF-8",
+                code="invalid_request",
+            ) from None
+    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
+        try:
+            pydantic_core.from_json(raw)
+        except ValueError as exc:
+            raise InvalidActionError(
+                f"the body is not valid JSON text ({exc}); a \\u escape of a surrogate must be "
+                "half of a pair",
+                code="invalid_request",
+            ) from None
+
+
+def check_body(raw: bytes, settings: Settings) -> None:
+    """What every JSON body must be before any parser sees it: UTF-8 text, at most
+    `max_json_depth` deep and `max_json_values` values."""
+    check_text(raw)
+    check_json_depth(raw, settings.max_json_depth, settings.max_json_values)
+
+
 async def vet_json(raw: bytes, settings: Settings) -> None:
-    """`check_json_depth` on the settings' limits, off the event loop for a large body."""
-    limits = (settings.max_json_depth, settings.max_json_values)
+    """`check_body`, off the event loop for a large body."""
     if len(raw) > DEPTH_OFF_LOOP_BYTES:
-        await asyncio.to_thread(check_json_depth, raw, *limits)
+        await asyncio.to_thread(check_body, raw, settings)
     else:
-        check_json_depth(raw, *limits)
+        check_body(raw, settings)
 
 
 def too_large(limit: int, what: str = "a request body", setting: str = "max_body_bytes") -> str:

@@ -399,3 +399,29 @@ async def test_the_store_refuses_a_nul_instead_of_dropping_it(store_url: str) ->
         assert loaded is not None and loaded.void_reason == "sandbox said \ufffd"
     finally:
         store.close()
+
+
+async def test_a_lone_surrogate_in_a_door_action_is_refused_before_the_step(
+    manager: EpisodeManager,
+) -> None:
+    """The doors parse with `json.loads`, which takes `"\\ud800"` (and raw bytes that are not
+    UTF-8): echo's step ran, then its record could not be encoded (a 500 after the step).
+    Every body is checked before any parser sees it: a 422 in the contract's shape."""
+    lone = b'{"action": {"tool": "echo", "arguments": {"text": "a\\ud800b"}}}'
+    not_utf8 = b'{"action": {"tool": "echo", "arguments": {"text": "a\xed\xa0\x80b"}}}'
+    async with app_client(manager) as api:
+        started = await api.post("/openenv/palaestra/echo/reset", json={})
+        episode = started.json()["metadata"]["episode_id"]
+        for body in (lone, not_utf8):
+            for path in (
+                f"/openenv/palaestra/echo/step?episode_id={episode}",
+                f"/v1/episodes/{episode}/step",
+            ):
+                reply = await api.post(path, content=body)
+                assert reply.status_code == 422, reply.text
+                assert reply.json()["error"]["code"] == "invalid_request", reply.text
+        paired = b'{"action": {"tool": "echo", "arguments": {"text": "\\ud83d\\ude00"}}}'
+        ok = await api.post(f"/v1/episodes/{episode}/step", content=paired)
+        assert ok.status_code == 200 and ok.json()["observation"]["text"] == "😀", ok.text
+        state = (await api.get(f"/v1/episodes/{episode}")).json()
+        assert state["step_count"] == 1  # only the paired one ran
