@@ -22,7 +22,10 @@ Timeouts are ours, not the SDK's: past ``timeout`` the marker sweep runs from a 
 command, the first is killed, and the result is ``timed_out=True, exit_code=-9``.
 Output is capped as it streams in (``max_output`` bytes each of stdout and stderr).
 ``upload_tar``/``download_tar`` move one tar file through the files API and run ``tar``
-in the VM; members are checked here first, with bwrap's rules.
+in the VM; members are checked here first, with bwrap's rules. The files API moves a file
+whole, so ``download_tar_to``/``upload_tar_from`` hold the tar in memory once; the VM
+measures a download before it is read, and one over ``workspace_mb + 16`` MiB (or the
+caller's lower limit) is `SandboxFileTooLarge`.
 
 Not enforced per sandbox: cpus, pids, workspace_mb and the VM's memory (E2B sets those
 per template); ``spec.image`` names an E2B template (default ``base``).  SDK errors map
@@ -42,7 +45,7 @@ import shlex
 import tarfile
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from palaestra.sandbox.base import (
     DEFAULT_MAX_OUTPUT,
@@ -57,6 +60,9 @@ from palaestra.sandbox.base import (
     SandboxSpecError,
     check_gateway,
     close_all,
+    read_limit,
+    too_large,
+    transfer_limit,
     upload_member,
 )
 from palaestra.sandbox.egress import check_network
@@ -74,6 +80,7 @@ DEFAULT_TEMPLATE = "base"
 DEFAULT_USER = "user"
 KILL_GRACE_S = 0.9
 MISSING_EXIT = 44  # our wrapper's "no such path" for download_tar
+TOO_LARGE_EXIT = 45  # ... and "the tar is over the limit"
 MARKER = "PALAESTRA_EXEC"
 
 SandboxFactory = Callable[..., Awaitable[Any]]
@@ -436,6 +443,22 @@ class E2BSandbox(Sandbox):
 
     async def download_tar(self, path: str | None = None) -> bytes:
         self._check_alive()
+        return await self._download(path, read_limit(self.spec))
+
+    async def download_tar_to(
+        self, out: BinaryIO, path: str | None = None, *, limit: int | None = None
+    ) -> int:
+        """`download_tar` into `out`: the files API gives the tar whole, so it is held once,
+        but never past `transfer_limit` (the VM measures it before it is read)."""
+        self._check_alive()
+        data = await self._download(path, transfer_limit(self.spec, limit))
+        await asyncio.to_thread(out.write, data)
+        return len(data)
+
+    async def _download(self, path: str | None, limit: int) -> bytes:
+        """The tar of `path`, made in the VM and read only when it is at most `limit` bytes
+        (SandboxFileTooLarge naming the limit: E2B sets no workspace size, so the cap is
+        what bounds what the server takes in)."""
         full = self._abs(path or ".")
         tmp = f"/tmp/.palaestra-down-{secrets.token_hex(8)}.tar"
         q = shlex.quote
@@ -446,12 +469,16 @@ class E2BSandbox(Sandbox):
         try:
             await self._run_raw(
                 f"[ -e {q(full)} ] || [ -L {q(full)} ] || exit {MISSING_EXIT}; "
-                f"tar -cf {q(tmp)} {what}",
+                f"tar -cf {q(tmp)} {what} || exit $?; "
+                f'[ "$(stat -c %s {q(tmp)})" -le {limit} ] || {{ rm -f -- {q(tmp)}; '
+                f"exit {TOO_LARGE_EXIT}; }}",
                 what="download_tar",
             )
         except SandboxError as e:
             if f"exited {MISSING_EXIT}" in str(e):
                 raise FileNotFoundError(f"no such path in the sandbox: {path!r}") from e
+            if f"exited {TOO_LARGE_EXIT}" in str(e):
+                raise too_large(limit, f"the tar of {path or self._workdir!r}") from e
             raise
         try:
             raw = await self.remote.files.read(tmp, format="bytes", user=self.user)
