@@ -225,7 +225,21 @@ def spool_file(folder: Path) -> BinaryIO:
 TAR_CHUNK = 1 << 20  # what a copy of a file into or out of a tar holds at once
 
 
-def tar_writer(out: BinaryIO) -> tarfile.TarFile:
+class TarTarget(Protocol):
+    """What a tar is written into: a file, or a wrapper of one."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def tell(self) -> int: ...
+
+    def seek(self, pos: int, /) -> object: ...
+
+    def close(self) -> object: ...
+
+
+def tar_writer(out: TarTarget) -> tarfile.TarFile:
     """A plain tar written into `out` that copies a file's contents TAR_CHUNK at a time."""
     return tarfile.TarFile(fileobj=out, mode="w", copybufsize=TAR_CHUNK)
 

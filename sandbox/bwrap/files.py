@@ -24,6 +24,7 @@ from typing import IO, BinaryIO
 from palaestra.sandbox.base import (
     MAX_TREE_DEPTH,
     TAR_CHUNK,
+    SandboxError,
     SandboxFileTooLarge,
     SandboxPathError,
     SandboxTreeTooDeep,
@@ -179,7 +180,7 @@ class Workspace:
         memory); SandboxFileTooLarge past `limit` bytes (base.too_large). The bytes written."""
         start = out.tell()
         budget = _Budget(limit)
-        with tar_writer(out) as tf:
+        with tar_writer(_ServerFile(out)) as tf:
             if not parts:
                 fd = self._open_dir([])
                 try:
@@ -290,6 +291,33 @@ def _walk(dfd: int, prefix: str, budget: _Budget, depth: int = 1) -> Iterator[_E
                 raise
             except (OSError, SandboxPathError):
                 continue
+
+
+class _ServerFile:
+    """`f`, a file of the server's own (a spool file), whose OSErrors are ours: a full
+    server disk is a SandboxError (void), never read as the workspace's ENOSPC (the
+    caller's `workspace_errors` would make that WorkspaceFull, the agent's fault)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+
+    def write(self, data: bytes, /) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            raise SandboxError(f"writing the server's spool file: {e}") from e
+
+    def read(self, n: int = -1, /) -> bytes:
+        return self.f.read(n)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def seek(self, pos: int, whence: int = 0, /) -> int:
+        return self.f.seek(pos, whence)
+
+    def close(self) -> None:
+        """Not ours to close: the caller's file stays open."""
 
 
 class _Exact:

@@ -8,6 +8,8 @@ the copy held at its worst is measured, not what was left once it finished.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +20,7 @@ from palaestra.envs.base import AgentFault, EpisodeContext
 from palaestra.envs.sandboxes import Sandboxes
 from palaestra.envs.terminal import TerminalFamily
 from palaestra.envs.terminal.family import TerminalState
-from palaestra.sandbox.base import SandboxFileTooLarge, SandboxSpec
+from palaestra.sandbox.base import SandboxError, SandboxFileTooLarge, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
 from palaestra.sdk.task import Task
 
@@ -138,3 +140,21 @@ async def test_a_workspace_over_its_limit_is_the_agents_fault(
     assert fault.failure == "too_large"
     limit = (32 + 16) << 20
     assert f"limit of {limit} bytes" in str(fault) and "huge" in str(fault)
+
+
+class _FullDisk(io.BytesIO):
+    """A spool file on a server disk with no space left."""
+
+    def write(self, data: object, /) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+async def test_a_full_server_disk_is_ours_not_the_agents(backend: BwrapBackend) -> None:
+    """ENOSPC writing the server's spool file is an infrastructure fault (void), never
+    taken for the workspace's own ENOSPC (WorkspaceFull, the agent's)."""
+    async with await backend.create(SandboxSpec(workspace_mb=16)) as box:
+        assert (await box.exec("echo x > f")).ok
+        with pytest.raises(SandboxError) as refused:
+            await box.download_tar_to(_FullDisk())
+        assert not isinstance(refused.value, AgentFault), refused.value
+        assert "spool" in str(refused.value)
