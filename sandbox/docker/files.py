@@ -266,29 +266,29 @@ class _Capped(io.RawIOBase):
         self.limit = limit
         self.shown = shown
         self.seen = 0
-        self.buf = b""
+        self.buf = b""  # the chunk being read, from `pos` on
+        self.pos = 0
 
     def readable(self) -> bool:
         return True
 
     def read(self, n: int = -1, /) -> bytes:
-        parts = [self.buf]
-        have = len(self.buf)
-        while n < 0 or have < n:
-            chunk = next(self.chunks, b"")
-            if not chunk:
-                break
-            self.seen += len(chunk)
-            if self.seen > self.limit + (1 << 20):
-                raise too_large(self.limit, f"the archive of {self.shown!r}")
-            parts.append(chunk)
-            have += len(chunk)
-        data = b"".join(parts)
-        if n < 0:
-            self.buf = b""
-            return data
-        self.buf = data[n:]
-        return data[:n]
+        out: list[bytes] = []
+        want = n
+        while n < 0 or want > 0:
+            if self.pos >= len(self.buf):
+                chunk = next(self.chunks, b"")
+                if not chunk:
+                    break
+                self.seen += len(chunk)
+                if self.seen > self.limit + (1 << 20):
+                    raise too_large(self.limit, f"the archive of {self.shown!r}")
+                self.buf, self.pos = chunk, 0
+            take = len(self.buf) - self.pos if n < 0 else min(want, len(self.buf) - self.pos)
+            out.append(self.buf[self.pos : self.pos + take])
+            self.pos += take
+            want -= take
+        return b"".join(out)
 
 
 # How the engine words the errnos of a full workspace (base.WorkspaceFull) in an API error.

@@ -20,9 +20,11 @@ from palaestra.envs.base import AgentFault, EpisodeContext
 from palaestra.envs.sandboxes import Sandboxes
 from palaestra.envs.terminal import TerminalFamily
 from palaestra.envs.terminal.family import TerminalState
-from palaestra.sandbox.base import SandboxError, SandboxFileTooLarge, SandboxSpec
+from palaestra.sandbox.base import Backend, SandboxError, SandboxFileTooLarge, SandboxSpec
 from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
 from palaestra.sdk.task import Task
+
+from .harness import make_backend
 
 OK, WHY = bwrap_available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"bwrap unusable: {WHY}")
@@ -67,11 +69,20 @@ async def backend(tmp_path: Path) -> AsyncIterator[BwrapBackend]:
         await b.aclose()
 
 
+@pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.slow)])
+async def any_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    b = make_backend(request.param)
+    try:
+        yield b
+    finally:
+        await b.aclose()
+
+
 async def test_a_big_workspace_moves_without_being_held(
-    backend: BwrapBackend, tmp_path: Path
+    any_backend: Backend, tmp_path: Path
 ) -> None:
     spool = tmp_path / "spool"
-    sandboxes = Sandboxes(backend.create, spool_dir=spool)
+    sandboxes = Sandboxes(any_backend.create, spool_dir=spool)
     spec = SandboxSpec(workspace_mb=256, default_timeout_s=60)
     try:
         src, dst = await sandboxes.verifier(spec), await sandboxes.verifier(spec)
