@@ -330,11 +330,16 @@ class _Exact:
 
     def read(self, n: int = -1) -> bytes:
         n = self.left if n < 0 else min(n, self.left)
-        data = self.f.read(n)
-        if len(data) < n:
-            data += bytes(n - len(data))
+        parts, got = [], 0
+        while got < n:  # a short read is not the end; an empty one is
+            data = self.f.read(n - got)
+            if not data:
+                parts.append(bytes(n - got))
+                break
+            parts.append(data)
+            got += len(data)
         self.left -= n
-        return data
+        return b"".join(parts)
 
 
 def _add(
