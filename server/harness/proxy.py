@@ -10,6 +10,9 @@ returned; a reply without them is an infrastructure fault (the episode is void),
 upstream that does not answer. What the agent causes (a context too long: the upstream's
 4xx) goes back to the harness unchanged. The episode's call and token limits are enforced
 here: the call that would go over is refused and `limit` says which.
+
+What is recorded of each call, and how many bytes (`llm_max_recorded_mb`,
+`token_max_llm_recorded_mb`; refused calls too, bounded): server/harness/records.py.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from palaestra.sdk.http11 import Target, TooLarge, UpstreamPool
 from palaestra.server.config import Settings
 from palaestra.server.harness import anthropic
 from palaestra.server.harness.gateway import ModelGateway
+from palaestra.server.harness.records import UPSTREAM_ERROR_CHARS, Records, upstream_error
 from palaestra.server.harness.wire import SSE, Reply, openai_error, openai_sse
 
 log = logging.getLogger("palaestra.harness")
@@ -75,6 +79,7 @@ class _Refusal(Exception):
     def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.param = status, code, param
+        self.request: dict[str, Any] | None = None  # the body, when it was parsed
 
 
 def _endpoint_target(endpoint: str) -> Target:
@@ -292,7 +297,7 @@ class LlmSession:
         self._proxy = proxy
         self._on_call = on_call
         self._target = _endpoint_target(options.model_endpoint)
-        self._recorded = 0
+        self.records = Records(proxy.settings)
         self._lock = asyncio.Lock()
 
     # ---- the paths a session serves -------------------------------------------------------
@@ -318,15 +323,31 @@ class LlmSession:
             )
         if method != "POST":
             return _fail(api, 405, f"{method} {path}: this path takes POST", "method_not_allowed")
+        started_at, t0 = time.time(), time.perf_counter()
         try:
-            return await self._call(api, body)
-        except _Refusal as exc:
-            if exc.code != "limit_reached":
-                self._count_malformed()
-            return _fail(api, exc.status, str(exc), exc.code, exc.param)
+            try:
+                return await self._call(api, body, started_at, t0)
+            except _Refusal as exc:
+                if exc.code not in ("limit_reached", "session_closed"):
+                    self._record_refused(api, exc, body, started_at, t0)
+                    self._count_malformed()
+                return _fail(api, exc.status, str(exc), exc.code, exc.param)
         except _Fault as exc:
             self._set_fault(str(exc))
             return _fail(api, 502, str(exc), "upstream_failed")
+
+    def _record_refused(
+        self, api: LlmApi, exc: _Refusal, raw: bytes, started_at: float, t0: float
+    ) -> None:
+        """A request the proxy refused after reading it, as a refused call: nothing the
+        harness sends is dropped unsaid, and its record is bounded as the module says."""
+        request = exc.request
+        error = f"HTTP {exc.status}: {exc} (refused by the proxy: {exc.code})"
+        stream = request is not None and request.get("stream") is True
+        made = self.records.call(api, request, raw, None, None, None, stream=stream,
+                                 started_at=started_at, upstream_s=0.0, t0=t0,
+                                 error=error[:UPSTREAM_ERROR_CHARS])  # fmt: skip
+        self._record(*made)
 
     def _set_fault(self, reason: str) -> None:
         if self.fault is None:
@@ -346,7 +367,8 @@ class LlmSession:
             self.limit = reason
         self.stopped.set()
 
-    def _parse(self, api: LlmApi, raw: bytes) -> dict[str, Any]:
+    def _parse(self, api: LlmApi, raw: bytes) -> tuple[dict[str, Any], int]:
+        """The request body and the bytes of its JSON as the record stores it."""
         cap = self._proxy.settings.llm_max_request_kb
         if len(raw) > cap * 1024:
             raise _Refusal(
@@ -362,7 +384,7 @@ class LlmSession:
         for _ in range(RECORD_DEPTH):
             nested = [nested]
         try:
-            to_json(nested)
+            size = len(to_json(nested)) - 2 * RECORD_DEPTH
         except ValueError as exc:
             raise _Refusal(
                 400,
@@ -370,9 +392,11 @@ class LlmSession:
                 "lone \\ud800-\\udfff escape) nested at most 200 levels deep",
                 "invalid_json",
             ) from None
-        return body
+        return body, size
 
-    def _check_open(self) -> None:
+    def _check_open(self, size: int) -> None:
+        """_Refusal (or the session's fault) unless a call of a `size`-byte request may go
+        on; a limit it reaches stops the session."""
         if self.closed:
             raise _Refusal(
                 409, "this model session is closed (its episode ended)", "session_closed"
@@ -385,6 +409,8 @@ class LlmSession:
             self._set_limit(
                 f"max_tokens: the episode's {self.max_tokens} completion tokens are used"
             )
+        elif (over := self.records.over(size, self._proxy.recorded(self.owner))) is not None:
+            self._set_limit(over)
         else:
             return
         raise _Refusal(400, f"limit reached: {self.limit}", "limit_reached")
@@ -411,11 +437,19 @@ class LlmSession:
             body["max_tokens"] = min([left, *sizes])
         return body
 
-    async def _call(self, api: LlmApi, raw: bytes) -> Reply:
-        started_at, t0 = time.time(), time.perf_counter()
+    async def _call(self, api: LlmApi, raw: bytes, started_at: float, t0: float) -> Reply:
         if self.limit is not None:  # stopped: refused unread
             raise _Refusal(400, f"limit reached: {self.limit}", "limit_reached")
-        request = self._parse(api, raw)
+        request, size = self._parse(api, raw)
+        try:
+            return await self._forward(api, request, size, started_at, t0)
+        except _Refusal as exc:
+            exc.request = request
+            raise
+
+    async def _forward(
+        self, api: LlmApi, request: dict[str, Any], size: int, started_at: float, t0: float
+    ) -> Reply:
         stream = request.get("stream") is True
         try:
             chat = anthropic.to_openai(request) if api == ANTHROPIC else request
@@ -427,7 +461,7 @@ class LlmSession:
                 400, f"the Messages request is malformed ({type(exc).__name__})", "invalid_request"
             ) from None
         async with self._lock:
-            self._check_open()
+            self._check_open(size)
             body = self._upstream_body(chat)
             self.calls += 1
             t1 = time.perf_counter()
@@ -440,8 +474,10 @@ class LlmSession:
                 return self._passthrough(api, status, reply, raw_reply, headers)
             if status >= 400:
                 refused = upstream_error(status, reply, raw_reply)
-                self._record(api, request, reply or {}, None, stream, started_at, upstream_s, t0,
-                             error=refused)  # fmt: skip
+                made = self.records.call(api, request, None, reply, raw_reply, None,
+                                         stream=stream, started_at=started_at,
+                                         upstream_s=upstream_s, t0=t0, error=refused)  # fmt: skip
+                self._record(*made)
                 return self._passthrough(api, status, reply, raw_reply, headers)
             assert reply is not None
             if (wrong := _completion_error(reply)) is not None:
@@ -453,7 +489,11 @@ class LlmSession:
                 )
             self.completion_tokens += len(tokens[1])
             answer = self._shaped(api, request, reply)
-            self._record(api, request, answer, (reply, tokens), stream, started_at, upstream_s, t0)
+            made = self.records.call(api, request, size, answer, None,
+                                     (reply, tokens), stream=stream,
+                                     started_at=started_at, upstream_s=upstream_s,
+                                     t0=t0)  # fmt: skip
+            self._record(*made)
         if api == ANTHROPIC:
             body_bytes = anthropic.message_sse(answer) if stream else json.dumps(answer).encode()
         else:
@@ -491,57 +531,15 @@ class LlmSession:
         message = error.get("message") if isinstance(error, dict) else None
         return anthropic.anthropic_error(status, str(message or raw[:500].decode(errors="replace")))
 
-    def _record(
-        self,
-        api: LlmApi,
-        request: dict[str, Any],
-        response: dict[str, Any],
-        upstream: tuple[dict[str, Any], tuple[list[int], list[int], list[float]]] | None,
-        stream: bool,
-        started_at: float,
-        upstream_s: float,
-        t0: float,
-        error: str | None = None,
-    ) -> None:
-        reply, (prompt, completion, logprobs) = upstream or ({}, ([], [], []))
-        usage = reply.get("usage") or {}
-        choices = reply.get("choices") or [{}]
-        call = LlmCall(
-            index=self._recorded,
-            api=api,
-            request=request,
-            response=response,
-            prompt_token_ids=prompt,
-            completion_token_ids=completion,
-            logprobs=logprobs,
-            finish_reason=choices[0].get("finish_reason"),
-            usage={k: v for k, v in usage.items() if type(v) is int},
-            started_at=started_at,
-            upstream_s=upstream_s,
-            proxy_s=time.perf_counter() - t0,
-            stream=stream,
-            error=error,
-        )
-        self._recorded += 1
+    def _record(self, call: LlmCall, size: int) -> None:
+        """Hand a record (`Records.call`'s) to the episode; its bytes count for its token."""
+        if not self.closed:  # a closed session's bytes were given back by `close`
+            self._proxy.charge(self.owner, size)
         try:
             self._on_call(call)
         except Exception as exc:  # the store's fault, never the agent's
             log.exception("recording model call %d of %s", call.index, self.key)
             raise _Fault(f"recording the model call failed: {type(exc).__name__}: {exc}") from exc
-
-
-UPSTREAM_ERROR_CHARS = 1000  # of a refusal's message kept in the call's record
-
-
-def upstream_error(status: int, reply: dict[str, Any] | None, raw: bytes) -> str:
-    """`HTTP <status>: <message>` of a model server's 4xx: OpenAI's `{"error": {"message"}}`,
-    vLLM's older top-level `message`, else the body's first characters."""
-    error = (reply or {}).get("error")
-    message = error.get("message") if isinstance(error, dict) else None
-    if not isinstance(message, str):
-        top = (reply or {}).get("message")
-        message = top if isinstance(top, str) else raw[:500].decode(errors="replace")
-    return f"HTTP {status}: {message}"[:UPSTREAM_ERROR_CHARS]
 
 
 class SessionProxy:
@@ -551,6 +549,7 @@ class SessionProxy:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._sessions: dict[str, LlmSession] = {}
+        self._recorded: dict[str, int] = {}  # by owner: bytes its open sessions recorded
         self._pool = UpstreamPool(connect_timeout_s=min(settings.llm_call_timeout_s, 30.0))
         self.gateway: SocketService = ModelGateway(self.get, settings)
 
@@ -582,11 +581,23 @@ class SessionProxy:
     def get(self, key: str) -> LlmSession | None:
         return self._sessions.get(key)
 
+    def recorded(self, owner: str) -> int:
+        """Bytes the open sessions of token `owner` have recorded (token_max_llm_recorded_mb)."""
+        return self._recorded.get(owner, 0)
+
+    def charge(self, owner: str, size: int) -> None:
+        """`size` bytes more recorded by a session of `owner` (negative: it closed)."""
+        left = self._recorded.pop(owner, 0) + size
+        if left > 0:
+            self._recorded[owner] = left
+
     async def close(self, key: str) -> None:
-        """End session `key`: its later calls are refused (409). Idempotent."""
+        """End session `key`: its later calls are refused (409), and what it recorded no
+        longer counts toward its token's live bytes. Idempotent."""
         session = self._sessions.pop(key, None)
         if session is not None:
             session.closed = True
+            self.charge(session.owner, -session.records.held)
 
     async def aclose(self) -> None:
         for key in list(self._sessions):

@@ -44,3 +44,21 @@ class HarnessSettings(BaseModel):
     llm_max_response_kb: int = Field(
         default=32768, ge=1, description="an upstream model reply at most, KiB (void over)"
     )
+    llm_max_recorded_mb: int = Field(
+        default=64,
+        ge=1,
+        description=(
+            "model-call bytes (requests, replies, ids; refused calls too) one harness "
+            "episode records at most, MiB: a call whose request would pass it is refused "
+            "(400 limit_reached) and the episode ends truncated, verified"
+        ),
+    )
+    token_max_llm_recorded_mb: int = Field(
+        default=1024,
+        ge=1,
+        description=(
+            "model-call bytes the live harness episodes of one token record at most, MiB "
+            "(a node's own sessions): the call that would pass it is refused as "
+            "llm_max_recorded_mb's and its episode ends truncated"
+        ),
+    )

@@ -216,7 +216,9 @@ async def test_anthropic_door_with_the_official_client(real: Harness, model: str
     bad = await real.chat({"model": "x", "messages": USER}, "/v1/messages")  # no max_tokens
     assert bad.status_code == 400
     assert bad.json()["type"] == "error" and "max_tokens" in bad.json()["error"]["message"]
-    assert len(real.calls) == 3  # refused before the upstream: not a call
+    assert len(real.calls) == 4  # refused before the upstream: recorded as refused, no ids
+    assert real.calls[3].error and "max_tokens" in real.calls[3].error
+    assert real.calls[3].completion_token_ids == [] and real.session.calls == 3
 
 
 def openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -288,7 +290,11 @@ async def test_bad_requests(proxy: SessionProxy, fake: FakeUpstream) -> None:
             assert wrong.status_code == 405
         n2 = await h.chat({"messages": USER, "n": 2})
         assert n2.status_code == 400 and n2.json()["error"]["param"] == "n"
-        assert h.calls == [] and h.session.calls == 0 and len(fake.hits) == before
+        assert h.session.calls == 0 and len(fake.hits) == before
+        # Each refused request is a record saying so (nothing dropped unsaid), no ids.
+        assert [c.request for c in h.calls] == [{"head": "{nope"}, {"head": "[1]"},
+                                                {"messages": USER, "n": 2}]  # fmt: skip
+        assert all(c.error and "refused by the proxy" in c.error for c in h.calls)
 
 
 async def test_sampling_model_and_ids_are_forced(proxy: SessionProxy, fake: FakeUpstream) -> None:
