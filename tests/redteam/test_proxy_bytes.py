@@ -7,8 +7,9 @@ episode store hundreds of megabytes. Now an episode records at most `llm_max_rec
 is refused in the harness's dialect and the episode ends truncated (a limit the policy
 caused, never void); refused calls are records saying so, bounded with a marker.
 
-The upstreams are FAKES on loopback: tests/harness_fakes.py's `FakeUpstream` and
-`huge_refusals` here (a model server whose 4xx bodies are a megabyte each).
+The upstreams are FAKES on loopback: tests/harness_fakes.py's `FakeUpstream`,
+`huge_refusals` here (a model server whose 4xx bodies are a megabyte each), and for the
+whole episode over a real `palaestra serve`, tests/peers/fake_model.py's `FakeModel`.
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ from palaestra.server.harness.proxy import LlmSession, SessionProxy
 from palaestra.server.harness.records import REFUSED_KEEP
 from palaestra.server.harness.registry import Bound, HarnessRegistry
 from palaestra.server.harness.runner import Ending, HarnessRun, HarnessRunner, Plan
-from tests.conftest import make_settings
+from tests.conftest import ServerProcess, make_settings
 from tests.harness_fakes import FakeUpstream, options
+from tests.harness_peers import SOLVE_2, TRAIN_TASK, ending, finished, harness, started
+from tests.peers.fake_model import FakeModel, bash_call, submit_call
 from tests.peers.fake_model_server import FakeModelServer, Hit, Reply
 from tests.redteam.test_harness_proxy import sandbox_gateway
+from tests.server.test_sealed import make_token
+from tests.servers import server_fixture
 
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
@@ -308,3 +313,49 @@ async def test_a_flooding_harness_ends_its_episode_truncated_with_bounded_record
         assert proxy.get("ep-1") is None and proxy.recorded("t") == 0
     finally:
         await runner.aclose()
+
+
+# ---- the whole episode over a real server: what GET /v1/episodes/{id} serves back ---------
+capped = server_fixture(
+    "module",
+    packs=["humaneval"],
+    settings={"llm_max_recorded_mb": CAP_MB, "llm_max_request_kb": REQUEST_KB},
+)
+# The policy's own bash command: 60 calls of ~60 KiB each to the sandbox's gateway.
+FLOOD = """python3 - <<'EOF'
+import json, urllib.request as u
+body = json.dumps({"messages": [{"role": "user", "content": "a" * 60000}]}).encode()
+for i in range(60):
+    try:
+        u.urlopen(u.Request("http://127.0.0.1:4000/v1/chat/completions", body,
+                            {"content-type": "application/json"}))
+    except Exception as e:
+        print(i, e)
+        break
+EOF"""
+
+
+def test_a_flooding_policy_cannot_make_its_episode_store_past_the_cap(
+    capped: ServerProcess,
+) -> None:
+    """The model floods its own model proxy from its bash tool; the episode ends truncated
+    on llm_max_recorded_mb (scored, not void), and GET /v1/episodes/{id} serves at most
+    the cap and one call. Another token's episode on the same server, alongside, is whole
+    and solved."""
+    hostile, quiet = (make_token(capped, "train", "harness") for _ in range(2))
+    flood = FakeModel([bash_call(FLOOD)])  # forever
+    solver = FakeModel([bash_call(SOLVE_2), submit_call()])
+    with flood.serve() as flood_url, solver.serve() as solver_url:
+        option = harness(flood_url, max_calls=500, config={"max_turns": 500})
+        loud = started(capped, hostile, TRAIN_TASK, option, max_wall_s=120)
+        calm = started(capped, quiet, TRAIN_TASK, harness(solver_url), max_wall_s=120)
+        state = finished(capped, hostile, loud)
+        other = finished(capped, quiet, calm)
+    assert state["status"] == "done", state["void_reason"]
+    last = ending(state)
+    assert last["truncated"] and "llm_max_recorded_mb" in last["info"]["harness"]["reason"]
+    served = len(json.dumps(state["trajectory"]).encode())
+    assert served <= CAP_MB * MIB + 2 * ONE_CALL, served
+    assert len(flood.requests) > 5  # it did flood: whole calls up to the cap
+    assert other["status"] == "done" and other["verdict"]["reward"] == 1.0
+    assert not ending(other)["truncated"]
