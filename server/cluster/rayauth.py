@@ -122,17 +122,17 @@ def use_token(path: Path | None) -> None:
     reload_ray_config()
 
 
-def has_ray_token() -> bool:
-    """Whether Ray's own sources hold a token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, then
-    ~/.ray/auth_token, in Ray's order)."""
+def ray_token_source() -> Path | str | None:
+    """Where Ray's own sources hold a token, in Ray's order: "RAY_AUTH_TOKEN" (the variable),
+    else the file of RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token; None where none holds one."""
     if os.environ.get("RAY_AUTH_TOKEN", "").strip():
-        return True
+        return "RAY_AUTH_TOKEN"
     named = os.environ.get("RAY_AUTH_TOKEN_PATH")
     file = Path(named) if named else Path.home() / ".ray" / "auth_token"
     try:
-        return bool(file.read_text(encoding="utf-8").strip())
+        return file if file.read_text(encoding="utf-8").strip() else None
     except OSError:
-        return False
+        return None
 
 
 def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> Literal["open", "closed"]:
@@ -200,7 +200,9 @@ def require_auth(settings: Settings, address: str) -> bool:
         use_token(path)
     elif settings.ray_token_file is not None:
         raise RayAuthError(f"ray_token_file {path} does not exist: put the cluster's token there")
-    elif has_ray_token():
+    elif (source := ray_token_source()) is not None:
+        if isinstance(source, Path):  # `ray get-auth-token --generate` leaves it 0644
+            make_private(source, own_folder=False)
         use_token(None)
     else:
         raise RayAuthError(
