@@ -9,8 +9,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from palaestra.sandbox import Sandbox, SandboxSpec
+from palaestra.sandbox.base import spool_file
 from palaestra.sdk.client import TaskQuery
 from palaestra.sdk.errors import BadRequestError, PermissionDeniedError, UnavailableError
 from palaestra.sdk.models import (
@@ -24,7 +26,7 @@ from palaestra.sdk.models import (
 from palaestra.server.auth import ADMIN, ADMIN_PRINCIPAL, EVAL, PUBLISH, Principal
 from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
-from palaestra.server.packs.archive import pack_archive
+from palaestra.server.packs.archive import write_pack_archive
 from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.generate import GenerateLimits, generate_pack
 from palaestra.server.packs.loader import GeneratedSet, Pack
@@ -207,8 +209,10 @@ class Catalog:
 
     async def pack_archive(
         self, name: str, principal: Principal = ADMIN_PRINCIPAL
-    ) -> tuple[Pack, bytes]:
-        """The archive of `name[@version]`; refused (403) to non-admins when a split is sealed.
+    ) -> tuple[Pack, BinaryIO]:
+        """The archive of `name[@version]`, in an anonymous file of the spool folder at its
+        start (the caller closes it: a pack may be gigabytes, never held in memory); refused
+        (403) to non-admins when a split is sealed.
 
         A sealed split's private fields, verifier files and solutions never leave the server,
         and an archive holds them: only an admin (the server's operator) may take one."""
@@ -221,7 +225,18 @@ class Catalog:
                 "download it",
                 code="sealed_pack",
             )
-        return pack, await asyncio.to_thread(pack_archive, pack.root)
+
+        def write() -> BinaryIO:
+            out = spool_file(self.settings.spool_folder)
+            try:
+                write_pack_archive(pack.root, out)
+                out.seek(0)
+            except BaseException:
+                out.close()
+                raise
+            return out
+
+        return pack, await asyncio.to_thread(write)
 
     def task_list(self, query: TaskQuery) -> TaskList:
         q = query

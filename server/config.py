@@ -103,6 +103,12 @@ class Settings(
         """The fields by concern: group name -> its field names, in declaration order."""
         return {name: list(group.model_fields) for name, group in GROUPS.items()}
 
+    @property
+    def spool_folder(self) -> Path:
+        """Where large transfers (workspaces, pack archives) wait on disk, never whole in
+        server memory: the `spool_dir` setting, else <data_dir>/tmp."""
+        return self.spool_dir or self.data_dir / "tmp"
+
     @model_validator(mode="after")
     def _harness_budgets_fit(self) -> Settings:
         if (

@@ -39,7 +39,7 @@ class SandboxOwner:
     @property
     def spool_dir(self) -> Path:
         """Where workspaces moved between sandboxes wait on disk (`spool_dir` setting)."""
-        return self.settings.spool_dir or self.settings.data_dir / "tmp"
+        return self.settings.spool_folder
 
     @property
     def live_count(self) -> int:

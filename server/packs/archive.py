@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 MAX_BYTES = 2 * 1024 * 1024 * 1024
 MAX_FILES = 200_000
@@ -77,11 +78,22 @@ def _included(path: Path, root: Path) -> bool:
 
 
 def pack_archive(root: Path) -> bytes:
+    """The archive of the pack folder `root`, as bytes (`write_pack_archive`)."""
+    out = io.BytesIO()
+    write_pack_archive(root, out)
+    return out.getvalue()
+
+
+def write_pack_archive(root: Path, out: BinaryIO) -> None:
+    """Write the archive of the pack folder `root` into `out`, a file at a time (a served
+    download goes through a file on disk: a pack may be gigabytes unpacked)."""
     root = Path(root)
     if not (root / "pack.toml").is_file():
         raise ArchiveError(f"{root}: no pack.toml; not a pack directory")
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz,
+        tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for path in sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix()):
             if not _included(path, root):
                 continue
@@ -97,16 +109,12 @@ def pack_archive(root: Path) -> bytes:
                 info.mode = 0o755
                 tar.addfile(info)
             elif path.is_file():
-                data = path.read_bytes()
-                info.size = len(data)
-                info.mode = 0o644
-                tar.addfile(info, io.BytesIO(data))
+                with path.open("rb") as data:
+                    info.size = os.fstat(data.fileno()).st_size
+                    info.mode = 0o644
+                    tar.addfile(info, data)
             else:
                 raise ArchiveError(f"{path}: only regular files and folders can go into a pack")
-    out = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz:
-        gz.write(raw.getvalue())
-    return out.getvalue()
 
 
 def _safe_name(name: str) -> PurePosixPath:

@@ -3,10 +3,13 @@ published pack for unfiltered sampling, yank and unyank a version."""
 
 from __future__ import annotations
 
-from typing import Literal
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import BinaryIO, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from palaestra.sdk.models import PackEnableResponse, PackYankResponse, PublishResponse
 from palaestra.server import auth as scopes
@@ -14,6 +17,7 @@ from palaestra.server.caller import principal_of, services_of
 from palaestra.server.routes.common import ERRORS, error_reply, json_reply
 
 router = APIRouter(tags=["packs"])
+DOWNLOAD_CHUNK = 1 << 20  # what a pack download holds in memory at once
 
 # The archive arrives as the raw body (read here with a bound), not as a parsed model.
 ARCHIVE_BODY = {
@@ -59,15 +63,26 @@ async def publish(request: Request) -> Response:
 async def pack_download(org: str, name: str, request: Request) -> Response:
     """The archive of `org/name[@version]` (for `pack install`); packs with sealed splits:
     admin only, since an archive carries their private fields."""
-    pack, data = await services_of(request).catalog.pack_archive(
+    pack, archive = await services_of(request).catalog.pack_archive(
         f"{org}/{name}", principal_of(request)
     )
     filename = f"{pack.name.replace('/', '-')}-{pack.version}.tar.gz"
     headers = {
         "x-palaestra-digest": pack.digest,
         "content-disposition": f'attachment; filename="{filename}"',
+        "content-length": str(os.fstat(archive.fileno()).st_size),
     }
-    return Response(data, media_type="application/gzip", headers=headers)
+    return StreamingResponse(chunks(archive), media_type="application/gzip", headers=headers)
+
+
+async def chunks(archive: BinaryIO) -> AsyncIterator[bytes]:
+    """The file a chunk at a time, read off the event loop; closed at the end (or when the
+    client goes away)."""
+    try:
+        while chunk := await asyncio.to_thread(archive.read, DOWNLOAD_CHUNK):
+            yield chunk
+    finally:
+        archive.close()
 
 
 @router.post(
