@@ -34,6 +34,8 @@ ALLOWED = {
     "socket (what `docker` itself reads)",
     "sandbox/exechelper.py": "CC, the compiler the exec helper is built with (the build's own "
     "convention)",
+    "server/cluster/rayauth.py": "RAY_AUTH_TOKEN and RAY_AUTH_TOKEN_PATH, Ray's own variables "
+    "for its token (what Ray itself reads), to know whether one is set and to close its file",
 }
 
 
