@@ -102,9 +102,10 @@ class Catalog:
 
     # -- the pack registry (publish, download) ----------------------------------------------
     async def publish(
-        self, data: bytes, principal: Principal = ADMIN_PRINCIPAL
+        self, data: bytes | BinaryIO, principal: Principal = ADMIN_PRINCIPAL
     ) -> tuple[Pack, bool]:
-        """Verify and install a pack archive (DESIGN §6); (pack, whether it is new)."""
+        """Verify and install a pack archive, bytes or a file at its start (DESIGN §6);
+        (pack, whether it is new)."""
         principal.require(PUBLISH, "publishing a pack")
         if self.registry is None:
             raise UnavailableError("this server has no pack registry", code="no_registry")

@@ -132,13 +132,14 @@ def _safe_name(name: str) -> PurePosixPath:
 
 
 class _Inflater(io.RawIOBase):
-    """The gzip stream of `data`, inflated as it is read, that refuses (ArchiveTooLarge) to
+    """The gzip stream read from `source`, inflated as it is read, that refuses (ArchiveTooLarge) to
     yield more than `limits.max_unpacked` bytes or more than `limits.max_ratio` times what
     it has consumed: a bomb stops after the first megabytes, never after the gigabytes."""
 
-    def __init__(self, data: bytes, limits: ArchiveLimits) -> None:
-        self._data = memoryview(data)
-        self._at = 0
+    def __init__(self, source: BinaryIO, limits: ArchiveLimits) -> None:
+        self._source = source
+        self._ahead = source.read(_CHUNK)  # the next compressed chunk (b"": none left)
+        self._at = len(self._ahead)  # compressed bytes read so far
         self._zlib = zlib.decompressobj(wbits=31)
         self._pending = b""
         self.produced = 0
@@ -152,7 +153,7 @@ class _Inflater(io.RawIOBase):
         while not self._pending:
             if self._zlib.eof:
                 rest = self._zlib.unused_data
-                if not rest and self._at >= len(self._data):
+                if not rest and not self._ahead:
                     return 0
                 self._zlib = zlib.decompressobj(wbits=31)  # a further gzip member
                 self._pending = self._zlib.decompress(rest, len(view))
@@ -161,9 +162,9 @@ class _Inflater(io.RawIOBase):
             chunk: bytes | memoryview
             if tail:
                 chunk = tail
-            elif self._at < len(self._data):
-                chunk = self._data[self._at : self._at + _CHUNK]
-                self._at += len(chunk)
+            elif self._ahead:
+                chunk, self._ahead = self._ahead, self._source.read(_CHUNK)
+                self._at += len(self._ahead)
             else:
                 raise ArchiveError("the archive ends before its gzip stream does (truncated)")
             try:
@@ -204,17 +205,22 @@ class _Member(tarfile.TarInfo):
         return super()._proc_member(tarfile_)  # type: ignore[misc,no-any-return]
 
 
-def extract_archive(data: bytes, dest: Path, limits: ArchiveLimits | None = None) -> Path:
-    """Unpack a tar.gz while it inflates, one entry at a time; every limit is checked
-    before the bytes it guards are read (ArchiveTooLarge), every entry before it lands."""
+def extract_archive(
+    data: bytes | BinaryIO, dest: Path, limits: ArchiveLimits | None = None
+) -> Path:
+    """Unpack a tar.gz (bytes, or a file at its start: a large upload waits on disk) while
+    it inflates, one entry at a time; every limit is checked before the bytes it guards are
+    read (ArchiveTooLarge), every entry before it lands."""
     limits = limits or ArchiveLimits()
-    if len(data) > limits.max_compressed:
+    archive = io.BytesIO(data) if isinstance(data, bytes) else data
+    size = len(data) if isinstance(data, bytes) else os.fstat(archive.fileno()).st_size
+    if size > limits.max_compressed:
         raise ArchiveTooLarge(
-            f"the archive is {len(data)} bytes, over {limits.max_compressed} (max_pack_bytes)"
+            f"the archive is {size} bytes, over {limits.max_compressed} (max_pack_bytes)"
         )
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    stream = io.BufferedReader(_Inflater(data, limits), buffer_size=_CHUNK)
+    stream = io.BufferedReader(_Inflater(archive, limits), buffer_size=_CHUNK)
     try:
         tar = tarfile.open(fileobj=stream, mode="r|", tarinfo=_Member)  # noqa: SIM115
     except (tarfile.TarError, OSError, EOFError) as exc:

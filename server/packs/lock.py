@@ -35,11 +35,12 @@ def pack_files(root: Path) -> dict[str, Path]:
 
 def file_hashes(root: Path) -> dict[str, str]:
     """`{path: "sha256:<hex>"}` for every file of the pack, sorted by path."""
-    return {
-        rel: "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-        for rel, path in pack_files(root).items()
-        if not path.is_symlink()
-    }
+    hashes = {}
+    for rel, path in pack_files(root).items():
+        if not path.is_symlink():
+            with path.open("rb") as data:  # a file at a time, a MiB at a time: packs are large
+                hashes[rel] = "sha256:" + hashlib.file_digest(data, "sha256").hexdigest()
+    return hashes
 
 
 def files_digest(hashes: Mapping[str, str], task_digests: Iterable[str] = ()) -> str:

@@ -40,7 +40,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from palaestra.sandbox import SandboxError
 from palaestra.sdk.errors import (
@@ -182,7 +182,7 @@ class PackRegistry:
 
     async def ainstall(
         self,
-        data: bytes,
+        data: bytes | BinaryIO,
         *,
         publisher: str,
         generate: AsyncGenerate | None = None,
@@ -212,7 +212,7 @@ class PackRegistry:
 
     async def _install_off_loop(
         self,
-        data: bytes,
+        data: bytes | BinaryIO,
         publisher: str,
         generate: AsyncGenerate | None,
         kwargs: dict[str, Any],
@@ -406,7 +406,7 @@ class PackRegistry:
     # -- install ----------------------------------------------------------------------------
     def install(
         self,
-        data: bytes,
+        data: bytes | BinaryIO,
         *,
         publisher: str,
         families: Iterable[str | TaskValidator],

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from palaestra.sdk.errors import BadRequestError, TooLargeError
 from palaestra.server.packs.archive import (
@@ -40,7 +41,7 @@ class PackStore:
         return self.objects / digest.removeprefix("sha256:")
 
     @contextmanager
-    def unpacked(self, data: bytes) -> Iterator[Path]:
+    def unpacked(self, data: bytes | BinaryIO) -> Iterator[Path]:
         """The archive `data` extracted under tmp/ (its pack root), removed on exit unless
         `place` moved it. Raises TooLargeError (over `archive_limits`) or BadRequestError
         (an unsafe or malformed archive)."""

@@ -11,6 +11,7 @@ from typing import BinaryIO, Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from palaestra.sandbox.base import spool_file
 from palaestra.sdk.models import PackEnableResponse, PackYankResponse, PublishResponse
 from palaestra.server import auth as scopes
 from palaestra.server.caller import principal_of, services_of
@@ -42,14 +43,19 @@ async def publish(request: Request) -> Response:
     """Publish a pack archive (tar.gz; `publish` scope): 201 new, 200 already published."""
     principal = principal_of(request)
     principal.require(scopes.PUBLISH, "publishing a pack")
-    limit = services_of(request).settings.max_pack_bytes
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return error_reply(413, "too_large", f"a pack archive may be at most {limit} bytes")
-        chunks.append(chunk)
-    pack, created = await services_of(request).catalog.publish(b"".join(chunks), principal)
+    settings = services_of(request).settings
+    limit = settings.max_pack_bytes
+    # The archive waits on disk, never whole in memory (up to max_pack_bytes a publish).
+    with spool_file(settings.spool_folder) as archive:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                message = f"a pack archive may be at most {limit} bytes"
+                return error_reply(413, "too_large", message)
+            await asyncio.to_thread(archive.write, chunk)
+        archive.seek(0)
+        pack, created = await services_of(request).catalog.publish(archive, principal)
     reply = PublishResponse(
         name=pack.name, version=pack.version, digest=pack.digest, created=created
     )

@@ -1,6 +1,7 @@
-"""A pack download streams from a file on the server's disk: its archive was built whole in
-server memory (tar and gzip, twice its size), so a few concurrent downloads of a large pack
-cost gigabytes (issue 34, invariant 2: large transfers never sit whole in server memory)."""
+"""A pack download streams from a file on the server's disk, and a published archive waits
+on it: both were whole in server memory (a download's tar and gzip, twice its size; an
+upload's body, up to max_pack_bytes), so a few concurrent ones of a large pack cost
+gigabytes (issue 34, invariant 2: large transfers never sit whole in server memory)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,19 @@ def test_a_large_pack_download_streams(tmp_path: Path) -> None:
                 got.update(chunk)
                 size += len(chunk)
         grew_mb = (peak_kb(pid) - before) / 1024
+        # The same archive published back: the upload waits on disk, never whole in memory.
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        before_publish = peak_kb(pid)
+        with (tmp_path / "expected.tar.gz").open("rb") as upload:
+            published = httpx.post(
+                f"{server.url}/v1/packs",
+                content=iter(lambda: upload.read(1 << 20), b""),
+                headers={**server.headers, "content-type": "application/gzip"},
+                timeout=300,
+            )
+        assert published.status_code in (200, 201), published.text
+        publish_mb = (peak_kb(pid) - before_publish) / 1024
     assert got.hexdigest() == digest and size > BIG_MB << 19  # the same archive, whole
     grown = f"the server's peak memory grew {grew_mb:.0f} MB for a {size >> 20} MB archive"
     assert grew_mb < 40, grown
+    assert publish_mb < 40, f"publishing it grew the server's peak memory {publish_mb:.0f} MB"
