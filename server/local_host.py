@@ -265,7 +265,7 @@ class LocalHost:
             duration = time.perf_counter() - started
             episode.step_timer.observe(duration)
             self.record(episode, recorded, reply, duration, request.request_id)
-            if self.store.behind:  # the writer lags: wait for it rather than queue on in memory
+            if self.store.behind(episode.owner):  # its records lag on disk: wait for them
                 await self.store.commit()
             if request.request_id:
                 episode.remember(request.request_id, reply)
@@ -301,7 +301,7 @@ class LocalHost:
             duration_s=duration_s,
             at=now,
         )
-        self.store.add_step(episode.number, index, request_id, record)
+        self.store.add_step(episode.number, index, request_id, record, episode.owner)
         state.step_count = index + 1
         state.updated_at = now
 

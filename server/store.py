@@ -37,7 +37,9 @@ from palaestra.server.store_reads import StoreReads
 _T = TypeVar("_T")
 
 # A queued write: statement, parameters, and the future its caller may wait on (or None).
-_Write = tuple[str, tuple[Any, ...], "Future[None] | None"]
+# (statement, parameters, the future its caller may wait on or None, and for a step record
+# who owns its episode and its size: what the writer's backlog holds of each token's)
+_Write = tuple[str, tuple[Any, ...], "Future[None] | None", "tuple[str, int] | None"]
 # A marker the writer sets once everything queued before it is committed: an Event for a
 # thread that waits, a Future for a coroutine (`commit`).
 _Marker = threading.Event | Future[None]
@@ -98,7 +100,7 @@ LINGER_S = 0.02  # how long a batch waits for more writes when nobody waits on i
 def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
     """Consecutive writes of one statement grouped for `executemany` (order kept)."""
     runs: list[tuple[str, list[tuple[Any, ...]]]] = []
-    for sql, params, _ in batch:
+    for sql, params, _, _ in batch:
         if runs and runs[-1][0] == sql:
             runs[-1][1].append(params)
         else:
@@ -117,6 +119,8 @@ class Store:
         self.max_backlog_bytes = max_backlog_bytes
         self._step_bytes_in = 0
         self._step_bytes_out = 0
+        self._queued_by: dict[str, int] = {}  # owner -> bytes queued (the loop's thread)
+        self._written_by: dict[str, int] = {}  # owner -> bytes handled (the writer's)
         self.reads = StoreReads(db)  # blocking, for code on a thread of its own
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self.write_errors = 0  # writes dropped because their statement failed
@@ -179,9 +183,7 @@ class Store:
                     try:
                         conn = self._commit_or_reconnect(conn, batch)
                     finally:
-                        self._step_bytes_out += sum(
-                            len(params[3]) for sql, params, _ in batch if sql is ADD_STEP
-                        )
+                        self._handled(batch)
                 for event in events:
                     _set(event)
                 if stop:
@@ -209,7 +211,7 @@ class Store:
             return conn
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            for _, _, done in batch:
+            for _, _, done, _ in batch:
                 if done is not None and not done.done():
                     done.set_exception(_writer_down(reason))
             raise
@@ -225,7 +227,7 @@ class Store:
         except Exception as exc:
             if conn.broken:
                 raise _ConnectionLost(str(exc)) from exc
-            for sql, params, done in batch:
+            for sql, params, done, _ in batch:
                 try:
                     with conn.transaction():
                         conn.execute(sql, params)
@@ -240,7 +242,7 @@ class Store:
                     if done is not None and not done.done():
                         done.set_result(None)
             return
-        for _, _, done in batch:
+        for _, _, done, _ in batch:
             if done is not None and not done.done():
                 done.set_result(None)
 
@@ -259,7 +261,13 @@ class Store:
             elif item is not None and item[2] is not None and not item[2].done():
                 item[2].set_exception(_writer_down(self.writer_error))
 
-    def _put(self, sql: str, params: tuple[Any, ...], wait: bool = False) -> Future[None] | None:
+    def _put(
+        self,
+        sql: str,
+        params: tuple[Any, ...],
+        wait: bool = False,
+        cost: tuple[str, int] | None = None,
+    ) -> Future[None] | None:
         """Queue a write; with `wait`, a future that ends when it is committed (or failed).
         A text PostgreSQL cannot hold (a NUL) is refused here, on every engine alike, never
         queued to be dropped by the writer after its caller went on: StoreWriteError, raised
@@ -280,7 +288,7 @@ class Store:
                 raise error
             done.set_exception(error)
             return done
-        self._queue.put((sql, params, done))
+        self._queue.put((sql, params, done, cost))
         return done
 
     # -- writes (queued) ------------------------------------------------------------------
@@ -325,18 +333,44 @@ class Store:
         self._numbers = self._numbers[1:]
         return number
 
-    def add_step(self, episode: int, index: int, request_id: str | None, record: str) -> None:
-        """One step of the episode numbered `episode` (`create_episode`); `record` is a
-        StepRecord's JSON (`models.step_record_json`). A caller that may queue steps faster
-        than the disk takes them waits on `commit()` while the store is `behind`."""
-        self._put(ADD_STEP, (episode, index, request_id, record))
-        self._step_bytes_in += len(record)
+    def add_step(
+        self, episode: int, index: int, request_id: str | None, record: str, owner: str = ""
+    ) -> None:
+        """One step of the episode numbered `episode` (`create_episode`), whose token is
+        `owner`; `record` is a StepRecord's JSON (`models.step_record_json`: a NUL in it is
+        escaped, so only the request id is scanned, not every value: the hot path). A
+        caller that may queue steps faster than the disk takes them waits on `commit()`
+        while the store is `behind` for its owner."""
+        if request_id is not None and "\x00" in request_id:
+            self._put(ADD_STEP, (episode, index, request_id, record))  # refused there
+            return
+        if not self._writing:
+            raise _writer_down(self.writer_error)
+        size = len(record)
+        self._queue.put((ADD_STEP, (episode, index, request_id, record), None, (owner, size)))
+        self._step_bytes_in += size
+        self._queued_by[owner] = self._queued_by.get(owner, 0) + size
 
-    @property
-    def behind(self) -> bool:
-        """Whether the step records queued for the writer pass `max_backlog_bytes`: the
-        queue lives in memory, so producers faster than the disk must wait for it."""
-        return self._step_bytes_in - self._step_bytes_out > self.max_backlog_bytes
+    def behind(self, owner: str) -> bool:
+        """Whether `owner`'s next step must wait for the writer: the step records queued in
+        memory pass `max_backlog_bytes` and an eighth of that is `owner`'s (a token that
+        steps with small records is not held up by another's large ones), or they pass
+        twice it (then every step waits: memory stays bounded whoever fills it)."""
+        backlog = self._step_bytes_in - self._step_bytes_out
+        if backlog <= self.max_backlog_bytes:
+            return False
+        if backlog > 2 * self.max_backlog_bytes:
+            return True
+        mine = self._queued_by.get(owner, 0) - self._written_by.get(owner, 0)
+        return mine > self.max_backlog_bytes // 8
+
+    def _handled(self, batch: list[_Write]) -> None:
+        """On the writer's thread: the step records of `batch` left the backlog."""
+        for _, _, _, cost in batch:
+            if cost is not None:
+                owner, size = cost
+                self._written_by[owner] = self._written_by.get(owner, 0) + size
+                self._step_bytes_out += size
 
     def update_episode(self, state: EpisodeState) -> None:
         self._put(

@@ -8,6 +8,7 @@ close) hung forever, and `/readyz` still said ready.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -107,7 +108,7 @@ async def test_readyz_reports_a_dead_writer_and_healthz_stays_live(
     manager: EpisodeManager, api: httpx.AsyncClient
 ) -> None:
     assert (await api.get("/readyz")).status_code == 200
-    manager.store._queue.put(("NOT SQL", (), None))  # a statement that cannot even parse
+    manager.store._queue.put(("NOT SQL", (), None, None))  # a statement that cannot parse
     await manager.store.commit()
     assert manager.store.writer_alive, "a failing statement must not stop the writer"
     assert manager.store.write_errors == 1
@@ -132,10 +133,12 @@ async def _sleep() -> None:
 async def test_steps_faster_than_the_disk_wait_for_it(tmp_path: Path) -> None:
     """Step records wait in memory for the writer: a producer faster than the disk (large
     outputs, many episodes) used to grow that queue without bound (1.2 GB in 5 s of 64 x
-    60 KB batch steps). Past `store_max_backlog_mb` a step waits for the writer instead."""
+    60 KB batch steps). Past `store_max_backlog_mb` the token whose records fill it waits for
+    the writer; another token's small steps go on (until twice the cap: then all wait)."""
     from conftest import make_settings
 
     from palaestra.sdk.models import ResetRequest, StepRequest
+    from palaestra.server.auth import Principal
     from palaestra.server.runtime import build_manager
 
     manager = build_manager(make_settings(data_dir=tmp_path / "data", store_max_backlog_mb=1))
@@ -147,21 +150,43 @@ async def test_steps_faster_than_the_disk_wait_for_it(tmp_path: Path) -> None:
         slow_commit(conn, batch)  # type: ignore[arg-type]
 
     store._commit = commit  # type: ignore[method-assign]
+    hostile = Principal(name="hostile", scopes=frozenset({"train"}), token_id="hostile")
+    quiet = Principal(name="quiet", scopes=frozenset({"train"}), token_id="quiet")
     await manager.start()
     try:
-        most = 0
-        text = "x" * 60_000
         started = ResetRequest(task=ECHO, options={"max_steps": 1000})
-        episode = (await manager.reset(started)).episode_id
-        for _ in range(120):
-            action = {"tool": "echo", "arguments": {"text": text}}
-            await manager.step(episode, StepRequest.model_validate({"action": action}))
-            most = max(most, store._step_bytes_in - store._step_bytes_out)
+        flood = (await manager.reset(started, hostile)).episode_id
+        calm = (await manager.reset(started, quiet)).episode_id
+        big = StepRequest.model_validate(
+            {"action": {"tool": "echo", "arguments": {"text": "x" * 60_000}}}
+        )
+        small = StepRequest.model_validate({"action": {"tool": "echo", "arguments": {"text": "."}}})
+        most, held, quiet_waited = 0, 0, []
+
+        async def flooding() -> None:
+            nonlocal most, held
+            for _ in range(120):
+                began = time.monotonic()
+                await manager.step(flood, big, hostile)
+                held += time.monotonic() - began > 0.04  # it waited for the writer
+                most = max(most, store._step_bytes_in - store._step_bytes_out)
+
+        async def stepping() -> None:
+            while not flooded.done():
+                began = time.monotonic()
+                await manager.step(calm, small, quiet)
+                quiet_waited.append(time.monotonic() - began)
+                await asyncio.sleep(0.005)
+
+        flooded = asyncio.ensure_future(flooding())
+        await asyncio.gather(flooded, stepping())
         assert most <= (1 << 20) + 70_000, f"{most} bytes of step records held in memory"
         assert store._step_bytes_in > 120 * 60_000  # every step was recorded
+        assert held > 10, held  # the flood waited for the writer, many times
+        assert len(quiet_waited) > 10 and max(quiet_waited) < 0.05, quiet_waited  # it never did
         await store.commit()
-        assert not store.behind
-        saved = await store.load_episode(episode)
+        assert not store.behind("hostile")
+        saved = await store.load_episode(flood)
         assert saved is not None and len(saved.trajectory) == 120
     finally:
         await manager.shutdown()
