@@ -80,20 +80,20 @@ async def ors_sessions(url: str, token: str, seconds: float, counts: Counter[str
 
 async def connections(url: str, token: str, seconds: float, counts: Counter[str]) -> None:
     host, port = url.removeprefix("http://").split(":")
-    held: list[asyncio.StreamWriter] = []
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end and len(held) < 4000:
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
-            writer.write(b"GET /healthz HTTP/1.1\r\n")  # a head never finished
-            held.append(writer)
+            opened = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
+            opened[1].write(b"GET /healthz HTTP/1.1\r\n")  # a head never finished
+            held.append(opened)
             counts["opened"] += 1
         except (OSError, TimeoutError):
             counts["refused"] += 1
             await asyncio.sleep(0.01)
-    counts["still open at the end"] = sum(not w.is_closing() for w in held)
     await asyncio.sleep(max(0.0, end - time.monotonic()))
-    for writer in held:
+    counts["closed by the server"] = sum(reader.at_eof() for reader, _ in held)
+    for _, writer in held:
         writer.close()
 
 
