@@ -88,11 +88,17 @@ def _writer_down(reason: str | None) -> UnavailableError:
     )
 
 
-ADD_STEP = (
-    "INSERT INTO step_records (episode, idx, request_id, record) VALUES (?,?,?,?)"
+_STEP_UPSERT = (
     " ON CONFLICT (episode, idx) DO UPDATE"
     " SET request_id=excluded.request_id, record=excluded.record"
 )
+_STEP_INSERT = "INSERT INTO step_records (episode, idx, request_id, record) VALUES "
+ADD_STEP = _STEP_INSERT + "(?,?,?,?)" + _STEP_UPSERT
+# Step records go in STEP_ROWS to a statement: the driver gives the GIL back while the
+# database works, once a statement; one a row made the writer queue behind a busy event loop
+# for the GIL on every row (it fell minutes behind a batch-stepping trainer).
+STEP_ROWS = 128
+ADD_STEPS = _STEP_INSERT + ",".join(["(?,?,?,?)"] * STEP_ROWS) + _STEP_UPSERT
 BATCH_ROWS = 2000  # writes in one transaction at most
 LINGER_S = 0.02  # how long a batch waits for more writes when nobody waits on it
 
@@ -106,6 +112,14 @@ def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
         else:
             runs.append((sql, [params]))
     return runs
+
+
+def _flat(rows: list[tuple[Any, ...]], size: int) -> list[tuple[Any, ...]]:
+    """`rows` as the parameters of statements of `size` rows each (len(rows) % size == 0)."""
+    return [
+        tuple(value for row in rows[at : at + size] for value in row)
+        for at in range(0, len(rows), size)
+    ]
 
 
 class Store:
@@ -223,7 +237,12 @@ class Store:
         try:
             with conn.transaction():
                 for sql, rows in _runs(batch):
-                    conn.executemany(sql, rows)
+                    if sql is ADD_STEP and len(rows) >= STEP_ROWS:
+                        whole = len(rows) - len(rows) % STEP_ROWS
+                        conn.executemany(ADD_STEPS, _flat(rows[:whole], STEP_ROWS))
+                        rows = rows[whole:]
+                    if rows:
+                        conn.executemany(sql, rows)
         except Exception as exc:
             if conn.broken:
                 raise _ConnectionLost(str(exc)) from exc

@@ -522,3 +522,18 @@ def test_sqlite_urls_name_absolute_and_relative_files(
     monkeypatch.chdir(tmp_path)
     Database.open("sqlite://rel/b.sqlite3").close()
     assert (tmp_path / "a.sqlite3").is_file() and (tmp_path / "rel" / "b.sqlite3").is_file()
+
+
+def test_many_steps_go_in_multi_row_statements_in_order(store: Store) -> None:
+    """Step records are inserted STEP_ROWS to a statement (the writer's GIL round trips);
+    order, the remainder and a rewritten index within one statement all hold."""
+    number = store.create_episode(state("many"), "sha256:d", False).number
+    for i in range(300):
+        store.add_step(number, i, f"r{i}", record(i, f"t{i}"))
+    store.add_step(number, 5, "r5", record(5, "replaced"))  # the same index again
+    store.flush()
+    texts = [s.observation.text for s in store.reads.load_steps("many")]
+    assert len(texts) == 300 and texts[:4] == ["t0", "t1", "t2", "t3"] and texts[-1] == "t299"
+    assert texts[5] == "replaced"
+    assert store.reads.find_step("many", "r250") is not None
+    assert store.write_errors == 0
