@@ -98,6 +98,7 @@ ADD_STEP = _STEP_INSERT + "(?,?,?,?)" + _STEP_UPSERT
 # database works, once a statement; one a row made the writer queue behind a busy event loop
 # for the GIL on every row (it fell minutes behind a batch-stepping trainer).
 STEP_ROWS = 128
+STEP_BYTES = 1 << 20  # what one statement's records bind at most
 ADD_STEPS = _STEP_INSERT + ",".join(["(?,?,?,?)"] * STEP_ROWS) + _STEP_UPSERT
 BATCH_ROWS = 2000  # writes in one transaction at most
 LINGER_S = 0.02  # how long a batch waits for more writes when nobody waits on it
@@ -114,12 +115,39 @@ def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
     return runs
 
 
-def _flat(rows: list[tuple[Any, ...]], size: int) -> list[tuple[Any, ...]]:
-    """`rows` as the parameters of statements of `size` rows each (len(rows) % size == 0)."""
-    return [
-        tuple(value for row in rows[at : at + size] for value in row)
-        for at in range(0, len(rows), size)
-    ]
+def _statements(sql: str, rows: list[tuple[Any, ...]]) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """A run of one statement's rows as (statement, its parameters) to execute in order: step
+    records STEP_ROWS to an ADD_STEPS statement, while they are small; a record over
+    STEP_BYTES / STEP_ROWS, and what is left over, one to a row (binding is done holding the
+    GIL: a statement of large ones would hold the event loop while it is bound). Order is
+    kept: a step index written twice ends as its last write."""
+    if sql is not ADD_STEP:
+        return [(sql, rows)]
+    out: list[tuple[str, list[tuple[Any, ...]]]] = []
+    small: list[tuple[Any, ...]] = []
+
+    def single(some: list[tuple[Any, ...]]) -> None:
+        if out and out[-1][0] is ADD_STEP:
+            out[-1][1].extend(some)
+        else:
+            out.append((ADD_STEP, list(some)))
+
+    for row in rows:
+        if len(row[3]) > STEP_BYTES // STEP_ROWS:
+            single([*small, row])
+            small = []
+            continue
+        small.append(row)
+        if len(small) == STEP_ROWS:
+            statement = tuple(value for one in small for value in one)
+            if out and out[-1][0] is ADD_STEPS:
+                out[-1][1].append(statement)
+            else:
+                out.append((ADD_STEPS, [statement]))
+            small = []
+    if small:
+        single(small)
+    return out
 
 
 class Store:
@@ -237,12 +265,8 @@ class Store:
         try:
             with conn.transaction():
                 for sql, rows in _runs(batch):
-                    if sql is ADD_STEP and len(rows) >= STEP_ROWS:
-                        whole = len(rows) - len(rows) % STEP_ROWS
-                        conn.executemany(ADD_STEPS, _flat(rows[:whole], STEP_ROWS))
-                        rows = rows[whole:]
-                    if rows:
-                        conn.executemany(sql, rows)
+                    for statement, bound in _statements(sql, rows):
+                        conn.executemany(statement, bound)
         except Exception as exc:
             if conn.broken:
                 raise _ConnectionLost(str(exc)) from exc

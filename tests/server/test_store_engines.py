@@ -531,9 +531,11 @@ def test_many_steps_go_in_multi_row_statements_in_order(store: Store) -> None:
     for i in range(300):
         store.add_step(number, i, f"r{i}", record(i, f"t{i}"))
     store.add_step(number, 5, "r5", record(5, "replaced"))  # the same index again
+    store.add_step(number, 7, "r7", record(7, "x" * 20_000))  # a large one goes alone,
+    store.add_step(number, 7, "r7", record(7, "small again"))  # and the last write wins
     store.flush()
     texts = [s.observation.text for s in store.reads.load_steps("many")]
     assert len(texts) == 300 and texts[:4] == ["t0", "t1", "t2", "t3"] and texts[-1] == "t299"
-    assert texts[5] == "replaced"
+    assert texts[5] == "replaced" and texts[7] == "small again"
     assert store.reads.find_step("many", "r250") is not None
     assert store.write_errors == 0
