@@ -26,16 +26,21 @@ SECRET_FILE = "heldout.secret"
 SECRET_BYTES = 32
 
 
-def ensure_secret(path: Path) -> bytes:
-    """The secret in `path`, made (0600, never overwritten) when there is none yet."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def create_secret_file(path: Path, text: str) -> None:
+    """Write `text` to `path` made 0600, unless the file exists already (never overwritten:
+    two processes starting at once keep the first one's secret)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(secrets.token_hex(SECRET_BYTES) + "\n")
+        return
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(text)
+
+
+def ensure_secret(path: Path) -> bytes:
+    """The secret in `path`, made (0600, never overwritten) when there is none yet."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    create_secret_file(path, secrets.token_hex(SECRET_BYTES) + "\n")
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         log.warning("%s was readable by others (mode %o); made it 0600", path, mode)

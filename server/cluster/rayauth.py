@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from palaestra.server.config import Settings
+from palaestra.server.heldout import create_secret_file
 
 log = logging.getLogger("palaestra.cluster")
 
@@ -85,13 +86,7 @@ def make_private(path: Path, own_folder: bool) -> None:
 def ensure_token(path: Path, own_folder: bool) -> None:
     """The token file at `path`, made (never overwritten) with a new random token."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(secrets.token_hex(32))
+    create_secret_file(path, secrets.token_hex(32))
     make_private(path, own_folder)
     if not path.read_text(encoding="ascii").strip():
         raise RayAuthError(f"{path}: the Ray token file is empty; delete it to make a new one")
