@@ -122,7 +122,11 @@ def build_parts(
         else:
             warmer.run_blocking()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(settings.database(), max_backlog_bytes=settings.store_max_backlog_mb << 20)
+    store = Store(
+        settings.database(),
+        max_backlog_bytes=settings.store_max_backlog_mb << 20,
+        token_backlog_bytes=settings.store_token_backlog_mb << 20,
+    )
     if settings.auth == "token" and admin_token:
         ensure_admin_token(settings.data_dir, store.db)
     # Published packs (the server's content-addressed store) after the built-in ones.

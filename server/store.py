@@ -154,11 +154,14 @@ class Store:
     """Episodes, steps, verdicts and placements in `db` (which the store then owns: closing
     the store closes it)."""
 
-    def __init__(self, db: Database, max_backlog_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, db: Database, max_backlog_bytes: int = 64 << 20, token_backlog_bytes: int = 4 << 20
+    ) -> None:
         self.db = db
         # Step records queued and not yet handled by the writer, in bytes: counted in by the
         # event loop's thread and out by the writer's (each counter has one writer thread).
         self.max_backlog_bytes = max_backlog_bytes
+        self.token_backlog_bytes = token_backlog_bytes
         self._step_bytes_in = 0
         self._step_bytes_out = 0
         self._queued_by: dict[str, int] = {}  # owner -> bytes queued (the loop's thread)
@@ -395,17 +398,15 @@ class Store:
         self._queued_by[owner] = self._queued_by.get(owner, 0) + size
 
     def behind(self, owner: str) -> bool:
-        """Whether `owner`'s next step must wait for the writer: the step records queued in
-        memory pass `max_backlog_bytes` and an eighth of that is `owner`'s (a token that
-        steps with small records is not held up by another's large ones), or they pass
-        twice it (then every step waits: memory stays bounded whoever fills it)."""
+        """Whether `owner`'s next step must wait for the writer: `owner`'s step records
+        queued in memory pass `token_backlog_bytes` (so another token's commit never waits
+        behind more than that of it), or everyone's pass `max_backlog_bytes` (memory stays
+        bounded whoever fills it)."""
         backlog = self._step_bytes_in - self._step_bytes_out
-        if backlog <= self.max_backlog_bytes:
+        if backlog <= self.token_backlog_bytes:  # nobody's is past it: the hot path
             return False
-        if backlog > 2 * self.max_backlog_bytes:
-            return True
         mine = self._queued_by.get(owner, 0) - self._written_by.get(owner, 0)
-        return mine > self.max_backlog_bytes // 8
+        return mine > self.token_backlog_bytes or backlog > self.max_backlog_bytes
 
     def _handled(self, batch: list[_Write]) -> None:
         """On the writer's thread: the step records of `batch` left the backlog."""

@@ -46,6 +46,13 @@ class StoreSettings(BaseModel):
         description="step records queued in memory for the store's writer, at most; a step "
         "past it waits until the writer has caught up (backpressure, not a refusal)",
     )
+    store_token_backlog_mb: int = Field(
+        default=4,
+        ge=1,
+        description="step records one token may have queued ahead of the disk; its step past "
+        "it waits for the writer. It bounds how long another token's episode end (which is "
+        "told only what is on disk) waits behind this token's records",
+    )
     heldout_secret_file: Path | None = Field(
         default=None,
         description=(

@@ -133,20 +133,27 @@ async def _sleep() -> None:
 async def test_steps_faster_than_the_disk_wait_for_it(tmp_path: Path) -> None:
     """Step records wait in memory for the writer: a producer faster than the disk (large
     outputs, many episodes) used to grow that queue without bound (1.2 GB in 5 s of 64 x
-    60 KB batch steps). Past `store_max_backlog_mb` the token whose records fill it waits for
-    the writer; another token's small steps go on (until twice the cap: then all wait)."""
+    60 KB batch steps). Past `store_token_backlog_mb` the token whose records fill it waits
+    for the writer; another token's small steps go on, and its episode's start and end
+    (told only once on disk, so behind every record queued before) wait for at most that
+    much of the flood (with the whole `store_max_backlog_mb` queued ahead, the quiet
+    token's p99 step in `bench/abuse.py`'s `big-batch` class was 154 ms; 12 ms now)."""
     from conftest import make_settings
 
     from palaestra.sdk.models import ResetRequest, StepRequest
     from palaestra.server.auth import Principal
     from palaestra.server.runtime import build_manager
 
-    manager = build_manager(make_settings(data_dir=tmp_path / "data", store_max_backlog_mb=1))
+    settings = make_settings(
+        data_dir=tmp_path / "data", store_max_backlog_mb=8, store_token_backlog_mb=1
+    )
+    manager = build_manager(settings)
     store = manager.store
     slow_commit = store._commit
 
-    def commit(conn: object, batch: list[object]) -> None:
-        time.sleep(0.05)  # a disk slower than the steps
+    def commit(conn: object, batch: list[tuple[object, object, object, object]]) -> None:
+        size = sum(cost[1] for *_, cost in batch if isinstance(cost, tuple))
+        time.sleep(0.005 + size / 20e6)  # a disk slower than the steps: 20 MB/s
         slow_commit(conn, batch)  # type: ignore[arg-type]
 
     store._commit = commit  # type: ignore[method-assign]
@@ -154,18 +161,18 @@ async def test_steps_faster_than_the_disk_wait_for_it(tmp_path: Path) -> None:
     quiet = Principal(name="quiet", scopes=frozenset({"train"}), token_id="quiet")
     await manager.start()
     try:
-        started = ResetRequest(task=ECHO, options={"max_steps": 1000})
-        flood = (await manager.reset(started, hostile)).episode_id
-        calm = (await manager.reset(started, quiet)).episode_id
+        flood = (
+            await manager.reset(ResetRequest(task=ECHO, options={"max_steps": 1000}), hostile)
+        ).episode_id
         big = StepRequest.model_validate(
             {"action": {"tool": "echo", "arguments": {"text": "x" * 60_000}}}
         )
         small = StepRequest.model_validate({"action": {"tool": "echo", "arguments": {"text": "."}}})
-        most, held, quiet_waited = 0, 0, []
+        most, held, quiet_waited, quiet_ends = 0, 0, [], []
 
         async def flooding() -> None:
             nonlocal most, held
-            for _ in range(120):
+            for _ in range(240):
                 began = time.monotonic()
                 await manager.step(flood, big, hostile)
                 held += time.monotonic() - began > 0.04  # it waited for the writer
@@ -174,19 +181,28 @@ async def test_steps_faster_than_the_disk_wait_for_it(tmp_path: Path) -> None:
         async def stepping() -> None:
             while not flooded.done():
                 began = time.monotonic()
+                two = ResetRequest(task=ECHO, options={"max_steps": 2})
+                calm = (await manager.reset(two, quiet)).episode_id
+                stepped = time.monotonic()
                 await manager.step(calm, small, quiet)
-                quiet_waited.append(time.monotonic() - began)
+                ending = time.monotonic()
+                quiet_waited.append(ending - stepped)
+                ended = await manager.step(calm, small, quiet)
+                assert ended.truncated or ended.terminated
+                quiet_ends.append(max(stepped - began, time.monotonic() - ending))
                 await asyncio.sleep(0.005)
 
         flooded = asyncio.ensure_future(flooding())
         await asyncio.gather(flooded, stepping())
         assert most <= (1 << 20) + 70_000, f"{most} bytes of step records held in memory"
-        assert store._step_bytes_in > 120 * 60_000  # every step was recorded
+        assert store._step_bytes_in > 240 * 60_000  # every step was recorded
         assert held > 10, held  # the flood waited for the writer, many times
         assert len(quiet_waited) > 10 and max(quiet_waited) < 0.05, quiet_waited  # it never did
+        # 1 MiB of the flood at 20 MB/s is 52 ms; the whole 8 MiB would be 420 ms
+        assert max(quiet_ends) < 0.2, sorted(quiet_ends)[-5:]
         await store.commit()
         assert not store.behind("hostile")
         saved = await store.load_episode(flood)
-        assert saved is not None and len(saved.trajectory) == 120
+        assert saved is not None and len(saved.trajectory) == 240
     finally:
         await manager.shutdown()
