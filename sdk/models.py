@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
+from palaestra.sdk.failures import Failure, FailureKind
 from palaestra.sdk.harness import HarnessStatus
 
 # What no id may hold: C0/C1 control characters (NUL above all: PostgreSQL's text cannot hold
@@ -136,6 +137,11 @@ class Verdict(WireModel):
         description="on an `ok` verdict, why the agent's attempt failed as a whole "
         "(FAILURE_CLASSES: missing_file, not_regular_file, timeout, crash, ...); None otherwise",
     )
+    failure_kind: FailureKind | None = Field(
+        default=None,
+        description="the failure's kind (sdk/failures.py): an agent kind on an `ok` verdict "
+        "with a failure class, an infrastructure kind on a `void` one; None otherwise",
+    )
     components: dict[str, float] = Field(default_factory=dict)
     feedback: str = ""
     verifier: VerifierInfo
@@ -236,6 +242,11 @@ class EpisodeState(WireModel):
     timings: dict[str, float] = Field(default_factory=dict)
     metrics: EpisodeMetrics = Field(default_factory=EpisodeMetrics)
     void_reason: str | None = None
+    failure: Failure | None = Field(
+        default=None,
+        description="why an ended episode failed (sdk/failures.py: kind, boundary, facts); "
+        "None while active and when it ended with no failure",
+    )
     verdict: Verdict | None = None
     trajectory: list[StepRecord] = Field(default_factory=list)
     harness: HarnessStatus | None = Field(
