@@ -10,6 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from palaestra.cli.atif import export_app as atif_export_app
+from palaestra.cli.atif import import_app as atif_import_app
 from palaestra.cli.clients import open_client, reset_when_warm
 from palaestra.cli.console import console, err, error, styled
 from palaestra.cli.eval.app import eval_app
@@ -40,6 +42,8 @@ pack_app.add_typer(import_app, name="import")  # pack import terminal-bench|harb
 pack_app.add_typer(export_app, name="export")  # pack export harbor
 app.add_typer(token_app, name="token")
 app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cli/eval/)
+app.add_typer(atif_export_app, name="export")  # export atif (cli/atif.py)
+app.add_typer(atif_import_app, name="import")  # import atif
 register_train_command(app)  # palaestra train (cli/train.py)
 
 

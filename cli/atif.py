@@ -1,0 +1,230 @@
+"""`palaestra export atif` and `palaestra import atif`: episodes and eval runs as ATIF
+trajectories (sdk/atif.py; docs/integrations.md, "ATIF").
+
+    palaestra export atif EPISODE_ID [-o FILE] [--atif-version 1.8|1.7] [--url URL --token T]
+    palaestra export atif --run RUN_DIR -o DIR      # one file per attempt of the run
+    palaestra import atif FILE [-o OUT]             # an episode's JSON (GET /v1/episodes/{id})
+    palaestra import atif DIR -o RUN_DIR            # an exported run: a run directory again
+
+An import lands where our tools read it, not in a server's store (docs/decisions.md): an
+episode as the JSON `GET /v1/episodes/{id}` answers, a run as a run directory. A file that
+is not valid ATIF is refused with each problem's step and field, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from palaestra.cli.clients import open_client
+from palaestra.cli.console import console, err, error, styled
+from palaestra.cli.options import DataDir, Token, Url
+from palaestra.sdk.atif import (
+    atif_to_attempt,
+    atif_to_episode,
+    attempt_to_atif,
+    episode_to_atif,
+    kind_of,
+)
+from palaestra.sdk.atif_models import VERSIONS, AtifError
+from palaestra.sdk.errors import PalaestraError
+from palaestra.sdk.evaluation.attempt import Attempt
+from palaestra.sdk.evaluation.rundir import RunDir, RunError
+
+export_app = typer.Typer(
+    help="Write episodes and eval runs in another format.", no_args_is_help=True
+)
+import_app = typer.Typer(
+    help="Read episodes and eval runs written in another format.", no_args_is_help=True
+)
+
+VersionOpt = Annotated[
+    str, typer.Option("--atif-version", help="the ATIF version to write: 1.8 or 1.7")
+]
+SUFFIX = ".atif.json"
+
+
+def _version(value: str) -> str:
+    wanted = value if value.startswith("ATIF-") else f"ATIF-v{value.removeprefix('v')}"
+    if wanted not in VERSIONS:
+        raise _fail(f"--atif-version {value!r}: write one of 1.8, 1.7")
+    return wanted
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    error(message)
+    return typer.Exit(code)
+
+
+def _dump(document: Any) -> str:
+    return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    """Whole or not at all: a temporary file beside `path`, renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@export_app.command("atif")
+def export_atif(
+    episode: Annotated[str | None, typer.Argument(help="the episode id")] = None,
+    run: Annotated[
+        Path | None, typer.Option("--run", help="an eval run directory: one file per attempt")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--out", help="the file (a run: the directory) to write; else stdout"),
+    ] = None,
+    version: VersionOpt = "1.8",
+    url: Url = None,
+    token: Token = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Write an episode (read from the server: live or stored), or every attempt of an
+    eval run directory, as ATIF trajectories; the steps keep every record, token ids and
+    logprobs of harness model calls included."""
+    wanted = _version(version)
+    if (episode is None) == (run is None):
+        raise _fail("name an EPISODE_ID or --run RUN_DIR (one of them)")
+    if run is not None:
+        if out is None:
+            raise _fail("--run writes one file per attempt: give the directory with -o DIR")
+        _export_run(run, out, wanted)
+        return
+    assert episode is not None
+
+    async def fetch() -> Any:
+        async with open_client(url, token, data_dir, read_only=True) as client:
+            return await client.state(episode)
+
+    try:
+        state = asyncio.run(fetch())
+    except PalaestraError as exc:
+        raise _fail(f"episode {episode}: {exc.message}", 1) from None
+    text = _dump(episode_to_atif(state, wanted))
+    if out is None:
+        print(text, end="")
+        return
+    _write(out, text)
+    err.print(f"{len(state.trajectory)} steps of episode {episode} → {out} ({wanted})")
+
+
+def _export_run(run: Path, out: Path, version: str) -> None:
+    try:
+        store = RunDir.open(run)
+        manifest, attempts = store.manifest(), store.records()
+    except RunError as exc:
+        raise _fail(str(exc)) from None
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise _fail(f"{out} exists and is not an empty directory")
+    documents = [
+        (_name(i, a), attempt_to_atif(a.to_json(), manifest, i, version))
+        for i, a in enumerate(attempts)
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    for name, document in documents:
+        _write(out / name, _dump(document))
+    err.print(f"{len(documents)} attempts of {run} → {out}/ ({version}, one file each)")
+
+
+def _name(line: int, attempt: Attempt) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", attempt.task).strip("-")[:80]
+    return f"{line:05d}-{slug}-a{attempt.attempt}{SUFFIX}"
+
+
+@import_app.command("atif")
+def import_atif(
+    source: Annotated[Path, typer.Argument(help="an ATIF file, or a directory of them (a run)")],
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--out", help="where to write (a run: the run directory); else stdout"),
+    ] = None,
+) -> None:
+    """Check an ATIF trajectory (v1.7 or v1.8) and read it back: an episode (ours, exactly;
+    another producer's, by ATIF's slots) as the JSON of `GET /v1/episodes/{id}`; an
+    exported eval run's directory as a run directory `palaestra eval report` reads.
+    Refused, naming the file, step and field, when it is not valid (exit 2)."""
+    if source.is_dir():
+        _import_run(source, out)
+        return
+    document = _read(source)
+    try:
+        if kind_of(document) == "eval_attempt":
+            attempt, _, _ = atif_to_attempt(document)
+            text = json.dumps(attempt, ensure_ascii=False) + "\n"
+            what = f"attempt {attempt.get('attempt')} of {attempt.get('task')}"
+        else:
+            state = atif_to_episode(document)
+            text = state.model_dump_json(indent=1) + "\n"
+            what = f"episode {state.episode_id} ({len(state.trajectory)} steps)"
+    except AtifError as exc:
+        raise _refuse(source, exc) from None
+    if out is None:
+        print(text, end="")
+        return
+    _write(out, text)
+    err.print(f"{source}: {what} → {out}")
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as exc:
+        raise _fail(f"{path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _fail(f"{path}: not JSON: {exc}") from None
+
+
+def _refuse(path: Path, exc: AtifError) -> typer.Exit:
+    error(f"{path} is not valid ATIF ({len(exc.problems)} problems); nothing written", "invalid")
+    for problem in exc.problems:
+        err.print(styled("  ", "", problem))
+    return typer.Exit(2)
+
+
+def _import_run(source: Path, out: Path | None) -> None:
+    if out is None:
+        raise _fail("a directory imports as a run directory: give it with -o RUN_DIR")
+    if out.exists():
+        raise _fail(f"{out} exists; a run is imported into a new directory")
+    files = sorted(source.glob("*.json"))
+    if not files:
+        raise _fail(f"{source} holds no .json files")
+    lines: list[tuple[int, dict[str, Any]]] = []
+    manifest: dict[str, Any] | None = None
+    for path in files:
+        try:
+            attempt, run, line = atif_to_attempt(_read(path))
+        except AtifError as exc:
+            raise _refuse(path, exc) from None
+        if manifest is not None and run != manifest:
+            raise _fail(f"{path}: from another run than {files[0].name} (its manifest differs)")
+        manifest = run
+        lines.append((line, attempt))
+    assert manifest is not None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent.resolve()))
+    try:
+        store = RunDir.create(staging / "run", manifest)
+        for _, attempt in sorted(lines, key=lambda item: item[0]):
+            store.append(Attempt.from_json(attempt))
+        os.replace(staging / "run", out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    console.print(f"{len(lines)} attempts of run {manifest.get('run_id', '?')} → {out}/")
