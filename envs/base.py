@@ -14,6 +14,7 @@ calls the tool's method. Sandboxes come from `ctx.sandboxes` only; the manager f
 from __future__ import annotations
 
 import abc
+import copy
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
@@ -510,6 +511,14 @@ class Family(abc.ABC, Generic[S]):
         handler = getattr(self, declared.method)
         outcome: StepOutcome = await (handler(ctx, args) if declared.takes_args else handler(ctx))
         return outcome
+
+    def fork_state(self, state: S) -> S:
+        """Called when an episode is forked (`POST /v1/episodes/{id}/fork`), under its lock,
+        with no step running: the fork's own state, which must share nothing mutable with
+        `state` (the parent goes on unchanged). The default is a deep copy. Override where
+        the state holds what cannot be copied (a live shell session: start the fork without
+        one) or what is read-only and large (share it)."""
+        return copy.deepcopy(state)
 
     @abc.abstractmethod
     async def verify(self, ctx: EpisodeContext[S]) -> Assessment:

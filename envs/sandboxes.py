@@ -57,6 +57,12 @@ class Sandboxes:
             self._episode = await self._new(spec)
             self._spec = self._episode.spec
 
+    def adopt(self, box: Sandbox) -> None:
+        """The manager's: the episode's sandbox made for it elsewhere (a fork's copy of its
+        parent's, `Backend.fork`), freed with the rest."""
+        self._episode, self._spec = box, box.spec
+        self._made.append(box)
+
     async def verifier(
         self, spec: SandboxSpec | None = None, *, traces_execs: bool = False
     ) -> Sandbox:

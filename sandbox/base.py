@@ -488,6 +488,15 @@ class Sandbox(abc.ABC):
             raise too_large(cap, "the tar to unpack")
         await self.upload_tar(data, dest)
 
+    async def copy_workspace_from(self, src: Sandbox, spool_dir: Path) -> None:
+        """Fill this fresh sandbox's workdir with a copy of `src`'s (a fork, `Backend.fork`);
+        `src` goes on unchanged. This default moves a tar through a spool file in
+        `spool_dir` (never whole in server memory); a backend that can copy on the host
+        does it there. A copy over the limit is the agent's (SandboxFileTooLarge)."""
+        with spool_file(spool_dir) as f:
+            await src.download_tar_to(f)
+            await self.upload_tar_from(f)
+
     async def shell(self) -> ShellSession:
         raise SandboxError(f"{type(self).__name__} has no persistent shell yet")
 
@@ -533,6 +542,20 @@ class Backend(abc.ABC):
     def live_count(self) -> int:
         """Sandboxes created and not yet closed (for metrics)."""
         return 0
+
+    async def fork(self, box: Sandbox, spool_dir: Path) -> Sandbox:
+        """A new sandbox of `box`'s spec whose workdir is a copy of `box`'s; `box` goes on
+        unchanged (`POST /v1/episodes/{id}/fork`). Made by `create`, so a warm pool in
+        front hands out a ready one, then filled by `copy_workspace_from`. The workdir is
+        what a sandbox keeps between execs on every backend (docker's root is read-only,
+        so a `docker commit` would capture nothing of it: docs/decisions.md)."""
+        new = await self.create(box.spec)
+        try:
+            await new.copy_workspace_from(box, spool_dir)
+        except BaseException:
+            await asyncio.shield(new.close())
+            raise
+        return new
 
     async def aclose(self) -> None:
         """Release backend-wide resources (pools, clients)."""

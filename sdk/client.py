@@ -20,6 +20,7 @@ from palaestra.sdk.models import (
     BatchStepResult,
     EpisodeState,
     FamilyInfo,
+    ForkResponse,
     PackInfo,
     PackYankResponse,
     ResetRequest,
@@ -196,6 +197,12 @@ class AsyncServerClient(AsyncBatchClient, Protocol):
         """Let the sampler draw a quarantined task again (admin)."""
         ...
 
+    async def fork(self, episode_id: str, *, fork_id: str | None = None) -> ForkResponse:
+        """A new live episode of this token: a copy of `episode_id`'s sandbox, family state
+        and trajectory so far, which goes on unchanged (`fork_id` names the fork: a retry
+        with it answers 409 `episode_exists`, never a second fork)."""
+        ...
+
     async def yank(self, ref: str, *, undo: bool = False) -> PackYankResponse:
         """Yank `org/name@version` (its publisher or an admin; `undo`: restore it): `org/name`
         and sampling skip it, exact pins still reach it."""
@@ -250,5 +257,6 @@ class Client(ABC):
     batch_step = blocking(AsyncServerClient.batch_step)
     sampler = blocking(AsyncServerClient.sampler)
     release_task = blocking(AsyncServerClient.release_task)
+    fork = blocking(AsyncServerClient.fork)
     yank = blocking(AsyncServerClient.yank)
     verify_group = blocking(AsyncServerClient.verify_group)

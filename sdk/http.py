@@ -37,6 +37,8 @@ from palaestra.sdk.models import (
     BatchStepResult,
     EpisodeState,
     FamilyInfo,
+    ForkRequest,
+    ForkResponse,
     PackInfo,
     PackYankResponse,
     ResetRequest,
@@ -257,6 +259,11 @@ class AsyncHTTPClient(AsyncServerClient):
 
     async def _sampler(self, query: SamplerQuery) -> SamplerReport:
         return await self._get("/v1/sampler", SamplerReport, query.params())
+
+    async def fork(self, episode_id: str, *, fork_id: str | None = None) -> ForkResponse:
+        body = ForkRequest(episode_id=fork_id).model_dump(mode="json")
+        response = await self._request("POST", f"/v1/episodes/{episode_id}/fork", json=body)
+        return ForkResponse.model_validate_json(response.content)
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
         response = await self._request("POST", "/v1/sampler/release", json={"task": task})

@@ -89,6 +89,26 @@ class ResetResponse(WireModel):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
+class ForkRequest(WireModel):
+    """`POST /v1/episodes/{id}/fork`: `episode_id` names the fork (as a reset's does; a
+    retried fork with the same id answers 409 `episode_exists`, never a second fork)."""
+
+    episode_id: PlainStr | None = Field(default=None, max_length=128)
+
+
+class ForkResponse(WireModel):
+    """A fork: a new live episode of the same token, its sandbox, family state and
+    trajectory a copy of its parent's at `step_count` steps; the parent goes on unchanged.
+    No observation: the caller has the parent's last one, which the fork starts from."""
+
+    episode_id: str
+    parent_id: str
+    step_count: int
+    tools: list[ToolSpec]
+    limits: Limits
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
 class StepRequest(WireModel):
     action: Action
     request_id: PlainStr | None = Field(default=None, max_length=128)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from palaestra.sdk.models import (
     EpisodeState,
+    ForkRequest,
+    ForkResponse,
     Limits,
     ResetRequest,
     ResetResponse,
@@ -41,6 +43,16 @@ class StartOrder:
     key: str  # the episode's store key (server/tenancy.py)
     limits: Limits
     oracle: bool  # the oracle drives it (allowed by the front)
+
+
+@dataclass(frozen=True)
+class ForkOrder:
+    """A fork as the front decided it (its key, its quota admitted); a host makes it."""
+
+    principal: Principal
+    parent_id: str  # the parent, by the id its caller uses
+    request: ForkRequest
+    key: str  # the fork's store key (server/tenancy.py)
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,11 @@ class EpisodeHost(Protocol):
     async def state(self, principal: Principal, episode_id: str) -> EpisodeState: ...
 
     async def close(self, principal: Principal, episode_id: str) -> None: ...
+
+    async def fork(self, order: ForkOrder) -> ForkResponse:
+        """A copy of the caller's live episode under `order.key` (server/fork.py); 404 as
+        for every call, 409 when the parent has ended."""
+        ...
 
     async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
         """The episode held here that `episode_id` names for `principal` (None when it is

@@ -37,6 +37,8 @@ from palaestra.sdk.models import (
     BatchStepResult,
     EpisodeState,
     FamilyInfo,
+    ForkRequest,
+    ForkResponse,
     PackInfo,
     PackYankResponse,
     ResetRequest,
@@ -113,6 +115,9 @@ class AsyncInProcessClient(AsyncServerClient):
 
     async def close(self, episode_id: str) -> None:
         await self.manager.close(episode_id)
+
+    async def fork(self, episode_id: str, *, fork_id: str | None = None) -> ForkResponse:
+        return await self.manager.fork(episode_id, ForkRequest(episode_id=fork_id))
 
     async def families(self) -> list[FamilyInfo]:
         return self.manager.catalog.family_infos()

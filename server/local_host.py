@@ -24,6 +24,7 @@ from palaestra.sdk.models import (
     Action,
     EpisodeState,
     EpisodeStatus,
+    ForkResponse,
     Limits,
     Observation,
     ResetResponse,
@@ -41,9 +42,10 @@ from palaestra.server.episode import (
     sandbox_fault,
     void_verdict,
 )
+from palaestra.server.fork import fork_episode, fork_reply, stored_ended
 from palaestra.server.harness.runner import END_TOOL, HarnessRunner
 from palaestra.server.harness.runner import Ending as HarnessEnding
-from palaestra.server.host import Accounting, Ending, StartOrder
+from palaestra.server.host import Accounting, Ending, ForkOrder, StartOrder
 from palaestra.server.sandboxes import SandboxOwner
 from palaestra.server.services import Services
 from palaestra.server.stored_episodes import StoredEpisodes
@@ -469,6 +471,26 @@ class LocalHost:
         await self.harness.stop(episode.harness)  # a harness is killed; no verdict
         async with episode.lock:
             await self._end(episode, EpisodeStatus.CLOSED)
+
+    async def fork(self, order: ForkOrder) -> ForkResponse:
+        """A copy of a live episode under `order.key`, the parent unchanged (server/fork.py)."""
+        parent, key = await self.owned(order.principal, order.parent_id)  # 404: not the caller's
+        if parent is None:  # only the store has it: it has ended
+            raise await stored_ended(self.store, key, order.parent_id)
+        if len(self._live) + self._pending >= self.settings.max_episodes:
+            raise CapacityError("the server holds its limit of live episodes", retry_after=1.0)
+        if order.key in self._live or order.key in self._ended or order.key in self._reserved:
+            raise id_taken(order.request.episode_id or order.key)
+        self._reserved.add(order.key)
+        self._pending += 1
+        try:
+            child = await fork_episode(self, parent, order)
+        finally:
+            self._pending -= 1
+            self._reserved.discard(order.key)
+        self._live[order.key] = child
+        await self.store.commit()  # a fork a client was told of survives a crash
+        return fork_reply(child, order)
 
     async def harness_ended(self, episode: Episode, ending: HarnessEnding) -> None:
         """A harness stopped (server/harness/runner.py): verify, or void on a fault; the

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from palaestra.sdk.errors import PermissionDeniedError
 from palaestra.sdk.models import (
     EpisodeState,
+    ForkRequest,
+    ForkResponse,
     ResetRequest,
     ResetResponse,
     StepRequest,
@@ -31,7 +33,7 @@ from palaestra.server.auth import ADMIN_PRINCIPAL, Principal
 from palaestra.server.ceilings import check_task, client_limits
 from palaestra.server.episode import task_info
 from palaestra.server.groups import GroupVerifier
-from palaestra.server.host import Ending, EpisodeHost, Quota, StartOrder
+from palaestra.server.host import Ending, EpisodeHost, ForkOrder, Quota, StartOrder
 from palaestra.server.sampler import Sampler
 from palaestra.server.services import Services
 from palaestra.server.tenancy import Tenancy, episode_key
@@ -213,6 +215,24 @@ class EpisodeManager:
 
     async def close(self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL) -> None:
         await self.host.close(principal, episode_id)
+
+    async def fork(
+        self,
+        episode_id: str,
+        request: ForkRequest | None = None,
+        principal: Principal = ADMIN_PRINCIPAL,
+    ) -> ForkResponse:
+        """A copy of a live episode (server/fork.py), admitted like a reset: a fork counts
+        in the token's live episodes and starts per hour, and is refunded when it fails."""
+        request = request or ForkRequest()
+        key = episode_key(principal.token_id, request.episode_id, uuid.uuid4().hex)
+        order = ForkOrder(principal=principal, parent_id=episode_id, request=request, key=key)
+        ticket = await self.quota.admit(principal, key)  # 429 over the token's quota
+        try:
+            return await self.host.fork(order)
+        except BaseException:
+            await self.quota.refund(principal, key, ticket)
+            raise
 
     async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
         """The held episode `episode_id` names for `principal` (None when its host holds it

@@ -83,6 +83,19 @@ class SandboxOwner:
                 f"no sandbox could be created: {exc}", code="sandbox_failed"
             ) from None
 
+    async def fork(self, parent: Sandboxes, family: Family, task: Task) -> Sandboxes:
+        """A forked episode's sandboxes: its own a copy of `parent`'s (`Backend.fork`, the
+        same spec, within the ceilings it was made within); the parent's go on unchanged.
+        Its verifier sandboxes are made fresh when it asks."""
+        child = self.for_episode(family, task)
+        box = parent.episode
+        if box is None:
+            return child
+        if self.backend is None:
+            raise SandboxError("this server has no sandbox backend")
+        child.adopt(await self.backend.fork(box, self.spool_dir))
+        return child
+
     async def free(self, sandboxes: Sandboxes) -> None:
         for exc in await sandboxes.aclose():
             log.error("closing a sandbox failed", exc_info=exc)

@@ -397,6 +397,16 @@ class Store:
         self._step_bytes_in += size
         self._queued_by[owner] = self._queued_by.get(owner, 0) + size
 
+    def copy_steps(self, parent: int, child: int, count: int) -> None:
+        """Queue a copy of the first `count` step records of the episode numbered `parent`
+        under `child` (a fork's trajectory so far): one statement in the database, after
+        every record queued before it, never the records through the server."""
+        self._put(
+            "INSERT INTO step_records (episode, idx, request_id, record)"
+            " SELECT ?, idx, request_id, record FROM step_records WHERE episode=? AND idx < ?",
+            (child, parent, count),
+        )
+
     def behind(self, owner: str) -> bool:
         """Whether `owner`'s next step must wait for the writer: `owner`'s step records
         queued in memory pass `token_backlog_bytes` (so another token's commit never waits

@@ -193,6 +193,11 @@ class TerminalFamily(Family[TerminalState]):
             default_timeout_s=DEFAULT_STEP_TIMEOUT_S,
         )
 
+    def fork_state(self, state: TerminalState) -> TerminalState:
+        """A fork starts without a shell (a live process of the parent's sandbox): its first
+        `bash` starts one in its own copy of the workdir, at the start's cwd."""
+        return state.model_copy(update={"shell": None, "limits": dict(state.limits)})
+
     def episode_limits(self, task: Task, options: dict[str, Any], limits: Limits) -> Limits:
         """The manager's limits with this family's per-step output cap (reset's `limits`);
         the task's `agent_timeout_s` is the wall time unless the client asked for one."""

@@ -45,6 +45,7 @@ from palaestra.sandbox.base import (
     workspace_errors,
 )
 from palaestra.sandbox.bwrap.files import Workspace
+from palaestra.sandbox.bwrap.fork import copy_workspace
 from palaestra.sandbox.bwrap.host import (
     default_runtime_base,
     host_cpus,
@@ -482,6 +483,22 @@ class BwrapSandbox(Sandbox):
             raise too_large(cap, "the tar to unpack")
         with workspace_errors("unpacking into the workspace"):
             await asyncio.to_thread(self.files.upload, src, parts)
+
+    async def copy_workspace_from(self, src: Sandbox, spool_dir: Path) -> None:
+        """From another bwrap sandbox: its workspace folder copied on the host
+        (`palaestra.sandbox.bwrap.fork`: reflinks where the filesystem has them), no tar."""
+        if not isinstance(src, BwrapSandbox):
+            return await super().copy_workspace_from(src, spool_dir)
+        self.check_alive()
+        src.check_alive()
+        try:
+            with workspace_errors("copying the workspace"):
+                await asyncio.to_thread(
+                    copy_workspace, src.workspace, self.workspace, self.host_uid,
+                    read_limit(src.spec),
+                )  # fmt: skip
+        except OSError as e:  # not the agent's (workspace_errors): ours
+            raise SandboxError(f"cannot copy the workspace of sandbox {src.id}: {e}") from e
 
     async def agent_fault(self) -> WorkspaceFault | None:
         """Its processes fill the cgroup's pids limit (a fork bomb left running), or its

@@ -67,7 +67,9 @@ from palaestra.server.stored_episodes import StoredEpisodes
 from palaestra.server.tenancy import candidate_keys, quota_error
 
 if TYPE_CHECKING:
+    from palaestra.sdk.models import ForkResponse
     from palaestra.server.episode import Episode
+    from palaestra.server.host import ForkOrder
 
 log = logging.getLogger("palaestra.cluster")
 
@@ -555,6 +557,12 @@ class ClusterHost:
                 await self._saw_end(key, route, EpisodeStatus.CLOSED.value, None)
                 return
         await self.stored.key(principal, episode_id)  # 404: not the caller's
+
+    async def fork(self, order: ForkOrder) -> ForkResponse:
+        """Not yet across workers (docs/decisions.md): 404 as ever, else 503."""
+        await self.stored.key(order.principal, order.parent_id)  # 404: not the caller's
+        message = "a cluster front cannot fork episodes yet"
+        raise UnavailableError(message, code="unsupported", retryable=False)
 
     async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
         """No episode is held on a front: the store's key (404 when not the caller's)."""

@@ -1,4 +1,4 @@
-"""Episodes (DESIGN §3): reset, step, verify, state, close, and the batch calls.
+"""Episodes (DESIGN §3): reset, step, verify, state, close, fork, and the batch calls.
 
 Step and the batch calls are served by StepFastPath in front of the app (server/fastpath.py);
 their routes here document them (OpenAPI) and serve callers that mount the bare router.
@@ -16,6 +16,8 @@ from palaestra.sdk.models import (
     BatchStepRequest,
     BatchStepResponse,
     EpisodeState,
+    ForkRequest,
+    ForkResponse,
     ResetRequest,
     ResetResponse,
     StepRequest,
@@ -103,3 +105,16 @@ async def state(episode_id: str, request: Request) -> Response:
 async def close(episode_id: str, request: Request) -> Response:
     await manager_of(request).close(episode_id, principal_of(request))
     return Response(status_code=204)
+
+
+@router.post(
+    "/v1/episodes/{episode_id}/fork",
+    response_model=ForkResponse,
+    responses=ERRORS,
+    tags=["episodes"],
+)
+async def fork(episode_id: str, request: Request, body: ForkRequest | None = None) -> Response:
+    """A new episode of the same token: a copy of the live episode's sandbox, family state
+    and trajectory so far (server/fork.py); the parent goes on unchanged."""
+    manager = manager_of(request)
+    return json_reply(await manager.fork(episode_id, body, principal_of(request)))
