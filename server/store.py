@@ -100,6 +100,7 @@ ADD_STEP = _STEP_INSERT + "(?,?,?,?)" + _STEP_UPSERT
 STEP_ROWS = 128
 STEP_BYTES = 1 << 20  # what one statement's records bind at most
 ADD_STEPS = _STEP_INSERT + ",".join(["(?,?,?,?)"] * STEP_ROWS) + _STEP_UPSERT
+CHUNK_BYTES = STEP_BYTES // STEP_ROWS  # one row's records at most (and records chunked)
 BATCH_ROWS = 2000  # writes in one transaction at most
 LINGER_S = 0.02  # how long a batch waits for more writes when nobody waits on it
 
@@ -115,6 +116,38 @@ def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
     return runs
 
 
+def _chunked(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Step rows with one row per run of an episode's consecutive steps (a chunk): a JSON
+    array of their records at the first's index, their request ids joined by newlines
+    (`store_reads.expand`). A row costs the database about as much as 300 bytes of record,
+    so a trainer's batch of many episodes stepped a few times a commit costs a third.
+    Records over CHUNK_BYTES stay alone; an index seen before in the run ends the chunk."""
+    chains: dict[int, list[Any]] = {}  # episode -> its open chunk: [bytes, rows...]
+    out: list[tuple[Any, ...] | list[Any]] = []
+    for row in rows:
+        episode, index, _, record = row
+        size = len(record)
+        chain = chains.get(episode)
+        if chain is not None and chain[-1][1] + 1 == index and chain[0] + size <= CHUNK_BYTES:
+            chain.append(row)
+            chain[0] += size
+        elif size > CHUNK_BYTES:
+            chains.pop(episode, None)
+            out.append(row)
+        else:
+            chain = chains[episode] = [size, row]
+            out.append(chain)
+    return [_chunk_row(one[1:]) if isinstance(one, list) else one for one in out]
+
+
+def _chunk_row(chain: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    if len(chain) == 1:
+        return chain[0]
+    ids = [row[2] for row in chain]
+    joined = None if all(i is None for i in ids) else "\n".join(i or "" for i in ids)
+    return (chain[0][0], chain[0][1], joined, "[" + ",".join(row[3] for row in chain) + "]")
+
+
 def _statements(sql: str, rows: list[tuple[Any, ...]]) -> list[tuple[str, list[tuple[Any, ...]]]]:
     """A run of one statement's rows as (statement, its parameters) to execute in order: step
     records STEP_ROWS to an ADD_STEPS statement, while they are small; a record over
@@ -123,6 +156,7 @@ def _statements(sql: str, rows: list[tuple[Any, ...]]) -> list[tuple[str, list[t
     kept: a step index written twice ends as its last write."""
     if sql is not ADD_STEP:
         return [(sql, rows)]
+    rows = _chunked(rows)
     out: list[tuple[str, list[tuple[Any, ...]]]] = []
     small: list[tuple[Any, ...]] = []
 

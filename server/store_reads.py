@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from palaestra.sdk.models import (
     EpisodeMetrics,
     EpisodeState,
@@ -20,6 +22,25 @@ from palaestra.sdk.models import (
     Verdict,
 )
 from palaestra.server.db import Connection, Database
+
+_CHUNK = TypeAdapter(list[StepRecord])
+
+
+def expand(rows: list[Any]) -> list[tuple[int, str | None, StepRecord]]:
+    """(index, request id, record) of each step in `rows` of (idx, request_id, record), in
+    index order: a row is one step, or a chunk (a JSON array of consecutive steps from its
+    index, their request ids joined by newlines: the writer's `_chunked`). An index held
+    twice is its later row's (a rewrite)."""
+    steps: dict[int, tuple[str | None, StepRecord]] = {}
+    for start, request_id, record in rows:
+        if record.startswith("["):
+            ids = request_id.split("\n") if request_id is not None else []
+            for offset, step in enumerate(_CHUNK.validate_json(record)):
+                one = ids[offset] if offset < len(ids) and ids[offset] else None
+                steps[start + offset] = (one, step)
+        else:
+            steps[start] = (request_id, StepRecord.model_validate_json(record))
+    return [(index, rid, step) for index, (rid, step) in sorted(steps.items())]
 
 
 def _group_reward(row: Any) -> GroupReward | None:
@@ -93,22 +114,25 @@ class StoreReads:
 
     @staticmethod
     def _steps(db: Connection, episode_id: str, count: int | None = None) -> list[StepRecord]:
+        limit = 2**62 if count is None else count
         rows = db.execute(
-            "SELECT record FROM step_records WHERE episode=(SELECT number FROM episodes"
-            " WHERE id=?) AND idx < ? ORDER BY idx",
-            (episode_id, 2**62 if count is None else count),
+            "SELECT idx, request_id, record FROM step_records WHERE episode=(SELECT number"
+            " FROM episodes WHERE id=?) AND idx < ? ORDER BY idx",
+            (episode_id, limit),
         ).fetchall()
-        return [StepRecord.model_validate_json(row[0]) for row in rows]
+        return [step for index, _, step in expand(rows) if index < limit]
 
     def find_step(self, episode_id: str, request_id: str) -> StepResponse | None:
-        row = self.db.one(
-            "SELECT record FROM step_records WHERE episode=(SELECT number FROM episodes"
-            " WHERE id=?) AND request_id=?",
-            (episode_id, request_id),
+        # A chunk row holds its steps' request ids joined by newlines (server/store.py).
+        rows = self.db.all(
+            "SELECT idx, request_id, record FROM step_records WHERE episode=(SELECT number"
+            " FROM episodes WHERE id=?) AND request_id LIKE ? ORDER BY idx",
+            (episode_id, f"%{request_id}%"),
         )
-        if row is None:
+        found = [step for _, rid, step in expand(rows) if rid == request_id]
+        if not found:
             return None
-        record = StepRecord.model_validate_json(row[0])
+        record = found[-1]
         return StepResponse(
             observation=record.observation,
             reward=record.reward,

@@ -539,3 +539,32 @@ def test_many_steps_go_in_multi_row_statements_in_order(store: Store) -> None:
     assert texts[5] == "replaced" and texts[7] == "small again"
     assert store.reads.find_step("many", "r250") is not None
     assert store.write_errors == 0
+
+
+def test_an_episodes_consecutive_steps_share_a_row(store: Store) -> None:
+    """Steps of many episodes queued together (a trainer's batch steps) are written a row
+    per run of an episode's consecutive steps, not a row per step (the database's cost is
+    mostly per row); every read sees each step as it was written: its record, its request
+    id for a replay, the first `count` of them."""
+    numbers = [store.create_episode(state(f"ep-{e}"), "sha256:d", False).number for e in range(8)]
+    for i in range(30):
+        for e, number in enumerate(numbers):
+            rid = None if (i + e) % 3 == 0 else f"e{e}-r{i}"
+            store.add_step(number, i, rid, record(i, f"{e}:{i}"))
+    store.add_step(numbers[0], 30, "big", record(30, "x" * 20_000))  # a large one alone
+    store.flush()
+    for e in range(8):
+        texts = [s.observation.text for s in store.reads.load_steps(f"ep-{e}")]
+        assert texts[:30] == [f"{e}:{i}" for i in range(30)]
+        assert [s.index for s in store.reads.load_steps(f"ep-{e}", 7)] == list(range(7))
+    assert store.reads.find_step("ep-2", "e2-r17") is not None
+    found = store.reads.find_step("ep-2", "e2-r17")
+    assert found is not None and found.observation.text == "2:17"
+    assert store.reads.find_step("ep-2", "e2-r1") is None  # (1 + 2) % 3 == 0: no request id
+    assert store.reads.find_step("ep-2", "e2-r") is None  # a part of an id is not the id
+    assert store.reads.find_step("ep-3", "e2-r17") is None  # another episode's
+    big = store.reads.find_step("ep-0", "big")
+    assert big is not None and len(big.observation.text) == 20_000
+    with store.db.connection() as db:
+        rows = db.one("SELECT COUNT(*) FROM step_records")[0]
+    assert rows < 8 * 30 // 4, f"{rows} rows for 241 steps"
