@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from palaestra.envs.base import Assessment, EpisodeContext, Family, StepOutcome
 from palaestra.sandbox import AgentFault, SandboxError, WorkspaceFault
 from palaestra.sdk.errors import ConflictError, InvalidActionError, NotFoundError
+from palaestra.sdk.failures import Failure, FailureKind, kind_of_class
 from palaestra.sdk.models import (
     Action,
     EpisodeState,
@@ -126,11 +127,14 @@ def task_info(task: Task) -> dict[str, Any]:
     }
 
 
-def void_verdict(task_digest: str, reason: str, duration: float) -> Verdict:
+def void_verdict(
+    task_digest: str, reason: str, duration: float, kind: FailureKind | None = None
+) -> Verdict:
     return Verdict(
         reward=0.0,
         passed=False,
         status="void",
+        failure_kind=kind,
         feedback=reason,
         verifier=VerifierInfo(name="none", version="0"),
         task_digest=task_digest,
@@ -144,6 +148,7 @@ def verdict_of(episode: Episode, judged: Assessment, duration: float) -> Verdict
         reward=judged.reward,
         passed=judged.passed,
         failure=judged.failure,
+        failure_kind=None if judged.failure is None else kind_of_class(judged.failure),
         components=judged.components,
         feedback=judged.feedback,
         verifier=episode.family.verifier_info(),
@@ -187,28 +192,38 @@ async def judge(episode: Episode) -> Assessment:
         return agent_fault(fault)
 
 
-async def assess(episode: Episode) -> tuple[Verdict, EpisodeStatus, str | None]:
+async def assess(episode: Episode) -> tuple[Verdict, EpisodeStatus, Failure | None]:
     """Run the family's verify: the verdict, the status it ends the episode with, and the
-    void reason. An agent fault is a 0, never void (a void would let a policy escape a sure
-    0, docs/reference/episodes.md); a judge that gave no verdict, a sandbox or verifier failure is
-    void. A sealed verdict is made servable here, and only here."""
+    failure (sdk/failures.py; its reason is the void reason). An agent fault is a 0, never
+    void (a void would let a policy escape a sure 0, docs/reference/episodes.md); a judge
+    that gave no verdict, a sandbox or verifier failure is void. A sealed verdict is made
+    servable here, and only here."""
     started = time.perf_counter()
     try:
         judged = await judge(episode)
     except JudgeUnavailable as exc:
         reason = f"judge unavailable ({exc.endpoint}: {exc.reason})"
+        kind = FailureKind.JUDGE_UNAVAILABLE
         log.warning("%s", reason, extra={"episode_id": episode.id})
     except Exception as exc:
-        kind = "sandbox failed" if isinstance(exc, SandboxError) else "verifier crashed"
-        log_crash(episode, f"{kind} while verifying", exc)
-        reason = f"{kind} ({type(exc).__name__})"
+        sandbox = isinstance(exc, SandboxError)
+        what = "sandbox failed" if sandbox else "verifier crashed"
+        kind = FailureKind.SANDBOX_FAILED if sandbox else FailureKind.VERIFIER_CRASHED
+        log_crash(episode, f"{what} while verifying", exc)
+        reason = f"{what} ({type(exc).__name__})"
     else:
         verdict = verdict_of(episode, judged, time.perf_counter() - started)
         if episode.task.sealed:
             episode.full_feedback = verdict.feedback  # admin tokens only, never stored
             verdict = seal(verdict)
-        return verdict, EpisodeStatus.DONE, None
-    return void_verdict(episode.task.digest, reason, time.perf_counter() - started), VOID, reason
+        return verdict, EpisodeStatus.DONE, verdict_failure(verdict)
+    duration = time.perf_counter() - started
+    return void_verdict(episode.task.digest, reason, duration, kind), VOID, Failure.of(kind, reason)
+
+
+def verdict_failure(verdict: Verdict) -> Failure | None:
+    """An `ok` verdict's failure: its class's agent kind (None: no failure class)."""
+    return None if verdict.failure is None else Failure.of_class(verdict.failure)
 
 
 def log_crash(episode: Episode, what: str, exc: BaseException) -> None:

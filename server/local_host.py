@@ -20,6 +20,7 @@ from typing import Any
 from palaestra.envs.base import EpisodeContext, StepOutcome
 from palaestra.sandbox import AgentFault, Sandbox, SandboxError
 from palaestra.sdk.errors import CapacityError, ConflictError, InvalidActionError, UnavailableError
+from palaestra.sdk.failures import Failure, FailureKind
 from palaestra.sdk.models import (
     Action,
     EpisodeState,
@@ -89,8 +90,9 @@ class LocalHost:
     # -- lifecycle ------------------------------------------------------------------------
     async def open(self) -> None:
         if self.node is None:
+            restarted = Failure.of(FailureKind.SERVER_SHUTDOWN, "server restarted")
             voided = await self.store.mark_unfinished(
-                EpisodeStatus.VOID.value, "server restarted", time.time()
+                EpisodeStatus.VOID.value, restarted.reason, time.time(), restarted
             )
             if voided:
                 log.warning("marked %d episodes left active by a previous server as void", voided)
@@ -107,7 +109,8 @@ class LocalHost:
         await asyncio.gather(*self._detached, return_exceptions=True)
         await self.harness.aclose()
         for episode in list(self._live.values()):
-            await self._end(episode, EpisodeStatus.VOID, reason="server shut down")
+            shutdown = Failure.of(FailureKind.SERVER_SHUTDOWN, "server shut down")
+            await self._end(episode, EpisodeStatus.VOID, shutdown)
         await self.sandboxes.aclose()
 
     @property
@@ -325,11 +328,12 @@ class LocalHost:
             fault = await sandbox_fault(episode)  # the agent's own sandbox state?
             if fault is not None:
                 raise InvalidActionError(str(fault), code=fault.failure) from None
-            return await self._void(episode, f"sandbox failed: {exc}"), None
+            failed = f"sandbox failed: {exc}"
+            return await self._void(episode, failed, FailureKind.SANDBOX_FAILED), None
         except Exception as exc:
             log_crash(episode, f"family {episode.family.name} crashed in step", exc)
             reason = f"the environment crashed ({type(exc).__name__})"
-            return await self._void(episode, reason), None
+            return await self._void(episode, reason, FailureKind.ENV_CRASHED), None
         if outcome.done:
             reply = await self._finish(
                 episode, outcome.observation, terminated=True, info=outcome.info
@@ -354,6 +358,8 @@ class LocalHost:
         verdict = await self._verify(episode)
         out = dict(info or {})
         out.update(status=episode.state.status.value, verdict=verdict.model_dump(mode="json"))
+        failure = episode.state.failure
+        out["failure"] = None if failure is None else failure.model_dump(mode="json")
         return StepResponse(
             observation=observation,
             reward=verdict.reward,
@@ -362,9 +368,12 @@ class LocalHost:
             info=out,
         )
 
-    async def _void(self, episode: Episode, reason: str) -> StepResponse:
-        await self._end(episode, EpisodeStatus.VOID, reason=reason)
-        verdict = void_verdict(episode.task.digest, reason, 0.0)
+    async def _void(
+        self, episode: Episode, reason: str, kind: FailureKind, exit_code: int | None = None
+    ) -> StepResponse:
+        failure = Failure.of(kind, reason, exit_code=exit_code)
+        await self._end(episode, EpisodeStatus.VOID, failure)
+        verdict = void_verdict(episode.task.digest, reason, 0.0, kind)
         episode.state.verdict = verdict
         self.store.put_verdict(episode.id, verdict)
         return StepResponse(
@@ -374,6 +383,7 @@ class LocalHost:
                 "status": "void",
                 "void_reason": reason,
                 "verdict": verdict.model_dump(mode="json"),
+                "failure": failure.model_dump(mode="json"),
             },
         )
 
@@ -382,26 +392,31 @@ class LocalHost:
         if episode.state.verdict is not None:
             return episode.state.verdict
         started = time.perf_counter()
-        verdict, status, reason = await assess(episode)
+        verdict, status, failure = await assess(episode)
         self.metrics.verify_seconds.labels(episode.task.family).observe(
             time.perf_counter() - started
         )
         episode.state.timings["verify_s"] = round(time.perf_counter() - started, 6)
         episode.state.verdict = verdict
         self.store.put_verdict(episode.id, verdict)
-        await self._end(episode, status, reason=reason)
+        await self._end(episode, status, failure)
         return verdict
 
     async def _end(
-        self, episode: Episode, status: EpisodeStatus, reason: str | None = None
+        self, episode: Episode, status: EpisodeStatus, failure: Failure | None = None
     ) -> None:
+        """End the episode with `status`; `failure` (sdk/failures.py) says why it failed, and
+        its reason is the void or expiry reason."""
         if episode.state.status is not EpisodeStatus.ACTIVE:
             return
         now = time.time()
+        ended = status in (EpisodeStatus.VOID, EpisodeStatus.EXPIRED)
+        reason = failure.reason if failure is not None and ended else None
         episode.state.status = status
         episode.state.ended_at = now
         episode.state.updated_at = now
         episode.state.void_reason = reason if status is EpisodeStatus.VOID else None
+        episode.state.failure = failure
         episode.state.timings["wall_s"] = round(time.monotonic() - episode.started, 6)
         self._live.pop(episode.id, None)
         self._ended[episode.id] = episode
@@ -499,7 +514,9 @@ class LocalHost:
             if episode.state.status is not EpisodeStatus.ACTIVE or episode.harness is None:
                 return
             if ending.void is not None:
-                reply = await self._void(episode, ending.void)
+                kind = ending.kind or FailureKind.HARNESS_CRASHED
+                exit_code = episode.harness.status.exit_code
+                reply = await self._void(episode, ending.void, kind, exit_code)
             else:
                 obs, cut = Observation(text=ending.reason), ending.truncated
                 reply = await self._finish(episode, obs, terminated=not cut, truncated=cut)
@@ -534,7 +551,9 @@ class LocalHost:
         idle = [e for e in self._live.values() if e.last_active < deadline and not e.lock.locked()]
         idle = [e for e in idle if e.harness is None or not e.harness.running]
         for episode in idle:
-            await self._end(episode, EpisodeStatus.EXPIRED, reason="idle TTL")
+            await self._end(
+                episode, EpisodeStatus.EXPIRED, Failure.of(FailureKind.EXPIRED, "idle TTL")
+            )
         return len(idle)
 
 

@@ -215,4 +215,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         columns=(("episodes", "number", "INTEGER"),),
         then=_number_stepped_episodes,
     ),
+    Migration(
+        8,
+        "typed failures (sdk/failures.py): an ended episode's failure, as JSON",
+        columns=(("episodes", "failure", "TEXT"),),
+    ),
 )

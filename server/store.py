@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from palaestra.sdk.errors import ServerError, UnavailableError
+from palaestra.sdk.failures import Failure
 from palaestra.sdk.models import (
     EpisodeState,
     StepRecord,
@@ -463,7 +464,7 @@ class Store:
     def update_episode(self, state: EpisodeState) -> None:
         self._put(
             "UPDATE episodes SET status=?, step_count=?, updated_at=?, ended_at=?, void_reason=?,"
-            " timings=?, metrics=? WHERE id=?",
+            " timings=?, metrics=?, failure=? WHERE id=?",
             (
                 state.status.value,
                 state.step_count,
@@ -472,6 +473,7 @@ class Store:
                 None if state.void_reason is None else storable(state.void_reason),
                 json.dumps(state.timings),
                 state.metrics.model_dump_json(),
+                None if state.failure is None else storable(state.failure.model_dump_json()),
                 state.episode_id,
             ),
         )
@@ -596,13 +598,16 @@ class Store:
     async def groups_of(self, keys: tuple[str, ...]) -> dict[str, str]:
         return await self._after_queued(self.reads.groups_of, keys)
 
-    async def mark_unfinished(self, status: str, reason: str, now: float) -> int:
+    async def mark_unfinished(
+        self, status: str, reason: str, now: float, failure: Failure | None = None
+    ) -> int:
         """At start-up: episodes left `active` by a previous process can never resume."""
         sql = (
-            "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?"
+            "UPDATE episodes SET status=?, void_reason=?, ended_at=?, updated_at=?, failure=?"
             " WHERE status='active'"
         )
-        return await self._after_queued(self.db.run, sql, (status, reason, now, now))
+        typed = None if failure is None else failure.model_dump_json()
+        return await self._after_queued(self.db.run, sql, (status, reason, now, now, typed))
 
     async def aclose(self) -> None:
         """`close`, off the event loop (it waits for the writer to commit what is queued)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from palaestra.sdk.failures import Failure
 from palaestra.sdk.models import (
     EpisodeMetrics,
     EpisodeState,
@@ -74,7 +75,8 @@ class StoreReads:
         with self.db.connection() as db:
             row = db.execute(
                 "SELECT id, task, family, domain, split, status, step_count, created_at,"
-                " updated_at, ended_at, void_reason, timings, metrics FROM episodes WHERE id=?",
+                " updated_at, ended_at, void_reason, timings, metrics, failure FROM episodes"
+                " WHERE id=?",
                 (episode_id,),
             ).fetchone()
             if row is None:
@@ -102,6 +104,7 @@ class StoreReads:
             void_reason=row[10],
             timings=json.loads(row[11]),
             metrics=EpisodeMetrics.model_validate_json(row[12] or "{}"),
+            failure=Failure.model_validate_json(row[13]) if row[13] else None,
             verdict=Verdict.model_validate_json(verdict_row[0]) if verdict_row else None,
             trajectory=steps,
             group_reward=_group_reward(group),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from palaestra.sdk.errors import CapacityError, InvalidActionError, UnavailableError
+from palaestra.sdk.failures import Failure, FailureKind
 from palaestra.sdk.harness import HARNESS_OPTION
 from palaestra.sdk.models import (
     EpisodeState,
@@ -328,8 +329,9 @@ class ClusterHost:
             digest = ""
         now = time.time()
         state.status, state.void_reason = EpisodeStatus.VOID, LOST
+        state.failure = Failure.of(FailureKind.WORKER_LOST, LOST)
         state.ended_at = state.updated_at = now
-        state.verdict = void_verdict(digest, LOST, 0.0)
+        state.verdict = void_verdict(digest, LOST, 0.0, FailureKind.WORKER_LOST)
         self.store.put_verdict(key, state.verdict)
         self.store.update_episode(state)
         self.accounting.ended(Ending(key, "", state.task, "void", 0.0, False, LOST, now))
@@ -517,10 +519,16 @@ class ClusterHost:
         state = await self.stored.load(key, episode_id)
         if state.status is EpisodeStatus.VOID and state.void_reason == LOST:
             verdict = state.verdict.model_dump(mode="json") if state.verdict else None
+            failure = state.failure.model_dump(mode="json") if state.failure else None
             return StepResponse(
                 observation=Observation(text=f"episode void: {LOST} (its worker is gone)"),
                 terminated=True,
-                info={"status": "void", "void_reason": LOST, "verdict": verdict},
+                info={
+                    "status": "void",
+                    "void_reason": LOST,
+                    "verdict": verdict,
+                    "failure": failure,
+                },
             )
         return await self.stored.step(key, episode_id, request.request_id)
 

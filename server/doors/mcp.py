@@ -85,7 +85,8 @@ ERROR_CODES: dict[int, int] = {
 }
 INSTRUCTIONS = (
     "The tools of one palaestra episode. Each tools/call is one step; `submit` ends the "
-    "episode, and its result's structuredContent carries the verdict (reward, passed)."
+    "episode, and its result's structuredContent carries the verdict (reward, passed) and "
+    "the failure, if any (kind, boundary)."
 )
 
 Message = dict[str, Any]
@@ -380,6 +381,7 @@ def tool_result(reply: StepResponse, version: str = LATEST_VERSION) -> Message:
         "terminated": reply.terminated,
         "truncated": reply.truncated,
         "verdict": info.pop("verdict", None),
+        "failure": info.pop("failure", None),  # on the last step (sdk/failures.py)
         "info": info,
         "data": observation.data,
     }

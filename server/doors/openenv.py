@@ -148,6 +148,7 @@ def step_payload(episode_id: str, reply: StepResponse) -> dict[str, Any]:
             "episode_id": episode_id,
             "terminated": reply.terminated,
             "truncated": reply.truncated,
+            "failure": reply.info.get("failure"),  # on the last step (sdk/failures.py)
             "info": reply.info,
         },
     }

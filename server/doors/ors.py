@@ -325,7 +325,8 @@ def blocks(observation: Observation) -> list[dict[str, Any]]:
 
 
 def tool_output(reply: StepResponse) -> dict[str, Any]:
-    """ORS's RunToolSuccess: the step's reward (the verdict's on the last step)."""
+    """ORS's RunToolSuccess: the step's reward (the verdict's on the last step); its
+    metadata is the step's info (the failure, sdk/failures.py, on the last step)."""
     metadata = dict(reply.info)
     if reply.observation.data:
         metadata["data"] = reply.observation.data

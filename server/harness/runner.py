@@ -41,6 +41,7 @@ from palaestra.sdk.errors import (
     PermissionDeniedError,
     UnavailableError,
 )
+from palaestra.sdk.failures import FailureKind
 from palaestra.sdk.harness import (
     HARNESS_OPTION,
     LLM_CALL_TOOL,
@@ -87,11 +88,13 @@ class Plan:
 
 @dataclass
 class Ending:
-    """How a harness run ended: `void` (a fault's reason) or `truncated`, and why."""
+    """How a harness run ended: `void` (a fault's reason, `kind` its failure kind) or
+    `truncated`, and why."""
 
     reason: str
     truncated: bool = False
     void: str | None = None
+    kind: FailureKind | None = None
 
 
 class EpisodeHandle(Protocol):
@@ -385,14 +388,15 @@ class HarnessRunner:
         run.status.state, run.status.reason = "failed", fault
         run.snapshot()
         run.done.set()
-        await run.handle.finish(Ending(fault, void=fault))
+        await run.handle.finish(Ending(fault, void=fault, kind=FailureKind.SANDBOX_FAILED))
 
     def _stopped(self, run: HarnessRun) -> Ending | None:
         """What the session stopped the harness for, if it did."""
         session = run.session
         assert session is not None
         if session.fault is not None:
-            return Ending(f"the model endpoint failed: {session.fault}", void=session.fault)
+            why = f"the model endpoint failed: {session.fault}"
+            return Ending(why, void=session.fault, kind=FailureKind.MODEL_FAILED)
         if session.limit is not None:
             return Ending(f"{session.limit}; harness killed", truncated=True)
         return None
@@ -404,9 +408,12 @@ class HarnessRunner:
             if isinstance(exc, AgentFault):  # its own processes filled its sandbox
                 return Ending(f"the harness could not go on: {exc.failure}: {exc}")
             if isinstance(exc, SandboxError):
-                return Ending(f"sandbox failed: {exc}", void=f"sandbox failed: {exc}")
+                why = f"sandbox failed: {exc}"
+                return Ending(why, void=why, kind=FailureKind.SANDBOX_FAILED)
             log.error("harness exec crashed", exc_info=exc)
-            return Ending("the harness runner crashed", void=f"harness runner crashed ({exc!r})")
+            crashed = f"harness runner crashed ({exc!r})"
+            kind = FailureKind.HARNESS_CRASHED
+            return Ending("the harness runner crashed", void=crashed, kind=kind)
         result = job.result()
         run.status.exit_code = result.exit_code
         run.output = (result.stdout + result.stderr)[-OUTPUT_TAIL:]
