@@ -192,7 +192,8 @@ def _read(path: Path) -> Any:
 
 
 def _refuse(path: Path, exc: AtifError) -> typer.Exit:
-    error(f"{path} is not valid ATIF ({len(exc.problems)} problems); nothing written", "invalid")
+    n = len(exc.problems)
+    error(f"{path} is not valid ATIF ({n} problem{'s' * (n != 1)}); nothing written", "invalid")
     for problem in exc.problems:
         err.print(styled("  ", "", problem))
     return typer.Exit(2)

@@ -37,7 +37,7 @@ from palaestra.sdk.models import EpisodeState, EpisodeStatus, Observation, StepR
 FORMAT = "palaestra-atif/1"  # the layout of our `extra.palaestra`, so a later one can tell
 KEY = "palaestra"
 HARNESS_END_TOOL = "harness_end"  # server/harness/runner.py END_TOOL: the harness's end
-IDS = ("prompt_token_ids", "completion_token_ids", "logprobs")  # kept in metrics, not info
+IDS = ("prompt_token_ids", "completion_token_ids", "logprobs")  # in metrics, not twice
 PNG_URL = "data:image/png;base64,"
 
 
@@ -120,7 +120,8 @@ def _record_step(r: StepRecord, step_id: int) -> dict[str, Any]:
     if call is not None:
         step.update(_llm_step(call, r.index))
         extra["action"] = r.action.model_dump(mode="json")
-        extra["info"] = {**r.info, "llm_call": {k: v for k, v in call.items() if k not in IDS}}
+        moved = {k: _moved(k) if k in IDS and isinstance(v, list) else v for k, v in call.items()}
+        extra["info"] = {**r.info, "llm_call": moved}
     elif r.action.tool == HARNESS_END_TOOL:
         harness = r.info.get("harness")
         state = harness.get("state") if isinstance(harness, dict) else None
@@ -152,8 +153,8 @@ def _record(step: Step, i: int) -> StepRecord:
     if "action" in x:
         data["action"] = x["action"]
     elif step.tool_calls:
-        call = step.tool_calls[0]
-        data["action"] = {"tool": call.function_name, "arguments": call.arguments}
+        first = step.tool_calls[0]
+        data["action"] = {"tool": first.function_name, "arguments": first.arguments}
     else:
         raise AtifError([f"{here}.tool_calls: missing; the step's action is its tool call"])
     results = step.observation.results if step.observation else []
@@ -163,17 +164,25 @@ def _record(step: Step, i: int) -> StepRecord:
         results[0].content, results[0].extra, f"{here}.observation.results[0]"
     )
     info = data.get("info")
-    if (
-        step.metrics is not None
-        and isinstance(info, dict)
-        and isinstance(info.get("llm_call"), dict)
-    ):
-        ids = {k: getattr(step.metrics, k) for k in IDS if getattr(step.metrics, k) is not None}
-        data["info"] = {**info, "llm_call": {**info["llm_call"], **ids}}
+    call = info.get("llm_call") if isinstance(info, dict) else None
+    if isinstance(info, dict) and isinstance(call, dict):
+        ids = {}
+        for k in IDS:
+            if call.get(k) == _moved(k):
+                value = getattr(step.metrics, k) if step.metrics is not None else None
+                if value is None:
+                    raise AtifError([f"{here}.metrics.{k}: missing; the model call's are there"])
+                ids[k] = value
+        data["info"] = {**info, "llm_call": {**call, **ids}}
     try:
         return StepRecord.model_validate(data)
     except ValidationError as exc:
         raise AtifError(_problems(exc, f"{here}.extra.{KEY}.")) from None
+
+
+def _moved(key: str) -> str:
+    """What a model call's record holds in place of ids it keeps in the step's metrics."""
+    return f"(in metrics.{key})"
 
 
 def _llm_call(r: StepRecord) -> dict[str, Any] | None:

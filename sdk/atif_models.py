@@ -193,15 +193,37 @@ def validate(document: Any) -> Trajectory:
         trajectory = Trajectory.model_validate(document)
     except ValidationError as exc:
         problems = [f"{path_of(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)]
-        raise AtifError(_first(problems)) from None
+        raise AtifError(_first(sorted(problems + _step_ids(document), key=_order))) from None
     problems = list(_rules(trajectory, "", version))
     if problems:
         raise AtifError(_first(problems))
     return trajectory
 
 
+def _step_ids(document: dict[str, Any]) -> list[str]:
+    """The step id rule on the raw steps, so a file wrong in shape hears of it too."""
+    steps = document.get("steps")
+    out = []
+    for i, step in enumerate(steps if isinstance(steps, list) else []):
+        found = step.get("step_id") if isinstance(step, dict) else None
+        if type(found) is int and found != i + 1:
+            out.append(
+                f"steps[{i}].step_id: is {found}, expected {i + 1} (step ids count 1, 2, 3…)"
+            )
+    return out
+
+
+def _order(problem: str) -> tuple[int, str]:
+    """Problems by step, then as they came (a stable sort keeps the rest in order)."""
+    head = problem.split(":", 1)[0]
+    if head.startswith("steps["):
+        return (int(head[6 : head.index("]")]), "")
+    return (-1, "")
+
+
 def _first(problems: list[str]) -> list[str]:
-    return problems if len(problems) <= MAX_PROBLEMS else problems[:MAX_PROBLEMS]
+    """Each once (a union's members fail alike at one path), at most MAX_PROBLEMS."""
+    return list(dict.fromkeys(problems))[:MAX_PROBLEMS]
 
 
 def _rules(t: Trajectory, at: str, version: str) -> Any:
