@@ -207,6 +207,14 @@ class ContainerFiles:
         chunks = _rewritten(src, base, set(), contents=True)
         await asyncio.to_thread(self._put_archive, chunks)
 
+    async def copy_from(self, src: BinaryIO) -> None:
+        """A fork's copy (`DockerSandbox.copy_workspace_from`): the tar `download_tar_to` made
+        of another sandbox's workdir, unpacked at this one's as it was, symlinks kept
+        whatever they point at (the agent made them in its own sandbox; the engine resolves
+        links inside the container, and this fresh one runs nothing of the agent's yet).
+        A member under a link of the same archive, or one that escapes, is refused."""
+        await asyncio.to_thread(self._put_archive, _as_it_was(src))
+
     async def download_tar(self, path: str | None = None) -> bytes:
         rel = self.rel(path or ".")
         out = io.BytesIO()
@@ -373,6 +381,34 @@ def _rewritten(src: BinaryIO, base: str, parents: set[str], *, contents: bool) -
                 ti.linkname = m.linkname
                 yield _header(ti)
                 links.add(full)
+    yield bytes(2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
+
+
+def _as_it_was(src: BinaryIO) -> Iterator[bytes]:
+    """The tar in `src` (one of `_download_sync`'s: a workdir's entries, relative) as the
+    engine unpacks it at a workdir, a piece at a time, with its modes and links."""
+    links: set[str] = set()
+    src.seek(0)
+    with tarfile.open(fileobj=src, mode="r:") as tf:
+        for m in tar_members(tf):
+            name = posixpath.normpath(m.name)
+            above = [posixpath.join(*name.split("/")[:i]) for i in range(1, name.count("/") + 1)]
+            if name.startswith(("/", "../")) or name == ".." or links.intersection(above):
+                raise SandboxPathError(f"tar member {m.name!r} escapes the workdir")
+            if name == ".":
+                continue
+            if m.isdir():
+                yield _header(_info(name, tarfile.DIRTYPE, m.mode & 0o777, 0, m.mtime))
+            elif m.isreg():
+                yield _header(_info(name, tarfile.REGTYPE, m.mode & 0o777, m.size, m.mtime))
+                f = tf.extractfile(m)
+                assert f is not None
+                yield from _data_blocks(f, m.size)
+            elif m.issym():
+                ti = _info(name, tarfile.SYMTYPE, 0o777, 0, m.mtime)
+                ti.linkname = m.linkname
+                yield _header(ti)
+                links.add(name)
     yield bytes(2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
 
 

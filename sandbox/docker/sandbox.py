@@ -51,6 +51,7 @@ from palaestra.sandbox.base import (
     WorkspaceFault,
     read_limit,
     sandbox_env,
+    spool_file,
     transfer_limit,
 )
 from palaestra.sandbox.docker.engine import (
@@ -578,6 +579,16 @@ class DockerSandbox(Sandbox):
         """Stream `src` to the engine (`Sandbox.upload_tar_from`)."""
         self._check_alive()
         await self.files.upload_tar_from(src, dest, transfer_limit(self.spec, limit))
+
+    async def copy_workspace_from(self, src: Sandbox, spool_dir: Path) -> None:
+        """From another docker sandbox: its workdir as it was, absolute symlinks too (an
+        upload refuses those; `ContainerFiles.copy_from`)."""
+        if not isinstance(src, DockerSandbox):
+            return await super().copy_workspace_from(src, spool_dir)
+        self._check_alive()
+        with spool_file(spool_dir) as f:
+            await src.download_tar_to(f)
+            await self.files.copy_from(f)
 
 
 async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
