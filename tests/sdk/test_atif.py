@@ -33,6 +33,7 @@ from palaestra.sdk.models import (
     Verdict,
     VerifierInfo,
 )
+from palaestra.sdk.train.harness import episode_samples
 
 VERSIONS = (ATIF_V17, ATIF_V18)
 PNG = (  # one transparent pixel
@@ -287,6 +288,8 @@ def test_another_producers_trajectory_imports_by_its_slots() -> None:
     )
     assert llm.usage == {"prompt_tokens": 3, "completion_tokens": 2}
     assert action.action == Action(tool="now") and action.observation.text == "12:00"
+    (sample,) = episode_samples(state, reward=1.0)  # the trainer's harness tools read it
+    assert (sample.prompt_ids, sample.completion_ids) == ([1, 2, 3], [4, 5])
 
 
 def _drop(path: str) -> Callable[[dict[str, Any]], None]:
