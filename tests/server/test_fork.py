@@ -16,6 +16,7 @@ from palaestra.sandbox.docker import BASE_IMAGE
 from palaestra.sdk.errors import ConflictError, NotFoundError
 from palaestra.sdk.http import HTTPClient
 from palaestra.sdk.models import Action, ResetRequest, StepRequest
+from palaestra.server.auth import ADMIN_PRINCIPAL
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 from palaestra.server.sealed import WITHHELD
@@ -138,6 +139,18 @@ async def test_fork_of_an_ended_or_void_episode_is_409(tenants: Factory) -> None
     twice = await fork(me, live, episode_id="branch-a")
     assert twice.status_code == 409 and twice.json()["error"]["code"] == "episode_exists"
     assert (await me.http.get("/v1/episodes/branch-a")).json()["status"] == "active"
+
+
+async def test_fork_of_a_void_episode_is_409(manager: EpisodeManager) -> None:
+    eid = (await manager.reset(ResetRequest(task=HE_TRAIN))).episode_id
+    episode, _ = await manager.owned(ADMIN_PRINCIPAL, eid)
+    assert episode is not None and episode.ctx.sandboxes.episode is not None
+    await episode.ctx.sandboxes.episode.close()  # its sandbox dies under it: void
+    gone = await manager.step(eid, StepRequest(action=Action(**ls())))
+    assert gone.info["status"] == "void"
+    with pytest.raises(ConflictError) as refused:
+        await manager.fork(eid)
+    assert refused.value.code == "episode_ended" and "void" in refused.value.message
 
 
 async def test_foreign_and_unknown_episodes_answer_the_same_404(tenants: Factory) -> None:
