@@ -3,8 +3,10 @@ trajectories (sdk/atif.py; docs/integrations.md, "ATIF").
 
     palaestra export atif EPISODE_ID [-o FILE] [--atif-version 1.8|1.7] [--url URL --token T]
     palaestra export atif --run RUN_DIR -o DIR      # one file per attempt of the run
+    palaestra export atif --run RUN_DIR --episodes -o DIR   # each attempt's whole episode
     palaestra import atif FILE [-o OUT]             # an episode's JSON (GET /v1/episodes/{id})
     palaestra import atif DIR -o RUN_DIR            # an exported run: a run directory again
+                                                    # (episode files: a folder of their JSONs)
 
 An import lands where our tools read it, not in a server's store (docs/decisions.md): an
 episode as the JSON `GET /v1/episodes/{id}` answers, a run as a run directory. A file that
@@ -38,6 +40,7 @@ from palaestra.sdk.atif_models import VERSIONS, AtifError
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.evaluation.attempt import Attempt
 from palaestra.sdk.evaluation.rundir import RunDir, RunError
+from palaestra.sdk.models import EpisodeState
 
 export_app = typer.Typer(
     help="Write episodes and eval runs in another format.", no_args_is_help=True
@@ -50,6 +53,7 @@ VersionOpt = Annotated[
     str, typer.Option("--atif-version", help="the ATIF version to write: 1.8 or 1.7")
 ]
 SUFFIX = ".atif.json"
+Server = tuple[str | None, str | None, Path | None]  # --url, --token, --data-dir
 
 
 def _version(value: str) -> str:
@@ -91,6 +95,14 @@ def export_atif(
         Path | None,
         typer.Option("-o", "--out", help="the file (a run: the directory) to write; else stdout"),
     ] = None,
+    episodes: Annotated[
+        bool,
+        typer.Option(
+            "--episodes",
+            help="with --run: each attempt's whole episode as the server stored it (every "
+            "record, observations uncut) instead of the run's own record of it",
+        ),
+    ] = False,
     version: VersionOpt = "1.8",
     url: Url = None,
     token: Token = None,
@@ -105,16 +117,12 @@ def export_atif(
     if run is not None:
         if out is None:
             raise _fail("--run writes one file per attempt: give the directory with -o DIR")
-        _export_run(run, out, wanted)
+        server = (url, token, data_dir) if episodes else None
+        _export_run(run, out, wanted, server)
         return
     assert episode is not None
-
-    async def fetch() -> Any:
-        async with open_client(url, token, data_dir, read_only=True) as client:
-            return await client.state(episode)
-
     try:
-        state = asyncio.run(fetch())
+        (state,) = asyncio.run(_states([episode], (url, token, data_dir)))
     except PalaestraError as exc:
         raise _fail(f"episode {episode}: {exc.message}", 1) from None
     text = _dump(episode_to_atif(state, wanted))
@@ -125,7 +133,14 @@ def export_atif(
     err.print(f"{len(state.trajectory)} steps of episode {episode} → {out} ({wanted})")
 
 
-def _export_run(run: Path, out: Path, version: str) -> None:
+async def _states(ids: list[str], server: Server) -> list[EpisodeState]:
+    async with open_client(*server, read_only=True) as client:
+        return [await client.state(episode) for episode in ids]
+
+
+def _export_run(run: Path, out: Path, version: str, server: Server | None) -> None:
+    """One file per line of the run's attempts.jsonl: the run's record of the attempt, or
+    (`server`) the episode it played, as that server keeps it."""
     try:
         store = RunDir.open(run)
         manifest, attempts = store.manifest(), store.records()
@@ -133,10 +148,24 @@ def _export_run(run: Path, out: Path, version: str) -> None:
         raise _fail(str(exc)) from None
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise _fail(f"{out} exists and is not an empty directory")
-    documents = [
-        (_name(i, a), attempt_to_atif(a.to_json(), manifest, i, version))
-        for i, a in enumerate(attempts)
-    ]
+    if server is None:
+        documents = [
+            (_name(i, a), attempt_to_atif(a.to_json(), manifest, i, version))
+            for i, a in enumerate(attempts)
+        ]
+    else:
+        played = [(i, a) for i, a in enumerate(attempts) if a.episode_id]
+        for i, a in enumerate(attempts):
+            if not a.episode_id:
+                err.print(styled("skipped", "yellow", f" {_name(i, a)}: no episode ({a.error})"))
+        try:
+            states = asyncio.run(_states([a.episode_id for _, a in played], server))
+        except PalaestraError as exc:
+            raise _fail(f"the run's episodes: {exc.message}", 1) from None
+        documents = [
+            (_name(i, a), episode_to_atif(state, version))
+            for (i, a), state in zip(played, states, strict=True)
+        ]
     out.mkdir(parents=True, exist_ok=True)
     for name, document in documents:
         _write(out / name, _dump(document))
@@ -158,7 +187,8 @@ def import_atif(
 ) -> None:
     """Check an ATIF trajectory (v1.7 or v1.8) and read it back: an episode (ours, exactly;
     another producer's, by ATIF's slots) as the JSON of `GET /v1/episodes/{id}`; an
-    exported eval run's directory as a run directory `palaestra eval report` reads.
+    exported eval run's directory as a run directory `palaestra eval report` reads (a
+    directory of episode files: a directory of their JSONs).
     Refused, naming the file, step and field, when it is not valid (exit 2)."""
     if source.is_dir():
         _import_run(source, out)
@@ -201,17 +231,25 @@ def _refuse(path: Path, exc: AtifError) -> typer.Exit:
 
 def _import_run(source: Path, out: Path | None) -> None:
     if out is None:
-        raise _fail("a directory imports as a run directory: give it with -o RUN_DIR")
+        raise _fail("a directory imports as a directory (a run's: a run directory): give -o DIR")
     if out.exists():
-        raise _fail(f"{out} exists; a run is imported into a new directory")
+        raise _fail(f"{out} exists; a directory is imported into a new one")
     files = sorted(source.glob("*.json"))
     if not files:
         raise _fail(f"{source} holds no .json files")
+    documents = [(path, _read(path)) for path in files]
+    try:
+        kinds = {_kind(path, document) for path, document in documents}
+    except _Refused as refused:
+        raise _refuse(refused.path, refused.error) from None
+    if kinds != {"eval_attempt"}:
+        _import_episodes(documents, out)
+        return
     lines: list[tuple[int, dict[str, Any]]] = []
     manifest: dict[str, Any] | None = None
-    for path in files:
+    for path, document in documents:
         try:
-            attempt, run, line = atif_to_attempt(_read(path))
+            attempt, run, line = atif_to_attempt(document)
         except AtifError as exc:
             raise _refuse(path, exc) from None
         if manifest is not None and run != manifest:
@@ -229,3 +267,37 @@ def _import_run(source: Path, out: Path | None) -> None:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     console.print(f"{len(lines)} attempts of run {manifest.get('run_id', '?')} → {out}/")
+
+
+class _Refused(Exception):
+    def __init__(self, path: Path, error: AtifError) -> None:
+        self.path, self.error = path, error
+
+
+def _kind(path: Path, document: Any) -> str:
+    try:
+        return kind_of(document)
+    except AtifError as exc:
+        raise _Refused(path, exc) from None
+
+
+def _import_episodes(documents: list[tuple[Path, Any]], out: Path) -> None:
+    """A directory of episode files (`export atif --run … --episodes`, or any ATIF): a
+    directory of episode JSONs, each named as its file; all checked before one is written."""
+    states = []
+    for path, document in documents:
+        try:
+            states.append((path, atif_to_episode(document)))
+        except AtifError as exc:
+            raise _refuse(path, exc) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent.resolve()))
+    try:
+        (staging / "out").mkdir()
+        for path, state in states:
+            name = path.name.removesuffix(".json").removesuffix(".atif") + ".json"
+            (staging / "out" / name).write_text(state.model_dump_json(indent=1) + "\n")
+        os.replace(staging / "out", out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    console.print(f"{len(states)} episodes → {out}/")

@@ -136,6 +136,23 @@ def test_an_eval_run_round_trips(door_server: ServerProcess, tmp_path: Path) -> 
         assert json.loads((back / "manifest.json").read_text()) == manifest
         report = cli("eval", "report", str(back), cwd=tmp_path)
         assert report.returncode == 0, report.stderr
+    # --episodes: each attempt's whole episode from the server; back as episode JSONs.
+    out, back = tmp_path / "episodes.atif", tmp_path / "episodes"
+    server = ("--url", door_server.url, "--data-dir", str(door_server.data_dir))
+    result = cli("export", "atif", "--run", str(run), "--episodes", "-o", str(out), *server,
+                 cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    result = cli("import", "atif", str(out), "-o", str(back), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    attempts = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+    with door_server.client() as client:
+        for attempt, path in zip(attempts, sorted(back.glob("*.json")), strict=True):
+            atif.Trajectory.model_validate_json(
+                (out / path.name.replace(".json", ".atif.json")).read_text()
+            )
+            state = EpisodeState.model_validate_json(path.read_text())
+            assert state.episode_id == attempt["episode_id"]
+            assert state == client.state(attempt["episode_id"])
 
 
 def test_a_broken_file_is_refused_naming_step_and_field(
