@@ -59,7 +59,8 @@ def episode_to_atif(state: EpisodeState, version: str = ATIF_V18) -> dict[str, A
     if calls:
         final["total_prompt_tokens"] = sum(_tokens(c, "prompt") for c in calls)
         final["total_completion_tokens"] = sum(_tokens(c, "completion") for c in calls)
-    episode = state.model_dump(mode="json", exclude={"trajectory"})
+    # A sealed verifier's own words (admin reads only) never go into a file that travels.
+    episode = state.model_dump(mode="json", exclude={"trajectory", "sealed_feedback"})
     document = {
         "schema_version": version,
         "session_id": state.episode_id,

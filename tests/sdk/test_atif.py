@@ -352,6 +352,14 @@ def test_a_bad_file_is_refused_naming_step_and_field(
             atif.Trajectory.model_validate(broken)
 
 
+def test_a_sealed_verifiers_own_words_stay_out() -> None:
+    """An admin's read of an episode holds the sealed verifier's feedback; the file not."""
+    state = episode().model_copy(update={"sealed_feedback": "expected 0.5, got 0.25"})
+    document = episode_to_atif(state)
+    assert "expected 0.5" not in json.dumps(document)
+    assert atif_to_episode(through_text(document)) == episode()
+
+
 def test_writing_an_unknown_version_is_refused() -> None:
     with pytest.raises(ValueError, match=r"ATIF-v1\.6"):
         episode_to_atif(episode(), "ATIF-v1.6")
