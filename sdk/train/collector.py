@@ -7,6 +7,8 @@ void (infrastructure fault), lost (404/409: expired or gone), a turn or episode 
 a server that keeps answering 429/503 or cannot be reached — is counted by reason and
 replaced (refill) while the group's refill budget lasts; otherwise the group is dropped
 and counted. Only episodes that ended by the environment's own verdict are trained on.
+An infrastructure failure is masked out of group statistics, never scored 0: resampled, or
+its group dropped (`on_infrastructure_failure`, sdk/train/masking.py), counted per step.
 
 A semaphore holds live episodes to `concurrency`; over HTTP the connection pool is at
 least that large. With `batch_routes` the resets and steps that concurrent episodes issue
@@ -51,6 +53,13 @@ from palaestra.sdk.models import (
 from palaestra.sdk.train.backends import GenerationBackend
 from palaestra.sdk.train.formats import EpisodeFormat, UnparseableAction
 from palaestra.sdk.train.group_rewards import apply_group_rewards, group_client
+from palaestra.sdk.train.masking import (
+    INFRASTRUCTURE_REASONS,
+    POLICIES,
+    FailureCounts,
+    InfrastructurePolicy,
+    failure_kind,
+)
 from palaestra.sdk.train.prefilter import Decision, PreFilter, PreFilterGate, PreFilterReport
 from palaestra.sdk.train.types import Group, SamplingParams, StopReason, Trajectory
 
@@ -95,14 +104,30 @@ class CollectorConfig:
     # The reward-hack monitor run over every kept episode's actions (sdk/hack_monitor.py);
     # None: no monitoring. Flags are counted, never acted on.
     hack_monitor: HackMonitor | None = MONITOR
+    # What an infrastructure failure of a member does to its group (never a 0 in it):
+    # "resample" starts another member (within max_refills); "drop_group" drops the group.
+    on_infrastructure_failure: InfrastructurePolicy = "resample"
+
+    def __post_init__(self) -> None:
+        if self.on_infrastructure_failure not in POLICIES:
+            raise ValueError(
+                "on_infrastructure_failure is 'drop_group' or 'resample', not "
+                f"{self.on_infrastructure_failure!r}"
+            )
 
 
 class EpisodeBroken(Exception):
-    """An episode that must not be trained on; `reason` is the counter it was booked under."""
+    """An episode that must not be trained on; `reason` is the counter it was booked under,
+    `kind` the server's failure kind where it said one (sdk/failures.py)."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", kind: str | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.kind = kind
+
+    @property
+    def infrastructure(self) -> bool:
+        return self.reason.startswith(INFRASTRUCTURE_REASONS)
 
 
 def _seed(*parts: object) -> int:
@@ -201,6 +226,7 @@ class GroupCollector:
         self.config = config or CollectorConfig()
         self.seed = seed
         self.stats: Counter[str] = Counter()
+        self.failures = FailureCounts(self.stats)  # infrastructure masked, agents' 0s
         self.hacks = HackTally()  # flagged episodes per domain, since the collector started
         self._rng = random.Random(seed)
         self._next_group = 0
@@ -253,6 +279,10 @@ class GroupCollector:
         self.stats["hack_flagged"] += bool(flags)
         self.stats.update(f"hack_rule:{rule}" for rule in {f.rule for f in flags})
         return flags
+
+    def take_step_counts(self) -> dict[str, int]:
+        """Failures since the last call, one training step's (`FailureCounts.take`)."""
+        return self.failures.take()
 
     # -- groups -----------------------------------------------------------------------------
     def next_group(self) -> tuple[int, str, int]:
@@ -311,6 +341,7 @@ class GroupCollector:
                 for error in errors:  # the server refuses the collector's own requests
                     if isinstance(error, PalaestraError) and error.status in REFUSED:
                         raise error
+                drop = False  # drop_group: a member failed for an infrastructure reason
                 for episode in sorted(finished, key=lambda t: t.get_name()):
                     error = episode.exception()
                     if error is None:
@@ -319,9 +350,16 @@ class GroupCollector:
                     if not isinstance(error, EpisodeBroken):
                         self.stats["broken:unexpected"] += 1
                         log.error("an episode failed unexpectedly (a bug?)", exc_info=error)
-                    if len(done) + len(running) < size and started < budget:
+                    elif error.infrastructure:
+                        self.failures.infrastructure(error.kind or error.reason)
+                        drop |= self.config.on_infrastructure_failure == "drop_group"
+                    if not drop and len(done) + len(running) < size and started < budget:
                         self.stats["refills"] += 1
                         launch()
+                if drop:
+                    self.failures.group_dropped(len(done))
+                    self.stats["groups_dropped"] += 1
+                    return None
         finally:
             self.stats["stragglers_cancelled"] += len(running)
             for episode in running:
@@ -572,9 +610,11 @@ class RolloutCollector(GroupCollector):
                     traj.environment_s += time.perf_counter() - started
                 if reply.info.get("status") == "void":
                     ended = True
-                    raise EpisodeBroken("void", str(reply.info.get("void_reason", "")))
+                    why = str(reply.info.get("void_reason", ""))
+                    raise EpisodeBroken("void", why, failure_kind(reply.info))
                 if reply.terminated or reply.truncated:
                     ended = True
+                    self.failures.agent(failure_kind(reply.info))
                     traj.reward = reply.reward
                     if decision is not None and self.prefilter is not None:
                         traj.verifier_reward = reply.reward if decision.drop else None
@@ -588,8 +628,10 @@ class RolloutCollector(GroupCollector):
                 # Out of turns or context: the verdict on the state as it is.
                 verdict = await self._retrying(lambda: self.client.verify(eid))
                 ended = True
+                kind = None if verdict.failure_kind is None else verdict.failure_kind.value
                 if verdict.status == "void":
-                    raise EpisodeBroken("void", verdict.feedback)
+                    raise EpisodeBroken("void", verdict.feedback, kind)
+                self.failures.agent(kind)
                 traj.reward = verdict.reward
                 traj.stop_reason = stop or "max_turns"
             traj.check()

@@ -216,11 +216,14 @@ class HarnessCollector(GroupCollector):
         eid = reset.episode_id
         try:
             verdict = await self._retrying(lambda: self.client.verify(eid))
+            kind = None if verdict.failure_kind is None else verdict.failure_kind.value
             if verdict.status == "void":
-                raise EpisodeBroken("void", verdict.feedback)
+                raise EpisodeBroken("void", verdict.feedback, kind)
             state = await self._retrying(lambda: self.client.state(eid))
             if state.status == EpisodeStatus.VOID:
-                raise EpisodeBroken("void", state.void_reason or "")
+                failure = None if state.failure is None else state.failure.kind.value
+                raise EpisodeBroken("void", state.void_reason or "", failure)
+            self.failures.agent(kind)
             samples = episode_samples(state, verdict.reward, SampleTags(task, seed, gid, sid))
             actions = [r.action for r in state.trajectory if r.action.tool != LLM_CALL_TOOL]
             flags = self.monitor(state.domain, actions)

@@ -49,6 +49,9 @@ class StepReport:
     # The reward-hack monitor over this step's episodes (`hack_metrics`): the flagged share
     # overall and per domain, and episodes flagged per rule.
     hacks: dict[str, float] = field(default_factory=dict)
+    # Failures since the last step (sdk/train/masking.py): `infra_failures` and `masked`
+    # (left out of group statistics, never a 0), `agent_failures` (trained on as 0), by kind.
+    failures: dict[str, int] = field(default_factory=dict)
 
 
 RewardHook = Callable[[list[Group]], None]
@@ -168,6 +171,7 @@ class Trainer:
             environment_s=sum(t.environment_s for t in trajectories),
             extra=extra,
             hacks=hack_metrics(groups),
+            failures=self.collector.take_step_counts(),
         )
         self.history.append(report)
         return report
