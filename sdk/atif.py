@@ -46,7 +46,9 @@ def episode_to_atif(state: EpisodeState, version: str = ATIF_V18) -> dict[str, A
     """`state` (with its trajectory) as an ATIF document of `version`, checked valid."""
     if version not in VERSIONS:
         raise ValueError(f"ATIF version {version!r}: palaestra writes {', '.join(VERSIONS)}")
-    steps = [_record_step(r, i + 1) for i, r in enumerate(state.trajectory)]
+    steps = [_record_step(r, i + 1) for i, r in enumerate(state.trajectory)] or [
+        _no_steps(f"episode {state.episode_id} ended ({state.status.value}) before a step")
+    ]
     calls = [r.info["llm_call"] for r in state.trajectory if _llm_call(r) is not None]
     agent: dict[str, Any] = {"name": "palaestra", "version": palaestra.__version__}
     model = next((s["model_name"] for s in steps if "model_name" in s), None)
@@ -81,7 +83,7 @@ def atif_to_episode(document: Any) -> EpisodeState:
     ours = _ours(trajectory, "episode")
     if ours is None:
         return _foreign(trajectory)
-    records = [_record(step, i) for i, step in enumerate(trajectory.steps)]
+    records = [_record(step, i) for i, step in enumerate(_with_records(trajectory))]
     episode = ours.get("episode")
     if not isinstance(episode, dict):
         raise AtifError([f"extra.{KEY}.episode: the episode's state is missing"])
@@ -98,6 +100,19 @@ def kind_of(document: Any) -> str:
     if isinstance(ours, dict) and ours.get("kind") in ("episode", "eval_attempt"):
         return str(ours["kind"])
     return "foreign"
+
+
+def _no_steps(why: str) -> dict[str, Any]:
+    """The one step of a trajectory with no records: ATIF (Harbor's models) needs a step."""
+    return {"step_id": 1, "source": "system", "message": why, "extra": {KEY: {"no_steps": True}}}
+
+
+def _with_records(trajectory: Trajectory) -> list[Step]:
+    """The steps that hold records: none where the one step says there are none."""
+    steps = trajectory.steps
+    if len(steps) == 1 and (steps[0].extra or {}).get(KEY) == {"no_steps": True}:
+        return []
+    return steps
 
 
 def _record_step(r: StepRecord, step_id: int) -> dict[str, Any]:
@@ -454,7 +469,9 @@ def attempt_to_atif(
     if version not in VERSIONS:
         raise ValueError(f"ATIF version {version!r}: palaestra writes {', '.join(VERSIONS)}")
     entries = attempt.get("trajectory") or []
-    steps = [_entry_step(e, i + 1) for i, e in enumerate(entries)]
+    steps = [_entry_step(e, i + 1) for i, e in enumerate(entries)] or [
+        _no_steps(f"the attempt ended before a step: {attempt.get('error') or attempt.get('stop')}")
+    ]
     found = manifest.get("policy")
     policy: dict[str, Any] = found if isinstance(found, dict) else {}
     agent: dict[str, Any] = {
@@ -501,7 +518,7 @@ def atif_to_attempt(document: Any) -> tuple[dict[str, Any], dict[str, Any], int]
     attempt, manifest, line = ours.get("attempt"), ours.get("run"), ours.get("line")
     if not isinstance(attempt, dict) or not isinstance(manifest, dict) or not isinstance(line, int):
         raise AtifError([f"extra.{KEY}: needs `attempt` and `run` objects and a `line` number"])
-    entries = [_entry(step, i) for i, step in enumerate(trajectory.steps)]
+    entries = [_entry(step, i) for i, step in enumerate(_with_records(trajectory))]
     return {**attempt, "trajectory": entries}, manifest, line
 
 

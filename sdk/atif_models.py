@@ -143,7 +143,7 @@ class Trajectory(AtifModel):
     session_id: str | None = None
     trajectory_id: str | None = None
     agent: Agent
-    steps: list[Step]
+    steps: list[Step] = Field(min_length=1)  # as Harbor's own models ask
     notes: str | None = None
     final_metrics: FinalMetrics | None = None
     continued_trajectory_ref: str | None = None

@@ -1,14 +1,16 @@
 """sdk/atif.py without a server: every kind of step record through ATIF-v1.7 and v1.8 and
 back, each document validated by the `atif` package's own models (the other side's
-validator); eval attempts likewise; another producer's trajectory by ATIF's slots; and bad
-files refused naming the step and field, where the `atif` package refuses them too.
-(tests/cli/test_atif_cli.py does the same with a real server's episodes.)"""
+validator) and, in the slow tier, Harbor's; eval attempts likewise; another producer's
+trajectory by ATIF's slots; and bad files refused naming the step and field, where the
+`atif` package refuses them too. (tests/cli/test_atif_cli.py: a real server's episodes.)"""
 
 from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import atif
@@ -34,6 +36,7 @@ from palaestra.sdk.models import (
     VerifierInfo,
 )
 from palaestra.sdk.train.harness import episode_samples
+from tests.envs.terminal.test_harbor import _harbor_python
 
 VERSIONS = (ATIF_V17, ATIF_V18)
 PNG = (  # one transparent pixel
@@ -329,6 +332,7 @@ BAD = [  # (how the file is broken, the line the refusal must hold, whether `ati
     (_set("steps/1/observation/results/0/content/1/text", "t"),
      "steps[1].observation.results[0].content[1]:", True),
     (_drop("agent"), "agent: Field required", True),
+    (_set("steps", []), "steps: List should have at least 1 item", False),
     (_set("steps/5/message", AUDIO),
      "steps[5].message[0].type: audio parts came with ATIF-v1.8", False),
     (_set("schema_version", "ATIF-v1.6"), "schema_version: 'ATIF-v1.6' is not one", False),
@@ -358,6 +362,54 @@ def test_a_sealed_verifiers_own_words_stay_out() -> None:
     document = episode_to_atif(state)
     assert "expected 0.5" not in json.dumps(document)
     assert atif_to_episode(through_text(document)) == episode()
+
+
+def test_no_steps_is_one_system_step() -> None:
+    """An episode closed before a step, an attempt void before one: ATIF (Harbor's models)
+    asks for a step, so the file holds one saying so, and the import none."""
+    empty = episode().model_copy(update={"trajectory": [], "step_count": 0})
+    document = through_text(episode_to_atif(empty))
+    (only,) = atif.Trajectory.model_validate(document).steps
+    assert only.source == "system" and "before a step" in only.message
+    assert atif_to_episode(document) == empty
+    line, manifest = attempt()
+    line = {**line, "trajectory": [], "status": "void", "error": "server unreachable"}
+    document = through_text(attempt_to_atif(line, manifest, 0))
+    assert "server unreachable" in atif.Trajectory.model_validate(document).steps[0].message
+    assert atif_to_attempt(document) == (line, manifest, 0)
+
+
+HARBOR_CHECK = """
+import json, sys
+from harbor.models.trajectories import Trajectory
+for path in sys.argv[1:]:
+    Trajectory.model_validate(json.load(open(path)))
+print(len(sys.argv) - 1)
+"""
+
+
+@pytest.mark.slow
+def test_harbors_own_models_accept_both_versions(tmp_path: Path) -> None:
+    """Harbor's models (the `harbor` package, whose RFC ATIF is; its venv of its own) take
+    each version by name, v1.7 as v1.7: every file we write passes them too."""
+    python = _harbor_python()
+    line, manifest = attempt()
+    empty = episode().model_copy(update={"trajectory": [], "step_count": 0})
+    paths = []
+    for version in VERSIONS:
+        documents = {
+            "episode": episode_to_atif(episode(), version),
+            "empty": episode_to_atif(empty, version),
+            "attempt": attempt_to_atif(line, manifest, 0, version),
+        }
+        for name, document in documents.items():
+            path = tmp_path / f"{name}-{version}.json"
+            path.write_text(json.dumps(document))
+            paths.append(str(path))
+    checked = subprocess.run([str(python), "-c", HARBOR_CHECK, *paths], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert checked.stdout.split() == [str(len(paths))]
 
 
 def test_writing_an_unknown_version_is_refused() -> None:
