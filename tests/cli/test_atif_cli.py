@@ -19,8 +19,10 @@ from conftest import ServerProcess, cli_env
 
 from palaestra.sdk.http import HTTPClient
 from palaestra.sdk.models import EpisodeState
+from tests.envs.terminal.test_harbor import _harbor_python
 from tests.harness_peers import SOLVE_2, TRAIN_TASK, finished, harness, llm_calls, started
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
+from tests.sdk.test_atif import HARBOR_CHECK
 from tests.server.test_sealed import make_token
 
 CLI = str(Path(sys.executable).parent / "palaestra")
@@ -110,6 +112,10 @@ def test_a_harness_episode_keeps_its_token_ids_and_logprobs(
         assert first.tool_calls[0].arguments == {"command": SOLVE_2}
         assert document.steps[-1].source == "system"  # the harness's end
         assert document.agent.extra == {"harness": "bash-agent"}
+    files = [str(tmp_path / f"{episode}-{version}.atif.json") for version in VERSIONS]
+    checked = subprocess.run([str(_harbor_python()), "-c", HARBOR_CHECK, *files],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert checked.returncode == 0, checked.stderr[-3000:]  # Harbor's own models take them
 
 
 def test_an_eval_run_round_trips(door_server: ServerProcess, tmp_path: Path) -> None:
