@@ -201,19 +201,18 @@ async def step_outcomes(
         else:
             by_episode.setdefault(item.episode_id, []).append(index)
 
-    async def one(item: BatchStepItem) -> Outcome:
-        # A resent item (same request_id) whose step is still running waits for the
-        # episode's lock and gets that step's stored reply: it never steps twice.
-        try:
-            return await manager.step(item.episode_id, item, principal)
-        except Exception as exc:
-            return item_error(exc)
+    step = manager.host.step  # what `manager.step` calls, without its coroutine an item
 
     async def run(indices: list[int]) -> None:
         for index in indices:
             item = items[index]
             assert item is not None
-            results[index] = await one(item)
+            # A resent item (same request_id) whose step is still running waits for the
+            # episode's lock and gets that step's stored reply: it never steps twice.
+            try:
+                results[index] = await step(principal, item.episode_id, item)
+            except Exception as exc:
+                results[index] = item_error(exc)
 
     started = {eager(run(indices)): len(indices) for indices in by_episode.values()}
     tasks = [task for task in started if task is not None]

@@ -7,7 +7,6 @@ here too, as are the errors that name an episode.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -29,6 +28,7 @@ from palaestra.sdk.models import (
 )
 from palaestra.sdk.task import Task
 from palaestra.server.sealed import seal
+from palaestra.server.steplock import EpisodeLock
 from palaestra.server.tally import StepTally
 from palaestra.verifiers.judge_protocol import JudgeUnavailable
 
@@ -55,7 +55,7 @@ class Episode:
     state: EpisodeState
     started: float
     last_active: float
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: EpisodeLock = field(default_factory=EpisodeLock)
     replies: OrderedDict[str, StepResponse] = field(default_factory=OrderedDict)
     request_ids: set[str] = field(default_factory=set)  # every request id this episode stepped
     oracle: list[Action] | None = None

@@ -238,7 +238,9 @@ class LocalHost:
             return await self.stored.step(key, episode_id, request.request_id)
         if ADMIN not in principal.scopes:
             principal.require_episodes(episode.task.sealed, episode.task.split)
-        async with episode.lock:
+        if not episode.lock.try_acquire():  # held: wait (free, the usual: no coroutine)
+            await episode.lock.acquire()
+        try:
             if request.request_id and request.request_id in episode.request_ids:
                 cached = episode.replies.get(request.request_id)
                 if cached is not None:
@@ -279,6 +281,8 @@ class LocalHost:
                 # The client learns that the episode ended only once it is on disk.
                 await self.store.commit()
             return reply
+        finally:
+            episode.lock.release()
 
     def record(
         self,
