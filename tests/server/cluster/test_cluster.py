@@ -294,8 +294,11 @@ def test_a_killed_node_voids_exactly_its_episodes(ctx: Ctx) -> None:
         state = ctx.call(1, "GET", f"/v1/episodes/{episode}").json()
         assert state["status"] == "void" and state["void_reason"] == "worker_lost", state
         assert state["verdict"]["status"] == "void"
+        assert state["failure"]["kind"] == "worker_lost", state["failure"]
+        assert state["failure"]["boundary"] == "server"
         step = ctx.step(0, episode, {"tool": "echo", "arguments": {"text": "z"}})
         assert step.status_code == 200 and step.json()["info"]["void_reason"] == "worker_lost"
+        assert step.json()["info"]["failure"]["kind"] == "worker_lost"
     survivors = [e for w, es in by_worker.items() if w != lost_worker for e in es]
     for episode in survivors:  # the others finish, verified as usual
         oracle = ctx.call(0, "GET", f"/v1/episodes/{episode}").json()

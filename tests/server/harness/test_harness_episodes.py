@@ -60,6 +60,7 @@ def test_bash_agent_with_the_real_model(
     state = finished(door_server, token, episode)
     assert state["status"] == "done"
     assert state["verdict"]["reward"] == 0.0 and state["verdict"]["failure"] == "missing_file"
+    assert state["failure"]["kind"] == "no_answer" and state["failure"]["boundary"] == "agent"
     calls, generated = llm_calls(state), model.generated()
     assert len(calls) == 1 and calls[0]["finish_reason"] == "tool_calls"
     # The trajectory holds exactly the ids the model server generated, never re-tokenized.
@@ -135,6 +136,8 @@ def test_model_without_token_ids_voids_the_episode(door_server: ServerProcess, t
     assert state["status"] == "void"
     assert "token ids" in state["void_reason"], state["void_reason"]
     assert state["verdict"]["status"] == "void"
+    assert state["failure"]["kind"] == "model_failed" and state["failure"]["boundary"] == "model"
+    assert ending(state)["info"]["failure"]["kind"] == "model_failed"
     assert llm_calls(state) == []
 
 
@@ -145,6 +148,7 @@ def test_endpoint_that_fails_mid_run_voids_the_episode(
     with fake.serve() as url:
         state = finished(door_server, token, started(door_server, token, TRAIN_TASK, harness(url)))
     assert state["status"] == "void" and "HTTP 500" in state["void_reason"], state["void_reason"]
+    assert state["failure"]["kind"] == "model_failed", state["failure"]
     assert len(llm_calls(state)) == 1  # the call that was answered
     assert ending(state)["info"]["harness"]["reason"].startswith("the model endpoint failed")
 
@@ -293,6 +297,7 @@ def test_shutdown_kills_a_running_harness(tmp_path: Path) -> None:
         finally:
             proc.stop()
     assert state["status"] == "void" and state["void_reason"] == "server shut down", state
+    assert state["failure"]["kind"] == "server_shutdown", state["failure"]
     left = subprocess.run(["pgrep", "-f", r"sleep 300\.017"], capture_output=True, text=True)
     assert left.stdout.strip() == "", "the harness's command outlived its server"
 
