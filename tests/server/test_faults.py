@@ -216,8 +216,11 @@ async def test_sandbox_dies_mid_episode(manager: EpisodeManager) -> None:
     reply = await client.step(eid, {"tool": "run_python", "arguments": {"code": "print(1)"}})
     assert_void_reply(reply)
     assert "sandbox failed" in reply.info["void_reason"]
+    assert reply.info["failure"]["kind"] == "sandbox_failed"
+    assert reply.info["failure"]["boundary"] == "sandbox"
     state = await client.state(eid)
     assert state.status == "void"
+    assert state.failure is not None and state.failure.kind == "sandbox_failed"
     assert (
         local_host(manager).sandboxes.backend is not None
         and local_host(manager).sandboxes.backend.live_count == 0
