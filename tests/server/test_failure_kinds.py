@@ -5,7 +5,9 @@ state, the OpenEnv and MCP doors, and the store after a restart, on SQLite and P
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -184,6 +186,18 @@ async def test_every_ending_carries_its_kind_on_v1_the_doors_and_after_restart(
             content = called.json()["result"]["structuredContent"]
             assert content["terminated"] and content["verdict"]["status"] == "void"
             assert kind_of(content["failure"]) == ("env_crashed", "server")
+            # The ORS door: the ending call's output metadata.
+            sid = {"x-session-id": uuid.uuid4().hex}
+            made = await http.post(
+                "/create", json={"task_spec": {"id": "test/scrash:t1"}}, headers=sid
+            )
+            assert made.status_code == 200, made.text
+            ors_call = {"name": "echo", "input": {"text": "x"}}
+            streamed = await http.post("/test/scrash/call", json=ors_call, headers=sid)
+            assert streamed.status_code == 200, streamed.text
+            end = json.loads(streamed.text.rstrip().rsplit("data: ", 1)[1])
+            assert end["ok"] and end["output"]["finished"], end
+            assert kind_of(end["output"]["metadata"]["failure"]) == ("env_crashed", "server")
         # Left active when the server stops: void for a server reason.
         left = await client.reset("palaestra/echo:say-birch")
         await client.aclose()
