@@ -428,6 +428,8 @@ class LocalHost:
         if len(self._ended) > ENDED_CACHE:
             self._ended.popitem(last=False)
         self.metrics.episodes_ended.labels(status=status.value).inc()
+        if failure is not None:
+            self.metrics.episode_failures.labels(failure.kind.value, failure.boundary.value).inc()
         verdict = episode.state.verdict
         self.accounting.ended(
             Ending(

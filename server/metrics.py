@@ -27,6 +27,12 @@ class Metrics:
             ["status"],
             registry=self.registry,
         )
+        self.episode_failures = Counter(
+            "palaestra_episode_failures",
+            "Ended episodes that failed, by failure kind and boundary (docs/failures.md)",
+            ["kind", "boundary"],
+            registry=self.registry,
+        )
         self.episodes_live = Gauge(
             "palaestra_episodes_live",
             "Episodes in memory now, by status",

@@ -336,6 +336,7 @@ class ClusterHost:
         self.store.update_episode(state)
         self.accounting.ended(Ending(key, "", state.task, "void", 0.0, False, LOST, now))
         self.services.metrics.episodes_ended.labels(status="void").inc()
+        self.services.metrics.episode_failures.labels("worker_lost", "server").inc()
 
     async def _unreachable(self, worker: Worker) -> bool:
         """After a broken channel: whether Ray says the worker is gone (then it is lost)."""

@@ -198,6 +198,11 @@ async def test_every_ending_carries_its_kind_on_v1_the_doors_and_after_restart(
             end = json.loads(streamed.text.rstrip().rsplit("data: ", 1)[1])
             assert end["ok"] and end["output"]["finished"], end
             assert kind_of(end["output"]["metadata"]["failure"]) == ("env_crashed", "server")
+            # /metrics counts them by kind and boundary (the first crash and three doors').
+            text = (await http.get("/metrics")).text
+            crashed = 'palaestra_episode_failures_total{boundary="server",kind="env_crashed"} 4.0'
+            assert crashed in text, text
+            assert 'palaestra_episode_failures_total{boundary="agent",kind="no_answer"} 1.0' in text
         # Left active when the server stops: void for a server reason.
         left = await client.reset("palaestra/echo:say-birch")
         await client.aclose()
