@@ -373,9 +373,14 @@ class LocalHost:
         )
 
     async def _void(
-        self, episode: Episode, reason: str, kind: FailureKind, exit_code: int | None = None
+        self,
+        episode: Episode,
+        reason: str,
+        kind: FailureKind,
+        exit_code: int | None = None,
+        status: int | None = None,
     ) -> StepResponse:
-        failure = Failure.of(kind, reason, exit_code=exit_code)
+        failure = Failure.of(kind, reason, exit_code=exit_code, status=status)
         await self._end(episode, EpisodeStatus.VOID, failure)
         verdict = void_verdict(episode.task.digest, reason, 0.0, kind)
         episode.state.verdict = verdict
@@ -522,7 +527,7 @@ class LocalHost:
             if ending.void is not None:
                 kind = ending.kind or FailureKind.HARNESS_CRASHED
                 exit_code = episode.harness.status.exit_code
-                reply = await self._void(episode, ending.void, kind, exit_code)
+                reply = await self._void(episode, ending.void, kind, exit_code, ending.status)
             else:
                 obs, cut = Observation(text=ending.reason), ending.truncated
                 reply = await self._finish(episode, obs, terminated=not cut, truncated=cut)

@@ -70,7 +70,12 @@ NO_IDS = "serve with vLLM ≥ 0.10.2 or palaestra.sdk.train.openai_server"
 
 
 class _Fault(Exception):
-    """The upstream failed in a way the policy cannot cause: the session's `fault`."""
+    """The upstream failed in a way the policy cannot cause: the session's `fault`;
+    `status` the HTTP status it answered, if it answered one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class _Refusal(Exception):
@@ -291,6 +296,7 @@ class LlmSession:
         self.malformed = 0  # requests refused after their body was read (parsing costs)
         self.completion_tokens = 0
         self.fault: str | None = None
+        self.fault_status: int | None = None  # the HTTP status of the fault, if any
         self.limit: str | None = None
         self.stopped = asyncio.Event()
         self.closed = False
@@ -333,7 +339,7 @@ class LlmSession:
                     self._count_malformed()
                 return _fail(api, exc.status, str(exc), exc.code, exc.param)
         except _Fault as exc:
-            self._set_fault(str(exc))
+            self._set_fault(str(exc), exc.status)
             return _fail(api, 502, str(exc), "upstream_failed")
 
     def _record_refused(
@@ -349,9 +355,9 @@ class LlmSession:
                                  error=error[:UPSTREAM_ERROR_CHARS])  # fmt: skip
         self._record(*made)
 
-    def _set_fault(self, reason: str) -> None:
+    def _set_fault(self, reason: str, status: int | None = None) -> None:
         if self.fault is None:
-            self.fault = reason
+            self.fault, self.fault_status = reason, status
             log.warning("model session %s: %s", self.key, reason)
         self.stopped.set()
 
@@ -635,7 +641,7 @@ class SessionProxy:
             )
         if status >= 500 or status < 200:
             text = raw[:300].decode(errors="replace")
-            raise _Fault(f"{where} failed: HTTP {status}: {text}")
+            raise _Fault(f"{where} failed: HTTP {status}: {text}", status)
         reply: dict[str, Any] | None = None
         with contextlib.suppress(ValueError, RecursionError):
             parsed = json.loads(raw)

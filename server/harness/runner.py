@@ -95,6 +95,7 @@ class Ending:
     truncated: bool = False
     void: str | None = None
     kind: FailureKind | None = None
+    status: int | None = None  # the failed endpoint's HTTP status, if it answered one
 
 
 class EpisodeHandle(Protocol):
@@ -396,7 +397,8 @@ class HarnessRunner:
         assert session is not None
         if session.fault is not None:
             why = f"the model endpoint failed: {session.fault}"
-            return Ending(why, void=session.fault, kind=FailureKind.MODEL_FAILED)
+            kind, status = FailureKind.MODEL_FAILED, session.fault_status
+            return Ending(why, void=session.fault, kind=kind, status=status)
         if session.limit is not None:
             return Ending(f"{session.limit}; harness killed", truncated=True)
         return None

@@ -149,6 +149,7 @@ def test_endpoint_that_fails_mid_run_voids_the_episode(
         state = finished(door_server, token, started(door_server, token, TRAIN_TASK, harness(url)))
     assert state["status"] == "void" and "HTTP 500" in state["void_reason"], state["void_reason"]
     assert state["failure"]["kind"] == "model_failed", state["failure"]
+    assert state["failure"]["status"] == 500  # the endpoint's answer, a fact of the failure
     assert len(llm_calls(state)) == 1  # the call that was answered
     assert ending(state)["info"]["harness"]["reason"].startswith("the model endpoint failed")
 
