@@ -412,6 +412,8 @@ async def test_idle_episode_expires_and_frees_its_sandbox(tmp_path: Path) -> Non
             await asyncio.sleep(0.05)
         state = await client.state(eid)
         assert state.status == "expired"
+        assert state.failure is not None and state.failure.kind == "expired"
+        assert state.failure.infrastructure and state.void_reason is None  # not void, unscored
         # the status flips first, then the sandbox is closed (its folder removed off the loop)
         freed = time.monotonic() + 5
         while (
