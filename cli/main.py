@@ -13,6 +13,7 @@ from rich.table import Table
 from palaestra.cli.atif import export_app as atif_export_app
 from palaestra.cli.atif import import_app as atif_import_app
 from palaestra.cli.clients import open_client, reset_when_warm
+from palaestra.cli.conformance import register as register_conformance_command
 from palaestra.cli.console import console, err, error, styled
 from palaestra.cli.eval.app import eval_app
 from palaestra.cli.images import images_app
@@ -45,6 +46,7 @@ app.add_typer(eval_app, name="eval")  # eval run / resume / report / compare (cl
 app.add_typer(atif_export_app, name="export")  # export atif (cli/atif.py)
 app.add_typer(atif_import_app, name="import")  # import atif
 register_train_command(app)  # palaestra train (cli/train.py)
+register_conformance_command(app)  # palaestra conformance URL (cli/conformance.py)
 
 
 @app.command()
