@@ -1,12 +1,15 @@
 """The NeMo Gym door's session book (server/doors/nemo_gym.py `Sessions`), in process: its
-caps answer 429 and never end another session, closed ids refuse late seeds, boundedly."""
+caps answer 429 and never end another session, closed ids refuse late seeds, boundedly;
+and the verdict's failure kind as NeMo Gym names it."""
 
 from __future__ import annotations
 
 import pytest
 
 from palaestra.sdk.errors import CapacityError, ConflictError
-from palaestra.server.doors.nemo_gym import CLOSED_KEPT, SeedRequest, Sessions
+from palaestra.sdk.failures import FailureKind
+from palaestra.sdk.models import Verdict
+from palaestra.server.doors.nemo_gym import CLOSED_KEPT, SeedRequest, Sessions, failure_kind
 
 
 def seed(sid: str, rollout: str = "r") -> SeedRequest:
@@ -65,3 +68,24 @@ async def test_idle_sessions_count_as_closed_at_the_cap() -> None:
     book.claim("a", seed("2"))  # the first was idle past the TTL: swept, closed
     with pytest.raises(ConflictError, match="closed"):
         book.claim("a", seed("1"))
+
+
+def verdict(status: str, kind: FailureKind | None, failure: str | None = None) -> Verdict:
+    return Verdict.model_validate(
+        {
+            "reward": 0.0,
+            "passed": False,
+            "status": status,
+            "failure": failure,
+            "failure_kind": kind,
+            "verifier": {"name": "v", "version": "1"},
+        }
+    )
+
+
+def test_failure_kinds_go_out_by_nemo_gyms_names() -> None:
+    assert failure_kind(verdict("ok", None)) is None
+    assert failure_kind(verdict("ok", FailureKind.NO_ANSWER, "no_answer")) is None  # a scored 0
+    assert failure_kind(verdict("ok", FailureKind.AGENT_TIMEOUT, "timeout")) == "agent_timeout"
+    assert failure_kind(verdict("void", FailureKind.SANDBOX_FAILED)) == "provider_unavailable"
+    assert failure_kind(verdict("void", FailureKind.ENV_CRASHED)) == "palaestra:env_crashed"
