@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from palaestra.cli.console import console, err, error, styled
+from palaestra.cli.heldout import heldout_app
 from palaestra.cli.options import DataDir, Token, Url, judges_setting, sandbox_setting
 from palaestra.cli.progress import LiveProgress
 from palaestra.cli.stopping import Stop
@@ -30,6 +31,7 @@ pack_app = typer.Typer(
     help="Write, check, build and list task packs (docs/writing-a-pack.md).",
     no_args_is_help=True,
 )
+pack_app.add_typer(heldout_app, name="heldout")  # pack heldout show|rotate (cli/heldout.py)
 
 
 def _fmt(reward: float | None) -> str:

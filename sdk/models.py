@@ -310,6 +310,11 @@ class SplitInfo(WireModel):
     name: str
     sealed: bool
     tasks: int
+    draw: int | None = Field(
+        default=None,
+        description="a sealed generated split's held-out draw now served (0: the first); "
+        "earlier draws are retired, never served again",
+    )
 
 
 class PackInfo(WireModel):

@@ -29,6 +29,8 @@ class Task:
     difficulty: str = ""
     sealed: bool = False
     digest: str = ""
+    # The held-out draw of a sealed generated task (server/draws.py); None for any other.
+    draw: int | None = None
     # A family's typed views of the fields, validated once (envs/base.py `TaskFields.of`) and
     # kept as long as the task is: not a field of the task's content.
     views: dict[type, Any] = field(

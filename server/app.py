@@ -31,7 +31,7 @@ from palaestra.server.fastpath import StepFastPath, validation_message
 from palaestra.server.harness import routes as harness_routes
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.warming import PackWarmer
-from palaestra.server.routes import catalog, episodes, operations, publishing, tokens
+from palaestra.server.routes import catalog, episodes, heldout, operations, publishing, tokens
 from palaestra.server.routes.common import REF_TEMPLATE, error_reply
 from palaestra.server.runtime import build_manager
 
@@ -157,6 +157,7 @@ def create_app(
     app.include_router(episodes.router)
     app.include_router(catalog.router)
     app.include_router(publishing.router)
+    app.include_router(heldout.router)  # held-out draws (server/draws.py)
     app.include_router(tokens.router)
     app.include_router(operations.router)
     app.include_router(mcp_http.router)

@@ -28,6 +28,7 @@ from palaestra.server.config import Settings
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.archive import write_pack_archive
 from palaestra.server.packs.catalog import PackCatalog
+from palaestra.server.packs.drawing import Draws
 from palaestra.server.packs.generate import GenerateLimits, generate_pack
 from palaestra.server.packs.loader import GeneratedSet, Pack
 from palaestra.server.packs.manifest import PackManifest, semver_key
@@ -162,9 +163,16 @@ class Catalog:
             code="cheat_over_limit",
         )
 
-    async def _generate(self, root: Path, manifest: PackManifest) -> GeneratedSet:
+    async def _generate(
+        self,
+        root: Path,
+        manifest: PackManifest,
+        draws: Draws | None = None,
+        only: set[str] | None = None,
+    ) -> GeneratedSet:
         """A publish token's generator pack, generated in sandboxes (sealed seeds from the
-        server's secret, passed in as numbers)."""
+        server's secret, passed in as numbers; at the served held-out draws, or `draws`;
+        `only` these splits: a rotation, server/draws.py)."""
         if self.sandboxes is None:
             raise UnavailableError("this server has no sandboxes", code="no_generator_sandbox")
         owner = self.sandboxes
@@ -174,7 +182,10 @@ class Catalog:
             return await owner.create_cold(spec, where)
 
         limits = GenerateLimits.from_settings(self.settings)
-        return await generate_pack(create, root, manifest, limits, self.packs.secret)
+        draws = self.packs.draws if draws is None else draws
+        return await generate_pack(create, root, manifest, limits, self.packs.secret, draws, only)
+
+    generate_draw = _generate  # a rotation's sandboxed generation (server/draws.py)
 
     async def enable_pack(self, name: str, principal: Principal = ADMIN_PRINCIPAL) -> bool:
         """Let unfiltered sampling draw a published pack (admin); False if it already could."""

@@ -116,8 +116,9 @@ class Episode:
 
 
 def task_info(task: Task) -> dict[str, Any]:
-    """What a reset reply's `info` says of its task."""
-    return {
+    """What a reset reply's `info` says of its task (a sealed generated task's held-out
+    draw too: an eval run records which draw it measured, server/draws.py)."""
+    info: dict[str, Any] = {
         "task": task.ref,
         "task_digest": task.digest,
         "family": task.family,
@@ -125,6 +126,9 @@ def task_info(task: Task) -> dict[str, Any]:
         "split": task.split,
         "difficulty": task.difficulty,
     }
+    if task.draw is not None:
+        info["heldout_draw"] = task.draw
+    return info
 
 
 def void_verdict(

@@ -79,3 +79,21 @@ def task_digest(plain: str, secret: bytes | None) -> str:
         return plain
     keyed = hmac.new(secret, b"task-digest:" + plain.encode(), hashlib.sha256)
     return "sha256:" + keyed.hexdigest()
+
+
+def fresh_seeds(
+    secret: bytes, label: str, first: int, end: int, count: int, used: set[int]
+) -> list[int]:
+    """`count` distinct seeds of [first, end) outside `used`, drawn by `seeded(secret,
+    label)` (a rotated held-out draw, server/draws.py); the caller checks enough are left."""
+    rng = seeded(secret, label)
+    size = end - first
+    if size <= 1 << 20:  # a small range: choose among what is left
+        left = [seed for seed in range(first, end) if seed not in used]
+        return sorted(rng.sample(left, count))
+    chosen: set[int] = set()
+    while len(chosen) < count:  # a wide range: rejections are rare
+        seed = rng.randrange(first, end)
+        if seed not in used:
+            chosen.add(seed)
+    return sorted(chosen)

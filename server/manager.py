@@ -104,10 +104,14 @@ class EpisodeManager:
         self._reaper = asyncio.create_task(self._reap_forever(), name="palaestra-reaper")
         if self.packs.warmer is not None:  # packs not cached: generated in the background
             self.packs.warmer.start()
+        if self.services.draws is not None:  # the held-out rotation schedule, if set
+            self.services.draws.start()
 
     async def shutdown(self) -> None:
         if self.packs.warmer is not None:
             await self.packs.warmer.aclose()
+        if self.services.draws is not None:
+            await self.services.draws.aclose()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

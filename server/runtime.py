@@ -16,6 +16,7 @@ from palaestra.server.auth import ensure_admin_token
 from palaestra.server.catalog import Catalog
 from palaestra.server.cluster import depot
 from palaestra.server.config import Settings
+from palaestra.server.draws import DrawBook, DrawKeeper
 from palaestra.server.families import FamilyRegistry, unjudged_families
 from palaestra.server.harness.proxy import SessionProxy
 from palaestra.server.judges import ServerJudges
@@ -111,7 +112,15 @@ def build_parts(
     secret_file = settings.heldout_secret_file or settings.data_dir / heldout.SECRET_FILE
     secret = heldout.ensure_secret(secret_file)  # sealed generated seeds
     task_cache = GeneratedTaskCache(settings.cache / "generated")
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(
+        settings.database(),
+        max_backlog_bytes=settings.store_max_backlog_mb << 20,
+        token_backlog_bytes=settings.store_token_backlog_mb << 20,
+    )
+    draws = DrawBook(store.db)  # the held-out draw each rotated sealed split serves
     packs = PackCatalog(secret, task_cache)
+    packs.draws.update(draws.current())
     policy = HostPolicy.from_settings(settings)  # what a task's image and paths may name
     broken = families.unavailable()  # families that failed to import: their packs are 503
     packs.load_dirs(settings.packs_dirs, families.all(), policy, broken, cached_only=True)
@@ -121,12 +130,6 @@ def build_parts(
             packs.warmer = warmer  # EpisodeManager.start starts it
         else:
             warmer.run_blocking()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(
-        settings.database(),
-        max_backlog_bytes=settings.store_max_backlog_mb << 20,
-        token_backlog_bytes=settings.store_token_backlog_mb << 20,
-    )
     if settings.auth == "token" and admin_token:
         ensure_admin_token(settings.data_dir, store.db)
     # Published packs (the server's content-addressed store) after the built-in ones.
@@ -176,6 +179,9 @@ def build_parts(
         judges=ServerJudges.from_settings(settings, metrics.judges),  # shared by all episodes
         tenancy=Tenancy(settings),
         sessions=proxy,
+    )
+    services.draws = DrawKeeper(
+        settings, packs, draws, sampler, registry, generate=catalog.generate_draw
     )
     return Parts(services, sandboxes)
 

@@ -202,6 +202,7 @@ class Sampler:
         self._where: dict[str, tuple[_Group, int]] = {}
         self._indices: dict[tuple[str, str], dict[tuple[str, str], _Group]] = {}
         self._signature: tuple[tuple[str, str], ...] = ()
+        self._draws: tuple[tuple[tuple[str, str], int], ...] = ()
         self._latest: dict[str, tuple[str, str]] = {}
         self._epoch = 0
         self._plans: dict[tuple[str | None, str | None, str | None], _Plan] = {}
@@ -215,8 +216,15 @@ class Sampler:
     def refresh(self, now: float | None = None) -> None:
         """Re-index if the served packs changed; release quarantines whose cool-down ended."""
         signature = tuple((p.name, p.version) for p in self.packs.all())
-        if signature != self._signature or self.packs.yanked != self._yanked:
+        draws = tuple(sorted(self.packs.draws.items()))  # a held-out rotation (server/draws.py)
+        if (
+            signature != self._signature
+            or self.packs.yanked != self._yanked
+            or draws != self._draws
+        ):
             self._yanked = self.packs.yanked  # a yank changes what `name` resolves to
+            self._forget({name for (name, _), _ in set(draws) ^ set(self._draws)})
+            self._draws = draws
             self._reindex(signature)
         if self.packs.held != self._held:  # an admin enabled a pack: plans change
             self._held = self.packs.held
@@ -228,6 +236,14 @@ class Sampler:
                 stats = self._stats.get(ref)
                 if stats is not None and stats.quarantined_until == until:
                     self._release(ref, stats, "cool-down ended")
+
+    def _forget(self, names: set[str]) -> None:
+        """Drop the index of every version of `names` (reloaded at a new held-out draw: the
+        tasks of the old one are retired, server/draws.py)."""
+        for key in [k for k in self._indices if k[0] in names]:
+            for group in self._indices.pop(key).values():
+                for ref in group.index:
+                    self._where.pop(ref, None)
 
     def _reindex(self, signature: tuple[tuple[str, str], ...]) -> None:
         """Index the pack versions not indexed yet; drop those no longer served."""

@@ -220,4 +220,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         "typed failures (sdk/failures.py): an ended episode's failure, as JSON",
         columns=(("episodes", "failure", "TEXT"),),
     ),
+    Migration(
+        10,
+        "held-out draws (server/draws.py): the draw each rotated sealed split serves",
+        (
+            """CREATE TABLE IF NOT EXISTS heldout_draws (
+                pack TEXT NOT NULL,
+                split TEXT NOT NULL,
+                draw INTEGER NOT NULL,
+                drawn_at REAL NOT NULL,
+                drawn_by TEXT NOT NULL,
+                PRIMARY KEY (pack, split)
+            )""",
+        ),
+    ),
 )

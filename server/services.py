@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from palaestra.server.catalog import Catalog
 from palaestra.server.config import Settings
+from palaestra.server.draws import DrawKeeper
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.harness.proxy import SessionProxy
 from palaestra.server.judges import ServerJudges
@@ -31,3 +32,4 @@ class Services:
     judges: ServerJudges  # shared by every episode's verifier and by group judging
     tenancy: Tenancy  # per-token counters of this front
     sessions: SessionProxy | None = None  # harness episodes' model sessions (None: no harness)
+    draws: DrawKeeper | None = None  # held-out draws: rotation and its schedule

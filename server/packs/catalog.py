@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 
 from palaestra.sdk.errors import BadRequestError, NotFoundError, UnavailableError
 from palaestra.sdk.task import Task
+from palaestra.server.packs.drawing import Draws
 from palaestra.server.packs.gencache import GeneratedTaskCache, NotCached
-from palaestra.server.packs.loader import Pack, PackUnavailable, load_pack
+from palaestra.server.packs.loader import GeneratedSet, Pack, PackUnavailable, load_pack
 from palaestra.server.packs.manifest import read_manifest, semver_key
 from palaestra.server.packs.taskfields import HostPolicy
 from palaestra.server.packs.validator import TaskValidator
@@ -55,6 +56,9 @@ class PackCatalog:
         # 503 `warming` with Retry-After.
         self.warming: dict[str, Warming] = {}
         self.warmer: PackWarmer | None = None
+        # The held-out draw of each rotated sealed generated split, (name, split) -> draw
+        # (server/draws.py): packs load with it; a task of an earlier draw is retired.
+        self.draws: dict[tuple[str, str], int] = {}
         self._families: list[str | TaskValidator] = []
         self._policy: HostPolicy | None = None
         self._broken: Mapping[str, str] | None = None
@@ -128,9 +132,17 @@ class PackCatalog:
                     continue
                 self.take(root, result)
 
-    def read(self, root: Path, *, cached_only: bool = False) -> Pack | Exception:
-        """One pack folder loaded with the families, policy and secret of `load_dirs`, or
-        why not; changes nothing (a PackWarmer calls it from a thread)."""
+    def read(
+        self,
+        root: Path,
+        *,
+        cached_only: bool = False,
+        draws: Draws | None = None,
+        generated: GeneratedSet | None = None,
+    ) -> Pack | Exception:
+        """One pack folder loaded with the families, policy and secret of `load_dirs` (and
+        the served held-out draws, or `draws`; `generated`: a published pack's stored
+        tasks), or why not; changes nothing (a PackWarmer calls it from a thread)."""
         try:
             return load_pack(
                 root,
@@ -138,8 +150,10 @@ class PackCatalog:
                 self._policy,
                 secret=self.secret,
                 cache=self.task_cache,
+                generated=generated,
                 broken=self._broken,
                 cached_only=cached_only,
+                draws=self.draws if draws is None else draws,
             )
         except Exception as exc:
             return exc
@@ -204,6 +218,14 @@ class PackCatalog:
         pack = self.get(match["pack"], match["version"])
         task = pack.tasks.get(match["task"])
         if task is None:
+            retired = retired_draw(pack, match["task"])
+            if retired is not None:
+                raise NotFoundError(
+                    f"task {match['task']!r} of {pack.name}@{pack.version} belongs to held-out "
+                    f"draw {retired[1]} of split {retired[0]!r}, which is retired (draw "
+                    f"{pack.draws[retired[0]]} is served); GET /v1/tasks lists the current one",
+                    code="draw_retired",
+                )
             raise NotFoundError(f"pack {pack.name}@{pack.version} has no task {match['task']!r}")
         return task
 
@@ -232,3 +254,22 @@ class PackCatalog:
             shown = {k: v for k, v in filters.items() if v}
             raise NotFoundError(f"no task matches {shown or 'any filter'}")
         return rng.choice(candidates)
+
+
+def retired_draw(pack: Pack, task_id: str) -> tuple[str, int] | None:
+    """(split, draw) when `task_id` names a task of an earlier held-out draw of one of the
+    pack's rotated splits (`<generator>-<split>-<index>` is draw 0, `…-d<N>-<index>` draw N)."""
+    manifest = pack.manifest
+    if manifest is None:
+        return None
+    for split, current in pack.draws.items():
+        for gen in manifest.generators:
+            head = f"{gen}-{split}-"
+            if not task_id.startswith(head):
+                continue
+            match = re.fullmatch(r"(?:d(\d+)-)?\d+", task_id[len(head) :])
+            if match is not None:
+                draw = int(match[1] or 0)
+                if draw < current:
+                    return split, draw
+    return None

@@ -28,9 +28,10 @@ from palaestra.sandbox import Sandbox, SandboxSpec, programs
 from palaestra.sandbox.forkrun import PYTHON
 from palaestra.server import served
 from palaestra.server.config import Settings
+from palaestra.server.packs.drawing import Draws, stored_split
 from palaestra.server.packs.loader import GeneratedSet, generator_seeds
 from palaestra.server.packs.lock import pack_files
-from palaestra.server.packs.manifest import PackManifest
+from palaestra.server.packs.manifest import PackError, PackManifest
 
 PROGRAM = programs.text("generate.py", package="palaestra.server.packs.programs")
 LIB = "/opt/palaestra/lib"  # palaestra's packages, as the package LIB/palaestra
@@ -74,13 +75,14 @@ def library_binds() -> tuple[tuple[str, str], ...]:
 
 
 def split_calls(
-    manifest: PackManifest, generator: str, split: str, secret: bytes | None
+    manifest: PackManifest, generator: str, split: str, secret: bytes | None, draw: int = 0
 ) -> list[dict[str, int]]:
-    """The (seed, index, level) calls of one split, with the loader's seeds and levels."""
+    """The (seed, index, level) calls of one split, with the loader's seeds and levels
+    (`draw`: a sealed split's held-out draw, server/draws.py)."""
     gen = manifest.generators[generator]
     sealed = manifest.splits[split].sealed
     seeds = generator_seeds(
-        manifest.name, generator, split, gen.splits[split], secret if sealed else None
+        manifest.name, generator, split, gen.splits[split], secret if sealed else None, draw
     )
     levels = gen.levels
     return [
@@ -94,9 +96,12 @@ async def generate_pack(
     manifest: PackManifest,
     limits: GenerateLimits,
     secret: bytes | None = None,
+    draws: Draws | None = None,
+    only: set[str] | None = None,
 ) -> GeneratedSet:
-    """Every generator split of the pack at `root`, each in its own sandbox; raises
-    GenerationError on the first that fails."""
+    """Every generator split of the pack at `root`, each in its own sandbox (a sealed
+    split at its held-out draw in `draws`, stored under `stored_split`; `only`: just these
+    splits, a rotation); raises GenerationError on the first that fails."""
     splits = sum(len(gen.splits) for gen in manifest.generators.values())
     if splits > limits.max_splits:  # before any sandbox: a pack's publish time is bounded
         raise GenerationError(
@@ -107,11 +112,17 @@ async def generate_pack(
     out: GeneratedSet = {}
     for gen_name, gen in manifest.generators.items():
         for split in gen.splits:
-            calls = split_calls(manifest, gen_name, split, secret)
-            where = f"generators.{gen_name}, split {split}"
+            if only is not None and split not in only:
+                continue
             sealed = manifest.splits[split].sealed
+            draw = (draws or {}).get((manifest.name, split), 0) if sealed and secret else 0
+            try:
+                calls = split_calls(manifest, gen_name, split, secret, draw)
+            except PackError as exc:
+                raise GenerationError(f"generators.{gen_name}, split {split}: {exc}") from None
+            where = f"generators.{gen_name}, split {split}"
             tasks = await run_split(create, files, gen.module, calls, limits, where, sealed)
-            out.setdefault(gen_name, {})[split] = tasks
+            out.setdefault(gen_name, {})[stored_split(split, draw)] = tasks
     return out
 
 

@@ -37,6 +37,13 @@ from pydantic import ValidationError
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
 from palaestra.server import heldout
+from palaestra.server.packs.drawing import (
+    Draws,
+    later_draw_seeds,
+    rotatable_splits,
+    sealed_id,
+    stored_split,
+)
 from palaestra.server.packs.gencache import GeneratedTaskCache, NotCached, as_json
 from palaestra.server.packs.lock import file_hashes, files_digest, ignored, pack_files, verify_lock
 from palaestra.server.packs.manifest import (
@@ -78,6 +85,9 @@ class Pack:
     files: dict[str, str] = field(default_factory=dict)
     # Families its tasks use that failed to import: {name: why}; those tasks are left out.
     unavailable: dict[str, str] = field(default_factory=dict)
+    # The held-out draw served of each sealed generated split (server/draws.py; a server's
+    # packs only: without the secret there are no draws).
+    draws: dict[str, int] = field(default_factory=dict)
 
     def info(self) -> PackInfo:
         counts: dict[str, int] = dict.fromkeys(self.sealed, 0)
@@ -91,7 +101,7 @@ class Pack:
             license=self.license,
             families=self.families,
             splits=[
-                SplitInfo(name=s, sealed=self.sealed.get(s, False), tasks=n)
+                SplitInfo(name=s, sealed=self.sealed.get(s, False), tasks=n, draw=self.draws.get(s))
                 for s, n in sorted(counts.items())
             ],
         )
@@ -223,14 +233,27 @@ def _directory_tasks(root: Path) -> Iterator[Found]:
 
 
 def generator_seeds(
-    pack: str, generator: str, split: str, spec: GeneratorSplit, secret: bytes | None = None
+    pack: str,
+    generator: str,
+    split: str,
+    spec: GeneratorSplit,
+    secret: bytes | None = None,
+    draw: int = 0,
 ) -> list[int]:
     """The seeds a split draws: `count` distinct seeds of its range, fixed by the names, or
-    (a sealed split on a server: `secret`) by an HMAC of the server's held-out secret."""
+    (a sealed split on a server: `secret`) by an HMAC of the server's held-out secret.
+    `draw` > 0 (a rotated sealed split, server/draws.py) draws from the secret and the draw
+    number, never a seed an earlier draw of the split used; draw 0 is the original set."""
     first, end = spec.seeds
     label = f"{pack}/{generator}/{split}"
-    rng = random.Random(label) if secret is None else heldout.seeded(secret, label)
-    return sorted(rng.sample(range(first, end), spec.count))
+    if draw <= 0 or secret is None:
+        rng = random.Random(label) if secret is None else heldout.seeded(secret, label)
+        return sorted(rng.sample(range(first, end), spec.count))
+
+    def earlier(before: int) -> list[int]:
+        return generator_seeds(pack, generator, split, spec, secret, before)
+
+    return later_draw_seeds(earlier, label, spec, secret, draw)
 
 
 def _generated_tasks(
@@ -243,9 +266,13 @@ def _generated_tasks(
     *,
     cached_only: bool = False,
     progress: Progress | None = None,
+    draws: Mapping[str, int] | None = None,
+    drawn: dict[str, int] | None = None,
 ) -> Iterator[Found]:
     """A sealed split's tasks get secret seeds (with `secret`) and ids that name no seed
-    (`<generator>-<split>-<index>`, whatever the generator says), and their problems quote
+    (`<generator>-<split>-<index>`, whatever the generator says; `<generator>-<split>-d<N>-
+    <index>` for draw N > 0 of a rotated split: `draws`, split -> draw, server/draws.py;
+    `drawn` collects each such task's id -> draw), and their problems quote
     neither the seed nor the generator's error text (pack errors are shown by /readyz).
     A split whose every call succeeded is kept in `cache` (keyed by `pack_files`' hashes);
     a generator module is imported only for a split the cache does not hold, and with
@@ -261,14 +288,19 @@ def _generated_tasks(
         for split, spec in gen.splits.items():
             sealed = manifest.splits[split].sealed
             key = secret if sealed else None
-            seeds = generator_seeds(manifest.name, gen_name, split, spec, key)
+            draw = (draws or {}).get(split, 0) if sealed and secret is not None else 0
+            try:
+                seeds = generator_seeds(manifest.name, gen_name, split, spec, key, draw)
+            except PackError as exc:
+                yield where, None, exc.problems
+                continue
             levels = [gen.levels[index % len(gen.levels)] for index in range(len(seeds))]
             entry = None
             if cache is not None and pack_files is not None and stored is None:
                 entry = cache.key(pack_files, gen_name, split, seeds, levels)
             cached = cache.get(entry, len(seeds)) if cache is not None and entry else None
             if stored is not None:
-                cached = stored.get(gen_name, {}).get(split)
+                cached = stored.get(gen_name, {}).get(stored_split(split, draw))
                 if cached is None or len(cached) != len(seeds):
                     yield where, None, [f"{where}: split {split}: no stored generated tasks"]
                     continue
@@ -313,7 +345,9 @@ def _generated_tasks(
                     continue
                 task = dict(raw)
                 if sealed:
-                    task["id"] = f"{gen_name}-{split}-{index}"
+                    task["id"] = sealed_id(gen_name, split, index, draw)
+                    if drawn is not None and secret is not None:
+                        drawn[task["id"]] = draw
                 task.setdefault("id", f"{gen_name}-{seed}")
                 task.setdefault("family", gen.family)
                 task.setdefault("domain", gen.domain)
@@ -372,9 +406,12 @@ def _source_tasks(
         )
 
 
-def build_task(record: TaskRecord, manifest: PackManifest, secret: bytes | None) -> Task:
+def build_task(
+    record: TaskRecord, manifest: PackManifest, secret: bytes | None, draw: int | None = None
+) -> Task:
     """The task `record` describes, with the pack's defaults and its digest (a sealed
-    split's digest is keyed by the server's held-out secret, server/heldout.py)."""
+    split's digest is keyed by the server's held-out secret, server/heldout.py); `draw`:
+    the held-out draw a sealed generated task belongs to."""
     split = manifest.splits.get(record.split)
     sealed = split is not None and split.sealed
     domain = record.domain or f"{manifest.name.split('/')[1]}/{record.family}"
@@ -390,6 +427,7 @@ def build_task(record: TaskRecord, manifest: PackManifest, secret: bytes | None)
         private=record.private,
         difficulty=str(difficulty),
         sealed=sealed,
+        draw=draw,
         digest=heldout.task_digest(
             Task.compute_digest(record.family, domain, record.public, record.private),
             secret if sealed else None,
@@ -423,6 +461,7 @@ def inspect_pack(
     broken: Mapping[str, str] | None = None,
     cached_only: bool = False,
     progress: Progress | None = None,
+    draws: Draws | None = None,
 ) -> tuple[Pack | None, list[str]]:
     """Load what can be loaded and list every problem; the pack is None if pack.toml is unusable.
 
@@ -434,7 +473,9 @@ def inspect_pack(
     generators (the tasks a sandbox made at publish: no generator is imported). `broken`
     (family name -> why it failed to import) turns its tasks into one problem per family
     (`Pack.unavailable`). `cached_only`: raise NotCached where tasks would be generated
-    (server/packs/warming.py warms that pack); `progress` follows the generation."""
+    (server/packs/warming.py warms that pack); `progress` follows the generation.
+    `draws`: the held-out draw of each rotated sealed generated split (with `secret`;
+    absent: draw 0)."""
     root = Path(root)
     broken = broken or {}
     policy = policy or HostPolicy.default()
@@ -455,6 +496,9 @@ def inspect_pack(
         {f if isinstance(f, str) else f.name for f in families} if families is not None else None
     )
     sealed = {name: split.sealed for name, split in manifest.splits.items()}
+    rotatable = rotatable_splits(manifest) if secret is not None else []
+    split_draws = {s: (draws or {}).get((manifest.name, s), 0) for s in rotatable}
+    drawn: dict[str, int] = {}  # a sealed generated task's id -> its draw
     found: list[Iterator[Found]] = []
     if (root / "tasks.jsonl").exists():
         found.append(_jsonl_tasks(root))
@@ -471,6 +515,8 @@ def inspect_pack(
                 generated,
                 cached_only=cached_only,
                 progress=progress,
+                draws=split_draws,
+                drawn=drawn,
             )
         )
     if manifest.source is not None:
@@ -500,7 +546,7 @@ def inspect_pack(
             unavailable[record.family] = unavailable.get(record.family, 0) + 1
             continue
         bad = len(task_problems) > 0
-        task = build_task(record, manifest, secret)
+        task = build_task(record, manifest, secret, drawn.get(record.id))
         refused = finalize_task(task, policy, checkers.get(record.family))
         if refused:
             problems.extend(f"{where}: pack {manifest.name}, task {task.id}: {p}" for p in refused)
@@ -558,6 +604,7 @@ def inspect_pack(
         manifest=manifest,
         files=hashes,
         unavailable={name: broken[name] for name in sorted(unavailable)},
+        draws=split_draws,
     )
     return pack, problems
 
@@ -572,6 +619,7 @@ def load_pack(
     generated: GeneratedSet | None = None,
     broken: Mapping[str, str] | None = None,
     cached_only: bool = False,
+    draws: Draws | None = None,
 ) -> Pack:
     """Read and validate one pack directory; raises PackError listing what to fix
     (PackUnavailable where some of its tasks are of a family that failed to import;
@@ -585,6 +633,7 @@ def load_pack(
         generated=generated,
         broken=broken,
         cached_only=cached_only,
+        draws=draws,
     )
     if pack is not None and pack.unavailable:
         raise PackUnavailable(pack.name, pack.version, pack.unavailable, problems)

@@ -391,6 +391,7 @@ class PackRegistry:
                     cache=catalog.task_cache,
                     generated=stored,
                     broken=broken,
+                    draws=catalog.draws,
                 )
                 if pack.digest != row.digest:
                     raise PackError(f"its files hash to {pack.digest}, published as {row.digest}")
@@ -463,6 +464,7 @@ class PackRegistry:
                     cache=cache,
                     generated=generated,
                     broken=broken,
+                    draws=catalog.draws if catalog is not None else None,
                 )
             except PackUnavailable as exc:  # the server's fault, not the pack's
                 why = "; ".join(exc.families.values())

@@ -52,6 +52,14 @@ class PackSettings(BaseModel):
         description="publishes of one publisher in progress at once (they install one at a "
         "time, so one publisher never holds more than one install thread); more: 429",
     )
+    heldout_rotate_every_days: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="draw a new held-out set of every sealed generated split whose current "
+        "draw is older than this (server/draws.py); earlier draws are retired, never served "
+        "again; none: only `palaestra pack heldout rotate` draws one",
+    )
     publish_check_tasks: int = Field(
         default=4,
         ge=0,
