@@ -129,7 +129,7 @@ class Palaestra(Driver):
     async def open(
         self, seed: int | None = None, sid: str | None = None, conflict: bool = False
     ) -> Opened:
-        body: dict[str, Any] = {"task": self.task, "seed": seed, "episode_id": sid}
+        body: dict[str, Any] = {"task": self.task or None, "seed": seed, "episode_id": sid}
         got = reply_of(await self.http.post("/v1/episodes", json=body, headers=self.headers))
         if not got.ok:
             return Opened(got)
@@ -170,7 +170,9 @@ class OpenEnv(Driver):
     async def open(
         self, seed: int | None = None, sid: str | None = None, conflict: bool = False
     ) -> Opened:
-        body: dict[str, Any] = {"task": self.task, "seed": seed}
+        body: dict[str, Any] = {"seed": seed}
+        if self.task:  # palaestra's door reads it; another OpenEnv server may take none
+            body["task"] = self.task
         if sid is not None:
             body["episode_id"] = sid
         got = reply_of(await self.http.post("reset", json=body, headers=self.headers))

@@ -1,31 +1,21 @@
 """The NeMo Gym door (server/doors/nemo_gym.py) driven by the `nemo-gym` package's own
 client, models and session conformance check, in their own venv (scripts/nemo-gym-venv.sh),
-against a real `palaestra serve`; and `palaestra conformance` against each of palaestra's
-doors and against NeMo Gym's own example resources server."""
+against a real `palaestra serve` (`palaestra conformance` on it: tests/cli/test_conformance.py)."""
 
 from __future__ import annotations
 
-import os
-import re
-import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import ServerProcess
 from docblocks import blocks
-from servers import free_port, wait_until
-from typer.testing import CliRunner
 
-from palaestra.cli.conformance import FAIL, NA, PASS, conform
-from palaestra.cli.main import app
-from tests.peers import HERE, ROOT, run_peer
+from tests.peers import run_peer
+from tests.peers.nemo_gym_venv import nemo_gym_python
 
 pytestmark = pytest.mark.slow
-
-VERSION = "0.7.0"  # the nemo-gym release the door is tested with (docs/integrations.md)
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +36,7 @@ def token(server: ServerProcess, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def nemo_python() -> Path:
-    """The nemo-gym package's venv (made on first use); skips only where it cannot be
-    installed at all: no Python >= 3.13 (exit 3), or PyPI out of reach."""
-    made = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "nemo-gym-venv.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env={**os.environ, "NEMO_GYM_VERSION": VERSION},
-    )
-    offline = re.search(r"(?i)connection|resolve|network|temporary failure", made.stderr)
-    if made.returncode == 3 or (made.returncode != 0 and offline):
-        pytest.skip(f"the nemo-gym package cannot be installed here: {made.stderr[-300:]}")
-    assert made.returncode == 0, f"scripts/nemo-gym-venv.sh failed:\n{made.stderr[-2000:]}"
-    return Path(made.stdout.strip().splitlines()[-1])
+    return nemo_gym_python()
 
 
 def test_the_documented_example_runs_as_written(
@@ -120,97 +97,3 @@ def test_a_post_without_the_cookie_is_no_route(served: ServerProcess) -> None:
     missing = httpx.post(f"{served.url}/no-such-route", headers=served.headers)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     assert httpx.post(f"{served.url}/healthz", headers=served.headers).status_code == 405
-
-
-EXPECTED = {  # check -> result, per protocol (palaestra's doors)
-    "palaestra": dict.fromkeys(
-        [
-            "repeated seed",
-            "conflicting seed",
-            "repeated close",
-            "foreign close",
-            "lost reply",
-            "replay by request id",
-            "verify after close",
-            "unknown session",
-        ],
-        PASS,
-    ),
-    "ors": {"verify after close": NA},
-    "openenv": dict.fromkeys(
-        [
-            "repeated close",
-            "foreign close",
-            "lost reply",
-            "replay by request id",
-            "verify after close",
-        ],
-        NA,
-    ),
-    "nemo-gym": dict.fromkeys(["lost reply", "replay by request id"], NA),
-}
-
-
-@pytest.mark.parametrize("protocol", ["palaestra", "openenv", "ors", "nemo-gym"])
-async def test_conformance_of_palaestras_doors(served: ServerProcess, protocol: str) -> None:
-    mine, other = token(served, f"conf-{protocol}-a"), token(served, f"conf-{protocol}-b")
-    url = served.url + ("/openenv/palaestra/echo" if protocol == "openenv" else "")
-    results = await conform(url, protocol, token=mine, other_token=other)
-    got = {r.check: r.result for r in results}
-    want = {check: EXPECTED[protocol].get(check, PASS) for check in got}
-    assert got == want, [r for r in results if r.result != want[r.check]]
-
-
-def test_conformance_command_prints_the_table_and_exits_by_it(served: ServerProcess) -> None:
-    mine = token(served, "conf-cli")
-    ran = CliRunner().invoke(app, ["conformance", served.url, "--token", mine])
-    assert ran.exit_code == 0, ran.output
-    assert "replay by request id" in ran.output and "fail" not in ran.output
-    bad = CliRunner().invoke(app, ["conformance", served.url, "--protocol", "gopher"])
-    assert bad.exit_code == 2 and "nemo-gym" in bad.output
-    # no token: every session refused, so the checks fail, and the exit code says so
-    refused = CliRunner().invoke(app, ["conformance", served.url, "--json"])
-    assert refused.exit_code == 1 and '"fail"' in refused.output
-
-
-@pytest.fixture
-def nemo_example(nemo_python: Path) -> Iterator[str]:
-    """NeMo Gym's own example resources server (example_single_tool_call) on loopback."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(nemo_python), str(HERE / "nemo_gym_example_server.py"), str(port)],
-        cwd=HERE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-    def up() -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    try:
-        wait_until(up, base_s=120.0, what="NeMo Gym's example server")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-async def test_conformance_of_nemo_gyms_own_example_server(nemo_example: str) -> None:
-    """A third-party server: NeMo Gym 0.7.0's example scores its own contract, and answers a
-    conflicting seed with a 500 (its seed raises ValueError) where 409 belongs."""
-    results = await conform(nemo_example, "nemo-gym", task="example:0", tool="get_weather",
-                            arguments={"city": "Paris"})  # fmt: skip
-    got = {r.check: r.result for r in results}
-    assert got == {
-        "repeated seed": PASS,
-        "conflicting seed": FAIL,
-        "repeated close": PASS,
-        "foreign close": PASS,
-        "lost reply": NA,
-        "replay by request id": NA,
-        "verify after close": PASS,
-        "unknown session": NA,  # its verify keeps no state: it scores the body
-    }, results
-    conflict = next(r for r in results if r.check == "conflicting seed")
-    assert "500" in conflict.reason
