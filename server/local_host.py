@@ -43,6 +43,7 @@ from palaestra.server.episode import (
     sandbox_fault,
     void_verdict,
 )
+from palaestra.server.final_state import FinalStates
 from palaestra.server.fork import fork_episode, fork_reply, stored_ended
 from palaestra.server.harness.runner import END_TOOL, HarnessRunner
 from palaestra.server.harness.runner import Ending as HarnessEnding
@@ -79,6 +80,7 @@ class LocalHost:
         self.node = node
         self.harness = HarnessRunner(services.settings, services.sessions)
         self.stored = StoredEpisodes(services.store)
+        self.final_states = FinalStates(services.settings, services.store)  # for regrading
         self._live: dict[str, Episode] = {}
         self._ended: OrderedDict[str, Episode] = OrderedDict()
         self._pending = 0
@@ -400,6 +402,7 @@ class LocalHost:
         """Verify once; the verdict is cached on the episode and stored."""
         if episode.state.verdict is not None:
             return episode.state.verdict
+        await self.final_states.keep(episode)  # what the verifier sees, for regrading
         started = time.perf_counter()
         verdict, status, failure = await assess(episode)
         self.metrics.verify_seconds.labels(episode.task.family).observe(

@@ -221,6 +221,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         columns=(("episodes", "failure", "TEXT"),),
     ),
     Migration(
+        9,
+        "kept final states (server/final_state.py): what a verifier saw, for regrading",
+        columns=(("episodes", "final_state", "TEXT"),),
+    ),
+    Migration(
         10,
         "held-out draws (server/draws.py): the draw each rotated sealed split serves",
         (

@@ -485,6 +485,10 @@ class Store:
             (episode_id, verdict.model_dump_json()),
         )
 
+    def put_final_state(self, episode_id: str, record: str) -> None:
+        """Queued: what was kept of the episode's final state (server/final_state.py)."""
+        self._put("UPDATE episodes SET final_state=? WHERE id=?", (storable(record), episode_id))
+
     def put_placement(self, episode_id: str, worker: str, node: str) -> None:
         """Queued: `episode_id` runs on `worker` of `node` (cluster mode; `commit` where it
         must be on disk)."""
@@ -591,6 +595,9 @@ class Store:
 
     async def active_on(self, worker: str) -> list[str]:
         return await self._after_queued(self.reads.active_on, worker)
+
+    async def final_state(self, episode_id: str) -> str | None:
+        return await self._after_queued(self.reads.final_state, episode_id)
 
     async def group_result(self, digest: str) -> str | None:
         return await self._after_queued(self.reads.group_result, digest)

@@ -177,6 +177,11 @@ class StoreReads:
         )
         return [row[0] for row in rows]
 
+    def final_state(self, episode_id: str) -> str | None:
+        """The episode's kept final state record (JSON, server/final_state.py), if any."""
+        row = self.db.one("SELECT final_state FROM episodes WHERE id=?", (episode_id,))
+        return str(row[0]) if row and row[0] is not None else None
+
     def get_blob(self, digest: str) -> bytes | None:
         row = self.db.one("SELECT data FROM blobs WHERE digest=?", (digest,))
         return bytes(row[0]) if row else None

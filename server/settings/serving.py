@@ -53,6 +53,20 @@ class StoreSettings(BaseModel):
         "it waits for the writer. It bounds how long another token's episode end (which is "
         "told only what is on disk) waits behind this token's records",
     )
+    final_state_max_mb: int = Field(
+        default=64,
+        ge=0,
+        le=65_536,
+        description="the final state a verifier saw (workspace tar and family state) is kept "
+        "for `eval regrade` up to this size an episode; over it, nothing is kept and the "
+        "episode says why (0: keep none)",
+    )
+    final_state_retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="kept final states are pruned this long after their last use",
+    )
     heldout_secret_file: Path | None = Field(
         default=None,
         description=(
