@@ -203,6 +203,11 @@ class AsyncServerClient(AsyncBatchClient, Protocol):
         with it answers 409 `episode_exists`, never a second fork)."""
         ...
 
+    async def regrade(self, episode_id: str, pack: str) -> Verdict:
+        """A new verdict for the ended episode `episode_id`: its kept final state verified
+        by `pack`'s (`org/name@version`) version of its task; its own verdict is unchanged."""
+        ...
+
     async def yank(self, ref: str, *, undo: bool = False) -> PackYankResponse:
         """Yank `org/name@version` (its publisher or an admin; `undo`: restore it): `org/name`
         and sampling skip it, exact pins still reach it."""
@@ -258,5 +263,6 @@ class Client(ABC):
     sampler = blocking(AsyncServerClient.sampler)
     release_task = blocking(AsyncServerClient.release_task)
     fork = blocking(AsyncServerClient.fork)
+    regrade = blocking(AsyncServerClient.regrade)
     yank = blocking(AsyncServerClient.yank)
     verify_group = blocking(AsyncServerClient.verify_group)

@@ -41,6 +41,7 @@ from palaestra.sdk.models import (
     ForkResponse,
     PackInfo,
     PackYankResponse,
+    RegradeRequest,
     ResetRequest,
     ResetResponse,
     SamplerReleaseResponse,
@@ -264,6 +265,11 @@ class AsyncHTTPClient(AsyncServerClient):
         body = ForkRequest(episode_id=fork_id).model_dump(mode="json")
         response = await self._request("POST", f"/v1/episodes/{episode_id}/fork", json=body)
         return ForkResponse.model_validate_json(response.content)
+
+    async def regrade(self, episode_id: str, pack: str) -> Verdict:
+        body = RegradeRequest(pack=pack).model_dump(mode="json")
+        response = await self._request("POST", f"/v1/episodes/{episode_id}/regrade", json=body)
+        return Verdict.model_validate_json(response.content)
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
         response = await self._request("POST", "/v1/sampler/release", json={"task": task})

@@ -109,6 +109,13 @@ class ForkResponse(WireModel):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
+class RegradeRequest(WireModel):
+    """`POST /v1/episodes/{id}/regrade`: verify the ended episode's kept final state with
+    the same task of `pack` (`org/name@version`, or `org/name` for its newest version)."""
+
+    pack: PlainStr = Field(min_length=3, max_length=256, pattern=r"^[^@:\s]+/[^@:\s]+(@[^:\s]+)?$")
+
+
 class StepRequest(WireModel):
     action: Action
     request_id: PlainStr | None = Field(default=None, max_length=128)

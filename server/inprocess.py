@@ -41,6 +41,7 @@ from palaestra.sdk.models import (
     ForkResponse,
     PackInfo,
     PackYankResponse,
+    RegradeRequest,
     ResetRequest,
     ResetResponse,
     SamplerReleaseResponse,
@@ -118,6 +119,9 @@ class AsyncInProcessClient(AsyncServerClient):
 
     async def fork(self, episode_id: str, *, fork_id: str | None = None) -> ForkResponse:
         return await self.manager.fork(episode_id, ForkRequest(episode_id=fork_id))
+
+    async def regrade(self, episode_id: str, pack: str) -> Verdict:
+        return await self.manager.regrade(episode_id, RegradeRequest(pack=pack))
 
     async def families(self) -> list[FamilyInfo]:
         return self.manager.catalog.family_infos()

@@ -22,6 +22,7 @@ from palaestra.sdk.models import (
     EpisodeState,
     ForkRequest,
     ForkResponse,
+    RegradeRequest,
     ResetRequest,
     ResetResponse,
     StepRequest,
@@ -34,6 +35,7 @@ from palaestra.server.ceilings import check_task, client_limits
 from palaestra.server.episode import task_info
 from palaestra.server.groups import GroupVerifier
 from palaestra.server.host import Ending, EpisodeHost, ForkOrder, Quota, StartOrder
+from palaestra.server.regrade import Regrader
 from palaestra.server.sampler import Sampler
 from palaestra.server.services import Services
 from palaestra.server.tenancy import Tenancy, episode_key
@@ -90,6 +92,7 @@ class EpisodeManager:
         self.host = host
         self.quota = quota
         self.groups = GroupVerifier(self)  # POST /v1/groups/verify (server/groups.py)
+        self.regrader = Regrader(services, services.catalog.sandboxes)  # server/regrade.py
         self._reaper: asyncio.Task[None] | None = None
         self._detached: set[asyncio.Future[Any]] = set()
         self.metrics.bind_sampler(self.sampler.quarantined_count)
@@ -237,6 +240,13 @@ class EpisodeManager:
         except BaseException:
             await self.quota.refund(principal, key, ticket)
             raise
+
+    async def regrade(
+        self, episode_id: str, request: RegradeRequest, principal: Principal = ADMIN_PRINCIPAL
+    ) -> Verdict:
+        """The ended episode's kept final state verified by `request.pack`'s version of its
+        task (server/regrade.py); the episode's own verdict is unchanged."""
+        return await self.regrader.regrade(principal, episode_id, request)
 
     async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
         """The held episode `episode_id` names for `principal` (None when its host holds it

@@ -18,6 +18,7 @@ from palaestra.sdk.models import (
     EpisodeState,
     ForkRequest,
     ForkResponse,
+    RegradeRequest,
     ResetRequest,
     ResetResponse,
     StepRequest,
@@ -118,3 +119,16 @@ async def fork(episode_id: str, request: Request, body: ForkRequest | None = Non
     and trajectory so far (server/fork.py); the parent goes on unchanged."""
     manager = manager_of(request)
     return json_reply(await manager.fork(episode_id, body, principal_of(request)))
+
+
+@router.post(
+    "/v1/episodes/{episode_id}/regrade",
+    response_model=Verdict,
+    responses=ERRORS,
+    tags=["episodes"],
+)
+async def regrade(episode_id: str, body: RegradeRequest, request: Request) -> Response:
+    """A new verdict for the ended episode: its kept final state verified by another
+    version of its pack (server/regrade.py); its own verdict is unchanged."""
+    manager = manager_of(request)
+    return json_reply(await manager.regrade(episode_id, body, principal_of(request)))
