@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from palaestra.sdk.draw_compare import compare_draws, draws_of
 from palaestra.sdk.evaluation.attempt import Attempt
 from palaestra.sdk.hack_monitor import MONITOR, HackFlag, HackMonitor, HackTally
 
@@ -303,10 +304,19 @@ def bootstrap_delta(
     return delta, means[int(0.025 * (samples - 1))], means[int(0.975 * (samples - 1))]
 
 
+HEADER_KEYS = ("run_id", "policy", "pack", "version", "split", "heldout_draw")
+
+
 def compare(
     a: dict[str, Any], b: dict[str, Any], *, samples: int = 2000, seed: int = 0
 ) -> dict[str, Any]:
-    """Per-domain (and overall) delta of mean reward B − A, paired by task, with bootstrap CIs."""
+    """Per-domain (and overall) delta of mean reward B − A, paired by task, with bootstrap CIs;
+    runs of two held-out draws (no task in common) get an unpaired bootstrap instead."""
+    if draws_of(a, b) is not None:
+        try:
+            return compare_draws(a, b, _task_means(a), _task_means(b), samples=samples, seed=seed)
+        except ValueError as exc:
+            raise CompareError(str(exc)) from None
     check_comparable(a, b)
     ta, tb = _task_means(a), _task_means(b)
     common = sorted(set(ta) & set(tb))
@@ -324,12 +334,14 @@ def compare(
             "ci_low": low,
             "ci_high": high,
             "significant": low > 0 or high < 0,
+            "drop": high < 0,
         }
     return {
-        "a": {k: a["header"].get(k) for k in ("run_id", "policy", "pack", "version", "split")},
-        "b": {k: b["header"].get(k) for k in ("run_id", "policy", "pack", "version", "split")},
+        "a": {k: a["header"].get(k) for k in HEADER_KEYS},
+        "b": {k: b["header"].get(k) for k in HEADER_KEYS},
         "pack_digest": a["header"].get("pack_digest"),
         "tasks_digest": a["header"].get("tasks_digest"),
         "bootstrap": {"samples": samples, "seed": seed, "level": 0.95, "paired_by": "task"},
         "domains": rows,
+        "drop": rows["all"]["drop"],
     }

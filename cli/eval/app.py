@@ -185,6 +185,8 @@ def run(
                 "version": info.version,
                 "pack_digest": info.digest,
                 "split": split,
+                # the held-out draw the run measures (server/draws.py; None: no rotation)
+                "heldout_draw": next((s.draw for s in info.splits if s.name == split), None),
                 "tasks": [t.model_dump(mode="json") for t in chosen],
                 "k": k,
                 "seeds": list(range(k)),
@@ -251,6 +253,13 @@ def resume(
                 raise fail(
                     f"the server's {info.name}@{info.version} has digest {info.digest}, but the "
                     f"run was made on {manifest['pack_digest']}: refusing to mix them"
+                )
+            draw = next((s.draw for s in info.splits if s.name == manifest["split"]), None)
+            if manifest.get("heldout_draw") is not None and draw != manifest["heldout_draw"]:
+                raise fail(
+                    f"the run measured held-out draw {manifest['heldout_draw']}, which the "
+                    f"server has retired (it serves draw {draw}): start a new run and compare "
+                    "the two with `palaestra eval compare`"
                 )
             err.print(f"resuming {run_path}: {len(todo)} attempt(s) to run")
             await execute(
@@ -355,21 +364,23 @@ def compare_cmd(
         result = compare(a, b, samples=samples, seed=seed)
     except CompareError as exc:
         raise fail(f"cannot compare {run_a} and {run_b}: {exc}") from None
+    draws = result.get("draws")
+    across = f", held-out draw {draws['a']} (A) vs {draws['b']} (B)" if draws else ""
     table = Table(
         "domain",
-        "tasks",
+        "tasks" if not draws else "tasks A/B",
         "A",
         "B",
         "Δ (B − A)",
         "95% CI",
         "",
         title=f"{result['b']['policy']} (B) vs {result['a']['policy']} (A) on "
-        f"{result['a']['pack']}@{result['a']['version']} ({result['a']['split']})",
+        f"{result['a']['pack']}@{result['a']['version']} ({result['a']['split']}{across})",
     )
     for name, row in result["domains"].items():
         table.add_row(
             name,
-            str(row["tasks"]),
+            f"{row['tasks_a']}/{row['tasks_b']}" if draws else str(row["tasks"]),
             f"{row['mean_a']:.3f}",
             f"{row['mean_b']:.3f}",
             f"{row['delta']:+.3f}",
@@ -378,6 +389,17 @@ def compare_cmd(
         )
     console.print(table)
     console.print("* the 95% interval excludes 0")
+    if draws:
+        console.print("unpaired bootstrap: the two held-out draws share no task")
+    if result.get("drop"):
+        console.print(
+            styled(
+                "significant drop",
+                "red",
+                f": B scores {-result['domains']['all']['delta']:.3f} below A, the 95% interval "
+                "excludes 0" + (" (a model that memorised draw A shows up so)" if draws else ""),
+            )
+        )
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))

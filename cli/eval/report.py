@@ -29,6 +29,7 @@ def report_header(manifest: dict[str, Any], store: RunDir) -> dict[str, Any]:
         "version": manifest["version"],
         "pack_digest": manifest["pack_digest"],
         "split": manifest["split"],
+        "heldout_draw": manifest.get("heldout_draw"),  # a rotated sealed split's draw
         "policy": spec.label,
         "policy_spec": spec.model_dump(mode="json"),
         "sampling": {

@@ -58,6 +58,7 @@ class Attempt:
     trajectory: list[dict[str, Any]] = field(default_factory=list)
     finished_at: float = 0.0
     regraded: dict[str, Any] = field(default_factory=dict)  # set by `eval report`, not stored
+    draw: int | None = None  # the held-out draw of a sealed generated task (server/draws.py)
 
     @property
     def key(self) -> tuple[str, int]:

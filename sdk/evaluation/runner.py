@@ -109,6 +109,8 @@ async def run_attempt(
     result.phases["reset_s"] = time.perf_counter() - started
     result.episode_id = reset.episode_id
     result.task_digest = str(reset.info.get("task_digest", ""))
+    draw = reset.info.get("heldout_draw")  # which held-out set this attempt measured
+    result.draw = draw if isinstance(draw, int) else None
     reset.info.setdefault("seed", seed)  # policies seed their sampling from it
     session: Session | None = None
     try:
