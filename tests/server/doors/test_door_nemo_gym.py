@@ -1,6 +1,7 @@
 """The NeMo Gym door (server/doors/nemo_gym.py) driven by the `nemo-gym` package's own
-client, models and session conformance check, in their own venv (scripts/nemo-gym-venv.sh),
-against a real `palaestra serve` (`palaestra conformance` on it: tests/cli/test_conformance.py)."""
+client, models, session conformance check, Environment Server and Simple Agent, in their
+venv (scripts/nemo-gym-venv.sh), against a real `palaestra serve` (`palaestra conformance`
+on it: tests/cli/test_conformance.py)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,26 @@ def test_the_documented_example_runs_as_written(
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.splitlines()[1:] == ["1.0", "1.0"], ran.stdout
     assert "birch" in ran.stdout.splitlines()[0]
+
+
+def test_nemo_gyms_own_environment_server_runs_an_episode(
+    served: ServerProcess, nemo_python: Path
+) -> None:
+    """NeMo Gym's single-agent-turn Environment Server and Simple Agent, unmodified, run an
+    echo episode through the door (only the model is a stand-in): seed, a direct-HTTP tool
+    call with the seed's cookie, verify, close."""
+    mine = token(served, "nemo-e2e")
+    seen = run_peer(nemo_python, "nemo_gym_episode.py", served.url, mine)
+    assert seen["failure"] is None, seen["failure"]
+    result = seen["result"]
+    assert (result["reward"], result["mask_sample"], result["failure_kind"]) == (1.0, False, None)
+    calls = [o for o in result["response"]["output"] if o["type"] == "function_call_output"]
+    assert len(calls) == 1 and '"output":"submitted"' in calls[0]["output"]
+    episode = result["palaestra"]["episode_id"]
+    state = httpx.get(
+        f"{served.url}/v1/episodes/{episode}", headers={"Authorization": f"Bearer {mine}"}
+    ).json()
+    assert state["status"] == "done" and state["step_count"] == 1
 
 
 def test_nemo_gym_client_drives_the_door(served: ServerProcess, nemo_python: Path) -> None:
