@@ -4,6 +4,7 @@
     palaestra eval resume RUN
     palaestra eval report RUN          # regrades from stored trajectories where it can
     palaestra eval compare RUN_A RUN_B
+    palaestra eval regrade RUN --pack ORG/NAME@NEWVER [-o NEWRUN]   # from kept final states
 
 `palaestra eval --pack …` (no subcommand) is the first version's form: the same as `run`.
 """

@@ -4,6 +4,7 @@
     palaestra eval resume RUN
     palaestra eval report RUN          # regrades from stored trajectories where it can
     palaestra eval compare RUN_A RUN_B
+    palaestra eval regrade RUN --pack ORG/NAME@NEWVER [-o NEWRUN]   # from kept final states
 
 `palaestra eval --pack …` (no subcommand) is the first version's form: the same as `run`.
 """
@@ -23,6 +24,7 @@ import palaestra
 from palaestra.cli.clients import open_client
 from palaestra.cli.console import console, err, styled
 from palaestra.cli.eval.console import fail, open_run
+from palaestra.cli.eval.regrade import regrade_cmd
 from palaestra.cli.eval.report import load_report, write_report
 from palaestra.cli.eval.server import find_pack, server_version
 from palaestra.cli.eval.session import execute
@@ -404,6 +406,9 @@ def compare_cmd(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))
         console.print(f"comparison written to {out}")
+
+
+eval_app.command("regrade")(regrade_cmd)  # against another pack version (cli/eval/regrade.py)
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ the session's tools, the Environment Server verifies and closes it.
 | `POST /{tool}` (direct HTTP) | a step of that tool; the body is its arguments       |
 | `POST /verify`               | the verdict: reward, `mask_sample` (void), its kind  |
 | `POST /close_session`        | close                                                |
+| `POST /aggregate_metrics`    | the batch's mean reward (masked samples out), counts |
 
 NeMo Gym's `ServerClient` joins paths onto `http://host:port`, so the routes sit at the
 server's root, after palaestra's and the ORS door's own (a tool named like one of those
@@ -32,7 +33,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import wraps
@@ -129,6 +130,21 @@ class VerifyRequest(BaseModel):
 
     responses_create_params: dict[str, JsonValue] | None = None
     response: dict[str, JsonValue] | None = None
+
+
+class AggregateRequest(BaseModel):
+    """`AggregateMetricsRequest`: the verify responses of a batch of rollouts."""
+
+    verify_responses: list[dict[str, Any]] = Field(max_length=1_000_000)
+
+
+class AggregateMetrics(_Wire):
+    """NeMo Gym's `AggregateMetrics`: flat keys, masked samples out of every mean."""
+
+    group_level_metrics: list[dict[str, Any]] = Field(default_factory=list)
+    agent_metrics: dict[str, Any] = Field(default_factory=dict)
+    key_metrics: dict[str, Any] = Field(default_factory=dict)
+    repeat_level_metrics: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ToolReply(_Wire):
@@ -373,6 +389,36 @@ def failure_kind(verdict: Verdict) -> str | None:
     return shared or f"palaestra:{FailureKind(verdict.failure_kind).value}"
 
 
+TASK_INDEX = "_ng_task_index"  # NeMo Gym's key for a row's task in a batch
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean reward of the rows not masked (a void episode is no measurement), and counts."""
+    scored = [r for r in rows if not r.get("mask_sample")]
+    rewards = [float(r["reward"]) for r in scored if isinstance(r.get("reward"), int | float)]
+    out: dict[str, Any] = {
+        "mean/reward": sum(rewards) / len(rewards) if rewards else None,
+        "num_samples": len(rows),
+        "num_masked": len(rows) - len(scored),
+    }
+    kinds = Counter(str(r["failure_kind"]) for r in rows if r.get("failure_kind"))
+    out.update((f"failure_kind/{kind}", n) for kind, n in sorted(kinds.items()))
+    return out
+
+
+def aggregate(rows: list[dict[str, Any]]) -> AggregateMetrics:
+    by_task: dict[Any, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_task.setdefault(row.get(TASK_INDEX), []).append(row)
+    groups = [{TASK_INDEX: task, **summary(of)} for task, of in by_task.items() if task is not None]
+    overall = summary(rows)
+    return AggregateMetrics(
+        group_level_metrics=groups,
+        agent_metrics=overall,
+        key_metrics={"mean/reward": overall["mean/reward"]},
+    )
+
+
 def tool_json(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     return [
         {"type": "function", "name": t.name, "description": t.description,
@@ -464,6 +510,13 @@ async def verify(request: Request) -> Any:
         ),
         "palaestra": {"episode_id": episode_id, "status": verdict.status, "passed": verdict.passed},
     }
+
+
+@router.post("/aggregate_metrics")
+@nemo
+async def aggregate_metrics(request: Request) -> Any:
+    caller(request)
+    return aggregate(AggregateRequest.model_validate(await body(request)).verify_responses)
 
 
 @router.post("/nemo_gym/session")

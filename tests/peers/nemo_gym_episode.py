@@ -2,8 +2,9 @@
 servers (the `nemo-gym` package, its venv): the single-agent-turn Environment Server
 (`environment_servers/single_agent_turn`) seeds the door's session, its Simple Agent
 (`responses_api_agents/simple_agent`) calls the door's tools by direct HTTP with the seed's
-cookie, and the Environment Server verifies and closes. Only the model is a stand-in: it
-answers in the Responses API's shape, calling `submit` with the word of the prompt reversed.
+cookie, and the Environment Server verifies, closes, and aggregates the batch. Only the
+model is a stand-in: it answers in the Responses API's shape, calling `submit` with the word
+of the prompt reversed.
 
     python nemo_gym_episode.py URL TOKEN
 
@@ -28,7 +29,12 @@ from environment_servers.single_agent_turn.app import (
     SingleAgentTurnEnvironmentServerConfig,
 )
 from fastapi import FastAPI, Request
-from nemo_gym.config_types import AgentServerRef, ModelServerRef, ResourcesServerRef
+from nemo_gym.config_types import (
+    AgentServerRef,
+    AggregateMetricsRequest,
+    ModelServerRef,
+    ResourcesServerRef,
+)
 from nemo_gym.episode_types import EpisodeId, MaterializedTask, TaskId
 from nemo_gym.server_utils import BaseServerConfig, ServerClient
 from nemo_gym.single_agent_turn_types import SingleAgentTurnRequest, SingleAgentTurnTaskInput
@@ -164,12 +170,17 @@ async def main(url: str, token: str) -> dict[str, Any]:
     )
     try:
         response = await environment.run_request(request)
+        verified = response.result.model_dump(mode="json") if response.result else {}
+        # as NeMo Gym does after a batch: forwarded to the resources server, the door
+        batch = AggregateMetricsRequest(verify_responses=[{**verified, "_ng_task_index": 0}])
+        aggregate = await environment.aggregate_metrics(batch)
     finally:
         for server, _ in servers:
             server.should_exit = True
         await asyncio.gather(*(task for _, task in servers))
         await server_utils._GLOBAL_AIOHTTP_CLIENT.close()
     seen: dict[str, Any] = response.model_dump(mode="json")
+    seen["aggregate"] = aggregate.model_dump(mode="json")
     return seen
 
 

@@ -75,6 +75,9 @@ def test_nemo_gyms_own_environment_server_runs_an_episode(
         f"{served.url}/v1/episodes/{episode}", headers={"Authorization": f"Bearer {mine}"}
     ).json()
     assert state["status"] == "done" and state["step_count"] == 1
+    aggregate = seen["aggregate"]  # NeMo Gym's /aggregate_metrics, forwarded to the door
+    assert aggregate["agent_metrics"] == {"mean/reward": 1.0, "num_samples": 1, "num_masked": 0}
+    assert aggregate["group_level_metrics"][0]["_ng_task_index"] == 0
 
 
 def test_nemo_gym_client_drives_the_door(served: ServerProcess, nemo_python: Path) -> None:

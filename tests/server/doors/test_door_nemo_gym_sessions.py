@@ -9,7 +9,13 @@ import pytest
 from palaestra.sdk.errors import CapacityError, ConflictError
 from palaestra.sdk.failures import FailureKind
 from palaestra.sdk.models import Verdict
-from palaestra.server.doors.nemo_gym import CLOSED_KEPT, SeedRequest, Sessions, failure_kind
+from palaestra.server.doors.nemo_gym import (
+    CLOSED_KEPT,
+    SeedRequest,
+    Sessions,
+    aggregate,
+    failure_kind,
+)
 
 
 def seed(sid: str, rollout: str = "r") -> SeedRequest:
@@ -89,3 +95,20 @@ def test_failure_kinds_go_out_by_nemo_gyms_names() -> None:
     assert failure_kind(verdict("ok", FailureKind.AGENT_TIMEOUT, "timeout")) == "agent_timeout"
     assert failure_kind(verdict("void", FailureKind.SANDBOX_FAILED)) == "provider_unavailable"
     assert failure_kind(verdict("void", FailureKind.ENV_CRASHED)) == "palaestra:env_crashed"
+
+
+def test_aggregate_metrics_leave_masked_samples_out_of_the_mean() -> None:
+    rows = [
+        {"_ng_task_index": 0, "reward": 1.0},
+        {"_ng_task_index": 0, "reward": 0.0},
+        {"_ng_task_index": 1, "reward": 0.0, "mask_sample": True, "failure_kind": "verifier_error"},
+    ]
+    got = aggregate(rows)
+    assert got.agent_metrics == {
+        "mean/reward": 0.5,
+        "num_samples": 3,
+        "num_masked": 1,
+        "failure_kind/verifier_error": 1,
+    }
+    assert got.key_metrics == {"mean/reward": 0.5}
+    assert [g["mean/reward"] for g in got.group_level_metrics] == [0.5, None]
