@@ -17,10 +17,11 @@ import abc
 import copy
 import functools
 import inspect
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypeVar
@@ -519,6 +520,25 @@ class Family(abc.ABC, Generic[S]):
         the state holds what cannot be copied (a live shell session: start the fork without
         one) or what is read-only and large (share it)."""
         return copy.deepcopy(state)
+
+    def checkpoint_state(self, state: S) -> Any:
+        """Called when an episode is checkpointed (`POST /v1/episodes/{id}/checkpoint`),
+        under its lock, with no step running: the state as JSON-able data, stored until a
+        `resume` (maybe in another process) gives it to `restore_state`. The default dumps
+        the State model (or the dict) as JSON. Override where the state holds what cannot
+        outlive the process (a live shell session: leave it out; the resumed episode starts
+        without one)."""
+        if isinstance(state, BaseModel):
+            return state.model_dump(mode="json")
+        return json.loads(json.dumps(state))  # a dict state: JSON-able, or TypeError
+
+    def restore_state(self, data: Any) -> S:
+        """The state `checkpoint_state` stored, made live again for a resumed episode
+        (its workspace already restored). The default validates it into `state_model`."""
+        model = type(self).state_model
+        if model is None:
+            return cast(S, dict(data))
+        return cast(S, model.model_validate(data))
 
     @abc.abstractmethod
     async def verify(self, ctx: EpisodeContext[S]) -> Assessment:

@@ -497,6 +497,13 @@ class Sandbox(abc.ABC):
             await src.download_tar_to(f)
             await self.upload_tar_from(f)
 
+    async def restore_workspace(self, src: BinaryIO) -> None:
+        """Fill this fresh sandbox's workdir from a tar `download_tar_to` made of another's
+        (an episode's checkpoint, resumed): `upload_tar_from` by default; a backend whose
+        upload refuses what a download keeps (docker: absolute symlinks) unpacks it as it
+        was, as `copy_workspace_from` does."""
+        await self.upload_tar_from(src)
+
     async def shell(self) -> ShellSession:
         raise SandboxError(f"{type(self).__name__} has no persistent shell yet")
 

@@ -18,6 +18,7 @@ from palaestra.sdk.models import (
     BatchResetResult,
     BatchStepItem,
     BatchStepResult,
+    CheckpointResponse,
     EpisodeState,
     FamilyInfo,
     ForkResponse,
@@ -25,6 +26,7 @@ from palaestra.sdk.models import (
     PackYankResponse,
     ResetRequest,
     ResetResponse,
+    ResumeResponse,
     SamplerReleaseResponse,
     SamplerReport,
     StepResponse,
@@ -208,6 +210,16 @@ class AsyncServerClient(AsyncBatchClient, Protocol):
         by `pack`'s (`org/name@version`) version of its task; its own verdict is unchanged."""
         ...
 
+    async def checkpoint(self, episode_id: str) -> CheckpointResponse:
+        """Keep the live episode in the server's store (workspace, family state, steps so
+        far), to `resume` it after a server restart; the episode goes on."""
+        ...
+
+    async def resume(self, episode_id: str) -> ResumeResponse:
+        """A `resumable` episode (its server stopped after a checkpoint) live again at its
+        checkpoint, same id; steps after the checkpoint are lost (`lost_steps`)."""
+        ...
+
     async def yank(self, ref: str, *, undo: bool = False) -> PackYankResponse:
         """Yank `org/name@version` (its publisher or an admin; `undo`: restore it): `org/name`
         and sampling skip it, exact pins still reach it."""
@@ -263,6 +275,8 @@ class Client(ABC):
     sampler = blocking(AsyncServerClient.sampler)
     release_task = blocking(AsyncServerClient.release_task)
     fork = blocking(AsyncServerClient.fork)
+    checkpoint = blocking(AsyncServerClient.checkpoint)
+    resume = blocking(AsyncServerClient.resume)
     regrade = blocking(AsyncServerClient.regrade)
     yank = blocking(AsyncServerClient.yank)
     verify_group = blocking(AsyncServerClient.verify_group)

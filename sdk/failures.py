@@ -45,6 +45,7 @@ class FailureKind(StrEnum):
     WORKER_LOST = "worker_lost"
     SERVER_SHUTDOWN = "server_shutdown"
     EXPIRED = "expired"
+    RESUME_FAILED = "resume_failed"
 
 
 K = FailureKind
@@ -63,6 +64,7 @@ BOUNDARIES: dict[FailureKind, Boundary] = {
     K.WORKER_LOST: Boundary.SERVER,
     K.SERVER_SHUTDOWN: Boundary.SERVER,
     K.EXPIRED: Boundary.SERVER,
+    K.RESUME_FAILED: Boundary.SERVER,
 }
 
 # NeMo Gym 0.7's shared names (nemo_gym/failure_kinds.py) for each kind; None where NeMo
@@ -83,6 +85,7 @@ NEMO_GYM: dict[FailureKind, str | None] = {
     K.WORKER_LOST: "session_lost",
     K.SERVER_SHUTDOWN: "shutdown",
     K.EXPIRED: "session_expired",
+    K.RESUME_FAILED: "palaestra:resume_failed",
 }
 
 # The shared failure classes of an `ok` verdict (sdk/models.py FAILURE_CLASSES) by kind; a

@@ -35,6 +35,7 @@ from palaestra.sdk.models import (
     BatchStepRequest,
     BatchStepResponse,
     BatchStepResult,
+    CheckpointResponse,
     EpisodeState,
     FamilyInfo,
     ForkRequest,
@@ -44,6 +45,7 @@ from palaestra.sdk.models import (
     RegradeRequest,
     ResetRequest,
     ResetResponse,
+    ResumeResponse,
     SamplerReleaseResponse,
     SamplerReport,
     StepRequest,
@@ -270,6 +272,14 @@ class AsyncHTTPClient(AsyncServerClient):
         body = RegradeRequest(pack=pack).model_dump(mode="json")
         response = await self._request("POST", f"/v1/episodes/{episode_id}/regrade", json=body)
         return Verdict.model_validate_json(response.content)
+
+    async def checkpoint(self, episode_id: str) -> CheckpointResponse:
+        response = await self._request("POST", f"/v1/episodes/{episode_id}/checkpoint")
+        return CheckpointResponse.model_validate_json(response.content)
+
+    async def resume(self, episode_id: str) -> ResumeResponse:
+        response = await self._request("POST", f"/v1/episodes/{episode_id}/resume")
+        return ResumeResponse.model_validate_json(response.content)
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
         response = await self._request("POST", "/v1/sampler/release", json={"task": task})

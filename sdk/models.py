@@ -116,6 +116,33 @@ class RegradeRequest(WireModel):
     pack: PlainStr = Field(min_length=3, max_length=256, pattern=r"^[^@:\s]+/[^@:\s]+(@[^:\s]+)?$")
 
 
+class CheckpointResponse(WireModel):
+    """A checkpoint (`POST /v1/episodes/{id}/checkpoint`): the episode's workspace, family
+    state and step count kept in the store; the episode goes on. A later checkpoint of
+    the same episode replaces it. What was stored is never sent back."""
+
+    episode_id: str
+    checkpoint_id: str
+    step_count: int
+    created_at: float
+    workspace_bytes: int = 0
+
+
+class ResumeResponse(WireModel):
+    """A resume (`POST /v1/episodes/{id}/resume`): the episode live again in a fresh sandbox
+    at its checkpoint, under the same id. Steps taken after the checkpoint are lost: the
+    trajectory and step count are the checkpoint's (`resumed_at_step`), and `lost_steps`
+    says how many were dropped. No observation: the caller's last one at that step is it."""
+
+    episode_id: str
+    checkpoint_id: str
+    resumed_at_step: int
+    lost_steps: int
+    tools: list[ToolSpec]
+    limits: Limits
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
 class StepRequest(WireModel):
     action: Action
     request_id: PlainStr | None = Field(default=None, max_length=128)
@@ -184,6 +211,8 @@ class EpisodeStatus(StrEnum):
     VOID = "void"
     CLOSED = "closed"
     EXPIRED = "expired"
+    # left active by a server that stopped, with a checkpoint: `POST .../resume` continues it
+    RESUMABLE = "resumable"
 
 
 class StepRecord(WireModel):

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from palaestra.sdk.models import (
+    CheckpointResponse,
     EpisodeState,
     ForkRequest,
     ForkResponse,
     Limits,
     ResetRequest,
     ResetResponse,
+    ResumeResponse,
     StepRequest,
     StepResponse,
     Verdict,
@@ -69,6 +71,15 @@ class Ending:
     at: float
 
 
+class Checkpointing(Protocol):
+    """Checkpoint and resume of a host's episodes (server/checkpoint.py); 404 as for every
+    call, 409 for an episode that is not live (checkpoint) or not resumable (resume)."""
+
+    async def checkpoint(self, principal: Principal, episode_id: str) -> CheckpointResponse: ...
+
+    async def resume(self, principal: Principal, episode_id: str) -> ResumeResponse: ...
+
+
 class EpisodeHost(Protocol):
     """Runs episodes; every call names the episode by the id its caller uses and checks
     that the caller owns it (404 otherwise, as for an unknown id)."""
@@ -101,6 +112,9 @@ class EpisodeHost(Protocol):
         """A copy of the caller's live episode under `order.key` (server/fork.py); 404 as
         for every call, 409 when the parent has ended."""
         ...
+
+    @property
+    def checkpoints(self) -> Checkpointing: ...
 
     async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
         """The episode held here that `episode_id` names for `principal` (None when it is

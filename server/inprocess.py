@@ -35,6 +35,7 @@ from palaestra.sdk.models import (
     BatchStepItem,
     BatchStepRequest,
     BatchStepResult,
+    CheckpointResponse,
     EpisodeState,
     FamilyInfo,
     ForkRequest,
@@ -44,6 +45,7 @@ from palaestra.sdk.models import (
     RegradeRequest,
     ResetRequest,
     ResetResponse,
+    ResumeResponse,
     SamplerReleaseResponse,
     SamplerReport,
     StepRequest,
@@ -122,6 +124,12 @@ class AsyncInProcessClient(AsyncServerClient):
 
     async def regrade(self, episode_id: str, pack: str) -> Verdict:
         return await self.manager.regrade(episode_id, RegradeRequest(pack=pack))
+
+    async def checkpoint(self, episode_id: str) -> CheckpointResponse:
+        return await self.manager.checkpoint(episode_id)
+
+    async def resume(self, episode_id: str) -> ResumeResponse:
+        return await self.manager.resume(episode_id)
 
     async def families(self) -> list[FamilyInfo]:
         return self.manager.catalog.family_infos()

@@ -35,6 +35,7 @@ from palaestra.sdk.models import (
     step_record_json,
 )
 from palaestra.server.auth import ADMIN, Principal
+from palaestra.server.checkpoint import Checkpoints
 from palaestra.server.episode import (
     Episode,
     assess,
@@ -80,6 +81,7 @@ class LocalHost:
         self.node = node
         self.harness = HarnessRunner(services.settings, services.sessions)
         self.stored = StoredEpisodes(services.store)
+        self.checkpoints = Checkpoints(self, services.packs)  # checkpoint, resume (its module)
         self.final_states = FinalStates(services.settings, services.store)  # for regrading
         self._live: dict[str, Episode] = {}
         self._ended: OrderedDict[str, Episode] = OrderedDict()
@@ -92,6 +94,7 @@ class LocalHost:
     # -- lifecycle ------------------------------------------------------------------------
     async def open(self) -> None:
         if self.node is None:
+            await self.checkpoints.at_start()  # checkpointed ones become resumable, not void
             restarted = Failure.of(FailureKind.SERVER_SHUTDOWN, "server restarted")
             voided = await self.store.mark_unfinished(
                 EpisodeStatus.VOID.value, restarted.reason, time.time(), restarted
@@ -111,6 +114,8 @@ class LocalHost:
         await asyncio.gather(*self._detached, return_exceptions=True)
         await self.harness.aclose()
         for episode in list(self._live.values()):
+            if await self.checkpoints.park(episode):  # resumable by the next server
+                continue
             shutdown = Failure.of(FailureKind.SERVER_SHUTDOWN, "server shut down")
             await self._end(episode, EpisodeStatus.VOID, shutdown)
         await self.sandboxes.aclose()
@@ -561,6 +566,7 @@ class LocalHost:
 
     async def reap(self) -> int:
         """Expire idle episodes; returns how many."""
+        await self.checkpoints.sweep()  # the checkpoints of episodes ended since
         deadline = time.monotonic() - self.settings.idle_ttl_s
         idle = [e for e in self._live.values() if e.last_active < deadline and not e.lock.locked()]
         idle = [e for e in idle if e.harness is None or not e.harness.running]

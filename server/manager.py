@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from palaestra.sdk.errors import PermissionDeniedError
 from palaestra.sdk.models import (
+    CheckpointResponse,
     EpisodeState,
     ForkRequest,
     ForkResponse,
     RegradeRequest,
     ResetRequest,
     ResetResponse,
+    ResumeResponse,
     StepRequest,
     StepResponse,
     Verdict,
@@ -247,6 +249,25 @@ class EpisodeManager:
         """The ended episode's kept final state verified by `request.pack`'s version of its
         task (server/regrade.py); the episode's own verdict is unchanged."""
         return await self.regrader.regrade(principal, episode_id, request)
+
+    async def checkpoint(
+        self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL
+    ) -> CheckpointResponse:
+        """Keep the live episode in the store to resume later (server/checkpoint.py)."""
+        return await self.host.checkpoints.checkpoint(principal, episode_id)
+
+    async def resume(
+        self, episode_id: str, principal: Principal = ADMIN_PRINCIPAL
+    ) -> ResumeResponse:
+        """A `resumable` episode live again at its checkpoint (server/checkpoint.py),
+        admitted like a reset: it counts in the token's live episodes and starts per hour."""
+        _, key = await self.host.owned(principal, episode_id)  # 404: not the caller's
+        ticket = await self.quota.admit(principal, key)  # 429 over the token's quota
+        try:
+            return await self.host.checkpoints.resume(principal, episode_id)
+        except BaseException:
+            await self.quota.refund(principal, key, ticket)
+            raise
 
     async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
         """The held episode `episode_id` names for `principal` (None when its host holds it

@@ -239,4 +239,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        11,
+        "episode checkpoints (server/checkpoint.py): an episode's last, to resume it",
+        (
+            # `workspace`: the digest of its workdir's snapshot (server/snapshots.py);
+            # `record`: the family's state and what the host keeps, as JSON
+            """CREATE TABLE IF NOT EXISTS checkpoints (
+                episode_id TEXT PRIMARY KEY,
+                id TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                step_count INTEGER NOT NULL,
+                workspace TEXT,
+                workspace_bytes INTEGER NOT NULL DEFAULT 0,
+                record TEXT NOT NULL
+            )""",
+        ),
+    ),
 )

@@ -198,6 +198,11 @@ class TerminalFamily(Family[TerminalState]):
         `bash` starts one in its own copy of the workdir, at the start's cwd."""
         return state.model_copy(update={"shell": None, "limits": dict(state.limits)})
 
+    def checkpoint_state(self, state: TerminalState) -> Any:
+        """Without the shell (a live process): the resumed episode's first `bash` starts
+        one in the restored workdir, at the start's cwd."""
+        return state.model_dump(mode="json", exclude={"shell"})
+
     def episode_limits(self, task: Task, options: dict[str, Any], limits: Limits) -> Limits:
         """The manager's limits with this family's per-step output cap (reset's `limits`);
         the task's `agent_timeout_s` is the wall time unless the client asked for one."""

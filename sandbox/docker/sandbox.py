@@ -590,6 +590,11 @@ class DockerSandbox(Sandbox):
             await src.download_tar_to(f)
             await self.files.copy_from(f)
 
+    async def restore_workspace(self, src: BinaryIO) -> None:
+        """A checkpoint's tar as it was, absolute symlinks too (`ContainerFiles.copy_from`)."""
+        self._check_alive()
+        await self.files.copy_from(src)
+
 
 async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
     with contextlib.suppress(ConnectionError, OSError):

@@ -37,6 +37,7 @@ from palaestra.sdk.models import (
 )
 from palaestra.server import heldout
 from palaestra.server.auth import Principal
+from palaestra.server.checkpoint import FrontCheckpoints
 from palaestra.server.cluster import depot
 from palaestra.server.cluster.channel import ChannelClient, WorkerUnreachable
 from palaestra.server.cluster.connect import RayConnection
@@ -101,6 +102,7 @@ class ClusterHost:
         self.sandboxes = sandboxes  # publish tokens' generators only
         self.accounting = accounting
         self.stored = StoredEpisodes(services.store)
+        self.checkpoints = FrontCheckpoints(self.stored)  # not across workers yet: 503
         self.quota = LedgerQuota(self)
         self.connection: RayConnection | None = None
         self._poller: asyncio.Task[None] | None = None

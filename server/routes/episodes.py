@@ -1,4 +1,5 @@
-"""Episodes (DESIGN §3): reset, step, verify, state, close, fork, and the batch calls.
+"""Episodes (DESIGN §3): reset, step, verify, state, close, fork, checkpoint, resume,
+and the batch calls.
 
 Step and the batch calls are served by StepFastPath in front of the app (server/fastpath.py);
 their routes here document them (OpenAPI) and serve callers that mount the bare router.
@@ -15,12 +16,14 @@ from palaestra.sdk.models import (
     BatchResetResponse,
     BatchStepRequest,
     BatchStepResponse,
+    CheckpointResponse,
     EpisodeState,
     ForkRequest,
     ForkResponse,
     RegradeRequest,
     ResetRequest,
     ResetResponse,
+    ResumeResponse,
     StepRequest,
     StepResponse,
     Verdict,
@@ -106,6 +109,32 @@ async def state(episode_id: str, request: Request) -> Response:
 async def close(episode_id: str, request: Request) -> Response:
     await manager_of(request).close(episode_id, principal_of(request))
     return Response(status_code=204)
+
+
+@router.post(
+    "/v1/episodes/{episode_id}/checkpoint",
+    response_model=CheckpointResponse,
+    responses=ERRORS,
+    tags=["episodes"],
+)
+async def checkpoint(episode_id: str, request: Request) -> Response:
+    """Keep the live episode (workspace, family state, step count) in the store, to resume
+    after a restart (server/checkpoint.py); the episode goes on."""
+    manager = manager_of(request)
+    return json_reply(await manager.checkpoint(episode_id, principal_of(request)))
+
+
+@router.post(
+    "/v1/episodes/{episode_id}/resume",
+    response_model=ResumeResponse,
+    responses=ERRORS,
+    tags=["episodes"],
+)
+async def resume(episode_id: str, request: Request) -> Response:
+    """A `resumable` episode live again at its checkpoint, in a fresh sandbox, under the
+    same id (server/checkpoint.py); steps after the checkpoint are lost."""
+    manager = manager_of(request)
+    return json_reply(await manager.resume(episode_id, principal_of(request)))
 
 
 @router.post(

@@ -115,6 +115,12 @@ class QuotaSettings(BaseModel):
         description="request bytes the detached batch steps of one token may hold while they "
         "run; a batch step past it (with some already pending) is 429",
     )
+    token_max_checkpoints_per_hour: int = Field(
+        default=600,
+        ge=0,
+        description="episode checkpoints (POST /v1/episodes/{id}/checkpoint) per token per "
+        "hour before 429 (each stores a workspace archive; an episode keeps only its last)",
+    )
     mcp_sessions_per_token: int = Field(
         default=64,
         ge=1,
