@@ -353,9 +353,15 @@ def caller(request: Request) -> Principal:
     return principal_of(request, f"Bearer {key.strip()}" if key else None)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 async def body(request: Request) -> Any:
+    """The JSON body; `NaN`/`Infinity` (which Python's parser takes) are refused: no reply
+    could carry them back (a 500 where a 400 belongs)."""
     try:
-        return json.loads(await request.body() or b"{}")
+        return json.loads(await request.body() or b"{}", parse_constant=_no_constant)
     except ValueError:
         raise BadRequestError("the request body is not JSON") from None
 

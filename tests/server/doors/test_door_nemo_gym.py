@@ -121,3 +121,6 @@ def test_a_post_without_the_cookie_is_no_route(served: ServerProcess) -> None:
     missing = httpx.post(f"{served.url}/no-such-route", headers=served.headers)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     assert httpx.post(f"{served.url}/healthz", headers=served.headers).status_code == 405
+    nan = b'{"verify_responses": [{"reward": NaN}]}'  # Python's parser takes it; JSON does not
+    refused = httpx.post(f"{served.url}/aggregate_metrics", content=nan, headers=served.headers)
+    assert refused.status_code == 400 and "not JSON" in refused.json()["detail"]
