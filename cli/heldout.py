@@ -12,7 +12,7 @@ earlier draws are retired: never served for evaluation again, never to training.
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -34,7 +34,9 @@ NameArg = Annotated[str, typer.Argument(help="org/name of a pack with a sealed g
 SplitOpt = Annotated[str | None, typer.Option(help="the split to redraw (default: every one)")]
 
 
-def _call(method: str, url: str, path: str, token: str | None, body: dict | None = None) -> dict:  # type: ignore[type-arg]
+def _call(
+    method: str, url: str, path: str, token: str | None, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
     headers = {"authorization": f"Bearer {token}"} if token else {}
     reply = httpx.request(
         method, f"{url.rstrip('/')}{path}", json=body, headers=headers, timeout=600
@@ -45,7 +47,7 @@ def _call(method: str, url: str, path: str, token: str | None, body: dict | None
         except ValueError:
             detail = reply.text
         raise error_from_response(reply.status_code, detail)
-    result: dict = reply.json()  # type: ignore[type-arg]
+    result: dict[str, Any] = reply.json()
     return result
 
 

@@ -38,7 +38,7 @@ from palaestra.server.auth import ADMIN, ADMIN_PRINCIPAL, Principal
 from palaestra.server.config import Settings
 from palaestra.server.db import Database
 from palaestra.server.packs.catalog import PackCatalog
-from palaestra.server.packs.drawing import Draws, rotatable_splits
+from palaestra.server.packs.drawing import Draws, rotatable_splits, stored_split
 from palaestra.server.packs.loader import GeneratedSet, Pack
 from palaestra.server.packs.manifest import PackManifest
 from palaestra.server.packs.registry import PackRegistry
@@ -231,6 +231,14 @@ class DrawKeeper:
         registry, manifest = self.registry, pack.manifest
         assert manifest is not None
         stored = await asyncio.to_thread(registry.generated.load, row.digest, row.generated)
+        wanted = {
+            (gen, stored_split(split, draws.get((pack.name, split), 0)))
+            for gen, spec in manifest.generators.items()
+            for split in spec.splits
+            if split in splits
+        }
+        if all(key in stored.get(gen, {}) for gen, key in wanted):
+            return stored  # made already (by another process, or an earlier rotation)
         if self.generate is None:
             raise UnavailableError("this server cannot run generators", code="no_generator_sandbox")
         fresh = await self.generate(pack.root, manifest, draws, splits)

@@ -251,8 +251,14 @@ class EpisodeWorker:
         ).to_json()
 
     async def sync_packs(self) -> int:
-        """Load packs published since this worker started (fetched from the shared store)."""
-        return await asyncio.to_thread(depot.sync_published, self._hosting().services)
+        """Load packs published since this worker started (fetched from the shared store),
+        and held-out draws rotated since (server/draws.py): the front may send a task of
+        a draw this worker has not loaded yet."""
+        services = self._hosting().services
+        loaded = await asyncio.to_thread(depot.sync_published, services)
+        if services.draws is not None:
+            loaded += len(await services.draws.sync())
+        return loaded
 
     async def metrics(self) -> bytes:
         return self._hosting().services.metrics.render()

@@ -191,6 +191,17 @@ def test_draws_survive_a_restart(server: ServerProcess) -> None:
     server.stop()
     server.start()
     assert split_draw(server) == draw and heldout(server) == listed
+    # With the server stopped, the CLI records the next draw in its store: served at start.
+    server.stop()
+    local = subprocess.run(
+        [CLI, "pack", "heldout", "rotate", PACK, "--split", "heldout",
+         "--data-dir", str(server.data_dir)],
+        env=cli_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert local.returncode == 0, local.stderr
+    assert f"draw {draw + 1} recorded" in " ".join(local.stdout.split())
+    server.start()
+    assert split_draw(server) == draw + 1 and not set(heldout(server)) & set(listed)
     old = reset(server, server.headers, task=f"{PACK}:codes-heldout-0")
     assert old.status_code == 404 and old.json()["error"]["code"] == "draw_retired"
 
