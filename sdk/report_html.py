@@ -275,6 +275,7 @@ def _header(report: dict[str, Any]) -> str:
         ("pack digest", f"<code>{_e(h.get('pack_digest'))}</code>"),
         ("tasks digest", f"<code>{_e(h.get('tasks_digest'))}</code> ({len(digests)} tasks)"),
         ("split", _e(h.get("split"))),
+        *([("held-out draw", _e(h["heldout_draw"]))] if h.get("heldout_draw") is not None else []),
         ("policy", f"<code>{_e(h.get('policy'))}</code>"),
         ("sampling", f"<code>{_e(json.dumps(h.get('sampling', {})))}</code>"),
         ("seeds", _e(h.get("seeds"))),

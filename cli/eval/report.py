@@ -102,6 +102,12 @@ def load_report(path: Path) -> dict[str, Any]:
     return build_report(list(store.latest().values()), k=int(manifest["k"]), header=header)
 
 
+def _draw(header: dict[str, Any]) -> str:
+    """The title's note of a run on a rotated sealed split (server/draws.py)."""
+    draw = header.get("heldout_draw")
+    return "" if draw is None else f", held-out draw {draw}"
+
+
 def print_report(report: dict[str, Any]) -> None:
     h = report["header"]
     k = int(h["k"])
@@ -116,7 +122,7 @@ def print_report(report: dict[str, Any]) -> None:
         "void",
         "errors",
         "hack-flagged",
-        title=f"{h['policy']} on {h['pack']}@{h['version']} ({h['split']})",
+        title=f"{h['policy']} on {h['pack']}@{h['version']} ({h['split']}{_draw(h)})",
     )
     rows = [*report["by"]["domain"].items(), ("all", report["summary"])]
     hacks = report.get("hacks") or {}

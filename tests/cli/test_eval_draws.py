@@ -128,6 +128,8 @@ def test_a_memorised_draw_shows_up_as_a_drop(server: ServerProcess, tmp_path: Pa
     assert len(attempts) == 12 and {a["draw"] for a in attempts} == {0}
     assert all(a["reward"] == 1.0 for a in attempts)  # it knows every answer of draw 0
     assert json.loads((old / "report.json").read_text())["header"]["heldout_draw"] == 0
+    assert "held-out draw 0" in " ".join(done.stdout.split())
+    assert "held-out draw" in (old / "report.html").read_text()
 
     rotated = cli(
         "pack", "heldout", "rotate", PACK, "--url", server.url, "--token", server.token or ""
