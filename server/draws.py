@@ -4,7 +4,7 @@ A model trained (or tuned by hand) against a fixed held-out set can memorise it;
 defence is a new set. A sealed split a generator draws has a draw number: draw 0 is the
 set the server always served (seeds from its secret, server/heldout.py), draw N > 0 takes
 `count` seeds from the secret and N, none that an earlier draw used, and ids
-`<generator>-<split>-d<N>-<index>` (server/packs/loader.py). Rotating (`palaestra pack
+`<generator>-<split>-d<N>-<index>` (server/packs/drawing.py). Rotating (`palaestra pack
 heldout rotate`, `POST /v1/packs/{org}/{name}/heldout/rotate`, or the schedule of
 `heldout_rotate_every_days`) generates the next draw, then records it in the table
 `heldout_draws` (one row a pack name and split), then serves it: every version of the
@@ -13,13 +13,17 @@ neither an eval token (404 `draw_retired`) nor a train token (a sealed task: 403
 now not even that) starts an episode on one again. Episodes already running finish.
 
 The table is shared by every process on the store: a rotation wins by a conditional
-update, and the schedule's loop also loads any draw another process made (`sync`).
+update, and the schedule's loop (and a cluster worker sent a task it lacks) loads any draw
+another process made (`sync`). A publish token's generator pack rotates on the node that
+holds its generated tasks: another node's copy is the one fetched at its start, so its sync
+refuses that pack (logged) until the node restarts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -205,12 +209,18 @@ class DrawKeeper:
     async def _load_all(self, name: str, draws: Draws, splits: set[str]) -> list[Pack]:
         """Every served version of `name` loaded at `draws`; any failure refuses the
         rotation before anything changes."""
-        out = []
+        out: list[Pack] = []
         for pack in self.versions(name):
-            generated = await self._generated(pack, draws, splits)
-            result = await asyncio.to_thread(
-                self.packs.read, pack.root, draws=draws, generated=generated
-            )
+            result: Pack | Exception
+            try:
+                generated = await self._generated(pack, draws, splits)
+            except PalaestraError:
+                raise
+            except Exception as exc:  # a stored file missing or changed (PackError), I/O
+                result = exc
+            else:
+                read = functools.partial(self.packs.read, draws=draws, generated=generated)
+                result = await asyncio.to_thread(read, pack.root)
             if isinstance(result, Exception):
                 why = result.message if isinstance(result, PalaestraError) else str(result)
                 raise UnavailableError(
@@ -225,10 +235,12 @@ class DrawKeeper:
         """A published generator pack's stored tasks with the draws of `draws` added (made
         in sandboxes, stored beside the pack; its row names the new index); None for a pack
         whose generators load in-process (built in, or an admin's)."""
-        row = self.registry.find(pack.name, pack.version) if self.registry else None
-        if row is None or not row.generated or self.registry is None:
-            return None
         registry, manifest = self.registry, pack.manifest
+        if registry is None:
+            return None
+        row = await asyncio.to_thread(registry.find, pack.name, pack.version)
+        if row is None or not row.generated:
+            return None
         assert manifest is not None
         stored = await asyncio.to_thread(registry.generated.load, row.digest, row.generated)
         wanted = {
@@ -257,8 +269,8 @@ class DrawKeeper:
         return stored
 
     def _serve(self, name: str, draws: Draws, loaded: list[Pack]) -> None:
-        """Swap the new draws in: the catalog's draws, every version of `name`, the sampler."""
-        self.packs.draws.clear()
+        """Swap the new draws in: the catalog's draws, every version of `name`, the sampler.
+        Draws only grow, so an update (never a clear) keeps what a publish thread reads whole."""
         self.packs.draws.update({k: v for k, v in draws.items() if v})
         for pack in loaded:
             self.packs.add(pack)
