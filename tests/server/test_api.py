@@ -526,8 +526,9 @@ def test_packs_and_families(server: ServerProcess, http: HTTPClient) -> None:
     packs = {p["name"]: p for p in listing}
     assert {"palaestra/echo", "openai/humaneval"} <= set(packs)
     he = {s["name"]: s for s in packs["openai/humaneval"]["splits"]}
-    assert he["heldout"] == {"name": "heldout", "sealed": True, "tasks": 33}
-    assert he["train"] == {"name": "train", "sealed": False, "tasks": 131}
+    # `draw`: only a sealed split a generator draws has held-out draws (server/draws.py)
+    assert he["heldout"] == {"name": "heldout", "sealed": True, "tasks": 33, "draw": None}
+    assert he["train"] == {"name": "train", "sealed": False, "tasks": 131, "draw": None}
     echo = {s["name"]: s for s in packs["palaestra/echo"]["splits"]}
     assert echo["heldout"]["sealed"] is True and echo["train"]["sealed"] is False
     assert echo["heldout"]["tasks"] + echo["train"]["tasks"] == 10
