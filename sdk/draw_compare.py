@@ -19,11 +19,17 @@ LEVEL = 0.95
 TaskMeans = dict[str, tuple[str, float]]
 
 
-def draws_of(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, int] | None:
-    """The two runs' held-out draws when both are known and differ, else None."""
+def draws_of(a: dict[str, Any], b: dict[str, Any]) -> tuple[int | None, int | None] | None:
+    """The two runs' held-out draws when they differ (None: a run made before runs recorded
+    their draw, taken as another draw when the two share no task), else None."""
     da, db = a["header"].get("heldout_draw"), b["header"].get("heldout_draw")
-    if isinstance(da, int) and isinstance(db, int) and da != db:
-        return da, db
+    if isinstance(da, int) and isinstance(db, int):
+        return (da, db) if da != db else None
+    if isinstance(da, int) or isinstance(db, int):
+        ta = {x.get("task") for x in a.get("attempts", [])}
+        tb = {x.get("task") for x in b.get("attempts", [])}
+        if ta and tb and not ta & tb:
+            return da, db
     return None
 
 

@@ -367,7 +367,8 @@ def compare_cmd(
     except CompareError as exc:
         raise fail(f"cannot compare {run_a} and {run_b}: {exc}") from None
     draws = result.get("draws")
-    across = f", held-out draw {draws['a']} (A) vs {draws['b']} (B)" if draws else ""
+    shown = {k: "?" if v is None else v for k, v in (draws or {}).items()}
+    across = f", held-out draw {shown['a']} (A) vs {shown['b']} (B)" if draws else ""
     table = Table(
         "domain",
         "tasks" if not draws else "tasks A/B",

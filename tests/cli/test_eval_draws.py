@@ -80,6 +80,17 @@ def test_the_interval_contains_the_true_difference() -> None:
     assert result["bootstrap"]["paired_by"] is None and result["draws"] == {"a": 0, "b": 1}
 
 
+def test_a_run_made_before_draws_compares_across_draws() -> None:
+    """A report without `heldout_draw` (made before runs recorded it) against a later draw:
+    no task in common, so the unpaired comparison; with tasks in common, the paired one."""
+    old = report(0, [1.0] * 30)
+    old["header"].pop("heldout_draw")
+    across = compare(old, report(1, [0.0, 1.0] * 15))
+    assert across["draws"] == {"a": None, "b": 1} and across["drop"]
+    same = compare(old, report(0, [1.0] * 30))
+    assert same["bootstrap"]["paired_by"] == "task" and not same["drop"]
+
+
 def test_no_difference_is_no_drop() -> None:
     rng = random.Random(7)
     same = compare(
