@@ -252,12 +252,12 @@ class Checkpoints:
         freed) instead of void. False when it has no checkpoint."""
         if episode.id not in self._held or episode.state.status is not EpisodeStatus.ACTIVE:
             return False
-        async with episode.lock:
-            episode.state.status = EpisodeStatus.RESUMABLE
-            episode.state.updated_at = time.time()
-            self.store.update_episode(episode.settled_state())
-            self.host._live.pop(episode.id, None)
-            await self.host.sandboxes.free(episode.ctx.sandboxes)
+        # not under its lock: the stop ends live episodes as they are (as `_end` does)
+        episode.state.status = EpisodeStatus.RESUMABLE
+        episode.state.updated_at = time.time()
+        self.store.update_episode(episode.settled_state())
+        self.host._live.pop(episode.id, None)
+        await self.host.sandboxes.free(episode.ctx.sandboxes)
         await self.store.commit()
         return True
 
