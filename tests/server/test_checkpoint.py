@@ -20,10 +20,11 @@ from palaestra.sandbox.docker import BASE_IMAGE
 from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
-from tests.redteam.tenants import Tenant, client, tenant
+from tests.redteam.tenants import ECHO, SAY, Tenant, client, tenant
 
 DOCKER_SKIP = docker_skip_reason(BASE_IMAGE)
 HE = "openai/humaneval:HumanEval-1"
+TERMINAL = "palaestra/terminal-core:c-build-link-math"
 SOLUTION = """def separate_paren_groups(paren_string):
     groups, depth, cur = [], 0, ""
     for c in paren_string.replace(" ", ""):
@@ -255,3 +256,47 @@ async def test_a_docker_episode_resumes(tmp_path: Path) -> None:
         await made.stop()
         for t in made.tenants:
             await t.http.aclose()
+
+
+async def test_a_sandboxless_episode_resumes_on_each_store_engine(
+    tmp_path: Path, store_url: str
+) -> None:
+    """An echo episode (no sandbox: the family's state is all there is), on SQLite and on
+    PostgreSQL (the checkpoint's table, its writes and the trajectory's cut)."""
+    made = Servers(make_settings(data_dir=tmp_path / "data", store=store_url))
+    await made.start()
+    try:
+        me = made.tenant(["train"])
+        eid = await me.start(task=ECHO)
+        await step(me, eid, SAY, rid="e-0")
+        body = (await post(me, eid, "checkpoint")).json()
+        assert body["workspace_bytes"] == 0
+        await step(me, eid, SAY, rid="e-1")
+        await step(me, eid, SAY, rid="e-2")
+        await made.stop()
+        await made.start()
+        back = (await post(me, eid, "resume")).json()
+        assert back["resumed_at_step"] == 1 and back["lost_steps"] == 2
+        state = (await me.http.get(f"/v1/episodes/{eid}")).json()
+        assert [r["request_id"] for r in state["trajectory"]] == ["e-0"]
+        done = await step(me, eid, {"tool": "submit", "arguments": {"answer": "hcrib"}})
+        assert done["terminated"] and done["reward"] == 1.0
+    finally:
+        await made.stop()
+        for t in made.tenants:
+            await t.http.aclose()
+
+
+async def test_a_terminal_episode_resumes_without_its_shell(servers: Servers) -> None:
+    """The terminal family's state leaves its shell out (a live process): the resumed
+    episode's first `bash` starts a fresh one in the restored workdir."""
+    me = servers.tenant(["train"])
+    eid = await me.start(task=TERMINAL)
+    made = await step(me, eid, {"tool": "bash", "arguments": {"command": "echo kept > k.txt"}})
+    assert not made["terminated"], made
+    assert (await post(me, eid, "checkpoint")).status_code == 200
+    await servers.stop()
+    await servers.start()
+    assert (await post(me, eid, "resume")).status_code == 200
+    seen = await step(me, eid, {"tool": "bash", "arguments": {"command": "cat k.txt"}})
+    assert "kept" in seen["observation"]["text"], seen
