@@ -11,6 +11,7 @@ generated sealed split.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,13 @@ def test_rotation_is_for_admins_and_generated_splits(server: ServerProcess) -> N
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "not_rotatable"
     missing = httpx.post(f"{server.url}/v1/packs/no/such/heldout/rotate", headers=server.headers)
     assert missing.status_code == 404
+    shown = subprocess.run(
+        [CLI, "pack", "heldout", "show", PACK, "--url", server.url],
+        env=cli_env(PALAESTRA_TOKEN=server.token or ""), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(rf"heldout\s+│\s+{split_draw(server)}\s+│", shown.stdout), shown.stdout
 
 
 def test_draws_survive_a_restart(server: ServerProcess) -> None:
