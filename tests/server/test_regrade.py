@@ -19,6 +19,7 @@ from conftest import docker_skip_reason, make_settings
 from palaestra.sandbox.docker import BASE_IMAGE
 from palaestra.sdk.errors import ConflictError
 from palaestra.sdk.models import Action, RegradeRequest, ResetRequest, StepRequest
+from palaestra.server.config import REPO_PACKS
 from palaestra.server.final_state import FOLDER, FinalStateRecord, FinalStates
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
@@ -29,6 +30,7 @@ from tests.redteam.publishers import publish
 from tests.redteam.tenants import Tenant, tenant
 
 DOCKER_SKIP = docker_skip_reason(BASE_IMAGE)
+ECHO_PACK = REPO_PACKS / "echo"
 PACK = "test/regrade-coding"
 SECRET_CASE = "candidate(40, 2) == 42"  # in the sealed task's hidden tests only
 
@@ -285,5 +287,25 @@ async def test_a_docker_episode_regrades(tmp_path: Path) -> None:
         assert verdict.reward == 0.0 and verdict.status == "ok"
         again = await manager.regrade(eid, RegradeRequest(pack=f"{PACK}@1.0.0"))
         assert again.reward == 1.0
+    finally:
+        await manager.shutdown()
+
+
+async def test_regrade_on_a_postgres_store(pg_url: str, tmp_path: Path) -> None:
+    """The kept record's column (migration 9) on PostgreSQL: a family without a sandbox
+    (echo) keeps its state alone, and a regrade reads it back."""
+    settings = make_settings(data_dir=tmp_path / "data", store=pg_url, packs_dirs=[ECHO_PACK])
+    manager = build_manager(settings)
+    await manager.start()
+    try:
+        eid = (await manager.reset(ResetRequest(task="palaestra/echo:say-birch"))).episode_id
+        answer = Action(tool="submit", arguments={"answer": "hcrib"})
+        assert (await manager.step(eid, StepRequest(action=answer))).reward == 1.0
+        raw = await manager.store.final_state(eid)
+        assert raw is not None
+        record = FinalStateRecord.model_validate_json(raw)
+        assert record.workspace is None and record.state is not None
+        verdict = await manager.regrade(eid, RegradeRequest(pack="palaestra/echo"))
+        assert verdict.reward == 1.0 and verdict.status == "ok"
     finally:
         await manager.shutdown()
