@@ -57,7 +57,6 @@ from palaestra.server.db import Connection
 from palaestra.server.episode import Episode, task_info, void_verdict
 from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.snapshots import SnapshotMissing, Snapshots
-from palaestra.server.stored_episodes import StoredEpisodes
 from palaestra.server.tally import StepTally
 
 if TYPE_CHECKING:
@@ -106,7 +105,8 @@ class Checkpoints:
         self.host = host
         self.packs = packs
         self.store = host.store
-        self.snapshots = Snapshots(host.settings.data_dir / "snapshots")
+        folder = host.settings.checkpoint_dir or host.settings.data_dir / "snapshots"
+        self.snapshots = Snapshots(folder)
         self._made: dict[str, deque[float]] = {}  # token id -> checkpoint times this hour
         self._held: set[str] = set()  # keys of live episodes with a checkpoint row
 
@@ -500,23 +500,3 @@ class Checkpoints:
 
         await self._in_transaction(void)
         log.warning("episode void at resume: %s", reason, extra={"episode_id": key})
-
-
-class FrontCheckpoints:
-    """A cluster front's: not yet across workers (docs/decisions.md): 404 as ever, else 503;
-    a lost worker's episodes are voided as before, checkpointed or not."""
-
-    def __init__(self, stored: StoredEpisodes) -> None:
-        self.stored = stored
-
-    async def checkpoint(self, principal: Principal, episode_id: str) -> CheckpointResponse:
-        await self.stored.key(principal, episode_id)  # 404: not the caller's
-        raise UnavailableError(
-            "a cluster front cannot checkpoint episodes yet", code="unsupported", retryable=False
-        )
-
-    async def resume(self, principal: Principal, episode_id: str) -> ResumeResponse:
-        await self.stored.key(principal, episode_id)  # 404: not the caller's
-        raise UnavailableError(
-            "a cluster front cannot resume episodes yet", code="unsupported", retryable=False
-        )

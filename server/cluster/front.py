@@ -37,7 +37,6 @@ from palaestra.sdk.models import (
 )
 from palaestra.server import heldout
 from palaestra.server.auth import Principal
-from palaestra.server.checkpoint import FrontCheckpoints
 from palaestra.server.cluster import depot
 from palaestra.server.cluster.channel import ChannelClient, WorkerUnreachable
 from palaestra.server.cluster.connect import RayConnection
@@ -50,6 +49,7 @@ from palaestra.server.cluster.placement import (
     candidates,
     cluster_full,
 )
+from palaestra.server.cluster.resume import ClusterCheckpoints
 from palaestra.server.cluster.worker import (
     EpisodeWorker,
     order_json,
@@ -102,7 +102,7 @@ class ClusterHost:
         self.sandboxes = sandboxes  # publish tokens' generators only
         self.accounting = accounting
         self.stored = StoredEpisodes(services.store)
-        self.checkpoints = FrontCheckpoints(self.stored)  # not across workers yet: 503
+        self.checkpoints = ClusterCheckpoints(self)  # server/cluster/resume.py
         self.quota = LedgerQuota(self)
         self.connection: RayConnection | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -313,12 +313,17 @@ class ClusterHost:
         if worker is not None:
             await worker.channel.aclose()
         keys = await self.store.active_on(name)
-        for key in keys:
+        kept = await self.checkpoints.lost(keys)  # checkpointed: resumed elsewhere below
+        ended = [key for key in keys if key not in kept]
+        for key in ended:
             await self._void_lost(key)
-        if keys:
-            await self.ledger_call("ended", {"keys": keys})
+        if ended:
+            await self.ledger_call("ended", {"keys": ended})
         await self.store.commit()  # the voids are on disk before the loss is reported
-        log.warning("worker %s lost (%s): %d episodes void", name, why, len(keys))
+        log.warning("worker %s lost (%s): %d episodes void", name, why, len(ended))
+        left = await self.checkpoints.resume_lost(kept)
+        if left:
+            await self.ledger_call("ended", {"keys": left})
         return len(keys)
 
     async def _void_lost(self, key: str) -> None:

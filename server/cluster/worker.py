@@ -128,7 +128,7 @@ class Hosting:
     host: LocalHost
     accounts: WorkerAccounts
 
-    def take(self, order: StartOrder, needs: Needs) -> None:
+    def take(self, order: StartOrder | None, needs: Needs) -> None:
         """Refuse (429 `worker_full`) an episode over this node's slots, CPUs or memory."""
         cpus, memory = self.accounts.reserved
         overcommit = self.services.settings.ray_overcommit
@@ -157,6 +157,20 @@ class Hosting:
             raise
         if not self.host.holds(key):  # ended during reset
             self.accounts.needs.pop(key, None)
+        return reply.model_dump_json().encode()
+
+    async def resume(self, principal: Principal, args: dict[str, Any]) -> bytes:
+        """A `resumable` episode restored here from its checkpoint (server/checkpoint.py),
+        placed as a start is (429 `worker_full` over this node's room)."""
+        needs, key = Needs.from_json(args["needs"]), args["key"]
+        self.take(None, needs)
+        self.accounts.needs[key] = needs
+        self.services.store.put_placement(key, self.node.name, self.node.node_id)  # first
+        try:
+            reply = await self.host.checkpoints.resume(principal, args["id"])
+        except BaseException:
+            self.accounts.needs.pop(key, None)
+            raise
         return reply.model_dump_json().encode()
 
 
@@ -307,6 +321,11 @@ class EpisodeWorker:
         if method == "close":
             await host.close(principal, args["id"])
             return b"null"
+        if method == "checkpoint":
+            made = await host.checkpoints.checkpoint(principal, args["id"])
+            return made.model_dump_json().encode()
+        if method == "resume":  # server/cluster/resume.py
+            return await hosting.resume(principal, args)
         raise UnavailableError(f"worker {self.name} has no call {method!r}", code="worker_error")
 
     async def _order(self, hosting: Hosting, data: dict[str, Any]) -> StartOrder:

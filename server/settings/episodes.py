@@ -3,6 +3,7 @@ may hold, and which task the sampler hands out next."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -15,6 +16,12 @@ class EpisodeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_episodes: int = Field(default=2048, ge=1, description="live episodes before 429")
+    checkpoint_dir: Path | None = Field(
+        default=None,
+        description="where episode checkpoints keep their workspace snapshots (default "
+        "<data_dir>/snapshots); in cluster mode a folder every node mounts, so that a lost "
+        "node's checkpointed episodes resume on another",
+    )
     idle_ttl_s: float = Field(default=900.0, gt=0, description="idle episodes expire after this")
     reaper_interval_s: float = Field(default=5.0, gt=0)
     allow_oracle: bool = Field(

@@ -1,0 +1,68 @@
+"""Cluster mode: a killed node's checkpointed episodes are resumed on another worker
+(server/cluster/resume.py) instead of voided; its other episodes end void `worker_lost` as
+before. A real local 3-node Ray cluster behind a real `palaestra serve --ray` front, as in
+test_cluster.py (its fixture), echo episodes (no sandbox: nothing but the shared store)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.pg import PostgresServer
+from tests.server.cluster.test_cluster import Ctx, authenticated_cluster
+from tests.servers import scaled
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("ray", reason="cluster mode needs ray (the bootstrap installs it)")
+
+SAY = {"tool": "echo", "arguments": {"text": "z"}}
+
+
+@pytest.fixture(scope="module")
+def ctx(pg_server: PostgresServer) -> Iterator[Ctx]:
+    from palaestra.server.cluster import rayauth
+
+    with pytest.MonkeyPatch.context() as patch:
+        yield from authenticated_cluster(pg_server, patch)
+    rayauth.reload_ray_config()
+
+
+def test_a_killed_nodes_checkpointed_episodes_resume_on_another(ctx: Ctx) -> None:
+    replies = [ctx.reset(task="palaestra/echo:say-birch") for _ in range(9)]
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    lost_worker = "palaestra-worker-" + ctx.nodes["plain"].node_id[:16]
+    on_lost = [r.json()["episode_id"] for r in replies if r.json()["info"]["worker"] == lost_worker]
+    assert len(on_lost) >= 2, [r.json()["info"]["worker"] for r in replies]
+    kept, plain = on_lost[: len(on_lost) // 2], on_lost[len(on_lost) // 2 :]
+    for episode in on_lost:
+        assert ctx.step(0, episode, SAY).status_code == 200
+    for episode in kept:
+        made = ctx.call(0, "POST", f"/v1/episodes/{episode}/checkpoint")
+        assert made.status_code == 200, made.text
+        assert made.json()["step_count"] == 1
+        assert ctx.step(0, episode, SAY).status_code == 200  # lost with the node
+    ctx.cluster.remove_node(ctx.nodes["plain"])
+    deadline = time.monotonic() + scaled(60)
+
+    def settled() -> bool:
+        states = {e: ctx.call(1, "GET", f"/v1/episodes/{e}").json() for e in on_lost}
+        resumed = all(
+            states[e]["status"] == "active" and len(states[e]["trajectory"]) == 1 for e in kept
+        )
+        return resumed and all(states[e]["status"] == "void" for e in plain)
+
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for episode in kept:
+        state = ctx.call(1, "GET", f"/v1/episodes/{episode}").json()
+        assert state["status"] == "active", state
+        assert state["step_count"] == 1 and len(state["trajectory"]) == 1, state
+        done = ctx.step(1, episode, {"tool": "submit", "arguments": {"answer": "hcrib"}})
+        assert done.status_code == 200, done.text
+        assert done.json()["terminated"] and done.json()["reward"] == 1.0
+    for episode in plain:
+        state = ctx.call(1, "GET", f"/v1/episodes/{episode}").json()
+        assert state["status"] == "void" and state["failure"]["kind"] == "worker_lost", state
