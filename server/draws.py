@@ -14,15 +14,15 @@ now not even that) starts an episode on one again. Episodes already running fini
 
 The table is shared by every process on the store: a rotation wins by a conditional
 update, and the schedule's loop (and a cluster worker sent a task it lacks) loads any draw
-another process made (`sync`). A publish token's generator pack rotates on the node that
-holds its generated tasks: another node's copy is the one fetched at its start, so its sync
-refuses that pack (logged) until the node restarts.
+another process made (`sync`); a publish token's generator pack rotated on one node is
+fetched by the others from the store's blobs (server/cluster/depot.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -45,7 +45,7 @@ from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.packs.drawing import Draws, rotatable_splits, stored_split
 from palaestra.server.packs.loader import GeneratedSet, Pack
 from palaestra.server.packs.manifest import PackManifest
-from palaestra.server.packs.registry import PackRegistry
+from palaestra.server.packs.registry import PackRegistry, Published
 from palaestra.server.sampler import Sampler
 
 log = logging.getLogger("palaestra.draws")
@@ -55,6 +55,15 @@ log = logging.getLogger("palaestra.draws")
 GenerateDraw = Callable[[Path, PackManifest, Draws, set[str]], Awaitable[GeneratedSet]]
 
 DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class Depot:
+    """A cluster node's way to share a published pack's generated folder after a rotation
+    (server/cluster/depot.py: `export_generated`, `fetch_generated`)."""
+
+    export: Callable[[Published], None]
+    fetch: Callable[[Published], None]
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,7 @@ class DrawKeeper:
         sampler: Sampler,
         registry: PackRegistry | None = None,
         generate: GenerateDraw | None = None,
+        depot: Depot | None = None,
     ) -> None:
         self.settings = settings
         self.packs = packs
@@ -125,6 +135,7 @@ class DrawKeeper:
         self.sampler = sampler
         self.registry = registry
         self.generate = generate
+        self.depot = depot  # a cluster node's: generated folders shared through the store
         self._lock = asyncio.Lock()  # one rotation or sync at a time in this process
         self._loop: asyncio.Task[None] | None = None
 
@@ -241,6 +252,8 @@ class DrawKeeper:
         row = await asyncio.to_thread(registry.find, pack.name, pack.version)
         if row is None or not row.generated:
             return None
+        if self.depot is not None:  # another node may have rotated it
+            await asyncio.to_thread(self.depot.fetch, row)
         assert manifest is not None
         stored = await asyncio.to_thread(registry.generated.load, row.digest, row.generated)
         wanted = {
@@ -266,6 +279,8 @@ class DrawKeeper:
                 )
 
         await asyncio.to_thread(record)
+        if self.depot is not None:  # for the cluster's other nodes
+            await asyncio.to_thread(self.depot.export, dataclasses.replace(row, generated=index))
         return stored
 
     def _serve(self, name: str, draws: Draws, loaded: list[Pack]) -> None:
@@ -322,21 +337,26 @@ class DrawKeeper:
         return rotated
 
     def start(self) -> None:
-        """Run the schedule (Settings heldout_rotate_every_days; none: nothing runs)."""
-        days = self.settings.heldout_rotate_every_days
-        if days is None or self._loop is not None:
+        """Keep in step with the store every `heldout_sync_s`, and run the schedule of
+        `heldout_rotate_every_days` (none: no rotation but an operator's)."""
+        if self._loop is not None:
             return
-        self._loop = asyncio.create_task(self._forever(days * DAY_S), name="palaestra-draws")
+        days = self.settings.heldout_rotate_every_days
+        every_s = None if days is None else days * DAY_S
+        self._loop = asyncio.create_task(self._forever(every_s), name="palaestra-draws")
 
-    async def _forever(self, every_s: float) -> None:
-        interval = max(1.0, min(300.0, every_s / 10))
+    async def _forever(self, every_s: float | None) -> None:
+        interval = self.settings.heldout_sync_s
+        if every_s is not None:
+            interval = min(interval, max(1.0, min(300.0, every_s / 10)))
         while True:
+            await asyncio.sleep(interval)
             try:
                 await self.sync()
-                await self.rotate_due(every_s)
-            except Exception:  # the schedule must outlive one bad pass
-                log.exception("held-out draw schedule pass failed")
-            await asyncio.sleep(interval)
+                if every_s is not None:
+                    await self.rotate_due(every_s)
+            except Exception:  # the loop must outlive one bad pass
+                log.exception("held-out draw pass failed")
 
     async def aclose(self) -> None:
         if self._loop is not None:

@@ -109,7 +109,7 @@ class EpisodeManager:
         self._reaper = asyncio.create_task(self._reap_forever(), name="palaestra-reaper")
         if self.packs.warmer is not None:  # packs not cached: generated in the background
             self.packs.warmer.start()
-        if self.services.draws is not None:  # the held-out rotation schedule, if set
+        if self.services.draws is not None:  # held-out draws: in step with the store
             self.services.draws.start()
 
     async def shutdown(self) -> None:

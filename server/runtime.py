@@ -16,7 +16,7 @@ from palaestra.server.auth import ensure_admin_token
 from palaestra.server.catalog import Catalog
 from palaestra.server.cluster import depot
 from palaestra.server.config import Settings
-from palaestra.server.draws import DrawBook, DrawKeeper
+from palaestra.server.draws import Depot, DrawBook, DrawKeeper
 from palaestra.server.families import FamilyRegistry, unjudged_families
 from palaestra.server.harness.proxy import SessionProxy
 from palaestra.server.judges import ServerJudges
@@ -180,8 +180,12 @@ def build_parts(
         tenancy=Tenancy(settings),
         sessions=proxy,
     )
+    shared = None  # a cluster node shares a rotated generator pack's tasks through the store
+    if cluster_node:
+        export = functools.partial(depot.export_generated, registry, store)
+        shared = Depot(export, functools.partial(depot.fetch_generated, registry, store))
     services.draws = DrawKeeper(
-        settings, packs, draws, sampler, registry, generate=catalog.generate_draw
+        settings, packs, draws, sampler, registry, generate=catalog.generate_draw, depot=shared
     )
     return Parts(services, sandboxes)
 

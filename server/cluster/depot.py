@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from palaestra.server.packs.genstore import INDEX, digest_of
 from palaestra.server.packs.manifest import PackError
 from palaestra.server.packs.registry import PackRegistry, Published
 from palaestra.server.packs.taskfields import HostPolicy
@@ -73,6 +74,7 @@ def fetch(registry: PackRegistry, store: Store, row: Published) -> None:
     pack_dir = registry.store.path_of(row.digest)
     gen_dir = registry.generated.folder(row.digest)
     if pack_dir.is_dir() and (not row.generated or gen_dir.is_dir()):
+        fetch_generated(registry, store, row)  # as a held-out rotation left it, if one did
         return
     data = store.reads.get_blob(blob_key(row.digest))
     if data is None:
@@ -92,6 +94,47 @@ def fetch(registry: PackRegistry, store: Store, row: Published) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log.info("fetched %s@%s (%s) from the shared store", row.name, row.version, row.digest)
+    fetch_generated(registry, store, row)
+
+
+def generated_key(index: str) -> str:
+    return f"generated:{index}"
+
+
+def export_generated(registry: PackRegistry, store: Store, row: Published) -> None:
+    """Put `row`'s generated folder as its row names it now into the shared store, keyed by
+    its index digest: a held-out rotation (server/draws.py) added a draw to it."""
+    key = generated_key(row.generated)
+    if row.generated and store.reads.get_blob(key) is None:
+        store.put_blob(key, _tar({GENERATED_DIR: registry.generated.folder(row.digest)}))
+
+
+def fetch_generated(registry: PackRegistry, store: Store, row: Published) -> None:
+    """Make this node's generated folder of `row` the one its row names, from the shared
+    store, where a rotation on another node changed it (nothing there: left as it is, and
+    the loader names what does not match)."""
+    folder = registry.generated.folder(row.digest)
+    index = folder / INDEX
+    if not row.generated or (index.is_file() and digest_of(index.read_bytes()) == row.generated):
+        return
+    data = store.reads.get_blob(generated_key(row.generated))
+    if data is None:
+        return
+    registry.store.tmp.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fetch-", dir=registry.store.tmp))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(work, filter="data")  # no links out, no devices, no absolute paths
+        if not (work / GENERATED_DIR).is_dir():
+            return
+        old = work / "old"
+        if folder.is_dir():
+            os.rename(folder, old)
+        folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.rename(work / GENERATED_DIR, folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log.info("fetched the generated tasks of %s@%s (%s)", row.name, row.version, row.generated)
 
 
 def sync_published(services: Services) -> int:

@@ -60,6 +60,14 @@ class PackSettings(BaseModel):
         "draw is older than this (server/draws.py); earlier draws are retired, never served "
         "again; none: only `palaestra pack heldout rotate` draws one",
     )
+    heldout_sync_s: float = Field(
+        default=10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="how often a server loads the held-out draws another process on its store "
+        "rotated (server/draws.py): a front or server that did not rotate serves the new draw, "
+        "and no longer the retired one, within this",
+    )
     publish_check_tasks: int = Field(
         default=4,
         ge=0,

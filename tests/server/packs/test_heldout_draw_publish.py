@@ -1,6 +1,7 @@
 """A held-out rotation of a publish token's generator pack (server/draws.py): the new draw
 is generated in sandboxes like the first, stored beside the pack (the row names the new
-index), served after a restart, and the server never imports the generator."""
+index), served after a restart, and the server never imports the generator; in a cluster
+the rotated folder reaches the other nodes through the store."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 from conftest import ServerProcess
 
 from palaestra.server.auth import create_token
+from palaestra.server.cluster import depot
 from palaestra.server.db import Database
-from palaestra.server.packs.registry import PackRegistry
+from palaestra.server.packs.registry import PackRegistry, Published
+from palaestra.server.store import Store
 from server.packs.test_generator_publish import generator_pack, publish, served
 
 pytestmark = pytest.mark.slow
@@ -78,3 +81,33 @@ def test_rotating_a_sandbox_generated_pack(tmp_path: Path) -> None:
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "draw_retired"
     finally:
         server.stop()
+
+
+def test_a_rotated_generated_folder_reaches_another_node(tmp_path: Path) -> None:
+    """Cluster nodes share one store: the node that rotated a publish token's pack puts its
+    generated folder there (keyed by the new index digest); another node's sync fetches it."""
+    store = Store(Database.open(f"sqlite://{tmp_path / 'store.sqlite3'}"))
+    try:
+        here, there = PackRegistry(tmp_path / "a", store.db), PackRegistry(tmp_path / "b", store.db)
+        first = {"g": {"heldout": [{"public": {"q": 1}, "private": {"a": 1}}]}}
+        before = here.generated.place("sha256:ab", first)
+        assert there.generated.place("sha256:ab", first) == before
+        here.store.path_of("sha256:ab").mkdir(parents=True)  # the pack's own folder
+        (here.store.path_of("sha256:ab") / "pack.toml").write_text("")
+        published = Published("o/p", "1.0.0", "sha256:ab", 0.0, "x", before)
+        assert depot.export(here, store, published)  # at publish: the first draw's folder
+        later = {"g": {**first["g"], "heldout#draw-1": [{"public": {"q": 2}, "private": {"a": 2}}]}}
+        after = here.generated.place("sha256:ab", later)
+        row = Published("o/p", "1.0.0", "sha256:ab", 0.0, "x", after)
+        depot.fetch_generated(there, store, row)  # not exported yet: left as it is
+        assert there.generated.load("sha256:ab", before) == first
+        depot.export_generated(here, store, row)
+        depot.fetch_generated(there, store, row)
+        assert there.generated.load("sha256:ab", after) == later
+        depot.fetch_generated(there, store, row)  # already there: nothing to do
+        assert there.generated.load("sha256:ab", after) == later
+        fresh = PackRegistry(tmp_path / "c", store.db)  # a node that starts after it
+        depot.fetch(fresh, store, row)
+        assert fresh.generated.load("sha256:ab", after) == later
+    finally:
+        store.close()
