@@ -180,6 +180,7 @@ class DrawKeeper:
         `name` and serve it; the draws before it are retired."""
         principal.require(ADMIN, "rotating a held-out draw")
         async with self._lock:
+            await self._sync_locked()  # from the draws the store has, not a stale view
             splits = self.splits_of(name)
             if not splits:
                 raise BadRequestError(
