@@ -33,6 +33,12 @@ from palaestra.sdk.harness import HarnessOptions, LlmApi, LlmCall
 from palaestra.sdk.http11 import Target, TooLarge, UpstreamPool
 from palaestra.server.config import Settings
 from palaestra.server.harness import anthropic
+from palaestra.server.harness.chat_shape import (
+    Refusal,
+    check_fields,
+    completion_error,
+    reply_tokens,
+)
 from palaestra.server.harness.gateway import ModelGateway
 from palaestra.server.harness.records import UPSTREAM_ERROR_CHARS, Records, upstream_error
 from palaestra.server.harness.wire import SSE, Reply, openai_error, openai_sse
@@ -53,15 +59,6 @@ HARNESS_FIELDS = frozenset({
     "max_completion_tokens", "stop", "temperature", "top_p", "seed", "presence_penalty",
     "frequency_penalty", "n",
 })  # fmt: skip
-# Media parts the upstream takes inline (a `data:` URL or base64); one naming any other URL
-# the model server would fetch itself: a way out of a sandbox that has no route out.
-MEDIA = frozenset({"image_url", "input_audio", "video_url", "audio_url"})
-MAX_STOP = 4  # OpenAI's limit of stop sequences
-# OpenAI's documented ranges (seed: a signed 64-bit integer, as vLLM takes it).
-RANGES: dict[str, tuple[float, float]] = {
-    "temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2),
-    "frequency_penalty": (-2, 2), "seed": (-(2**63), 2**63 - 1),
-}  # fmt: skip
 # A record the server fails to store is a fault (void), so a request whose record could not
 # be written (a lone \ud800 surrogate: no UTF-8; nesting past pydantic's serialization depth)
 # is refused first, checked as the store will write it, this many levels down its record.
@@ -78,186 +75,12 @@ class _Fault(Exception):
         self.status = status
 
 
-class _Refusal(Exception):
-    """A call answered without reaching the upstream (bad request, limit, closed)."""
-
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.param = status, code, param
-        self.request: dict[str, Any] | None = None  # the body, when it was parsed
-
-
 def _endpoint_target(endpoint: str) -> Target:
     """The one URL a session posts to; ValueError naming what is wrong with `endpoint`."""
     try:
         return Target.parse(endpoint.rstrip("/") + "/chat/completions")
     except ValueError as exc:
         raise ValueError(f"model_endpoint {endpoint!r}: {exc}") from None
-
-
-def _strings(value: Any, most: int) -> bool:
-    return isinstance(value, list) and len(value) <= most and all(type(v) is str for v in value)
-
-
-def _fetched(messages: Any) -> str | None:
-    """Where a message part is not text or inline media (the upstream would fetch a URL, or
-    take raw embeddings); None when every part is."""
-    for i, message in enumerate(messages if isinstance(messages, list) else []):
-        content = message.get("content") if isinstance(message, dict) else None
-        for j, part in enumerate(content if isinstance(content, list) else []):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "text":
-                continue
-            if not isinstance(kind, str):  # a list or object is no type (nor hashable)
-                return f"messages[{i}].content[{j}]"
-            inner = part.get(kind)
-            url = inner.get("url", "data:") if isinstance(inner, dict) else None
-            if kind not in MEDIA or not isinstance(url, str) or not url.startswith("data:"):
-                return f"messages[{i}].content[{j}]"
-    return None
-
-
-def _optional(value: Any, kind: type | tuple[type, ...]) -> bool:
-    return value is None or (isinstance(value, kind) and not isinstance(value, bool))
-
-
-def _message_error(message: Any) -> str | None:
-    """What is wrong with one chat message's JSON types (after its `messages[i]`), or None."""
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        return " must be an object with a string role"
-    content = message.get("content")
-    if not (content is None or isinstance(content, str | list)):
-        return ".content must be a string, a list of parts or null"
-    for part in content if isinstance(content, list) else []:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if not isinstance(kind, str) or (kind == "text" and not isinstance(part.get("text"), str)):
-            return ".content: each part must be an object with a type (a text part, a string text)"
-    for key in ("name", "tool_call_id"):
-        if not _optional(message.get(key), str):
-            return f".{key} must be a string"
-    calls = message.get("tool_calls")
-    if not _optional(calls, list):
-        return ".tool_calls must be a list"
-    for call in calls or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not (
-            isinstance(function, dict)
-            and isinstance(function.get("name"), str)
-            and isinstance(function.get("arguments"), str)
-            and _optional(call.get("id"), str)
-        ):
-            return ".tool_calls: each must be {id, type, function: {name, arguments}} of strings"
-    return None
-
-
-def _shape_error(fields: dict[str, Any]) -> tuple[str, str] | None:
-    """(field, what is wrong) for the first of the harness's fields not in the JSON type
-    OpenAI's chat API gives it; None when all are. The upstream is never asked to make
-    sense of the rest: its 500 (a fault, void) would be the policy's doing, and a size the
-    proxy cannot read would be dropped unsaid."""
-    messages = fields.get("messages")
-    if not isinstance(messages, list):
-        return "messages", "messages must be a list of message objects"
-    for i, message in enumerate(messages):
-        if (wrong := _message_error(message)) is not None:
-            return "messages", f"messages[{i}]{wrong}"
-    tools = fields.get("tools")
-    if tools is not None and not (
-        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-    ):
-        return "tools", "tools must be a list of tool objects"
-    choice = fields.get("tool_choice")
-    if not (choice is None or isinstance(choice, str | dict)):
-        return "tool_choice", "tool_choice must be a string or an object"
-    for key in ("max_tokens", "max_completion_tokens", "n"):
-        value = fields.get(key)
-        if value is not None and (type(value) is not int or value < 1):
-            return key, f"{key} must be a positive integer"
-    parallel = fields.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        return "parallel_tool_calls", "parallel_tool_calls must be true or false"
-    return None
-
-
-def _check_fields(fields: dict[str, Any]) -> None:
-    """_Refusal naming the first of the harness's fields out of what the upstream is sure to
-    take: their JSON types (`_shape_error`), RANGES, inline media only (`_fetched`), at most
-    MAX_STOP stop strings."""
-    if (wrong := _shape_error(fields)) is not None:
-        raise _Refusal(400, wrong[1], "invalid_type", wrong[0])
-    for key, (low, high) in RANGES.items():
-        value = fields.get(key)
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if value is not None and not (
-            number and low <= value <= high and (key != "seed" or isinstance(value, int))
-        ):
-            kind = "an integer" if key == "seed" else "a number"
-            raise _Refusal(400, f"{key} must be {kind} in [{low}, {high}]", "invalid_value", key)
-    if (where := _fetched(fields.get("messages"))) is not None:
-        raise _Refusal(
-            400,
-            f"{where}: a part must be text or inline media ({', '.join(sorted(MEDIA))} "
-            "with a data: URL); the model server fetches no URL for a sandbox",
-            "invalid_value",
-            "messages",
-        )
-    stop = fields.get("stop")
-    if not (stop is None or isinstance(stop, str) or _strings(stop, MAX_STOP)):
-        raise _Refusal(  # each is checked at every token: 10^5 of them, a timeout
-            400, f"stop must be a string or at most {MAX_STOP} strings", "invalid_value", "stop"
-        )
-
-
-def _ints(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(type(v) is int for v in value):
-        return value
-    return None
-
-
-def _tokens(reply: dict[str, Any]) -> tuple[list[int], list[int], list[float]] | None:
-    """(prompt ids, completion ids, logprobs) as the upstream returned them; None when any
-    is missing or they disagree in length."""
-    choice = reply["choices"][0]
-    prompt = _ints(reply.get("prompt_token_ids"))
-    completion = _ints(choice.get("token_ids"))
-    content = (choice.get("logprobs") or {}).get("content")
-    if not prompt or completion is None or not isinstance(content, list):
-        return None
-    logprobs = [c.get("logprob") if isinstance(c, dict) else None for c in content]
-    if len(logprobs) != len(completion) or not all(isinstance(lp, int | float) for lp in logprobs):
-        return None
-    return prompt, completion, [float(lp) for lp in logprobs]  # type: ignore[arg-type]
-
-
-def _completion_error(reply: dict[str, Any]) -> str | None:
-    """What of a 2xx reply is not in the JSON type OpenAI's chat completion gives it (None:
-    all is). The model server's shape, never the policy's doing: a fault (void), where
-    reading it on would have been a 500 of this server."""
-    choice = reply["choices"][0]
-    message = choice.get("message")
-    if not isinstance(message, dict):
-        return "choices[0].message that is no object"
-    if not _optional(message.get("content"), str):
-        return "choices[0].message.content that is no string"
-    calls = message.get("tool_calls")
-    if not _optional(calls, list):
-        return "choices[0].message.tool_calls that is no list"
-    for call in calls or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not all(
-            _optional(v, str) for v in (call.get("id"), call.get("type"), *function.values())
-        ):
-            return "a tool call that is no {id, type, function: {name, arguments}} of strings"
-    if not _optional(choice.get("finish_reason"), str):
-        return "choices[0].finish_reason that is no string"
-    if not _optional(choice.get("logprobs"), dict):
-        return "choices[0].logprobs that is no object"
-    usage = reply.get("usage")
-    if not _optional(usage, dict) or not all(
-        _optional((usage or {}).get(k), int) for k in ("prompt_tokens", "completion_tokens")
-    ):
-        return "usage that is no object of token counts"
-    return None
 
 
 def _no_constant(name: str) -> Any:
@@ -333,7 +156,7 @@ class LlmSession:
         try:
             try:
                 return await self._call(api, body, started_at, t0)
-            except _Refusal as exc:
+            except Refusal as exc:
                 if exc.code not in ("limit_reached", "session_closed"):
                     self._record_refused(api, exc, body, started_at, t0)
                     self._count_malformed()
@@ -343,7 +166,7 @@ class LlmSession:
             return _fail(api, 502, str(exc), "upstream_failed")
 
     def _record_refused(
-        self, api: LlmApi, exc: _Refusal, raw: bytes, started_at: float, t0: float
+        self, api: LlmApi, exc: Refusal, raw: bytes, started_at: float, t0: float
     ) -> None:
         """A request the proxy refused after reading it, as a refused call: nothing the
         harness sends is dropped unsaid, and its record is bounded as the module says."""
@@ -377,22 +200,22 @@ class LlmSession:
         """The request body and the bytes of its JSON as the record stores it."""
         cap = self._proxy.settings.llm_max_request_kb
         if len(raw) > cap * 1024:
-            raise _Refusal(
+            raise Refusal(
                 413, f"the request body is over {cap} KiB (llm_max_request_kb)", "too_large"
             )
         try:
             body = json.loads(raw, parse_constant=_no_constant)
         except (ValueError, RecursionError) as exc:
-            raise _Refusal(400, f"the request body is not JSON: {exc}", "invalid_json") from None
+            raise Refusal(400, f"the request body is not JSON: {exc}", "invalid_json") from None
         if not isinstance(body, dict):
-            raise _Refusal(400, "the request body must be a JSON object", "invalid_json")
+            raise Refusal(400, "the request body must be a JSON object", "invalid_json")
         nested: Any = body
         for _ in range(RECORD_DEPTH):
             nested = [nested]
         try:
             size = len(to_json(nested)) - 2 * RECORD_DEPTH
         except ValueError as exc:
-            raise _Refusal(
+            raise Refusal(
                 400,
                 f"the request body cannot be recorded ({exc}); send valid Unicode text (no "
                 "lone \\ud800-\\udfff escape) nested at most 200 levels deep",
@@ -401,12 +224,10 @@ class LlmSession:
         return body, size
 
     def _check_open(self, size: int) -> None:
-        """_Refusal (or the session's fault) unless a call of a `size`-byte request may go
+        """Refusal (or the session's fault) unless a call of a `size`-byte request may go
         on; a limit it reaches stops the session."""
         if self.closed:
-            raise _Refusal(
-                409, "this model session is closed (its episode ended)", "session_closed"
-            )
+            raise Refusal(409, "this model session is closed (its episode ended)", "session_closed")
         if self.fault is not None:
             raise _Fault(self.fault)
         if self.calls >= self.max_calls:
@@ -419,7 +240,7 @@ class LlmSession:
             self._set_limit(over)
         else:
             return
-        raise _Refusal(400, f"limit reached: {self.limit}", "limit_reached")
+        raise Refusal(400, f"limit reached: {self.limit}", "limit_reached")
 
     def _upstream_body(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The harness's request with the reset's sampling over it, the model named, no
@@ -427,13 +248,13 @@ class LlmSession:
         left. One not asked for stays unset: the proxy does not know the model's context,
         and a max_tokens past it is an upstream 400 the agent did not cause; such a call
         may go over the episode's budget, and the next is refused. Only HARNESS_FIELDS of
-        the harness are sent, as `_check_fields` bounds them."""
+        the harness are sent, as `check_fields` bounds them."""
         asked_for = {k: v for k, v in chat.items() if k in HARNESS_FIELDS}
-        _check_fields(asked_for)
+        check_fields(asked_for)
         body = {**asked_for, **self.options.sampling, "model": self.options.model, "stream": False}
         body.pop("stream_options", None)
         if body.get("n", 1) not in (1, None):
-            raise _Refusal(400, "n must be 1: the proxy records one choice a call", "n", "n")
+            raise Refusal(400, "n must be 1: the proxy records one choice a call", "n", "n")
         body["return_token_ids"] = True
         body["logprobs"] = True
         left = self.max_tokens - self.completion_tokens
@@ -445,11 +266,11 @@ class LlmSession:
 
     async def _call(self, api: LlmApi, raw: bytes, started_at: float, t0: float) -> Reply:
         if self.limit is not None:  # stopped: refused unread
-            raise _Refusal(400, f"limit reached: {self.limit}", "limit_reached")
+            raise Refusal(400, f"limit reached: {self.limit}", "limit_reached")
         request, size = self._parse(api, raw)
         try:
             return await self._forward(api, request, size, started_at, t0)
-        except _Refusal as exc:
+        except Refusal as exc:
             exc.request = request
             raise
 
@@ -460,10 +281,10 @@ class LlmSession:
         try:
             chat = anthropic.to_openai(request) if api == ANTHROPIC else request
         except anthropic.MessagesError as exc:
-            raise _Refusal(400, str(exc), "invalid_request") from None
+            raise Refusal(400, str(exc), "invalid_request") from None
         except (TypeError, ValueError, AttributeError, LookupError) as exc:  # a shape missed
             log.warning("model session %s: a Messages body not translated: %r", self.key, exc)
-            raise _Refusal(
+            raise Refusal(
                 400, f"the Messages request is malformed ({type(exc).__name__})", "invalid_request"
             ) from None
         async with self._lock:
@@ -486,9 +307,9 @@ class LlmSession:
                 self._record(*made)
                 return self._passthrough(api, status, reply, raw_reply, headers)
             assert reply is not None
-            if (wrong := _completion_error(reply)) is not None:
+            if (wrong := completion_error(reply)) is not None:
                 raise _Fault(f"model endpoint {self.options.model_endpoint} answered {wrong}")
-            tokens = _tokens(reply)
+            tokens = reply_tokens(reply)
             if tokens is None:
                 raise _Fault(
                     f"model endpoint {self.options.model_endpoint} returned no token ids; {NO_IDS}"
