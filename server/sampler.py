@@ -217,15 +217,10 @@ class Sampler:
         """Re-index if the served packs changed; release quarantines whose cool-down ended."""
         signature = tuple((p.name, p.version) for p in self.packs.all())
         draws = tuple(sorted(self.packs.draws.items()))  # a held-out rotation (server/draws.py)
-        if (
-            signature != self._signature
-            or self.packs.yanked != self._yanked
-            or draws != self._draws
-        ):
+        if (signature, self.packs.yanked, draws) != (self._signature, self._yanked, self._draws):
             self._yanked = self.packs.yanked  # a yank changes what `name` resolves to
-            self._forget({name for (name, _), _ in set(draws) ^ set(self._draws)})
+            self._reindex(signature, {n for (n, _), _ in set(draws) ^ set(self._draws)})
             self._draws = draws
-            self._reindex(signature)
         if self.packs.held != self._held:  # an admin enabled a pack: plans change
             self._held = self.packs.held
             self._bump()
@@ -237,16 +232,8 @@ class Sampler:
                 if stats is not None and stats.quarantined_until == until:
                     self._release(ref, stats, "cool-down ended")
 
-    def _forget(self, names: set[str]) -> None:
-        """Drop the index of every version of `names` (reloaded at a new held-out draw: the
-        tasks of the old one are retired, server/draws.py)."""
-        for key in [k for k in self._indices if k[0] in names]:
-            for group in self._indices.pop(key).values():
-                for ref in group.index:
-                    self._where.pop(ref, None)
-
-    def _reindex(self, signature: tuple[tuple[str, str], ...]) -> None:
-        """Index the pack versions not indexed yet; drop those no longer served."""
+    def _reindex(self, signature: tuple[tuple[str, str], ...], stale: set[str]) -> None:
+        """Index the pack versions not indexed yet; drop those no longer served or `stale`."""
         started = time.perf_counter()
         self._signature = signature
         self._pack_names = {name for name, _ in signature}
@@ -255,7 +242,7 @@ class Sampler:
             latest = self.packs.get(name)  # the newest version not yanked
             self._latest[name] = (latest.name, latest.version)
         served = set(signature)
-        for key in [k for k in self._indices if k not in served]:
+        for key in [k for k in self._indices if k not in served or k[0] in stale]:
             for group in self._indices.pop(key).values():
                 for ref in group.index:
                     self._where.pop(ref, None)

@@ -37,13 +37,7 @@ from pydantic import ValidationError
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
 from palaestra.server import heldout
-from palaestra.server.packs.drawing import (
-    Draws,
-    later_draw_seeds,
-    rotatable_splits,
-    sealed_id,
-    stored_split,
-)
+from palaestra.server.packs import drawing
 from palaestra.server.packs.gencache import GeneratedTaskCache, NotCached, as_json
 from palaestra.server.packs.lock import file_hashes, files_digest, ignored, pack_files, verify_lock
 from palaestra.server.packs.manifest import (
@@ -85,8 +79,7 @@ class Pack:
     files: dict[str, str] = field(default_factory=dict)
     # Families its tasks use that failed to import: {name: why}; those tasks are left out.
     unavailable: dict[str, str] = field(default_factory=dict)
-    # The held-out draw served of each sealed generated split (server/draws.py; a server's
-    # packs only: without the secret there are no draws).
+    # The held-out draw of each sealed generated split (server/draws.py; with a secret only).
     draws: dict[str, int] = field(default_factory=dict)
 
     def info(self) -> PackInfo:
@@ -253,7 +246,7 @@ def generator_seeds(
     def earlier(before: int) -> list[int]:
         return generator_seeds(pack, generator, split, spec, secret, before)
 
-    return later_draw_seeds(earlier, label, spec, secret, draw)
+    return drawing.later_draw_seeds(earlier, label, spec, secret, draw)
 
 
 def _generated_tasks(
@@ -300,7 +293,7 @@ def _generated_tasks(
                 entry = cache.key(pack_files, gen_name, split, seeds, levels)
             cached = cache.get(entry, len(seeds)) if cache is not None and entry else None
             if stored is not None:
-                cached = stored.get(gen_name, {}).get(stored_split(split, draw))
+                cached = stored.get(gen_name, {}).get(drawing.stored_split(split, draw))
                 if cached is None or len(cached) != len(seeds):
                     yield where, None, [f"{where}: split {split}: no stored generated tasks"]
                     continue
@@ -345,7 +338,7 @@ def _generated_tasks(
                     continue
                 task = dict(raw)
                 if sealed:
-                    task["id"] = sealed_id(gen_name, split, index, draw)
+                    task["id"] = drawing.sealed_id(gen_name, split, index, draw)
                     if drawn is not None and secret is not None:
                         drawn[task["id"]] = draw
                 task.setdefault("id", f"{gen_name}-{seed}")
@@ -461,7 +454,7 @@ def inspect_pack(
     broken: Mapping[str, str] | None = None,
     cached_only: bool = False,
     progress: Progress | None = None,
-    draws: Draws | None = None,
+    draws: drawing.Draws | None = None,
 ) -> tuple[Pack | None, list[str]]:
     """Load what can be loaded and list every problem; the pack is None if pack.toml is unusable.
 
@@ -496,7 +489,7 @@ def inspect_pack(
         {f if isinstance(f, str) else f.name for f in families} if families is not None else None
     )
     sealed = {name: split.sealed for name, split in manifest.splits.items()}
-    rotatable = rotatable_splits(manifest) if secret is not None else []
+    rotatable = drawing.rotatable_splits(manifest) if secret is not None else []
     split_draws = {s: (draws or {}).get((manifest.name, s), 0) for s in rotatable}
     drawn: dict[str, int] = {}  # a sealed generated task's id -> its draw
     found: list[Iterator[Found]] = []
@@ -619,7 +612,7 @@ def load_pack(
     generated: GeneratedSet | None = None,
     broken: Mapping[str, str] | None = None,
     cached_only: bool = False,
-    draws: Draws | None = None,
+    draws: drawing.Draws | None = None,
 ) -> Pack:
     """Read and validate one pack directory; raises PackError listing what to fix
     (PackUnavailable where some of its tasks are of a family that failed to import;
