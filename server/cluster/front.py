@@ -29,6 +29,7 @@ from palaestra.sdk.harness import HARNESS_OPTION
 from palaestra.sdk.models import (
     EpisodeState,
     EpisodeStatus,
+    ForkResponse,
     Observation,
     ResetResponse,
     StepRequest,
@@ -59,6 +60,7 @@ from palaestra.server.cluster.worker import (
 )
 from palaestra.server.config import Settings
 from palaestra.server.episode import void_verdict
+from palaestra.server.fork import stored_ended
 from palaestra.server.host import Accounting, Ending, StartOrder
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.registry import PackRegistry
@@ -69,7 +71,6 @@ from palaestra.server.stored_episodes import StoredEpisodes
 from palaestra.server.tenancy import candidate_keys, quota_error
 
 if TYPE_CHECKING:
-    from palaestra.sdk.models import ForkResponse
     from palaestra.server.episode import Episode
     from palaestra.server.host import ForkOrder
 
@@ -575,10 +576,28 @@ class ClusterHost:
         await self.stored.key(principal, episode_id)  # 404: not the caller's
 
     async def fork(self, order: ForkOrder) -> ForkResponse:
-        """Not yet across workers (docs/decisions.md): 404 as ever, else 503."""
-        await self.stored.key(order.principal, order.parent_id)  # 404: not the caller's
-        message = "a cluster front cannot fork episodes yet"
-        raise UnavailableError(message, code="unsupported", retryable=False)
+        """On the parent's worker (a fork copies its sandbox there); the fork is routed
+        there from then on, by every front (its placement is stored first)."""
+        found = await self._route(order.principal, order.parent_id)
+        if found is not None:
+            route = found[1]
+            args = {
+                "principal": principal_json(order.principal),
+                "parent": order.parent_id,
+                "request": order.request.model_dump(mode="json"),
+                "key": order.key,
+            }
+            body = await self._call(route, "fork", args)
+            if body is not None:
+                worker = self.workers.get(route.worker)
+                if worker is not None:
+                    worker.info.live += 1
+                self._remember(order.key, Route(route.worker, route.task))
+                reply = ForkResponse.model_validate_json(body)
+                reply.info["worker"] = route.worker
+                return reply
+        key = await self.stored.key(order.principal, order.parent_id)  # 404: not the caller's
+        raise await stored_ended(self.store, key, order.parent_id)  # 409: its worker is gone
 
     async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:
         """No episode is held on a front: the store's key (404 when not the caller's)."""

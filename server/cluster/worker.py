@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from palaestra.sdk.errors import CapacityError, UnavailableError
-from palaestra.sdk.models import Limits, ResetRequest, StepRequest
+from palaestra.sdk.models import ForkRequest, Limits, ResetRequest, StepRequest
 from palaestra.server.auth import Principal, Quota
 from palaestra.server.cluster import depot
 from palaestra.server.cluster.channel import ChannelServer
 from palaestra.server.cluster.placement import SLOTS_RESOURCE, WORKER_FULL, Needs, WorkerInfo
 from palaestra.server.config import Settings
-from palaestra.server.host import Ending, StartOrder
+from palaestra.server.host import Ending, ForkOrder, StartOrder
 from palaestra.server.local_host import LocalHost
 from palaestra.server.services import Services
 
@@ -170,6 +170,21 @@ class Hosting:
             reply = await self.host.checkpoints.resume(principal, args["id"])
         except BaseException:
             self.accounts.needs.pop(key, None)
+            raise
+        return reply.model_dump_json().encode()
+
+    async def fork(self, order: ForkOrder) -> bytes:
+        """A fork of an episode this worker hosts, here (it copies the parent's sandbox),
+        with the parent's needs (429 `worker_full` over this node's room)."""
+        parent_key = (await self.host.owned(order.principal, order.parent_id))[1]  # or 404
+        needs = self.accounts.needs.get(parent_key, Needs())
+        self.take(None, needs)
+        self.accounts.needs[order.key] = needs
+        self.services.store.put_placement(order.key, self.node.name, self.node.node_id)  # first
+        try:
+            reply = await self.host.fork(order)
+        except BaseException:
+            self.accounts.needs.pop(order.key, None)
             raise
         return reply.model_dump_json().encode()
 
@@ -326,6 +341,9 @@ class EpisodeWorker:
             return made.model_dump_json().encode()
         if method == "resume":  # server/cluster/resume.py
             return await hosting.resume(principal, args)
+        if method == "fork":
+            request = ForkRequest.model_validate(args["request"])
+            return await hosting.fork(ForkOrder(principal, args["parent"], request, args["key"]))
         raise UnavailableError(f"worker {self.name} has no call {method!r}", code="worker_error")
 
     async def _order(self, hosting: Hosting, data: dict[str, Any]) -> StartOrder:

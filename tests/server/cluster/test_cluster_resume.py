@@ -30,6 +30,31 @@ def ctx(pg_server: PostgresServer) -> Iterator[Ctx]:
     rayauth.reload_ray_config()
 
 
+def test_a_fork_runs_on_its_parents_worker_through_either_front(ctx: Ctx) -> None:
+    """A front forks on the parent's worker (it copies the sandbox there), and stores the
+    fork's placement first: the other front routes it too. Before: 503 `unsupported`."""
+    parent = ctx.reset(task="palaestra/echo:say-birch")
+    assert parent.status_code == 200, parent.text
+    parent_id, worker = parent.json()["episode_id"], parent.json()["info"]["worker"]
+    assert ctx.step(0, parent_id, SAY).status_code == 200
+    forked = ctx.call(0, "POST", f"/v1/episodes/{parent_id}/fork", json={})
+    assert forked.status_code == 200, forked.text
+    child = forked.json()
+    assert child["info"]["worker"] == worker and child["step_count"] == 1
+    said = {"tool": "echo", "arguments": {"text": "fork"}}
+    stepped = ctx.step(1, child["episode_id"], said)  # through the other front
+    assert stepped.status_code == 200, stepped.text
+    assert stepped.json()["observation"]["text"] == "fork"
+    state = ctx.call(1, "GET", f"/v1/episodes/{child['episode_id']}").json()
+    assert [s["observation"]["text"] for s in state["trajectory"]] == ["z", "fork"]
+    kept = ctx.call(0, "GET", f"/v1/episodes/{parent_id}").json()
+    assert len(kept["trajectory"]) == 1  # the parent goes on unchanged
+    ctx.close(0, parent_id)
+    ended = ctx.call(1, "POST", f"/v1/episodes/{parent_id}/fork", json={})
+    assert ended.status_code == 409, ended.text
+    ctx.close(1, child["episode_id"])
+
+
 def test_a_killed_nodes_checkpointed_episodes_resume_on_another(ctx: Ctx) -> None:
     replies = [ctx.reset(task="palaestra/echo:say-birch") for _ in range(9)]
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
