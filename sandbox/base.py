@@ -172,17 +172,20 @@ class SandboxTreeTooDeep(SandboxPathError):
     failure = "too_deep"
 
 
-def upload_member(m: tarfile.TarInfo) -> str | None:
+def upload_member(m: tarfile.TarInfo, links_out: bool = False) -> str | None:
     """Every backend's rule for a member of an uploaded tar: its normalised name (None for
     the archive's root, "."), or SandboxPathError when it escapes its destination (an
     absolute or ``..`` name, a symlink pointing out of it) or is not a directory, regular
-    file or symlink (hard links, devices)."""
+    file or symlink (hard links, devices). `links_out`: a symlink may point anywhere (a
+    checkpoint's own tar restored as it was; an unpack that never follows a link)."""
     name = posixpath.normpath(m.name)
     if name == ".":
         return None
     if name.startswith("/") or name == ".." or name.startswith("../") or "\0" in name:
         raise SandboxPathError(f"tar member {m.name!r} escapes the destination")
     if m.issym():
+        if links_out:
+            return name
         target = m.linkname
         resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
         if target.startswith("/") or resolved == ".." or resolved.startswith("../"):

@@ -138,15 +138,16 @@ class Workspace:
         finally:
             os.close(dfd)
 
-    def upload(self, data: bytes | BinaryIO, dest: list[str]) -> None:
+    def upload(self, data: bytes | BinaryIO, dest: list[str], links_out: bool = False) -> None:
         """Unpack the tar `data` (bytes, or a seekable file read from its start, a member at
-        a time) under `dest`."""
+        a time) under `dest`; `links_out`: symlinks pointing anywhere are kept as they are
+        (a checkpoint's restore: no write here ever follows a link)."""
         if isinstance(data, bytes):
             data = io.BytesIO(data)
         data.seek(0)
         with tarfile.open(fileobj=data, mode="r:*") as tf:
             for m in tar_members(tf):
-                name = upload_member(m)
+                name = upload_member(m, links_out)
                 if name is None:
                     continue
                 parts = dest + name.split("/")

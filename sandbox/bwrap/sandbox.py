@@ -484,6 +484,16 @@ class BwrapSandbox(Sandbox):
         with workspace_errors("unpacking into the workspace"):
             await asyncio.to_thread(self.files.upload, src, parts)
 
+    async def restore_workspace(self, src: BinaryIO) -> None:
+        """A checkpoint's tar as it was, links out of the workspace too (a venv's absolute
+        `python`): an upload refuses those, but no write here follows a link."""
+        self.check_alive()
+        cap = transfer_limit(self.spec, None)
+        if await asyncio.to_thread(_size, src) > cap:
+            raise too_large(cap, "the tar to unpack")
+        with workspace_errors("unpacking into the workspace"):
+            await asyncio.to_thread(self.files.upload, src, [], True)
+
     async def copy_workspace_from(self, src: Sandbox, spool_dir: Path) -> None:
         """From another bwrap sandbox: its workspace folder copied on the host
         (`palaestra.sandbox.bwrap.fork`: reflinks where the filesystem has them), no tar."""

@@ -1,0 +1,142 @@
+"""Hostile workspace contents against fork, checkpoint/resume and regrade
+(server/fork.py, server/checkpoint.py, server/regrade.py): what the agent leaves in its
+workdir travels through the host when an episode is copied, snapshotted or regraded.
+
+- links out of the workspace (absolute, `../..`, to /proc/self and to the data dir), a
+  fifo, a hard link and a name with a newline: a checkpoint keeps them, a resume gives
+  them back as they were (a venv's absolute `python` link is ordinary; its episode must
+  not go void), and no host path outside the sandbox is written or read through them;
+- a fork copies the same tree without following a link, and the child sees its parent's
+  links as links.
+
+Real bwrap sandboxes, the real app over real managers restarted on one data dir (ASGI)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_settings
+
+from tests.redteam.tenants import Tenant
+from tests.server.test_checkpoint import HE, Servers, post, step
+
+# Made by the agent: every kind of entry a host copy must not follow or choke on.
+HOSTILE = r"""
+import os
+os.makedirs("d/e", exist_ok=True)
+open("d/e/f.txt", "w").write("inner")
+os.symlink("/etc", "abs_etc")
+os.symlink("/usr/bin/python3", "py")  # as a venv has
+os.symlink("../../../../../../../../tmp", "up_tmp")
+os.symlink("/proc/self/root", "proc_root")
+os.symlink("{data}", "data_dir")
+os.symlink("d/e/f.txt", "inner_link")
+os.mkfifo("pipe")
+os.link("d/e/f.txt", "hard")
+open("new\nline", "w").write("nl")
+print("made")
+"""
+
+PROBE = r"""
+import os
+try:
+    print(os.listdir("data_dir"))
+except OSError:
+    print("unreachable")
+"""
+
+CHECK = r"""
+import os, json, stat
+out = {}
+for n in sorted(os.listdir(".")):
+    st = os.lstat(n)
+    out[n] = os.readlink(n) if stat.S_ISLNK(st.st_mode) else stat.S_IFMT(st.st_mode)
+print(json.dumps(out))
+"""
+
+
+def run(code: str) -> dict[str, Any]:
+    return {"tool": "run_python", "arguments": {"code": code}}
+
+
+@pytest.fixture
+async def servers(tmp_path: Path) -> AsyncIterator[Servers]:
+    made = Servers(make_settings(data_dir=tmp_path / "data"))
+    await made.start()
+    yield made
+    await made.stop()
+    for t in made.tenants:
+        await t.http.aclose()
+
+
+async def listing(t: Tenant, eid: str) -> dict[str, Any]:
+    text = (await step(t, eid, run(CHECK)))["observation"]["text"]
+    line = next(x for x in text.splitlines() if x.startswith("{"))
+    loaded: dict[str, Any] = json.loads(line)
+    return loaded
+
+
+def links(entries: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in entries.items() if isinstance(v, str)}
+
+
+async def hostile(servers: Servers, me: Tenant) -> str:
+    eid = await me.start(task=HE)
+    code = HOSTILE.replace("{data}", str(servers.settings.data_dir))
+    assert "made" in (await step(me, eid, run(code)))["observation"]["text"]
+    return eid
+
+
+async def test_links_out_of_the_workspace_survive_a_resume(servers: Servers) -> None:
+    me = servers.tenant(["train"])
+    eid = await hostile(servers, me)
+    before = await listing(me, eid)
+    assert (await post(me, eid, "checkpoint")).status_code == 200
+    await servers.stop()
+    await servers.start()
+    reply = await post(me, eid, "resume")
+    assert reply.status_code == 200, reply.text
+    after = await listing(me, eid)
+    assert links(after) == links(before)  # every link as it was, none followed
+    assert set(after) == set(before) - {"pipe"}  # a fifo is not kept, as a download skips it
+
+
+async def test_a_checkpoint_of_hostile_entries_writes_nothing_outside(
+    servers: Servers, tmp_path: Path
+) -> None:
+    me = servers.tenant(["train"])
+    eid = await hostile(servers, me)
+    outside = sorted(p for p in tmp_path.rglob("*") if "snapshots" not in p.parts)
+    reply = await post(me, eid, "checkpoint")
+    assert reply.status_code == 200, reply.text
+    # The snapshot is one tar file; nothing else on the host changed through a link.
+    now = sorted(p for p in tmp_path.rglob("*") if "snapshots" not in p.parts)
+    assert set(now) - set(outside) <= {tmp_path / "data" / "tmp"}  # the spool folder
+    assert not (tmp_path / "data" / "data_dir").exists()
+    await servers.stop()
+    await servers.start()
+    assert (await post(me, eid, "resume")).status_code == 200
+    # Resumed, the links still lead nowhere the agent could not go before: the data dir is
+    # not in the sandbox, so its store and snapshots are out of reach.
+    text = (await step(me, eid, run(PROBE)))["observation"]["text"]
+    assert "unreachable" in text and "snapshots" not in text and "palaestra.db" not in text
+
+
+async def test_a_fork_copies_hostile_entries_as_they_are(servers: Servers) -> None:
+    me = servers.tenant(["train"])
+    eid = await hostile(servers, me)
+    before = await listing(me, eid)
+    reply = await post(me, eid, "fork")
+    assert reply.status_code == 200, reply.text
+    child = reply.json()["episode_id"]
+    after = await listing(me, child)
+    assert links(after) == links(before)
+    assert "pipe" not in after  # a fifo is not copied, as a download skips it
+    # The hard link is a file of its own in the child: writing it leaves the parent's be.
+    await step(me, child, run("open('hard', 'w').write('changed')"))
+    text = (await step(me, eid, run("print(open('d/e/f.txt').read())")))["observation"]["text"]
+    assert "inner" in text and "changed" not in text
