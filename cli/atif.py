@@ -212,13 +212,28 @@ def import_atif(
     err.print(f"{source}: {what} → {out}")
 
 
-def _read(path: Path) -> Any:
+MAX_FILE_BYTES = 1 << 30  # an ATIF file read whole: past this it is refused, not read
+
+
+def _read(path: Path, *, in_dir: bool = False) -> Any:
+    """The file's JSON: a regular file (in a directory, not a link), at most MAX_FILE_BYTES;
+    a FIFO, a device or a link to one would block or never end."""
     try:
-        return json.loads(path.read_bytes())
+        if in_dir and path.is_symlink():
+            raise _fail(f"{path}: a symbolic link; a run directory's files are read as files")
+        if not path.is_file():
+            raise _fail(f"{path}: not a regular file")
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise _fail(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+        return json.loads(raw)
     except OSError as exc:
         raise _fail(f"{path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer of too many digits
         raise _fail(f"{path}: not JSON: {exc}") from None
+    except RecursionError:
+        raise _fail(f"{path}: not JSON palaestra reads: nested too deep") from None
 
 
 def _refuse(path: Path, exc: AtifError) -> typer.Exit:
@@ -237,7 +252,7 @@ def _import_run(source: Path, out: Path | None) -> None:
     files = sorted(source.glob("*.json"))
     if not files:
         raise _fail(f"{source} holds no .json files")
-    documents = [(path, _read(path)) for path in files]
+    documents = [(path, _read(path, in_dir=True)) for path in files]
     try:
         kinds = {_kind(path, document) for path, document in documents}
     except _Refused as refused:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
@@ -401,7 +402,7 @@ TASK_INDEX = "_ng_task_index"  # NeMo Gym's key for a row's task in a batch
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean reward of the rows not masked (a void episode is no measurement), and counts."""
     scored = [r for r in rows if not r.get("mask_sample")]
-    rewards = [float(r["reward"]) for r in scored if isinstance(r.get("reward"), int | float)]
+    rewards = [x for r in scored if (x := _reward(r.get("reward"))) is not None]
     out: dict[str, Any] = {
         "mean/reward": sum(rewards) / len(rewards) if rewards else None,
         "num_samples": len(rows),
@@ -412,9 +413,23 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _reward(value: Any) -> float | None:
+    """A row's reward as a finite float; None for none, or an integer past float's range
+    (`float(10**400)` raises: a 500 where the row is only not counted)."""
+    if not isinstance(value, int | float):
+        return None
+    try:
+        reward = float(value)
+    except OverflowError:
+        return None
+    return reward if math.isfinite(reward) else None
+
+
 def aggregate(rows: list[dict[str, Any]]) -> AggregateMetrics:
     by_task: dict[Any, list[dict[str, Any]]] = {}
-    for row in rows:
+    for n, row in enumerate(rows):
+        if not isinstance(row.get(TASK_INDEX), int | str | None):  # a list or object: no key
+            raise BadRequestError(f"verify_responses[{n}].{TASK_INDEX}: an integer or a string")
         by_task.setdefault(row.get(TASK_INDEX), []).append(row)
     groups = [{TASK_INDEX: task, **summary(of)} for task, of in by_task.items() if task is not None]
     overall = summary(rows)
