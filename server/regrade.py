@@ -8,7 +8,9 @@ family's state as it was kept. The answer is a new `Verdict`, sealed on a sealed
 Errors: 404 for an episode that is not the caller's (as for an unknown id); 409 when no
 final state was kept (never verified, over `final_state_max_mb`, or pruned after
 `final_state_retention_days`), naming why; 422 when the pack has no such task or the task
-is of another family; 403 where the caller may not run the new task's split.
+is of another family; 403 where the caller may not run the new task's split; 429 while
+the token's live slots are all taken (a regrade holds one as it runs: its sandboxes and
+verifier are an episode's) or its CPU-seconds are over.
 """
 
 from __future__ import annotations
@@ -72,12 +74,14 @@ class Regrader:
         task = self._task(stored, request.pack)
         principal.require_episodes(task.sealed, task.split)  # 403: the new split's rule
         document = await self._document(record, episode_id)
-        self.services.tenancy.check_cpu(principal)  # 429 while over its CPU-seconds
+        tenancy = self.services.tenancy
+        tenancy.hold(principal)  # 429 past its live slots or its CPU-seconds
         started = time.perf_counter()
         try:
             verdict = await self._verify(key, episode_id, task, record, document)
         finally:
-            self.services.tenancy.charge(principal.token_id, time.perf_counter() - started)
+            tenancy.charge(principal.token_id, time.perf_counter() - started)
+            tenancy.ended(principal.token_id)
         log.info(
             "episode regraded against %s: reward %s",
             task.ref,

@@ -135,6 +135,19 @@ class Tenancy:
             account.starts.append(now)
         return now
 
+    def hold(self, principal: Principal) -> None:
+        """A live slot for work that is no episode but makes sandboxes and runs a verifier
+        (a regrade): 429 while the token's live slots are taken or its CPU is over its
+        cap; no hourly start is taken. Give it back with `ended`."""
+        max_live, _, max_cpu = self.limits(principal)
+        account = self._account(principal.token_id)
+        now = time.time()
+        account.expire(now)
+        if max_live is not None and account.live >= max_live:
+            raise quota_error("live episodes", max_live, 1.0, "a regrade holds one while it runs")
+        self._check_cpu(account, max_cpu, now)
+        account.live += 1
+
     def refund(self, owner: str, started: float) -> None:
         """A start that failed: its live slot and its hourly start are given back."""
         account = self._account(owner)
