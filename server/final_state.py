@@ -7,7 +7,9 @@ When an episode is verified, just before its verifier runs, the episode sandbox'
 with the episode (`episodes.final_state`, a `FinalStateRecord`). Bounds:
 - the tar streams from the sandbox into a spool file and is filtered into the store a
   member at a time in a thread: never whole in server memory, never on the event loop;
-- over `final_state_max_mb` nothing is kept and the record says why (regrade: 409);
+- over `final_state_max_mb` nothing is kept and the record says why (regrade: 409); nor
+  is anything once the kept files take `final_state_max_total_mb` together (a tenant
+  verifying many distinct workspaces would otherwise fill the disk within the retention);
 - members no upload may restore (links pointing out of the workspace, devices, hard
   links) are dropped and counted: a kept state never names anything outside it;
 - files unused for `final_state_retention_days` are pruned (at the first keep after
@@ -25,6 +27,7 @@ import logging
 import os
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
@@ -96,6 +99,10 @@ class FinalStates:
         self.max_bytes = settings.final_state_max_mb << 20
         self.max_mb = settings.final_state_max_mb
         self.retention_s = settings.final_state_retention_days * 86400.0
+        self.max_total = settings.final_state_max_total_mb << 20
+        self.max_total_mb = settings.final_state_max_total_mb
+        self._used: int | None = None  # bytes of the kept files (scanned at the first keep)
+        self._used_lock = threading.Lock()
         self._pruned_at: float | None = None
         self._pruning: asyncio.Task[int] | None = None
 
@@ -123,6 +130,12 @@ class FinalStates:
 
     async def _keep(self, episode: Episode) -> FinalStateRecord:
         ctx, now = episode.ctx, time.time()
+        if await asyncio.to_thread(self.used) >= self.max_total:
+            why = (
+                f"the server's kept final states are at final_state_max_total_mb "
+                f"({self.max_total_mb} MiB); nothing kept"
+            )
+            return FinalStateRecord(at=now, why=why)
         values, skipped = state_json(ctx.state)
         document = {
             "family": episode.family.name,
@@ -173,8 +186,27 @@ class FinalStates:
             partial.unlink()
             os.utime(final)
         else:
+            size = partial.stat().st_size
             os.replace(partial, final)
+            self._count(size)
         return "sha256:" + h.hexdigest()
+
+    def used(self) -> int:
+        """Bytes the kept files take (scanned once, then counted). Runs in a thread."""
+        with self._used_lock:
+            if self._used is None:
+                total = 0
+                with contextlib.suppress(FileNotFoundError):
+                    for entry in os.scandir(self.folder):
+                        with contextlib.suppress(OSError):
+                            total += entry.stat(follow_symlinks=False).st_size
+                self._used = total
+            return self._used
+
+    def _count(self, delta: int) -> None:
+        with self._used_lock:
+            if self._used is not None:
+                self._used = max(0, self._used + delta)
 
     def _put_bytes(self, data: bytes) -> str:
         with self._partial() as f:
@@ -235,11 +267,13 @@ class FinalStates:
             return 0
         for entry in entries:
             with contextlib.suppress(OSError):
-                age = now - entry.stat(follow_symlinks=False).st_mtime
+                st = entry.stat(follow_symlinks=False)
                 partial = entry.name.startswith(".partial-")
-                if age > (STALE_PARTIAL_S if partial else self.retention_s):
+                if now - st.st_mtime > (STALE_PARTIAL_S if partial else self.retention_s):
                     os.unlink(entry.path)
                     removed += 1
+                    if not partial:
+                        self._count(-st.st_size)
         if removed:
             log.info("pruned %d kept final-state files", removed)
         return removed

@@ -61,6 +61,13 @@ class StoreSettings(BaseModel):
         "for `eval regrade` up to this size an episode; over it, nothing is kept and the "
         "episode says why (0: keep none)",
     )
+    final_state_max_total_mb: int = Field(
+        default=20_480,
+        ge=1,
+        le=16_777_216,
+        description="the most all kept final states may take on disk together; once there, "
+        "nothing more is kept (the episode says why) until the retention prune frees room",
+    )
     final_state_retention_days: float = Field(
         default=30.0,
         gt=0,
