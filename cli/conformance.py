@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
@@ -27,6 +27,45 @@ from palaestra.cli.console import console, error
 PASS, FAIL, NA = "pass", "fail", "n/a"
 SEED = 7
 DEFAULT_TASK = "palaestra/echo:say-birch"
+MAX_REPLY_BYTES = 16 << 20  # a reply past this is the server's fail, not this process's memory
+CHECK_DEADLINE_S = 120.0  # a check (a few calls) that takes longer fails: a drip-fed stream
+
+
+class _CappedStream(httpx.AsyncByteStream):
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int) -> None:
+        self.inner, self.limit = inner, limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self.inner:
+            seen += len(chunk)
+            if seen > self.limit:
+                raise httpx.ReadError(f"a reply larger than {self.limit} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class CappedTransport(httpx.AsyncBaseTransport):
+    """httpx's transport with every reply body cut off (an error) past `limit` bytes."""
+
+    def __init__(self, limit: int = MAX_REPLY_BYTES) -> None:
+        self.inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+        self.limit = limit
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        got = await self.inner.handle_async_request(request)
+        assert isinstance(got.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            got.status_code,
+            headers=got.headers,
+            stream=_CappedStream(got.stream, self.limit),
+            extensions=got.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 @dataclass(frozen=True)
@@ -211,7 +250,9 @@ async def unknown_session(driver: Driver) -> tuple[str, str]:
     return FAIL, f"a call on an unknown session answered {got.brief()}"
 
 
-async def run_checks(driver: Driver, other: str | None = None) -> list[Result]:
+async def run_checks(
+    driver: Driver, other: str | None = None, deadline_s: float = CHECK_DEADLINE_S
+) -> list[Result]:
     checks: list[tuple[str, Check]] = [
         ("repeated seed", seed_repeat),
         ("conflicting seed", seed_conflict),
@@ -225,10 +266,12 @@ async def run_checks(driver: Driver, other: str | None = None) -> list[Result]:
     results = []
     for name, check in checks:
         try:
-            result, reason = await check(driver)
+            result, reason = await asyncio.wait_for(check(driver), deadline_s)
         except Unrunnable as exc:
             result, reason = FAIL, str(exc)
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        except TimeoutError:
+            result, reason = FAIL, f"no answer within {deadline_s:g} s"
+        except Exception as exc:  # a hostile server's reply of any shape is its fail, not ours
             result, reason = FAIL, f"{type(exc).__name__}: {exc}"[:300]
         results.append(Result(name, result, reason))
     return results
@@ -243,14 +286,17 @@ async def conform(
     arguments: dict[str, Any] | None = None,
     token: str | None = None,
     other_token: str | None = None,
+    deadline_s: float = CHECK_DEADLINE_S,
 ) -> list[Result]:
     """The checks' results for the server at `url` (for OpenEnv, the environment's base,
-    e.g. `…/openenv/palaestra/echo`)."""
+    e.g. `…/openenv/palaestra/echo`). Each check has `deadline_s`, each reply at most
+    MAX_REPLY_BYTES; redirects are not followed (the token goes to `url` alone)."""
     # A fresh connection per call: a server that drops one after an error costs that call only.
-    limits = httpx.Limits(max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as http:
+    transport = CappedTransport()
+    timeout = min(60.0, deadline_s)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, transport=transport) as http:
         driver = DRIVERS[protocol](http, task, tool, arguments or {"text": "conformance"}, token)
-        return await run_checks(driver, other_token)
+        return await run_checks(driver, other_token, deadline_s)
 
 
 def conformance(

@@ -55,7 +55,7 @@ class Opened:
 def reply_of(response: httpx.Response) -> Reply:
     try:
         return Reply(response.status_code, response.json())
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return Reply(response.status_code, response.text[:500] or None)
 
 
@@ -221,6 +221,8 @@ class ORS(Driver):
             if made.status_code != 200:
                 return Opened(reply_of(made))
             sid = sse_events(made.text).get("task_id", "")
+            if not sid:  # a 200 naming no session opened none
+                return Opened(Reply(502, "/create_session's stream named no task_id"))
         body = {"env_name": self.pack, "task_spec": {"id": self.task}}
         got = reply_of(await self.http.post("/create", json=body, headers=self._sid(sid)))
         if not got.ok:
@@ -292,6 +294,8 @@ class NeMoGym(Driver):
             self._cookies.setdefault(sid, dict(got.cookies))
         reply = reply_of(got)
         named = reply.body.get("resources_session_id") if isinstance(reply.body, dict) else None
+        if reply.ok and not isinstance(named, str):  # a 200 naming no session opened none
+            return Opened(Reply(502, "the seed's reply named no resources_session_id"))
         return Opened(reply, named if reply.ok else None, named)
 
     async def act(
