@@ -109,6 +109,7 @@ class Checkpoints:
         self.snapshots = Snapshots(folder)
         self._made: dict[str, deque[float]] = {}  # token id -> checkpoint times this hour
         self._held: set[str] = set()  # keys of live episodes with a checkpoint row
+        self._putting: set[str] = set()  # snapshot digests stored, their row not yet written
 
     # -- checkpoint -----------------------------------------------------------------------
     async def checkpoint(self, principal: Principal, episode_id: str) -> CheckpointResponse:
@@ -132,11 +133,18 @@ class Checkpoints:
                 raise ConflictError(f"episode {episode_id} has ended")
             record = self._record(episode)
             digest, size = await self._snapshot(episode)
-            checkpoint_id, now = uuid.uuid4().hex, time.time()
-            steps = episode.state.step_count
-            await self.store.commit()  # the trajectory up to here is on disk first
-            row = (key, checkpoint_id, now, steps, digest, size, record.model_dump_json())
-            await asyncio.to_thread(self._write, row)
+            if digest is not None:
+                self._putting.add(digest)
+            try:
+                checkpoint_id, now = uuid.uuid4().hex, time.time()
+                steps = episode.state.step_count
+                await self.store.commit()  # the trajectory up to here is on disk first
+                row = (key, checkpoint_id, now, steps, digest, size, record.model_dump_json())
+                replaced = await asyncio.to_thread(self._write, row)
+            finally:
+                self._putting.discard(digest or "")
+            if replaced is not None and replaced[0] not in (None, digest):
+                await asyncio.to_thread(self._drop, replaced[0], replaced[1])
         self._held.add(key)
         log.info("episode checkpointed at step %d", steps, extra={"episode_id": key})
         return CheckpointResponse(
@@ -208,8 +216,12 @@ class Checkpoints:
                 f"the workspace could not be read: {exc}", code="sandbox_failed"
             ) from None
 
-    def _write(self, row: tuple[Any, ...]) -> None:
+    def _write(self, row: tuple[Any, ...]) -> tuple[str | None, float] | None:
+        """Write the episode's checkpoint row; the (snapshot, time) of the one it replaced."""
         with self.store.db.transaction() as conn:
+            old = conn.one(
+                "SELECT workspace, created_at FROM checkpoints WHERE episode_id=?", (row[0],)
+            )
             conn.execute(
                 "INSERT INTO checkpoints (episode_id, id, created_at, step_count, workspace,"
                 " workspace_bytes, record) VALUES (?,?,?,?,?,?,?) ON CONFLICT (episode_id)"
@@ -218,6 +230,17 @@ class Checkpoints:
                 " workspace_bytes=excluded.workspace_bytes, record=excluded.record",
                 row,
             )
+        return None if old is None else (old[0], float(old[1]))
+
+    def _drop(self, digest: str, put_by: float) -> None:
+        """A replaced checkpoint's snapshot goes at once unless another checkpoint refers to
+        it or is storing it (content-addressed: equal workspaces share one); otherwise one
+        episode checkpointed over and over would keep every archive until a prune."""
+        if digest in self._putting:
+            return
+        if self.store.db.one("SELECT 1 FROM checkpoints WHERE workspace=? LIMIT 1", (digest,)):
+            return
+        self.snapshots.drop(digest, put_by)
 
     async def _stored(self, key: str) -> EpisodeState | None:
         return await self.store.load_episode(key, with_trajectory=False)

@@ -87,6 +87,19 @@ class Snapshots:
         except SnapshotMissing:
             return False
 
+    def drop(self, digest: str, put_by: float) -> bool:
+        """Remove a snapshot nobody refers to any more (the caller checked), unless it was
+        put again after `put_by` (another checkpoint of the same bytes on its way: its
+        `put` refreshed it). Blocking: call it in a thread."""
+        try:
+            path = self.path(digest)
+            if path.stat().st_mtime > put_by:
+                return False
+            path.unlink()
+        except (SnapshotMissing, FileNotFoundError):
+            return False
+        return True
+
     async def prune(self, keep: Iterable[str], grace_s: float = GRACE_S) -> int:
         """Remove every snapshot not in `keep` older than `grace_s`; how many went."""
         kept = frozenset(keep)
