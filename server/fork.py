@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from palaestra.envs.base import EpisodeContext, Sandboxes
 from palaestra.sandbox import AgentFault, SandboxError
-from palaestra.sdk.errors import ConflictError, InvalidActionError, UnavailableError
+from palaestra.sdk.errors import (
+    ConflictError,
+    InvalidActionError,
+    PalaestraError,
+    UnavailableError,
+)
 from palaestra.sdk.models import EpisodeStatus, ForkResponse
 from palaestra.server.episode import Episode, id_taken, task_info
 from palaestra.server.host import ForkOrder
@@ -46,6 +51,17 @@ async def stored_ended(store: Store, key: str, episode_id: str) -> ConflictError
     return ended(episode_id, state.status.value if state is not None else "ended")
 
 
+def refuse_retired(host: LocalHost, ref: str) -> None:
+    """A fork is a new episode: none of a task whose held-out draw was retired since its
+    parent started (server/draws.py; the parent itself finishes). 404 `draw_retired`."""
+    try:
+        host.checkpoints.packs.resolve(ref)
+    except PalaestraError as exc:
+        if exc.code == "draw_retired":
+            raise
+        # a pack no longer served otherwise: the parent's task is forked as it was
+
+
 async def fork_episode(host: LocalHost, parent: Episode, order: ForkOrder) -> Episode:
     """The fork of `parent` under `order.key`, made (its sandbox, state and stored row) but
     not yet live: the host registers it. Nothing is left behind when it fails."""
@@ -61,6 +77,7 @@ async def fork_episode(host: LocalHost, parent: Episode, order: ForkOrder) -> Ep
                 code="harness_episode",
             )
         task, family = parent.task, parent.family
+        refuse_retired(host, task.ref)
         try:
             sandboxes = await host.sandboxes.fork(parent.ctx.sandboxes, family, task)
         except AgentFault as exc:  # what the agent left cannot be copied (a sparse giant)
