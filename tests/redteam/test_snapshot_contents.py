@@ -7,7 +7,10 @@ workdir travels through the host when an episode is copied, snapshotted or regra
   them back as they were (a venv's absolute `python` link is ordinary; its episode must
   not go void), and no host path outside the sandbox is written or read through them;
 - a fork copies the same tree without following a link, and the child sees its parent's
-  links as links.
+  links as links;
+- a workspace no copy can hold (sparse files past the cap, a tree past the depth limit,
+  hard links to one file) is the agent's 4xx for a checkpoint and a fork alike: nothing
+  stored, no sandbox left, the episode goes on.
 
 Real bwrap sandboxes, the real app over real managers restarted on one data dir (ASGI)."""
 
@@ -140,3 +143,38 @@ async def test_a_fork_copies_hostile_entries_as_they_are(servers: Servers) -> No
     await step(me, child, run("open('hard', 'w').write('changed')"))
     text = (await step(me, eid, run("print(open('d/e/f.txt').read())")))["observation"]["text"]
     assert "inner" in text and "changed" not in text
+
+
+GIANTS = {
+    "sparse": (  # 200 files as large as the file-size limit lets one be
+        "import resource\nlimit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]\n"
+        "for i in range(200):\n"
+        "    open(f'giant{i}', 'wb').truncate(min(limit, 1 << 40) if limit > 0 else 1 << 40)"
+    ),
+    "deep": "import os\nfor i in range(300):\n    os.mkdir('d'); os.chdir('d')",
+    "hardlinks": (
+        "import os\nopen('h', 'wb').write(os.urandom(1 << 20))\n"
+        "for i in range(2000):\n    os.link('h', f'h{i}')"
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(GIANTS))
+async def test_an_uncopyable_workspace_is_the_agents_4xx(servers: Servers, what: str) -> None:
+    """A checkpoint or fork of a workspace no copy can hold (a sparse terabyte, a tree past
+    the depth limit, hard links to one file) is a 4xx naming the agent's fault; nothing is
+    stored, no sandbox is left, and the episode goes on."""
+    assert servers.manager is not None
+    host = servers.manager.host
+    me = servers.tenant(["train"])
+    eid = await me.start(task=HE)
+    assert "exit code: 0" in (await step(me, eid, run(GIANTS[what])))["observation"]["text"]
+    before = host.sandboxes.live_count  # type: ignore[attr-defined]
+    for route in ("checkpoint", "fork"):
+        reply = await post(me, eid, route)
+        assert 400 <= reply.status_code < 500, (route, reply.status_code, reply.text)
+        assert reply.json()["error"]["code"]
+    assert host.sandboxes.live_count == before  # type: ignore[attr-defined]
+    root = servers.settings.data_dir / "snapshots" / "sha256"
+    assert not root.is_dir() or not [p for p in root.rglob("*") if p.is_file()]
+    assert (await step(me, eid, run("print(40 + 2)")))["observation"]["text"].strip().endswith("42")
