@@ -16,6 +16,7 @@ is not valid ATIF is refused with each problem's step and field, exit 2, nothing
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -146,6 +147,8 @@ def _export_run(run: Path, out: Path, version: str, server: Server | None) -> No
         manifest, attempts = store.manifest(), store.records()
     except RunError as exc:
         raise _fail(str(exc)) from None
+    except TypeError as exc:  # a line missing an attempt's fields
+        raise _fail(f"{run}: a line of its attempts.jsonl is no attempt ({exc})") from None
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise _fail(f"{out} exists and is not an empty directory")
     if server is None:
@@ -172,9 +175,33 @@ def _export_run(run: Path, out: Path, version: str, server: Server | None) -> No
     err.print(f"{len(documents)} attempts of {run} → {out}/ ({version}, one file each)")
 
 
+def _slug(text: str, size: int) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:size]
+
+
 def _name(line: int, attempt: Attempt) -> str:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", attempt.task).strip("-")[:80]
-    return f"{line:05d}-{slug}-a{attempt.attempt}{SUFFIX}"
+    """The attempt's file name: its task and number, nothing else of a hostile run's
+    attempts.jsonl (an `attempt` of "/../../x" wrote outside -o DIR)."""
+    number = attempt.attempt
+    shown = str(number) if type(number) is int else _slug(str(number), 20)
+    return f"{line:05d}-{_slug(str(attempt.task), 80)}-a{shown}{SUFFIX}"
+
+
+def _attempt_problems(attempt: dict[str, Any]) -> list[str]:
+    """What an imported attempt lacks to be a line of a run's attempts.jsonl."""
+    where = "extra.palaestra.attempt"
+    problems = [
+        f"{where}.{f.name}: Field required"
+        for f in dataclasses.fields(Attempt)
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and f.name not in attempt
+    ]
+    for name, kind in (("attempt", int), ("seed", int), ("task", str), ("episode_id", str)):
+        value = attempt.get(name)
+        if name in attempt and (type(value) is not kind):
+            problems.append(f"{where}.{name}: must be {'an integer' if kind is int else 'text'}")
+    return problems
 
 
 @import_app.command("atif")
@@ -265,6 +292,8 @@ def _import_run(source: Path, out: Path | None) -> None:
     for path, document in documents:
         try:
             attempt, run, line = atif_to_attempt(document)
+            if problems := _attempt_problems(attempt):
+                raise AtifError(problems)
         except AtifError as exc:
             raise _refuse(path, exc) from None
         if manifest is not None and run != manifest:

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from conftest import cli_env
 
-from palaestra.sdk.atif import episode_to_atif
+from palaestra.sdk.atif import attempt_to_atif, episode_to_atif
 from palaestra.sdk.atif_models import ATIF_V17
 from palaestra.sdk.models import EpisodeState
-from tests.sdk.test_atif import episode, through_text
+from tests.sdk.test_atif import attempt, episode, through_text
 
 CLI = str(Path(sys.executable).parent / "palaestra")
 
@@ -102,3 +102,58 @@ def test_ids_shaped_like_paths_name_no_file(tmp_path: Path) -> None:
     assert written == [f"{n}.json" for n in range(4)]
     for name in written:
         EpisodeState.model_validate_json((tmp_path / "out" / name).read_text())
+
+
+def hostile_run(root: Path, attempt: Any) -> Path:
+    run = root / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text('{"format": "palaestra-run/1", "run_id": "r"}')
+    line = {"task": "palaestra/echo:say-birch", "family": "echo", "domain": "d",
+            "difficulty": "easy", "attempt": attempt, "seed": 1, "reward": 1.0}  # fmt: skip
+    (run / "attempts.jsonl").write_text(json.dumps(line) + "\n")
+    return run
+
+
+def test_an_exported_runs_file_names_stay_inside_out(tmp_path: Path) -> None:
+    """A run's attempts.jsonl is data (another's run, or one `import atif` made): an
+    `attempt` of "/../../escaped" named a file outside -o DIR."""
+    run = hostile_run(tmp_path, "/../../escaped")
+    out = tmp_path / "deep" / "out"
+    result = cli("export", "atif", "--run", str(run), "-o", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in tmp_path.rglob("*escaped*")] == [
+        "00000-palaestra-echo-say-birch-aescaped.atif.json"
+    ]
+    assert [p.parent for p in tmp_path.rglob("*.atif.json")] == [out]
+    with (run / "attempts.jsonl").open("a") as f:
+        f.write('{"task": "no other field"}\n')
+    result = cli("export", "atif", "--run", str(run), "-o", str(tmp_path / "o2"), cwd=tmp_path)
+    refused(result, "attempts.jsonl is no attempt")
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"attempt": "/../../escaped"}, "attempt.attempt: must be an integer"),
+        ({"seed": [1]}, "attempt.seed: must be an integer"),
+        ({"family": None, "drop": "family"}, "attempt.family: Field required"),
+    ],
+)
+def test_an_imported_attempt_must_be_one(
+    tmp_path: Path, change: dict[str, Any], names: str
+) -> None:
+    """`import atif DIR` writes each attempt as a line of a run's attempts.jsonl, which
+    `export atif --run` and `eval report` read: an attempt of the wrong shape is refused
+    there, naming its field, not written (nor a traceback later)."""
+    line, manifest = attempt()
+    line = {**line, "family": "echo", "domain": "echo/say", "difficulty": "easy", **change}
+    if "drop" in change:
+        del line[change["drop"]], line["drop"]
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    (folder / "00000-x.atif.json").write_text(
+        json.dumps(attempt_to_atif(line, manifest, 0, ATIF_V17))
+    )
+    result = cli("import", "atif", str(folder), "-o", str(tmp_path / "run"), cwd=tmp_path)
+    refused(result, "00000-x.atif.json")
+    assert names in result.stderr and not (tmp_path / "run").exists()
