@@ -213,7 +213,7 @@ class ContainerFiles:
         whatever they point at (the agent made them in its own sandbox; the engine resolves
         links inside the container, and this fresh one runs nothing of the agent's yet).
         A member under a link of the same archive, or one that escapes, is refused."""
-        await asyncio.to_thread(self._put_archive, _as_it_was(src))
+        await asyncio.to_thread(self._put_archive, _as_it_was(src, self.workdir))
 
     async def download_tar(self, path: str | None = None) -> bytes:
         rel = self.rel(path or ".")
@@ -384,9 +384,11 @@ def _rewritten(src: BinaryIO, base: str, parents: set[str], *, contents: bool) -
     yield bytes(2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
 
 
-def _as_it_was(src: BinaryIO) -> Iterator[bytes]:
+def _as_it_was(src: BinaryIO, workdir: str) -> Iterator[bytes]:
     """The tar in `src` (one of `_download_sync`'s: a workdir's entries, relative) as the
-    engine unpacks it at a workdir, a piece at a time, with its modes and links."""
+    engine unpacks it at `workdir`, a piece at a time, with its modes and links. A relative
+    link climbing above the workdir (`../../tmp`), which the engine refuses to unpack, is
+    written as the absolute path it resolves to in the container (`/tmp`)."""
     links: set[str] = set()
     src.seek(0)
     with tarfile.open(fileobj=src, mode="r:") as tf:
@@ -406,10 +408,22 @@ def _as_it_was(src: BinaryIO) -> Iterator[bytes]:
                 yield from _data_blocks(f, m.size)
             elif m.issym():
                 ti = _info(name, tarfile.SYMTYPE, 0o777, 0, m.mtime)
-                ti.linkname = m.linkname
+                ti.linkname = _in_container(workdir, name, m.linkname)
                 yield _header(ti)
                 links.add(name)
     yield bytes(2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
+
+
+def _in_container(workdir: str, name: str, target: str) -> str:
+    """`target` of the link `name` (under `workdir`) as the engine unpacks it: as it is,
+    unless it is relative and climbs above the workdir; then the absolute path the kernel
+    resolves it to (`..` at `/` stays at `/`; every folder above it in the tar is real)."""
+    if target.startswith("/"):
+        return target
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    if resolved != ".." and not resolved.startswith("../"):
+        return target
+    return posixpath.normpath(posixpath.join(workdir, posixpath.dirname(name), target))
 
 
 def _header(ti: tarfile.TarInfo) -> bytes:

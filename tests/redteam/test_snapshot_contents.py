@@ -22,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_settings
+from conftest import docker_skip_reason, make_settings
 
+from palaestra.sandbox.docker import BASE_IMAGE
 from tests.redteam.tenants import Tenant
 from tests.server.test_checkpoint import HE, Servers, post, step
+
+DOCKER_SKIP = docker_skip_reason(BASE_IMAGE)
 
 # Made by the agent: every kind of entry a host copy must not follow or choke on.
 HOSTILE = r"""
@@ -178,3 +181,35 @@ async def test_an_uncopyable_workspace_is_the_agents_4xx(servers: Servers, what:
     root = servers.settings.data_dir / "snapshots" / "sha256"
     assert not root.is_dir() or not [p for p in root.rglob("*") if p.is_file()]
     assert (await step(me, eid, run("print(40 + 2)")))["observation"]["text"].strip().endswith("42")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(DOCKER_SKIP), reason=DOCKER_SKIP or "docker")
+async def test_hostile_entries_on_docker(tmp_path: Path) -> None:
+    """On docker a fork and a resume give the links back as they were, too (a relative one
+    climbing out of the workdir made the fork a 503 and the resume void)."""
+    made = Servers(make_settings(data_dir=tmp_path / "data", sandbox="docker"))
+    await made.start()
+    try:
+        me = made.tenant(["train"])
+        eid = await hostile(made, me)
+        before = links(await listing(me, eid))
+        assert before["py"] == "/usr/bin/python3" and before["proc_root"] == "/proc/self/root"
+        # A relative link climbing above the workdir, which the engine refuses to unpack,
+        # comes back as the absolute path it resolves to in the container (it was a 503).
+        before["up_tmp"] = "/tmp"
+        reply = await post(me, eid, "fork")
+        assert reply.status_code == 200, reply.text
+        assert links(await listing(me, reply.json()["episode_id"])) == before
+        assert (await post(me, eid, "checkpoint")).status_code == 200
+        await made.stop()
+        await made.start()
+        resumed = await post(me, eid, "resume")
+        assert resumed.status_code == 200, resumed.text
+        assert links(await listing(me, eid)) == before
+        text = (await step(me, eid, run(PROBE)))["observation"]["text"]
+        assert "unreachable" in text and "snapshots" not in text
+    finally:
+        await made.stop()
+        for t in made.tenants:
+            await t.http.aclose()
