@@ -75,15 +75,29 @@ def _dump(document: Any) -> str:
 
 def _write(path: Path, text: str) -> None:
     """Whole or not at all: a temporary file beside `path`, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise _fail(f"{path}: cannot write there: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _fail(f"{path}: cannot write there: {exc.strerror or exc}") from None
         raise
+
+
+def _staging(out: Path) -> Path:
+    """A new folder beside `out`, renamed to it once whole."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent.resolve()))
+    except OSError as exc:
+        raise _fail(f"{out}: cannot write there: {exc.strerror or exc}") from None
 
 
 @export_app.command("atif")
@@ -169,7 +183,10 @@ def _export_run(run: Path, out: Path, version: str, server: Server | None) -> No
             (_name(i, a), episode_to_atif(state, version))
             for (i, a), state in zip(played, states, strict=True)
         ]
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _fail(f"{out}: cannot write there: {exc.strerror or exc}") from None
     for name, document in documents:
         _write(out / name, _dump(document))
     err.print(f"{len(documents)} attempts of {run} → {out}/ ({version}, one file each)")
@@ -301,8 +318,7 @@ def _import_run(source: Path, out: Path | None) -> None:
         manifest = run
         lines.append((line, attempt))
     assert manifest is not None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent.resolve()))
+    staging = _staging(out)
     try:
         store = RunDir.create(staging / "run", manifest)
         for _, attempt in sorted(lines, key=lambda item: item[0]):
@@ -334,8 +350,7 @@ def _import_episodes(documents: list[tuple[Path, Any]], out: Path) -> None:
             states.append((path, atif_to_episode(document)))
         except AtifError as exc:
             raise _refuse(path, exc) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent.resolve()))
+    staging = _staging(out)
     try:
         (staging / "out").mkdir()
         for path, state in states:

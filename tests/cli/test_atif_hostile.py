@@ -157,3 +157,19 @@ def test_an_imported_attempt_must_be_one(
     result = cli("import", "atif", str(folder), "-o", str(tmp_path / "run"), cwd=tmp_path)
     refused(result, "00000-x.atif.json")
     assert names in result.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["a-folder", "a-file/below", "/proc/nowhere"])
+def test_an_unwritable_out_is_refused_without_a_traceback(tmp_path: Path, where: str) -> None:
+    source = tmp_path / "ok.atif.json"
+    source.write_text(json.dumps(good()))
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    refused(cli("import", "atif", str(source), "-o", where, cwd=tmp_path), "cannot write there")
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    (folder / "0.atif.json").write_text(json.dumps(good()))
+    run = cli("import", "atif", str(folder), "-o", f"{where}/run", cwd=tmp_path)
+    if where != "a-folder":  # a-folder/run is a fine new folder
+        refused(run, "cannot write there")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
