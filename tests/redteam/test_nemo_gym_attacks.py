@@ -13,7 +13,9 @@ import pytest
 from tests.servers import ServerProcess, server_fixture
 
 ECHO = Path(__file__).parents[2] / "packs" / "echo"
-server = server_fixture(packs={"echo": ECHO}, settings={"ors_sessions_per_token": 2})
+server = server_fixture(
+    packs={"echo": ECHO}, settings={"ors_sessions_per_token": 2, "max_body_bytes": 1 << 16}
+)
 
 
 def token(server: ServerProcess, scopes: list[str]) -> dict[str, str]:
@@ -133,4 +135,13 @@ def test_a_tool_body_of_the_wrong_kind_is_4xx(server: ServerProcess, raw: bytes)
     http = seeded(server, a, f"body-{abs(hash(raw))}")
     got = http.post("/echo", content=raw)
     assert 400 <= got.status_code < 500, got.text
+    assert http.post("/echo", json={"text": "after"}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/seed_session", "/verify", "/aggregate_metrics", "/echo"])
+def test_a_huge_body_is_413_before_it_is_read(server: ServerProcess, path: str) -> None:
+    a = token(server, ["train"])
+    http = seeded(server, a, f"huge-{path.strip('/')}")
+    got = http.post(path, content=b'{"text": "' + b"a" * (1 << 17) + b'"}')
+    assert got.status_code == 413, got.text
     assert http.post("/echo", json={"text": "after"}).status_code == 200
