@@ -231,6 +231,7 @@ class ContainerFiles:
             self._refuse_links(rel, shown)
         top = posixpath.basename(self.workdir)
         start = out.tell()
+        written: dict[str, tuple[int, int]] = {}  # engine's name -> (its data in out, size)
         with (
             self._archive(f"{self.workdir}/{rel}" if rel else self.workdir, shown, limit) as raw,
             tarfile.open(fileobj=raw, mode="r|") as src,
@@ -253,6 +254,14 @@ class ContainerFiles:
                     assert f is not None
                     ti = _info(name, tarfile.REGTYPE, m.mode & 0o777, m.size, m.mtime)
                     dst.addfile(ti, f)
+                    blocks = -(-m.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                    written[m.name] = (out.tell() - blocks, m.size)
+                elif m.islnk() and m.linkname in written:  # a file's second name: its own
+                    at, size = written[m.linkname]  # file, as bwrap's walk makes it
+                    if out.tell() - start + 2 * tarfile.BLOCKSIZE + size > limit:
+                        raise too_large(limit, f"the download (at {name[:200]!r})")
+                    ti = _info(name, tarfile.REGTYPE, m.mode & 0o777, size, m.mtime)
+                    dst.addfile(ti, _Reread(out, at))
                 elif m.isdir():
                     dst.addfile(_info(name, tarfile.DIRTYPE, m.mode & 0o777, 0, m.mtime))
                 elif m.issym():
@@ -261,6 +270,22 @@ class ContainerFiles:
                     dst.addfile(ti)
                 forget_members(dst)
         return out.tell() - start
+
+
+class _Reread:
+    """What `out` (a tar being appended to) holds from `at` on, read back while it grows:
+    each read seeks there and back to the end."""
+
+    def __init__(self, out: BinaryIO, at: int) -> None:
+        self.out = out
+        self.at = at
+
+    def read(self, n: int = -1) -> bytes:
+        self.out.seek(self.at)
+        data = self.out.read(n)
+        self.at += len(data)
+        self.out.seek(0, io.SEEK_END)
+        return data
 
 
 class _Capped(io.RawIOBase):
