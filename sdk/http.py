@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Protocol, TypedDict, TypeVar, Unpack
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -114,6 +115,15 @@ def _batch_step_body(items: Sequence[StepItemLike], wait_s: float | None) -> byt
 
 
 _JSON = {"content-type": "application/json"}
+
+
+def _segment(episode_id: str) -> str:
+    """An episode id as one URL path segment: a `/`, `?`, `#` or `%` in it is escaped and
+    `.`/`..` spelled out, so an id read from a run directory never reaches another route
+    (httpx removes dot segments; a `?` would end the path)."""
+    if episode_id in (".", ".."):
+        return episode_id.replace(".", "%2E")
+    return quote(episode_id, safe="")
 
 
 class _Transport(Protocol):
@@ -222,7 +232,7 @@ class AsyncHTTPClient(AsyncServerClient):
     async def step(
         self, episode_id: str, action: ActionLike, *, request_id: str | None = None
     ) -> StepResponse:
-        path = f"/v1/episodes/{episode_id}/step"
+        path = f"/v1/episodes/{_segment(episode_id)}/step"
         response = await self._request("POST", path, json=_step_body(action, request_id))
         return StepResponse.model_validate_json(response.content)
 
@@ -242,14 +252,14 @@ class AsyncHTTPClient(AsyncServerClient):
         return BatchStepResponse.model_validate_json(response.content).items
 
     async def verify(self, episode_id: str) -> Verdict:
-        response = await self._request("POST", f"/v1/episodes/{episode_id}/verify")
+        response = await self._request("POST", f"/v1/episodes/{_segment(episode_id)}/verify")
         return Verdict.model_validate_json(response.content)
 
     async def state(self, episode_id: str) -> EpisodeState:
-        return await self._get(f"/v1/episodes/{episode_id}", EpisodeState)
+        return await self._get(f"/v1/episodes/{_segment(episode_id)}", EpisodeState)
 
     async def close(self, episode_id: str) -> None:
-        await self._request("DELETE", f"/v1/episodes/{episode_id}")
+        await self._request("DELETE", f"/v1/episodes/{_segment(episode_id)}")
 
     async def families(self) -> list[FamilyInfo]:
         return _FAMILIES.validate_json((await self._request("GET", "/v1/families")).content)
@@ -265,20 +275,24 @@ class AsyncHTTPClient(AsyncServerClient):
 
     async def fork(self, episode_id: str, *, fork_id: str | None = None) -> ForkResponse:
         body = ForkRequest(episode_id=fork_id).model_dump(mode="json")
-        response = await self._request("POST", f"/v1/episodes/{episode_id}/fork", json=body)
+        response = await self._request(
+            "POST", f"/v1/episodes/{_segment(episode_id)}/fork", json=body
+        )
         return ForkResponse.model_validate_json(response.content)
 
     async def regrade(self, episode_id: str, pack: str) -> Verdict:
         body = RegradeRequest(pack=pack).model_dump(mode="json")
-        response = await self._request("POST", f"/v1/episodes/{episode_id}/regrade", json=body)
+        response = await self._request(
+            "POST", f"/v1/episodes/{_segment(episode_id)}/regrade", json=body
+        )
         return Verdict.model_validate_json(response.content)
 
     async def checkpoint(self, episode_id: str) -> CheckpointResponse:
-        response = await self._request("POST", f"/v1/episodes/{episode_id}/checkpoint")
+        response = await self._request("POST", f"/v1/episodes/{_segment(episode_id)}/checkpoint")
         return CheckpointResponse.model_validate_json(response.content)
 
     async def resume(self, episode_id: str) -> ResumeResponse:
-        response = await self._request("POST", f"/v1/episodes/{episode_id}/resume")
+        response = await self._request("POST", f"/v1/episodes/{_segment(episode_id)}/resume")
         return ResumeResponse.model_validate_json(response.content)
 
     async def release_task(self, task: str) -> SamplerReleaseResponse:
