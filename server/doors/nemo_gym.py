@@ -554,16 +554,33 @@ async def session_view(request: Request) -> Any:
     )
 
 
+def unrouted(request: Request) -> StarletteHTTPException:
+    """What the framework answers a request no other route takes, as if `/{tool}` were not
+    there: 405 where a route of another method has the path, else 404 (this door's own
+    routers match `/{tool}` fully, never partly)."""
+    for other in request.app.router.routes:
+        if other.matches(request.scope)[0] is Match.PARTIAL:
+            return StarletteHTTPException(405)
+    return StarletteHTTPException(404)
+
+
+OTHER_METHODS = ["GET", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+@router.api_route("/{tool}", methods=OTHER_METHODS, include_in_schema=False)
+async def not_a_tool(request: Request, tool: str) -> Response:
+    """A tool is called by POST: any other method at the root is what it was before this
+    door (the contract's 404, or 405 where another route has the path)."""
+    raise unrouted(request)
+
+
 @router.post("/{tool}")
 @nemo
 async def call_tool(request: Request, tool: str) -> Any:
     """A tool of the session the cookie names (direct HTTP tool access). Without the cookie
     this is no route of NeMo Gym's: the contract's 404, as for any unknown route."""
     if COOKIE not in request.cookies:
-        for other in request.app.router.routes:  # a route of another method: 405, as before
-            if other.matches(request.scope)[0] is Match.PARTIAL:
-                raise StarletteHTTPException(405)
-        raise StarletteHTTPException(404)
+        raise unrouted(request)
     principal = caller(request)
     _, held = sessions_of(request).by_cookie(principal.token_id, request.cookies[COOKIE])
     arguments = await body(request)
