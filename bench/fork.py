@@ -28,30 +28,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from coding_episode import BULK, STEPS, TASK, pct  # bench/coding_episode.py
+
 from palaestra.sandbox.docker import BASE_IMAGE, docker_available
-from palaestra.sdk.models import Action, ResetRequest, StepRequest
+from palaestra.sdk.models import ResetRequest, StepRequest
 from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
-
-TASK = "openai/humaneval:HumanEval-1"
-SOLUTION = "def separate_paren_groups(paren_string):\n    return paren_string.split()\n"
-STEPS = [
-    Action(tool="write_file", arguments={"path": "solution.py", "content": SOLUTION}),
-    Action(tool="run_python", arguments={"code": "import solution; print(solution)"}),
-    Action(tool="write_file", arguments={"path": "notes.txt", "content": "try again\n" * 100}),
-]
-BULK = Action(
-    tool="run_python",
-    arguments={
-        "code": "import os\nfor i in range(8): open(f'blob{i}', 'wb').write(os.urandom(1 << 20))"
-    },
-)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def timed(
