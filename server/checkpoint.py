@@ -8,8 +8,9 @@ the family's state as JSON (`Family.checkpoint_state`), and what the host keeps 
 episode (limits, tally, wall time used, the oracle's remaining actions, request ids). It
 is one row of `checkpoints` (an episode keeps its last), written after every step record
 queued before it is committed, so the trajectory up to it is on disk too. The episode
-goes on. A harness episode cannot be checkpointed (its harness process and model session
-live in this server): 409 `harness_episode`.
+goes on. A harness episode's process cannot be frozen: its checkpoint is its start
+workspace and its recorded model calls, and its resume replays them
+(server/harness_resume.py, server/harness/replay.py).
 
 At start, an episode a previous server left `active` becomes `resumable` when it has a
 checkpoint (the rest are void as before); a graceful stop parks checkpointed episodes the
@@ -55,6 +56,8 @@ from palaestra.sdk.models import (
 from palaestra.server.auth import Principal
 from palaestra.server.db import Connection
 from palaestra.server.episode import Episode, task_info, void_verdict
+from palaestra.server.harness.replay import HarnessCapture
+from palaestra.server.harness_resume import CaptureBroken, capture_of, load_replay, reopen
 from palaestra.server.packs.catalog import PackCatalog
 from palaestra.server.snapshots import SnapshotMissing, Snapshots
 from palaestra.server.tally import StepTally
@@ -84,6 +87,7 @@ class CheckpointRecord(BaseModel):
     tally: dict[str, int] = {}
     oracle: list[Action] | None = None
     request_ids: list[str] = []
+    harness: HarnessCapture | None = None  # a harness episode's (its workspace: the start)
 
 
 class Unrestorable(Exception):
@@ -110,6 +114,7 @@ class Checkpoints:
         self._made: dict[str, deque[float]] = {}  # token id -> checkpoint times this hour
         self._held: set[str] = set()  # keys of live episodes with a checkpoint row
         self._putting: set[str] = set()  # snapshot digests stored, their row not yet written
+        self._starts: dict[str, tuple[str, int]] = {}  # live harness episodes' start snapshots
 
     # -- checkpoint -----------------------------------------------------------------------
     async def checkpoint(self, principal: Principal, episode_id: str) -> CheckpointResponse:
@@ -121,18 +126,17 @@ class Checkpoints:
             raise ConflictError(
                 f"episode {episode_id} is {status}; only a live episode can be checkpointed"
             )
-        if episode.harness is not None:
-            raise ConflictError(
-                f"episode {episode_id} is driven by its harness; a harness episode cannot be "
-                "checkpointed (its harness and model session live in this server)",
-                code="harness_episode",
-            )
         self._admit(principal)
         async with episode.lock:
             if episode.state.status is not EpisodeStatus.ACTIVE:
                 raise ConflictError(f"episode {episode_id} has ended")
             record = self._record(episode)
-            digest, size = await self._snapshot(episode)
+            if episode.harness is not None:  # its start, replayed at resume
+                start = self._starts.get(key)
+                record.harness = capture_of(episode, episode.harness, start)
+                digest, size = start or (None, 0)
+            else:
+                digest, size = await self._snapshot(episode)
             if digest is not None:
                 self._putting.add(digest)
             try:
@@ -197,6 +201,20 @@ class Checkpoints:
             oracle=episode.oracle,
             request_ids=sorted(episode.request_ids)[:MAX_REQUEST_IDS],
         )
+
+    async def keep_start(self, episode: Episode) -> None:
+        """A harness episode's workspace as its harness is about to find it, kept so that
+        it can be checkpointed (server/harness_resume.py); a failure only logs (its
+        checkpoint is then refused, saying so)."""
+        if not self.host.settings.checkpoint_harness or episode.id in self._starts:
+            return
+        try:
+            digest, size = await self._snapshot(episode)
+        except PalaestraError as exc:
+            log.warning("harness start not kept: %s", exc.message, extra={"episode_id": episode.id})
+            return
+        if digest is not None:
+            self._starts[episode.id] = (digest, size)
 
     async def _snapshot(self, episode: Episode) -> tuple[str | None, int]:
         """The workdir as a stored snapshot (digest, bytes); (None, 0) without a sandbox."""
@@ -287,6 +305,8 @@ class Checkpoints:
     async def sweep(self) -> None:
         """The reaper's: drop the checkpoints of episodes that ended here, then the
         snapshots nobody refers to."""
+        for key in [key for key in self._starts if key not in self.host._live]:
+            del self._starts[key]
         gone = [key for key in self._held if key not in self.host._live]
         if not gone:
             return
@@ -303,7 +323,8 @@ class Checkpoints:
         rows = await asyncio.to_thread(
             self.store.db.all, "SELECT workspace FROM checkpoints WHERE workspace IS NOT NULL"
         )
-        gone = await self.snapshots.prune(row[0] for row in rows)
+        keep = [row[0] for row in rows] + [digest for digest, _ in self._starts.values()]
+        gone = await self.snapshots.prune(keep)
         if gone:
             log.info("pruned %d workspace snapshots", gone)
 
@@ -337,6 +358,8 @@ class Checkpoints:
         host._live[key] = episode
         self._held.add(key)
         await self.store.commit()  # a resume a client was told of survives a crash
+        if episode.harness is not None:  # it replays its capture, then goes on live
+            host.launch_harness(episode, episode.harness.instruction)
         host.metrics.episodes_started.labels(family=episode.task.family).inc()
         log.info("episode resumed at step %d", reply.resumed_at_step, extra={"episode_id": key})
         return reply
@@ -349,21 +372,25 @@ class Checkpoints:
             raise not_resumable(episode_id, state.status.value if state else "unknown")
         row = await asyncio.to_thread(
             self.store.db.one,
-            "SELECT c.id, c.step_count, c.workspace, c.record, e.number, e.owner, e.task_digest"
-            " FROM checkpoints c JOIN episodes e ON e.id = c.episode_id WHERE c.episode_id=?",
+            "SELECT c.id, c.step_count, c.workspace, c.record, e.number, e.owner, e.task_digest,"
+            " c.workspace_bytes FROM checkpoints c JOIN episodes e ON e.id = c.episode_id"
+            " WHERE c.episode_id=?",
             (key,),
         )
         if row is None:
             raise not_resumable(episode_id, "without a checkpoint")
-        checkpoint_id, steps, digest, raw, number, owner, task_digest = row
+        checkpoint_id, steps, digest, raw, number, owner, task_digest, size = row
         record = CheckpointRecord.model_validate_json(raw)
         try:
-            episode = await self._restore(key, state, record, digest, int(number), owner or "")
+            where = (int(number), owner or "", int(steps), principal)
+            episode = await self._restore(key, state, record, digest, where)
         except Unrestorable as exc:
             reason = f"the checkpoint cannot be restored: {exc}"
             await self._void_stored(key, task_digest, reason)
             message = f"episode {episode_id}: {reason}; it is void"
             raise ConflictError(message, code="resume_failed") from None
+        if episode.harness is not None and digest is not None:  # its start, for its next one
+            self._starts[key] = (digest, int(size or 0))
         lost = await self._cut(int(number), int(steps))
         episode.state.step_count = int(steps)
         self.store.update_episode(episode.settled_state())
@@ -384,12 +411,13 @@ class Checkpoints:
         state: EpisodeState,
         record: CheckpointRecord,
         digest: str | None,
-        number: int,
-        owner: str,
+        where: tuple[int, str, int, Principal],
     ) -> Episode:
         """The episode live again, its sandbox filled from the snapshot; Unrestorable when
-        the task, its pack version, the image or the snapshot is gone."""
+        the task, its pack version, the image or the snapshot is gone (or a harness
+        episode's capture cannot be replayed)."""
         host = self.host
+        number, owner, steps, principal = where
         try:
             task = self.packs.resolve(record.task)
         except PalaestraError as exc:
@@ -403,9 +431,18 @@ class Checkpoints:
             family = host.families.get(task.family)
         except Exception as exc:
             raise Unrestorable(f"family {task.family} is not served ({exc})") from None
+        run, spec = None, family.sandbox_spec(task)
+        if record.harness is not None:
+            try:
+                replay = await load_replay(host, key, record.harness, steps)
+                run, spec = await reopen(
+                    host, principal, record.options, family, task, key, owner, replay
+                )
+            except CaptureBroken as exc:
+                raise Unrestorable(f"its harness capture: {exc}") from None
+            run.instruction = record.harness.instruction
         sandboxes = host.sandboxes.for_episode(family, task)
         try:
-            spec = family.sandbox_spec(task)
             if spec is not None and record.image is not None:
                 spec = dataclasses.replace(spec, image=record.image)
             await sandboxes.start(spec)
@@ -416,6 +453,8 @@ class Checkpoints:
             restored = family.restore_state(record.state)
         except BaseException as exc:
             await host.sandboxes.free(sandboxes)
+            if run is not None:
+                await host.harness.abort(run)
             if isinstance(exc, SandboxError | AgentFault):
                 image = record.image or "the host's"
                 raise Unrestorable(f"the sandbox (image {image}) failed: {exc}") from None
@@ -457,6 +496,7 @@ class Checkpoints:
             last_active=mono,
             oracle=record.oracle,
             owner=owner,
+            harness=run,
         )
         episode.tally = StepTally(**record.tally)
         episode.request_ids = set(record.request_ids)

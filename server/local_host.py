@@ -218,8 +218,7 @@ class LocalHost:
         await self.store.commit()  # an episode a client was told of survives a crash
         info: dict[str, Any] = {}
         if run is not None:
-            handle = HarnessHandle(self, episode)
-            self._keep(self.harness.launch(run, handle, observation.text))
+            self.launch_harness(episode, observation.text)
             info["harness"] = run.snapshot().model_dump(mode="json")
         self.metrics.episodes_started.labels(family=task.family).inc()
         log.info("episode started", extra={"episode_id": key, "task_digest": task.digest})
@@ -230,6 +229,12 @@ class LocalHost:
             limits=order.limits,
             info=info,
         )
+
+    def launch_harness(self, episode: Episode, instruction: str) -> None:
+        """Start a harness episode's harness (at reset, or replaying at a resume)."""
+        assert episode.harness is not None
+        handle = HarnessHandle(self, episode)
+        self._keep(self.harness.launch(episode.harness, handle, instruction))
 
     def _keep(self, work: asyncio.Future[Any]) -> None:
         """Hold a reference to background work until it is done; cancelled at close."""
@@ -612,3 +617,6 @@ class HarnessHandle:
 
     async def finish(self, ending: HarnessEnding) -> None:
         await self._host.harness_ended(self._episode, ending)
+
+    async def keep_start(self) -> None:
+        await self._host.checkpoints.keep_start(self._episode)

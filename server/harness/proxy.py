@@ -41,6 +41,7 @@ from palaestra.server.harness.chat_shape import (
 )
 from palaestra.server.harness.gateway import ModelGateway
 from palaestra.server.harness.records import UPSTREAM_ERROR_CHARS, Records, upstream_error
+from palaestra.server.harness.replay import Replay
 from palaestra.server.harness.wire import SSE, Reply, openai_error, openai_sse
 
 log = logging.getLogger("palaestra.harness")
@@ -109,6 +110,7 @@ class LlmSession:
         max_calls: int,
         max_tokens: int,
         on_call: Callable[[LlmCall], None],
+        replay: Replay | None = None,
     ) -> None:
         self.key = key
         self.owner = owner
@@ -121,6 +123,8 @@ class LlmSession:
         self.fault: str | None = None
         self.fault_status: int | None = None  # the HTTP status of the fault, if any
         self.limit: str | None = None
+        self.diverged: str | None = None  # a resumed harness left its capture (replay.py)
+        self.replay = replay
         self.stopped = asyncio.Event()
         self.closed = False
         self._proxy = proxy
@@ -152,6 +156,8 @@ class LlmSession:
             )
         if method != "POST":
             return _fail(api, 405, f"{method} {path}: this path takes POST", "method_not_allowed")
+        if self.replay is not None and self.replay.pending:
+            return await self._replayed(api, body)
         started_at, t0 = time.time(), time.perf_counter()
         try:
             try:
@@ -164,6 +170,33 @@ class LlmSession:
         except _Fault as exc:
             self._set_fault(str(exc), exc.status)
             return _fail(api, 502, str(exc), "upstream_failed")
+
+    async def _replayed(self, api: LlmApi, raw: bytes) -> Reply:
+        """A resumed harness's call answered from its capture (server/harness/replay.py),
+        counted as it was the first time and not recorded again; a request that is not the
+        captured one stops the session (`diverged`: the episode is void, resume_failed)."""
+        replay = self.replay
+        assert replay is not None
+        async with self._lock:
+            if not replay.pending or self.diverged is not None:
+                return _fail(api, 409, f"the resume diverged: {self.diverged}", "resume_diverged")
+            why = replay.diverges(api, raw)
+            if why is not None:
+                index = replay.pending[0].index
+                self.diverged = f"model call {index} of the capture's {replay.total}: {why}"
+                log.warning("model session %s: resume diverged at %s", self.key, self.diverged)
+                self.stopped.set()
+                return _fail(api, 409, f"the resume diverged: {self.diverged}", "resume_diverged")
+            call, reply = replay.answer()
+            if call.error is None:
+                self.calls += 1
+                self.completion_tokens += len(call.completion_token_ids)
+            elif "(refused by the proxy:" in call.error:
+                self.malformed += 1
+            else:
+                self.calls += 1
+            self._proxy.charge(self.owner, self.records.replayed(call))
+            return reply
 
     def _record_refused(
         self, api: LlmApi, exc: Refusal, raw: bytes, started_at: float, t0: float
@@ -389,8 +422,10 @@ class SessionProxy:
         max_calls: int,
         max_tokens: int,
         on_call: Callable[[LlmCall], None],
+        replay: Replay | None = None,
     ) -> LlmSession:
-        """A session for episode `key`; ValueError for a bad endpoint or an open key."""
+        """A session for episode `key` (answering `replay`'s calls first: a resumed harness);
+        ValueError for a bad endpoint or an open key."""
         if key in self._sessions:
             raise ValueError(f"episode {key!r} already has a model session")
         session = LlmSession(
@@ -401,6 +436,7 @@ class SessionProxy:
             max_calls=max_calls,
             max_tokens=max_tokens,
             on_call=on_call,
+            replay=replay,
         )
         self._sessions[key] = session
         return session

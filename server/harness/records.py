@@ -84,6 +84,14 @@ class Records:
             )
         return None
 
+    def replayed(self, call: LlmCall) -> int:
+        """A captured call answered again at a resume (server/harness/replay.py): counted as
+        when it was made, its bytes (as `call` weighed them) returned."""
+        size = len(to_json(call.request)) + len(call.model_dump_json(exclude={"request"}))
+        self.count = call.index + 1
+        self.held += size
+        return size
+
     def call(
         self,
         api: LlmApi,

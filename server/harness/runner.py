@@ -62,6 +62,7 @@ from palaestra.server.harness.registry import (
     HarnessRegistry,
     Launch,
 )
+from palaestra.server.harness.replay import Replay, call_digest
 
 if TYPE_CHECKING:
     from palaestra.server.harness.proxy import LlmSession, SessionProxy
@@ -126,6 +127,11 @@ class EpisodeHandle(Protocol):
         """The harness stopped: verify the episode (or void it on a fault)."""
         ...
 
+    async def keep_start(self) -> None:
+        """Keep the workspace as the harness is about to find it: the start a checkpoint
+        replays from (server/harness/replay.py)."""
+        ...
+
 
 @dataclass(eq=False)
 class HarnessRun:
@@ -140,6 +146,7 @@ class HarnessRun:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     instruction: str = ""
     output: str = ""  # the tail of what the harness printed
+    captured: list[str] = field(default_factory=list)  # digest of each recorded call
 
     @property
     def running(self) -> bool:
@@ -264,8 +271,14 @@ class HarnessRunner:
             )
 
     def _prepare(
-        self, plan: Plan, spec: SandboxSpec | None, key: str, owner: str
+        self,
+        plan: Plan,
+        spec: SandboxSpec | None,
+        key: str,
+        owner: str,
+        replay: Replay | None = None,
     ) -> tuple[HarnessRun, SandboxSpec]:
+        """The run, its session open (answering `replay` first: a resume), and the spec."""
         assert self.proxy is not None and spec is not None  # plan() checked both
         if spec.network:
             raise InvalidActionError(
@@ -282,7 +295,10 @@ class HarnessRunner:
             max_calls=plan.max_calls,
             max_tokens=plan.max_tokens,
             on_call=lambda call: self._record_call(run, call),
+            replay=replay,
         )
+        if replay is not None:
+            run.captured = [call_digest(c.model_dump(mode="json")) for c in replay.pending]
         spec = dataclasses.replace(
             spec, gateway=key, ro_binds=(*spec.ro_binds, *plan.bound.ro_binds)
         )
@@ -295,6 +311,13 @@ class HarnessRunner:
         for name, text in run.plan.harness.files(launch, run.plan.config).items():
             await box.write_file(f"{HARNESS_DIR}/{name}", text)
         run.instruction = launch.instruction
+
+    def reopen(
+        self, plan: Plan, spec: SandboxSpec | None, key: str, owner: str, replay: Replay
+    ) -> tuple[HarnessRun, SandboxSpec]:
+        """A checkpointed harness episode's run again, its session replaying the capture
+        (server/checkpoint.py); `launch` starts it as at reset."""
+        return self._prepare(plan, spec, key, owner, replay)
 
     async def abort(self, run: HarnessRun) -> None:
         """A reset that failed after `prepare`: the session is closed."""
@@ -337,6 +360,7 @@ class HarnessRunner:
             observation=Observation(text=text), info={"llm_call": call.model_dump(mode="json")}
         )
         handle.record(Action(tool=LLM_CALL_TOOL, arguments={}), reply, call.proxy_s)
+        run.captured.append(call_digest(reply.info["llm_call"]))
         run.snapshot()
 
     async def _drive(self, run: HarnessRun) -> None:
@@ -344,6 +368,7 @@ class HarnessRunner:
         assert handle is not None and run.session is not None
         box = handle.sandbox
         try:
+            await handle.keep_start()
             await self._stage(run, box)
         except SandboxError as exc:
             await self._end_unstarted(run, f"sandbox failed while staging the harness: {exc}")
@@ -395,6 +420,15 @@ class HarnessRunner:
         """What the session stopped the harness for, if it did."""
         session = run.session
         assert session is not None
+        replay = session.replay
+        if session.diverged is None and replay is not None and replay.pending:
+            session.diverged = (
+                f"the harness stopped after {replay.done} of the capture's {replay.total} "
+                "model calls"
+            )
+        if session.diverged is not None:
+            why = f"the resumed harness diverged from its checkpoint: {session.diverged}"
+            return Ending(why, void=why, kind=FailureKind.RESUME_FAILED)
         if session.fault is not None:
             why = f"the model endpoint failed: {session.fault}"
             kind, status = FailureKind.MODEL_FAILED, session.fault_status

@@ -22,6 +22,12 @@ class EpisodeSettings(BaseModel):
         "<data_dir>/snapshots); in cluster mode a folder every node mounts, so that a lost "
         "node's checkpointed episodes resume on another",
     )
+    checkpoint_harness: bool = Field(
+        default=True,
+        description="keep a harness episode's workspace as its harness starts (one archive, "
+        "content-addressed) so that it can be checkpointed and resumed by replay; off: a "
+        "harness episode's checkpoint is 409 harness_episode",
+    )
     idle_ttl_s: float = Field(default=900.0, gt=0, description="idle episodes expire after this")
     reaper_interval_s: float = Field(default=5.0, gt=0)
     allow_oracle: bool = Field(

@@ -1,30 +1,115 @@
-"""A harness-mode episode cannot be checkpointed (server/checkpoint.py): its harness and
-model session live in the server, so a checkpoint answers 409 `harness_episode` and the
-episode goes on (docs/decisions.md, "Checkpoint and resume")."""
+"""Checkpoint and resume of a harness episode by replay (server/harness_resume.py,
+server/harness/replay.py): a real bash-agent in bwrap, checkpointed mid-run, the server
+SIGKILLed; the next server resumes it, the harness starts again from its start workspace,
+its model calls are answered from the capture (the model is not asked again), and it goes
+on live from there. A harness whose calls no longer match the capture ends void,
+`resume_failed`, naming the call."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import ServerProcess
-from tests.harness_peers import TRAIN_TASK, call, harness, started, wait_calls
-from tests.peers.fake_model import FakeModel, bash_call
+from tests.harness_peers import (
+    SOLVE_2,
+    TRAIN_TASK,
+    call,
+    finished,
+    harness,
+    llm_calls,
+    started,
+    wait_calls,
+)
+from tests.peers.fake_model import FakeModel, bash_call, submit_call
+from tests.server.test_checkpoint_kill import kill
 from tests.server.test_sealed import make_token
+from tests.servers import packs_dir, scaled, settings_env
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_harness_episode_is_not_checkpointed(door_server: ServerProcess) -> None:
-    token = make_token(door_server, "train", "harness")
-    fake = FakeModel([bash_call("sleep 120")])
-    with fake.serve() as url:
-        option = harness(url, config={"command_timeout_s": 300.0})
-        episode = started(door_server, token, TRAIN_TASK, option)
-        wait_calls(door_server, token, episode, 1)
-        path = f"/v1/episodes/{episode}/checkpoint"
-        refused = call(door_server, token, "POST", path)
-        assert refused.status_code == 409, refused.text
-        assert refused.json()["error"]["code"] == "harness_episode"
-        state = call(door_server, token, "GET", f"/v1/episodes/{episode}").json()
-        assert state["status"] == "active" and state["harness"]["state"] == "running"
-        assert call(door_server, token, "DELETE", f"/v1/episodes/{episode}").status_code == 204
+def server_on(data: Path, **settings: Any) -> ServerProcess:
+    packs = packs_dir(data.parent, ["humaneval"])
+    return ServerProcess(data, settings_env({"packs_dirs": [packs], **settings}))
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    made: list[ServerProcess] = []
+    yield made
+    for server in made:
+        server.stop()
+
+
+def checkpointed(server: ServerProcess, token: str, episode: str, calls: int) -> dict[str, Any]:
+    """The episode checkpointed once `calls` model calls are recorded; its state then."""
+    state = wait_calls(server, token, episode, calls)
+    reply = call(server, token, "POST", f"/v1/episodes/{episode}/checkpoint")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["step_count"] == calls
+    return state
+
+
+def resumed(server: ServerProcess, token: str, episode: str) -> tuple[int, dict[str, Any]]:
+    status = call(server, token, "GET", f"/v1/episodes/{episode}").json()["status"]
+    assert status == "resumable"
+    reply = call(server, token, "POST", f"/v1/episodes/{episode}/resume")
+    return reply.status_code, reply.json()
+
+
+def test_a_harness_episode_resumes_by_replay_after_a_sigkill(
+    tmp_path: Path, servers: list[ServerProcess]
+) -> None:
+    solve = bash_call(SOLVE_2 + " && ls")
+    replay = FakeModel([solve, bash_call("sleep 4"), bash_call("cat solution.py"), submit_call()])
+    drift = FakeModel([bash_call("date +%s%N"), bash_call("sleep 4"), submit_call()])
+    with replay.serve() as url, drift.serve() as drift_url:
+        first = server_on(tmp_path / "data").start()
+        servers.append(first)
+        token = make_token(first, "train", "harness")
+        episode = started(first, token, TRAIN_TASK, harness(url))
+        other = started(first, token, TRAIN_TASK, harness(drift_url))
+        before = checkpointed(first, token, episode, 2)
+        checkpointed(first, token, other, 2)
+        kill(first)  # SIGKILL: both harnesses die mid `sleep 4`
+        assert len(replay.requests) == 2
+
+        second = server_on(tmp_path / "data").start()
+        servers.append(second)
+        t0 = time.monotonic()
+        status, body = resumed(second, token, episode)
+        resume_s = time.monotonic() - t0
+        assert status == 200, body
+        assert body["resumed_at_step"] == 2 and body["lost_steps"] == 0
+        done = finished(second, token, episode)
+        assert done["status"] == "done" and done["verdict"]["reward"] == 1.0, done
+        calls = llm_calls(done)
+        assert [c["index"] for c in calls] == [0, 1, 2, 3]
+        # the steps before the checkpoint as recorded then (ids, logprobs and all), then
+        # the new ones; the model was asked only for the calls after the capture
+        assert done["trajectory"][:2] == before["trajectory"][:2]
+        assert calls[2]["completion_token_ids"] == [1, 2, 3] and calls[2]["logprobs"]
+        assert len(replay.requests) == 4
+        assert done["harness"]["calls"] == 4
+        print(f"harness resume: {resume_s * 1000:.0f} ms to answer the resume")
+
+        # `date` printed another time: the second call's request is not the recorded one
+        status, body = resumed(second, token, other)
+        assert status == 200, body
+        deadline = time.monotonic() + scaled(60)
+        while (state := call(second, token, "GET", f"/v1/episodes/{other}").json())[
+            "status"
+        ] == "active":
+            assert time.monotonic() < deadline, state
+            time.sleep(0.2)
+        assert state["status"] == "void", state
+        failure = state["failure"]
+        assert failure["kind"] == "resume_failed" and failure["boundary"] == "server"
+        assert "model call 1 of the capture's 2" in failure["reason"]
+        assert "messages[3] differs" in failure["reason"], failure
+        assert len(drift.requests) == 2  # nothing went on to the model

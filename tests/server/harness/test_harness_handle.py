@@ -40,6 +40,9 @@ class Handle:
         self.active = False
         self.endings.append(ending)
 
+    async def keep_start(self) -> None:
+        """Nothing is checkpointed here: no start to keep."""
+
 
 def run_of(proxy: SessionProxy, runner: HarnessRunner) -> HarnessRun:
     harness = HarnessRegistry().get("bash-agent")
