@@ -26,7 +26,7 @@ import palaestra
 from palaestra.sdk.errors import PalaestraError
 from palaestra.server import group_routes
 from palaestra.server.config import Settings
-from palaestra.server.doors import mcp_http, nemo_gym, openenv, ors
+from palaestra.server.doors import mcp_http, nemo_gym, openenv, openenv_tasks, ors
 from palaestra.server.fastpath import StepFastPath, validation_message
 from palaestra.server.harness import routes as harness_routes
 from palaestra.server.manager import EpisodeManager
@@ -164,6 +164,7 @@ def create_app(
     app.include_router(harness_routes.router)
     app.include_router(group_routes.router)
     app.include_router(openenv.router)
+    app.include_router(openenv_tasks.router)  # OpenEnv's Task API on the same door
     app.include_router(ors.router)  # at the root, after /v1: ORS's client joins absolute paths
     app.include_router(nemo_gym.router)  # at the root too, last: its `POST /{tool}` after all
     _complete_openapi(app, episodes.HAND_PARSED)

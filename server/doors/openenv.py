@@ -47,6 +47,7 @@ from palaestra.server import guards, ws_auth
 from palaestra.server.auth import Principal
 from palaestra.server.caller import manager_of, principal_of, services_of, ws_principal
 from palaestra.server.doors import mcp
+from palaestra.server.doors.openenv_tasks import reset_by_index
 from palaestra.server.fastpath import PRINCIPAL_KEY, validation_message
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.catalog import REF_RE
@@ -54,7 +55,7 @@ from palaestra.server.services import Services
 
 router = APIRouter(prefix="/openenv/{org}/{name}", tags=["openenv"])
 
-RESET_KEYS = frozenset({"task", "seed", "episode_id", "split", "domain", "options"})
+RESET_KEYS = frozenset({"task", "seed", "episode_id", "split", "index", "domain", "options"})
 STEP_KEYS = frozenset({"action", "episode_id", "request_id"})
 # OpenEnv's WSErrorCode values (openenv.core.env_server.types).
 INVALID_JSON, UNKNOWN_TYPE = "INVALID_JSON", "UNKNOWN_TYPE"
@@ -75,7 +76,8 @@ CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is 125 bytes, code
 
 def reset_request(pack: str, kwargs: dict[str, Any]) -> ResetRequest:
     """OpenEnv's reset kwargs as our reset: `task` is a task id of this pack (or its full
-    `org/name[@ver]:id`), with `seed`, `episode_id`, `split`, `domain` and `options`."""
+    `org/name[@ver]:id`), with `seed`, `episode_id`, `split`, `domain` and `options`
+    (`split` and `index`, the Task API's selection, are resolved before: openenv_tasks.py)."""
     unknown = sorted(set(kwargs) - RESET_KEYS)
     if unknown:
         raise BadRequestError(
@@ -272,7 +274,8 @@ async def step(
 async def http_reset(org: str, name: str, request: Request) -> JSONResponse:
     try:
         principal = principal_of(request)
-        ask = reset_request(f"{org}/{name}", await json_body(request))
+        pack, body = f"{org}/{name}", await json_body(request)
+        ask = reset_request(pack, reset_by_index(services_of(request).catalog, pack, body))
         return JSONResponse(reset_payload(await manager_of(request).reset(ask, principal)))
     except PalaestraError as exc:
         return http_error(exc)
@@ -406,7 +409,8 @@ class Session:
             if not isinstance(data, dict):
                 raise BadRequestError(f"the data of a {kind!r} frame must be a JSON object")
             if kind == "reset":
-                ask = reset_request(self.pack, data)
+                picked = reset_by_index(self.services.catalog, self.pack, data)
+                ask = reset_request(self.pack, picked)
                 await self.end()
                 reply = await self.manager.reset(ask, self.principal)
                 self.episode_id, self.tools = reply.episode_id, reply.tools

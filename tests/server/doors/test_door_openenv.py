@@ -424,3 +424,34 @@ async def test_a_query_token_never_reaches_uvicorns_log(
     lines = [r.getMessage() for r in caplog.records if "WebSocket" in r.getMessage()]
     assert any("lang=en&token=redacted" in line for line in lines), lines
     assert secret not in caplog.text
+
+
+def test_openenv_task_api_with_its_own_client(
+    server: ServerProcess, tokens: dict[str, str]
+) -> None:
+    """OpenEnv's Task API (server/doors/openenv_tasks.py) as openenv 0.10.0's HarborEnv
+    reads it, and its EnvClient's `reset(split=…, index=…)`
+    (tests/peers/openenv_tasks_client.py)."""
+    python = peer_python("openenv", OPENENV)
+    args = (server.url, "palaestra/echo", tokens["trainer-a"], tokens["evaluator"])
+    out = run_peer(python, "openenv_tasks_client.py", *args)
+    train = out["train"]
+    by_name = {s["name"]: s for s in train["splits"]}
+    assert by_name["train"]["type"] == "train" and by_name["heldout"]["type"] == "test"
+    assert by_name["heldout"]["sealed"] and train["num_tasks"] == by_name["train"]["num_tasks"] == 8
+    assert train["task"]["index"] == 1 and train["task"]["task_name"] == "say-cobalt"
+    assert "'cobalt'" in train["task"]["instruction"]  # HarborTaskRef's instruction
+    assert [t["index"] for t in train["range"]] == [0, 1, 2]
+    assert train["range"][1] == train["task"]
+    # A train token: the sealed split's references, nothing of their content.
+    assert [t["task_name"] for t in train["sealed"]] == ["say-apple", "say-fjord"]
+    assert all(t["instruction"] == "" for t in train["sealed"])
+    assert "'apple'" in out["eval"]["sealed"][0]["instruction"]  # eval: the public fields
+    assert (
+        train["negative"]["status"] == 400 and "Invalid task index" in train["negative"]["detail"]
+    )
+    picked = out["picked"]
+    assert picked["state"]["task"].endswith(":say-cobalt"), picked
+    assert "'cobalt'" in json.dumps(picked["observation"])
+    assert "sealed" in out["sealed_picked_by_train"]["error"]  # refused: a train token
+    assert out["sealed_picked_by_eval"]["state"]["task"].endswith(":say-apple")
