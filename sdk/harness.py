@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 HARNESS_OPTION = "harness"  # the key of ResetRequest.options that starts a harness episode
 
-LlmApi = Literal["openai-chat", "anthropic-messages"]
+LlmApi = Literal["openai-chat", "anthropic-messages", "openresponses"]  # the dialect a call spoke
 
 
 class HarnessOptions(BaseModel):

@@ -1,15 +1,16 @@
 """The session model proxy (issue 20; docs/reference/harness.md): one `SessionProxy`
 per server, one `LlmSession` per harness episode.
 
-A session forwards the harness's chat-completions (and, translated, Anthropic messages)
-calls to the one endpoint named at reset, `options.model_endpoint` + `/chat/completions`,
-and nowhere else: no URL from the body or the headers, no path of the harness's joined in,
-no redirect followed, no proxy from the environment. It asks the upstream for its token ids
-the vLLM way and records each call as an `LlmCall` with the ids and logprobs exactly as
-returned; a reply without them is an infrastructure fault (the episode is void), as is an
-upstream that does not answer. What the agent causes (a context too long: the upstream's
-4xx) goes back to the harness unchanged. The episode's call and token limits are enforced
-here: the call that would go over is refused and `limit` says which.
+A session forwards the harness's chat-completions calls (and, translated by
+server/harness/dialects.py, Anthropic messages and Open Responses) to the one endpoint
+named at reset, `options.model_endpoint` + `/chat/completions`, and nowhere else: no URL
+from the body or the headers, no path of the harness's joined in, no redirect followed, no
+proxy from the environment. It asks the upstream for its token ids the vLLM way and
+records each call as an `LlmCall` with the ids and logprobs exactly as returned; a reply
+without them is an infrastructure fault (the episode is void), as is an upstream that does
+not answer. What the agent causes (a context too long: the upstream's 4xx) goes back to
+the harness unchanged. The episode's call and token limits are enforced here: the call
+that would go over is refused and `limit` says which.
 
 What is recorded of each call, and how many bytes (`llm_max_recorded_mb`,
 `token_max_llm_recorded_mb`; refused calls too, bounded): server/harness/records.py.
@@ -32,24 +33,24 @@ from palaestra.sandbox.base import SocketService
 from palaestra.sdk.harness import HarnessOptions, LlmApi, LlmCall
 from palaestra.sdk.http11 import Target, TooLarge, UpstreamPool
 from palaestra.server.config import Settings
-from palaestra.server.harness import anthropic
+from palaestra.server.harness import anthropic, responses
 from palaestra.server.harness.chat_shape import (
     Refusal,
     check_fields,
     completion_error,
     reply_tokens,
 )
+from palaestra.server.harness.dialects import ANTHROPIC, OPENAI, RESPONSES, answer_reply, to_chat
 from palaestra.server.harness.gateway import ModelGateway
 from palaestra.server.harness.records import UPSTREAM_ERROR_CHARS, Records, upstream_error
 from palaestra.server.harness.replay import Replay
-from palaestra.server.harness.wire import SSE, Reply, openai_error, openai_sse
+from palaestra.server.harness.wire import Reply, openai_error
 
 log = logging.getLogger("palaestra.harness")
 
-OPENAI: LlmApi = "openai-chat"
-ANTHROPIC: LlmApi = "anthropic-messages"
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
+RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
 MODELS_PATHS = frozenset({"/v1/models", "/models"})
 # The fields of a harness's body sent on: OpenAI's chat request, less what the proxy sets
 # itself. The rest (vLLM's extensions: reply-growing `prompt_logprobs`/`top_logprobs`/`echo`,
@@ -88,6 +89,11 @@ def _no_constant(name: str) -> Any:
     """NaN and ±Infinity are no JSON (RFC 8259), though Python's parser takes them: sent on,
     a sampling parameter of NaN is the upstream's crash, a fault the policy would cause."""
     raise ValueError(f"{name} is not JSON; send a finite number")
+
+
+def _api(path: str) -> LlmApi:
+    """The dialect of a path (OpenAI's error shape, which Responses shares, for any other)."""
+    return ANTHROPIC if path in MESSAGES_PATHS else RESPONSES if path in RESPONSES_PATHS else OPENAI
 
 
 def _fail(api: LlmApi, status: int, message: str, code: str, param: str | None = None) -> Reply:
@@ -137,21 +143,20 @@ class LlmSession:
     async def handle(self, method: str, path: str, body: bytes) -> Reply:
         """Answer one request of the harness (`path` relative to the session's base)."""
         path = path.partition("?")[0]
+        api = _api(path)
         if self.closed:
-            api = ANTHROPIC if path in MESSAGES_PATHS else OPENAI
             return _fail(
                 api, 409, "this model session is closed (its episode ended)", "session_closed"
             )
         if path in MODELS_PATHS and method == "GET":
             card = {"id": self.options.model, "object": "model", "owned_by": "palaestra"}
             return Reply.json(200, {"object": "list", "data": [card]})
-        api = ANTHROPIC if path in MESSAGES_PATHS else OPENAI
-        if path not in CHAT_PATHS | MESSAGES_PATHS | MODELS_PATHS:
+        if path not in CHAT_PATHS | MESSAGES_PATHS | RESPONSES_PATHS | MODELS_PATHS:
             return _fail(
                 api,
                 404,
                 f"no route {path[:200]!r} here: POST /v1/chat/completions, POST /v1/messages, "
-                "GET /v1/models",
+                "POST /v1/responses, GET /v1/models",
                 "not_found",
             )
         if method != "POST":
@@ -312,13 +317,15 @@ class LlmSession:
     ) -> Reply:
         stream = request.get("stream") is True
         try:
-            chat = anthropic.to_openai(request) if api == ANTHROPIC else request
+            chat = to_chat(api, request)
         except anthropic.MessagesError as exc:
             raise Refusal(400, str(exc), "invalid_request") from None
+        except responses.ResponsesError as exc:
+            raise Refusal(400, str(exc), "invalid_request", exc.param) from None
         except (TypeError, ValueError, AttributeError, LookupError) as exc:  # a shape missed
-            log.warning("model session %s: a Messages body not translated: %r", self.key, exc)
+            log.warning("model session %s: a %s body not translated: %r", self.key, api, exc)
             raise Refusal(
-                400, f"the Messages request is malformed ({type(exc).__name__})", "invalid_request"
+                400, f"the {api} request is malformed ({type(exc).__name__})", "invalid_request"
             ) from None
         async with self._lock:
             self._check_open(size)
@@ -354,19 +361,18 @@ class LlmSession:
                                      started_at=started_at, upstream_s=upstream_s,
                                      t0=t0)  # fmt: skip
             self._record(*made)
-        if api == ANTHROPIC:
-            body_bytes = anthropic.message_sse(answer) if stream else json.dumps(answer).encode()
-        else:
-            body_bytes = openai_sse(answer) if stream else json.dumps(answer).encode()
-        return Reply(200, body_bytes, SSE if stream else "application/json")
+        return answer_reply(api, answer, stream)
 
     def _shaped(
         self, api: LlmApi, request: dict[str, Any], reply: dict[str, Any]
     ) -> dict[str, Any]:
         """What the harness gets: the upstream's reply without the ids and logprobs it did
         not ask for (they are in the record), or its Anthropic translation."""
+        model = str(request.get("model") or self.options.model)
         if api == ANTHROPIC:
-            return anthropic.from_openai(reply, str(request.get("model") or self.options.model))
+            return anthropic.from_openai(reply, model)
+        if api == RESPONSES:
+            return responses.from_chat(reply, request, model)
         choice = dict(reply["choices"][0])
         answer = {**reply, "choices": [choice, *reply["choices"][1:]]}
         if not request.get("logprobs"):
@@ -384,12 +390,17 @@ class LlmSession:
         raw: bytes,
         headers: tuple[tuple[str, str], ...],
     ) -> Reply:
-        """An upstream 4xx as the harness's dialect says it: OpenAI's unchanged."""
+        """An upstream 4xx as the harness's dialect says it: OpenAI's unchanged; Responses
+        in OpenAI's shape with a string code (vLLM's is a number), as the spec has it."""
         if api == OPENAI:
             return Reply(status, raw, "application/json", headers)
         error = (reply or {}).get("error")
         message = error.get("message") if isinstance(error, dict) else None
-        return anthropic.anthropic_error(status, str(message or raw[:500].decode(errors="replace")))
+        text = str(message or raw[:500].decode(errors="replace"))
+        if api == RESPONSES:
+            answer = openai_error(status, text, "upstream_error")
+            return Reply(answer.status, answer.body, answer.content_type, headers)
+        return anthropic.anthropic_error(status, text)
 
     def _record(self, call: LlmCall, size: int) -> None:
         """Hand a record (`Records.call`'s) to the episode; its bytes count for its token."""

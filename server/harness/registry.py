@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from palaestra.sandbox.base import ExecResult
 from palaestra.sdk.errors import InvalidActionError, UnavailableError
+from palaestra.sdk.failures import Failure
 from palaestra.server import served
 from palaestra.server.config import Settings
 
@@ -54,6 +56,16 @@ class Launch:
         return self.path(INSTRUCTION_FILE)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a harness says its run ended, read from its output (an ACP client's stop reason):
+    the reason, and an agent failure (sdk/failures.py, a kind the policy can cause: the
+    episode is verified and scores what it earns, never void) where the run broke down."""
+
+    reason: str
+    failure: Failure | None = None
+
+
 class HarnessConfig(BaseModel):
     """Base of a harness's client settings (`options.harness.config`): unknown keys refused."""
 
@@ -71,6 +83,8 @@ class Harness:
     needs: Callable[[Settings], Bound] = field(default=lambda _: Bound())
     extra_env: Callable[[Launch], dict[str, str]] = field(default=lambda _: {})
     install: str = ""  # how an operator makes it available
+    # How it ended, from its exec's result (None: "exited with code N").
+    outcome: Callable[[ExecResult], Outcome | None] = field(default=lambda _: None)
 
     def config(self, given: dict[str, Any]) -> HarnessConfig:
         """The client's config over the defaults; 422 naming what is wrong."""
@@ -138,9 +152,12 @@ class HarnessRegistry:
 class BashAgentConfig(HarnessConfig):
     max_turns: int = Field(default=30, ge=1, le=1000, description="model calls at most")
     command_timeout_s: float = Field(default=30.0, gt=0, le=600, description="one command")
+    api: Literal["chat", "responses"] = Field(
+        default="chat", description="the model API it speaks: chat completions or Open Responses"
+    )
 
 
-def _programs(_: Settings) -> Bound:
+def programs(_: Settings) -> Bound:
     """The built-in agents' programs, from the copy served to sandboxes (server/served.py)."""
     try:
         programs = served.library().harness
@@ -162,6 +179,8 @@ def _bash_argv(launch: Launch, config: HarnessConfig) -> list[str]:
         str(config.max_turns),
         "--command-timeout",
         f"{config.command_timeout_s:g}",
+        "--api",
+        config.api,
     ]
 
 
@@ -170,13 +189,15 @@ BASH_AGENT = Harness(
     description="palaestra's minimal agent (stdlib Python): one bash tool, OpenAI chat calls",
     config_model=BashAgentConfig,
     argv=_bash_argv,
-    needs=_programs,
+    needs=programs,
     install="reinstall palaestra (server/harness/programs/ ships with it)",
 )
 
 
 def builtin() -> list[Harness]:
-    """The harnesses every server has (mini-swe-agent: see server/harness/toolchain.py)."""
+    """The harnesses every server has (mini-swe-agent and the ACP agent: see
+    server/harness/toolchain.py)."""
+    from palaestra.server.harness.acp import ACP_AGENT
     from palaestra.server.harness.miniswe import MINI_SWE_AGENT
 
-    return [BASH_AGENT, MINI_SWE_AGENT]
+    return [BASH_AGENT, MINI_SWE_AGENT, ACP_AGENT]

@@ -26,10 +26,9 @@ from pydantic import BaseModel
 
 from palaestra.sdk.harness import LlmApi, LlmCall
 from palaestra.server.harness import anthropic
+from palaestra.server.harness.dialects import ANTHROPIC, answer_reply
 from palaestra.server.harness.records import REFUSED_KEEP, kept
-from palaestra.server.harness.wire import SSE, Reply, openai_error, openai_sse
-
-ANTHROPIC: LlmApi = "anthropic-messages"
+from palaestra.server.harness.wire import Reply, openai_error
 
 
 class HarnessCapture(BaseModel):
@@ -97,13 +96,14 @@ def _first_difference(recorded: dict[str, Any], sent: Any) -> str:
     """`: messages[3] differs` where both are chat requests, else a field name."""
     if not isinstance(sent, dict):
         return ": the request sent is not a JSON object"
-    old, new = recorded.get("messages"), sent.get("messages")
-    if isinstance(old, list) and isinstance(new, list):
-        for k, (a, b) in enumerate(zip(old, new, strict=False)):
-            if canonical(a) != canonical(b):
-                return f": messages[{k}] differs"
-        if len(old) != len(new):
-            return f": {len(new)} messages sent, {len(old)} recorded"
+    for name in ("messages", "input"):  # chat and Messages; Responses
+        old, new = recorded.get(name), sent.get(name)
+        if isinstance(old, list) and isinstance(new, list):
+            for k, (a, b) in enumerate(zip(old, new, strict=False)):
+                if canonical(a) != canonical(b):
+                    return f": {name}[{k}] differs"
+            if len(old) != len(new):
+                return f": {len(new)} {name} sent, {len(old)} recorded"
     for key in sorted(set(recorded) | set(sent)):
         if (
             key not in recorded
@@ -118,12 +118,7 @@ def reply_of(call: LlmCall) -> Reply:
     """What the harness got for a recorded call: the answer (streamed again if it asked for
     a stream), or the refusal's status and message."""
     if call.error is None:
-        answer = call.response
-        if call.api == ANTHROPIC:
-            body = anthropic.message_sse(answer) if call.stream else json.dumps(answer).encode()
-        else:
-            body = openai_sse(answer) if call.stream else json.dumps(answer).encode()
-        return Reply(200, body, SSE if call.stream else "application/json")
+        return answer_reply(call.api, call.response, call.stream)
     status = 400
     head = call.error.split(":", 1)[0]
     if head.startswith("HTTP ") and head[5:].isdigit():

@@ -3,9 +3,11 @@
 It runs inside an episode's sandbox on whatever python3 is there, so it uses the standard
 library only. It reads the task's instruction from a file, then loops: one OpenAI
 chat-completions call (`$OPENAI_BASE_URL/chat/completions`, model `$OPENAI_MODEL`, tools
-`bash` and `submit`), each `bash` call run in the current directory with a timeout and
-its output truncated, the output sent back as the tool's result. It stops on `submit`, on
-a reply with no tool call (after one nudge), or after `--max-turns` calls.
+`bash` and `submit`; with `--api responses` an Open Responses call to
+`$OPENAI_BASE_URL/responses` instead, the conversation as input items), each `bash`
+call run in the current directory with a timeout and its output truncated, the output
+sent back as the tool's result. It stops on `submit`, on a reply with no tool call (after
+one nudge), or after `--max-turns` calls.
 
 Exit status: 0 submitted; 1 stopped without submitting (out of turns, no tool call);
 2 the model endpoint failed (HTTP error or unreachable; the message is on stderr).
@@ -64,10 +66,10 @@ class EndpointError(Exception):
     """The model endpoint answered an error or could not be reached (not the model's doing)."""
 
 
-def chat(base_url: str, body: dict[str, Any], api_key: str, timeout_s: float) -> dict[str, Any]:
-    """One chat-completions call; the reply's first message."""
+def post(url: str, body: dict[str, Any], api_key: str, timeout_s: float) -> Any:
+    """POST `body` as JSON; the reply's JSON. EndpointError for an error or no answer."""
     request = urllib.request.Request(
-        base_url.rstrip("/") + "/chat/completions",
+        url,
         data=json.dumps(body).encode(),
         headers={"content-type": "application/json", "authorization": f"Bearer {api_key}"},
         method="POST",
@@ -82,11 +84,62 @@ def chat(base_url: str, body: dict[str, Any], api_key: str, timeout_s: float) ->
         raise EndpointError(f"the model endpoint could not be reached: {exc}") from None
     except ValueError as exc:
         raise EndpointError(f"the model endpoint's reply is not JSON: {exc}") from None
+    return reply
+
+
+def chat(base_url: str, body: dict[str, Any], api_key: str, timeout_s: float) -> dict[str, Any]:
+    """One chat-completions call; the reply's first message."""
+    reply = post(base_url.rstrip("/") + "/chat/completions", body, api_key, timeout_s)
     choices = reply.get("choices") if isinstance(reply, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise EndpointError(f"the model endpoint's reply has no choices: {str(reply)[:500]}")
     message: Any = choices[0].get("message")
     return message if isinstance(message, dict) else {}
+
+
+def responses_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat request as an Open Responses one: the system message as `instructions`, the
+    rest as input items (`message`, `function_call`, `function_call_output`), flat tools."""
+    items: list[dict[str, Any]] = []
+    tools = [{"type": "function", **t["function"]} for t in body["tools"]]
+    out: dict[str, Any] = {"model": body["model"], "input": items, "tools": tools}
+    for m in body["messages"]:
+        if m["role"] == "system":
+            out["instructions"] = m["content"]
+        elif m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"],
+                          "output": m["content"]})  # fmt: skip
+        else:
+            if m.get("content"):
+                items.append({"type": "message", "role": m["role"], "content": m["content"]})
+            for c in m.get("tool_calls") or []:
+                items.append({"type": "function_call", "call_id": c["id"],
+                              "name": c["function"]["name"],
+                              "arguments": c["function"]["arguments"]})  # fmt: skip
+    if body.get("max_tokens"):
+        out["max_output_tokens"] = body["max_tokens"]
+    return out
+
+
+def respond(base_url: str, body: dict[str, Any], api_key: str, timeout_s: float) -> dict[str, Any]:
+    """One Open Responses call for the chat request `body`; its output as a chat message
+    (the text of its message items, its function_call items as tool calls)."""
+    reply = post(base_url.rstrip("/") + "/responses", responses_body(body), api_key, timeout_s)
+    output = reply.get("output") if isinstance(reply, dict) else None
+    if not isinstance(output, list):
+        raise EndpointError(f"the model endpoint's reply has no output: {str(reply)[:500]}")
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in (i for i in output if isinstance(i, dict)):
+        if item.get("type") == "message":
+            content = item.get("content")
+            parts: list[Any] = content if isinstance(content, list) else []
+            texts += [p["text"] for p in parts
+                      if isinstance(p, dict) and isinstance(p.get("text"), str)]  # fmt: skip
+        elif item.get("type") == "function_call":
+            function = {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}
+            calls.append({"id": item.get("call_id"), "type": "function", "function": function})
+    return {"content": "".join(texts) or None, "tool_calls": calls}
 
 
 def tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -190,7 +243,8 @@ def loop(args: argparse.Namespace, instruction: str) -> int:
         body: dict[str, Any] = {"model": args.model, "messages": messages, "tools": TOOLS}
         if args.max_tokens:
             body["max_tokens"] = args.max_tokens
-        message = chat(args.base_url, body, args.api_key, args.call_timeout)
+        ask = respond if args.api == "responses" else chat
+        message = ask(args.base_url, body, args.api_key, args.call_timeout)
         calls = tool_calls(message)
         assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
         if calls:
@@ -224,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--command-timeout", type=float, default=60.0, help="seconds a command")
     parser.add_argument("--output-limit", type=int, default=10_000, help="characters a result")
     parser.add_argument("--max-tokens", type=int, default=0, help="a reply's (0: the server's)")
+    parser.add_argument("--api", choices=("chat", "responses"), default="chat",
+                        help="the model API: chat completions or Open Responses")  # fmt: skip
     parser.add_argument("--call-timeout", type=float, default=600.0, help="seconds a model call")
     args = parser.parse_args(argv)
     if not args.base_url or not args.model:
