@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from palaestra.sdk.train.harness import episode_samples
 from tests.conftest import ServerProcess, docker_skip_reason, free_port
 from tests.harness_peers import (
     SEALED_TASK,
@@ -73,6 +74,46 @@ def test_bash_agent_with_the_real_model(
     assert last["info"]["harness"]["state"] == "exited"
     assert last["info"]["harness"]["exit_code"] == 0  # the agent submitted
     assert last["info"]["harness"]["calls"] == 1
+
+
+def test_a_harness_speaking_only_responses_trains(
+    door_server: ServerProcess, token: str, model: RecordingModel
+) -> None:
+    """bash-agent with `api: responses` calls `/v1/responses` alone. Scripted, it solves
+    the task through a function_call / function_call_output round trip (reward 1); on the
+    real model its one call is recorded with the ids the server generated; both episodes'
+    records are training samples (sdk/train/harness.py), as the other dialects' are."""
+    fake = FakeModel([bash_call(SOLVE_2), submit_call()])
+    option = harness("", config={"api": "responses"})
+    with fake.serve() as url:
+        option["model_endpoint"] = url
+        solved = finished(door_server, token, started(door_server, token, TRAIN_TASK, option))
+    assert solved["verdict"]["reward"] == 1.0, solved["verdict"]
+    assert [m["role"] for m in fake.requests[1]["messages"]] == ["system", "user", "assistant",
+                                                                 "tool"]  # fmt: skip
+    assert fake.requests[1]["messages"][-1]["content"].startswith("exit status 0")
+    calls = llm_calls(solved)
+    assert [c["api"] for c in calls] == ["openresponses"] * 2
+    assert calls[1]["request"]["input"][-1]["type"] == "function_call_output"
+    assert calls[0]["response"]["output"][0]["type"] == "function_call"
+    assert {s.reward for s in episode_samples(solved)} == {1.0}  # FakeModel's ids: 2 samples
+
+    sampling = {"temperature": 0.0, "max_tokens": 48}
+    option = harness(model.endpoint, sampling=sampling, config={"api": "responses"})
+    before = len(model.generated())
+    state = finished(door_server, token, started(door_server, token, TRAIN_TASK, option))
+    assert state["status"] == "done" and ending(state)["info"]["harness"]["exit_code"] == 0
+    [call], generated = llm_calls(state), model.generated()[before:]
+    assert call["api"] == "openresponses" and call["finish_reason"] == "tool_calls"
+    assert call["request"]["input"][0]["content"].startswith("Implement the Python")
+    assert call["response"]["output"][0]["name"] == "submit"
+    assert [call["prompt_token_ids"]] == [g["prompt_token_ids"] for g in generated]
+    assert [call["completion_token_ids"]] == [g["token_ids"] for g in generated]
+    assert len(call["logprobs"]) == len(call["completion_token_ids"]) > 0
+    [sample] = episode_samples(state)
+    assert sample.prompt_ids == call["prompt_token_ids"]
+    assert sample.completion_ids == call["completion_token_ids"]
+    assert sample.logprobs == call["logprobs"] and sample.loss_mask == [1] * len(sample.logprobs)
 
 
 def test_fake_model_drives_the_bash_agent_to_a_solution(
