@@ -276,6 +276,9 @@ class SandboxSpec:
     # Egress only through the server's allow-list proxy (palaestra.sandbox.egress), never
     # open: the sandbox keeps its own network namespace with no route out. False: no network.
     network: bool = False
+    # With `network`: the only hosts it may reach (host or *.domain, each also on the
+    # operator's list; a task's own allow-list). Empty: the operator's list as is.
+    egress_hosts: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     default_timeout_s: float = 30.0
     # Host directories bound read-only inside, as (host path, sandbox path): a toolchain a

@@ -6,7 +6,9 @@ served on listening sockets the server placed inside sandboxes' network namespac
 host name on the operator's allow-list (`AllowList`, the `egress_allow` setting), at an
 address that is none of loopback, private, link-local (the cloud metadata service),
 multicast, reserved or this host's own (`forbidden_address`): an IP literal, or a name that
-resolves to such an address (DNS rebinding), is refused. The address checked is the one
+resolves to such an address (DNS rebinding), is refused. A sandbox whose spec names
+`egress_hosts` (a task's own allow-list) is served `narrowed` to them: a host must be on both
+lists. The address checked is the one
 connected to. A refusal is a 403 whose body says why, and a log line.
 """
 
@@ -25,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from palaestra.sandbox.base import SandboxSpec, SandboxSpecError
+from palaestra.sandbox.base import SandboxSpec, SandboxSpecError, SocketService
 
 log = logging.getLogger("palaestra.egress")
 
@@ -195,6 +197,7 @@ class Refused(Exception):
 @dataclass
 class _Listener:
     owner: str
+    task: AllowList | None = None  # the sandbox's own narrower list (`narrowed`)
     open: int = 0
     refused: int = 0
 
@@ -221,10 +224,17 @@ class EgressProxy:
         """Sandboxes served now (each closes its own when it closes)."""
         return len(self._servers)
 
-    async def serve(self, sock: socket.socket, owner: str) -> asyncio.Server:
+    def narrowed(self, hosts: Iterable[str]) -> SocketService:
+        """This proxy for a sandbox that may reach only `hosts` (each also on the operator's
+        list); ValueError naming a bad entry."""
+        return _Narrowed(self, AllowList.parse(hosts))
+
+    async def serve(
+        self, sock: socket.socket, owner: str, task: AllowList | None = None
+    ) -> asyncio.Server:
         """Serve the listening socket `sock` (in sandbox `owner`'s namespace) until the
-        returned server is closed (`close` or `aclose`)."""
-        lst = _Listener(owner)
+        returned server is closed (`close` or `aclose`); `task`: `narrowed`'s list."""
+        lst = _Listener(owner, task)
 
         async def handle(r: Reader, w: Writer) -> None:
             await self._handle(lst, r, w)
@@ -258,7 +268,7 @@ class EgressProxy:
             try:
                 head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
                 method, host, port, rest = parse_head(head)
-                up_r, up_w = await self._connect(host, port)
+                up_r, up_w = await self._connect(host, port, lst.task)
             except Refused as e:
                 self._refuse(lst, w, host, port, e)
                 return
@@ -293,7 +303,9 @@ class EgressProxy:
             + body
         )
 
-    async def _connect(self, host: str, port: int) -> tuple[Reader, Writer]:
+    async def _connect(
+        self, host: str, port: int, task: AllowList | None = None
+    ) -> tuple[Reader, Writer]:
         """A connection to `host` if the policy lets it through; Refused otherwise."""
         if _ip(host) is not None:
             raise Refused(403, "an IP address; the proxy reaches host names on its allow-list")
@@ -303,6 +315,8 @@ class EgressProxy:
             raise Refused(400, str(e)) from None
         if not self.allow.allows(name, port):
             raise Refused(403, "not on the operator's egress allow-list (egress_allow)")
+        if task is not None and not task.allows(name, port):
+            raise Refused(403, "not on the task's own allow-list (allowed_hosts)")
         loop = asyncio.get_running_loop()
         try:
             infos = await asyncio.wait_for(
@@ -366,6 +380,20 @@ class EgressProxy:
                 j.cancel()
 
 
+@dataclass(frozen=True)
+class _Narrowed:
+    """`EgressProxy.narrowed`: the proxy serving one sandbox with its task's list."""
+
+    proxy: EgressProxy
+    task: AllowList
+
+    async def serve(self, sock: socket.socket, key: str) -> asyncio.Server:
+        return await self.proxy.serve(sock, key, self.task)
+
+    async def close(self, server: asyncio.Server) -> None:
+        await self.proxy.close(server)
+
+
 def header(head: bytes, name: str) -> str | None:
     for line in head.decode("latin-1").split("\r\n")[1:]:
         k, sep, v = line.partition(":")
@@ -411,7 +439,13 @@ def check_network(spec: SandboxSpec, proxy: EgressProxy | None, backend: str) ->
     """A backend's check of `spec.network`: the sandbox must get the server's proxy, which
     only a root server can place in a sandbox's namespace."""
     if not spec.network:
+        if spec.egress_hosts:
+            raise SandboxSpecError("egress_hosts without network: a sandbox with no network")
         return
+    try:
+        AllowList.parse(spec.egress_hosts)
+    except ValueError as e:
+        raise SandboxSpecError(f"egress_hosts: {e}") from None
     if proxy is None:
         raise SandboxSpecError(
             f"network=True: this {backend} backend was made without the server's egress"

@@ -28,6 +28,7 @@ from palaestra.sandbox.base import (
     SandboxSpec,
     SocketService,
 )
+from palaestra.sandbox.egress import EgressProxy
 
 CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
@@ -156,5 +157,8 @@ def listener_for(
         return Listener(gateway, GATEWAY_PORT, spec.gateway)
     if spec.network:
         assert egress is not None  # check_network refused a spec without one
+        if spec.egress_hosts:  # a task's own allow-list: only the server's proxy narrows
+            assert isinstance(egress, EgressProxy)
+            egress = egress.narrowed(spec.egress_hosts)
         return Listener(egress, PROXY_PORT, sandbox_id)
     return None

@@ -190,6 +190,7 @@ class TerminalFamily(Family[TerminalState]):
             pids=public.pids,
             env=tuple(sorted(public.env.items())),
             network=public.allow_internet,
+            egress_hosts=tuple(public.allowed_hosts),
             default_timeout_s=DEFAULT_STEP_TIMEOUT_S,
         )
 
@@ -252,9 +253,10 @@ class TerminalFamily(Family[TerminalState]):
                 )
         ctx.state.started, ctx.state.limits = time.monotonic(), limits
         instruction = public.instruction.strip()
+        hosts = f" ({', '.join(public.allowed_hosts)})" if public.allowed_hosts else ""
         network = (
-            "Only the hosts the operator allows (package registries) are reachable, through"
-            " the proxy in $HTTPS_PROXY."
+            f"Only the hosts the operator allows{hosts or ' (package registries)'} are "
+            "reachable, through the proxy in $HTTPS_PROXY."
             if public.allow_internet
             else "There is no network."
         )

@@ -9,6 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from palaestra.envs import PrivateFields, PublicFields
 from palaestra.envs.paths import DEFAULT_WORKDIR
+from palaestra.sandbox.egress import AllowList
 
 SETUP_TIMEOUT_S = 120.0
 
@@ -28,6 +29,9 @@ class TerminalPublic(PublicFields):
     # Egress through the server's allow-list proxy (the operator's egress_allow), never
     # open; False (the default): no network at all.
     allow_internet: bool = False
+    # With allow_internet: the only hosts the sandbox may reach (host, *.domain, host:port),
+    # each also on the operator's list (a Harbor task's allowed_hosts). Empty: that list.
+    allowed_hosts: list[str] = Field(default_factory=list)
     agent_timeout_s: float | None = None  # the episode's wall time unless the client sets one
 
     @field_validator("workdir", "env", "environment", mode="before")
@@ -44,6 +48,13 @@ class TerminalPublic(PublicFields):
         if not posixpath.isabs(workdir) or posixpath.normpath(workdir) == "/":
             raise ValueError(f"workdir must be an absolute path, got {workdir!r}")
         return posixpath.normpath(workdir)
+
+    @model_validator(mode="after")
+    def _hosts(self) -> Self:
+        if self.allowed_hosts and not self.allow_internet:
+            raise ValueError("allowed_hosts without allow_internet: a task with no network")
+        AllowList.parse(self.allowed_hosts)  # ValueError naming a bad entry
+        return self
 
 
 class TerminalPrivate(PrivateFields):

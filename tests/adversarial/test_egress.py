@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -149,6 +150,30 @@ async def test_no_internet_declared_means_no_network(backend_name: str) -> None:
     assert r.exit_code == 0, r
     assert r.stdout.startswith("[]\n") and "CONNECTED" not in r.stdout, r
     assert r.stdout.count("blocked") == 2, r
+
+
+async def test_a_task_allow_list_narrows_the_proxy_in_a_real_sandbox(real: str) -> None:
+    """bwrap: a sandbox whose spec names egress_hosts (a Harbor task's allowed_hosts) is
+    refused an operator-allowed mirror it does not name, with the reason; what it names
+    still goes through."""
+    async with (
+        http_server("127.0.0.1", b"MIRROR-OK") as mirror,
+        http_server("0.0.0.0", b"SERVER-SECRET") as server,
+    ):
+        proxy = EgressProxy.from_settings([f"localhost:{mirror}"], [f"127.0.0.1:{mirror}"])
+        backend = make_backend("bwrap", proxy)
+        seen: dict[str, str] = {}
+        try:
+            for hosts in (("pypi.org",), (f"localhost:{mirror}",)):
+                spec = dataclasses.replace(SPEC, egress_hosts=hosts)
+                async with await backend.create(spec) as box:
+                    r = await box.exec(["python3", "-c", PROBE, str(mirror), str(server), real])
+                    assert r.exit_code == 0, r
+                    seen[hosts[0]] = json.loads(r.stdout)["mirror_plain"]
+        finally:
+            await backend.aclose()
+    assert blocked(seen["pypi.org"]) and "task's own allow-list" in seen["pypi.org"], seen
+    assert seen[f"localhost:{mirror}"].startswith("ok: 200 MIRROR-OK"), seen
 
 
 @pytest.mark.skipif(backend_unavailable("bwrap") is not None, reason="bwrap unavailable")

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from palaestra.envs.terminal.family import TerminalFamily
 from palaestra.envs.terminal.harbor.reader import HarborReader
-from palaestra.sandbox.base import PROXY_ENV, SandboxSpec, sandbox_env
+from palaestra.sandbox.base import PROXY_ENV, SandboxSpec, SocketService, sandbox_env
 from palaestra.sandbox.egress import (
     DEFAULT_ALLOW,
     AllowList,
@@ -202,7 +202,7 @@ async def _upstream(seen: list[bytes]) -> tuple[asyncio.Server, int]:
     return server, server.sockets[0].getsockname()[1]
 
 
-async def _via(proxy: EgressProxy, request: bytes) -> bytes:
+async def _via(proxy: SocketService, request: bytes) -> bytes:
     """`request` sent through `proxy` served on a loopback listener (no sandbox)."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
@@ -251,3 +251,41 @@ async def test_refusals_are_403_with_the_cause_and_logged(
     assert reply.startswith(b"HTTP/1.1 403")
     logged = [r.getMessage() for r in caplog.records]
     assert any("'evil.example.com':443" in m for m in logged), logged
+
+
+async def test_a_task_allow_list_narrows_the_operators() -> None:
+    """A sandbox whose spec names egress_hosts (a Harbor task's allowed_hosts) reaches a host
+    only when both lists have it: the operator's list alone lets nothing else through."""
+    seen: list[bytes] = []
+    up, port = await _upstream(seen)
+    proxy = EgressProxy.from_settings([f"localhost:{port}", "pypi.org"], [f"127.0.0.1:{port}"])
+    request = f"GET http://localhost:{port}/a HTTP/1.1\r\n\r\n".encode()
+    try:
+        refused = await _via(proxy.narrowed(["pypi.org"]), request)
+        through = await _via(proxy.narrowed([f"localhost:{port}"]), request)
+        wider = await _via(proxy.narrowed(["evil.example.com", f"localhost:{port}"]),
+                           b"CONNECT evil.example.com:443 HTTP/1.1\r\n\r\n")  # fmt: skip
+    finally:
+        up.close()
+    assert refused.startswith(b"HTTP/1.1 403") and b"task's own allow-list" in refused
+    assert through.startswith(b"HTTP/1.1 200 OK") and len(seen) == 1  # one request went up
+    # The task's list never widens the operator's.
+    assert wider.startswith(b"HTTP/1.1 403") and b"operator's egress allow-list" in wider
+
+
+def test_a_task_allow_list_reaches_the_sandbox_spec() -> None:
+    from palaestra.sandbox import netns
+    from palaestra.sandbox.base import SandboxSpecError
+    from palaestra.sandbox.egress import check_network
+
+    public = {"instruction": "x", "allow_internet": True, "allowed_hosts": ["pypi.org"]}
+    spec = TerminalFamily().sandbox_spec(_task(public))
+    assert spec is not None and spec.network and spec.egress_hosts == ("pypi.org",)
+    proxy = EgressProxy.from_settings(["pypi.org"], [])
+    listener = netns.listener_for(spec, "box", proxy, None)
+    assert listener is not None and listener.service != proxy  # served narrowed
+    bad = SandboxSpec(network=True, egress_hosts=("10.0.0.1",))
+    with pytest.raises(SandboxSpecError, match="egress_hosts"):
+        check_network(bad, proxy, "bwrap")
+    with pytest.raises(SandboxSpecError, match="without network"):
+        check_network(SandboxSpec(egress_hosts=("pypi.org",)), proxy, "bwrap")
