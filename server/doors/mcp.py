@@ -7,7 +7,8 @@ WebSocket `mcp` frame share it. Its interface, kept stable:
   the OpenAI function shape) and `step(action) -> StepResponse`, the episode manager's
   step for the caller's episode (raising `PalaestraError` as the manager does).
 - `McpSession()`: the state of one MCP session: `protocol_version`, the version
-  `initialize` negotiated (None before), and `initialized` (the client's notification came).
+  `initialize` negotiated (None before), `initialized` (the client's notification came), and
+  `stateless`: the transport chose 2026-07-28, so every request must carry its envelope.
 - `await handle(message, episode, session, max_batch=...)`: one parsed JSON-RPC message or
   batch in; out the reply to send (a response object, a list for a batch), or None when
   nothing is due (notifications and client responses only).
@@ -17,9 +18,13 @@ WebSocket `mcp` frame share it. Its interface, kept stable:
   at a time (RpcError: -32700, or -32600 past `max_batch`, before the rest is parsed);
   `await encode(reply)`: the reply's JSON text; `status_of(reply)`: the HTTP status a
   transport-level error asks for (its `data.status`), else None.
-- `SUPPORTED_VERSIONS`, `LATEST_VERSION`, and `version_error(requested)`: the JSON-RPC
+- `SUPPORTED_VERSIONS` (`HANDSHAKE_VERSIONS` through initialize, then `MODERN_VERSIONS`),
+  `LATEST_VERSION` (initialize's counter-offer), and `version_error(requested)`: the JSON-RPC
   error object refusing a protocol version (code -32022, `data: {supported, requested}`),
   for a transport's own version checks (the HTTP `MCP-Protocol-Version` header).
+- `is_modern(message)` and `modern_version(params)`: whether a message is of the stateless
+  2026-07-28 era, and the version its `_meta` envelope names (RpcError -32602 for a missing
+  or malformed envelope, -32022 for a version not served statelessly).
 - `episode_error(exc)`: the JSON-RPC error object for a `PalaestraError` (`ERROR_CODES`);
   `error_response(id, error)` and `is_initialize(message)`: for transports.
 
@@ -29,15 +34,21 @@ running and encoding a batch) yields to the event loop every `YIELD_EVERY` messa
 request holds the loop (other tenants' steps, /healthz) for long. Values a client sent are
 clipped to `SHOWN_CHARS` where an error message quotes them.
 
-Methods: `initialize`, `ping`, `tools/list`, `tools/call`, `server/discover` (refused:
-no stateless 2026 revision here, so the official client falls back to `initialize`), and
-any notification (accepted, never answered). `tools/call` steps the episode with
-`{"tool": name, "arguments": ...}`: the observation becomes content blocks (text, and PNG
-images); reward, terminated, truncated, verdict, info and the observation's data go in
-`structuredContent` (`_meta["palaestra/step"]` on sessions older than 2025-06-18, which
-have no structuredContent). A refused action (422) is a tool result with `isError: true`;
-an unknown tool is -32602; every other episode error is a JSON-RPC error whose `data`
-carries the HTTP status and the /v1 error code (`ERROR_CODES`).
+The era is chosen per request. A request whose `params._meta` carries
+`io.modelcontextprotocol/protocolVersion` (and every `server/discover`, and every request of
+a `stateless` session) is of the 2026-07-28 revision: no handshake, the version and the
+client's capabilities in each request's `_meta`, checked on each; it may call
+`server/discover`, `tools/list` and `tools/call`, each result carrying `resultType`
+(`initialize` and `ping` are gone from that revision: -32601), and it is never part of a
+batch. Any other request is of the session `initialize` negotiated (2024-11-05..2025-11-25):
+`initialize`, `ping`, `tools/list`, `tools/call`. Notifications are accepted, never answered.
+
+`tools/call` steps the episode with `{"tool": name, "arguments": ...}`: the observation
+becomes content blocks (text, and PNG images); reward, terminated, truncated, verdict, info
+and the observation's data go in `structuredContent` (`_meta["palaestra/step"]` on sessions
+older than 2025-06-18, which have no structuredContent). A refused action (422) is a tool
+result with `isError: true`; an unknown tool is -32602; every other episode error is a
+JSON-RPC error whose `data` carries the HTTP status and the /v1 error code (`ERROR_CODES`).
 """
 
 from __future__ import annotations
@@ -56,10 +67,17 @@ from palaestra.sdk.models import Action, StepResponse, ToolSpec
 
 log = logging.getLogger("palaestra.server")
 
-SUPPORTED_VERSIONS: tuple[str, ...] = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+HANDSHAKE_VERSIONS: tuple[str, ...] = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+MODERN_VERSIONS: tuple[str, ...] = ("2026-07-28",)  # stateless: the version in each request
+SUPPORTED_VERSIONS: tuple[str, ...] = (*HANDSHAKE_VERSIONS, *MODERN_VERSIONS)
+LATEST_VERSION = HANDSHAKE_VERSIONS[-1]  # initialize's answer to a version it does not serve
 UNSTRUCTURED = frozenset({"2024-11-05", "2025-03-26"})  # revisions without structuredContent
-PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"  # the 2026 envelope's key
+# The 2026-07-28 request envelope (`params._meta`): the version and capabilities are required.
+PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+CLIENT_CAPABILITIES_META = "io.modelcontextprotocol/clientCapabilities"
+SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"  # a 2026 discover result's stamp
+DISCOVER = "server/discover"
+TOOLS_TTL_MS = 3_600_000  # an episode's tools never change: a client may cache tools/list
 STEP_META = "palaestra/step"
 MAX_BATCH = 64  # the `jsonrpc_max_batch` default, for in-process callers without settings
 YIELD_EVERY = 16  # messages parsed, run or encoded between yields to the event loop
@@ -71,7 +89,8 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-UNSUPPORTED_VERSION = -32022  # the MCP spec's code (-32020..-32099 are the spec's own)
+HEADER_MISMATCH = -32020  # the MCP spec's codes (-32020..-32099 are the spec's own)
+UNSUPPORTED_VERSION = -32022
 # Episode errors by HTTP status, in the implementation-defined range -32003..-32019.
 ERROR_CODES: dict[int, int] = {
     401: -32003,
@@ -91,6 +110,7 @@ INSTRUCTIONS = (
 
 Message = dict[str, Any]
 Reply = Message | list[Message] | None
+SERVER_INFO: Message = {"name": "palaestra", "version": palaestra.__version__}
 DECODER = json.JSONDecoder()  # stateless: json.loads's own
 
 
@@ -104,6 +124,7 @@ class McpEpisode:
 class McpSession:
     protocol_version: str | None = None
     initialized: bool = False
+    stateless: bool = False
 
 
 class RpcError(Exception):
@@ -152,10 +173,49 @@ def version_error(requested: object) -> Message:
         "code": UNSUPPORTED_VERSION,
         "message": (
             f"Unsupported protocol version {shown(text)}; this server supports "
-            f"{', '.join(SUPPORTED_VERSIONS)} (through initialize)"
+            f"{', '.join(SUPPORTED_VERSIONS)} ({', '.join(HANDSHAKE_VERSIONS)} through "
+            f"initialize, {', '.join(MODERN_VERSIONS)} in each request's params._meta)"
         ),
         "data": {"supported": list(SUPPORTED_VERSIONS), "requested": text[:SHOWN_CHARS]},
     }
+
+
+def is_modern(message: object) -> bool:
+    """Whether `message` is a 2026-07-28 request: server/discover, or one whose
+    params._meta names a protocol version (the stateless envelope)."""
+    if not isinstance(message, dict):
+        return False
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return message.get("method") == DISCOVER or (
+        isinstance(meta, dict) and PROTOCOL_VERSION_META in meta
+    )
+
+
+def modern_version(params: object) -> str:
+    """The version a 2026-07-28 request's envelope names; RpcError -32602 when the envelope
+    is missing or malformed, -32022 when that version is not served statelessly."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    keys = f"{PROTOCOL_VERSION_META!r} and {CLIENT_CAPABILITIES_META!r}"
+    if not isinstance(meta, dict):
+        raise RpcError(
+            INVALID_PARAMS,
+            f"Invalid params: a 2026-07-28 request's params._meta must be an "
+            f"object carrying {keys}",
+        )
+    missing = [key for key in (PROTOCOL_VERSION_META, CLIENT_CAPABILITIES_META) if key not in meta]
+    if missing:
+        raise RpcError(
+            INVALID_PARAMS,
+            f"Invalid params: params._meta lacks {', '.join(missing)} (a "
+            f"2026-07-28 request carries {keys})",
+        )
+    version = meta[PROTOCOL_VERSION_META]
+    if not isinstance(version, str):
+        raise RpcError(INVALID_PARAMS, f"Invalid params: {PROTOCOL_VERSION_META} must be a string")
+    if version not in MODERN_VERSIONS:
+        raise RpcError(**version_error(version))
+    return version
 
 
 def episode_error(exc: PalaestraError) -> Message:
@@ -254,11 +314,10 @@ async def handle(
             if index and index % YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # a long batch never holds the loop: others go on
             reply: Message | None
-            if is_initialize(item):
+            if is_initialize(item) or is_modern(item):
                 assert isinstance(item, dict)
-                reply = error_response(
-                    _valid_id(item), _invalid("initialize must not be part of a batch")
-                )
+                what = "initialize" if is_initialize(item) else "a 2026-07-28 request"
+                reply = error_response(_valid_id(item), _invalid(f"{what} must not be batched"))
             else:
                 reply = await _one(item, episode, session)
             if reply is not None:
@@ -288,7 +347,10 @@ async def _one(message: object, episode: McpEpisode, session: McpSession) -> Mes
     if not isinstance(params, dict):
         return error_response(message_id, _params("params must be an object"))
     try:
-        result = await _dispatch(method, params, episode, session)
+        if session.stateless or is_modern(message):
+            result = await _modern(method, params, episode, modern_version(params))
+        else:
+            result = await _dispatch(method, params, episode, session)
     except RpcError as exc:
         return error_response(message_id, exc.error)
     except Exception as exc:
@@ -308,15 +370,41 @@ async def _dispatch(
     if method == "tools/list":
         return {"tools": [_tool(spec) for spec in episode.tools]}
     if method == "tools/call":
-        return await _call(params, episode, session)
-    if method == "server/discover":
-        meta = params.get("_meta")
-        requested = meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
-        raise RpcError(**version_error(requested or "2026-07-28"))
+        return await _call(params, episode, session.protocol_version or LATEST_VERSION)
     raise RpcError(
         METHOD_NOT_FOUND,
         f"Method not found: {shown(method)}; this server serves initialize, ping, tools/list "
         "and tools/call (no resources, prompts or completions)",
+    )
+
+
+async def _modern(method: str, params: Message, episode: McpEpisode, version: str) -> Message:
+    """A 2026-07-28 request (its envelope checked): stateless, each result `complete`."""
+    if method == DISCOVER:
+        return {
+            "supportedVersions": list(MODERN_VERSIONS),
+            "capabilities": {"tools": {"listChanged": False}},
+            "instructions": INSTRUCTIONS,
+            "cacheScope": "private",  # answered only to the episode's own token
+            "ttlMs": 0,
+            "resultType": "complete",
+            "_meta": {SERVER_INFO_META: SERVER_INFO},
+        }
+    if method == "tools/list":
+        tools = [_tool(spec) for spec in episode.tools]
+        return {
+            "tools": tools,
+            "cacheScope": "private",
+            "ttlMs": TOOLS_TTL_MS,
+            "resultType": "complete",
+        }
+    if method == "tools/call":
+        return await _call(params, episode, version)
+    raise RpcError(
+        METHOD_NOT_FOUND,
+        f"Method not found: {shown(method)} at {version}; this server serves server/discover, "
+        "tools/list and tools/call there (initialize and ping are the handshake revisions': "
+        "send them without the 2026-07-28 _meta envelope)",
     )
 
 
@@ -326,13 +414,13 @@ def _initialize(params: Message, session: McpSession) -> Message:
         raise RpcError(INVALID_PARAMS, "initialize: params.protocolVersion must be a string")
     # The spec: answer with the client's version when served, else with our newest one
     # (the client then decides whether it can speak it).
-    version = requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
+    version = requested if requested in HANDSHAKE_VERSIONS else LATEST_VERSION
     session.protocol_version = version
     session.initialized = False
     return {
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": False}},
-        "serverInfo": {"name": "palaestra", "version": palaestra.__version__},
+        "serverInfo": SERVER_INFO,
         "instructions": INSTRUCTIONS,
     }
 
@@ -341,7 +429,7 @@ def _tool(spec: ToolSpec) -> Message:
     return {"name": spec.name, "description": spec.description, "inputSchema": spec.parameters}
 
 
-async def _call(params: Message, episode: McpEpisode, session: McpSession) -> Message:
+async def _call(params: Message, episode: McpEpisode, version: str) -> Message:
     name = params.get("name")
     if not isinstance(name, str):
         raise RpcError(INVALID_PARAMS, "tools/call: params.name must be a string")
@@ -362,10 +450,11 @@ async def _call(params: Message, episode: McpEpisode, session: McpSession) -> Me
         reply = await episode.step(Action(tool=name, arguments=arguments))
     except InvalidActionError as exc:  # a refused action: the episode goes on
         text = f"{exc.message} (the episode goes on; fix the call and retry)"
-        return {"content": [{"type": "text", "text": text}], "isError": True}
+        refused = {"content": [{"type": "text", "text": text}], "isError": True}
+        return {**refused, "resultType": "complete"} if version in MODERN_VERSIONS else refused
     except PalaestraError as exc:
         raise RpcError(**episode_error(exc)) from None
-    return tool_result(reply, session.protocol_version or LATEST_VERSION)
+    return tool_result(reply, version)
 
 
 def tool_result(reply: StepResponse, version: str = LATEST_VERSION) -> Message:
@@ -387,7 +476,8 @@ def tool_result(reply: StepResponse, version: str = LATEST_VERSION) -> Message:
     }
     if version in UNSTRUCTURED:
         return {"content": content, "isError": False, "_meta": {STEP_META: step}}
-    return {"content": content, "structuredContent": step, "isError": False}
+    result = {"content": content, "structuredContent": step, "isError": False}
+    return {**result, "resultType": "complete"} if version in MODERN_VERSIONS else result
 
 
 def _valid_id(message: Message) -> str | int | None:

@@ -1,5 +1,11 @@
 """The MCP streamable HTTP transport for one episode: `/v1/episodes/{episode_id}/mcp`.
 
+Both eras of MCP, chosen per request. A POST of the stateless 2026-07-28 revision (its
+`MCP-Protocol-Version` header names no handshake version, or its body carries the 2026
+`_meta` envelope) is checked by server/doors/mcp_stateless.py and answered on the episode
+the URL names, which the token must own on every request; no session is read or opened.
+Every other POST is of the handshake revisions (2024-11-05..2025-11-25), as follows.
+
 POST carries a JSON-RPC message or batch (answered by server/doors/mcp.py) and gets
 application/json, or text/event-stream when the client accepts only that; notifications
 and responses alone get 202. `initialize` opens a session (`Mcp-Session-Id`), which every
@@ -32,7 +38,7 @@ from palaestra.sdk.errors import CapacityError, PalaestraError
 from palaestra.sdk.models import Action, StepRequest, StepResponse, ToolSpec
 from palaestra.server.auth import Principal
 from palaestra.server.caller import manager_of, principal_of, services_of
-from palaestra.server.doors import mcp
+from palaestra.server.doors import mcp, mcp_stateless
 
 router = APIRouter(tags=["mcp"])
 
@@ -168,8 +174,10 @@ def _refused(
 
 
 def _failed(exc: PalaestraError, message_id: object = None) -> Response:
-    """A /v1 error (401, 403, 404, ...) at the transport, in JSON-RPC's shape."""
-    headers = CHALLENGE if exc.status == 401 else None
+    """A /v1 error (401, 403, 404, 429, ...) at the transport, in JSON-RPC's shape."""
+    headers = dict(CHALLENGE) if exc.status == 401 else {}
+    if exc.retry_after is not None:
+        headers["retry-after"] = f"{exc.retry_after:g}"
     return _reply(
         exc.status or 500, mcp.error_response(message_id, mcp.episode_error(exc)), headers
     )
@@ -257,16 +265,12 @@ async def mcp_messages(episode_id: str, request: Request) -> Response:
     except mcp.RpcError as exc:
         refusal = mcp.error_response(None, exc.error)
         return _reply(mcp.status_of(refusal) or 400, refusal)
-    manager = manager_of(request)
+    if mcp_stateless.wanted(request.headers, message):
+        return await _stateless(request, episode_id, principal, message, sse)
     headers: dict[str, str] = {}
-    if (refused := _unsupported(request)) is not None:
-        return refused
     if mcp.is_initialize(message):
-        try:  # 404 for an unknown id and for another token's episode alike
-            state = await manager.state(episode_id, principal)
-            session = Session(
-                episode_id, services_of(request).families.get(state.family).tool_specs()
-            )
+        try:
+            session = Session(episode_id, await _tools(request, principal, episode_id))
         except PalaestraError as exc:
             return _failed(exc, message.get("id"))
     else:
@@ -277,24 +281,67 @@ async def mcp_messages(episode_id: str, request: Request) -> Response:
         if (refused := _mismatched(request, session)) is not None:
             return refused
 
-    async def step(action: Action) -> StepResponse:
-        return await manager.step(episode_id, StepRequest(action=action), principal)
-
-    episode = mcp.McpEpisode(session.tools, step)
+    episode = _episode(request, principal, episode_id, session.tools)
     reply = await mcp.handle(message, episode, session.state, settings.jsonrpc_max_batch)
     if mcp.is_initialize(message) and session.state.protocol_version is not None:
         try:
             session_id = sessions_of(request).open(principal.token_id, session)
         except PalaestraError as exc:
-            refused = _failed(exc, message.get("id"))
-            if exc.retry_after is not None:
-                refused.headers["retry-after"] = f"{exc.retry_after:g}"
-            return refused
+            return _failed(exc, message.get("id"))
         headers = {SESSION_HEADER: session_id}
     if reply is None:
         return Response(status_code=202, headers=headers)
     failed = isinstance(reply, dict) and reply.get("id") is None
     status = (mcp.status_of(reply) or 400) if failed else 200
+    return await _replied(status, reply, headers, sse=sse and status == 200)
+
+
+async def _tools(request: Request, principal: Principal, episode_id: str) -> list[ToolSpec]:
+    """The tools of the caller's episode `episode_id`: 404 for an unknown id and for another
+    token's episode alike (the held episode's own, else its stored state's family's)."""
+    manager = manager_of(request)
+    held, _ = await manager.owned(principal, episode_id)
+    if held is not None:
+        return held.family.tool_specs()
+    state = await manager.state(episode_id, principal)
+    return services_of(request).families.get(state.family).tool_specs()
+
+
+def _episode(
+    request: Request, principal: Principal, episode_id: str, tools: list[ToolSpec]
+) -> mcp.McpEpisode:
+    """The episode as the MCP core sees it: its tools, each tools/call a step of it."""
+    manager = manager_of(request)
+
+    async def step(action: Action) -> StepResponse:
+        return await manager.step(episode_id, StepRequest(action=action), principal)
+
+    return mcp.McpEpisode(tools, step)
+
+
+async def _stateless(
+    request: Request, episode_id: str, principal: Principal, message: object, sse: bool
+) -> Response:
+    """A 2026-07-28 request: the ladder (server/doors/mcp_stateless.py), then the answer on
+    the caller's episode `episode_id`, looked up afresh; no session is read or opened."""
+    refused = mcp_stateless.refusal(request.headers.raw, message)
+    if refused is not None:
+        return _reply(mcp_stateless.status(refused), refused)
+    assert isinstance(message, dict)  # the ladder refuses anything but one message
+    if "id" not in message:
+        return Response(status_code=202)
+    try:
+        tools = await _tools(request, principal, episode_id)
+    except PalaestraError as exc:
+        return _failed(exc, message.get("id"))
+    episode = _episode(request, principal, episode_id, tools)
+    reply = await mcp.handle(message, episode, mcp.McpSession(stateless=True))
+    assert isinstance(reply, dict)  # one request: one response
+    status = mcp_stateless.status(reply)
+    headers: dict[str, str] = {}
+    retry_after = reply.get("error", {}).get("data", {}).get("retry_after")
+    if isinstance(retry_after, (int, float)):
+        headers["retry-after"] = f"{retry_after:g}"
     return await _replied(status, reply, headers, sse=sse and status == 200)
 
 
@@ -317,6 +364,13 @@ async def mcp_end_session(episode_id: str, request: Request) -> Response:
     principal = _caller(request)
     if isinstance(principal, Response):
         return principal
+    if request.headers.get(VERSION_HEADER) in mcp.MODERN_VERSIONS:
+        return _refused(
+            405,
+            mcp.INVALID_REQUEST,
+            "Method Not Allowed: 2026-07-28 has no sessions to end; POST requests",
+            {"allow": "POST"},
+        )
     refused = _unsupported(request)
     found = refused or _session(request, principal, episode_id)
     if isinstance(found, Response):

@@ -100,17 +100,89 @@ async def test_initialize_negotiates_the_version(echo: Echo) -> None:
     assert echo.session.initialized
 
 
+MODERN = "2026-07-28"
+
+
+def envelope(version: object = MODERN, **extra: object) -> dict[str, object]:
+    """The 2026-07-28 request envelope (`params._meta`)."""
+    return {
+        mcp.PROTOCOL_VERSION_META: version,
+        mcp.CLIENT_CAPABILITIES_META: {},
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"},
+        **extra,
+    }
+
+
+@on_module_loop
+async def test_the_2026_revision_needs_no_handshake(echo: Echo) -> None:
+    """Each request carries its version in _meta; nothing is remembered between them."""
+    meta = {"_meta": envelope()}
+    found = await echo.send(request("server/discover", meta, "d"))
+    assert isinstance(found, dict) and found["id"] == "d", found
+    discovered = found["result"]
+    assert discovered["supportedVersions"] == [MODERN]
+    assert discovered["resultType"] == "complete" and discovered["cacheScope"] == "private"
+    assert discovered["capabilities"] == {"tools": {"listChanged": False}}
+    assert discovered["_meta"][mcp.SERVER_INFO_META]["name"] == "palaestra"
+    listed = await echo.send(request("tools/list", meta))
+    assert isinstance(listed, dict)
+    assert [t["name"] for t in listed["result"]["tools"]] == ["echo", "submit"]
+    assert listed["result"]["resultType"] == "complete"
+    call = {"name": "echo", "arguments": {"text": "now"}, **meta}
+    called = await echo.send(request("tools/call", call))
+    assert isinstance(called, dict)
+    assert called["result"]["content"] == [{"type": "text", "text": "now"}]
+    assert called["result"]["resultType"] == "complete"
+    assert called["result"]["structuredContent"]["terminated"] is False
+    refused = await echo.send(request("tools/call", {**call, "arguments": {"text": 5}}))
+    assert isinstance(refused, dict) and refused["result"]["isError"] is True
+    assert refused["result"]["resultType"] == "complete"
+    assert echo.session.protocol_version is None  # no session was negotiated
+    # The handshake's methods are not the 2026 revision's.
+    for gone in ("ping", "initialize"):
+        reply = await echo.send(request(gone, meta))
+        assert isinstance(reply, dict) and reply["error"]["code"] == mcp.METHOD_NOT_FOUND
+        assert MODERN in reply["error"]["message"]
+    # A stateless transport's request without the envelope is told what to carry.
+    stateless = await mcp.handle(
+        request("tools/list"), echo.episode, mcp.McpSession(stateless=True)
+    )
+    assert isinstance(stateless, dict) and stateless["error"]["code"] == mcp.INVALID_PARAMS
+    assert mcp.CLIENT_CAPABILITIES_META in stateless["error"]["message"]
+    # 2026 requests are never batched (the revision has no batches).
+    batch = await echo.send([request("tools/list", meta, 1), request("tools/list", {}, 2)])
+    assert isinstance(batch, list)
+    assert batch[0]["error"]["code"] == mcp.INVALID_REQUEST and "2026-07-28" in str(batch[0])
+    assert "result" in batch[1]
+
+
 @on_module_loop
 async def test_a_version_we_do_not_serve_is_refused_by_name(echo: Echo) -> None:
-    """server/discover (the 2026 stateless revision's probe) is refused with -32022 naming
-    the version asked for and the ones served: the official client then initializes."""
-    meta = {mcp.PROTOCOL_VERSION_META: "2026-07-28"}
-    reply = await echo.send(request("server/discover", {"_meta": meta}, "d"))
-    assert isinstance(reply, dict) and reply["id"] == "d"
-    error = reply["error"]
-    assert error["code"] == mcp.UNSUPPORTED_VERSION == -32022
-    assert error["data"] == {"supported": list(mcp.SUPPORTED_VERSIONS), "requested": "2026-07-28"}
-    assert "2026-07-28" in error["message"] and "2025-11-25" in error["message"]
+    """An envelope naming a version not served statelessly is -32022 naming the versions
+    served (the handshake ones included: those are reached through initialize)."""
+    for asked in ("1999-01-01", "2025-11-25"):
+        reply = await echo.send(request("tools/list", {"_meta": envelope(asked)}, "v"))
+        assert isinstance(reply, dict) and reply["id"] == "v"
+        error = reply["error"]
+        assert error["code"] == mcp.UNSUPPORTED_VERSION == -32022
+        assert error["data"] == {"supported": list(mcp.SUPPORTED_VERSIONS), "requested": asked}
+        assert MODERN in error["message"] and "2025-11-25" in error["message"]
+    huge = "9" * 100_000
+    reply = await echo.send(request("server/discover", {"_meta": envelope(huge)}))
+    assert isinstance(reply, dict) and reply["error"]["code"] == -32022
+    assert len(json.dumps(reply)) < 2_000  # the version is quoted clipped, never echoed whole
+    for bad, says in [
+        ({"_meta": envelope(5)}, "must be a string"),
+        ({"_meta": {mcp.PROTOCOL_VERSION_META: MODERN}}, mcp.CLIENT_CAPABILITIES_META),
+        ({"_meta": "2026-07-28"}, "must be an object"),
+        ({}, "must be an object"),  # server/discover is always of the 2026 revision
+    ]:
+        reply = await echo.send(request("server/discover", bad))
+        assert isinstance(reply, dict) and reply["error"]["code"] == mcp.INVALID_PARAMS, bad
+        assert says in reply["error"]["message"]
+    # initialize never negotiates the stateless revision: it answers its newest handshake one.
+    reply = await echo.send(request("initialize", {"protocolVersion": MODERN}))
+    assert isinstance(reply, dict) and reply["result"]["protocolVersion"] == "2025-11-25"
 
 
 @on_module_loop
@@ -255,6 +327,8 @@ def test_the_official_client_drives_episodes(served: ServerProcess, tmp_path: Pa
         "humaneval": start(served.url, a, HE_TRAIN),
         "auto": start(served.url, a, ECHO_TRAIN),
         "sealed": start(served.url, evaluator, HE_SEALED),
+        "stateless": start(served.url, a, ECHO_TRAIN),
+        "stateless_humaneval": start(served.url, a, HE_TRAIN),
     }
     plan = {
         "url": served.url,
@@ -291,19 +365,66 @@ def test_the_official_client_drives_episodes(served: ServerProcess, tmp_path: Pa
     assert stored.verdict.reward == 1.0 and len(stored.trajectory) == 2
     assert stored.trajectory[0].action.tool == "write_file"
 
-    # The 2026 probe is refused by name (-32022), and the client falls back to initialize.
+    # The SDK's Client as it comes: its server/discover probe succeeds, and it stays on the
+    # stateless revision: no session id either way, the version and method on every POST.
     auto = seen["auto"]
-    assert auto["version"] == "2025-11-25" and set(auto["tools"]) == {"echo", "submit"}
-    assert text_of(auto["echo"]) == "auto"
+    assert auto["version"] == "2026-07-28" and auto["server"] == "palaestra"
+    assert set(auto["tools"]) == {"echo", "submit"} and text_of(auto["echo"]) == "auto"
+    assert [w["sent"]["mcp-method"] for w in auto["wire"]] == [
+        "server/discover",
+        "tools/list",
+        "tools/call",
+    ]
+    stateless = seen["stateless"]
+    for exchange in auto["wire"] + stateless["wire"]:
+        assert exchange["sent"]["mcp-protocol-version"] == "2026-07-28"
+        assert "mcp-session-id" not in exchange["sent"] and "mcp-session-id" not in exchange["got"]
 
-    assert seen["wrong_token"]["code"] == mcp.ERROR_CODES[401]
-    assert "bearer" in seen["wrong_token"]["message"].lower()
-    other, nowhere = seen["other_token"], seen["unknown_episode"]
-    assert other["code"] == nowhere["code"] == mcp.ERROR_CODES[404]
-    # Another token's episode reads exactly as an id that does not exist.
-    assert other["message"].replace(episodes["auto"], "ID") == nowhere["message"].replace(
-        plan["unknown"], "ID"
-    )
+    # A whole episode over 2026-07-28 (a Client pinned to it: no probe, no handshake).
+    assert stateless["version"] == "2026-07-28" and stateless["tools"] == ["echo", "submit"]
+    hello, bad, unknown, submit, after = stateless["calls"]
+    assert text_of(hello) == "hello" and hello["structuredContent"]["terminated"] is False
+    assert bad["isError"] is True and "text" in text_of(bad)
+    assert unknown["error"]["code"] == mcp.INVALID_PARAMS and "no_such_tool" in str(unknown)
+    step = submit["structuredContent"]
+    assert step["terminated"] and step["reward"] == 1.0 and step["verdict"]["passed"]
+    assert after["error"]["code"] == -32009 and after["error"]["data"]["status"] == 409
+    calls = [w for w in stateless["wire"] if w["sent"]["mcp-method"] == "tools/call"]
+    assert [w["sent"]["mcp-name"] for w in calls] == [
+        "echo",
+        "echo",
+        "no_such_tool",
+        "submit",
+        "echo",
+    ]
+    assert [w["status"] for w in calls] == [200, 200, 400, 200, 409]
+    written, verdict = seen["stateless_humaneval"]["calls"]
+    assert written["isError"] is False and verdict["structuredContent"]["reward"] == 1.0
+    with HTTPClient(served.url, token=a) as client:
+        stored = client.state(episodes["stateless_humaneval"])
+    assert stored.status.value == "done" and len(stored.trajectory) == 2
+
+    # A version no server speaks: -32022, its data what the SDK's own model reads.
+    unserved = seen["unserved_version"]
+    assert unserved["code"] == mcp.UNSUPPORTED_VERSION
+    assert unserved["parsed"] == {
+        "supported": list(mcp.SUPPORTED_VERSIONS),
+        "requested": "1999-01-01",
+    }
+
+    # Tenancy holds in both eras: a bad token is 401; another token's episode reads
+    # exactly as an id that does not exist.
+    for era in ("", "stateless_"):
+        wrong = seen[f"{era}wrong_token"]
+        assert wrong["code"] == mcp.ERROR_CODES[401] and "bearer" in wrong["message"].lower()
+        other, nowhere = (
+            seen[f"{era}other_token"],
+            seen[f"{era}unknown" + ("" if era else "_episode")],
+        )
+        assert other["code"] == nowhere["code"] == mcp.ERROR_CODES[404], era
+        assert other["message"].replace(episodes["auto"], "ID") == nowhere["message"].replace(
+            plan["unknown"], "ID"
+        )
 
     # A sealed task stays sealed through MCP: pass/fail and scores only.
     sealed = seen["sealed"]
@@ -349,13 +470,13 @@ def test_the_transport_speaks_streamable_http(served: ServerProcess) -> None:
         assert denied.status_code == 401 and "bearer" in denied.headers["www-authenticate"].lower()
         assert denied.json()["error"]["code"] == mcp.ERROR_CODES[401]
         assert http.post(url, json=INIT, headers=BOTH).status_code == 401
-        # The 2026 probe: 400, -32022, naming the version and the ones served.
+        # A version not served at all: 400, -32022, naming it and the ones served.
         probe = http.post(
-            url, json=rpc("server/discover"), headers={**auth, "mcp-protocol-version": "2026-07-28"}
+            url, json=rpc("tools/list"), headers={**auth, "mcp-protocol-version": "1999-01-01"}
         )
         assert probe.status_code == 400
         error = probe.json()["error"]
-        assert error["code"] == -32022 and error["data"]["requested"] == "2026-07-28"
+        assert error["code"] == -32022 and error["data"]["requested"] == "1999-01-01"
         assert error["data"]["supported"] == list(mcp.SUPPORTED_VERSIONS)
         # initialize opens a session; its id is required after.
         opened = http.post(url, json=INIT, headers=auth)
