@@ -54,6 +54,7 @@ from palaestra.sdk.models import (
     ResumeResponse,
 )
 from palaestra.server.auth import Principal
+from palaestra.server.checkpoint_retention import EXPIRED_BY, expire, expired_error
 from palaestra.server.db import Connection
 from palaestra.server.episode import Episode, task_info, void_verdict
 from palaestra.server.harness.replay import HarnessCapture
@@ -102,6 +103,15 @@ def not_resumable(episode_id: str, status: str) -> ConflictError:
     )
 
 
+def resume_refused(episode_id: str, state: EpisodeState | None) -> ConflictError:
+    """The 409 of a resume of an episode that is not `resumable`: `checkpoint_expired`
+    when the retention deleted its checkpoint, else `not_resumable`."""
+    failure = state.failure if state is not None else None
+    if failure is not None and EXPIRED_BY in failure.reason:
+        return expired_error(episode_id, failure.reason)
+    return not_resumable(episode_id, state.status.value if state is not None else "unknown")
+
+
 class Checkpoints:
     """A local host's checkpoints (server/local_host.py holds one)."""
 
@@ -115,6 +125,7 @@ class Checkpoints:
         self._held: set[str] = set()  # keys of live episodes with a checkpoint row
         self._putting: set[str] = set()  # snapshot digests stored, their row not yet written
         self._starts: dict[str, tuple[str, int]] = {}  # live harness episodes' start snapshots
+        self._auto: set[str] = set()  # keys of episodes an automatic checkpoint is taking
 
     # -- checkpoint -----------------------------------------------------------------------
     async def checkpoint(self, principal: Principal, episode_id: str) -> CheckpointResponse:
@@ -127,10 +138,38 @@ class Checkpoints:
                 f"episode {episode_id} is {status}; only a live episode can be checkpointed"
             )
         self._admit(principal)
+        return await self._take(episode, episode_id)
+
+    def auto(self, episode: Episode) -> None:
+        """After a step: every `checkpoint_every_steps` steps, a checkpoint taken in the
+        background (the step's reply does not wait for it; one at a time an episode)."""
+        every = self.host.settings.checkpoint_every_steps
+        steps = episode.state.step_count
+        if not every or steps % every or episode.id in self._auto:
+            return
+        if episode.state.status is not EpisodeStatus.ACTIVE:
+            return
+        self._auto.add(episode.id)
+        self.host._keep(asyncio.ensure_future(self._take_auto(episode)))
+
+    async def _take_auto(self, episode: Episode) -> None:
+        try:
+            await self._take(episode, episode.id)
+        except PalaestraError as exc:  # ended meanwhile, or its workspace cannot be kept
+            log.info("no automatic checkpoint: %s", exc.message, extra={"episode_id": episode.id})
+        except Exception:
+            log.exception("automatic checkpoint failed", extra={"episode_id": episode.id})
+        finally:
+            self._auto.discard(episode.id)
+
+    async def _take(self, episode: Episode, episode_id: str) -> CheckpointResponse:
+        """Checkpoint a live episode (under its lock: no step runs meanwhile)."""
+        key = episode.id
         async with episode.lock:
             if episode.state.status is not EpisodeStatus.ACTIVE:
                 raise ConflictError(f"episode {episode_id} has ended")
             record = self._record(episode)
+            steps = episode.state.step_count  # a harness records calls across the awaits
             if episode.harness is not None:  # its start, replayed at resume
                 start = self._starts.get(key)
                 record.harness = capture_of(episode, episode.harness, start)
@@ -141,7 +180,6 @@ class Checkpoints:
                 self._putting.add(digest)
             try:
                 checkpoint_id, now = uuid.uuid4().hex, time.time()
-                steps = episode.state.step_count
                 await self.store.commit()  # the trajectory up to here is on disk first
                 row = (key, checkpoint_id, now, steps, digest, size, record.model_dump_json())
                 replaced = await asyncio.to_thread(self._write, row)
@@ -285,8 +323,24 @@ class Checkpoints:
         resumable = await asyncio.to_thread(mark)
         if resumable:
             log.warning("%d episodes left active with a checkpoint are resumable", resumable)
+        await self._expire()
         await self._prune()
         return resumable
+
+    async def _expire(self) -> None:
+        """Resumable episodes past `checkpoint_retention_hours` expire, their checkpoints
+        and snapshots deleted (server/checkpoint_retention.py)."""
+        hours = self.host.settings.checkpoint_retention_hours
+
+        def run() -> list[tuple[str, float]]:
+            with self.store.db.transaction() as conn:
+                return expire(conn, hours)
+
+        dropped = await asyncio.to_thread(run)
+        for digest, created in dropped:
+            await asyncio.to_thread(self._drop, digest, created)
+        if dropped:
+            log.warning("%d resumable episodes expired (checkpoint_retention_hours)", len(dropped))
 
     async def park(self, episode: Episode) -> bool:
         """At a graceful stop: a checkpointed episode becomes `resumable` (its sandbox
@@ -307,6 +361,7 @@ class Checkpoints:
         snapshots nobody refers to."""
         for key in [key for key in self._starts if key not in self.host._live]:
             del self._starts[key]
+        await self._expire()
         gone = [key for key in self._held if key not in self.host._live]
         if not gone:
             return
@@ -369,7 +424,7 @@ class Checkpoints:
     ) -> tuple[Episode, ResumeResponse]:
         state = await self._stored(key)
         if state is None or state.status is not EpisodeStatus.RESUMABLE:
-            raise not_resumable(episode_id, state.status.value if state else "unknown")
+            raise resume_refused(episode_id, state)
         row = await asyncio.to_thread(
             self.store.db.one,
             "SELECT c.id, c.step_count, c.workspace, c.record, e.number, e.owner, e.task_digest,"

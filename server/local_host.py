@@ -325,6 +325,7 @@ class LocalHost:
         self.store.add_step(episode.number, index, request_id, record, episode.owner)
         state.step_count = index + 1
         state.updated_at = now
+        self.checkpoints.auto(episode)  # every checkpoint_every_steps, in the background
 
     async def _run_step(
         self, episode: Episode, tool: Any, args: Any

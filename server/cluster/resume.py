@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from palaestra.sdk.errors import CapacityError, ConflictError
 from palaestra.sdk.models import CheckpointResponse, EpisodeStatus, ResumeResponse
 from palaestra.server.auth import ADMIN_PRINCIPAL, Principal
-from palaestra.server.checkpoint import not_resumable
+from palaestra.server.checkpoint import resume_refused
 from palaestra.server.cluster.channel import WorkerUnreachable
 from palaestra.server.cluster.placement import WORKER_FULL, Needs, candidates, cluster_full
 from palaestra.server.cluster.worker import principal_json
@@ -69,7 +69,7 @@ class ClusterCheckpoints:
         host = self.host
         state = await host.store.load_episode(key, with_trajectory=False)
         if state is None or state.status is not EpisodeStatus.RESUMABLE:
-            raise not_resumable(episode_id, state.status.value if state else "unknown")
+            raise resume_refused(episode_id, state)
         try:  # the task as the front serves it; the worker checks it against the checkpoint
             task = host.services.packs.resolve(state.task)
             needs = Needs.of(host.services.families.get(task.family), task, host.settings)

@@ -28,6 +28,20 @@ class EpisodeSettings(BaseModel):
         "content-addressed) so that it can be checkpointed and resumed by replay; off: a "
         "harness episode's checkpoint is 409 harness_episode",
     )
+    checkpoint_every_steps: int = Field(
+        default=0,
+        ge=0,
+        description="checkpoint every live episode automatically each this many steps (a "
+        "harness episode: model calls), in the background, so that a crash loses at most "
+        "that many; 0: off, a client checkpoints when it wants",
+    )
+    checkpoint_retention_hours: float = Field(
+        default=168.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="how long a resumable episode (its server stopped) waits for its resume; "
+        "past it its checkpoint is deleted and the episode expires",
+    )
     idle_ttl_s: float = Field(default=900.0, gt=0, description="idle episodes expire after this")
     reaper_interval_s: float = Field(default=5.0, gt=0)
     allow_oracle: bool = Field(
