@@ -53,6 +53,7 @@ def _str(item: dict[str, Any], key: str, where: str, default: str | None = None)
 def _part(part: Any, where: str) -> dict[str, Any]:
     """One content part as a chat part: text, or an image given inline (a `data:` URL)."""
     kind = part.get("type") if isinstance(part, dict) else None
+    kind = kind if isinstance(kind, str) else None  # a list or object is no type
     if kind in TEXT_PARTS:
         key = "refusal" if kind == "refusal" else "text"
         return {"type": "text", "text": _str(part, key, where)}
@@ -202,7 +203,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
                              "text")  # fmt: skip
     include = body.get("include")
     if include is not None and not (
-        isinstance(include, list) and all(i in INCLUDES for i in include)
+        isinstance(include, list) and all(isinstance(i, str) and i in INCLUDES for i in include)
     ):
         raise ResponsesError(f"include may name only {', '.join(sorted(INCLUDES))}", "include")
     top = body.get("top_logprobs")
