@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -59,13 +60,17 @@ class Regrader:
         self.stored = StoredEpisodes(services.store)
         self.final_states = FinalStates(services.settings, services.store)
         self.sandboxes = None if services.settings.ray else sandboxes
+        # a cluster front's: the regrade sent to the worker that kept the final state
+        self.remote: Callable[[Principal, str, RegradeRequest], Awaitable[Verdict]] | None = None
 
     async def regrade(
         self, principal: Principal, episode_id: str, request: RegradeRequest
     ) -> Verdict:
         key = await self.stored.key(principal, episode_id)  # 404: not the caller's
+        if self.sandboxes is None and self.remote is not None:
+            return await self.remote(principal, episode_id, request)
         if self.sandboxes is None:
-            message = "this server cannot regrade episodes (a cluster front: not yet)"
+            message = "this server hosts no episodes and reaches no worker: it cannot regrade"
             raise UnavailableError(message, code="unsupported", retryable=False)
         stored = await self.store.load_episode(key, with_trajectory=False)
         if stored is None:

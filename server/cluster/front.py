@@ -50,6 +50,7 @@ from palaestra.server.cluster.placement import (
     candidates,
     cluster_full,
 )
+from palaestra.server.cluster.regrades import ClusterRegrades
 from palaestra.server.cluster.resume import ClusterCheckpoints
 from palaestra.server.cluster.worker import (
     EpisodeWorker,
@@ -635,4 +636,6 @@ def build_front(settings: Settings) -> EpisodeManager:
     parts = build_parts(settings, cluster_node=True, hosts_episodes=False, after_publish=exporter)
     services = parts.services
     host = ClusterHost(services, parts.sandboxes, FrontAccounts(services.tenancy, services.sampler))
-    return EpisodeManager(services, host, host.quota)
+    manager = EpisodeManager(services, host, host.quota)
+    manager.regrader.remote = ClusterRegrades(host).regrade  # on the worker that kept it
+    return manager

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from palaestra.sdk.errors import CapacityError, UnavailableError
-from palaestra.sdk.models import ForkRequest, Limits, ResetRequest, StepRequest
+from palaestra.sdk.models import ForkRequest, Limits, RegradeRequest, ResetRequest, StepRequest
 from palaestra.server.auth import Principal, Quota
 from palaestra.server.cluster import depot
 from palaestra.server.cluster.channel import ChannelServer
@@ -31,6 +31,7 @@ from palaestra.server.cluster.placement import SLOTS_RESOURCE, WORKER_FULL, Need
 from palaestra.server.config import Settings
 from palaestra.server.host import Ending, ForkOrder, StartOrder
 from palaestra.server.local_host import LocalHost
+from palaestra.server.regrade import Regrader
 from palaestra.server.services import Services
 
 log = logging.getLogger("palaestra.cluster")
@@ -341,6 +342,11 @@ class EpisodeWorker:
             return made.model_dump_json().encode()
         if method == "resume":  # server/cluster/resume.py
             return await hosting.resume(principal, args)
+        if method == "regrade":  # server/cluster/regrades.py: it kept the final state
+            regrade = RegradeRequest.model_validate(args["request"])
+            regrader = Regrader(hosting.services, host.sandboxes)
+            verdict = await regrader.regrade(principal, args["id"], regrade)
+            return verdict.model_dump_json().encode()
         if method == "fork":
             request = ForkRequest.model_validate(args["request"])
             return await hosting.fork(ForkOrder(principal, args["parent"], request, args["key"]))

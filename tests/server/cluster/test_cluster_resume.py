@@ -55,6 +55,23 @@ def test_a_fork_runs_on_its_parents_worker_through_either_front(ctx: Ctx) -> Non
     ctx.close(1, child["episode_id"])
 
 
+def test_a_regrade_runs_on_the_worker_that_kept_the_final_state(ctx: Ctx) -> None:
+    """Each node keeps its episodes' final states in its own data dir: a front sends the
+    regrade there (server/cluster/regrades.py), through either front. Before: 503."""
+    started = ctx.reset(task="palaestra/echo:say-birch")
+    assert started.status_code == 200, started.text
+    episode = started.json()["episode_id"]
+    done = ctx.step(0, episode, {"tool": "submit", "arguments": {"answer": "hcrib"}})
+    assert done.status_code == 200 and done.json()["reward"] == 1.0, done.text
+    for front in (0, 1):
+        regraded = ctx.call(front, "POST", f"/v1/episodes/{episode}/regrade",
+                            json={"pack": "palaestra/echo"})  # fmt: skip
+        assert regraded.status_code == 200, regraded.text
+        assert regraded.json()["reward"] == 1.0 and regraded.json()["passed"]
+    unknown = ctx.call(0, "POST", "/v1/episodes/nobody-has-it/regrade", json={"pack": "a/b"})
+    assert unknown.status_code == 404, unknown.text
+
+
 def test_a_killed_nodes_checkpointed_episodes_resume_on_another(ctx: Ctx) -> None:
     replies = [ctx.reset(task="palaestra/echo:say-birch") for _ in range(9)]
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
