@@ -545,10 +545,21 @@ class LocalHost:
             else:
                 obs, cut = Observation(text=ending.reason), ending.truncated
                 reply = await self._finish(episode, obs, terminated=not cut, truncated=cut)
+                self._harness_failure(episode, ending, reply)
             reply.info.update(episode.harness.final_info())
             self.record(episode, Action(tool=END_TOOL, arguments={}), reply, 0.0)
             self.store.update_episode(episode.settled_state())
             await self.store.commit()
+
+    @staticmethod
+    def _harness_failure(episode: Episode, ending: HarnessEnding, reply: StepResponse) -> None:
+        """A harness that broke down (an ACP agent that broke the protocol) and did not
+        pass: its typed agent failure is the episode's (a 0, never void)."""
+        verdict = episode.state.verdict
+        if ending.agent_failure is None or verdict is None or verdict.passed:
+            return
+        episode.state.failure = ending.agent_failure
+        reply.info["failure"] = ending.agent_failure.model_dump(mode="json")
 
     # -- helpers --------------------------------------------------------------------------
     async def owned(self, principal: Principal, episode_id: str) -> tuple[Episode | None, str]:

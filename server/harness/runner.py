@@ -41,7 +41,7 @@ from palaestra.sdk.errors import (
     PermissionDeniedError,
     UnavailableError,
 )
-from palaestra.sdk.failures import FailureKind
+from palaestra.sdk.failures import Failure, FailureKind
 from palaestra.sdk.harness import (
     HARNESS_OPTION,
     LLM_CALL_TOOL,
@@ -97,6 +97,7 @@ class Ending:
     void: str | None = None
     kind: FailureKind | None = None
     status: int | None = None  # the failed endpoint's HTTP status, if it answered one
+    agent_failure: Failure | None = None  # the harness's own account (Outcome): not void
 
 
 class EpisodeHandle(Protocol):
@@ -460,6 +461,10 @@ class HarnessRunner:
         if result.timed_out:
             run.status.state = "killed"
             return Ending("wall-time limit reached; harness killed", truncated=True)
+        own = run.plan.harness.outcome(result)
+        if own is not None:
+            run.status.state = "exited" if own.failure is None else "failed"
+            return Ending(own.reason, agent_failure=own.failure)
         run.status.state = "exited"
         return Ending(f"the harness exited with code {result.exit_code}")
 

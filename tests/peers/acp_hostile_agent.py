@@ -1,0 +1,117 @@
+"""A hostile ACP agent (standard library, raw JSON-RPC on stdio) for the attack tests of
+palaestra's ACP client (server/harness/programs/acp_client.py).
+
+`attack`: it answers `initialize` and `session/new`, then during the prompt turn sends the
+client every request of `ATTACKS` (reads and writes outside the workspace, through `..`, a
+symlink it made, /proc, a FIFO; a terminal whose cwd is outside) and writes each answer to
+`attack-answers.json` in its working directory (itself through no ACP request); then it ends
+the turn. The other modes break the protocol mid-turn: `garbage` (a line that is not
+JSON), `array` (a JSON array), `stray` (a response to no request), `huge` (one line past the
+client's limit), `version` (protocol version 99 at initialize), `exit` (it exits mid-turn),
+`error` (it answers the prompt with a JSON-RPC error).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "attack"
+ATTACKS: list[tuple[str, str, dict[str, Any]]] = [
+    ("etc_passwd", "fs/read_text_file", {"path": "/etc/passwd"}),
+    ("dotdot", "fs/read_text_file", {"path": "{ws}/../../etc/passwd"}),
+    ("relative", "fs/read_text_file", {"path": "inside.txt"}),
+    ("symlink_read", "fs/read_text_file", {"path": "{ws}/link-out"}),
+    ("symlink_dir_write", "fs/write_text_file", {"path": "{ws}/dir-out/x", "content": "x"}),
+    ("symlink_write", "fs/write_text_file", {"path": "{ws}/link-out", "content": "owned"}),
+    ("proc_environ", "fs/read_text_file", {"path": "/proc/self/environ"}),
+    ("server_files", "fs/read_text_file", {"path": "{server}"}),
+    ("write_tmp", "fs/write_text_file", {"path": "/tmp/acp-escape", "content": "x"}),
+    ("write_harness", "fs/write_text_file", {"path": "/opt/palaestra/harness/x", "content": "x"}),
+    ("fifo", "fs/read_text_file", {"path": "{ws}/fifo"}),
+    ("nul", "fs/read_text_file", {"path": "{ws}/a\u0000b"}),
+    ("terminal_cwd", "terminal/create", {"command": "pwd", "cwd": "/"}),
+    ("not_a_method", "nope/nothing", {}),
+    ("params_list", "fs/read_text_file", []),
+    ("inside_write", "fs/write_text_file", {"path": "{ws}/inside.txt", "content": "fine"}),
+    ("inside_read", "fs/read_text_file", {"path": "{ws}/inside.txt"}),
+]
+
+
+def send(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+    sys.stdout.flush()
+
+
+def read() -> dict[str, Any]:
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)
+    message: dict[str, Any] = json.loads(line)
+    return message
+
+
+def answer_of(request_id: int) -> dict[str, Any]:
+    """The client's answer to our request `request_id` (its own requests do not come here)."""
+    while True:
+        message = read()
+        if message.get("id") == request_id and "method" not in message:
+            return message
+
+
+def fill(value: Any, ws: str, server: str) -> Any:
+    if isinstance(value, dict):
+        return {k: fill(v, ws, server) for k, v in value.items()}
+    if isinstance(value, str):
+        return value.replace("{ws}", ws).replace("{server}", server)
+    return value
+
+
+def attack(session_cwd: str) -> None:
+    os.symlink("/etc/passwd", os.path.join(session_cwd, "link-out"))
+    os.symlink("/tmp", os.path.join(session_cwd, "dir-out"))
+    os.mkfifo(os.path.join(session_cwd, "fifo"))
+    server = os.environ.get("ACP_SERVER_FILE", "/work/main/pyproject.toml")
+    answers = {}
+    for k, (name, method, params) in enumerate(ATTACKS, start=1000):
+        send({"id": k, "method": method, "params": fill(params, session_cwd, server)})
+        answers[name] = answer_of(k)
+    with open(os.path.join(session_cwd, "attack-answers.json"), "w") as f:
+        json.dump(answers, f)
+
+
+def main() -> None:
+    cwd = os.getcwd()
+    while True:
+        message = read()
+        method, key = message.get("method"), message.get("id")
+        if method == "initialize":
+            send({"id": key, "result": {"protocolVersion": 99 if MODE == "version" else 1}})
+        elif method == "session/new":
+            cwd = message["params"]["cwd"]
+            send({"id": key, "result": {"sessionId": "s1"}})
+        elif method == "session/prompt":
+            if MODE == "attack":
+                attack(cwd)
+            elif MODE == "garbage":
+                sys.stdout.write("this is not json\n")
+            elif MODE == "array":
+                sys.stdout.write("[1, 2]\n")
+            elif MODE == "stray":
+                send({"id": 424242, "result": {}})
+            elif MODE == "huge":
+                sys.stdout.write('{"jsonrpc": "2.0", "method": "x", "params": "' + "a" * (17 << 20))
+                sys.stdout.write('"}\n')
+            elif MODE == "exit":
+                sys.exit(0)
+            elif MODE == "error":
+                send({"id": key, "error": {"code": -32603, "message": "the agent gave up"}})
+                continue
+            sys.stdout.flush()
+            send({"id": key, "result": {"stopReason": "end_turn"}})
+
+
+if __name__ == "__main__":
+    main()
