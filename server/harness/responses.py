@@ -164,10 +164,10 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
             schema = {"type": "object", "properties": {}}
         if not isinstance(schema, dict) or schema.get("type", "object") != "object":
             raise ResponsesError(f"{where}.parameters must be a JSON Schema object", "tools")
-        description = tool.get("description")
-        function: dict[str, Any] = {"name": name, "parameters": schema}
-        if description is not None:
+        function: dict[str, Any] = {"name": name}  # OpenAI's key order: templates keep it
+        if tool.get("description") is not None:
             function["description"] = _str(tool, "description", where)
+        function["parameters"] = schema
         functions.append({"type": "function", "function": function})
     return functions
 

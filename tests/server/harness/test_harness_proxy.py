@@ -18,6 +18,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from palaestra.sdk.harness import LlmCall
@@ -219,6 +220,35 @@ async def test_anthropic_door_with_the_official_client(real: Harness, model: str
     assert len(real.calls) == 4  # refused before the upstream: recorded as refused, no ids
     assert real.calls[3].error and "max_tokens" in real.calls[3].error
     assert real.calls[3].completion_token_ids == [] and real.session.calls == 3
+
+
+async def test_responses_door_with_the_openai_client(real: Harness, model: str) -> None:
+    """The `openai` client's `responses.create` through the gateway: the real model's tool
+    call as a function_call item, streamed and not; the ids recorded are the server's own
+    reply to the same chat request."""
+    client = openai.AsyncOpenAI(base_url=f"{real.url}/v1", api_key="unused", max_retries=0)
+    tools: Any = [{"type": "function", "name": "submit", "description": "answer",
+                   "parameters": {"type": "object"}}]  # fmt: skip
+    whole = await client.responses.create(
+        model="gpt-whatever", instructions="be brief", input="hi", tools=tools
+    )
+    [item] = whole.output
+    assert item.type == "function_call" and item.name == "submit"
+    assert json.loads(item.arguments) == CALL["arguments"]
+    assert whole.usage is not None and whole.usage.output_tokens == 4
+    async with client.responses.stream(
+        model="gpt-whatever", instructions="be brief", input="hi", tools=tools
+    ) as stream:
+        final = await stream.get_final_response()
+    assert final.output[0].type == "function_call" and final.output[0].arguments == item.arguments
+    first, streamed = real.calls
+    assert first.api == streamed.api == "openresponses" and streamed.stream
+    submit = {"name": "submit", "description": "answer", "input_schema": {"type": "object"}}
+    want = direct(model, {"messages": [SYSTEM, *USER], "tools": openai_tools([submit])})
+    for call in (first, streamed):
+        assert call.prompt_token_ids == want["prompt_token_ids"]
+        assert call.completion_token_ids == want["choices"][0]["token_ids"]
+        assert call.logprobs == [c["logprob"] for c in want["choices"][0]["logprobs"]["content"]]
 
 
 def openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
