@@ -5,9 +5,9 @@ MCP's 2026-07-28 revision has no `initialize` and no session: each POST to
 the client's capabilities in `params._meta`, mirrored into HTTP headers. server/doors/
 mcp_http.py routes a POST here when its `MCP-Protocol-Version` header names a version not
 reached through `initialize` (2026-07-28, or one not served at all: -32022 naming those
-served), or, with no such header, when its body carries the 2026 envelope (then -32020: the
-header is required). This module is the ladder such a request climbs, first failure wins,
-as the official SDK's server orders it:
+served), or when its body carries the 2026 envelope (then a missing or handshake-era header
+is -32020: the header must name the envelope's version). This module is the ladder such a
+request climbs, first failure wins (the rungs of the SDK's own server, `mcp` 2.3.0):
 
 1. An `MCP-Protocol-Version` this server does not serve at all: -32022 naming those it does.
 2. One JSON-RPC request or notification per POST, never a batch (-32600, HTTP 400); a
@@ -54,11 +54,10 @@ PROTOCOL_STATUS: dict[int, int] = {
 
 
 def wanted(headers: Mapping[str, str], message: object) -> bool:
-    """Whether a POST is of the stateless era (see the module's docstring)."""
+    """Whether a POST is of the stateless era (see the module's docstring): a body carrying
+    the envelope under a handshake version's header comes here too, to be told they differ."""
     version = headers.get(VERSION_HEADER)
-    if version is not None:
-        return version not in mcp.HANDSHAKE_VERSIONS
-    return mcp.is_modern(message)
+    return (version is not None and version not in mcp.HANDSHAKE_VERSIONS) or mcp.is_modern(message)
 
 
 def refusal(raw_headers: Sequence[tuple[bytes, bytes]], message: object) -> mcp.Message | None:

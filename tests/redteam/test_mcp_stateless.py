@@ -160,10 +160,12 @@ async def test_a_bad_or_missing_version_is_refused_naming_those_served(tmp_path:
         for meta_version in ("2025-11-25", 5, None):
             disagree = await post(client, episode, call(version=meta_version))
             assert "MCP-Protocol-Version" in error_of(disagree, 400, mcp.HEADER_MISMATCH)["message"]
-        # An envelope but no header: the header is required.
+        # An envelope but no header: the header is required; a handshake one differs.
         bare = {**ACCEPT, "mcp-method": "tools/call", "mcp-name": "echo"}
         missing = await post(client, episode, call(), bare)
         assert "no MCP-Protocol-Version" in error_of(missing, 400, mcp.HEADER_MISMATCH)["message"]
+        older = {**bare, "mcp-protocol-version": "2025-06-18"}
+        error_of(await post(client, episode, call(), older), 400, mcp.HEADER_MISMATCH)
         # A header but no envelope: the envelope is required.
         naked = call()
         del naked["params"]["_meta"]
