@@ -199,6 +199,7 @@ SDK_EXTRAS = {
     "sdk/integrations/trl.py": {"trl"},
     "sdk/integrations/verl.py": {"verl"},
     "sdk/integrations/skyrl.py": {"skyrl"},
+    "sdk/integrations/tinker.py": {"tinker"},
     "sdk/policies/hf.py": {"train"},
     "sdk/train/": {"train"},
 }
