@@ -228,12 +228,22 @@ def _llm_step(call: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def _reply(api: Any, response: Any, index: int) -> tuple[str, str, list[dict[str, Any]]]:
-    """(text, reasoning, tool calls) of a reply in the OpenAI chat or Anthropic shape."""
+    """(text, reasoning, tool calls) of a reply in the OpenAI chat, Anthropic or Open
+    Responses shape."""
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[tuple[Any, Any, Any]] = []  # (id, name, arguments)
     response = response if isinstance(response, dict) else {}
-    if api == "anthropic-messages":
+    if api == "openresponses":
+        for item in response.get("output") or []:
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind == "function_call":
+                calls.append((item.get("call_id"), item.get("name"), item.get("arguments")))
+            elif kind in ("message", "reasoning"):
+                into = texts if kind == "message" else reasoning
+                into += [p["text"] for p in item.get("content") or []
+                         if isinstance(p, dict) and isinstance(p.get("text"), str)]  # fmt: skip
+    elif api == "anthropic-messages":
         for block in response.get("content") or []:
             if not isinstance(block, dict):
                 continue

@@ -220,6 +220,31 @@ def test_readers_find_the_standard_slots() -> None:
     assert "101" not in json.dumps(openai.extra)
 
 
+def test_an_open_responses_call_finds_the_same_slots() -> None:
+    """A call of the Responses door (api `openresponses`): its output items' text,
+    reasoning and function calls, the ids in metrics; it round-trips."""
+    output = [
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "Look first."}]},
+        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Listing.", "annotations": []}]},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_r", "name": "bash",
+         "arguments": '{"command": "ls"}', "status": "completed"},
+    ]  # fmt: skip
+    call = anthropic_call(0).model_copy(update={
+        "api": "openresponses", "request": {"model": "policy", "input": "hi"},
+        "response": {"object": "response", "output": output}})  # fmt: skip
+    state = episode()
+    state.trajectory[4] = llm_record(4, call)
+    document = through_text(episode_to_atif(state))
+    step = atif.Trajectory.model_validate(document).steps[4]
+    assert step.message == "Listing." and step.reasoning_content == "Look first."
+    assert step.tool_calls is not None and step.tool_calls[0].tool_call_id == "call_r"
+    assert step.tool_calls[0].arguments == {"command": "ls"}
+    assert step.metrics is not None and step.metrics.completion_token_ids == [3]
+    assert atif_to_episode(document) == state
+
+
 def attempt() -> tuple[dict[str, Any], dict[str, Any]]:
     entries = [
         {"index": 0, "action": {"tool": "echo", "arguments": {"text": "hi"}}, "policy_s": 0.5,
