@@ -208,6 +208,8 @@ async def test_bad_bodies(clients: Tokens) -> None:
         reply = await http.post(f"{ECHO}/echo/num_tasks", content=body)
         assert reply.status_code == 400, (body, reply.text)
         assert reply.json()["code"] == "bad_request"
+    deep = await http.post(f"{ECHO}/echo/task", content=b'{"split": ' + b"[" * 100_000)
+    assert 400 <= deep.status_code < 500, deep.text  # vetted before the route: never a 500
 
 
 async def test_reset_by_index(clients: Tokens) -> None:
