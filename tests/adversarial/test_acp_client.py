@@ -1,6 +1,6 @@
 """palaestra's ACP client (server/harness/programs/acp_client.py) against a hostile ACP agent
-(tests/peers/acp_hostile_agent.py), both inside a real bwrap sandbox as a harness episode
-runs them: every fs request outside the workspace (an absolute path, `..`, a symlink the
+(tests/peers/acp_hostile_agent.py), both inside a real sandbox (bwrap, docker) as a harness
+episode runs them: every fs request outside the workspace (an absolute path, `..`, a symlink the
 agent made, /proc, the server's files, the harness's programs) and a terminal whose cwd is
 outside are refused with a JSON-RPC error and leave nothing behind; each way of breaking
 the protocol ends the session with exit 3 and the client's account, which the server reads
@@ -15,23 +15,19 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from adversarial.harness import REPO
+from adversarial.harness import BACKENDS, REPO, make_backend
 from palaestra.sandbox.base import ExecResult, Sandbox, SandboxSpec
-from palaestra.sandbox.bwrap import BwrapBackend, bwrap_available
 from palaestra.server import served
 from palaestra.server.harness.acp import PROTOCOL_CLASS, outcome
 from palaestra.server.harness.registry import PROGRAMS_TARGET
 
-pytestmark = [
-    pytest.mark.skipif(not bwrap_available(), reason="bwrap is not available"),
-    pytest.mark.asyncio(loop_scope="module"),  # one sandbox for the module
-]
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # one sandbox a backend
 PEERS = str(REPO / "tests" / "peers")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def box() -> AsyncIterator[Sandbox]:
-    backend = BwrapBackend()
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=BACKENDS)
+async def box(request: pytest.FixtureRequest) -> AsyncIterator[Sandbox]:
+    backend = make_backend(request.param)
     binds = ((str(served.library().harness), PROGRAMS_TARGET), (PEERS, "/opt/peers"))
     spec = SandboxSpec(memory_mb=512, pids=64, default_timeout_s=60.0, ro_binds=binds)
     try:

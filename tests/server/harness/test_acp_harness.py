@@ -16,7 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from adversarial.harness import BACKENDS, make_backend
 
+from palaestra.sandbox.base import SandboxSpec
+from palaestra.server import served
+from palaestra.server.harness.registry import PROGRAMS_TARGET
 from palaestra.server.harness.toolchain import acp
 from tests.conftest import ServerProcess
 from tests.docblocks import blocks
@@ -83,3 +87,27 @@ def test_the_finder_says_why_the_acp_toolchain_is_missing(tmp_path: Path) -> Non
     missing = acp(tmp_path)
     assert not missing.available and "run scripts/bootstrap-harness.sh" in missing.reason
     assert CHAIN.target == "/opt/palaestra/acp" and CHAIN.ro_bind()[1] == CHAIN.target
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_the_reference_agent_starts_inside_without_network(backend_name: str) -> None:
+    """The SDK imports from the read-only toolchain on the sandbox's python3 (the host's
+    under bwrap, the image's under docker), and the agent's own module loads beside
+    bash_agent.py, which it borrows its model call from."""
+    backend = make_backend(backend_name)
+    binds = (CHAIN.ro_bind(), (str(served.library().harness), PROGRAMS_TARGET))
+    spec = SandboxSpec(memory_mb=512, pids=64, default_timeout_s=60.0, ro_binds=binds)
+    check = (
+        "import sys; sys.path.insert(0, '/opt/palaestra/harness'); import acp_agent, acp;"
+        " print(acp.PROTOCOL_VERSION, acp_agent.ReferenceAgent.__mro__[1].__name__)"
+    )
+    env = {"PYTHONPATH": CHAIN.target, "PYTHONNOUSERSITE": "1"}
+    try:
+        async with await backend.create(spec) as box:
+            ran = await box.exec(["python3", "-c", check], env=env)
+            assert ran.exit_code == 0, ran
+            assert ran.stdout.split() == ["1", "Agent"], ran
+            touched = await box.exec(["touch", f"{CHAIN.target}/x"])
+            assert touched.exit_code != 0  # read-only
+    finally:
+        await backend.aclose()
