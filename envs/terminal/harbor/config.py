@@ -7,7 +7,9 @@ build_timeout_sec` → `setup_timeout_s`, `cpus`, `memory_mb` (or the older `mem
 `storage_mb` (`storage`) → `workspace_mb`, `workdir`, `env` (literal values; a `${VAR}` from
 the host is a problem: a sandbox gets none); `[metadata] difficulty / category` →
 difficulty and domain. Every other field is kept as given in `[private] harbor`, so an
-export writes it back. What a sandbox cannot give (GPUs, TPUs, Windows, steps) is a problem.
+export writes it back, in schema 1.4's names (`upgraded`). What a sandbox cannot give
+(GPUs, TPUs, Windows, steps) is a problem; the network policy and schema version are
+phases.py's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from palaestra.envs.terminal.harbor import phases
 
 # (section, key) pairs that become typed fields; the rest of task.toml is kept.
 MAPPED = {
@@ -126,9 +130,13 @@ def map_config(meta: dict[str, Any], ceilings: Ceilings | None) -> Mapped:
         else:
             out.public["workdir"] = posixpath.normpath(workdir)
     # Internet only where the task says so (Harbor's own default is open): egress then goes
-    # through the operator's allow-list proxy (docs/security.md "Network").
-    if env.get("allow_internet") is True or env.get("network_mode") in ("public", "allowlist"):
-        out.public["allow_internet"] = True
+    # through the operator's allow-list proxy (docs/security.md "Network"), phases.py.
+    run = phases.Run()
+    phases.schema_version(meta, run)
+    phases.network(meta, run)
+    out.public.update(run.public)
+    out.problems += run.problems
+    out.notes += run.notes
     variables = env.get("env")
     if isinstance(variables, dict) and variables:
         host = sorted(k for k, v in variables.items() if "${" in str(v))
@@ -174,8 +182,18 @@ def _not_carried(env: dict[str, Any], verifier: dict[str, Any]) -> list[str]:
 
 
 def remainder(meta: dict[str, Any]) -> dict[str, Any]:
-    """task.toml less the fields that became typed ones (kept in `[private] harbor`)."""
-    kept = copy.deepcopy(meta)
+    """task.toml less the fields that became typed ones (kept in `[private] harbor`), in
+    schema 1.4's names: no schema version (the writer writes its own), the legacy
+    `allow_internet` as `network_mode`."""
+    kept = upgraded(meta)
+    kept.pop("schema_version", None)
+    verifier = kept.get("verifier")
+    own = verifier.get("environment") if isinstance(verifier, dict) else None
+    if isinstance(verifier, dict) and isinstance(own, dict) and "docker_image" in own:
+        own.pop("docker_image")  # the verifier's own image (phases.py: tests/Dockerfile)
+        if not own:
+            verifier.pop("environment")
+            verifier.setdefault("environment_mode", "separate")
     for section, key in MAPPED:
         table = kept.get(section)
         if isinstance(table, dict):
@@ -183,3 +201,20 @@ def remainder(meta: dict[str, Any]) -> dict[str, Any]:
             if not table:
                 kept.pop(section)
     return kept
+
+
+def upgraded(meta: dict[str, Any]) -> dict[str, Any]:
+    """A copy of task.toml in schema 1.4's names: `version` → `schema_version`, each
+    `allow_internet` → `network_mode` (where the table sets none), as Harbor migrates them."""
+    out = copy.deepcopy(meta)
+    if "version" in out:
+        version = out.pop("version")
+        out.setdefault("schema_version", version)
+    verifier = out.get("verifier")
+    own = verifier.get("environment") if isinstance(verifier, dict) else None
+    for table in (out.get("environment"), own):
+        if isinstance(table, dict) and "allow_internet" in table:
+            legacy = table.pop("allow_internet")
+            if isinstance(legacy, bool) and "network_mode" not in table:
+                table["network_mode"] = "public" if legacy else "no-network"
+    return out

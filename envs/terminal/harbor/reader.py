@@ -5,7 +5,9 @@ A Harbor task is `task.toml` (config.py maps its fields), `instruction.md`,
 writes `/logs/verifier/reward.txt`) and `solution/solve.sh` (+ files). The tests go to
 `verifier/harbor-test.sh` with `/tests` → `$VERIFIER_DIR/tests` and `/logs/verifier` →
 `$VERIFIER_LOGS`; the task declares `reward_file`, so that file decides. A folder listed in
-the source's `dataset.toml` must match its pinned content digest (digest.py).
+the source's `dataset.toml` must match its pinned content digest (digest.py). Schema 1.4's
+network policy, artifacts, separate verifier and seeded `trajectory.json` are read by
+phases.py (what palaestra cannot give refuses the task, naming why).
 
 A folder that `pack export harbor` wrote (`[metadata.palaestra]`, writer.py) is read back
 exactly: `environment/files/`, `tests/palaestra/` and `solution/` are the task's own file
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.envs.terminal.dockerfile import EnvPlan, convert_dockerfile, within
+from palaestra.envs.terminal.harbor import phases
 from palaestra.envs.terminal.harbor.config import Ceilings, Mapped, map_config
 from palaestra.envs.terminal.harbor.digest import content_digest, has_ignore_rules, pinned_digests
 from palaestra.envs.terminal.importer import (
@@ -97,10 +100,13 @@ class HarborReader:
             )
         if "env" in mapped.public:  # set at run time, over the Dockerfile's ENV
             mapped.public["env"] = {**plan.env, **mapped.public["env"]}
+        seeded = phases.Run()
+        phases.trajectory(folder, seeded)
+        problems += seeded.problems
         if isinstance(export, dict):
             parts = _exported(folder, export, mapped, plan, problems)
         else:
-            parts = _native(folder, problems, notes)
+            parts = _native(folder, meta, workdir or plan.workdir, problems, notes)
         if problems:
             raise Unsupported(problems)
         verifier, solution, private = parts
@@ -181,8 +187,11 @@ def _environment(
 Parts = tuple[dict[str, str], dict[str, str], dict[str, Any]]  # verifier, solution, private
 
 
-def _native(folder: Path, problems: list[str], notes: list[str]) -> Parts:
-    """A Harbor task as Harbor writes it (see the module docstring)."""
+def _native(
+    folder: Path, meta: dict[str, Any], workdir: str, problems: list[str], notes: list[str]
+) -> Parts:
+    """A Harbor task as Harbor writes it (see the module docstring); its separate verifier
+    and artifacts as phases.py reads them."""
     solution, bad = text_files(folder / "solution")
     problems += bad
     solve = solution.pop("solve.sh", None)
@@ -195,9 +204,17 @@ def _native(folder: Path, problems: list[str], notes: list[str]) -> Parts:
         notes.append(f"solution files embedded in solve.sh: {', '.join(sorted(solution))}")
     tests, bad = text_files(folder / "tests")
     problems += bad + tests_network_problems(tests)
+    run = phases.Run()
+    phases.verifier_environment(meta, run, "Dockerfile" in tests)
+    phases.artifacts(meta, workdir, tests, run)
+    problems += run.problems
+    notes += run.notes
+    if run.verifier_dockerfile is not None:  # the image `palaestra images build` makes
+        tests["Dockerfile"] = run.verifier_dockerfile
     test_sh = tests.pop("test.sh", None)
     if test_sh is None:
-        problems.append("no tests/test.sh")
+        bundled = " (an image holding its own tests is not read)" if run.separate else ""
+        problems.append(f"no tests/test.sh{bundled}")
         test_sh = ""
     script, bad = clean_test_script(
         test_sh, tests_dir="$VERIFIER_DIR/tests", logs_dir="$VERIFIER_LOGS"
@@ -229,7 +246,11 @@ def _exported(
     problems += bad
     if "solve.sh" not in solution:
         problems.append("no solution/solve.sh")
-    return verifier, solution, {"reward_file": bool(export.get("reward_file", False))}
+    private: dict[str, Any] = {"reward_file": bool(export.get("reward_file", False))}
+    image = export.get("verifier_image")
+    if isinstance(image, str) and image:
+        private["verifier_image"] = image
+    return verifier, solution, private
 
 
 def _without_generated(meta: dict[str, Any], export: dict[str, Any]) -> dict[str, Any]:
@@ -243,7 +264,10 @@ def _without_generated(meta: dict[str, Any], export: dict[str, Any]) -> dict[str
             table = table.get(name) if isinstance(table, dict) else None
         if isinstance(table, dict):
             table.pop(key, None)
-    return {k: v for k, v in meta.items() if v != {}}
+    added = export.get("added_artifacts")
+    if isinstance(added, list) and added and isinstance(meta.get("artifacts"), list):
+        meta["artifacts"] = [a for a in meta["artifacts"] if a not in added]
+    return {k: v for k, v in meta.items() if v not in ({}, [])}
 
 
 def _embed_solution_files(solve: str, files: dict[str, str]) -> str:

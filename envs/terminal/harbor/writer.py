@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import posixpath
 import re
 import shlex
 import shutil
@@ -27,12 +28,15 @@ from typing import Any
 
 from palaestra.envs import Task
 from palaestra.envs.terminal.fields import SETUP_TIMEOUT_S, TerminalPrivate, TerminalPublic
+from palaestra.envs.terminal.harbor.config import upgraded
 from palaestra.envs.terminal.harbor.digest import DATASET_FILE, content_digest
+from palaestra.envs.terminal.harbor.phases import SCHEMA_VERSION
 from palaestra.envs.terminal.harbor.reader import ENV_FILES, EXPORT_KEY, VERIFIER_DIR
 from palaestra.envs.terminal.importer import category_of, difficulty_of
 from palaestra.sdk.packwriter import toml_text
 
-SCHEMA_VERSION = "1.4"  # Harbor's task config schema this writes
+DOCKERFILE = "Dockerfile"
+BARE_FROM = re.compile(r"FROM [^\s]+\n")  # phases.py's verifier image of a docker_image
 HARBOR_BUILD_TIMEOUT_S = 600.0  # Harbor's default: the image build installs the userland
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ORG_RE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -91,7 +95,8 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def task_config(task: Task, org: str) -> dict[str, Any]:
     """The task's task.toml (see the module docstring)."""
     public, private = TerminalPublic.of(task), TerminalPrivate.of(task)
-    kept = copy.deepcopy(private.harbor)
+    kept = upgraded(private.harbor)  # a pack imported before 1.4 keeps older names
+    kept.pop("schema_version", None)
     given = {**task.private, **task.public}
     generated: list[str] = []
     config: dict[str, Any] = {}
@@ -104,8 +109,7 @@ def task_config(task: Task, org: str) -> dict[str, Any]:
         if not explicit:
             generated.append(dotted)
 
-    if "version" not in kept and "schema_version" not in kept:
-        put("schema_version", SCHEMA_VERSION, False)
+    put("schema_version", SCHEMA_VERSION, True)  # what the kept fields are in (`upgraded`)
     if "task" not in kept:
         put("task.name", f"{org}/{task.id}", False)
     category = task.domain.rsplit("/", 1)[-1] or "misc"
@@ -126,10 +130,13 @@ def task_config(task: Task, org: str) -> dict[str, Any]:
     put("environment.cpus", public.cpus, "cpus" in given)
     put("environment.memory_mb", public.memory_mb, "memory_mb" in given)
     put("environment.storage_mb", public.workspace_mb, "workspace_mb" in given)
-    if not {"network_mode", "allow_internet"} & set(kept.get("environment", {})):
-        put("environment.network_mode", "no-network", False)  # a sandbox has no network
+    if not any("network_mode" in kept.get(t, {}) for t in ("environment", "agent")):
+        mode = "allowlist" if public.allowed_hosts else "public"  # the operator's list
+        put("environment.network_mode", mode if public.allow_internet else "no-network", False)
+        if public.allowed_hosts:
+            put("environment.allowed_hosts", list(public.allowed_hosts), False)
     config = _merge(kept, config)
-    config.setdefault("metadata", {})[EXPORT_KEY] = {
+    export: dict[str, Any] = {
         "format": 1,
         "domain": task.domain,
         "split": task.split,
@@ -137,7 +144,44 @@ def task_config(task: Task, org: str) -> dict[str, Any]:
         "reward_file": private.reward_file,
         "generated": generated,
     }
+    if private.verifier_image is not None:
+        export["verifier_image"] = private.verifier_image
+    if _separate(config):  # Harbor's separate verifier gets the agent's work as palaestra's
+        covered = any(_under(public.workdir, s) for s in _artifact_sources(config))
+        added = [] if covered else [public.workdir]
+        # First: an entry below it is then covered by it, not a collision Harbor skips.
+        config["artifacts"] = [*added, *config.get("artifacts", [])]
+        export["added_artifacts"] = added
+    config.setdefault("metadata", {})[EXPORT_KEY] = export
     return config
+
+
+def _separate(config: dict[str, Any]) -> bool:
+    """Whether Harbor runs this task's verifier in an environment of its own."""
+    verifier = config.get("verifier", {})
+    mode = verifier.get("environment_mode")
+    return mode == "separate" or (mode is None and "environment" in verifier)
+
+
+def _artifact_sources(config: dict[str, Any]) -> list[str]:
+    entries = config.get("artifacts", [])
+    sources = [e.get("source") if isinstance(e, dict) else e for e in entries]
+    return [s for s in sources if isinstance(s, str)]
+
+
+def _under(path: str, source: str) -> bool:
+    """Whether the artifact `source` holds `path` (it is `path` or a folder above it)."""
+    source = posixpath.normpath(source)
+    return path == source or path.startswith(source.rstrip("/") + "/")
+
+
+def verifier_dockerfile(task: Task) -> str | None:
+    """tests/Dockerfile for a task whose verifier image is a bare `FROM <image>` (Harbor's
+    `[verifier.environment] docker_image`, phases.py): that image with the exported tests
+    in /tests, which Harbor runs there; None for any other task."""
+    own = TerminalPrivate.of(task).verifier.get(f"tests/{DOCKERFILE}", "")
+    found = BARE_FROM.fullmatch(own)
+    return f"{found.group(0)}COPY . /tests/\n" if found else None
 
 
 def task_files(task: Task, org: str) -> dict[str, str]:
@@ -154,14 +198,18 @@ def task_files(task: Task, org: str) -> dict[str, str]:
         lines.append(f"COPY {ENV_FILES}/ {public.workdir}/")
     if "setup.sh" in public.environment:
         lines.append("RUN bash ./setup.sh && rm -f ./setup.sh")
+    config = task_config(task, org)
+    dockerfile = verifier_dockerfile(task) if _separate(config) else None
     files = {
-        "task.toml": toml_text(task_config(task, org)),
+        "task.toml": toml_text(config),
         "instruction.md": public.instruction,
         "environment/Dockerfile": "\n".join(lines) + "\n",
         "tests/test.sh": _program("test.sh").substitute(
             workdir=shlex.quote(public.workdir), reward_file=int(private.reward_file)
         ),
     }
+    if dockerfile is not None:
+        files[f"tests/{DOCKERFILE}"] = dockerfile
     for prefix, table in (
         (f"environment/{ENV_FILES}/", public.environment),
         (f"tests/{VERIFIER_DIR}/", private.verifier),

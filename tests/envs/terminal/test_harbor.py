@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -34,6 +35,7 @@ from palaestra.server.packs.loader import Pack, inspect_pack
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "harbor"
 COOKBOOK = ROOT / "tests" / "fixtures" / "harbor-cookbook"  # real tasks, current format
+SCHEMA14 = FIXTURES / "schema-1.4"  # network policy, artifacts, separate verifier, trajectory
 CORE = ROOT / "packs" / "terminal-core"
 runner = CliRunner()
 
@@ -120,7 +122,8 @@ def test_every_task_toml_field_is_read_clamped_or_kept(tmp_path: Path) -> None:
     assert kept["task"] == {"name": "acme/sum-column", "keywords": ["csv"]}
     assert kept["metadata"]["difficulty"] == "expert" and kept["metadata"]["tags"] == ["awk"]
     assert kept["agent"] == {"user": "agent"} and kept["verifier"] == {"env": {"MODE": "strict"}}
-    assert kept["artifacts"] == ["/app/out"] and kept["schema_version"] == "1.4"
+    assert kept["artifacts"] == ["/app/out"] and "schema_version" not in kept  # the writer's
+    assert public.allow_internet and public.allowed_hosts == ["pypi.org"]
     # The agent's timeout is the episode's wall time unless the client asks for its own.
     family = TerminalFamily()
     assert family.episode_limits(task, {}, Limits()).max_wall_s == 300
@@ -163,7 +166,7 @@ def test_real_harbor_tasks_in_the_current_format(tmp_path: Path) -> None:
         600,
     )
     assert (public.cpus, public.memory_mb, public.workspace_mb) == (1, 2048, 8192)
-    assert private.harbor == {"version": "1.0"} and private.reward_file
+    assert private.harbor == {} and private.reward_file  # `version = "1.0"`: the writer's
 
 
 def test_a_harbor_folder_named_files_is_copied_as_any_other(tmp_path: Path) -> None:
@@ -278,20 +281,30 @@ def _harbor_python() -> Path:
     return Path(made.stdout.strip().splitlines()[-1])
 
 
+def _harbor_check(python: Path, folder: Path) -> dict[str, Any]:
+    checked = subprocess.run([str(python), str(ROOT / "scripts" / "harbor_check.py"), str(folder)],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    seen: dict[str, Any] = json.loads(checked.stdout)
+    return seen
+
+
 @pytest.mark.slow
 def test_export_is_accepted_by_harbors_own_tooling(tmp_path: Path) -> None:
     python = _harbor_python()
+    # The schema 1.4 fixtures are Harbor's own 1.4 as its newest reader takes it.
+    source = _harbor_check(python, SCHEMA14)["tasks"]
+    assert all(row["loaded"] and row["lint"] == [] for row in source.values()), source
+    assert {row["schema_version"] for row in source.values()} == {"1.4"}
     out = tmp_path / "h"
     hb = tmp_path / "hb"
     import_tasks("harbor", FIXTURES, hb, name="imported/harbor")
     import_tasks("harbor", COOKBOOK, tmp_path / "cb", name="harbor/cookbook", ceilings=ceilings())
+    import_tasks("harbor", SCHEMA14, tmp_path / "v14", name="harbor/v14")
     tasks = [*_load(CORE).tasks.values(), *_load(hb).tasks.values()]
-    tasks += _load(tmp_path / "cb").tasks.values()
+    tasks += [*_load(tmp_path / "cb").tasks.values(), *_load(tmp_path / "v14").tasks.values()]
     report = export_tasks(tasks, out, pack="palaestra/mixed", version="1.0.0")
-    checked = subprocess.run([str(python), str(ROOT / "scripts" / "harbor_check.py"), str(out)],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert checked.returncode == 0, checked.stderr[-2000:]
-    seen = json.loads(checked.stdout)
+    seen = _harbor_check(python, out)
     assert set(seen["tasks"]) == set(report.exported)
     for tid, row in seen["tasks"].items():
         assert row["loaded"] and row["lint"] == [], (tid, row)
@@ -302,6 +315,15 @@ def test_export_is_accepted_by_harbors_own_tooling(tmp_path: Path) -> None:
     assert harbor_row["metadata"]["tags"] == ["awk", "csv"]
     assert harbor_row["network_mode"] == "no-network"
     assert seen["tasks"]["simple-task"]["agent_timeout_sec"] == 120
+    assert {row["schema_version"] for row in seen["tasks"].values()} == {"1.4"}
+    net = seen["tasks"]["allowlist-net"]  # the agent phase's allow-list, as imported
+    assert (net["agent_network_mode"], net["agent_allowed_hosts"]) == (
+        "allowlist",
+        ["pypi.org", "*.pythonhosted.org"],
+    )
+    separate = seen["tasks"]["separate-verifier"]  # its image, with the exported tests in it
+    assert (separate["verifier_mode"], separate["verifier_bundled_tests"]) == ("separate", True)
+    assert separate["artifacts"] == ["/app", "/app/total.txt", "report"]
     core_row = seen["tasks"][sorted(report.exported)[0]]
     assert core_row["instruction"].strip() and core_row["memory_mb"] == 1024
 

@@ -1,0 +1,213 @@
+"""Harbor task schema 1.4 both ways (docs/importing.md, "Harbor 1.4"): the network policy
+of each phase becomes the task's `allow_internet` / `allowed_hosts` (the sandbox's egress
+narrowed to them), artifacts are checked against what palaestra's verifier receives (the
+workdir), a separate verifier environment's image becomes the verifier image, and a seeded
+`trajectory.json` is refused; what cannot run is refused at import naming why. The export
+writes schema 1.4 (Harbor's own reader: test_harbor.py's slow test)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from palaestra.envs.terminal.family import TerminalFamily
+from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
+from palaestra.envs.terminal.harbor.writer import export_tasks, task_config
+from palaestra.envs.terminal.importer import import_tasks
+from palaestra.envs.terminal.verifierimage import task_verifier_tag
+from palaestra.sdk.task import Task
+from palaestra.server.families import FamilyRegistry
+from palaestra.server.packs.loader import Pack, inspect_pack
+
+ROOT = Path(__file__).resolve().parents[3]
+SUM_COLUMN = ROOT / "tests" / "fixtures" / "harbor" / "sum-column"
+SCHEMA14 = ROOT / "tests" / "fixtures" / "harbor" / "schema-1.4"
+
+
+def _load(root: Path) -> Pack:
+    pack, problems = inspect_pack(root, FamilyRegistry.discover().all())
+    assert pack is not None and problems == [], problems
+    return pack
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[str]]]:
+    """The schema 1.4 fixtures imported once: the pack folder and the report's reasons."""
+    out = tmp_path_factory.mktemp("schema14") / "pack"
+    report = import_tasks("harbor", SCHEMA14, out, name="test/schema14")
+    return out, {**report.imported, **report.skipped}
+
+
+def test_the_schema14_fixtures_import_or_are_refused_by_name(
+    imported: tuple[Path, dict[str, list[str]]],
+) -> None:
+    out, why = imported
+    report = json.loads((out / "import-report.json").read_text())
+    assert [t["id"] for t in report["imported"]] == ["allowlist-net", "separate-verifier"]
+    [seeded] = report["skipped"]
+    assert seeded["id"] == "seeded-trajectory"
+    assert (
+        "trajectory.json seeds the agent's session with 2 prior ATIF steps" in seeded["reasons"][0]
+    )
+    tasks = _load(out).tasks
+
+    # [agent] network_mode = "allowlist" over [environment] no-network: the agent's policy.
+    net = TerminalPublic.of(tasks["allowlist-net"])
+    assert net.allow_internet and net.allowed_hosts == ["pypi.org", "*.pythonhosted.org"]
+    spec = TerminalFamily().sandbox_spec(tasks["allowlist-net"])
+    assert spec is not None and spec.network
+    assert spec.egress_hosts == ("pypi.org", "*.pythonhosted.org")
+    assert "egress through the server's proxy to these hosts only" in " ".join(why["allowlist-net"])
+
+    # A separate verifier on its own docker_image: the verifier image, its artifacts in the
+    # workdir the verifier receives.
+    task = tasks["separate-verifier"]
+    public, private = TerminalPublic.of(task), TerminalPrivate.of(task)
+    assert not public.allow_internet and private.reward_file
+    assert private.verifier["tests/Dockerfile"] == "FROM python:3.13-slim-bookworm\n"
+    assert private.verifier_image == task_verifier_tag(private.verifier)
+    assert private.harbor["verifier"]["environment_mode"] == "separate"
+    assert "docker_image" not in private.harbor["verifier"]["environment"]  # now the image
+    notes = " ".join(why["separate-verifier"])
+    assert "separate verifier: runs on python:3.13-slim-bookworm" in notes
+    assert "artifacts /app/total.txt, /app/report are in the workdir" in notes
+
+
+def _task_with(src: Path, toml: str, name: str = "t") -> Path:
+    folder = src / name
+    shutil.copytree(SUM_COLUMN, folder)
+    (folder / "task.toml").write_text(toml)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("toml", "reason"),
+    [
+        ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["192.0.2.10"]\n',
+         "'192.0.2.10' is an IP address or range"),
+        ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["10.0.0.0/8"]\n',
+         "'10.0.0.0/8' is an IP address or range"),
+        ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org:8443"]\n',
+         "is not a host name (no ports"),
+        ('[environment]\nnetwork_mode = "sometimes"\n', "is none of no-network, public"),
+        ('[environment]\nallowed_hosts = ["pypi.org"]\n', "without network_mode = 'allowlist'"),
+        ('artifacts = ["/var/log/app.log"]\n[verifier]\nenvironment_mode = "separate"\n',
+         "/var/log/app.log lie outside the workdir /app: the separate verifier needs them"),
+        ('artifacts = [{ source = "/data", service = "db" }]\n', "from the service 'db'"),
+        ('artifacts = ["/app/../etc"]\n', "has a '..' component"),
+        ('[[verifier.collect]]\ncommand = "pg_dump > /app/db.sql"\nservice = "main"\n',
+         "[[verifier.collect]] runs 'pg_dump > /app/db.sql'"),
+        ('[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 1\n',
+         "Harbor refuses the pair"),
+        ('[verifier]\nenvironment_mode = "elsewhere"\n', "neither 'shared' nor 'separate'"),
+        ("[verifier.environment]\ngpus = 1\n", "the separate verifier asks for 1 GPU(s)"),
+        ('[verifier.environment]\nos = "windows"\n', "the verifier sandbox runs Linux"),
+        ('schema_version = "2.0"\n', "palaestra reads schemas up to 1.4"),
+        ('schema_version = "soon"\n', "is not a version like '1.4'"),
+    ],
+)  # fmt: skip
+def test_what_palaestra_cannot_run_is_refused_at_import(
+    tmp_path: Path, toml: str, reason: str
+) -> None:
+    _task_with(tmp_path / "src", toml)
+    _task_with(tmp_path / "src", 'schema_version = "1.4"\n', "fine")
+    report = import_tasks("harbor", tmp_path / "src", tmp_path / "out")
+    assert list(report.imported) == ["fine"]  # the rest of the set imports
+    assert reason in " ".join(report.skipped["t"]), report.skipped
+
+
+def test_tests_that_read_the_agents_harbor_logs_are_refused(tmp_path: Path) -> None:
+    folder = _task_with(tmp_path / "src", 'schema_version = "1.4"\n')
+    test_sh = folder / "tests" / "test.sh"
+    test_sh.write_text(test_sh.read_text() + "cat /logs/artifacts/summary.txt\n")
+    report = import_tasks("harbor", tmp_path / "src", tmp_path / "out")
+    assert "the tests read /logs/artifacts (tests/test.sh)" in report.skipped["t"][0]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [("{not json", "a file that is not ATIF JSON"), (None, "is a symlink or no file")],
+)
+def test_a_seeded_trajectory_is_refused_whatever_it_holds(
+    tmp_path: Path, content: str | None, reason: str
+) -> None:
+    folder = _task_with(tmp_path / "src", 'schema_version = "1.4"\n')
+    if content is None:
+        (folder / "trajectory.json").symlink_to("/etc/passwd")
+    else:
+        (folder / "trajectory.json").write_text(content)
+    report = import_tasks("harbor", tmp_path / "src", tmp_path / "out")
+    assert reason in report.skipped["t"][0], report.skipped
+
+
+def test_a_newer_minor_schema_imports_with_a_note(tmp_path: Path) -> None:
+    _task_with(tmp_path / "src", 'schema_version = "1.5"\n')
+    report = import_tasks("harbor", tmp_path / "src", tmp_path / "out")
+    assert "schema 1.5 is newer than 1.4" in " ".join(report.imported["t"])
+
+
+def test_older_names_are_kept_in_schema14s(tmp_path: Path) -> None:
+    """`version` and `allow_internet` (Harbor's migrations): imported as schema 1.4 names, and
+    a pack imported before keeps them until its export writes 1.4's."""
+    toml = 'version = "1.0"\n[environment]\nallow_internet = true\n'
+    toml += "[verifier.environment]\nallow_internet = false\n"
+    _task_with(tmp_path / "src", toml)
+    import_tasks("harbor", tmp_path / "src", tmp_path / "out")
+    task = _load(tmp_path / "out").tasks["t"]
+    kept = TerminalPrivate.of(task).harbor
+    assert kept["environment"] == {"network_mode": "public"} and "version" not in kept
+    assert kept["verifier"]["environment"] == {"network_mode": "no-network"}
+    assert TerminalPublic.of(task).allow_internet
+
+    legacy = {"version": "1.0", "environment": {"allow_internet": True}}
+    old = _native({"allow_internet": True}, harbor=legacy)
+    config = task_config(old, "p")
+    assert config["schema_version"] == "1.4" and "version" not in config
+    assert config["environment"]["network_mode"] == "public"
+    assert "allow_internet" not in config["environment"]
+
+
+def _native(public: dict[str, object], **private: object) -> Task:
+    given = {"verifier": {"test.sh": "exit 1\n"}, "solution": {"solve.sh": ":"}, **private}
+    return Task(id="n", family="terminal", domain="p/misc", split="train", pack="p/p",
+                version="1", difficulty="easy", public={"instruction": "x", **public},
+                private=given)  # fmt: skip
+
+
+def test_a_tasks_network_is_written_in_schema14s_modes() -> None:
+    def env(public: dict[str, object]) -> dict[str, object]:
+        return task_config(_native(public), "p")["environment"]
+
+    assert env({})["network_mode"] == "no-network"
+    assert env({"allow_internet": True})["network_mode"] == "public"
+    hosts = env({"allow_internet": True, "allowed_hosts": ["pypi.org"]})
+    assert (hosts["network_mode"], hosts["allowed_hosts"]) == ("allowlist", ["pypi.org"])
+
+
+def test_import_export_import_keeps_the_schema14_fields(
+    imported: tuple[Path, dict[str, list[str]]], tmp_path: Path
+) -> None:
+    out, _ = imported
+    first = _load(out).tasks
+    report = export_tasks(list(first.values()), tmp_path / "h", pack="test/schema14", version="1")
+    assert sorted(report.exported) == ["allowlist-net", "separate-verifier"]
+    folder = tmp_path / "h" / "separate-verifier"
+    config = tomllib.loads((folder / "task.toml").read_text())
+    assert config["schema_version"] == "1.4"
+    # Harbor's separate verifier gets the agent's workdir, first (what it holds is covered),
+    # and runs the exported tests on the task's verifier image.
+    assert config["artifacts"][0] == "/app" and config["artifacts"][1] == "/app/total.txt"
+    assert config["verifier"]["environment_mode"] == "separate"
+    dockerfile = (folder / "tests" / "Dockerfile").read_text()
+    assert dockerfile == "FROM python:3.13-slim-bookworm\nCOPY . /tests/\n"
+    agent = tomllib.loads((tmp_path / "h" / "allowlist-net" / "task.toml").read_text())["agent"]
+    assert agent["network_mode"] == "allowlist"
+    import_tasks("harbor", tmp_path / "h", tmp_path / "back", name="test/schema14")
+    again = _load(tmp_path / "back").tasks
+    assert {k: (t.public, t.private) for k, t in again.items()} == {
+        k: (t.public, t.private) for k, t in first.items()
+    }
