@@ -117,3 +117,12 @@ async def test_no_account_means_the_plain_exit() -> None:
     """A client killed before its last line: the runner's "exited with code N"."""
     assert outcome(ExecResult(exit_code=137, stdout="palaestra-acp: {bro", stderr="")) is None
     assert outcome(ExecResult(exit_code=1, stdout="", stderr="")) is None
+
+
+async def test_a_flood_of_messages_costs_the_client_no_memory(box: Sandbox) -> None:
+    """Notifications of 20,000 distinct made-up methods are counted as one "other"; 1,000
+    requests sent at once are each answered (an error: no such terminal)."""
+    result, end = await drive(box, "flood")
+    assert result.exit_code == 0 and end["end"] == "stop", result
+    assert end["messages"] == {"other": 20_000, "terminal/output": 1_000}, end["messages"]
+    assert len(end["refused"]) == 20  # the last ones only

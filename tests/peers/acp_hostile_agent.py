@@ -8,7 +8,9 @@ symlink it made, /proc, a FIFO; a terminal whose cwd is outside) and writes each
 the turn. The other modes break the protocol mid-turn: `garbage` (a line that is not
 JSON), `array` (a JSON array), `stray` (a response to no request), `huge` (one line past the
 client's limit), `version` (protocol version 99 at initialize), `exit` (it exits mid-turn),
-`error` (it answers the prompt with a JSON-RPC error).
+`error` (it answers the prompt with a JSON-RPC error). `flood` is legal but heavy: 20,000
+notifications of distinct made-up methods and 1,000 requests sent without waiting, then
+the turn ends.
 """
 
 from __future__ import annotations
@@ -104,6 +106,13 @@ def main() -> None:
             elif MODE == "huge":
                 sys.stdout.write('{"jsonrpc": "2.0", "method": "x", "params": "' + "a" * (17 << 20))
                 sys.stdout.write('"}\n')
+            elif MODE == "flood":
+                for k in range(20_000):
+                    send({"method": f"_made/up{k}", "params": {}})
+                for k in range(1_000):
+                    send({"id": 5000 + k, "method": "terminal/output", "params": {}})
+                for k in range(1_000):
+                    answer_of(5000 + k)
             elif MODE == "exit":
                 sys.exit(0)
             elif MODE == "error":

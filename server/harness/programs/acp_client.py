@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -36,6 +37,7 @@ PROTOCOL_VERSION = 1
 STOP_REASONS = ("end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled")
 END_TURN, OTHER_STOP, PROTOCOL_ERROR, AGENT_EXITED, AGENT_ERROR = 0, 1, 3, 4, 5
 MAX_TERMINALS = 16
+MAX_HANDLING = 64  # of the agent's requests answered at once; past it, refused at once
 MAX_OUTPUT = 1 << 20  # bytes of a terminal's output kept at most (its tail)
 MAX_FILE = 8 << 20  # bytes of a file read or written at most
 INVALID_PARAMS, METHOD_NOT_FOUND, INTERNAL = -32602, -32601, -32603
@@ -101,8 +103,8 @@ class Client:
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.next_id = 0
         self.terminals: dict[str, Terminal] = {}
-        self.counts: dict[str, int] = {}
-        self.refused: list[str] = []  # what the client refused the agent, for the record
+        self.counts: dict[str, int] = {}  # messages by method (the client's, else "other")
+        self.refused: collections.deque[str] = collections.deque(maxlen=20)  # the last ones
         self.handlers: set[asyncio.Task[None]] = set()
 
     # -- the wire ------------------------------------------------------------------------
@@ -158,17 +160,24 @@ class Client:
         params = message.get("params", {})
         if params is None:
             params = {}
-        self.counts[method] = self.counts.get(method, 0) + 1
+        counted = method if method in HANDLERS or method == "session/update" else "other"
+        self.counts[counted] = self.counts.get(counted, 0) + 1
         if "id" not in message:
             return  # a notification (session/update, ...): read, nothing to answer
         if not isinstance(key, int | str) or isinstance(key, bool):
             raise ProtocolFault(f"a request id that is neither number nor string: {key!r}"[:300])
-        task = asyncio.ensure_future(self.answer(key, method, params))
+        if len(self.handlers) >= MAX_HANDLING:
+            busy = RpcError(INTERNAL, f"{MAX_HANDLING} requests are being answered; wait")
+            task = asyncio.ensure_future(self.answer(key, method, busy))
+        else:
+            task = asyncio.ensure_future(self.answer(key, method, params))
         self.handlers.add(task)
         task.add_done_callback(self.handlers.discard)
 
     async def answer(self, key: int | str, method: str, params: Any) -> None:
         try:
+            if isinstance(params, RpcError):
+                raise params
             if not isinstance(params, dict):
                 raise RpcError(INVALID_PARAMS, f"{method}: params must be an object")
             handler = HANDLERS.get(method)
@@ -398,7 +407,7 @@ async def drive(agent: list[str], workspace: str, instruction: str) -> tuple[int
         listener.cancel()
         await client.close()
         await stop_agent(proc)
-    end.update(messages=client.counts, refused=client.refused[-20:], agent_exit=proc.returncode)
+    end.update(messages=client.counts, refused=list(client.refused), agent_exit=proc.returncode)
     return code, end
 
 
