@@ -436,18 +436,22 @@ def test_the_official_client_drives_episodes(served: ServerProcess, tmp_path: Pa
         assert secret not in everything, secret
     assert "Traceback" not in final["structuredContent"]["verdict"]["feedback"]
 
-    # The example of docs/integrations.md runs as written.
-    example = [b for b in blocks("integrations.md") if b.arg == "mcp_example.py"]
-    assert len(example) == 1, "docs/integrations.md: the MCP example block is gone"
-    (tmp_path / "mcp_example.py").write_text(example[0].body)
-    ran = subprocess.run(
-        [str(python), str(tmp_path / "mcp_example.py"), served.url, a],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert ran.stdout.splitlines() == ["['echo', 'submit']", "hi", "1.0 True"], ran.stdout
+    # The examples of docs/integrations.md run as written, one per era.
+    for name, printed in [
+        ("mcp_example.py", ["['echo', 'submit']", "hi", "1.0 True"]),
+        ("mcp_stateless_example.py", ["2026-07-28", "['echo', 'submit']", "1.0"]),
+    ]:
+        example = [b for b in blocks("integrations.md") if b.arg == name]
+        assert len(example) == 1, f"docs/integrations.md: the MCP example {name} is gone"
+        (tmp_path / name).write_text(example[0].body)
+        ran = subprocess.run(
+            [str(python), str(tmp_path / name), served.url, a],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert ran.stdout.splitlines() == printed, ran.stdout
 
 
 def rpc(method: str, params: dict[str, Any] | None = None, message_id: int = 1) -> dict[str, Any]:
