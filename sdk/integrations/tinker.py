@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import chz
 from tinker_cookbook.renderers import Renderer, get_renderer
-from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset
+from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 from tinker_cookbook.tool_use import build_agent_tool_env
 from tinker_cookbook.tool_use.types import ToolInput, ToolResult
@@ -35,7 +36,13 @@ from palaestra.sdk.errors import InvalidActionError, PalaestraError
 from palaestra.sdk.http import AsyncHTTPClient, HTTPClient
 from palaestra.sdk.models import Action, ResetResponse, ToolSpec
 
-__all__ = ["PalaestraEnvGroupBuilder", "PalaestraRLDataset", "PalaestraServer", "VoidEpisode"]
+__all__ = [
+    "PalaestraDatasetBuilder",
+    "PalaestraEnvGroupBuilder",
+    "PalaestraRLDataset",
+    "PalaestraServer",
+    "VoidEpisode",
+]
 
 
 class VoidEpisode(RuntimeError):
@@ -236,3 +243,41 @@ class PalaestraRLDataset(RLDataset):  # type: ignore[misc]  # cookbook: untyped 
 
     def __len__(self) -> int:
         return math.ceil(len(self.tasks) / self.batch_size)
+
+
+@chz.chz
+class PalaestraDatasetBuilder(RLDatasetBuilder):  # type: ignore[misc]  # cookbook: untyped here
+    """The cookbook's `RLDatasetBuilder` (what `rl.train.Config.dataset_builder` takes, set
+    from its `chz` command line): a pack's `split` to train on, and `test_split` (if any;
+    a sealed one needs an `eval` token to run)."""
+
+    base_url: str
+    pack: str
+    model_name: str
+    renderer_name: str
+    token: str | None = None
+    split: str = "train"
+    test_split: str | None = None
+    batch_size: int = 8
+    group_size: int = 4
+    max_turns: int = 8
+    system_prompt: str = ""
+
+    async def __call__(self) -> tuple[PalaestraRLDataset, PalaestraRLDataset | None]:
+        template = PalaestraEnvGroupBuilder(
+            PalaestraServer(self.base_url, self.token),
+            task="",
+            model_name=self.model_name,
+            renderer_name=self.renderer_name,
+            group_size=self.group_size,
+            max_turns=self.max_turns,
+            system_prompt=self.system_prompt,
+        )
+        splits = [self.split] if self.test_split is None else [self.split, self.test_split]
+        made = [
+            await asyncio.to_thread(
+                PalaestraRLDataset.from_split, template, self.pack, s, self.batch_size
+            )
+            for s in splits
+        ]
+        return made[0], made[1] if len(made) > 1 else None

@@ -29,6 +29,7 @@ from tinker_cookbook.rl.types import TrajectoryGroup
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 from palaestra.sdk.integrations.tinker import (
+    PalaestraDatasetBuilder,
     PalaestraEnvGroupBuilder,
     PalaestraRLDataset,
     PalaestraServer,
@@ -138,6 +139,21 @@ async def main() -> None:
     out["dataset"] = {
         "len": len(dataset),
         "batches": [[b.task for b in dataset.get_batch(i)] for i in range(len(dataset))],
+    }
+    configured = PalaestraDatasetBuilder(
+        base_url=url,
+        token=token,
+        pack="palaestra/echo",
+        model_name=tokenizer_dir,
+        renderer_name="qwen3_instruct",
+        test_split="heldout",  # a sealed split: its references only reach a train token
+        batch_size=4,
+    )
+    train, test = await configured()
+    out["dataset_builder"] = {
+        "train": [[b.task for b in train.get_batch(i)] for i in range(len(train))],
+        "test": [[b.task for b in test.get_batch(i)] for i in range(len(test))],
+        "group_size": train.get_batch(0)[0].group_size,
     }
     try:
         dataset.get_batch(len(dataset))

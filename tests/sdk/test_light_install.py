@@ -84,7 +84,7 @@ def test_light_install_plays_episodes_without_the_server(core: Path, server: Ser
         "palaestra.sdk.gym": "gymnasium",
         "palaestra.sdk.integrations.gym_vector": "numpy",
         "palaestra.sdk.integrations.skyrl": "skyrl_gym",
-        "palaestra.sdk.integrations.tinker": "tinker_cookbook",
+        "palaestra.sdk.integrations.tinker": "chz",
         "palaestra.sdk.integrations.verl": "verl",
         "palaestra.sdk.train.grpo": "torch",
         "palaestra.sdk.train.letters_demo": "torch",

@@ -81,5 +81,8 @@ def test_tinker_cookbook_rollouts_drive_palaestra_episodes(
     assert dataset["len"] == 3 and [len(b) for b in dataset["batches"]] == [3, 3, 2]
     assert dataset["batches"][0][0].endswith(":say-birch")
     assert "batch 3 of 3" in out["past_the_end"]
+    built = out["dataset_builder"]  # PalaestraDatasetBuilder, the cookbook's RLDatasetBuilder
+    assert [len(b) for b in built["train"]] == [4, 4] and built["group_size"] == 4
+    assert [[t.rsplit(":", 1)[1] for t in b] for b in built["test"]] == [["say-apple", "say-fjord"]]
     assert out["sealed"].startswith("PermissionDeniedError") and "sealed" in out["sealed"]
     assert "elppa" not in out["sealed"]
