@@ -1,6 +1,6 @@
 # Exhaust the sandbox's own space, then submit: fill every size-limited folder the agent
 # can write (the workdir, /tmp, HOME) until the disk is full, then create files until the
-# inodes run out (for 4 s a folder). The verdict must be reward 0 with a failure class (the
+# inodes run out (for at most 4 s a folder). The verdict must be reward 0 with a failure class (the
 # agent did this), never void. A folder with more than 4 GiB free is not a sandbox's quota
 # and is left alone.
 seen=""
@@ -17,6 +17,7 @@ for d in "$(pwd)" /tmp "$HOME"; do
     i=$((i + 1))
   done
   mkdir -p "$d/.palaestra-inodes" 2>/dev/null || continue
-  timeout 4 sh -c 'seq 1 500000 | sed "s|^|$1/f|" | xargs touch 2>/dev/null' sh "$d/.palaestra-inodes"
+  # xargs stops at the first batch that fails (exit 255): the inodes are gone
+  timeout 4 sh -c 'seq 1 500000 | sed "s|^|$1/f|" | xargs -n 2000 sh -c "touch \"\$@\" 2>/dev/null || exit 255" sh' sh "$d/.palaestra-inodes"
 done
 true

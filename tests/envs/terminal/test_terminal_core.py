@@ -50,6 +50,10 @@ REPO_DOMAIN = "terminal-core/repo-repair"
 HOST_TOOLS = ("bash", "jq", "sqlite3", "git", "gcc", "make", "gawk", "gzip", "tar", "patch")
 DOCKER_IMAGE = "palaestra/terminal:latest"
 CONCURRENCY = 4
+# Tasks whose verifier lets every wrong answer run to its 3 s CPU limit: their ~15 failing
+# plays cost a minute alone, so the sampled pack check takes perf's other task (every task
+# is still played by the oracle and null agent below, and all of them with FULL_CHECKS).
+CPU_BOUND_CHECKS = frozenset({"perf-exponential-recursion", "perf-quadratic-counts"})
 
 
 def _task_tomls() -> dict[str, dict[str, Any]]:
@@ -127,7 +131,8 @@ WHY_NO_BWRAP = _bwrap_unavailable()
 @pytest.mark.skipif(bool(WHY_NO_BWRAP), reason=WHY_NO_BWRAP)
 @pytest.mark.timeout(3600)  # all tasks: ~730 episodes (7 generic cheats on each) on 2 cores
 def test_pack_check_bwrap(tmp_path: Path) -> None:
-    ids = set(_task_tomls()) if FULL_CHECKS else set(one_per_category(_task_tomls()))
+    sample = [t for t in _task_tomls() if t not in CPU_BOUND_CHECKS]
+    ids = set(_task_tomls()) if FULL_CHECKS else set(one_per_category(sample))
     root = PACK if FULL_CHECKS else _subpack(tmp_path / "sample", ids)
     report = asyncio.run(check_pack(root, concurrency=CONCURRENCY))
     assert report.checked == report.tasks == len(ids)
