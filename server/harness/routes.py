@@ -1,8 +1,9 @@
 """`/v1/episodes/{id}/llm/…`: a harness episode's model session over the server's own HTTP,
 for a harness that runs outside the sandbox (or a trainer checking a call by hand). The
-OpenAI base URL is `…/llm/v1`, the Anthropic one `…/llm`; the bearer token is the episode
-owner's (an Anthropic client sends it as `auth_token`). Any other token, an unknown id and
-an episode without a session all get the one 404 of an unknown episode (DESIGN §3).
+OpenAI base URL (chat completions and Open Responses) is `…/llm/v1`, the Anthropic one
+`…/llm`; the bearer token is the episode owner's (an Anthropic client sends it as
+`auth_token`). Any other token, an unknown id and an episode without a session all get
+the one 404 of an unknown episode (DESIGN §3).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ async def _answer(episode_id: str, path: str, request: Request) -> Response:
 
 @router.post(PATH)
 async def llm_call(episode_id: str, path: str, request: Request) -> Response:
-    """A model call of the episode's harness, `v1/chat/completions` (OpenAI) or
-    `v1/messages` (Anthropic), answered in that API's own shape, errors included."""
+    """A model call of the episode's harness, `v1/chat/completions` (OpenAI),
+    `v1/messages` (Anthropic) or `v1/responses` (Open Responses), answered in that API's
+    own shape, errors included."""
     return await _answer(episode_id, path, request)
 
 

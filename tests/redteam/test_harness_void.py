@@ -35,7 +35,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordingModel]:
 
 
 async def through_gateway(
-    endpoint: str, model_name: str, body: dict[str, Any]
+    endpoint: str, model_name: str, body: dict[str, Any], path: str = "/v1/chat/completions"
 ) -> tuple[httpx.Response, LlmSession]:
     """`body` (JSON, NaN and all) posted to a fresh session's gateway: the reply, the session."""
     proxy = SessionProxy(make_settings())
@@ -48,7 +48,7 @@ async def through_gateway(
             gateway_on_loopback(proxy, "ep") as url,
             httpx.AsyncClient(base_url=url, timeout=60) as http,
         ):
-            reply = await http.post("/v1/chat/completions", content=json.dumps(body).encode())
+            reply = await http.post(path, content=json.dumps(body).encode())
         return reply, session
     finally:
         await proxy.aclose()
@@ -74,6 +74,38 @@ async def test_no_request_of_the_policy_voids_the_episode(model: RecordingModel,
     reply, session = await through_gateway(model.endpoint, model.name, body)
     assert session.fault is None, (name, session.fault)
     assert reply.status_code < 500, (name, reply.text)
+
+
+# Open Responses requests (server/harness/responses.py) the translation lets through to
+# the model server: what it sends on must be the model server's 4xx at worst, never a fault.
+HOSTILE_RESPONSES: dict[str, dict[str, Any]] = {
+    "schema_properties_garbage": {"tools": [{"type": "function", "name": "f",
+                                             "parameters": {"type": "object", "properties": 5}}]},
+    "schema_required_garbage": {"tools": [{"type": "function", "name": "f",
+                                           "parameters": {"type": "object", "required": 7}}]},
+    "tool_choice_unknown_tool": {"tool_choice": {"type": "function", "name": "nope"}},
+    "required_without_tools": {"tool_choice": "required"},
+    "arguments_not_json": {"input": [
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{not json"},
+        {"type": "function_call_output", "call_id": "c", "output": "ok"}]},
+    "output_for_no_call": {"input": [
+        {"type": "function_call_output", "call_id": "ghost", "output": "ok"}]},
+    "max_output_tokens_huge": {"max_output_tokens": 2**70},
+    "image_data_garbage": {"input": [{"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/png;base64,!!!"}]}]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_RESPONSES))
+async def test_no_responses_request_of_the_policy_voids_the_episode(
+    model: RecordingModel, name: str
+) -> None:
+    body = {"model": "m", "input": "hi", "max_output_tokens": 4, **HOSTILE_RESPONSES[name]}
+    reply, session = await through_gateway(model.endpoint, model.name, body, "/v1/responses")
+    assert session.fault is None, (name, session.fault)
+    assert reply.status_code < 500, (name, reply.text)
+    assert "error" in reply.json() or reply.json()["object"] == "response"
 
 
 def test_the_model_server_refuses_a_seed_past_torch(model: RecordingModel) -> None:

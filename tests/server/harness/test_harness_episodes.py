@@ -8,6 +8,7 @@ scripted upstream (a fake) where the test needs an agent that does something sen
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,9 @@ from typing import Any
 import pytest
 
 from palaestra.sdk.train.harness import episode_samples
+from palaestra.server.harness.toolchain import acp as acp_toolchain
 from tests.conftest import ServerProcess, docker_skip_reason, free_port
+from tests.docblocks import blocks
 from tests.harness_peers import (
     SEALED_TASK,
     SOLVE_0,
@@ -77,23 +80,30 @@ def test_bash_agent_with_the_real_model(
 
 
 def test_a_harness_speaking_only_responses_trains(
-    door_server: ServerProcess, token: str, model: RecordingModel
+    door_server: ServerProcess, token: str, model: RecordingModel, tmp_path: Path
 ) -> None:
-    """bash-agent with `api: responses` calls `/v1/responses` alone. Scripted, it solves
-    the task through a function_call / function_call_output round trip (reward 1); on the
-    real model its one call is recorded with the ids the server generated; both episodes'
-    records are training samples (sdk/train/harness.py), as the other dialects' are."""
+    """bash-agent with `api: responses` calls `/v1/responses` alone. Scripted, through the
+    copy-paste example of docs/integrations.md, it solves the task by a function_call /
+    function_call_output round trip (reward 1); on the real model its one call is recorded
+    with the ids the server generated; both episodes' records are training samples
+    (sdk/train/harness.py), as the other dialects' are."""
+    example = [b for b in blocks("integrations.md") if b.arg == "responses_example.py"]
+    assert len(example) == 1, "docs/integrations.md: the Open Responses example is gone"
+    (tmp_path / "responses_example.py").write_text(example[0].body)
     fake = FakeModel([bash_call(SOLVE_2), submit_call()])
-    option = harness("", config={"api": "responses"})
     with fake.serve() as url:
-        option["model_endpoint"] = url
-        solved = finished(door_server, token, started(door_server, token, TRAIN_TASK, option))
-    assert solved["verdict"]["reward"] == 1.0, solved["verdict"]
+        argv = [sys.executable, str(tmp_path / "responses_example.py"), door_server.url, token,
+                url]  # fmt: skip
+        ran = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    episode, reward, apis, ids = ran.stdout.split()
+    assert (reward, apis, ids) == ("1.0", "openresponses,openresponses", "6"), ran.stdout
     assert [m["role"] for m in fake.requests[1]["messages"]] == ["system", "user", "assistant",
                                                                  "tool"]  # fmt: skip
     assert fake.requests[1]["messages"][-1]["content"].startswith("exit status 0")
+    assert fake.requests[0]["max_tokens"] == 512  # the reset's sampling, set by the proxy
+    solved = call(door_server, token, "GET", f"/v1/episodes/{episode}").json()
     calls = llm_calls(solved)
-    assert [c["api"] for c in calls] == ["openresponses"] * 2
     assert calls[1]["request"]["input"][-1]["type"] == "function_call_output"
     assert calls[0]["response"]["output"][0]["type"] == "function_call"
     assert {s.reward for s in episode_samples(solved)} == {1.0}  # FakeModel's ids: 2 samples
@@ -103,17 +113,17 @@ def test_a_harness_speaking_only_responses_trains(
     before = len(model.generated())
     state = finished(door_server, token, started(door_server, token, TRAIN_TASK, option))
     assert state["status"] == "done" and ending(state)["info"]["harness"]["exit_code"] == 0
-    [call], generated = llm_calls(state), model.generated()[before:]
-    assert call["api"] == "openresponses" and call["finish_reason"] == "tool_calls"
-    assert call["request"]["input"][0]["content"].startswith("Implement the Python")
-    assert call["response"]["output"][0]["name"] == "submit"
-    assert [call["prompt_token_ids"]] == [g["prompt_token_ids"] for g in generated]
-    assert [call["completion_token_ids"]] == [g["token_ids"] for g in generated]
-    assert len(call["logprobs"]) == len(call["completion_token_ids"]) > 0
+    [made], generated = llm_calls(state), model.generated()[before:]
+    assert made["api"] == "openresponses" and made["finish_reason"] == "tool_calls"
+    assert made["request"]["input"][0]["content"].startswith("Implement the Python")
+    assert made["response"]["output"][0]["name"] == "submit"
+    assert [made["prompt_token_ids"]] == [g["prompt_token_ids"] for g in generated]
+    assert [made["completion_token_ids"]] == [g["token_ids"] for g in generated]
+    assert len(made["logprobs"]) == len(made["completion_token_ids"]) > 0
     [sample] = episode_samples(state)
-    assert sample.prompt_ids == call["prompt_token_ids"]
-    assert sample.completion_ids == call["completion_token_ids"]
-    assert sample.logprobs == call["logprobs"] and sample.loss_mask == [1] * len(sample.logprobs)
+    assert sample.prompt_ids == made["prompt_token_ids"]
+    assert sample.completion_ids == made["completion_token_ids"]
+    assert sample.logprobs == made["logprobs"] and sample.loss_mask == [1] * len(sample.logprobs)
 
 
 def test_fake_model_drives_the_bash_agent_to_a_solution(
@@ -291,6 +301,21 @@ def test_mini_swe_agent_in_docker(docker_server: ServerProcess, tmp_path: Path) 
         pytest.skip(why)
     state = _mini_run(docker_server, token)
     assert state["verdict"]["reward"] == 1.0, ending(state)["info"]["harness_output"]
+
+
+def test_acp_agent_in_docker(docker_server: ServerProcess) -> None:
+    """The ACP client and reference agent on the image's python3, the acp toolchain bound
+    into the container (tests/server/harness/test_acp_harness.py has the bwrap episode)."""
+    if not (chain := acp_toolchain(host_python=False)).available:
+        pytest.skip(f"acp toolchain: {chain.reason}")
+    token = make_token(docker_server, "train", "harness")
+    fake = FakeModel([bash_call(SOLVE_2), submit_call()])
+    with fake.serve() as url:
+        episode = started(docker_server, token, TRAIN_TASK, harness(url, "acp-agent"))
+        state = finished(docker_server, token, episode)
+    assert state["verdict"]["reward"] == 1.0, ending(state)["info"]["harness_output"]
+    assert ending(state)["info"]["harness"]["reason"] == "the ACP prompt turn ended: end_turn"
+    assert len(llm_calls(state)) == 2
 
 
 def test_mini_swe_agent_with_the_real_model(
