@@ -89,8 +89,13 @@ def reset_request(pack: str, kwargs: dict[str, Any]) -> ResetRequest:
     if task is not None:
         if not isinstance(task, str) or not task:
             raise BadRequestError("reset argument task must be a task id of pack " + pack)
-        full = REF_RE.match(task)
-        if full and full["pack"] != pack:
+        full, door = REF_RE.match(task), REF_RE.match(f"{pack}:-")
+        pinned = door["version"] if door else None  # a door at `org/name@ver` serves that one
+        if full and (
+            not door
+            or full["pack"] != door["pack"]
+            or (pinned and full["version"] not in (None, pinned))
+        ):
             raise BadRequestError(f"task {task!r} is not in pack {pack} (this door's pack)")
         fields["task"] = task if full else f"{pack}:{task}"
     else:

@@ -49,12 +49,18 @@ def error(exc: PalaestraError) -> JSONResponse:
 def environment(catalog: Catalog, org: str, name: str, env: str | None) -> PackInfo:
     """The pack the route names (404 for an unknown pack, or an environment not this one)."""
     pack = catalog.pack_info(f"{org}/{name}")
-    if env is not None and env.lower() not in {name.lower(), HARBOR_CLIENT_ENV}:
+    own = env_name(name)
+    if env is not None and env.lower() not in {own.lower(), HARBOR_CLIENT_ENV}:
         raise NotFoundError(
-            f"unknown environment {env!r}: this door serves {name!r} "
-            f"(/openenv/{org}/{name}/{name}/splits)"
+            f"unknown environment {env!r}: this door serves {own!r} "
+            f"(/openenv/{org}/{name}/{own}/splits)"
         )
     return pack
+
+
+def env_name(name: str) -> str:
+    """The OpenEnv environment's name: the pack's, without a pinned version (`echo@0.1.0`)."""
+    return name.split("@", 1)[0]
 
 
 def split_of(pack: PackInfo, split: str) -> SplitInfo:
@@ -160,7 +166,7 @@ async def list_environments(org: str, name: str, request: Request) -> JSONRespon
         environment(services_of(request).catalog, org, name, None)
     except PalaestraError as exc:
         return error(exc)
-    return JSONResponse([name])
+    return JSONResponse([env_name(name)])
 
 
 @router.get("/{env}/splits")
@@ -196,7 +202,7 @@ async def list_tasks(org: str, name: str, env: str, request: Request) -> JSONRes
         tasks = page(catalog, principal, pack, body.split, 0, min(total, MAX_TASKS))
     except PalaestraError as exc:
         return error(exc)
-    return JSONResponse({"tasks": tasks, "env_name": name})
+    return JSONResponse({"tasks": tasks, "env_name": env_name(name)})
 
 
 @router.post("/{env}/num_tasks")

@@ -200,6 +200,12 @@ async def test_other_environments_packs_and_splits(clients: Tokens) -> None:
     upper = await http.get(f"{ECHO}/ECHO/splits")  # OpenEnv's names match in any case
     assert upper.status_code == 200
     assert (await http.get(f"{ECHO}/list_environments")).json() == ["echo"]
+    pinned = "/openenv/palaestra/echo@0.1.0"  # a pinned version: indices that stay put
+    assert (await http.get(f"{pinned}/list_environments")).json() == ["echo"]
+    task = await http.post(f"{pinned}/echo/task", json={"split": "train", "index": 0})
+    assert task.json()["task"]["task_id"] == "palaestra/echo@0.1.0:say-birch", task.text
+    missing_version = await http.get("/openenv/palaestra/echo@9.9.9/echo/splits")
+    assert missing_version.status_code == 404, missing_version.text
 
 
 async def test_bad_bodies(clients: Tokens) -> None:
@@ -219,6 +225,13 @@ async def test_reset_by_index(clients: Tokens) -> None:
     episode = picked.json()["metadata"]["episode_id"]
     state = await train.get(f"{ECHO}/state", params={"episode_id": episode})
     assert state.json()["task"].endswith(":say-cobalt")
+    pinned = await train.post(
+        "/openenv/palaestra/echo@0.1.0/reset", json={"split": "train", "index": 2}
+    )
+    assert pinned.status_code == 200, pinned.text
+    for task in ("palaestra/echo@9.9.9:say-birch", "acme/many@1.0.0:t1"):  # not this door's
+        other = await train.post("/openenv/palaestra/echo@0.1.0/reset", json={"task": task})
+        assert other.status_code == 400 and "not in pack" in other.json()["detail"], other.text
     sealed = await train.post(f"{ECHO}/reset", json={"split": "heldout", "index": 0})
     assert sealed.status_code == 403, sealed.text  # a train token never starts a sealed task
     opened = await evaluator.post(f"{ECHO}/reset", json={"split": "heldout", "index": 0})
