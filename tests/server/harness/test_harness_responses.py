@@ -21,10 +21,11 @@ import pytest
 
 from palaestra.sdk.harness import LlmCall
 from palaestra.sdk.train.harness import trajectories_from_calls
+from palaestra.server.harness import responses
 from palaestra.server.harness.proxy import LlmSession, SessionProxy
-from palaestra.server.harness.replay import reply_of
+from palaestra.server.harness.replay import Replay, reply_of
 from tests.conftest import make_settings
-from tests.harness_fakes import gateway_on_loopback, options
+from tests.harness_fakes import fake_reply, gateway_on_loopback, options
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
 
 RESPONSES = "/v1/responses"
@@ -186,3 +187,33 @@ async def test_the_budget_cuts_max_output_tokens_and_a_replay_answers_the_same(
     assert [e["type"] for e in stream_events(again.body.decode())] == [
         e["type"] for e in stream_events(reply.text)
     ]
+
+
+def test_a_reply_cut_at_length_is_incomplete() -> None:
+    request = {"model": "m", "input": "hi", "max_output_tokens": 2}
+    chat = responses.to_chat(request)
+    reply = fake_reply(chat)  # 2 of its 3 tokens: finish_reason "length"
+    resource = responses.from_chat(reply, request, "m")
+    checked = spec.ResponseResource.model_validate(resource)
+    assert checked.status == "incomplete" and checked.incomplete_details is not None
+    assert checked.incomplete_details.reason == "max_output_tokens"
+    events = stream_events(responses.response_sse(resource).decode())
+    assert events[-1]["type"] == "response.incomplete"
+    first = events[0]["response"]
+    assert first["status"] == "in_progress" and first["output"] == []
+
+
+def test_a_resumed_harness_that_changes_an_item_is_told_which() -> None:
+    """A resume (server/harness/replay.py) checks a Responses request against its capture;
+    the divergence names the input item that differs."""
+    items = [{"type": "message", "role": "user", "content": text} for text in "ab"]
+    body = {"model": "m", "input": items}
+    call = LlmCall(index=0, api="openresponses", request=body, response={}, prompt_token_ids=[1],
+                   completion_token_ids=[2], logprobs=[-0.1], started_at=0.0, upstream_s=0.0,
+                   proxy_s=0.0)  # fmt: skip
+    replay = Replay([call])
+    assert replay.diverges("openresponses", json.dumps(body).encode()) is None
+    changed = {**body, "input": [items[0], {**items[1], "content": "c"}]}
+    why = replay.diverges("openresponses", json.dumps(changed).encode())
+    assert why is not None and "input[1] differs" in why
+    assert "recorded call was openresponses" in str(replay.diverges("openai-chat", b"{}"))
