@@ -514,6 +514,10 @@ class SessionProxy:
         with contextlib.suppress(ValueError, RecursionError):
             parsed = json.loads(raw)
             reply = parsed if isinstance(parsed, dict) else None
+        try:  # recorded as parsed: JSON no record can store (a lone \ud800) is no answer
+            to_json(reply)
+        except ValueError as exc:
+            raise _Fault(f"{where} answered JSON that cannot be recorded: {exc}") from None
         headers = tuple((k, got[k]) for k in ("retry-after",) if k in got)
         if status >= 400:
             return status, reply, raw, headers

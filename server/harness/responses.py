@@ -220,7 +220,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
-        messages.append({"role": "system", "content": _str(body, "instructions", "body")})
+        if not isinstance(instructions, str):
+            raise ResponsesError("instructions must be a string", "instructions")
+        messages.append({"role": "system", "content": instructions})
     given = body.get("input")
     if isinstance(given, str):
         messages.append({"role": "user", "content": given})
@@ -296,7 +298,8 @@ def _output_items(request: dict[str, Any], choice: dict[str, Any]) -> list[dict[
 def _echoed_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
     tools = request.get("tools") if isinstance(request.get("tools"), list) else []
     return [{"type": "function", "name": t["name"], "description": t.get("description"),
-             "parameters": t.get("parameters"), "strict": t.get("strict")}
+             "parameters": t.get("parameters"),
+             "strict": t["strict"] if isinstance(t.get("strict"), bool) else None}
             for t in tools or []]  # fmt: skip
 
 
@@ -315,10 +318,11 @@ def from_chat(reply: dict[str, Any], request: dict[str, Any], model: str) -> dic
     choice_asked = request.get("tool_choice")
     metadata = request.get("metadata")
     instructions = request.get("instructions")
+    created = reply.get("created")  # the upstream's; nothing else of it is trusted
     return {
         "id": f"resp_{str(reply.get('id') or uuid.uuid4().hex).removeprefix('chatcmpl-')}",
         "object": "response",
-        "created_at": int(reply.get("created") or time.time()),
+        "created_at": created if type(created) is int else int(time.time()),
         "completed_at": int(time.time()),
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,

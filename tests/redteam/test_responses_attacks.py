@@ -27,6 +27,7 @@ from palaestra.server.harness.proxy import LlmSession, SessionProxy
 from palaestra.server.manager import EpisodeManager
 from tests.conftest import make_settings
 from tests.harness_fakes import FakeUpstream, gateway_on_loopback, options
+from tests.peers.fake_model import FakeModel
 from tests.redteam.tenants import tenant
 
 RESPONSES = "/v1/responses"
@@ -59,6 +60,7 @@ UNTRANSLATABLE: list[tuple[str, dict[str, Any], str]] = [
      "input"),
     ("no input", {"input": None}, "input"),
     ("empty input", {"input": [], "instructions": None}, "input"),
+    ("instructions", {"instructions": ["be", "brief"]}, "instructions"),
     ("stateful", {"previous_response_id": "resp_1"}, "previous_response_id"),
     ("conversation", {"conversation": "conv_1"}, "conversation"),
     ("background", {"background": True}, "background"),
@@ -106,11 +108,16 @@ async def door(
         await proxy.aclose()
 
 
-def refused(reply: httpx.Response) -> spec.Error:
-    """A 4xx in the Responses error shape (the spec's model takes it)."""
-    assert 400 <= reply.status_code < 500, (reply.status_code, reply.text[:300])
+def refused_shape(reply: httpx.Response) -> spec.Error:
+    """The Responses error shape (the spec's model takes it)."""
     assert reply.headers["content-type"] == "application/json"
     return spec.Error.model_validate(reply.json()["error"])
+
+
+def refused(reply: httpx.Response) -> spec.Error:
+    """A 4xx in the Responses error shape."""
+    assert 400 <= reply.status_code < 500, (reply.status_code, reply.text[:300])
+    return refused_shape(reply)
 
 
 def mutations(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
@@ -234,3 +241,44 @@ async def test_the_route_answers_only_the_owner(
             await c.aclose()
         manager.services.sessions = None
         await proxy.aclose()
+
+
+class OddModel(FakeModel):
+    """A FAKE model server whose chat completions carry odd values where the proxy's checks
+    do not look (created, reasoning, logprob entries): read into a Response, each must be
+    dropped or replaced, never a 500."""
+
+    def completion(self, body: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+        reply = super().completion(body, message)
+        choice = reply["choices"][0]
+        reply["created"] = "yesterday"
+        choice["message"]["reasoning_content"] = {"not": "text"}
+        choice["logprobs"]["content"] = [
+            {"token": 7, "logprob": -0.5, "bytes": ["x"]},
+            {"token": "b", "logprob": -0.5, "bytes": [98]},
+            {"token": "é", "logprob": -0.5},
+        ]
+        if body["messages"][-1]["content"] == "surrogate":
+            choice["message"]["content"] = "\ud800"
+        return reply
+
+
+async def test_an_odd_upstream_reply_is_no_500() -> None:
+    odd = OddModel([{"content": "hello"}])
+    with odd.serve() as endpoint:
+        async with door(endpoint) as (session, http, calls):
+            body = VALID | {"include": ["message.output_text.logprobs"]}
+            for stream in (False, True):
+                reply = await http.post(RESPONSES, json=body | {"stream": stream})
+                assert reply.status_code == 200, reply.text
+            whole = spec.ResponseResource.model_validate(calls[0].response)
+            assert whole.output[0].type == "message" and whole.created_at > 1_700_000_000
+            text = whole.output[0].content[0]
+            assert text.type == "output_text" and text.logprobs is not None
+            assert [lp.bytes for lp in text.logprobs] == [[], [98], [195, 169]]
+            assert session.fault is None
+            # A reply no record can store (a lone surrogate escape): the model server's
+            # fault (void), answered 502 in the harness's dialect, never a 500.
+            bad = await http.post(RESPONSES, json={"model": "m", "input": "surrogate"})
+            assert bad.status_code == 502 and refused_shape(bad).code == "upstream_failed"
+            assert session.fault is not None and "cannot be recorded" in session.fault
