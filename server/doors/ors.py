@@ -285,20 +285,41 @@ def split_type(name: str, sealed: bool) -> str:
     return "test" if sealed else SPLIT_TYPES.get(name, "validation")
 
 
-def env_tasks(catalog: Catalog, env: str, split: str) -> list[TaskInfo]:
-    """The public view of `env`'s tasks in `split` (a sealed split: ids and public fields)."""
+def split_size(catalog: Catalog, env: str, split: str) -> tuple[str, int]:
+    """The pack version the answer is about (pinned, so counts and listings agree) and how
+    many tasks `split` holds."""
     pack = catalog.pack_info(env)
-    if split not in {s.name for s in pack.splits}:
-        names = ", ".join(s.name for s in pack.splits)
-        raise BadRequestError(f"environment {env!r} has no split {split!r} (it has: {names})")
-    listed = catalog.task_list(TaskQuery(pack=env, split=split, limit=MAX_TASKS))
-    return listed.tasks
+    for found in pack.splits:
+        if found.name == split:
+            return f"{pack.name}@{pack.version}", found.tasks
+    names = ", ".join(s.name for s in pack.splits)
+    raise BadRequestError(f"environment {env!r} has no split {split!r} (it has: {names})")
 
 
-def nth(tasks: list[TaskInfo], index: int, split: str) -> TaskInfo:
-    if not 0 <= index < len(tasks):
-        raise BadRequestError(f"index {index} is outside split {split!r} (0..{len(tasks) - 1})")
-    return tasks[index]
+def env_tasks(
+    catalog: Catalog, env: str, split: str, start: int = 0, stop: int | None = None
+) -> list[TaskInfo]:
+    """The public view of `env`'s tasks [start, stop) in `split` (a sealed split: ids and
+    public fields), as a Python slice of the split. At most MAX_TASKS an answer: a larger
+    one is refused naming task_range, never cut short."""
+    pinned, total = split_size(catalog, env, split)
+    first, last, _ = slice(start, stop).indices(total)
+    if last - first > MAX_TASKS:
+        raise BadRequestError(
+            f"split {split!r} has {total} tasks and one answer lists at most {MAX_TASKS}: ask "
+            f"task_range in pages (start, start + {MAX_TASKS}, …) up to num_tasks"
+        )
+    if last <= first:
+        return []
+    query = TaskQuery(pack=pinned, split=split, limit=last - first, offset=first)
+    return catalog.task_list(query).tasks
+
+
+def nth(catalog: Catalog, env: str, split: str, index: int) -> TaskInfo:
+    _, total = split_size(catalog, env, split)
+    if not 0 <= index < total:
+        raise BadRequestError(f"index {index} is outside split {split!r} (0..{total - 1})")
+    return env_tasks(catalog, env, split, index, index + 1)[0]
 
 
 def task_view(task: TaskInfo) -> dict[str, Any]:
@@ -366,41 +387,40 @@ async def list_splits(request: Request, env: str = Depends(environment)) -> Any:
     return [{"name": s.name, "type": split_type(s.name, s.sealed)} for s in pack.splits]
 
 
-async def asked_tasks(
-    request: Request, env: str, model: type[Asked]
-) -> tuple[Asked, list[TaskInfo]]:
-    """The body of a task query and the public view of the split it names."""
+async def asked_tasks(request: Request, model: type[Asked]) -> tuple[Asked, Catalog]:
+    """The body of a task query, and the catalog that answers it."""
     caller(request)
-    asked = model.model_validate(await body(request))
-    return asked, env_tasks(services_of(request).catalog, env, asked.split)
+    return model.model_validate(await body(request)), services_of(request).catalog
 
 
 @router.post("/{org}/{name}/tasks")
 @ors
 async def list_tasks(request: Request, env: str = Depends(environment)) -> Any:
-    _, tasks = await asked_tasks(request, env, SplitBody)
+    asked, catalog = await asked_tasks(request, SplitBody)
+    tasks = env_tasks(catalog, env, asked.split)
     return {"tasks": [task_view(t) for t in tasks], "env_name": env}
 
 
 @router.post("/{org}/{name}/num_tasks")
 @ors
 async def num_tasks(request: Request, env: str = Depends(environment)) -> Any:
-    _, tasks = await asked_tasks(request, env, SplitBody)
-    return {"num_tasks": len(tasks)}
+    asked, catalog = await asked_tasks(request, SplitBody)
+    return {"num_tasks": split_size(catalog, env, asked.split)[1]}
 
 
 @router.post("/{org}/{name}/task")
 @ors
 async def get_task(request: Request, env: str = Depends(environment)) -> Any:
-    asked, tasks = await asked_tasks(request, env, TaskBody)
-    return {"task": task_view(nth(tasks, asked.index, asked.split))}
+    asked, catalog = await asked_tasks(request, TaskBody)
+    return {"task": task_view(nth(catalog, env, asked.split, asked.index))}
 
 
 @router.post("/{org}/{name}/task_range")
 @ors
 async def get_task_range(request: Request, env: str = Depends(environment)) -> Any:
-    asked, tasks = await asked_tasks(request, env, RangeBody)
-    return {"tasks": [task_view(t) for t in tasks[asked.start : asked.stop]]}
+    asked, catalog = await asked_tasks(request, RangeBody)
+    tasks = env_tasks(catalog, env, asked.split, asked.start or 0, asked.stop)
+    return {"tasks": [task_view(t) for t in tasks]}
 
 
 @router.get("/{org}/{name}/tools")
@@ -449,11 +469,7 @@ async def create(request: Request) -> Any:
         if asked.env_name and not task.startswith((f"{asked.env_name}@", f"{asked.env_name}:")):
             raise BadRequestError(f"task {task!r} is not in environment {asked.env_name!r}")
     elif asked.env_name and asked.split is not None and asked.index is not None:
-        task = nth(
-            env_tasks(services_of(request).catalog, asked.env_name, asked.split),
-            asked.index,
-            asked.split,
-        ).id
+        task = nth(services_of(request).catalog, asked.env_name, asked.split, asked.index).id
     else:
         raise BadRequestError(
             "this server serves many environments and split/index name none: open the "

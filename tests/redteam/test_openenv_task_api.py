@@ -247,3 +247,27 @@ async def test_reset_by_index(clients: Tokens) -> None:
     ):
         reply = await train.post(f"{ECHO}/reset", json=body)
         assert reply.status_code == 400 and words in reply.json()["detail"], (body, reply.text)
+
+
+async def test_the_ors_door_counts_and_serves_a_split_past_its_listing_bound(
+    clients: Tokens,
+) -> None:
+    """ORS's task routes on the same pack: num_tasks counted only the first MAX_TASKS and
+    an index past them was refused; a listing past the bound is refused naming task_range,
+    never cut short."""
+    http = clients["train"]
+    key = {"x-api-key": http.headers["authorization"].removeprefix("Bearer ")}
+    count = await http.post("/acme/many/num_tasks", json={"split": "train"}, headers=key)
+    assert count.json() == {"num_tasks": BIG}, count.text
+    last = await http.post(
+        "/acme/many/task", json={"split": "train", "index": BIG - 1}, headers=key
+    )
+    assert last.json()["task"]["id"].endswith(":t10000"), last.text
+    tail = await http.post(
+        "/acme/many/task_range", json={"split": "train", "start": -2}, headers=key
+    )
+    assert [t["id"].rsplit(":", 1)[-1] for t in tail.json()["tasks"]] == ["t9999", "t10000"]
+    whole = await http.post("/acme/many/tasks", json={"split": "train"}, headers=key)
+    assert whole.status_code == 400 and "task_range" in whole.text, whole.text
+    past = await http.post("/acme/many/task", json={"split": "train", "index": BIG}, headers=key)
+    assert past.status_code == 400 and "outside" in past.text, past.text
