@@ -9,9 +9,12 @@ up token ids); the real model's ids are checked in tests/server/harness/test_har
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +32,7 @@ from tests.harness_fakes import fake_reply, gateway_on_loopback, options
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
 
 RESPONSES = "/v1/responses"
+AGENT = Path(__file__).resolve().parents[3] / "server" / "harness" / "programs" / "bash_agent.py"
 TOOLS: Any = [
     {"type": "function", "name": "bash", "description": "run a command",
      "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}},
@@ -217,3 +221,29 @@ def test_a_resumed_harness_that_changes_an_item_is_told_which() -> None:
     why = replay.diverges("openresponses", json.dumps(changed).encode())
     assert why is not None and "input[1] differs" in why
     assert "recorded call was openresponses" in str(replay.diverges("openai-chat", b"{}"))
+
+
+async def test_bash_agent_speaks_only_responses(tmp_path: Path) -> None:
+    """The built-in agent with `--api responses` (outside a sandbox, against the gateway):
+    a text reply is nudged, a function_call runs, its output goes back as a
+    function_call_output item, submit ends it; every call is a Responses call."""
+    script = FakeModel([{"content": "hmm"}, bash_call("echo hi > out.txt"), submit_call()])
+    async with door(script) as d:
+        (tmp_path / "task.md").write_text("Write hi into out.txt, then submit.")
+        env = {"PATH": "/usr/bin:/bin", "OPENAI_BASE_URL": f"{d.url}/v1", "OPENAI_MODEL": "m"}
+        agent = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", str(AGENT), "--instruction-file", "task.md", "--api",
+            "responses", cwd=tmp_path, env=env, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(agent.communicate(), 60)
+    assert agent.returncode == 0, err.decode()
+    assert (tmp_path / "out.txt").read_text() == "hi\n"
+    assert [c.api for c in d.calls] == ["openresponses"] * 3
+    first, second, third = (c.request for c in d.calls)
+    assert first["instructions"].startswith("You are an agent") and "messages" not in first
+    assert [t["name"] for t in first["tools"]] == ["bash", "submit"]
+    assert [i["role"] for i in second["input"]] == ["user", "assistant", "user"]  # the nudge
+    assert [i["type"] for i in third["input"][-2:]] == ["function_call", "function_call_output"]
+    assert third["input"][-1]["output"] == "exit status 0\n"
+    for request in (first, second, third):
+        spec.CreateResponseBody.model_validate(request)  # the agent speaks the spec
