@@ -219,11 +219,14 @@ async def test_odd_upstream_completions_are_faults_not_500s(manager: EpisodeMana
     try:
         with FakeModelServer(answer, suffix="") as upstream:
             for k in range(len(odd)):
-                for api, path in (("chat", "v1/chat/completions"), ("msg", "v1/messages")):
+                for api, path in (("chat", "v1/chat/completions"), ("msg", "v1/messages"),
+                                  ("resp", "v1/responses")):  # fmt: skip
                     key = f"{owner.token_id}:{api}{k}"
                     session = proxy.open(key, options(upstream.base), owner=owner.token_id,
                                          max_calls=9, max_tokens=99, on_call=ignore)  # fmt: skip
                     body = messages(messages=[{"role": "user", "content": str(k)}])
+                    if api == "resp":  # Open Responses: the same turn as its input
+                        body = {"model": "fake", "input": str(k)}
                     reply = await owner.http.post(f"/v1/episodes/{api}{k}/llm/{path}", json=body)
                     assert reply.status_code == 502, (k, api, reply.text)
                     error = reply.json()
