@@ -34,6 +34,8 @@ import_app = typer.Typer(
 # Skip reasons by class (the first that matches), for the summary line.
 REASON_CLASSES = (
     ("digest mismatch", r"digest"),
+    ("seeded trajectory", r"trajectory\.json"),
+    ("artifacts or verifier", r"artifact|separate verifier|verifier\.(collect|environment)"),
     ("another reward format", r"reward\.json"),
     ("host variables", r"from the host"),
     ("needs the network", r"network|downloads|https?://"),

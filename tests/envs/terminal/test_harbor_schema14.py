@@ -211,3 +211,14 @@ def test_import_export_import_keeps_the_schema14_fields(
     assert {k: (t.public, t.private) for k, t in again.items()} == {
         k: (t.public, t.private) for k, t in first.items()
     }
+
+
+def test_the_import_summary_names_the_schema14_refusals(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from palaestra.cli.main import app
+
+    out = tmp_path / "pack"
+    result = CliRunner().invoke(app, ["pack", "import", "harbor", str(SCHEMA14), str(out), "-v"])
+    assert result.exit_code == 0, result.output
+    assert "2 imported, 1 skipped (1 × seeded trajectory)" in result.output
