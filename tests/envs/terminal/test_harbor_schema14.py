@@ -8,6 +8,7 @@ writes schema 1.4 (Harbor's own reader: test_harbor.py's slow test)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tomllib
 from pathlib import Path
@@ -130,14 +131,21 @@ def test_tests_that_read_the_agents_harbor_logs_are_refused(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     ("content", "reason"),
-    [("{not json", "a file that is not ATIF JSON"), (None, "is a symlink or no file")],
+    [
+        ("{not json", "a file that is not ATIF JSON"),
+        ("[" * 100_000, "a file that is not ATIF JSON"),  # past the parser's depth
+        ("link", "is a symlink or no file"),
+        ("fifo", "is a symlink or no file"),  # never opened: an import cannot hang on it
+    ],
 )
 def test_a_seeded_trajectory_is_refused_whatever_it_holds(
-    tmp_path: Path, content: str | None, reason: str
+    tmp_path: Path, content: str, reason: str
 ) -> None:
     folder = _task_with(tmp_path / "src", 'schema_version = "1.4"\n')
-    if content is None:
+    if content == "link":
         (folder / "trajectory.json").symlink_to("/etc/passwd")
+    elif content == "fifo":
+        os.mkfifo(folder / "trajectory.json")
     else:
         (folder / "trajectory.json").write_text(content)
     report = import_tasks("harbor", tmp_path / "src", tmp_path / "out")
