@@ -62,7 +62,7 @@ async def test_a_resumable_episode_expires_past_the_retention(tmp_path: Path) ->
     servers = Servers(make_settings(data_dir=data, checkpoint_retention_hours=1.0))
     await servers.start()
     try:
-        me = servers.tenant(["train"])
+        me, stranger = servers.tenant(["train"]), servers.tenant(["train"])
         old, fresh = await me.start(task=HE), await me.start(task=HE)
         for eid in (old, fresh):
             await step(me, eid, write("a.txt", eid))
@@ -83,6 +83,8 @@ async def test_a_resumable_episode_expires_past_the_retention(tmp_path: Path) ->
         assert not snapshot.exists()
         state = (await me.http.get(f"/v1/episodes/{old}")).json()
         assert state["status"] == "expired" and state["failure"]["kind"] == "expired"
+        foreign = await post(stranger, old, "resume")  # not told it exists, nor why
+        assert foreign.status_code == 404 and "retention" not in foreign.text, foreign.text
         refused = await post(me, old, "resume")
         assert refused.status_code == 409, refused.text
         error = refused.json()["error"]

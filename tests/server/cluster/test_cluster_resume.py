@@ -68,8 +68,12 @@ def test_a_regrade_runs_on_the_worker_that_kept_the_final_state(ctx: Ctx) -> Non
                             json={"pack": "palaestra/echo"})  # fmt: skip
         assert regraded.status_code == 200, regraded.text
         assert regraded.json()["reward"] == 1.0 and regraded.json()["passed"]
-    unknown = ctx.call(0, "POST", "/v1/episodes/nobody-has-it/regrade", json={"pack": "a/b"})
-    assert unknown.status_code == 404, unknown.text
+    made = ctx.call(0, "POST", "/v1/tokens", json={"scopes": ["train"], "name": "regrader"})
+    stranger = made.json()["token"]
+    for target in (episode, "nobody-has-it"):  # another token's episode is an unknown id
+        refused = ctx.call(1, "POST", f"/v1/episodes/{target}/regrade", token=stranger,
+                           json={"pack": "palaestra/echo"})  # fmt: skip
+        assert refused.status_code == 404, refused.text
 
 
 def test_a_killed_nodes_checkpointed_episodes_resume_on_another(ctx: Ctx) -> None:
