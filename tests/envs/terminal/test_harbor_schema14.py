@@ -20,6 +20,7 @@ from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
 from palaestra.envs.terminal.harbor.writer import export_tasks, task_config
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.envs.terminal.verifierimage import task_verifier_tag
+from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.sdk.task import Task
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.loader import Pack, inspect_pack
@@ -230,3 +231,24 @@ def test_the_import_summary_names_the_schema14_refusals(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["pack", "import", "harbor", str(SCHEMA14), str(out), "-v"])
     assert result.exit_code == 0, result.output
     assert "2 imported, 1 skipped (1 × seeded trajectory)" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not bwrap_available()[0], reason=f"bwrap unavailable: {bwrap_available()[1]}")
+@pytest.mark.skipif(os.geteuid() != 0, reason="egress through the proxy needs a root server")
+def test_the_imported_schema14_tasks_run_without_a_void(
+    imported: tuple[Path, dict[str, list[str]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pack check` through the real server and bwrap sandboxes: the allow-list task in its
+    narrowed egress sandbox, the separate verifier's task given its artifacts in the workdir:
+    oracle 1, null 0, every cheat ≤ 0.1, no void."""
+    from typer.testing import CliRunner
+
+    from palaestra.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(imported[0], tmp_path / "pack")
+    result = CliRunner().invoke(app, ["pack", "check", "pack"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "oracle 2/2 pass, null 2/2 zero, cheats 2/2 ≤ 0.1, void 0" in result.output
