@@ -45,6 +45,7 @@ from palaestra.envs.terminal.importer import (
 )
 
 EXPORT_KEY = "palaestra"  # [metadata.palaestra]: written by writer.py
+NETWORK_FIELDS = ("allow_internet", "allowed_hosts")  # its `network`: the task's own
 ENV_FILES, VERIFIER_DIR = "files", "palaestra"  # environment/files/, tests/palaestra/
 COMPOSE = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml"}
 
@@ -84,6 +85,9 @@ class HarborReader:
         if isinstance(export, dict):
             meta = _without_generated(meta, export)
         mapped = map_config(meta, self.ceilings)
+        if isinstance(export, dict) and isinstance(export.get("network"), dict):
+            given = export["network"]  # the task's own network fields (writer.py)
+            mapped.public.update({k: v for k, v in given.items() if k in NETWORK_FIELDS})
         problems += mapped.problems
         notes += mapped.notes
         try:

@@ -31,7 +31,12 @@ from palaestra.envs.terminal.fields import SETUP_TIMEOUT_S, TerminalPrivate, Ter
 from palaestra.envs.terminal.harbor.config import upgraded
 from palaestra.envs.terminal.harbor.digest import DATASET_FILE, content_digest
 from palaestra.envs.terminal.harbor.phases import SCHEMA_VERSION
-from palaestra.envs.terminal.harbor.reader import ENV_FILES, EXPORT_KEY, VERIFIER_DIR
+from palaestra.envs.terminal.harbor.reader import (
+    ENV_FILES,
+    EXPORT_KEY,
+    NETWORK_FIELDS,
+    VERIFIER_DIR,
+)
 from palaestra.envs.terminal.importer import category_of, difficulty_of
 from palaestra.sdk.packwriter import toml_text
 
@@ -146,6 +151,11 @@ def task_config(task: Task, org: str) -> dict[str, Any]:
     }
     if private.verifier_image is not None:
         export["verifier_image"] = private.verifier_image
+    # The network fields the task gave: `network_mode` above is generated from them (an
+    # import drops it), so the reader takes them from here.
+    network = {k: task.public[k] for k in NETWORK_FIELDS if k in task.public}
+    if network:
+        export["network"] = network
     if _separate(config):  # Harbor's separate verifier gets the agent's work as palaestra's
         covered = any(_under(public.workdir, s) for s in _artifact_sources(config))
         added = [] if covered else [public.workdir]

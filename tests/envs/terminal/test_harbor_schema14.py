@@ -7,6 +7,7 @@ writes schema 1.4 (Harbor's own reader: test_harbor.py's slow test)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -252,3 +253,23 @@ def test_the_imported_schema14_tasks_run_without_a_void(
     result = CliRunner().invoke(app, ["pack", "check", "pack"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "oracle 2/2 pass, null 2/2 zero, cheats 2/2 ≤ 0.1, void 0" in result.output
+
+
+def test_a_tasks_own_network_fields_survive_export_and_import(tmp_path: Path) -> None:
+    """The network_mode the writer derives from allow_internet / allowed_hosts is generated
+    (an import keeps it out of `private.harbor`); the fields come back as the task gave them."""
+    given: list[dict[str, object]] = [
+        {},
+        {"allow_internet": False},
+        {"allow_internet": True},
+        {"allow_internet": True, "allowed_hosts": ["pypi.org", "*.pythonhosted.org"]},
+    ]
+    tasks = [dataclasses.replace(_native(p), id=f"n{i}") for i, p in enumerate(given)]
+    export_tasks(tasks, tmp_path / "h", pack="p/p", version="1")
+    import_tasks("harbor", tmp_path / "h", tmp_path / "back", name="p/p")
+    back = _load(tmp_path / "back").tasks
+    for i, public in enumerate(given):
+        task = back[f"n{i}"]
+        assert {k: task.public[k] for k in public} == public, task.public
+        assert set(task.public) & {"allow_internet", "allowed_hosts"} == set(public)
+        assert TerminalPrivate.of(task).harbor == {}
