@@ -54,7 +54,7 @@ from palaestra.sdk.models import (
     ResumeResponse,
 )
 from palaestra.server.auth import Principal
-from palaestra.server.checkpoint_retention import EXPIRED_BY, expire, expired_error
+from palaestra.server.checkpoint_retention import EXPIRED_BY, any_stale, expire, expired_error
 from palaestra.server.db import Connection
 from palaestra.server.episode import Episode, task_info, void_verdict
 from palaestra.server.harness.replay import HarnessCapture
@@ -333,6 +333,8 @@ class Checkpoints:
         hours = self.host.settings.checkpoint_retention_hours
 
         def run() -> list[tuple[str, float]]:
+            if not any_stale(self.store.db, hours):
+                return []
             with self.store.db.transaction() as conn:
                 return expire(conn, hours)
 

@@ -15,7 +15,7 @@ import time
 
 from palaestra.sdk.errors import ConflictError
 from palaestra.sdk.failures import Failure, FailureKind
-from palaestra.server.db import Connection
+from palaestra.server.db import Connection, Database
 
 HOUR_S = 3600.0
 EXPIRED_BY = "checkpoint_retention_hours"  # in the reason, so a resume can say why
@@ -27,15 +27,23 @@ def retention_reason(hours: float) -> str:
     )
 
 
+STALE = (
+    "SELECT c.episode_id, c.workspace, c.created_at FROM checkpoints c JOIN episodes e"
+    " ON e.id = c.episode_id WHERE e.status='resumable' AND c.created_at < ?"
+)
+
+
+def any_stale(db: Database, hours: float) -> bool:
+    """Whether a resumable episode is past the retention (a read: the reaper asks this
+    every tick, and takes the write transaction of `expire` only when it is so)."""
+    return db.one(STALE + " LIMIT 1", (time.time() - hours * HOUR_S,)) is not None
+
+
 def expire(conn: Connection, hours: float, now: float | None = None) -> list[tuple[str, float]]:
     """Expire the resumable episodes whose checkpoint is older than `hours`, in one
     transaction; the (snapshot digest, checkpoint time) of each deleted checkpoint."""
     now = time.time() if now is None else now
-    rows = conn.all(
-        "SELECT c.episode_id, c.workspace, c.created_at FROM checkpoints c JOIN episodes e"
-        " ON e.id = c.episode_id WHERE e.status='resumable' AND c.created_at < ?",
-        (now - hours * HOUR_S,),
-    )
+    rows = conn.all(STALE, (now - hours * HOUR_S,))
     failure = Failure.of(FailureKind.EXPIRED, retention_reason(hours)).model_dump_json()
     dropped: list[tuple[str, float]] = []
     for key, digest, created in rows:
