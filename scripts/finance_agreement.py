@@ -12,6 +12,13 @@ against our gold answer (equal at 5 decimals, or the same yes/no). TAT-QA: their
 exact match of (a) the answer our oracle submits and (b) our gold program's own result, in
 the question's unit and scale, against the question's gold answer. Then, on every imported
 question, what `pack check` plays: the oracle (1), the null attempt (0) and every cheat.
+And the answers a model gives, judged by our verifier and by the benchmark's own rule
+(FinQA: `round(v, 5)` equal to the gold; TAT-QA: its metric's exact match): the gold
+program's unrounded result declared `currency` or `ratio` (`percent` for a percentage), the
+benchmark's own rounding of the gold, a value 0.4 of the last decimal from it (still the gold
+at that rounding, on the far side from the program's result), and a slightly wrong value
+(one unit of the last decimal off; 0.01 % off above 10^6) — the share where the verdicts
+agree.
 """
 
 from __future__ import annotations
@@ -37,7 +44,6 @@ from palaestra.sdk.packwriter import ImportReport
 from palaestra.sdk.task import Task
 from palaestra.server.packs.loader import load_pack
 from palaestra.verifiers import finance as vf
-from palaestra.verifiers import finance_program as fp
 from palaestra.verifiers import finance_text as ft
 
 HERE = Path(__file__).resolve().parent
@@ -118,6 +124,44 @@ def reference_plays(path: Path, work: Path) -> None:
           f"over {CHEAT_MAX}: {over or 'none'}")  # fmt: skip
 
 
+def _forms(gold: vf.Gold, numbers: vf.Numbers) -> list[tuple[str, str, float]]:
+    """(form, unit, value in the asked unit and scale) of the answers a model gives."""
+    result = _program_result(gold, numbers)
+    asked = round(gold.asked_value, gold.decimals)
+    step = 10.0**-gold.decimals
+    off = max(step, abs(asked) * 1e-4 if abs(asked) > 1e6 else 0.0)
+    # Still the gold at the benchmark's rounding, on the far side from the program's result.
+    edge = asked + (0.4 * step if result <= asked else -0.4 * step)
+    units = ["percent"] if gold.unit == "percent" else ["currency", "ratio"]
+    return [
+        *((f"unrounded-{u}", u, result) for u in units),
+        ("rounded", units[0], asked),
+        ("edge-of-rounding", units[-1], edge),
+        ("slightly-wrong", units[0], asked + off),
+    ]
+
+
+def play_forms(gold: vf.Gold, numbers: vf.Numbers, question: str) -> list[tuple[str, float, bool]]:
+    """Each form's value and whether our verifier passes it (with the gold program)."""
+    out = []
+    for form, unit, value in _forms(gold, numbers):
+        answer = vf.Answer.model_validate(
+            {"value": value, "unit": unit, "scale": gold.scale, "program": gold.program}
+        )
+        out.append((form, value, vf.grade(answer, gold, numbers, None, question).passed))
+    return out
+
+
+def agreement(label: str, ours: list[tuple[str, bool]], theirs: list[bool]) -> None:
+    """How often our verdict on each form is the benchmark's own."""
+    by_form: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for (form, passed), official in zip(ours, theirs, strict=True):
+        by_form[form][0] += passed == bool(official)
+        by_form[form][1] += 1
+    for form, (hits, total) in by_form.items():
+        share(f"{label} {form}: verdict agrees with the benchmark's", hits, total)
+
+
 def share(label: str, hits: int, total: int) -> None:
     print(f"  {label}: {hits}/{total} = {100 * hits / max(total, 1):.2f} %")
 
@@ -135,12 +179,24 @@ def finqa(path: Path, repo: Path, work: Path) -> None:
     theirs = peer("finqa", checkout(repo, ["code/evaluate/evaluate.py"], work / "finqa"), cases)
     agree = sum(a == b for a, b in zip(ours, theirs, strict=True))
     share("gold agrees with FinQA's eval_program", agree, len(cases))
+    verdicts: list[tuple[str, bool]] = []
+    official: list[bool] = []
+    for task in tasks.values():
+        gold = vf.Gold.from_json(task["private"]["gold"])
+        if gold.yes_no:
+            continue
+        public = task["public"]
+        numbers = imported_numbers(public["table"], public["pre_text"], public["post_text"])
+        for form, value, passed in play_forms(gold, numbers, public["question"]):
+            verdicts.append((form, passed))
+            official.append(round(value, 5) == gold.value)  # FinQA's rule
+    agreement("answer", verdicts, official)
     reference_plays(path, work)
 
 
-def _program_result(gold: vf.Gold) -> float:
+def _program_result(gold: vf.Gold, numbers: vf.Numbers) -> float:
     """Our gold program's own result in the question's unit and scale."""
-    result = fp.evaluate(gold.program)
+    result = vf.rerun(gold.program, numbers, numbers)
     for factor in (1.0, 0.01, 1e3, 1e6, 1e9, 1e-3, 1e-6):
         if abs(result * factor - gold.value) <= gold.tolerance():
             return vf.to_unit(result * factor, gold.unit, gold.scale)
@@ -151,7 +207,8 @@ def tatqa(path: Path, repo: Path, work: Path) -> None:
     entries = json.loads(path.read_text(encoding="utf-8"))
     questions = [q for e in entries for q in e.get("questions", [])]
     _, tasks = summary(path.name, entries, len(questions))
-    oracle, program = [], []
+    oracle, program, forms = [], [], []
+    verdicts: list[tuple[str, bool]] = []
     for q in questions:
         task = tasks.get(task_id(str(q.get("uid", ""))))
         if task is None:
@@ -166,13 +223,18 @@ def tatqa(path: Path, repo: Path, work: Path) -> None:
         gold = vf.Gold.from_json(gold_json)
         scale = "percent" if gold.unit == "percent" else _OUR_TO_TAT[gold.scale]
         oracle.append({"question": q, "prediction": f"{gold.asked_value:.15g}", "scale": scale})
-        program.append(
-            {"question": q, "prediction": f"{_program_result(gold):.15g}", "scale": scale}
-        )
+        public = task["public"]
+        numbers = imported_numbers(public["table"], public["pre_text"], public["post_text"])
+        result = _program_result(gold, numbers)
+        program.append({"question": q, "prediction": f"{result:.15g}", "scale": scale})
+        for form, value, passed in play_forms(gold, numbers, public["question"]):
+            verdicts.append((form, passed))
+            forms.append({"question": q, "prediction": f"{value:.15g}", "scale": scale})
     tat = checkout(repo, ["tatqa_metric.py", "tatqa_utils.py"], work / "tatqa")
     share("oracle answer, TAT-QA exact match", int(sum(peer("tatqa", tat, oracle))), len(oracle))
     share("arithmetic: gold program's result, TAT-QA exact match",
           int(sum(peer("tatqa", tat, program))), len(program))  # fmt: skip
+    agreement("answer", verdicts, peer("tatqa", tat, forms))
     reference_plays(path, work)
 
 

@@ -5,13 +5,20 @@ An answer is `{value, unit, scale, program}`. It earns reward only if both hold:
 1. **The number is right.** `value × scale` in the declared `unit` is turned into the
    question's canonical quantity (base currency units, a plain ratio, currency per share,
    a count): `percent` divides by 100, `fraction` and `ratio` do not, so a fraction given
-   for a percentage is right only when its unit says so. It must equal the gold value within
-   half a unit of the last decimal asked, in the unit and scale asked. Signs count: a
-   decrease or an outflow is negative.
+   for a percentage is right only when its unit says so. Where the question states the unit
+   (generated reports) a unit of another dimension is wrong; where it does not (imported
+   FinQA/TAT-QA questions, `Gold.unit_stated`) every unit but `percent` is the number itself,
+   so an amount declared `currency` or `ratio` is judged on its value. It is right when it
+   rounds, at the decimals asked in the unit and scale asked, to what the gold rounds to
+   (FinQA: 5 decimals, TAT-QA: 2; on an exact tie either neighbour), as the benchmarks
+   compare; the only slack is float noise, `FLOAT_REL` of the value, so above 10^6 a value
+   a few units off is still wrong. Signs count: a decrease or an outflow is negative. A
+   yes/no answer is exactly 1 or 0.
 2. **The program is valid.** The FinQA-style program parses, runs (no zero divisor), uses
    only numbers that appear in the document (plus `const_N` constants and the years shown)
-   and at least one of them, and its result is the submitted answer up to a unit or scale
-   factor (a program may yield a fraction for a percent, or thousands for millions).
+   and at least one of them, and its result, up to a unit or scale factor (a program may
+   yield a fraction for a percent, or thousands for millions), rounds to the gold as the
+   value must: FinQA judges a program by its rounded result, whatever its unrounded one.
 
 The program must also compute the answer **from the question's quantities**: on a generated
 document it is re-run with the same cells' values in a regenerated document (same layout,
@@ -32,6 +39,7 @@ little signal. Otherwise 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import re
@@ -42,7 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from palaestra.verifiers import finance_program as fp
 
-VERSION = "2.0.0"
+VERSION = "2.1.0"
 VALUE_ONLY_REWARD = 0.05
 # FinQA's small constant set: 1 (a change is a ratio minus one), 2 (an average of two years),
 # -1, and the powers of ten (percentages and scales). Other counts only where the question
@@ -56,6 +64,10 @@ NUMBER_WORDS = {
 }  # fmt: skip
 PERTURB_SALTS = ("a", "b")
 PERTURB_REL_TOL = 1e-6
+# Float noise: an equivalent program (another order of operations) lands within this share of
+# the value; a wrong value, at any size, lands far outside it (1,234,567 for 1,234,000 is
+# 5e-4 off).
+FLOAT_REL = 1e-12
 
 Unit = Literal["currency", "percent", "fraction", "ratio", "currency_per_share", "shares", "count"]
 Scale = Literal["units", "thousands", "millions", "billions"]
@@ -122,12 +134,15 @@ class Gold:
     program: str  # over the document's numbers
     keys_program: str = ""  # over fact keys: {key} magnitude, {=key} signed
     factor: float = 1.0  # canonical = result of keys_program × factor
+    # Whether the instruction states the unit (generated questions: "Answer in percent");
+    # imported FinQA/TAT-QA questions do not, so the unit's dimension is not checked there.
+    unit_stated: bool = True
 
     @property
     def unit(self) -> str:
         return KIND_UNIT[self.kind]
 
-    @property
+    @functools.cached_property
     def yes_no(self) -> bool:
         """A yes/no question (FinQA's `greater`): 1 is yes, 0 is no."""
         try:
@@ -145,7 +160,22 @@ class Gold:
         step = 0.5 * 10.0 ** (-self.decimals) * SCALES[self.scale]
         if self.unit == "percent":
             step /= 100
-        return step * (1 + 1e-9) + 1e-12 * max(1.0, abs(self.value))
+        return step * (1 + 1e-9) + FLOAT_REL * max(1.0, abs(self.value))
+
+    def matches(self, value: float) -> bool:
+        """Whether a canonical value is the gold at the benchmark's rounding: both round, at
+        the decimals asked in the unit and scale asked, to the same number (FinQA's
+        `round(x, 5)` equality, TAT-QA's 2 decimals); on a tie (12.35 to one decimal) either
+        neighbour is the gold's rounding. Slack: float noise only (`FLOAT_REL`)."""
+        if not math.isfinite(value):
+            return False
+        if self.yes_no:
+            return abs(value - self.value) <= FLOAT_REL
+        step = 10.0 ** (-self.decimals)
+        gold, got = self.asked_value / step, to_unit(value, self.unit, self.scale) / step
+        noise = FLOAT_REL * max(1.0, abs(self.asked_value)) / step
+        low, high = math.ceil(gold - 0.5 - noise), math.floor(gold + 0.5 + noise)
+        return low - 0.5 - noise <= got <= high + 0.5 + noise
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -156,6 +186,7 @@ class Gold:
             "program": self.program,
             "keys_program": self.keys_program,
             "factor": self.factor,
+            **({} if self.unit_stated else {"unit_stated": False}),
         }
 
     @classmethod
@@ -168,6 +199,7 @@ class Gold:
             program=str(data["program"]),
             keys_program=str(data.get("keys_program", "")),
             factor=float(data.get("factor", 1.0)),
+            unit_stated=bool(data.get("unit_stated", True)),
         )
 
 
@@ -283,6 +315,15 @@ def rerun(program: str, doc: Numbers, target: Numbers) -> float:
     return fp.run(parsed, _resolver(binding, doc, target), _rows(target))[-1]
 
 
+def measures(unit: str, gold: Gold) -> bool:
+    """Whether an answer in `unit` can measure the gold: a unit of its dimension; where the
+    instruction does not state the unit, also any unit but `percent` (the number itself) for
+    a gold that is not a percentage, so an amount declared `currency` is judged on its value."""
+    if UNIT_DIM[unit] == KIND_DIM[gold.kind]:
+        return True
+    return not gold.unit_stated and unit != "percent" and gold.kind != "percent"
+
+
 def _factors(kind: str) -> tuple[float, ...]:
     if KIND_DIM[kind] == "ratio":
         return (1.0, 0.01)
@@ -370,10 +411,7 @@ def _same_function(program: fp.Program, factor: float, gold: Gold, doc: Numbers)
         # The factor that turns the gold program's result into the canonical gold (a percent
         # program gives 12.5 for 0.125), found as the candidate's is.
         shown = fp.run(gold_program, _resolver(gold_binding, doc, doc), _rows(doc))[-1]
-        gold_factor = next(
-            (f for f in _factors(gold.kind) if abs(shown * f - gold.value) <= gold.tolerance()),
-            gold.factor,
-        )
+        gold_factor = next((f for f in _factors(gold.kind) if gold.matches(shown * f)), gold.factor)
         for salt in PERTURB_SALTS:
             target = perturbed(doc, salt)
             want = fp.run(gold_program, _resolver(gold_binding, doc, target), _rows(target))[-1]
@@ -397,16 +435,13 @@ def grade(
     """Score one answer (see the module docstring). `variant`: (numbers, canonical gold) of a
     regenerated document, or None where the document cannot be regenerated."""
     notes: list[str] = []
-    tol = gold.tolerance()
     value_ok = False
-    if UNIT_DIM[answer.unit] != KIND_DIM[gold.kind]:
+    if not measures(answer.unit, gold):
         notes.append(f"unit {answer.unit!r} does not measure what was asked ({gold.unit})")
-        submitted = math.nan
     else:
-        submitted = canonical(answer.value, answer.unit, answer.scale)
-        value_ok = math.isfinite(submitted) and abs(submitted - gold.value) <= tol
+        value_ok = gold.matches(canonical(answer.value, answer.unit, answer.scale))
         if not value_ok:
-            notes.append("the value is wrong (check the figures, unit, scale and sign)")
+            notes.append("the value is wrong (check the figures, unit, scale, sign and rounding)")
     runs, grounded = False, False
     factor = 1.0
     try:
@@ -425,18 +460,17 @@ def grade(
                 + ", ".join(foreign[:5])
             )
         result = fp.run(program, _resolver(binding, doc, doc), _rows(doc))[-1]
-        if math.isfinite(submitted):
-            for f in _factors(gold.kind):
-                if abs(result * f - submitted) <= tol:
-                    runs, factor = True, f
-                    break
+        for f in _factors(gold.kind):
+            if gold.matches(result * f):
+                runs, factor = True, f
+                break
         if not runs:
-            notes.append(f"the program gives {result:.6g}, not the submitted value")
+            notes.append(f"the program gives {result:.6g}, not the answer")
         elif variant is not None:
             numbers, expected = variant
             try:
                 again = fp.run(program, _resolver(binding, doc, numbers), _rows(numbers))[-1]
-                grounded = abs(again * factor - expected) <= tol
+                grounded = abs(again * factor - expected) <= gold.tolerance()
             except (fp.ProgramError, KeyError):
                 grounded = False
         else:

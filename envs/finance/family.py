@@ -14,6 +14,7 @@ fix; the episode goes on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import json
@@ -444,6 +445,10 @@ class FinanceFamily(Family[FinanceState]):
             return _wrong_tool("this question asks for a number and its program: use submit")
         doc = ctx.state.document()
         gold = vf.Gold.from_json(gold_json)
+        if FinancePrivate.of(ctx.task).document.kind == "imported":
+            # An imported question's instruction never states the unit (packs imported
+            # before verifier 2.1 do not say so in their gold).
+            gold = dataclasses.replace(gold, unit_stated=False)
         variant = await asyncio.to_thread(variant_of, ctx.task, gold)
         question = FinancePublic.of(ctx.task).question
         return vf.grade(answer, gold, doc.numbers, variant, question)
@@ -574,6 +579,10 @@ def cheat_answers(task: Task) -> list[tuple[str, list[Action]]]:
         cheats.append(
             ("percent-as-ratio", [_submit(gold.value * 100, "ratio", "units", gold.program)])
         )
+    # The asked digits under a unit that reads them as another number: where the unit is
+    # not stated any unit but percent is the number itself, and that must not widen the target.
+    relabel = "currency" if gold.unit == "percent" else "percent"
+    cheats.append(("unit-relabel", [_submit(asked, relabel, gold.scale, gold.program)]))
     prior = private.prior
     if prior is not None:
         cheats.append(("prior-year", [_submit(prior.value, gold.unit, gold.scale, prior.program)]))

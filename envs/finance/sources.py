@@ -57,10 +57,17 @@ def _instruction(question: str, how: str) -> str:
     )
 
 
-_NUMERIC = (
-    "Submit {value, unit, scale, program}: the value in the unit and scale you declare, and "
-    "the FinQA-style program over numbers printed in the document that computes it."
-)
+def _numeric(decimals: int) -> str:
+    """How a numeric answer is given and checked: the unit is not stated, so every unit but
+    percent is the number itself (verifiers/finance.py, `Gold.unit_stated`)."""
+    return (
+        "Submit {value, unit, scale, program}: the value in the unit and scale you declare "
+        "(percent: 12.5 means 12.5%; any other unit, currency or ratio alike, is the number "
+        f"itself), checked at {decimals} decimals, and the FinQA-style program over numbers "
+        "printed in the document that computes it."
+    )
+
+
 _YES_NO = (
     "This is a yes/no question: submit {value: 1 for yes or 0 for no, unit: ratio, program} "
     "with a program whose last step is greater(a, b) comparing the document's quantities."
@@ -193,14 +200,16 @@ def finqa_task(entry: dict[str, Any], split: str) -> dict[str, Any]:
     yes_no = isinstance(result, str)
     value = (1.0 if result == "yes" else 0.0) if yes_no else float(result)
     decimals = 0 if yes_no else FINQA_DECIMALS
-    gold = vf.Gold(kind="ratio", value=value, decimals=decimals, scale="units", program=ours)
+    gold = vf.Gold(kind="ratio", value=value, decimals=decimals, scale="units", program=ours,
+                   unit_stated=False)  # fmt: skip
     problem = _oracle_feedback(gold, numbers, question)
     if problem is not None:
         raise Skip(f"the verifier cannot check the gold program on the document: {problem}")
     if _constant(gold, numbers):
         raise Skip(f"{CONSTANT}: {program!r}")
     tid = task_id(str(entry.get("id", ""))) or "finqa"
-    return _task(tid, question, _YES_NO if yes_no else _NUMERIC, doc, gold.to_json(), split)
+    how = _YES_NO if yes_no else _numeric(FINQA_DECIMALS)
+    return _task(tid, question, how, doc, gold.to_json(), split)
 
 
 def _tatqa_numeric(q: dict[str, Any], numbers: vf.Numbers) -> tuple[dict[str, Any], str]:
@@ -225,12 +234,12 @@ def _tatqa_numeric(q: dict[str, Any], numbers: vf.Numbers) -> tuple[dict[str, An
             problem = f"program {program!r}: {exc}"
             continue
         gold = vf.Gold(kind=kind, value=float(answer) * factor, decimals=TATQA_DECIMALS,
-                       scale=our_scale, program=ours)  # fmt: skip
+                       scale=our_scale, program=ours, unit_stated=False)  # fmt: skip
         feedback = _oracle_feedback(gold, numbers, str(q.get("question", "")))
         if feedback is None:
             if _constant(gold, numbers):
                 raise Skip(f"{CONSTANT}: {derivation!r}")
-            return gold.to_json(), _NUMERIC
+            return gold.to_json(), _numeric(TATQA_DECIMALS)
         problem = f"program {ours!r}: {feedback}"
     raise Skip(f"no reading of the derivation {derivation!r} reproduces {answer}: {problem}")
 
