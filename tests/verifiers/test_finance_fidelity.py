@@ -10,6 +10,7 @@ lets a unit trick, a hedge or a cheat through.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from palaestra.envs.finance.family import FinanceFamily
 from palaestra.envs.finance.imported import imported_numbers
 from palaestra.envs.finance.importer import import_file
 from palaestra.sdk.task import Task
+from palaestra.server.config import Settings
+from palaestra.server.inprocess import InProcessClient
 from palaestra.server.packs.loader import load_pack
 from palaestra.verifiers import finance as vf
 
@@ -171,3 +174,27 @@ def test_every_cheat_stays_under_the_floor_with_the_looser_rules(imported: list[
                 graded = vf.grade(answer, gold, numbers, None, question)
                 assert graded.reward <= vf.VALUE_ONLY_REWARD, (task.id, name, graded.feedback)
     assert {"unit-relabel", "wrong-scale", "percent-as-ratio", "fraction-as-percent"} <= seen
+
+
+def test_a_pack_imported_before_2_1_judges_currency_on_its_value_in_an_episode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its golds lack `unit_stated`; the family reads every imported document as unstated."""
+    packs = tmp_path / "packs"
+    import_file(FIXTURES / "finqa" / "finqa.json", packs / "finqa", "acme/finqa")
+    lines = (packs / "finqa" / "tasks.jsonl").read_text().splitlines()
+    old = []
+    for line in lines:
+        task = json.loads(line)
+        task["private"]["gold"].pop("unit_stated", None)
+        old.append(json.dumps(task))
+    (packs / "finqa" / "tasks.jsonl").write_text("\n".join(old) + "\n")
+    monkeypatch.setenv("PALAESTRA_CACHE", str(tmp_path / "cache"))
+    settings = Settings(data_dir=tmp_path / "data", packs_dirs=[packs], cache=tmp_path / "cache")
+    ref = "acme/finqa@1.0.0:ACME-2019-page_41.pdf-2"  # table_average(sales, none) = 1367.5
+    with InProcessClient(settings) as client:
+        for unit, value, expected in [("currency", 1367.5, 1.0), ("percent", 1367.5, 0.0)]:
+            eid = client.reset(ref).episode_id
+            arguments = {"value": value, "unit": unit, "program": "table_average(sales, none)"}
+            reply = client.step(eid, {"tool": "submit", "arguments": arguments})
+            assert reply.terminated and reply.reward == expected, (unit, reply.info)
