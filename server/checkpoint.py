@@ -54,7 +54,7 @@ from palaestra.sdk.models import (
     ResumeResponse,
 )
 from palaestra.server.auth import Principal
-from palaestra.server.checkpoint_retention import EXPIRED_BY, any_stale, expire, expired_error
+from palaestra.server.checkpoint_retention import EXPIRED_BY, expire_stale, expired_error
 from palaestra.server.db import Connection
 from palaestra.server.episode import Episode, task_info, void_verdict
 from palaestra.server.harness.replay import HarnessCapture
@@ -125,7 +125,7 @@ class Checkpoints:
         self._held: set[str] = set()  # keys of live episodes with a checkpoint row
         self._putting: set[str] = set()  # snapshot digests stored, their row not yet written
         self._starts: dict[str, tuple[str, int]] = {}  # live harness episodes' start snapshots
-        self._auto: set[str] = set()  # keys of episodes an automatic checkpoint is taking
+        self._auto: dict[str, bool] = {}  # automatic checkpoints running: another one due?
 
     # -- checkpoint -----------------------------------------------------------------------
     async def checkpoint(self, principal: Principal, episode_id: str) -> CheckpointResponse:
@@ -142,25 +142,32 @@ class Checkpoints:
 
     def auto(self, episode: Episode) -> None:
         """After a step: every `checkpoint_every_steps` steps, a checkpoint taken in the
-        background (the step's reply does not wait for it; one at a time an episode)."""
+        background (the step's reply does not wait for it; one at a time an episode: one
+        due while another runs is taken again after it, so none is lost)."""
         every = self.host.settings.checkpoint_every_steps
         steps = episode.state.step_count
-        if not every or steps % every or episode.id in self._auto:
+        if not every or steps % every or episode.state.status is not EpisodeStatus.ACTIVE:
             return
-        if episode.state.status is not EpisodeStatus.ACTIVE:
+        if episode.id in self._auto:
+            self._auto[episode.id] = True
             return
-        self._auto.add(episode.id)
+        self._auto[episode.id] = False
         self.host._keep(asyncio.ensure_future(self._take_auto(episode)))
 
     async def _take_auto(self, episode: Episode) -> None:
+        key = episode.id
         try:
-            await self._take(episode, episode.id)
+            again = True
+            while again and episode.state.status is EpisodeStatus.ACTIVE:
+                self._auto[key] = False
+                await self._take(episode, key)
+                again = self._auto[key]
         except PalaestraError as exc:  # ended meanwhile, or its workspace cannot be kept
-            log.info("no automatic checkpoint: %s", exc.message, extra={"episode_id": episode.id})
+            log.info("no automatic checkpoint: %s", exc.message, extra={"episode_id": key})
         except Exception:
-            log.exception("automatic checkpoint failed", extra={"episode_id": episode.id})
+            log.exception("automatic checkpoint failed", extra={"episode_id": key})
         finally:
-            self._auto.discard(episode.id)
+            self._auto.pop(key, None)
 
     async def _take(self, episode: Episode, episode_id: str) -> CheckpointResponse:
         """Checkpoint a live episode (under its lock: no step runs meanwhile)."""
@@ -331,14 +338,7 @@ class Checkpoints:
         """Resumable episodes past `checkpoint_retention_hours` expire, their checkpoints
         and snapshots deleted (server/checkpoint_retention.py)."""
         hours = self.host.settings.checkpoint_retention_hours
-
-        def run() -> list[tuple[str, float]]:
-            if not any_stale(self.store.db, hours):
-                return []
-            with self.store.db.transaction() as conn:
-                return expire(conn, hours)
-
-        dropped = await asyncio.to_thread(run)
+        dropped = await asyncio.to_thread(expire_stale, self.store.db, hours)
         for digest, created in dropped:
             await asyncio.to_thread(self._drop, digest, created)
         if dropped:

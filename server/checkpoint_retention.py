@@ -33,10 +33,13 @@ STALE = (
 )
 
 
-def any_stale(db: Database, hours: float) -> bool:
-    """Whether a resumable episode is past the retention (a read: the reaper asks this
-    every tick, and takes the write transaction of `expire` only when it is so)."""
-    return db.one(STALE + " LIMIT 1", (time.time() - hours * HOUR_S,)) is not None
+def expire_stale(db: Database, hours: float) -> list[tuple[str, float]]:
+    """`expire` in a transaction of its own (blocking: call it in a thread), taken only when
+    a read finds an episode past the retention: the reaper calls this every tick."""
+    if db.one(STALE + " LIMIT 1", (time.time() - hours * HOUR_S,)) is None:
+        return []
+    with db.transaction() as conn:
+        return expire(conn, hours)
 
 
 def expire(conn: Connection, hours: float, now: float | None = None) -> list[tuple[str, float]]:
