@@ -152,16 +152,19 @@ async def test_no_internet_declared_means_no_network(backend_name: str) -> None:
     assert r.stdout.count("blocked") == 2, r
 
 
-async def test_a_task_allow_list_narrows_the_proxy_in_a_real_sandbox(real: str) -> None:
-    """bwrap: a sandbox whose spec names egress_hosts (a Harbor task's allowed_hosts) is
-    refused an operator-allowed mirror it does not name, with the reason; what it names
-    still goes through."""
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_a_task_allow_list_narrows_the_proxy_in_a_real_sandbox(
+    backend_name: str, real: str
+) -> None:
+    """A sandbox whose spec names egress_hosts (a Harbor task's allowed_hosts) is refused an
+    operator-allowed mirror it does not name, with the reason; what it names still goes
+    through."""
     async with (
         http_server("127.0.0.1", b"MIRROR-OK") as mirror,
         http_server("0.0.0.0", b"SERVER-SECRET") as server,
     ):
         proxy = EgressProxy.from_settings([f"localhost:{mirror}"], [f"127.0.0.1:{mirror}"])
-        backend = make_backend("bwrap", proxy)
+        backend = make_backend(backend_name, proxy)
         seen: dict[str, str] = {}
         try:
             for hosts in (("pypi.org",), (f"localhost:{mirror}",)):
