@@ -68,12 +68,15 @@ def test_a_harness_episode_resumes_by_replay_after_a_sigkill(
     solve = bash_call(SOLVE_2 + " && ls")
     replay = FakeModel([solve, bash_call("sleep 4"), bash_call("cat solution.py"), submit_call()])
     drift = FakeModel([bash_call("date +%s%N"), bash_call("sleep 4"), submit_call()])
-    with replay.serve() as url, drift.serve() as drift_url:
-        first = server_on(tmp_path / "data").start()
+    auto = FakeModel([bash_call("echo a"), bash_call("echo b"), bash_call("sleep 60")])
+    with replay.serve() as url, drift.serve() as drift_url, auto.serve() as auto_url:
+        first = server_on(tmp_path / "data", checkpoint_every_steps=2).start()
         servers.append(first)
         token = make_token(first, "train", "harness")
         episode = started(first, token, TRAIN_TASK, harness(url))
         other = started(first, token, TRAIN_TASK, harness(drift_url))
+        unasked = started(first, token, TRAIN_TASK, harness(auto_url))  # checkpointed alone
+        wait_calls(first, token, unasked, 3)
         before = checkpointed(first, token, episode, 2)
         checkpointed(first, token, other, 2)
         kill(first)  # SIGKILL: both harnesses die mid `sleep 4`
@@ -113,3 +116,8 @@ def test_a_harness_episode_resumes_by_replay_after_a_sigkill(
         assert "model call 1 of the capture's 2" in failure["reason"]
         assert "messages[3] differs" in failure["reason"], failure
         assert len(drift.requests) == 2  # nothing went on to the model
+
+        # every 2 model calls the server checkpointed the third on its own
+        status, body = resumed(second, token, unasked)
+        assert status == 200 and body["resumed_at_step"] in (2, 3), body  # 3: raced call 2
+        assert call(second, token, "DELETE", f"/v1/episodes/{unasked}").status_code == 204
