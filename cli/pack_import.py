@@ -153,6 +153,7 @@ def ceilings() -> Ceilings:
         workspace_mb=s.ceiling_workspace_mb,
         task_timeout_s=s.ceiling_task_timeout_s,
         wall_s=s.ceiling_wall_s,
+        egress_allow=tuple(s.egress_allow),
     )
 
 

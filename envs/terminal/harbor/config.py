@@ -41,13 +41,15 @@ SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK])B?\s*$", re.IGNORECASE
 
 @dataclass(frozen=True)
 class Ceilings:
-    """The most a task may ask of this server (Settings' `ceiling_*`, passed down)."""
+    """The most a task may ask of this server (Settings' `ceiling_*`, passed down), and
+    the hosts its egress proxy allows (`egress_allow`; None: not known here)."""
 
     memory_mb: int
     cpus: float
     workspace_mb: int
     task_timeout_s: float
     wall_s: float
+    egress_allow: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -133,7 +135,7 @@ def map_config(meta: dict[str, Any], ceilings: Ceilings | None) -> Mapped:
     # through the operator's allow-list proxy (docs/security.md "Network"), phases.py.
     run = phases.Run()
     phases.schema_version(meta, run)
-    phases.network(meta, run)
+    phases.network(meta, run, c.egress_allow if c else None)
     out.public.update(run.public)
     out.problems += run.problems
     out.notes += run.notes

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.envs.terminal.dockerfile import within
-from palaestra.sandbox.egress import parse_rule
+from palaestra.sandbox.egress import AllowList, parse_rule
 
 SCHEMA = (1, 4)  # the newest Harbor task schema this reads, and the one the writer writes
 SCHEMA_VERSION = "1.4"
@@ -132,8 +132,27 @@ def _host_problem(host: str) -> str | None:
     return None
 
 
-def network(meta: dict[str, Any], run: Run) -> None:
-    """The agent phase's policy as `allow_internet` / `allowed_hosts`; the verifier's noted."""
+def _not_allowed(hosts: list[str], operator: AllowList) -> list[str]:
+    """The task's hosts no rule of the operator's list lets through (a wildcard counts as
+    allowed where some rule reaches a name below it)."""
+    out = []
+    for host in hosts:
+        if host.startswith("*."):
+            d = host[2:]
+            ok = any(
+                r.host == d or r.host.endswith("." + d) or (r.wildcard and d.endswith("." + r.host))
+                for r in operator.rules
+            )
+        else:
+            ok = any(operator.allows(host, port) for port in (80, 443))
+        if not ok:
+            out.append(host)
+    return out
+
+
+def network(meta: dict[str, Any], run: Run, operator: tuple[str, ...] | None = None) -> None:
+    """The agent phase's policy as `allow_internet` / `allowed_hosts`; the verifier's noted;
+    with the `operator`'s egress_allow (this server's), hosts it does not allow are noted."""
     base = _policy(_table(meta, "environment"), "[environment]", run)
     agent = _policy(_table(meta, "agent"), "[agent]", run)
     verifier = _table(meta, "verifier")
@@ -157,6 +176,12 @@ def network(meta: dict[str, Any], run: Run) -> None:
             f"{where} network_mode = 'allowlist' ({', '.join(hosts)}): egress through the "
             "server's proxy to these hosts only, each also on the operator's egress_allow"
         )
+        unreachable = _not_allowed(hosts, AllowList.parse(operator)) if operator is not None else []
+        if unreachable:
+            run.notes.append(
+                f"allowed_hosts {', '.join(unreachable)} are not on this server's egress_allow:"
+                " unreachable here until the operator allows them"
+            )
     elif mode == "public":
         run.notes.append(
             f"{where} network_mode = 'public': egress through the server's proxy to the hosts "

@@ -18,10 +18,12 @@ import pytest
 
 from palaestra.envs.terminal.family import TerminalFamily
 from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
+from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.harbor.writer import export_tasks, task_config
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.envs.terminal.verifierimage import task_verifier_tag
 from palaestra.sandbox.bwrap import bwrap_available
+from palaestra.sandbox.egress import DEFAULT_ALLOW
 from palaestra.sdk.task import Task
 from palaestra.server.families import FamilyRegistry
 from palaestra.server.packs.loader import Pack, inspect_pack
@@ -273,3 +275,19 @@ def test_a_tasks_own_network_fields_survive_export_and_import(tmp_path: Path) ->
         assert {k: task.public[k] for k in public} == public, task.public
         assert set(task.public) & {"allow_internet", "allowed_hosts"} == set(public)
         assert TerminalPrivate.of(task).harbor == {}
+
+
+@pytest.mark.parametrize(
+    ("operator", "unreachable"),
+    [(DEFAULT_ALLOW, None), (("pypi.org",), "*.pythonhosted.org"), ((), "pypi.org, *.pyth")],
+)
+def test_hosts_this_servers_egress_allow_lacks_are_noted(
+    tmp_path: Path, operator: tuple[str, ...], unreachable: str | None
+) -> None:
+    limits = Ceilings(memory_mb=4096, cpus=4.0, workspace_mb=4096, task_timeout_s=600.0,
+                      wall_s=3600.0, egress_allow=operator)  # fmt: skip
+    report = import_tasks("harbor", SCHEMA14 / "allowlist-net", tmp_path / "o", ceilings=limits)
+    notes = " ".join(report.imported["allowlist-net"])
+    assert ("not on this server's egress_allow" in notes) is (unreachable is not None), notes
+    if unreachable is not None:
+        assert f"allowed_hosts {unreachable}" in notes
