@@ -1,7 +1,10 @@
 """`palaestra pack export harbor PACK OUT`: terminal tasks as Harbor task folders.
 
-Each task becomes `OUT/<id>/`: `task.toml` (its fields in Harbor's names, config.py, over
-the `[private] harbor` fields an import kept), `instruction.md`, `environment/Dockerfile`
+Each task becomes `OUT/<id>/`: `task.toml` (schema 1.4: its fields in Harbor's names,
+config.py, over the `[private] harbor` fields an import kept; the network mode from
+`allow_internet` / `allowed_hosts`; for a separate verifier the workdir as its first
+artifact, and `tests/Dockerfile` where its image is a `docker_image`), `instruction.md`,
+`environment/Dockerfile`
 (programs/Dockerfile: the terminal userland, the task's env, `COPY files/`, its setup.sh)
 with `environment/files/`, `tests/test.sh` (programs/test.sh: runs the task's verifier
 from `tests/palaestra/` and writes `/logs/verifier/reward.txt`) and `solution/`.
