@@ -1,9 +1,10 @@
 """Checkpoint and resume of a harness episode by replay (server/harness_resume.py,
-server/harness/replay.py): a real bash-agent in bwrap, checkpointed mid-run, the server
-SIGKILLed; the next server resumes it, the harness starts again from its start workspace,
-its model calls are answered from the capture (the model is not asked again), and it goes
-on live from there. A harness whose calls no longer match the capture ends void,
-`resume_failed`, naming the call."""
+server/harness/replay.py): a real bash-agent in bwrap (and docker where the engine is up),
+checkpointed mid-run, the server SIGKILLed; the next server resumes it, the harness starts
+again from its start workspace, its model calls are answered from the capture (the model
+is not asked again), and it goes on live from there. A harness whose calls no longer match
+the capture ends void, `resume_failed`, naming the call; one the server checkpointed on
+its own (`checkpoint_every_steps`) resumes from that checkpoint."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from tests.harness_peers import (
     wait_calls,
 )
 from tests.peers.fake_model import FakeModel, bash_call, submit_call
-from tests.server.test_checkpoint_kill import kill
+from tests.server.test_checkpoint_kill import DOCKER_SKIP, kill
 from tests.server.test_sealed import make_token
 from tests.servers import packs_dir, scaled, settings_env
 
@@ -62,15 +63,24 @@ def resumed(server: ServerProcess, token: str, episode: str) -> tuple[int, dict[
     return reply.status_code, reply.json()
 
 
+@pytest.mark.parametrize(
+    "sandbox",
+    [
+        "bwrap",
+        pytest.param(
+            "docker", marks=pytest.mark.skipif(bool(DOCKER_SKIP), reason=DOCKER_SKIP or "docker")
+        ),
+    ],
+)
 def test_a_harness_episode_resumes_by_replay_after_a_sigkill(
-    tmp_path: Path, servers: list[ServerProcess]
+    tmp_path: Path, servers: list[ServerProcess], sandbox: str
 ) -> None:
     solve = bash_call(SOLVE_2 + " && ls")
     replay = FakeModel([solve, bash_call("sleep 4"), bash_call("cat solution.py"), submit_call()])
     drift = FakeModel([bash_call("date +%s%N"), bash_call("sleep 4"), submit_call()])
     auto = FakeModel([bash_call("echo a"), bash_call("echo b"), bash_call("sleep 60")])
     with replay.serve() as url, drift.serve() as drift_url, auto.serve() as auto_url:
-        first = server_on(tmp_path / "data", checkpoint_every_steps=2).start()
+        first = server_on(tmp_path / "data", checkpoint_every_steps=2, sandbox=sandbox).start()
         servers.append(first)
         token = make_token(first, "train", "harness")
         episode = started(first, token, TRAIN_TASK, harness(url))
@@ -82,7 +92,7 @@ def test_a_harness_episode_resumes_by_replay_after_a_sigkill(
         kill(first)  # SIGKILL: both harnesses die mid `sleep 4`
         assert len(replay.requests) == 2
 
-        second = server_on(tmp_path / "data").start()
+        second = server_on(tmp_path / "data", sandbox=sandbox).start()
         servers.append(second)
         t0 = time.monotonic()
         status, body = resumed(second, token, episode)
