@@ -255,8 +255,9 @@ class Checkpoints:
             return
         try:
             digest, size = await self._snapshot(episode)
-        except PalaestraError as exc:
-            log.warning("harness start not kept: %s", exc.message, extra={"episode_id": episode.id})
+        except Exception as exc:  # e.g. a full disk: the harness runs on, uncheckpointable
+            why = exc.message if isinstance(exc, PalaestraError) else repr(exc)
+            log.warning("harness start not kept: %s", why, extra={"episode_id": episode.id})
             return
         if digest is not None:
             self._starts[episode.id] = (digest, size)

@@ -111,3 +111,26 @@ def test_foreign_tampered_and_disallowed_harness_resumes(
         assert state["status"] == "active" and state["harness"]["calls"] == 2
         assert len(model.requests) == asked + 1
         assert call(second, owner, "DELETE", f"/v1/episodes/{kept}").status_code == 204
+
+
+def test_a_start_that_cannot_be_kept_leaves_the_harness_running(
+    tmp_path: Path, servers: list[ServerProcess]
+) -> None:
+    """The snapshot store unwritable (here a file where its folder goes; a full disk
+    alike): the harness runs on, and its checkpoint is 409 `harness_episode` saying why."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    model = FakeModel([bash_call("sleep 60")])
+    with model.serve() as url:
+        server = server_on(tmp_path / "data", checkpoint_dir=str(blocker)).start()
+        servers.append(server)
+        token = make_token(server, "train", "harness")
+        episode = started(server, token, TRAIN_TASK, harness(url))
+        wait_calls(server, token, episode, 1)
+        refused = call(server, token, "POST", f"/v1/episodes/{episode}/checkpoint")
+        assert refused.status_code == 409, refused.text
+        assert error(refused)["code"] == "harness_episode"
+        assert "start workspace was not kept" in error(refused)["message"]
+        state = call(server, token, "GET", f"/v1/episodes/{episode}").json()
+        assert state["status"] == "active" and state["harness"]["state"] == "running"
+        assert call(server, token, "DELETE", f"/v1/episodes/{episode}").status_code == 204
