@@ -1,12 +1,12 @@
 """How long a resumable episode waits for its resume (`checkpoint_retention_hours`;
 server/checkpoint.py keeps the checkpoints).
 
-A checkpoint of a `resumable` episode (its server stopped) older than the retention is
-deleted, snapshot and all, and the episode becomes `expired` with failure kind `expired`,
-its reason naming the setting: nobody resumed it in time, and a checkpoint nobody comes
-back for would hold its workspace archive on disk for ever. Its resume then answers 409
-`checkpoint_expired` saying so. A live episode's checkpoint is not aged: it is replaced at
-each checkpoint and dropped when the episode ends.
+A `resumable` episode (its server stopped) that has waited longer than the retention since
+it became resumable has its checkpoint deleted, snapshot and all, and becomes `expired`
+with failure kind `expired`, its reason naming the setting: nobody resumed it in time, and
+a checkpoint nobody comes back for would hold its workspace archive on disk for ever. Its
+resume then answers 409 `checkpoint_expired` saying so. A live episode's checkpoint is not
+aged: it is replaced at each checkpoint and dropped when the episode ends.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def retention_reason(hours: float) -> str:
 
 STALE = (
     "SELECT c.episode_id, c.workspace, c.created_at FROM checkpoints c JOIN episodes e"
-    " ON e.id = c.episode_id WHERE e.status='resumable' AND c.created_at < ?"
+    " ON e.id = c.episode_id WHERE e.status='resumable' AND e.updated_at < ?"
 )
 
 
@@ -43,8 +43,9 @@ def expire_stale(db: Database, hours: float) -> list[tuple[str, float]]:
 
 
 def expire(conn: Connection, hours: float, now: float | None = None) -> list[tuple[str, float]]:
-    """Expire the resumable episodes whose checkpoint is older than `hours`, in one
-    transaction; the (snapshot digest, checkpoint time) of each deleted checkpoint."""
+    """Expire the episodes resumable for longer than `hours` (their `updated_at` is when
+    they became so), in one transaction; the (snapshot digest, checkpoint time) of each
+    deleted checkpoint."""
     now = time.time() if now is None else now
     rows = conn.all(STALE, (now - hours * HOUR_S,))
     failure = Failure.of(FailureKind.EXPIRED, retention_reason(hours)).model_dump_json()

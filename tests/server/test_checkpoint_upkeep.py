@@ -73,9 +73,9 @@ async def test_a_resumable_episode_expires_past_the_retention(tmp_path: Path) ->
         assert digest is not None
         snapshot = data / "snapshots" / "sha256" / digest[7:9] / digest[9:]
         with sqlite3.connect(data / "palaestra.sqlite3") as db:  # two hours pass for one
-            db.execute(
-                "UPDATE checkpoints SET created_at=created_at-7200 WHERE episode_id=?", (old,)
-            )
+            for table, at, key in (("checkpoints", "created_at", "episode_id"),
+                                   ("episodes", "updated_at", "id")):  # fmt: skip
+                db.execute(f"UPDATE {table} SET {at}={at}-7200 WHERE {key}=?", (old,))
         aged = snapshot.stat().st_mtime - 7200
         os.utime(snapshot, (aged, aged))
         await servers.start()
