@@ -125,6 +125,9 @@ class Checkpoints:
         self._held: set[str] = set()  # keys of live episodes with a checkpoint row
         self._putting: set[str] = set()  # snapshot digests stored, their row not yet written
         self._starts: dict[str, tuple[str, int]] = {}  # live harness episodes' start snapshots
+        self._started: dict[str, float] = {}  # when each of those was put (for its drop)
+        self._keeping = 0  # starts being archived: their digests are not in _starts yet
+        self._dropping = asyncio.Lock()  # no start is archived while ended ones are dropped
         self._auto: dict[str, bool] = {}  # automatic checkpoints running: another one due?
 
     # -- checkpoint -----------------------------------------------------------------------
@@ -253,14 +256,19 @@ class Checkpoints:
         checkpoint is then refused, saying so)."""
         if not self.host.settings.checkpoint_harness or episode.id in self._starts:
             return
+        async with self._dropping:
+            self._keeping += 1
         try:
             digest, size = await self._snapshot(episode)
         except Exception as exc:  # e.g. a full disk: the harness runs on, uncheckpointable
             why = exc.message if isinstance(exc, PalaestraError) else repr(exc)
             log.warning("harness start not kept: %s", why, extra={"episode_id": episode.id})
             return
+        finally:
+            self._keeping -= 1
         if digest is not None:
             self._starts[episode.id] = (digest, size)
+            self._started[episode.id] = time.time()  # after its put: the drop's bound
 
     async def _snapshot(self, episode: Episode) -> tuple[str | None, int]:
         """The workdir as a stored snapshot (digest, bytes); (None, 0) without a sandbox."""
@@ -362,8 +370,7 @@ class Checkpoints:
     async def sweep(self) -> None:
         """The reaper's: drop the checkpoints of episodes that ended here, then the
         snapshots nobody refers to."""
-        for key in [key for key in self._starts if key not in self.host._live]:
-            del self._starts[key]
+        await self._drop_starts()
         await self._expire()
         gone = [key for key in self._held if key not in self.host._live]
         if not gone:
@@ -376,6 +383,19 @@ class Checkpoints:
 
         await self._in_transaction(drop)
         await self._prune()
+
+    async def _drop_starts(self) -> None:
+        """Ended harness episodes' start snapshots go at once unless still referred to (a
+        server whose clients never checkpoint kept each start workspace until a restart)."""
+        async with self._dropping:
+            ended = [key for key in self._starts if key not in self.host._live]
+            if not ended or self._keeping:  # one being kept may share bytes: next sweep
+                return
+            dropped = [(self._starts.pop(key)[0], self._started.pop(key, 0.0)) for key in ended]
+            live = {digest for digest, _ in self._starts.values()}
+            for digest, put_by in dropped:
+                if digest not in live:
+                    await asyncio.to_thread(self._drop, digest, put_by)
 
     async def _prune(self) -> None:
         rows = await asyncio.to_thread(
@@ -449,6 +469,7 @@ class Checkpoints:
             raise ConflictError(message, code="resume_failed") from None
         if episode.harness is not None and digest is not None:  # its start, for its next one
             self._starts[key] = (digest, int(size or 0))
+            self._started[key] = time.time()
         lost = await self._cut(int(number), int(steps))
         episode.state.step_count = int(steps)
         self.store.update_episode(episode.settled_state())
