@@ -38,7 +38,9 @@ async def box(request: pytest.FixtureRequest) -> AsyncIterator[Sandbox]:
         await backend.aclose()
 
 
-async def drive(box: Sandbox, mode: str) -> tuple[ExecResult, dict[str, Any]]:
+async def drive(
+    box: Sandbox, mode: str, timeout: float | None = None
+) -> tuple[ExecResult, dict[str, Any]]:
     await box.exec(["sh", "-c", "rm -rf ./* .[!.]*"], cwd=box.spec.workdir)  # a fresh workspace
     await box.write_file(".palaestra-harness/instruction.md", "attack")
     argv = ["python3", f"{PROGRAMS_TARGET}/acp_client.py",
@@ -46,7 +48,8 @@ async def drive(box: Sandbox, mode: str) -> tuple[ExecResult, dict[str, Any]]:
             "--workspace", box.spec.workdir, "--",
             "python3", "/opt/peers/acp_hostile_agent.py", mode]  # fmt: skip
     server_file = str(served.library().harness / "acp_client.py")  # the host's copy
-    result = await box.exec(argv, env={"ACP_SERVER_FILE": server_file}, cwd=box.spec.workdir)
+    env = {"ACP_SERVER_FILE": server_file}
+    result = await box.exec(argv, env=env, cwd=box.spec.workdir, timeout=timeout)
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("palaestra-acp: "), result
     return result, json.loads(last.removeprefix("palaestra-acp: "))
@@ -126,3 +129,18 @@ async def test_a_flood_of_messages_costs_the_client_no_memory(box: Sandbox) -> N
     assert result.exit_code == 0 and end["end"] == "stop", result
     assert end["messages"] == {"other": 20_000, "terminal/output": 1_000}, end["messages"]
     assert len(end["refused"]) == 20  # the last ones only
+
+
+async def test_every_odd_request_is_answered(box: Sandbox) -> None:
+    """Params of odd types or values (a list or object for a terminal id, a number for env,
+    a NUL in a command, its args or an env name) and a terminal killed by a signal Python has
+    no name for: each request is answered (the client's handler raised TypeError or
+    ValueError, answered nothing, and the agent waited on it until the wall limit)."""
+    result, end = await drive(box, "odd", timeout=20)
+    assert result.exit_code == 0 and end["end"] == "stop", result
+    answers = json.loads(await box.read_file("odd-answers.json"))
+    for name in ("list_id", "object_id", "env_number", "env_nul", "command_nul", "args_nul"):
+        error = answers[name].get("error")
+        assert error is not None and error["code"] == -32602, (name, answers[name])
+    assert answers["rt_signal_exit"]["result"] == {"exitCode": None, "signal": "SIGRTMIN+1"}
+    assert result.duration_s < 10

@@ -10,7 +10,9 @@ JSON), `array` (a JSON array), `stray` (a response to no request), `huge` (one l
 client's limit), `version` (protocol version 99 at initialize), `exit` (it exits mid-turn),
 `error` (it answers the prompt with a JSON-RPC error). `flood` is legal but heavy: 20,000
 notifications of distinct made-up methods and 1,000 requests sent without waiting, then
-the turn ends.
+the turn ends. `odd` sends `ODD`, requests whose params have odd types or values (a list
+for a terminal id, a number for env, a NUL in a command, a signal with no name), and
+writes each answer to `odd-answers.json` as `attack` does.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ ATTACKS: list[tuple[str, str, dict[str, Any]]] = [
     ("params_list", "fs/read_text_file", []),
     ("inside_write", "fs/write_text_file", {"path": "{ws}/inside.txt", "content": "fine"}),
     ("inside_read", "fs/read_text_file", {"path": "{ws}/inside.txt"}),
+]
+
+ODD: list[tuple[str, str, dict[str, Any]]] = [
+    ("list_id", "terminal/output", {"terminalId": []}),
+    ("object_id", "terminal/kill", {"terminalId": {"a": 1}}),
+    ("env_number", "terminal/create", {"command": "true", "env": 5}),
+    ("env_nul", "terminal/create", {"command": "true", "env": [{"name": "A\u0000", "value": ""}]}),
+    ("command_nul", "terminal/create", {"command": "tr\u0000ue"}),
+    ("args_nul", "terminal/create", {"command": "echo", "args": ["a\u0000b"]}),
+    ("rt_signal", "terminal/create", {"command": "sh", "args": ["-c", "kill -35 $$"]}),
 ]
 
 
@@ -84,6 +96,19 @@ def attack(session_cwd: str) -> None:
         json.dump(answers, f)
 
 
+def odd() -> None:
+    """ODD's requests, each answer kept; the signalled terminal is waited on too."""
+    answers = {}
+    for k, (name, method, params) in enumerate(ODD, start=2000):
+        send({"id": k, "method": method, "params": params})
+        answers[name] = answer_of(k)
+    terminal = answers["rt_signal"].get("result", {}).get("terminalId")
+    send({"id": 3000, "method": "terminal/wait_for_exit", "params": {"terminalId": terminal}})
+    answers["rt_signal_exit"] = answer_of(3000)
+    with open("odd-answers.json", "w") as f:
+        json.dump(answers, f)
+
+
 def main() -> None:
     cwd = os.getcwd()
     while True:
@@ -97,6 +122,8 @@ def main() -> None:
         elif method == "session/prompt":
             if MODE == "attack":
                 attack(cwd)
+            elif MODE == "odd":
+                odd()
             elif MODE == "garbage":
                 sys.stdout.write("this is not json\n")
             elif MODE == "array":

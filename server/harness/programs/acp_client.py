@@ -85,7 +85,7 @@ class Terminal:
         if code is None:
             return None
         if code < 0:
-            return {"exitCode": None, "signal": signal.Signals(-code).name}
+            return {"exitCode": None, "signal": signal_name(-code)}
         return {"exitCode": code, "signal": None}
 
     def kill(self) -> None:
@@ -191,6 +191,14 @@ class Client:
         except OSError as exc:
             self.refused.append(f"{method}: {exc}"[:300])
             reply = {"id": key, "error": {"code": INTERNAL, "message": f"{method}: {exc}"}}
+        except (TypeError, ValueError, LookupError) as exc:  # params of odd types or values
+            self.refused.append(f"{method}: {exc}"[:300])
+            message = f"{method}: invalid params ({type(exc).__name__}: {exc})"[:300]
+            reply = {"id": key, "error": {"code": INVALID_PARAMS, "message": message}}
+        except Exception as exc:  # any other: still answered, or the agent waits on it
+            self.refused.append(f"{method}: {exc!r}"[:300])
+            message = f"{method}: the client failed ({type(exc).__name__})"
+            reply = {"id": key, "error": {"code": INTERNAL, "message": message}}
         with contextlib.suppress(AgentGone):  # it exited: nothing to answer
             await self.send(reply)
 
@@ -330,6 +338,15 @@ HANDLERS = {
     "terminal/release": Client.release_terminal,
     "session/request_permission": Client.request_permission,
 }
+
+
+def signal_name(number: int) -> str:
+    """A signal's name, those Python has none for too (SIGRTMIN+1: an agent's `kill -35`)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        low = int(signal.SIGRTMIN)
+        return f"SIGRTMIN+{number - low}" if number > low else f"SIG{number}"
 
 
 def parse(line: bytes) -> dict[str, Any]:
