@@ -36,6 +36,17 @@ class PackSettings(BaseModel):
     max_pack_ratio: float = Field(
         default=200.0, gt=1, allow_inf_nan=False, description="uncompressed/compressed bytes"
     )
+    max_pack_blob_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1,
+        description="one binary file (blob) of a pack's tasks, at import, check and publish",
+    )
+    max_pack_blobs_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        ge=1,
+        description="a pack's binary files together, each counted at least a 4 KiB disk block "
+        "(many small blobs cost their blocks)",
+    )
     builtin_orgs: list[str] = Field(
         default_factory=lambda: ["palaestra", "openai", "reasoning"],
         description="pack orgs only an admin token may publish into",
