@@ -45,6 +45,7 @@ REASON_CLASSES = (
     ("GPU/TPU", r"gpu|tpu"),
     ("needs root", r"needs root"),
     ("writes outside the workdir", r"outside"),
+    ("binary file over a limit", r"max_pack_blobs?_bytes"),
     ("binary files", r"binary"),
     ("missing files", r"^no |cannot be read|not in the task"),
     ("not supported", r"not supported|os ="),
@@ -162,9 +163,11 @@ def _run(
     force: bool, strict: bool, verbose: bool = False, build: bool = False, check: int = 0,
 ) -> None:  # fmt: skip
     try:
+        settings = load_settings()
         report = import_tasks(
             fmt, src, out, name=name, version=version, split=split, force=force,
-            ceilings=ceilings(),
+            ceilings=ceilings(), max_blob_bytes=settings.max_pack_blob_bytes,
+            max_blobs_bytes=settings.max_pack_blobs_bytes,
         )  # fmt: skip
     except ValueError as exc:
         error(str(exc))

@@ -7,11 +7,14 @@ write when it loads the pack, and `palaestra pack check` proves it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from palaestra.sdk.blobs import BLOBS_DIR
 
 REPORT_FILE = "import-report.json"
 
@@ -92,6 +95,21 @@ def write_files(base: Path, files: Mapping[str, str]) -> None:
         path = base / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+
+
+def write_blobs(out: Path, files: Mapping[str, Path]) -> dict[str, str]:
+    """Binary files as the pack's blobs, `out/blobs/<sha256>` (one copy of each content,
+    server/packs/blobs.py): `{key: "sha256:<hex>"}` for each key of `files`."""
+    refs: dict[str, str] = {}
+    for key, source in files.items():
+        data = source.read_bytes()
+        name = hashlib.sha256(data).hexdigest()
+        path = out / BLOBS_DIR / name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        refs[key] = f"sha256:{name}"
+    return refs
 
 
 def write_task_folder(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from palaestra.sdk.blobs import BlobSource
 from palaestra.sdk.models import TaskInfo
 
 
@@ -36,6 +38,9 @@ class Task:
     views: dict[type, Any] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
+    # Where the bytes of the binary files its `blobs` fields name live (its pack's blobs,
+    # server/packs/blobs.py), set by the pack loader: not a field of the task's content.
+    blob_source: BlobSource | None = field(default=None, repr=False, compare=False, hash=False)
 
     @property
     def ref(self) -> str:
@@ -49,6 +54,17 @@ class Task:
             {"family": family, "domain": domain, "public": public, "private": private}
         )
         return "sha256:" + hashlib.sha256(body).hexdigest()
+
+    def blobs_of(self, folder: str) -> dict[str, Path]:
+        """The binary files of one of its file maps (`environment`, `verifier`, …):
+        relative path -> the file that holds its bytes."""
+        out: dict[str, Path] = {}
+        for fields in (self.public, self.private):
+            for key, ref in (fields.get("blobs") or {}).items():
+                rel = key.removeprefix(f"{folder}/")
+                if rel != key and self.blob_source is not None:
+                    out[rel] = self.blob_source.path(str(ref).removeprefix("sha256:"))
+        return out
 
     def info(self) -> TaskInfo:
         return TaskInfo(

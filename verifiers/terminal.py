@@ -205,12 +205,17 @@ def sanitize_workspace(src: BinaryIO, dst: BinaryIO) -> tuple[list[tuple[str, st
     return links, notes
 
 
-def files_tar(files: Mapping[str, str], executable: bool = False) -> bytes:
-    """A tar of text files (with their parent directories); scripts get mode 0755."""
+def files_tar(
+    files: Mapping[str, str], executable: bool = False, blobs: Mapping[str, Path] | None = None
+) -> bytes:
+    """A tar of text files and the binary files in `blobs` (relative path -> the file with
+    its bytes, server/packs/blobs.py), with their parent directories; scripts and ELF
+    programs get mode 0755."""
     out = io.BytesIO()
     dirs: set[str] = set()
+    binary = dict(blobs or {})
     with tarfile.open(fileobj=out, mode="w") as tf:
-        for rel in sorted(files):
+        for rel in sorted({*files, *binary}):
             parts = rel.split("/")
             for i in range(1, len(parts)):
                 d = "/".join(parts[:i])
@@ -220,10 +225,10 @@ def files_tar(files: Mapping[str, str], executable: bool = False) -> bytes:
                     info.type = tarfile.DIRTYPE
                     info.mode = 0o755
                     tf.addfile(info)
-            raw = files[rel].encode("utf-8")
+            raw = files[rel].encode("utf-8") if rel in files else binary[rel].read_bytes()
             info = tarfile.TarInfo(rel)
             info.size = len(raw)
-            script = rel.endswith(".sh") or files[rel].startswith("#!")
+            script = rel.endswith(".sh") or raw.startswith((b"#!", b"\x7fELF"))
             info.mode = 0o755 if (executable or script) else 0o644
             tf.addfile(info, io.BytesIO(raw))
     return out.getvalue()
@@ -276,12 +281,15 @@ async def verify_workspace(
     path: str = BASE_PATH,
     reward_file: bool = False,
     spool: Path | None = None,
+    verifier_blobs: Mapping[str, Path] | None = None,
 ) -> TerminalRun:
     """Run the task's tests against `workspace` (a tar of the final workdir: bytes, or a
     seekable file such as `Sandbox.download_tar_to` fills) in `box`, a fresh sandbox;
     raises SandboxError only for faults of ours (see the module doc). The cleaned copy of
     the workspace waits in an anonymous file in `spool` (the server's tmp dir; None: in
-    memory, for a small tar), so a big workspace never sits whole in server memory."""
+    memory, for a small tar), so a big workspace never sits whole in server memory.
+    `verifier_blobs`: the verifier's binary files (path -> the file with their bytes),
+    staged with its text files for test.sh."""
     run = TerminalRun()
     src = io.BytesIO(workspace) if isinstance(workspace, bytes) else workspace
     with spool_file(spool) if spool is not None else io.BytesIO() as clean:
@@ -304,7 +312,8 @@ async def verify_workspace(
     if sets:
         await _run_sets(box, run, workdir, verifier, environment, sets, timeout_s, path)
     if TEST_SH in verifier:
-        await _run_test_sh(box, run, workdir, verifier, timeout_s, path, reward_file)
+        staged = await asyncio.to_thread(files_tar, verifier, False, verifier_blobs)
+        await _run_test_sh(box, run, workdir, staged, timeout_s, path, reward_file)
     if not sets and TEST_SH not in verifier:
         raise ValueError(
             "the task has neither verifier/test.sh nor fail_to_pass/pass_to_pass; "
@@ -519,11 +528,12 @@ async def _run_test_sh(
     box: Sandbox,
     run: TerminalRun,
     workdir: str,
-    verifier: Mapping[str, str],
+    staged: bytes,
     timeout_s: float,
     path: str,
     reward_file: bool,
 ) -> None:
+    """test.sh's run, the verifier's files (`staged`, a tar) unpacked into VERIFIER_DIR."""
     nonce = secrets.token_hex(16)
     cfg = {
         "workdir": workdir,
@@ -535,7 +545,7 @@ async def _run_test_sh(
     }
     result = await box.exec(
         _runner_argv("test-sh"),
-        stdin=_runner_stdin(nonce, cfg, await asyncio.to_thread(files_tar, verifier)),
+        stdin=_runner_stdin(nonce, cfg, staged),
         cwd="/",
         env=_exec_env(workdir, path),
         timeout=timeout_s,

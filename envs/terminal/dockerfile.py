@@ -1,9 +1,9 @@
 """A task's Dockerfile as the terminal family's environment (docs/terminal.md).
 
 The Dockerfile's WORKDIR becomes the task's workdir, the files it COPYs `environment/`
-files, its other RUN steps `environment/setup.sh` and its ENV lines the task's `env`; what
-the sandbox cannot give (the network, another base image, services, root, files outside
-the workdir, binary files) becomes a problem that names the instruction.
+files (binary ones the pack's blobs), its other RUN steps `environment/setup.sh` and its
+ENV lines the task's `env`; what the sandbox cannot give (the network, another base image,
+services, root, files outside the workdir) becomes a problem that names the instruction.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class EnvPlan:
     workdir: str = DEFAULT_WORKDIR
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # relative to the workdir
+    binaries: dict[str, Path] = field(default_factory=dict)  # the same, binary: the source
     setup: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -231,14 +232,14 @@ def _excluded(rel: str, exclude: set[str]) -> bool:
 
 
 def _add_file(plan: EnvPlan, path: Path, rel: str) -> None:
-    text = read_text(path)
-    if text is None:
-        plan.problems.append(f"{path.name} is a binary file; packs hold text only")
-        return
     if rel.startswith("../") or rel == "..":
         plan.problems.append(f"{path.name} would land outside the workdir")
         return
-    plan.files[rel] = text
+    text = read_text(path)
+    if text is None:  # a blob of the pack (server/packs/blobs.py)
+        plan.binaries[rel] = path
+    else:
+        plan.files[rel] = text
 
 
 def convert_dockerfile(text: str, context: Path, exclude: set[str]) -> EnvPlan:

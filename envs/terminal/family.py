@@ -230,11 +230,12 @@ class TerminalFamily(Family[TerminalState]):
         workdir = public.workdir
         box = ctx.sandboxes.episode
         assert box is not None
-        env_files = public.environment
+        env_files, env_blobs = public.environment, task.blobs_of("environment")
         if TerminalPrivate.of(task).build:
             await _copy_snapshot(box, workdir, task.id)
-        if env_files:
-            await box.upload_tar(await asyncio.to_thread(verifier.files_tar, env_files))
+        if env_files or env_blobs:
+            tar = await asyncio.to_thread(verifier.files_tar, env_files, False, env_blobs)
+            await box.upload_tar(tar)
         if SETUP_SCRIPT in env_files:
             result = await box.exec(
                 [
@@ -578,6 +579,7 @@ class TerminalFamily(Family[TerminalState]):
                 path=public.env.get("PATH") or BASE_PATH,
                 reward_file=private.reward_file,
                 spool=ctx.sandboxes.spool_dir,
+                verifier_blobs=task.blobs_of("verifier"),
             )
         reward = run.reward
         return Assessment(

@@ -24,6 +24,9 @@ class TerminalPublic(PublicFields):
     pids: int = 512
     env: dict[str, str] = Field(default_factory=dict)
     environment: dict[str, str] = Field(default_factory=dict)  # files put in the workdir
+    # Binary files by digest, "environment/<path>" -> "sha256:<hex>" (the pack loader checks
+    # them, server/packs/blobs.py): the environment's are put in the workdir too.
+    blobs: dict[str, str] = Field(default_factory=dict)
     setup_timeout_s: float = SETUP_TIMEOUT_S
     timeout_s: float | None = None
     # Egress through the server's allow-list proxy (the operator's egress_allow), never
@@ -74,6 +77,9 @@ class TerminalPrivate(PrivateFields):
     # build/: the Docker build context the task's environment image is built from
     # (envs/terminal/envimage.py); the task then runs in that image on docker.
     build: dict[str, str] = Field(default_factory=dict)
+    # Binary files by digest, "verifier/<path>" (staged with the verifier's files),
+    # "solution/<path>" or "build/<path>" -> "sha256:<hex>".
+    blobs: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("verifier", "solution", "build", "fail_to_pass", "pass_to_pass", mode="before")
     @classmethod

@@ -20,10 +20,12 @@ offline; a task with ``tests/Dockerfile`` on its own verifier image
 
 A task that needs what the sandbox cannot give -- the network (pip/uv/npm installs, curl,
 git clone), a base image with another toolchain, services (docker-compose with more than
-one service, a daemon as CMD/ENTRYPOINT), GPUs, files outside the workdir, binary files,
-keystroke solutions -- is *skipped and reported by name with the reason* (in the report
-and in ``OUT/import-report.json``), never dropped silently. `palaestra pack check OUT`
-then proves what was imported.
+one service, a daemon as CMD/ENTRYPOINT), GPUs, files outside the workdir, keystroke
+solutions, a binary file over `max_pack_blob_bytes` -- is *skipped and reported by name
+with the reason* (in the report and in ``OUT/import-report.json``), never dropped
+silently. Binary files of the environment and the tests become the pack's blobs
+(``OUT/blobs/<sha256>``, server/packs/blobs.py). `palaestra pack check OUT` then proves
+what was imported.
 """
 
 from __future__ import annotations
@@ -53,7 +55,21 @@ from palaestra.envs.terminal.verifierimage import (
     missing_wheels,
     task_verifier_tag,
 )
-from palaestra.sdk.packwriter import REPORT_FILE, ImportReport, write_manifest, write_task_folder
+from palaestra.sdk.blobs import (
+    BLOBS_FIELD,
+    DEFAULT_MAX_BLOB,
+    DEFAULT_MAX_BLOBS,
+    SIDES,
+    disk_cost,
+    too_large,
+)
+from palaestra.sdk.packwriter import (
+    REPORT_FILE,
+    ImportReport,
+    write_blobs,
+    write_manifest,
+    write_task_folder,
+)
 
 TASK_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -71,6 +87,9 @@ class TaskOut:
     solution: dict[str, str] = field(default_factory=dict)
     build: dict[str, str] = field(default_factory=dict)  # the environment's build context
     notes: list[str] = field(default_factory=list)
+    # Binary files, "<folder>/<path>" (environment/, verifier/) -> the source file's path
+    # (the pack's blobs: `write_task`).
+    blobs: dict[str, Path] = field(default_factory=dict)
 
 
 class Unsupported(Exception):
@@ -210,7 +229,11 @@ def _compose_services(path: Path) -> list[str]:
     return sorted(services) if isinstance(services, dict) else []
 
 
-def text_files(folder: Path, exclude: Iterable[str] = ()) -> tuple[dict[str, str], list[str]]:
+def text_files(
+    folder: Path, exclude: Iterable[str] = (), binaries: dict[str, Path] | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """The folder's text files and problems; its binary files go to `binaries` (relative
+    path -> file: the pack's blobs) where given, else each is a problem."""
     files: dict[str, str] = {}
     problems: list[str] = []
     skip = set(exclude)
@@ -224,10 +247,15 @@ def text_files(folder: Path, exclude: Iterable[str] = ()) -> tuple[dict[str, str
             problems.append(f"{folder.name}/{rel} is a symlink; packs hold files only")
             continue
         text = read_text(path)
-        if text is None:
-            problems.append(f"{folder.name}/{rel} is a binary file; packs hold text only")
-        else:
+        if text is not None:
             files[rel] = text
+        elif binaries is not None:
+            binaries[rel] = path
+        else:
+            problems.append(
+                f"{folder.name}/{rel} is a binary file; only the environment's and the tests' "
+                "binary files are kept"
+            )
     return files, problems
 
 
@@ -293,7 +321,7 @@ def build_context(
         "runs in the image built from its Dockerfile (docker; `palaestra images build "
         f"--pack`): {'; '.join(plan.problems)}"
     )
-    plan.files, plan.setup, plan.problems = {}, [], []
+    plan.files, plan.binaries, plan.setup, plan.problems = {}, {}, [], []
     if plan.path:
         plan.env["PATH"] = re.sub(r"\$\{PATH\}|\$PATH\b", BASE_PATH, plan.path)
     return files, problems, notes
@@ -354,7 +382,8 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     else:
         problems.append("no solution.sh")
         solve = ""
-    tests, bad = text_files(folder / "tests")
+    binaries: dict[str, Path] = {}
+    tests, bad = text_files(folder / "tests", binaries=binaries)
     problems += bad + tests_network_problems(tests)
     run_tests = folder / "run-tests.sh"
     original = (
@@ -384,6 +413,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
         solve=solve,
         notes=notes,
         private={"verifier_image": image} if image is not None else None,
+        blobs={f"verifier/tests/{k}": v for k, v in binaries.items()},
     )
 
 
@@ -402,8 +432,10 @@ def task_out(
     notes: list[str],
     public_extra: dict[str, Any] | None = None,
     private: dict[str, Any] | None = None,
+    blobs: dict[str, Path] | None = None,
 ) -> TaskOut:
-    """The terminal task both formats become, once their own parts are converted."""
+    """The terminal task both formats become, once their own parts are converted; `blobs`:
+    its binary files beyond the environment's ("verifier/<path>" -> file)."""
     environment = dict(plan.files)
     if plan.setup:
         environment["setup.sh"] = "#!/bin/bash\nset -e\n" + "\n".join(plan.setup) + "\n"
@@ -431,11 +463,27 @@ def task_out(
         solution={"solve.sh": solve},
         build=build,
         notes=notes,
+        blobs={**{f"environment/{k}": v for k, v in plan.binaries.items()}, **(blobs or {})},
     )
 
 
+def blob_problems(task: TaskOut, max_blob: int) -> list[str]:
+    """Its binary files over the one-file limit, each named with its size and the setting."""
+    return [
+        too_large(f"{key} (from {path.name})", size, max_blob)
+        for key, path in sorted(task.blobs.items())
+        if (size := path.stat().st_size) > max_blob
+    ]
+
+
 def write_task(tasks_dir: Path, task: TaskOut) -> None:
-    """The converted task as `tasks_dir/<id>/` (the directory form)."""
+    """The converted task as `tasks_dir/<id>/` (the directory form); its binary files as the
+    pack's blobs (`tasks_dir/../blobs/<sha256>`), named in task.toml by their digest."""
+    refs = write_blobs(tasks_dir.parent, task.blobs)
+    for side, maps in SIDES.items():
+        mine = {k: v for k, v in refs.items() if k.split("/", 1)[0] in maps}
+        if mine:
+            task.toml.setdefault(side, {})[BLOBS_FIELD] = mine
     folders = {
         "environment": task.environment,
         "verifier": task.verifier,
@@ -462,8 +510,12 @@ def import_tasks(
     split: str | None = None,
     force: bool = False,
     ceilings: Ceilings | None = None,
+    max_blob_bytes: int = DEFAULT_MAX_BLOB,
+    max_blobs_bytes: int = DEFAULT_MAX_BLOBS,
 ) -> ImportReport:
-    """Convert every task folder under `src` into a new pack at `out` (see the module doc)."""
+    """Convert every task folder under `src` into a new pack at `out` (see the module doc).
+    A task whose binary file is over `max_blob_bytes`, or whose new ones would take the
+    pack's over `max_blobs_bytes` (Settings' max_pack_blob*_bytes), is skipped."""
     from palaestra.envs.terminal.harbor.reader import HarborReader  # it builds on this module
 
     harbor = HarborReader(src, ceilings)
@@ -484,6 +536,7 @@ def import_tasks(
     report = ImportReport(format=fmt, source=str(src), out=str(out))
     converted: list[TaskOut] = []
     seen: set[str] = set()
+    blob_sizes: dict[str, int] = {}  # the pack's blobs so far: source file -> disk cost
     for folder in folders:
         tid = task_id(folder.name)
         try:
@@ -496,6 +549,18 @@ def import_tasks(
         if task.id in seen:
             report.skipped[tid] = [f"duplicate task id {task.id!r} (folder {folder.name})"]
             continue
+        if too_big := blob_problems(task, max_blob_bytes):
+            report.skipped[tid] = too_big
+            continue
+        mine = {str(p): disk_cost(p.stat().st_size) for p in task.blobs.values()}
+        total = sum({**blob_sizes, **mine}.values())
+        if total > max_blobs_bytes:
+            report.skipped[tid] = [
+                f"its binary files would take the pack's to {total} bytes, over the limit of "
+                f"{max_blobs_bytes} (max_pack_blobs_bytes)"
+            ]
+            continue
+        blob_sizes.update(mine)
         seen.add(task.id)
         converted.append(task)
         report.imported[task.id] = task.notes

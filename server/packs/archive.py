@@ -26,6 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
+from palaestra.sdk.blobs import (
+    BLOBS_DIR,
+    DEFAULT_MAX_BLOB,
+    DEFAULT_MAX_BLOBS,
+    disk_cost,
+    too_large,
+)
+
 MAX_BYTES = 2 * 1024 * 1024 * 1024
 MAX_FILES = 200_000
 MAX_NAME = 4096  # characters in an entry's path
@@ -60,6 +68,8 @@ class ArchiveLimits:
     max_unpacked: int = MAX_BYTES
     max_files: int = MAX_FILES
     max_ratio: float = 200.0
+    max_blob: int = DEFAULT_MAX_BLOB  # one file under blobs/ (server/packs/blobs.py)
+    max_blobs: int = DEFAULT_MAX_BLOBS  # blobs/ together, each at least a disk block
 
     @classmethod
     def from_settings(cls, settings: Any) -> ArchiveLimits:
@@ -68,6 +78,8 @@ class ArchiveLimits:
             settings.max_pack_unpacked_bytes,
             settings.max_pack_files,
             settings.max_pack_ratio,
+            settings.max_pack_blob_bytes,
+            settings.max_pack_blobs_bytes,
         )
 
 
@@ -192,6 +204,20 @@ class _Inflater(io.RawIOBase):
             )
 
 
+def _check_blob(member: tarfile.TarInfo, total: int, limits: ArchiveLimits) -> None:
+    """A blob entry over the per-file or per-pack limit, before its bytes land (413)."""
+    if member.size > limits.max_blob:
+        raise ArchiveTooLarge(
+            f"archive entry {member.name!r}: {too_large('the blob', member.size, limits.max_blob)}"
+        )
+    if total > limits.max_blobs:
+        raise ArchiveTooLarge(
+            f"archive entry {member.name!r}: the pack's binary files (blobs/) come to more than "
+            f"{limits.max_blobs} bytes, each counted at least a 4 KiB block "
+            "(max_pack_blobs_bytes)"
+        )
+
+
 class _Member(tarfile.TarInfo):
     """A tar header whose extension records (pax, GNU long names) are size-checked before
     tarfile reads them whole into memory."""
@@ -225,7 +251,7 @@ def extract_archive(
         tar = tarfile.open(fileobj=stream, mode="r|", tarinfo=_Member)  # noqa: SIM115
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise ArchiveError(f"not a tar.gz archive ({exc})") from None
-    total = files = 0
+    total = files = blob_total = 0
     with tar:
         members = iter(tar)
         while True:
@@ -254,6 +280,9 @@ def extract_archive(
                     f"the archive's files add up to more than {limits.max_unpacked} bytes"
                     " (max_pack_unpacked_bytes)"
                 )
+            if member.isfile() and len(rel.parts) in (2, 3) and rel.parts[-2] == BLOBS_DIR:
+                blob_total += disk_cost(member.size)
+                _check_blob(member, blob_total, limits)
             target = dest.joinpath(*rel.parts)
             try:
                 if member.isdir():

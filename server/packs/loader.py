@@ -7,7 +7,8 @@ A pack directory holds `pack.toml` (server/packs/manifest.py), an optional `pack
   expected_reward, public{}, private{}}`;
 - `tasks/<id>/` (directory): `task.toml` (the same keys, `[public]`/`[private]` tables),
   `instruction.md` (→ `public.instruction`), and file maps `{relative path: text}`:
-  `environment/` and `assets/` (public), `verifier/` and `solution/` (private);
+  `environment/` and `assets/` (public), `verifier/` and `solution/` (private)
+  (server/packs/dirform.py); binary files anywhere are blobs (server/packs/blobs.py);
 - `[generators.<name>]` (procedural): a Python file with `generate(seed, index, level) ->
   dict`, called for each split's seeds (drawn from the split's declared seed range);
 - `[source] python = "file.py"` (a variant): `load_tasks()` yields task dicts, for data
@@ -26,7 +27,6 @@ import inspect
 import json
 import random
 import sys
-import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +34,15 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
+from palaestra.sdk.blobs import BlobSource
 from palaestra.sdk.models import PackInfo, SplitInfo
 from palaestra.sdk.task import Task
 from palaestra.server import heldout
 from palaestra.server.packs import drawing
+from palaestra.server.packs.blobs import BlobIndex, task_blob_problems
+from palaestra.server.packs.dirform import Found, directory_tasks
 from palaestra.server.packs.gencache import GeneratedTaskCache, NotCached, as_json
-from palaestra.server.packs.lock import file_hashes, files_digest, ignored, pack_files, verify_lock
+from palaestra.server.packs.lock import file_hashes, files_digest, pack_files, verify_lock
 from palaestra.server.packs.manifest import (
     GeneratorSplit,
     PackError,
@@ -50,15 +53,6 @@ from palaestra.server.packs.manifest import (
 )
 from palaestra.server.packs.taskfields import HostPolicy, task_field_problems
 from palaestra.server.packs.validator import TaskValidator, field_problem
-
-# Directory form: the folders of tasks/<id>/ and where their file maps land.
-TASK_DIRS: dict[str, tuple[str, str]] = {
-    "environment": ("public", "environment"),
-    "assets": ("public", "assets"),
-    "verifier": ("private", "verifier"),
-    "solution": ("private", "solution"),
-    "build": ("private", "build"),  # a task's environment build context (terminal)
-}
 
 
 @dataclass
@@ -81,6 +75,14 @@ class Pack:
     unavailable: dict[str, str] = field(default_factory=dict)
     # The held-out draw of each sealed generated split (server/draws.py; with a secret only).
     draws: dict[str, int] = field(default_factory=dict)
+    # Where its tasks' binary files are (server/packs/blobs.py): `move_to` keeps it right.
+    blobs: BlobSource | None = None
+
+    def move_to(self, root: Path) -> None:
+        """The pack's folder is now `root` (a publish placed it in the store)."""
+        self.root = root
+        if self.blobs is not None:
+            self.blobs.root = root
 
     def info(self) -> PackInfo:
         counts: dict[str, int] = dict.fromkeys(self.sealed, 0)
@@ -126,7 +128,6 @@ def _import(root: Path, rel: str, tag: str) -> Any:
     return module
 
 
-Found = tuple[str, dict[str, Any] | None, list[str]]  # where, the task dict or None, problems
 # What a sandbox generated at publish: generator -> split -> each call's task dict.
 GeneratedSet = dict[str, dict[str, list[dict[str, Any]]]]
 # progress(done, total, unit) while a pack's tasks are generated (server/packs/warmjob.py)
@@ -148,81 +149,6 @@ def _jsonl_tasks(root: Path) -> Iterator[Found]:
             yield where, None, [f"{where}: a task must be a JSON object"]
             continue
         yield where, raw, []
-
-
-def _file_map(folder: Path) -> tuple[dict[str, str], list[str]]:
-    files: dict[str, str] = {}
-    problems: list[str] = []
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        if ignored(rel) or path.is_dir():
-            continue
-        if path.is_symlink():
-            problems.append(f"{path}: symlinks are not allowed in a pack; copy the file")
-            continue
-        try:
-            files[rel.as_posix()] = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            problems.append(f"{path}: not UTF-8 text; task files are text (encode binary data)")
-    return files, problems
-
-
-def _dir_task(task_dir: Path) -> Found:
-    toml_path = task_dir / "task.toml"
-    where = str(toml_path)
-    problems: list[str] = []
-    try:
-        raw: dict[str, Any] = tomllib.loads(toml_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return where, None, [f"{task_dir}: no task.toml; every tasks/<id>/ needs one"]
-    except tomllib.TOMLDecodeError as exc:
-        return where, None, [f"{where}: invalid TOML ({exc})"]
-    raw.setdefault("id", task_dir.name)
-    if raw["id"] != task_dir.name:
-        problems.append(
-            f"{where}: id {raw['id']!r} differs from its folder name {task_dir.name!r}; "
-            "make them equal (or drop `id`)"
-        )
-    public = raw.setdefault("public", {})
-    private = raw.setdefault("private", {})
-    if not isinstance(public, dict) or not isinstance(private, dict):
-        return where, None, [*problems, f"{where}: [public] and [private] must be tables"]
-    instruction = task_dir / "instruction.md"
-    if instruction.exists():
-        if "instruction" in public:
-            problems.append(
-                f"{where}: public.instruction is set and instruction.md exists; keep one"
-            )
-        public["instruction"] = instruction.read_text(encoding="utf-8")
-    for folder, (side, key) in TASK_DIRS.items():
-        if not (task_dir / folder).is_dir():
-            continue
-        target = public if side == "public" else private
-        if key in target:
-            problems.append(f"{where}: {side}.{key} is set and {folder}/ exists; keep one")
-            continue
-        files, bad = _file_map(task_dir / folder)
-        target[key] = files
-        problems.extend(bad)
-    for path in sorted(task_dir.iterdir()):
-        if path.name.startswith(".") or path.name == "__pycache__":
-            continue
-        if path.name not in {"task.toml", "instruction.md", *TASK_DIRS}:
-            problems.append(
-                f"{path}: not part of the directory form; put it under environment/, assets/ "
-                "(public) or verifier/, solution/ (private)"
-            )
-    return where, raw, problems
-
-
-def _directory_tasks(root: Path) -> Iterator[Found]:
-    for task_dir in sorted(p for p in (root / "tasks").iterdir() if not p.name.startswith(".")):
-        if task_dir.name == "__pycache__":
-            continue
-        if not task_dir.is_dir():
-            yield str(task_dir), None, [f"{task_dir}: tasks/ holds one folder per task"]
-            continue
-        yield _dir_task(task_dir)
 
 
 def generator_seeds(
@@ -400,11 +326,16 @@ def _source_tasks(
 
 
 def build_task(
-    record: TaskRecord, manifest: PackManifest, secret: bytes | None, draw: int | None = None
+    record: TaskRecord,
+    manifest: PackManifest,
+    secret: bytes | None,
+    draw: int | None = None,
+    blobs: BlobSource | None = None,
 ) -> Task:
     """The task `record` describes, with the pack's defaults and its digest (a sealed
     split's digest is keyed by the server's held-out secret, server/heldout.py); `draw`:
-    the held-out draw a sealed generated task belongs to."""
+    the held-out draw a sealed generated task belongs to; `blobs`: where the bytes of the
+    binary files it names are (its pack's, server/packs/blobs.py)."""
     split = manifest.splits.get(record.split)
     sealed = split is not None and split.sealed
     domain = record.domain or f"{manifest.name.split('/')[1]}/{record.family}"
@@ -421,6 +352,7 @@ def build_task(
         difficulty=str(difficulty),
         sealed=sealed,
         draw=draw,
+        blob_source=blobs,
         digest=heldout.task_digest(
             Task.compute_digest(record.family, domain, record.public, record.private),
             secret if sealed else None,
@@ -482,6 +414,9 @@ def inspect_pack(
         if path.is_symlink():
             problems.append(f"{path}: symlinks are not allowed in a pack; copy the file")
     problems.extend(verify_lock(root, hashes))
+    blobs = BlobIndex(policy.max_blob_bytes, policy.max_blobs_bytes)
+    problems.extend(blobs.scan(root, hashes))
+    source = BlobSource(root)  # filled once every task's in-place blobs are known
     # A family (not only its name) also checks its tasks' fields (TaskValidator.validate_task).
     families = list(known_families) if known_families is not None else None
     checkers = {f.name: f for f in families or () if not isinstance(f, str)}
@@ -496,7 +431,7 @@ def inspect_pack(
     if (root / "tasks.jsonl").exists():
         found.append(_jsonl_tasks(root))
     if (root / "tasks").is_dir():
-        found.append(_directory_tasks(root))
+        found.append(directory_tasks(root, blobs))
     if manifest.generators:
         found.append(
             _generated_tasks(
@@ -539,8 +474,9 @@ def inspect_pack(
             unavailable[record.family] = unavailable.get(record.family, 0) + 1
             continue
         bad = len(task_problems) > 0
-        task = build_task(record, manifest, secret, drawn.get(record.id))
-        refused = finalize_task(task, policy, checkers.get(record.family))
+        refused = task_blob_problems(record.public, record.private, blobs)
+        task = build_task(record, manifest, secret, drawn.get(record.id), source)
+        refused += finalize_task(task, policy, checkers.get(record.family))
         if refused:
             problems.extend(f"{where}: pack {manifest.name}, task {task.id}: {p}" for p in refused)
             bad = True
@@ -578,6 +514,8 @@ def inspect_pack(
             if record.expected_reward is not None
             else manifest.defaults.expected_reward
         )
+    problems.extend(blobs.total_problems(root))
+    source.files.update(blobs.relative_to(root))
     problems.extend(
         f"{root / 'pack.toml'}: {broken[name]}; {count} task(s) of this pack use it"
         for name, count in sorted(unavailable.items())
@@ -598,6 +536,7 @@ def inspect_pack(
         files=hashes,
         unavailable={name: broken[name] for name in sorted(unavailable)},
         draws=split_draws,
+        blobs=source,
     )
     return pack, problems
 

@@ -541,7 +541,7 @@ class PackRegistry:
         if generated is not None:  # the stored tasks count toward the publisher's quota
             size += sum(len(canonical(t)) for splits in generated.values() for t in splits.values())
         self._check_quota(rights, publisher, size)
-        pack.root = self.store.place(root, pack.digest)
+        pack.move_to(self.store.place(root, pack.digest))
         index = self.generated.place(pack.digest, generated) if generated is not None else ""
         with self.db.transaction() as db:
             db.execute(

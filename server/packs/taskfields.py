@@ -45,10 +45,18 @@ class HostPolicy:
 
     images: frozenset[str]
     toolchains: frozenset[str]
+    # A pack's binary files (server/packs/blobs.py): one, and all together.
+    max_blob_bytes: int = 64 * 1024 * 1024
+    max_blobs_bytes: int = 512 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HostPolicy:
-        return cls(frozenset(settings.images), frozenset(settings.toolchains))
+        return cls(
+            frozenset(settings.images),
+            frozenset(settings.toolchains),
+            settings.max_pack_blob_bytes,
+            settings.max_pack_blobs_bytes,
+        )
 
     @classmethod
     def default(cls) -> HostPolicy:

@@ -113,7 +113,7 @@ class HarborReader:
             parts = _native(folder, meta, workdir or plan.workdir, problems, notes)
         if problems:
             raise Unsupported(problems)
-        verifier, solution, private = parts
+        verifier, solution, private, blobs = parts
         out = task_out(
             folder,
             plan,
@@ -128,6 +128,7 @@ class HarborReader:
             notes=notes,
             public_extra=mapped.public,
             private={**private, **mapped.private},
+            blobs=blobs,
         )
         out.solution = solution
         if isinstance(export, dict):
@@ -188,7 +189,8 @@ def _environment(
     return plan, build
 
 
-Parts = tuple[dict[str, str], dict[str, str], dict[str, Any]]  # verifier, solution, private
+# verifier, solution, private, binary files ("<folder>/<path>" -> file: the pack's blobs)
+Parts = tuple[dict[str, str], dict[str, str], dict[str, Any], dict[str, Path]]
 
 
 def _native(
@@ -206,7 +208,8 @@ def _native(
     if solution:
         solve = _embed_solution_files(solve, solution)
         notes.append(f"solution files embedded in solve.sh: {', '.join(sorted(solution))}")
-    tests, bad = text_files(folder / "tests")
+    binaries: dict[str, Path] = {}
+    tests, bad = text_files(folder / "tests", binaries=binaries)
     problems += bad + tests_network_problems(tests)
     run = phases.Run()
     phases.verifier_environment(meta, run, "Dockerfile" in tests)
@@ -234,17 +237,24 @@ def _native(
     if image is not None:  # its own tests/Dockerfile, or uv/uvx in its tests
         private["verifier_image"] = image
         notes += wheel_notes(script)
-    return verifier, {"solve.sh": solve}, private
+    return (
+        verifier,
+        {"solve.sh": solve},
+        private,
+        {f"verifier/tests/{k}": v for k, v in binaries.items()},
+    )
 
 
 def _exported(
     folder: Path, export: dict[str, Any], mapped: Mapped, plan: EnvPlan, problems: list[str]
 ) -> Parts:
     """A folder `pack export harbor` wrote: its file maps as they were."""
-    environment, bad = text_files(folder / "environment" / ENV_FILES)
+    env_bin: dict[str, Path] = {}
+    environment, bad = text_files(folder / "environment" / ENV_FILES, binaries=env_bin)
     problems += bad
-    plan.files, plan.setup = environment, []
-    verifier, bad = text_files(folder / "tests" / VERIFIER_DIR)
+    plan.files, plan.binaries, plan.setup = environment, env_bin, []
+    binaries: dict[str, Path] = {}
+    verifier, bad = text_files(folder / "tests" / VERIFIER_DIR, binaries=binaries)
     problems += bad
     solution, bad = text_files(folder / "solution")
     problems += bad
@@ -254,7 +264,7 @@ def _exported(
     image = export.get("verifier_image")
     if isinstance(image, str) and image:
         private["verifier_image"] = image
-    return verifier, solution, private
+    return verifier, solution, private, {f"verifier/{k}": v for k, v in binaries.items()}
 
 
 def _without_generated(meta: dict[str, Any], export: dict[str, Any]) -> dict[str, Any]:

@@ -207,7 +207,7 @@ def task_files(task: Task, org: str) -> dict[str, str]:
         )
     lines = [_program("Dockerfile").substitute(workdir=public.workdir).rstrip("\n")]
     lines += [_env_line(k, str(v)) for k, v in sorted(public.env.items())]
-    if public.environment:
+    if public.environment or task.blobs_of("environment"):
         lines.append(f"COPY {ENV_FILES}/ {public.workdir}/")
     if "setup.sh" in public.environment:
         lines.append("RUN bash ./setup.sh && rm -f ./setup.sh")
@@ -234,6 +234,20 @@ def task_files(task: Task, org: str) -> dict[str, str]:
     return files
 
 
+def task_binaries(task: Task) -> dict[str, Path]:
+    """The task's binary files (the pack's blobs) by their path in its Harbor folder."""
+    out: dict[str, Path] = {}
+    for prefix, folder in (
+        (f"environment/{ENV_FILES}/", "environment"),
+        (f"tests/{VERIFIER_DIR}/", "verifier"),
+        ("solution/", "solution"),
+    ):
+        for rel, path in task.blobs_of(folder).items():
+            plain_parts(rel)
+            out[prefix + rel] = path
+    return out
+
+
 def export_tasks(
     tasks: list[Task], out: Path, *, pack: str, version: str, force: bool = False
 ) -> ExportReport:
@@ -252,13 +266,17 @@ def export_tasks(
                 raise ValueError(f"task id {task.id!r} is not a plain folder name")
             folder = safe_path(out, task.id)
             files = task_files(task, org)
-            targets = {rel: safe_path(folder, rel) for rel in files}
+            binaries = task_binaries(task)
+            targets = {rel: safe_path(folder, rel) for rel in (*files, *binaries)}
         except ValueError as exc:
             report.skipped[task.id] = [f"not exported: {exc}"]
             continue
         for rel, path in targets.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(files[rel], encoding="utf-8")
+            if rel in binaries:
+                path.write_bytes(binaries[rel].read_bytes())
+            else:
+                path.write_text(files[rel], encoding="utf-8")
             if rel.endswith(".sh"):
                 path.chmod(0o755)
         digest = content_digest(folder)
