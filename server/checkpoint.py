@@ -125,7 +125,7 @@ class Checkpoints:
         self._held: set[str] = set()  # keys of live episodes with a checkpoint row
         self._putting: set[str] = set()  # snapshot digests stored, their row not yet written
         self._starts: dict[str, tuple[str, int]] = {}  # live harness episodes' start snapshots
-        self._started: dict[str, float] = {}  # when each of those was put (for its drop)
+        self._started: dict[str, tuple[float, float | None]] = {}  # put at, harness start
         self._keeping = 0  # starts being archived: their digests are not in _starts yet
         self._dropping = asyncio.Lock()  # no start is archived while ended ones are dropped
         self._auto: dict[str, bool] = {}  # automatic checkpoints running: another one due?
@@ -183,6 +183,7 @@ class Checkpoints:
             if episode.harness is not None:  # its start, replayed at resume
                 start = self._starts.get(key)
                 record.harness = capture_of(episode, episode.harness, start)
+                record.harness.started_s = self._started.get(key, (0.0, None))[1]
                 digest, size = start or (None, 0)
             else:
                 digest, size = await self._snapshot(episode)
@@ -258,6 +259,7 @@ class Checkpoints:
             return
         async with self._dropping:
             self._keeping += 1
+        began = time.monotonic() - episode.started  # where a resume's clock restarts
         try:
             digest, size = await self._snapshot(episode)
         except Exception as exc:  # e.g. a full disk: the harness runs on, uncheckpointable
@@ -268,7 +270,7 @@ class Checkpoints:
             self._keeping -= 1
         if digest is not None:
             self._starts[episode.id] = (digest, size)
-            self._started[episode.id] = time.time()  # after its put: the drop's bound
+            self._started[episode.id] = (time.time(), began)  # after its put: drop's bound
 
     async def _snapshot(self, episode: Episode) -> tuple[str | None, int]:
         """The workdir as a stored snapshot (digest, bytes); (None, 0) without a sandbox."""
@@ -391,7 +393,7 @@ class Checkpoints:
             ended = [key for key in self._starts if key not in self.host._live]
             if not ended or self._keeping:  # one being kept may share bytes: next sweep
                 return
-            dropped = [(self._starts.pop(key)[0], self._started.pop(key, 0.0)) for key in ended]
+            dropped = [(self._starts.pop(k)[0], self._started.pop(k)[0]) for k in ended]
             live = {digest for digest, _ in self._starts.values()}
             for digest, put_by in dropped:
                 if digest not in live:
@@ -469,7 +471,7 @@ class Checkpoints:
             raise ConflictError(message, code="resume_failed") from None
         if episode.harness is not None and digest is not None:  # its start, for its next one
             self._starts[key] = (digest, int(size or 0))
-            self._started[key] = time.time()
+            self._started[key] = (time.time(), record.harness and record.harness.started_s)
         lost = await self._cut(int(number), int(steps))
         episode.state.step_count = int(steps)
         self.store.update_episode(episode.settled_state())
@@ -571,7 +573,7 @@ class Checkpoints:
             ctx=ctx,
             limits=record.limits,
             state=live,
-            started=mono - record.elapsed_s,
+            started=mono - HarnessCapture.spent(record.harness, record.elapsed_s),
             last_active=mono,
             oracle=record.oracle,
             owner=owner,

@@ -36,6 +36,17 @@ class HarnessCapture(BaseModel):
 
     instruction: str  # the task's first observation, the harness's instruction
     calls: list[str] = []  # call_digest of each recorded call, in order
+    # Seconds into the episode its harness started: a resume's clock restarts there, as the
+    # harness does (its replay spends again what its commands took; None: an older capture).
+    started_s: float | None = None
+
+    @staticmethod
+    def spent(capture: HarnessCapture | None, elapsed_s: float) -> float:
+        """The seconds a resumed episode has spent: a harness episode's, those before its
+        harness started (the harness starts again and replays what it did, at its cost)."""
+        if capture is None or capture.started_s is None:
+            return elapsed_s
+        return min(capture.started_s, elapsed_s)
 
 
 def canonical(value: Any) -> bytes:
