@@ -33,6 +33,9 @@ import_app = typer.Typer(
 
 # Skip reasons by class (the first that matches), for the summary line.
 REASON_CLASSES = (
+    ("missing test file", r"names the test file"),
+    ("another Python minor", r"names python \d+\.\d+, which no local stand-in"),
+    ("agent files through /shared", r"through /shared"),
     ("digest mismatch", r"digest"),
     ("seeded trajectory", r"trajectory\.json"),
     ("artifacts or verifier", r"artifact|separate verifier|verifier\.(collect|environment)"),

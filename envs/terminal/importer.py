@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from palaestra.envs import BASE_PATH
+from palaestra.envs.terminal import testpaths
 from palaestra.envs.terminal.dockerfile import (
     NETWORK,
     EnvPlan,
@@ -398,6 +399,10 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["run-tests.sh"] = script
     verifier["test.sh"] = verifier_wrapper("terminal-bench", "run-tests.sh")
+    staged = testpaths.terminal_bench(folder, verifier, plan, build, solve)
+    if staged.problems:
+        raise Unsupported(staged.problems)
+    notes += staged.notes
     image = verifier_image_for(verifier, script)
     notes += wheel_notes(script) if image is not None else []
     return task_out(

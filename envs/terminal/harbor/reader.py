@@ -23,6 +23,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.terminal import testpaths
 from palaestra.envs.terminal.dockerfile import EnvPlan, convert_dockerfile, within
 from palaestra.envs.terminal.harbor import phases
 from palaestra.envs.terminal.harbor.config import Ceilings, Mapped, map_config
@@ -111,6 +112,9 @@ class HarborReader:
             parts = _exported(folder, export, mapped, plan, problems)
         else:
             parts = _native(folder, meta, workdir or plan.workdir, problems, notes)
+            staged = testpaths.harbor(folder, meta, parts[0], parts[1], plan, build)
+            problems += staged.problems
+            notes += staged.notes
         if problems:
             raise Unsupported(problems)
         verifier, solution, private, blobs = parts
