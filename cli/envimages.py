@@ -39,6 +39,8 @@ class Environment:
     files: dict[str, str]
     workdir: str
     tasks: list[str] = field(default_factory=list)
+    blobs: dict[str, Path] = field(default_factory=dict)  # binary files: the pack's blobs
+    blob_refs: dict[str, str] = field(default_factory=dict)  # their digests, by path
 
 
 def pack_environments(root: Path) -> tuple[dict[str, Environment], list[str]]:
@@ -53,8 +55,10 @@ def pack_environments(root: Path) -> tuple[dict[str, Environment], list[str]]:
         build = TerminalPrivate.of(task).build
         if not build:
             continue
+        refs = task.blob_refs("build")
         env = envs.setdefault(
-            image_name(build), Environment(build, TerminalPublic.of(task).workdir)
+            image_name(build, refs),
+            Environment(build, TerminalPublic.of(task).workdir, [], task.blobs_of("build"), refs),
         )
         env.tasks.append(task.id)
     return envs, problems
@@ -104,6 +108,8 @@ def build_pack(
             timeout_s=settings.env_build_timeout_s,
             max_bytes=settings.env_context_max_mb * 2**20,
             force=force,
+            blobs=env.blobs,
+            blob_refs=env.blob_refs,
         )
         if result.status == "failed" and base_failures:
             result.cause += "\n" + "\n".join(base_failures.values())

@@ -55,16 +55,24 @@ class Task:
         )
         return "sha256:" + hashlib.sha256(body).hexdigest()
 
-    def blobs_of(self, folder: str) -> dict[str, Path]:
+    def blob_refs(self, folder: str) -> dict[str, str]:
         """The binary files of one of its file maps (`environment`, `verifier`, …):
-        relative path -> the file that holds its bytes."""
-        out: dict[str, Path] = {}
+        relative path -> `sha256:<hex>`."""
+        out: dict[str, str] = {}
         for fields in (self.public, self.private):
             for key, ref in (fields.get("blobs") or {}).items():
                 rel = key.removeprefix(f"{folder}/")
-                if rel != key and self.blob_source is not None:
-                    out[rel] = self.blob_source.path(str(ref).removeprefix("sha256:"))
+                if rel != key:
+                    out[rel] = str(ref)
         return out
+
+    def blobs_of(self, folder: str) -> dict[str, Path]:
+        """The same files: relative path -> the file that holds its bytes."""
+        source = self.blob_source
+        if source is None:
+            return {}
+        refs = self.blob_refs(folder)
+        return {rel: source.path(ref.removeprefix("sha256:")) for rel, ref in refs.items()}
 
     def info(self) -> TaskInfo:
         return TaskInfo(

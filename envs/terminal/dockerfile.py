@@ -58,6 +58,7 @@ class EnvPlan:
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # relative to the workdir
     binaries: dict[str, Path] = field(default_factory=dict)  # the same, binary: the source
+    build_binaries: dict[str, Path] = field(default_factory=dict)  # a build context's
     setup: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

@@ -1,11 +1,12 @@
 """A task's environment image: its Docker build context, named by a digest of the context.
 
 A terminal task that carries a build context (`[private] build`: the Dockerfile and the
-files it copies, text, as the importer took them) runs on the docker backend in the image
-built from it. The image is named ``env-<digest>`` (docker: ``palaestra/env-<digest>:latest``)
-where the digest is the SHA-256 of the context files, so tasks with the same environment
-share one image and a built one is never rebuilt. The pack holds the context; the image is
-derived from it.
+files it copies, as the importer took them: text in the map, binary files as the pack's
+blobs, `build/<path>` in `[private] blobs`) runs on the docker backend in the image built
+from it. The image is named ``env-<digest>`` (docker: ``palaestra/env-<digest>:latest``)
+where the digest is the SHA-256 of the context files (a blob by its digest), so tasks with
+the same environment share one image and a built one is never rebuilt. The pack holds the
+context; the image is derived from it.
 
 Building (`build_env_image`) writes the context to a temporary folder -- never the pack --
 rewrites its FROM lines through the operator's alias map (`Settings.image_aliases`, for
@@ -44,18 +45,23 @@ _LEGACY_NOTE = (
 )  # fmt: skip
 
 
-def context_digest(files: Mapping[str, str]) -> str:
-    """SHA-256 over the context's (path, text) pairs in path order."""
+def context_digest(files: Mapping[str, str], blobs: Mapping[str, str] | None = None) -> str:
+    """SHA-256 over the context's (path, text) pairs in path order, then its binary files'
+    (path, {"blob": "sha256:<hex>"}) pairs (`blobs`; none: the text-only digest)."""
     h = hashlib.sha256()
     for rel in sorted(files):
         h.update(json.dumps([rel, files[rel]]).encode())
         h.update(b"\n")
+    for rel in sorted(blobs or {}):
+        h.update(json.dumps([rel, {"blob": (blobs or {})[rel]}]).encode())
+        h.update(b"\n")
     return h.hexdigest()
 
 
-def image_name(files: Mapping[str, str]) -> str:
-    """The sandbox image name of a context (both backends resolve it; docker adds palaestra/)."""
-    return f"{IMAGE_PREFIX}{context_digest(files)[:20]}"
+def image_name(files: Mapping[str, str], blobs: Mapping[str, str] | None = None) -> str:
+    """The sandbox image name of a context (both backends resolve it; docker adds palaestra/);
+    `blobs`: its binary files' digests by path."""
+    return f"{IMAGE_PREFIX}{context_digest(files, blobs)[:20]}"
 
 
 def docker_tag(name: str) -> str:
@@ -76,18 +82,21 @@ def _words(args: str) -> list[str]:
         return args.split()
 
 
-def context_problems(files: Mapping[str, str], max_bytes: int) -> list[str]:
+def context_problems(
+    files: Mapping[str, str], max_bytes: int, blobs: Mapping[str, Path] | None = None
+) -> list[str]:
     """Why this context cannot be built safely (empty: it can be tried)."""
     problems: list[str] = []
     if DOCKERFILE not in files:
         problems.append("the build context has no Dockerfile")
     size = sum(len(k) + len(v.encode()) for k, v in files.items())
+    size += sum(len(k) + p.stat().st_size for k, p in (blobs or {}).items())
     if size > max_bytes:
         problems.append(
             f"the build context is {size / 2**20:.1f} MiB, over the limit of "
             f"{max_bytes / 2**20:.0f} MiB (env_context_max_mb)"
         )
-    for rel in files:
+    for rel in {*files, *(blobs or {})}:
         parts = rel.split("/")
         if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
             problems.append(f"context file {rel!r} is not a plain relative path")
@@ -121,10 +130,13 @@ def _walk(folder: Path) -> list[Path]:
     return sorted(found)
 
 
-def collect_context(folder: Path, exclude: set[str]) -> tuple[dict[str, str], list[str], list[str]]:
-    """A task's build context as text files (files, problems, notes): symlinks and binary
-    files are problems (a pack holds text only and never what a link points at outside it);
-    dotfiles are left out, as packs leave them out."""
+def collect_context(
+    folder: Path, exclude: set[str], binaries: dict[str, Path] | None = None
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """A task's build context as text files (files, problems, notes): symlinks are problems
+    (a pack never holds what a link points at outside it), binary files go to `binaries`
+    (the pack's blobs) where given, else they are problems; dotfiles are left out, as packs
+    leave them out."""
     files: dict[str, str] = {}
     problems: list[str] = []
     dropped: list[str] = []
@@ -141,7 +153,10 @@ def collect_context(folder: Path, exclude: set[str]) -> tuple[dict[str, str], li
             try:
                 files[rel] = path.read_text(encoding="utf-8")
             except UnicodeDecodeError:
-                problems.append(f"build context: {rel} is a binary file; packs hold text only")
+                if binaries is not None:
+                    binaries[rel] = path
+                else:
+                    problems.append(f"build context: {rel} is a binary file; not kept here")
     notes = [f"left out of the build context (dotfiles): {', '.join(dropped)}"] if dropped else []
     return files, problems, notes
 
@@ -230,13 +245,23 @@ def image_exists(tag: str) -> bool:
     return probe.returncode == 0
 
 
-def write_context(files: Mapping[str, str], dest: Path, workdir: str) -> None:
-    """The context as files under `dest` (executable where the pack convention says)."""
+def write_context(
+    files: Mapping[str, str], dest: Path, workdir: str, blobs: Mapping[str, Path] | None = None
+) -> None:
+    """The context as files under `dest` (executable where the pack convention says), its
+    binary files (`blobs`, path -> the file with their bytes) copied byte for byte."""
     for rel, text in files.items():
         path = dest / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         if rel.endswith(".sh") or text.startswith("#!"):
+            path.chmod(0o755)
+    for rel, source in (blobs or {}).items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = source.read_bytes()
+        path.write_bytes(data)
+        if data.startswith((b"#!", b"\x7fELF")):
             path.chmod(0o755)
 
 
@@ -248,12 +273,15 @@ def build_env_image(
     timeout_s: float,
     max_bytes: int,
     force: bool = False,
+    blobs: Mapping[str, Path] | None = None,
+    blob_refs: Mapping[str, str] | None = None,
 ) -> BuildResult:
     """Build the context's image unless it exists (see the module docstring); never raises
-    for a bad context or a failed build: the result says why."""
-    name = image_name(files)
+    for a bad context or a failed build: the result says why. `blobs`: its binary files
+    (path -> the file), `blob_refs` their digests (path -> sha256:<hex>), which name it."""
+    name = image_name(files, blob_refs)
     tag = docker_tag(name)
-    problems = context_problems(files, max_bytes)
+    problems = context_problems(files, max_bytes, blobs)
     if problems:
         return BuildResult(name, "failed", "; ".join(problems))
     if not force and image_exists(tag):
@@ -262,7 +290,7 @@ def build_env_image(
     dockerfile, mapped = rewrite_from(files[DOCKERFILE], aliases)
     with tempfile.TemporaryDirectory(prefix="palaestra-env-") as tmp:
         root = Path(tmp)
-        write_context(files, root, workdir)
+        write_context(files, root, workdir, blobs)
         (root / DOCKERFILE).write_text(dockerfile + snapshot_step(), encoding="utf-8")
         argv = [
             "docker", "build", "--network", "host", "--rm", "--force-rm", "--pull=false",

@@ -182,7 +182,7 @@ class TerminalFamily(Family[TerminalState]):
         public = TerminalPublic.of(task)
         build = TerminalPrivate.of(task).build
         return SandboxSpec(
-            image=envimage.image_name(build) if build else public.image,
+            image=envimage.image_name(build, task.blob_refs("build")) if build else public.image,
             workdir=public.workdir,
             workspace_mb=public.workspace_mb,
             memory_mb=public.memory_mb,

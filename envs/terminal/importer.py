@@ -315,7 +315,9 @@ def build_context(
     if any(m in p for p in plan.problems for m in NOT_BY_AN_IMAGE):
         problems, plan.problems = plan.problems, []
         return {}, problems, []  # no image helps: the task is refused with them all
-    files, problems, notes = collect_context(folder, exclude) if folder.is_dir() else ({}, [], [])
+    binaries: dict[str, Path] = {}  # the context's binary files: the pack's blobs
+    found = collect_context(folder, exclude, binaries) if folder.is_dir() else ({}, [], [])
+    files, problems, notes = found
     if dockerfile is not None:
         files[DOCKERFILE] = dockerfile
     notes.append(
@@ -323,6 +325,7 @@ def build_context(
         f"--pack`): {'; '.join(plan.problems)}"
     )
     plan.files, plan.binaries, plan.setup, plan.problems = {}, {}, [], []
+    plan.build_binaries = binaries
     if plan.path:
         plan.env["PATH"] = re.sub(r"\$\{PATH\}|\$PATH\b", BASE_PATH, plan.path)
     return files, problems, notes
@@ -468,7 +471,11 @@ def task_out(
         solution={"solve.sh": solve},
         build=build,
         notes=notes,
-        blobs={**{f"environment/{k}": v for k, v in plan.binaries.items()}, **(blobs or {})},
+        blobs={
+            **{f"environment/{k}": v for k, v in plan.binaries.items()},
+            **{f"build/{k}": v for k, v in plan.build_binaries.items()},
+            **(blobs or {}),
+        },
     )
 
 

@@ -1,6 +1,7 @@
 """End to end: a Harbor task with binary files (a PNG and a SQLite database) is imported,
-published, and played on bwrap: the agent's workdir holds the exact bytes, the verifier
-reads its own binary file (a tests/ blob the agent never gets) and the database."""
+published, and played on bwrap (and docker, in the slow tier): the agent's workdir holds
+the exact bytes, the verifier reads its own binary file (a tests/ blob the agent never
+gets) and the database."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import make_settings
+from conftest import docker_skip_reason, make_settings
 from redteam.publishers import client, publish
 from server.packs.test_blobs import PNG
 
@@ -21,7 +22,13 @@ from palaestra.server.manager import EpisodeManager
 from palaestra.server.packs.archive import pack_archive
 
 OK, WHY = bwrap_available()
-pytestmark = pytest.mark.skipif(not OK, reason=f"bwrap unavailable: {WHY}")
+DOCKER_WHY = docker_skip_reason("palaestra/terminal:latest")
+BACKENDS = [
+    pytest.param("bwrap", marks=pytest.mark.skipif(not OK, reason=f"bwrap unavailable: {WHY}")),
+    pytest.param(
+        "docker", marks=[pytest.mark.slow, pytest.mark.skipif(bool(DOCKER_WHY), reason=DOCKER_WHY)]
+    ),
+]
 
 CHECK = """\
 import pathlib, sqlite3, sys
@@ -58,14 +65,15 @@ def binary_task(src: Path) -> tuple[bytes, bytes]:
     return PNG, (folder / "environment" / "data.db").read_bytes()
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
+@pytest.fixture(params=BACKENDS)
+def settings(tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
     (tmp_path / "no-packs").mkdir()
     return make_settings(
         data_dir=tmp_path / "data",
         packs_dirs=[tmp_path / "no-packs"],
         pool_size=0,
         publish_check_tasks=0,
+        sandbox=request.param,
     )
 
 

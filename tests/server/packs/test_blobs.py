@@ -231,3 +231,26 @@ def test_the_importer_refuses_a_binary_file_over_the_limit(tmp_path: Path) -> No
         "harbor", tmp_path / "src", tmp_path / "out2", name="test/bin", max_blobs_bytes=4096
     )
     assert "max_pack_blobs_bytes" in report.skipped["bin-task"][0]
+
+
+def test_a_build_contexts_binary_files_are_blobs_that_name_its_image(tmp_path: Path) -> None:
+    from palaestra.envs.terminal.envimage import image_name, write_context
+    from palaestra.envs.terminal.family import TerminalFamily
+    from palaestra.envs.terminal.fields import TerminalPrivate
+
+    folder = harbor_task(tmp_path / "src", PNG)
+    (folder / "environment" / "Dockerfile").write_text(
+        "FROM python:3.11-slim-bookworm\nRUN apt-get update && apt-get install -y cowsay\n"
+        "WORKDIR /app\nCOPY logo.png /app/logo.png\n"
+    )
+    report = import_tasks("harbor", tmp_path / "src", tmp_path / "out", name="test/bin")
+    assert list(report.imported) == ["bin-task"], report.skipped
+    task = load_pack(tmp_path / "out", ["terminal"]).tasks["bin-task"]
+    build = TerminalPrivate.of(task).build
+    assert "Dockerfile" in build and "logo.png" not in build  # text map: text only
+    assert task.blob_refs("build") == {"logo.png": f"sha256:{hexof(PNG)}"}
+    assert task.blobs_of("environment") == {}  # the image holds the environment
+    image = TerminalFamily().sandbox_spec(task).image  # type: ignore[union-attr]
+    assert image == image_name(build, task.blob_refs("build")) != image_name(build)
+    write_context(build, tmp_path / "ctx", "/app", task.blobs_of("build"))
+    assert (tmp_path / "ctx" / "logo.png").read_bytes() == PNG
