@@ -471,7 +471,8 @@ class Checkpoints:
             raise ConflictError(message, code="resume_failed") from None
         if episode.harness is not None and digest is not None:  # its start, for its next one
             self._starts[key] = (digest, int(size or 0))
-            self._started[key] = (time.time(), record.harness and record.harness.started_s)
+            began = record.harness.started_s if record.harness is not None else None
+            self._started[key] = (time.time(), began)
         lost = await self._cut(int(number), int(steps))
         episode.state.step_count = int(steps)
         self.store.update_episode(episode.settled_state())
