@@ -42,6 +42,7 @@ from palaestra.envs.terminal.harbor.reader import (
 )
 from palaestra.envs.terminal.importer import category_of, difficulty_of
 from palaestra.sdk.packwriter import toml_text
+from palaestra.verifiers import terminal as verifier_run
 
 DOCKERFILE = "Dockerfile"
 BARE_FROM = re.compile(r"FROM [^\s]+\n")  # phases.py's verifier image of a docker_image
@@ -218,7 +219,10 @@ def task_files(task: Task, org: str) -> dict[str, str]:
         "instruction.md": public.instruction,
         "environment/Dockerfile": "\n".join(lines) + "\n",
         "tests/test.sh": _program("test.sh").substitute(
-            workdir=shlex.quote(public.workdir), reward_file=int(private.reward_file)
+            workdir=shlex.quote(public.workdir),
+            reward_file=int(private.reward_file),
+            verifier_dir=verifier_run.VERIFIER_DIR,  # where imported helpers look
+            verifier_logs=verifier_run.VERIFIER_LOGS,
         ),
     }
     if dockerfile is not None:

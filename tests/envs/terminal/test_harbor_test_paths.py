@@ -161,3 +161,20 @@ def test_the_imported_helper_paths_task_passes_pack_check(
     assert result.exit_code == 0, result.output
     assert "oracle 1/1 pass, null 1/1 zero, cheats 1/1 ≤ 0.1, void 0" in result.output
     assert os.path.isdir(tmp_path / "pack" / "tasks" / "helper-paths")
+
+
+def test_an_export_finds_the_moved_helpers_where_harbor_runs_them(
+    imported: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The exported tests/test.sh links the verifier folders the moved helpers name to the
+    ones Harbor runs the tests from (/tests/palaestra, /logs/verifier)."""
+    result = CliRunner().invoke(
+        app, ["pack", "export", "harbor", str(imported[0]), str(tmp_path / "out")]
+    )
+    assert result.exit_code == 0, result.output
+    script = (tmp_path / "out" / "helper-paths" / "tests" / "test.sh").read_text()
+    assert f'ln -s "$VERIFIER_DIR" {VERIFIER_DIR} && ln -s "$VERIFIER_LOGS" {VERIFIER_LOGS}' in (
+        script
+    )
+    helper = tmp_path / "out" / "helper-paths" / "tests" / "palaestra" / "tests" / "check.py"
+    assert f"{VERIFIER_DIR}/tests/expected.txt" in helper.read_text()

@@ -3,6 +3,10 @@
 # does ($$VERIFIER_DIR holds its files, cwd is the task's workdir; exit 0 passes) and writes
 # Harbor's reward file. A task with reward_file = 1 may write the reward itself.
 export VERIFIER_DIR=/tests/palaestra VERIFIER_LOGS=/logs/verifier
+# Helpers an import moved name palaestra's verifier folders ($verifier_dir, $verifier_logs):
+# here they are the folders the tests run from.
+rm -rf $verifier_dir $verifier_logs
+ln -s "$$VERIFIER_DIR" $verifier_dir && ln -s "$$VERIFIER_LOGS" $verifier_logs
 REWARD_FILE=$reward_file
 mkdir -p "$$VERIFIER_LOGS"
 rm -f "$$VERIFIER_LOGS/reward.txt"
