@@ -388,7 +388,8 @@ class Checkpoints:
 
     async def _drop_starts(self) -> None:
         """Ended harness episodes' start snapshots go at once unless still referred to (a
-        server whose clients never checkpoint kept each start workspace until a restart)."""
+        server whose clients never checkpoint kept each start workspace until a restart).
+        Not in a `checkpoint_dir` other nodes may share: their live starts are unknown here."""
         async with self._dropping:
             ended = [key for key in self._starts if key not in self.host._live]
             if not ended or self._keeping:  # one being kept may share bytes: next sweep
@@ -396,7 +397,7 @@ class Checkpoints:
             dropped = [(self._starts.pop(k)[0], self._started.pop(k)[0]) for k in ended]
             live = {digest for digest, _ in self._starts.values()}
             for digest, put_by in dropped:
-                if digest not in live:
+                if digest not in live and self.host.settings.checkpoint_dir is None:
                     await asyncio.to_thread(self._drop, digest, put_by)
 
     async def _prune(self) -> None:

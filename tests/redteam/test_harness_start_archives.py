@@ -16,8 +16,8 @@ from conftest import make_settings
 from tests.server.test_checkpoint import HE, Servers
 
 
-def archives(data: Path) -> list[Path]:
-    return [p for p in (data / "snapshots" / "sha256").rglob("*") if p.is_file()]
+def archives(folder: Path) -> list[Path]:
+    return [p for p in (folder / "sha256").rglob("*") if p.is_file()]
 
 
 async def test_an_ended_episodes_start_archive_goes(tmp_path: Path) -> None:
@@ -33,17 +33,38 @@ async def test_an_ended_episodes_start_archive_goes(tmp_path: Path) -> None:
             episode = host._live[eid]  # type: ignore[attr-defined]
             await host.checkpoints.keep_start(episode)  # type: ignore[attr-defined]
             kept.append(eid)
-        assert len(archives(data)) >= 1
+        assert len(archives(data / "snapshots")) >= 1
         # One episode ends (no prune's grace is waited for: its start is dropped at once).
         assert (await me.http.delete(f"/v1/episodes/{kept[0]}")).status_code == 204
         await host.reap()
         # The live episode's start stays; the ended one's is gone unless they share bytes.
         starts = host.checkpoints._starts  # type: ignore[attr-defined]
         assert kept[1] in starts and kept[0] not in starts
-        assert {p.name for p in archives(data)} == {starts[kept[1]][0].split(":")[1][2:]}
+        live = starts[kept[1]][0].removeprefix("sha256:")
+        assert [p.name for p in archives(data / "snapshots")] == [live[2:]]
         assert (await me.http.delete(f"/v1/episodes/{kept[1]}")).status_code == 204
         await host.reap()
-        assert archives(data) == [], archives(data)
+        assert archives(data / "snapshots") == [], archives(data / "snapshots")
+    finally:
+        await servers.stop()
+        for t in servers.tenants:
+            await t.http.aclose()
+
+
+async def test_a_shared_checkpoint_dir_keeps_it_for_the_prune(tmp_path: Path) -> None:
+    """A `checkpoint_dir` other nodes mount may hold another node's live start of the same
+    bytes, unknown here: the archive is left to the prune (its grace), never dropped at once."""
+    shared = tmp_path / "shared"
+    servers = Servers(make_settings(data_dir=tmp_path / "data", checkpoint_dir=shared))
+    manager = await servers.start()
+    try:
+        me = servers.tenant(["train"])
+        eid = await me.start(task=HE)
+        host = manager.host
+        await host.checkpoints.keep_start(host._live[eid])  # type: ignore[attr-defined]
+        assert (await me.http.delete(f"/v1/episodes/{eid}")).status_code == 204
+        await host.reap()
+        assert len(archives(shared)) == 1
     finally:
         await servers.stop()
         for t in servers.tenants:
