@@ -38,6 +38,11 @@ same = pathlib.Path("/app/out.png").read_bytes() == (here / "expected.png").read
 sys.exit(0 if same and pathlib.Path("/app/count.txt").read_text().strip() == str(rows) else 1)
 """
 
+COUNT = (
+    "python3 -c \"import sqlite3; print(sqlite3.connect('data.db')"
+    ".execute('select count(*) from t').fetchone()[0])\" > count.txt"
+)
+
 
 def binary_task(src: Path) -> tuple[bytes, bytes]:
     """A Harbor task folder whose environment and tests hold binary files: (png, db)."""
@@ -61,7 +66,7 @@ def binary_task(src: Path) -> tuple[bytes, bytes]:
         "#!/bin/bash\npython3 /tests/check.py && echo 1 > /logs/verifier/reward.txt"
         " || echo 0 > /logs/verifier/reward.txt\n"
     )
-    (folder / "solution" / "solve.sh").write_text("#!/bin/bash\ncp logo.png out.png\n")
+    (folder / "solution" / "solve.sh").write_text(f"#!/bin/bash\ncp logo.png out.png\n{COUNT}\n")
     return PNG, (folder / "environment" / "data.db").read_bytes()
 
 
@@ -100,16 +105,14 @@ async def test_binary_files_reach_the_sandbox_and_the_verifier_byte_exact(
         for data in (png, db):
             assert hashlib.sha256(data).hexdigest() in seen, seen
         assert "expected.png" not in seen and "check.py" not in seen
-        count = "python3 -c \"import sqlite3; print(sqlite3.connect('data.db')" \
-            ".execute('select count(*) from t').fetchone()[0])\" > count.txt"  # fmt: skip
-        solve = {"tool": "bash", "arguments": {"command": f"cp logo.png out.png && {count}"}}
+        solve = {"tool": "bash", "arguments": {"command": f"cp logo.png out.png && {COUNT}"}}
         await call(step, {"action": solve})
         ended = await call(step, {"action": {"tool": "submit", "arguments": {}}})
         assert ended["terminated"] and ended["reward"] == 1.0, ended
         # The control: a byte off in the copy fails the verifier.
         started = await call("/v1/episodes", {"task": "test/bin:bin-task"})
         step = f"/v1/episodes/{started['episode_id']}/step"
-        off = f"{{ cat logo.png; printf x; }} > out.png && {count}"
+        off = f"{{ cat logo.png; printf x; }} > out.png && {COUNT}"
         await call(step, {"action": {"tool": "bash", "arguments": {"command": off}}})
         ended = await call(step, {"action": {"tool": "submit", "arguments": {}}})
         assert ended["terminated"] and ended["reward"] == 0.0, ended

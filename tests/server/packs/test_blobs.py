@@ -254,3 +254,20 @@ def test_a_build_contexts_binary_files_are_blobs_that_name_its_image(tmp_path: P
     assert image == image_name(build, task.blob_refs("build")) != image_name(build)
     write_context(build, tmp_path / "ctx", "/app", task.blobs_of("build"))
     assert (tmp_path / "ctx" / "logo.png").read_bytes() == PNG
+
+
+def test_harbor_export_writes_the_bytes_and_imports_back(tmp_path: Path) -> None:
+    from palaestra.envs.terminal.harbor.writer import export_tasks
+
+    harbor_task(tmp_path / "src", PNG)
+    import_tasks("harbor", tmp_path / "src", tmp_path / "out", name="test/bin")
+    task = load_pack(tmp_path / "out", ["terminal"]).tasks["bin-task"]
+    report = export_tasks([task], tmp_path / "harbor", pack="test/bin", version="1.0.0")
+    assert list(report.exported) == ["bin-task"], report.skipped
+    written = [p for p in (tmp_path / "harbor" / "bin-task").rglob("*") if p.is_file()]
+    assert sum(p.read_bytes() == PNG for p in written) == 2  # environment and tests
+    again = import_tasks("harbor", tmp_path / "harbor", tmp_path / "back", name="test/bin")
+    assert list(again.imported) == ["bin-task"], again.skipped
+    back = load_pack(tmp_path / "back", ["terminal"]).tasks["bin-task"]
+    assert back.public["blobs"] == task.public["blobs"]
+    assert back.private["blobs"] == task.private["blobs"]
