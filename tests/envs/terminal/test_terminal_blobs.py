@@ -116,3 +116,30 @@ async def test_binary_files_reach_the_sandbox_and_the_verifier_byte_exact(
         await call(step, {"action": {"tool": "bash", "arguments": {"command": off}}})
         ended = await call(step, {"action": {"tool": "submit", "arguments": {}}})
         assert ended["terminated"] and ended["reward"] == 0.0, ended
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    bool(docker_skip_reason("palaestra/base:bookworm")),
+    reason=docker_skip_reason("palaestra/base:bookworm"),
+)
+def test_a_build_contexts_blob_is_in_its_image_byte_exact(tmp_path: Path) -> None:
+    import subprocess
+
+    from palaestra.envs.terminal.envimage import build_env_image, docker_tag
+
+    blob = tmp_path / "logo.png"
+    blob.write_bytes(PNG)
+    files = {"Dockerfile": "FROM palaestra/base:bookworm\nWORKDIR /app\nCOPY logo.png /app/\n"}
+    refs = {"logo.png": f"sha256:{hashlib.sha256(PNG).hexdigest()}"}
+    built = build_env_image(
+        files, workdir="/app", aliases={}, timeout_s=120.0, max_bytes=1 << 20,
+        blobs={"logo.png": blob}, blob_refs=refs,
+    )  # fmt: skip
+    assert built.status in ("built", "cached"), built.cause
+    inside = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "sha256sum", docker_tag(built.image),
+         "/app/logo.png"],
+        capture_output=True, text=True, check=False, timeout=60,
+    ).stdout  # fmt: skip
+    assert inside.split()[0] == hashlib.sha256(PNG).hexdigest(), inside
