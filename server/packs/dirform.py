@@ -9,6 +9,7 @@ its map `{relative path: text}`; its binary files stay where they are and are na
 
 from __future__ import annotations
 
+import codecs
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,8 +46,8 @@ def _file_map(folder: Path, index: BlobIndex) -> tuple[dict[str, str], dict[str,
             continue
         size = path.stat().st_size
         try:
-            if size > index.max_blob:  # never read whole; a text file this large is no task's
-                raise UnicodeDecodeError("utf-8", b"", 0, 1, "large")
+            if size > index.max_blob and not _utf8(path):  # a large binary is never held whole
+                raise UnicodeDecodeError("utf-8", b"", 0, 1, "over max_pack_blob_bytes")
             files[rel.as_posix()] = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             if size > index.max_blob:
@@ -56,6 +57,19 @@ def _file_map(folder: Path, index: BlobIndex) -> tuple[dict[str, str], dict[str,
             index.add(digest.removeprefix("sha256:"), path, size)
             binary[rel.as_posix()] = digest
     return files, binary, problems
+
+
+def _utf8(path: Path) -> bool:
+    """Whether the file is UTF-8 text, read a MiB at a time (never whole)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with path.open("rb") as data:
+            while chunk := data.read(1 << 20):
+                decoder.decode(chunk)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _dir_task(task_dir: Path, index: BlobIndex) -> Found:

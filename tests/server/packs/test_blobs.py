@@ -271,3 +271,23 @@ def test_harbor_export_writes_the_bytes_and_imports_back(tmp_path: Path) -> None
     back = load_pack(tmp_path / "back", ["terminal"]).tasks["bin-task"]
     assert back.public["blobs"] == task.public["blobs"]
     assert back.private["blobs"] == task.private["blobs"]
+
+
+def test_a_large_text_file_stays_text_and_a_large_binary_one_is_refused(tmp_path: Path) -> None:
+    root = compact_pack(tmp_path / "p", [], {})
+    (root / "tasks.jsonl").unlink()
+    task = root / "tasks" / "t"
+    (task / "environment").mkdir(parents=True)
+    (task / "task.toml").write_text(
+        'family = "terminal"\nsplit = "train"\n[private.verifier]\n"test.sh" = "exit 0"\n'
+    )
+    (task / "environment" / "log.txt").write_text("é" * 3000)  # 6000 bytes of text
+    base = HostPolicy.default()
+    small = HostPolicy(base.images, base.toolchains, max_blob_bytes=5000)
+    loaded = load_pack(root, ["terminal"], small).tasks["t"]
+    assert loaded.public["environment"]["log.txt"] == "é" * 3000
+    (task / "environment" / "big.bin").write_bytes(PNG * 40)
+    with pytest.raises(PackError) as info:
+        load_pack(root, ["terminal"], small)
+    assert f"big.bin: the file is {len(PNG) * 40} bytes, over the limit of 5000" in str(info.value)
+    assert "max_pack_blob_bytes" in str(info.value)
