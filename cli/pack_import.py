@@ -6,6 +6,7 @@ The importers live beside the family whose tasks they produce: envs/terminal/imp
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -61,19 +62,40 @@ def reason_class(reason: str) -> str:
     return next((name for name, pattern in REASON_CLASSES if re.search(pattern, text)), "other")
 
 
-def import_summary(report: ImportReport) -> str:
-    """'N imported, M skipped: k × class; …' (each skipped task counted once a class)."""
+def skip_classes(report: ImportReport) -> Counter[str]:
+    """Skipped tasks by reason class, each task counted once a class."""
     classes: Counter[str] = Counter()
     for reasons in report.skipped.values():
         classes.update({reason_class(r) for r in reasons})
+    return classes
+
+
+def import_summary(report: ImportReport) -> str:
+    """'N imported, M skipped: k × class; …' (each skipped task counted once a class)."""
+    classes = skip_classes(report)
     why = "; ".join(f"{n} × {c}" for c, n in sorted(classes.items(), key=lambda kv: -kv[1]))
     return f"{len(report.imported)} imported, {len(report.skipped)} skipped" + (
         f" ({why})" if why else ""
     )
 
 
+def record_summary(report: ImportReport) -> None:
+    """Add the summary line and the skip counts by class (`skipped_by_reason`) to the
+    report file the importer wrote (OUT/import-report.json), so both give the same counts."""
+    path = Path(report.out) / REPORT_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the importer wrote none (nothing to add to)
+    data["summary"] = import_summary(report)
+    data["skipped_by_reason"] = dict(sorted(skip_classes(report).items(), key=lambda kv: -kv[1]))
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def render_import(report: ImportReport, out: Console, *, verbose: bool = False) -> None:
-    """The summary line; with `verbose`, first the table of every task and why."""
+    """The summary line (also written into the report file); with `verbose`, first the table
+    of every task and why."""
+    record_summary(report)
     if verbose:
         table = Table("task", "result", "why / notes", title=f"{report.format} → {report.out}")
         for tid, notes in sorted(report.imported.items()):

@@ -81,6 +81,12 @@ def test_what_cannot_run_is_refused_by_name_and_counted(imported: tuple[Path, st
         "1 × agent files through /shared)"
     )
     assert summary in " ".join(printed.split())
+    assert report["summary"] == summary  # the report file counts them as the line does
+    assert report["skipped_by_reason"] == {
+        "missing test file": 1,
+        "another Python minor": 1,
+        "agent files through /shared": 1,
+    }
 
 
 def test_a_terminal_bench_run_tests_missing_its_test_file_is_refused(tmp_path: Path) -> None:
