@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import posixpath
 import secrets
 import shlex
@@ -212,6 +213,17 @@ def files_tar(
     its bytes, server/packs/blobs.py), with their parent directories; scripts and ELF
     programs get mode 0755."""
     out = io.BytesIO()
+    write_files_tar(out, files, executable, blobs)
+    return out.getvalue()
+
+
+def write_files_tar(
+    out: BinaryIO,
+    files: Mapping[str, str],
+    executable: bool = False,
+    blobs: Mapping[str, Path] | None = None,
+) -> None:
+    """`files_tar` into `out`, a blob at a time from its file (never all in memory)."""
     dirs: set[str] = set()
     binary = dict(blobs or {})
     with tarfile.open(fileobj=out, mode="w") as tf:
@@ -225,13 +237,20 @@ def files_tar(
                     info.type = tarfile.DIRTYPE
                     info.mode = 0o755
                     tf.addfile(info)
-            raw = files[rel].encode("utf-8") if rel in files else binary[rel].read_bytes()
             info = tarfile.TarInfo(rel)
-            info.size = len(raw)
+            if rel in files:
+                raw = files[rel].encode("utf-8")
+                data: BinaryIO = io.BytesIO(raw)
+                info.size = len(raw)
+            else:
+                data = binary[rel].open("rb")
+                info.size = os.fstat(data.fileno()).st_size
+                raw = data.read(4)
+                data.seek(0)
             script = rel.endswith(".sh") or raw.startswith((b"#!", b"\x7fELF"))
             info.mode = 0o755 if (executable or script) else 0o644
-            tf.addfile(info, io.BytesIO(raw))
-    return out.getvalue()
+            with data:
+                tf.addfile(info, data)
 
 
 def _links_outside_the_verifier(

@@ -233,9 +233,10 @@ class TerminalFamily(Family[TerminalState]):
         env_files, env_blobs = public.environment, task.blobs_of("environment")
         if TerminalPrivate.of(task).build:
             await _copy_snapshot(box, workdir, task.id)
-        if env_files or env_blobs:
-            tar = await asyncio.to_thread(verifier.files_tar, env_files, False, env_blobs)
-            await box.upload_tar(tar)
+        if env_files or env_blobs:  # through a file on disk: blobs may be large
+            with ctx.sandboxes.spool() as tar:
+                await asyncio.to_thread(verifier.write_files_tar, tar, env_files, False, env_blobs)
+                await box.upload_tar_from(tar)
         if SETUP_SCRIPT in env_files:
             result = await box.exec(
                 [
