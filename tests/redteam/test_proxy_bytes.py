@@ -283,6 +283,9 @@ class Handle:
         self.active = False
         self.endings.append(ending)
 
+    async def keep_start(self) -> None:
+        """Nothing is checkpointed here: no start to keep."""
+
 
 async def test_a_flooding_harness_ends_its_episode_truncated_with_bounded_records(
     upstream: FakeUpstream,

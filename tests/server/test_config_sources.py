@@ -28,6 +28,8 @@ ALLOWED = {
     "envs/cheat_scripts/forge.py": "a cheat program run inside the agent's sandbox",
     "server/harness/programs/bash_agent.py": "the built-in harness, run inside the episode's "
     "sandbox: OPENAI_BASE_URL/OPENAI_MODEL are the session proxy the runner gave it",
+    "server/harness/programs/acp_agent.py": "the reference ACP agent, run inside the "
+    "episode's sandbox: OPENAI_BASE_URL/OPENAI_MODEL are the session proxy the runner gave it",
     "sdk/policies/chat.py": "the key of the user's model endpoint, in the variable "
     "--api-key-env names (never stored; no palaestra setting)",
     "sandbox/docker/engine.py": "DOCKER_HOST, the docker SDK's own variable for the engine's "
