@@ -37,6 +37,7 @@ from palaestra.sdk.blobs import (
     disk_cost,
     too_large,
 )
+from palaestra.server.packs.taskfields import check_relative  # the one path rule
 
 
 @dataclass
@@ -110,8 +111,6 @@ def task_blob_problems(
     public: Mapping[str, Any], private: Mapping[str, Any], index: BlobIndex
 ) -> list[str]:
     """Each problem of a task's blob references, as 'side.blobs[path]: what to fix'."""
-    from palaestra.server.packs.taskfields import check_relative  # the one path rule
-
     problems: list[str] = []
     for side, fields in (("public", public), ("private", private)):
         refs = fields.get(BLOBS_FIELD)
