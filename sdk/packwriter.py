@@ -7,14 +7,14 @@ write when it loads the pack, and `palaestra pack check` proves it.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from palaestra.sdk.blobs import BLOBS_DIR
+from palaestra.sdk.blobs import BLOBS_DIR, sha256_file
 
 REPORT_FILE = "import-report.json"
 
@@ -102,13 +102,12 @@ def write_blobs(out: Path, files: Mapping[str, Path]) -> dict[str, str]:
     server/packs/blobs.py): `{key: "sha256:<hex>"}` for each key of `files`."""
     refs: dict[str, str] = {}
     for key, source in files.items():
-        data = source.read_bytes()
-        name = hashlib.sha256(data).hexdigest()
-        path = out / BLOBS_DIR / name
+        ref = sha256_file(source)  # a MiB at a time, as the copy below
+        path = out / BLOBS_DIR / ref.removeprefix("sha256:")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        refs[key] = f"sha256:{name}"
+            shutil.copyfile(source, path)
+        refs[key] = ref
     return refs
 
 
