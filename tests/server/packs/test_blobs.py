@@ -291,3 +291,20 @@ def test_a_large_text_file_stays_text_and_a_large_binary_one_is_refused(tmp_path
         load_pack(root, ["terminal"], small)
     assert f"big.bin: the file is {len(PNG) * 40} bytes, over the limit of 5000" in str(info.value)
     assert "max_pack_blob_bytes" in str(info.value)
+
+
+def test_a_terminal_bench_task_keeps_its_binary_files(tmp_path: Path) -> None:
+    import shutil
+
+    src = tmp_path / "src" / "grep-errors"
+    fixture = Path(__file__).parents[2] / "fixtures" / "terminal-bench" / "grep-errors"
+    shutil.copytree(fixture, src)
+    (src / "logs" / "server.db").write_bytes(PNG)
+    with (src / "Dockerfile").open("a") as dockerfile:
+        dockerfile.write("COPY logs/server.db /app/logs/server.db\n")
+    (src / "tests" / "golden.bin").write_bytes(PNG[::-1])
+    report = import_tasks("terminal-bench", tmp_path / "src", tmp_path / "out", name="t/b")
+    assert list(report.imported) == ["grep-errors"], report.skipped
+    task = load_pack(tmp_path / "out", ["terminal"]).tasks["grep-errors"]
+    assert task.blobs_of("environment")["logs/server.db"].read_bytes() == PNG
+    assert task.blobs_of("verifier")["tests/golden.bin"].read_bytes() == PNG[::-1]
