@@ -16,6 +16,7 @@ maps, so import(export(pack)) gives the same tasks.
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
 import shlex
@@ -193,6 +194,8 @@ def _environment(
     return plan, build
 
 
+# The longest solve.sh (quoted) the oracle's bash command takes (its 200,000 characters).
+MAX_SOLVE = 190_000
 # verifier, solution, private, binary files ("<folder>/<path>" -> file: the pack's blobs)
 Parts = tuple[dict[str, str], dict[str, str], dict[str, Any], dict[str, Path]]
 
@@ -202,16 +205,23 @@ def _native(
 ) -> Parts:
     """A Harbor task as Harbor writes it (see the module docstring); its separate verifier
     and artifacts as phases.py reads them."""
-    solution, bad = text_files(folder / "solution")
+    solution_bin: dict[str, Path] = {}
+    solution, bad = text_files(folder / "solution", binaries=solution_bin)
     problems += bad
     solve = solution.pop("solve.sh", None)
     if solve is None:
         problems.append("no solution/solve.sh")
         solve = ""
     problems += solution_problems(solve)
-    if solution:
-        solve = _embed_solution_files(solve, solution)
-        notes.append(f"solution files embedded in solve.sh: {', '.join(sorted(solution))}")
+    if solution or solution_bin:
+        solve = _embed_solution_files(solve, solution, solution_bin)
+        embedded = ", ".join(sorted({*solution, *solution_bin}))
+        notes.append(f"solution files embedded in solve.sh: {embedded}")
+        if len(shlex.quote(solve)) > MAX_SOLVE:
+            problems.append(
+                f"the solution's files take solve.sh to {len(solve)} characters, over the "
+                f"{MAX_SOLVE} one oracle command may carry (binary files go in base64)"
+            )
     binaries: dict[str, Path] = {}
     tests, bad = text_files(folder / "tests", binaries=binaries)
     problems += bad + tests_network_problems(tests)
@@ -288,9 +298,15 @@ def _without_generated(meta: dict[str, Any], export: dict[str, Any]) -> dict[str
     return {k: v for k, v in meta.items() if v not in ({}, [])}
 
 
-def _embed_solution_files(solve: str, files: dict[str, str]) -> str:
-    """solve.sh that first writes Harbor's other solution files (its /solution) to a temp dir."""
-    lines = ["#!/bin/bash", "SOLUTION_DIR=$(mktemp -d)"]
+def _embed_solution_files(solve: str, files: dict[str, str], binaries: dict[str, Path]) -> str:
+    """solve.sh that first writes Harbor's other solution files (its /solution) to a temp dir
+    (binary ones in base64: the oracle's one command carries them)."""
+    lines = ["#!/bin/bash", "export SOLUTION_DIR=$(mktemp -d)"]  # the inner bash reads it
+    for rel, path in sorted(binaries.items()):
+        target = f'"$SOLUTION_DIR"/{shlex.quote(rel)}'
+        lines.append(f'mkdir -p "$(dirname {target})"')
+        data = base64.encodebytes(path.read_bytes()).decode()
+        lines.append(f"base64 -d > {target} <<'PALAESTRA_EOF'\n{data}PALAESTRA_EOF")
     for rel, text in sorted(files.items()):
         tag = "PALAESTRA_EOF"
         while tag in text:

@@ -308,3 +308,28 @@ def test_a_terminal_bench_task_keeps_its_binary_files(tmp_path: Path) -> None:
     task = load_pack(tmp_path / "out", ["terminal"]).tasks["grep-errors"]
     assert task.blobs_of("environment")["logs/server.db"].read_bytes() == PNG
     assert task.blobs_of("verifier")["tests/golden.bin"].read_bytes() == PNG[::-1]
+
+
+def test_a_harbor_solutions_binary_file_is_carried_by_the_oracle(tmp_path: Path) -> None:
+    import subprocess
+
+    from palaestra.envs.terminal.family import TerminalFamily
+
+    folder = harbor_task(tmp_path / "src", PNG)
+    (folder / "solution" / "answer.png").write_bytes(PNG[::-1])
+    (folder / "solution" / "note.txt").write_text("text too\n")  # (lost before: not exported)
+    (folder / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\ncp /solution/answer.png out.png\ncp /solution/note.txt note.txt\n"
+    )
+    report = import_tasks("harbor", tmp_path / "src", tmp_path / "out", name="test/bin")
+    assert list(report.imported) == ["bin-task"], report.skipped
+    task = load_pack(tmp_path / "out", ["terminal"]).tasks["bin-task"]
+    command = TerminalFamily().oracle(task)[0].arguments["command"]
+    (tmp_path / "run").mkdir()
+    subprocess.run(["bash", "-c", command], cwd=tmp_path / "run", check=True, timeout=30)
+    assert (tmp_path / "run" / "out.png").read_bytes() == PNG[::-1]
+    assert (tmp_path / "run" / "note.txt").read_text() == "text too\n"
+    # Too large for the oracle's one command: refused at import, naming why.
+    (folder / "solution" / "answer.png").write_bytes(bytes(200_000))
+    report = import_tasks("harbor", tmp_path / "src", tmp_path / "out2", name="test/bin")
+    assert "over the 190000 one oracle command may carry" in report.skipped["bin-task"][0]
