@@ -18,10 +18,11 @@ answer: a bigger range is refused, naming the paging to do instead.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from palaestra.sdk.client import TaskQuery
@@ -30,7 +31,14 @@ from palaestra.sdk.models import PackInfo, SplitInfo, TaskInfo
 from palaestra.server.auth import EVAL, Principal
 from palaestra.server.caller import principal_of, services_of
 from palaestra.server.catalog import Catalog
-from palaestra.server.doors.ors import MAX_TASKS, RangeBody, SplitBody, TaskBody, split_type
+from palaestra.server.doors.ors import (
+    MAX_TASKS,
+    RangeBody,
+    SplitBody,
+    TaskBody,
+    encoded,
+    split_type,
+)
 from palaestra.server.fastpath import validation_message
 
 router = APIRouter(prefix="/openenv/{org}/{name}", tags=["openenv"])
@@ -99,20 +107,23 @@ def task_view(task: TaskInfo, index: int, public: bool) -> dict[str, Any]:
 
 def page(
     catalog: Catalog, principal: Principal, pack: PackInfo, split: str, start: int, stop: int
-) -> list[dict[str, Any]]:
-    """The tasks [start, stop) of the split (bounds already within it)."""
+) -> Callable[[], list[dict[str, Any]]]:
+    """The views of the tasks [start, stop) of the split (bounds already within it), read
+    and built when called (`encoded` calls it on a worker thread)."""
     found = split_of(pack, split)
     if stop - start > MAX_TASKS:
         raise BadRequestError(
             f"a range is at most {MAX_TASKS} tasks; this one is {stop - start}: ask "
             f"task_range in pages (start, start + {MAX_TASKS}, …) up to num_tasks"
         )
-    if stop <= start:
-        return []
-    query = TaskQuery(pack=pinned(pack), split=split, limit=stop - start, offset=start)
-    tasks = catalog.task_list(query).tasks
+    query = TaskQuery(pack=pinned(pack), split=split, limit=max(stop - start, 1), offset=start)
     public = shown(found, principal)
-    return [task_view(t, start + i, public) for i, t in enumerate(tasks)]
+
+    def views() -> list[dict[str, Any]]:
+        tasks = catalog.task_list(query).tasks if stop > start else []
+        return [task_view(t, start + i, public) for i, t in enumerate(tasks)]
+
+    return views
 
 
 def task_at(
@@ -122,7 +133,7 @@ def task_at(
     if not 0 <= index < total:
         last = f"0..{total - 1}" if total else "it is empty"
         raise BadRequestError(f"Invalid task index {index}: split {split!r} has {total} ({last})")
-    return page(catalog, principal, pack, split, index, index + 1)[0]
+    return page(catalog, principal, pack, split, index, index + 1)()[0]
 
 
 def reset_by_index(catalog: Catalog, pack: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -191,18 +202,18 @@ async def list_splits(org: str, name: str, env: str, request: Request) -> JSONRe
 
 
 @router.post("/{env}/tasks")
-async def list_tasks(org: str, name: str, env: str, request: Request) -> JSONResponse:
+async def list_tasks(org: str, name: str, env: str, request: Request) -> Response:
     """The split's tasks: the first `MAX_TASKS` (OpenEnv's bounded preview of a big split;
     num_tasks is the true total and task_range pages through it)."""
     try:
         principal, catalog = principal_of(request), services_of(request).catalog
         pack = environment(catalog, org, name, env)
         body = await asked(request, SplitBody)
-        total = split_of(pack, body.split).tasks
-        tasks = page(catalog, principal, pack, body.split, 0, min(total, MAX_TASKS))
+        count = min(split_of(pack, body.split).tasks, MAX_TASKS)
+        views = page(catalog, principal, pack, body.split, 0, count)
     except PalaestraError as exc:
         return error(exc)
-    return JSONResponse({"tasks": tasks, "env_name": env_name(name)})
+    return await encoded(lambda: {"tasks": views(), "env_name": env_name(name)})
 
 
 @router.post("/{env}/num_tasks")
@@ -228,7 +239,7 @@ async def get_task(org: str, name: str, env: str, request: Request) -> JSONRespo
 
 
 @router.post("/{env}/task_range")
-async def get_task_range(org: str, name: str, env: str, request: Request) -> JSONResponse:
+async def get_task_range(org: str, name: str, env: str, request: Request) -> Response:
     """Tasks [start, stop) as a Python slice (negative bounds count from the end)."""
     try:
         principal, catalog = principal_of(request), services_of(request).catalog
@@ -236,7 +247,7 @@ async def get_task_range(org: str, name: str, env: str, request: Request) -> JSO
         body = await asked(request, RangeBody)
         total = split_of(pack, body.split).tasks
         start, stop, _ = slice(body.start, body.stop).indices(total)
-        tasks = page(catalog, principal, pack, body.split, start, stop)
+        views = page(catalog, principal, pack, body.split, start, stop)
     except PalaestraError as exc:
         return error(exc)
-    return JSONResponse({"tasks": tasks})
+    return await encoded(lambda: {"tasks": views()})
