@@ -3,15 +3,15 @@
 Each terminal task with a build context (`[private] build`) runs in the image built from it,
 named by the context's digest (envs/terminal/envimage.py): tasks that share a context share
 one image, and one already in the engine is not rebuilt. The stand-in base images the
-operator's alias map names (`Settings.image_aliases`, e.g. palaestra/python) are built from
-images/ first where they are missing. Every environment is reported built, cached or failed
-with the build log's cause; a failure never stops the rest.
+operator's alias map names for these contexts (`Settings.image_aliases`, e.g.
+palaestra/golang) are built from images/ first where they are missing. Every environment is
+reported built, cached or failed with the build log's cause; a failure never stops the rest.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,10 +19,12 @@ from rich.console import Console
 from rich.text import Text
 
 from palaestra.envs.terminal.envimage import (
+    DOCKERFILE,
     BuildResult,
     build_env_image,
     export_rootfs,
     image_name,
+    rewrite_from,
 )
 from palaestra.envs.terminal.fields import TerminalPrivate, TerminalPublic
 from palaestra.server.config import Settings
@@ -64,12 +66,18 @@ def pack_environments(root: Path) -> tuple[dict[str, Environment], list[str]]:
     return envs, problems
 
 
-def stand_ins(settings: Settings) -> set[str]:
-    """The images/ recipes the alias map points at (palaestra/NAME:latest -> NAME)."""
+def stand_ins(settings: Settings, envs: Iterable[Environment]) -> set[str]:
+    """The images/ recipes these environments' FROM lines map to (palaestra/NAME:latest ->
+    NAME): only those are built, not every stand-in of the alias map; none under a mirror."""
     names = set()
-    for target in settings.image_aliases.values():
-        if target.startswith(STAND_IN_PREFIX):
-            names.add(target[len(STAND_IN_PREFIX) :].split(":")[0])
+    for env in envs:
+        _, mapped = rewrite_from(
+            env.files.get(DOCKERFILE, ""), settings.image_aliases, settings.image_registry_mirror
+        )
+        for line in mapped:
+            target = line.rsplit(" -> ", 1)[1]
+            if target.startswith(STAND_IN_PREFIX):
+                names.add(target[len(STAND_IN_PREFIX) :].split(":")[0])
     return names
 
 
@@ -92,7 +100,7 @@ def build_pack(
         return [BuildResult("(pack)", "failed", "; ".join(problems))]
     if on_start is not None:
         on_start(len(envs))
-    wanted = stand_ins(settings) if envs else set()
+    wanted = stand_ins(settings, envs.values())
     base_failures: dict[str, str] = {}
     for name in sorted(wanted):
         try:
@@ -110,6 +118,7 @@ def build_pack(
             force=force,
             blobs=env.blobs,
             blob_refs=env.blob_refs,
+            mirror=settings.image_registry_mirror,
         )
         if result.status == "failed" and base_failures:
             result.cause += "\n" + "\n".join(base_failures.values())

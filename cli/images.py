@@ -3,8 +3,10 @@
 No registry is reachable, so every image is built locally: `base` by images/base/build.sh
 (debootstrap bookworm -> a rootfs kept in the cache for bwrap -> `docker import` as
 palaestra/base:bookworm), every other folder of images/ holding a Dockerfile by
-`docker build` as palaestra/<name>:latest (FROM the base). Builds are cached: the base's
-rootfs tarball under $PALAESTRA_CACHE (default ~/.cache/palaestra), the images in the engine.
+`docker build` as palaestra/<name>:latest (FROM the base); the toolchain stand-ins (golang,
+rust, node, java, gcc) only by name or when a pack's environment needs one. Builds are
+cached: the base's rootfs tarball under $PALAESTRA_CACHE (default ~/.cache/palaestra), the
+images in the engine.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from palaestra.envs.terminal.verifierimage import (
     has_image,
 )
 from palaestra.sandbox.docker.engine import image_ref
+from palaestra.sandbox.docker.standins import ON_DEMAND
 from palaestra.server.config import REPO_IMAGES, load_settings
 from palaestra.server.packs.loader import inspect_pack
 
@@ -195,7 +198,8 @@ def build(
         error(f"no recipe {name!r}; images/ has: {', '.join(known)}")
         raise typer.Exit(2)
     client = docker_client()
-    wanted = list(known) if name is None else [name]
+    # The toolchain stand-ins are built when a pack's environment needs one (or by name).
+    wanted = [n for n in known if n not in ON_DEMAND] if name is None else [name]
     with Stop("images build"), LiveProgress("images build", len(wanted), unit="images") as bar:
         for image in wanted:
             _build_one(client, image, force)

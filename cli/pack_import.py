@@ -21,6 +21,7 @@ from palaestra.cli.images import build_pack_environments
 from palaestra.cli.progress import LiveProgress
 from palaestra.cli.stopping import Stop
 from palaestra.envs.finance.importer import ImportProblem, import_file
+from palaestra.envs.terminal.baseimages import BaseImages
 from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.sdk.packwriter import REPORT_FILE, ImportReport
@@ -42,7 +43,10 @@ REASON_CLASSES = (
     ("artifacts or verifier", r"artifact|separate verifier|verifier\.(collect|environment)"),
     ("another reward format", r"reward\.json"),
     ("host variables", r"from the host"),
+    ("test-time installs (egress_allow)", r"install packages at test time"),
     ("needs the network", r"network|downloads|https?://"),
+    ("no stand-in for the base image", r"no local stand-in"),
+    ("newer toolchain than its stand-in", r"its local stand-in has"),
     ("another base image", r"base image|multi-stage"),
     ("apt packages the sandbox lacks", r"apt packages"),
     ("services", r"service|daemon|expose|volume"),
@@ -193,6 +197,7 @@ def _run(
             fmt, src, out, name=name, version=version, split=split, force=force,
             ceilings=ceilings(), max_blob_bytes=settings.max_pack_blob_bytes,
             max_blobs_bytes=settings.max_pack_blobs_bytes,
+            bases=BaseImages(settings.image_aliases, settings.image_registry_mirror),
         )  # fmt: skip
     except ValueError as exc:
         error(str(exc))

@@ -10,8 +10,9 @@ context; the image is derived from it.
 
 Building (`build_env_image`) writes the context to a temporary folder -- never the pack --
 rewrites its FROM lines through the operator's alias map (`Settings.image_aliases`, for
-sites without a registry), appends programs/snapshot.Dockerfile (a copy of the workdir
-outside the workspace mount) and runs the legacy ``docker build`` under the build timeout.
+sites without a registry) or to its registry mirror (`Settings.image_registry_mirror`),
+appends programs/snapshot.Dockerfile (a copy of the workdir outside the workspace mount)
+and runs the legacy ``docker build`` under the build timeout.
 A context that tries to reach outside itself (``..``, absolute sources, an ADD of a URL) or
 is over the size limit is refused with its cause before anything is built.
 """
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from palaestra.envs.terminal.baseimages import BaseImages
 from palaestra.envs.terminal.dockerfile import dockerfile_instructions
 
 DOCKERFILE = "Dockerfile"
@@ -161,18 +163,12 @@ def collect_context(
     return files, problems, notes
 
 
-def _alias(ref: str, aliases: Mapping[str, str]) -> str | None:
-    """The local image `ref` maps to: an exact key, else its name without tag or digest."""
-    if ref in aliases:
-        return aliases[ref]
-    bare = ref.split("@", 1)[0]
-    if ":" in bare.rsplit("/", 1)[-1]:
-        bare = bare.rsplit(":", 1)[0]
-    return aliases.get(bare)
-
-
-def rewrite_from(text: str, aliases: Mapping[str, str]) -> tuple[str, list[str]]:
-    """The Dockerfile with each FROM image mapped through `aliases`; plus what was mapped."""
+def rewrite_from(
+    text: str, aliases: Mapping[str, str], mirror: str | None = None
+) -> tuple[str, list[str]]:
+    """The Dockerfile with each FROM image mapped through `aliases`, or to the registry
+    `mirror`'s copy where one is set (envs/terminal/baseimages.py); plus what was mapped."""
+    bases = BaseImages(aliases, mirror)
     stages: set[str] = set()
     mapped: list[str] = []
     out: list[str] = []
@@ -185,8 +181,8 @@ def rewrite_from(text: str, aliases: Mapping[str, str]) -> tuple[str, list[str]]
                 ref = rest[0]
                 if len(rest) >= 3 and rest[1].upper() == "AS":
                     stages.add(rest[2].lower())
-                local = None if ref.lower() in stages else _alias(ref, aliases)
-                if local is not None:
+                local = None if ref.lower() in stages else bases.resolve(ref)
+                if local is not None and local != ref:
                     mapped.append(f"{ref} -> {local}")
                     plain = [f for f in flags if not f.startswith("--platform")]
                     line = " ".join(["FROM", *plain, local, *rest[1:]])
@@ -275,10 +271,12 @@ def build_env_image(
     force: bool = False,
     blobs: Mapping[str, Path] | None = None,
     blob_refs: Mapping[str, str] | None = None,
+    mirror: str | None = None,
 ) -> BuildResult:
     """Build the context's image unless it exists (see the module docstring); never raises
     for a bad context or a failed build: the result says why. `blobs`: its binary files
-    (path -> the file), `blob_refs` their digests (path -> sha256:<hex>), which name it."""
+    (path -> the file), `blob_refs` their digests (path -> sha256:<hex>), which name it;
+    `mirror`: the operator's registry mirror (Settings.image_registry_mirror)."""
     name = image_name(files, blob_refs)
     tag = docker_tag(name)
     problems = context_problems(files, max_bytes, blobs)
@@ -287,7 +285,7 @@ def build_env_image(
     if not force and image_exists(tag):
         return BuildResult(name, "cached")
     started = time.monotonic()
-    dockerfile, mapped = rewrite_from(files[DOCKERFILE], aliases)
+    dockerfile, mapped = rewrite_from(files[DOCKERFILE], aliases, mirror)
     with tempfile.TemporaryDirectory(prefix="palaestra-env-") as tmp:
         root = Path(tmp)
         write_context(files, root, workdir, blobs)

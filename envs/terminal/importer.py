@@ -19,8 +19,9 @@ offline; a task with ``tests/Dockerfile`` on its own verifier image
 (envs/terminal/verifierimage.py).
 
 A task that needs what the sandbox cannot give -- the network (pip/uv/npm installs, curl,
-git clone), a base image with another toolchain, services (docker-compose with more than
-one service, a daemon as CMD/ENTRYPOINT), GPUs, files outside the workdir, keystroke
+git clone), a base image with no local stand-in and no registry mirror, or asking for a newer
+toolchain than its stand-in has (envs/terminal/baseimages.py), services (docker-compose with
+more than one service, a daemon as CMD/ENTRYPOINT), GPUs, files outside the workdir, keystroke
 solutions, a binary file over `max_pack_blob_bytes` -- is *skipped and reported by name
 with the reason* (in the report and in ``OUT/import-report.json``), never dropped
 silently. Binary files of the environment and the tests become the pack's blobs
@@ -42,6 +43,7 @@ import yaml
 
 from palaestra.envs import BASE_PATH
 from palaestra.envs.terminal import testpaths
+from palaestra.envs.terminal.baseimages import BaseImages, base_problems
 from palaestra.envs.terminal.dockerfile import (
     NETWORK,
     EnvPlan,
@@ -56,6 +58,7 @@ from palaestra.envs.terminal.verifierimage import (
     missing_wheels,
     task_verifier_tag,
 )
+from palaestra.sandbox.docker.standins import DEFAULT_IMAGE_ALIASES
 from palaestra.sdk.blobs import (
     BLOBS_FIELD,
     DEFAULT_MAX_BLOB,
@@ -524,10 +527,14 @@ def import_tasks(
     ceilings: Ceilings | None = None,
     max_blob_bytes: int = DEFAULT_MAX_BLOB,
     max_blobs_bytes: int = DEFAULT_MAX_BLOBS,
+    bases: BaseImages | None = None,
 ) -> ImportReport:
     """Convert every task folder under `src` into a new pack at `out` (see the module doc).
     A task whose binary file is over `max_blob_bytes`, or whose new ones would take the
-    pack's over `max_blobs_bytes` (Settings' max_pack_blob*_bytes), is skipped."""
+    pack's over `max_blobs_bytes` (Settings' max_pack_blob*_bytes), is skipped, and so is
+    one whose environment's base image `bases` cannot serve (Settings' image_aliases and
+    image_registry_mirror; default: the stand-ins, no mirror)."""
+    bases = bases or BaseImages(DEFAULT_IMAGE_ALIASES)
     from palaestra.envs.terminal.harbor.reader import HarborReader  # it builds on this module
 
     harbor = HarborReader(src, ceilings)
@@ -561,6 +568,11 @@ def import_tasks(
         if task.id in seen:
             report.skipped[tid] = [f"duplicate task id {task.id!r} (folder {folder.name})"]
             continue
+        base_bad, base_notes = base_problems(task.build.get(DOCKERFILE, ""), bases)
+        if base_bad:
+            report.skipped[tid] = base_bad
+            continue
+        task.notes += base_notes
         if too_big := blob_problems(task, max_blob_bytes):
             report.skipped[tid] = too_big
             continue

@@ -17,6 +17,7 @@ from pydantic import (
 
 from palaestra.sandbox.base import default_cache
 from palaestra.sandbox.docker.engine import BASE_IMAGE
+from palaestra.sandbox.docker.standins import DEFAULT_IMAGE_ALIASES
 from palaestra.sandbox.egress import DEFAULT_ALLOW, AllowList, parse_reachable
 from palaestra.server.settings.shown import secret_shown
 from palaestra.shipped import shipped_dir
@@ -34,30 +35,6 @@ def default_images() -> list[str]:
         for d in REPO_IMAGES.iterdir()
         if (d / "Dockerfile").is_file() or (d / "build.sh").is_file()
     )
-
-
-# Base images real Terminal-Bench / Harbor tasks use -> the stand-ins under images/.
-DEFAULT_IMAGE_ALIASES = {
-    **{
-        name: "palaestra/python:latest"
-        for name in (
-            "python", "python:3", "python:3-slim", "python:latest", "python:slim",
-            *(f"python:3.{minor}{v}" for minor in range(8, 15) for v in ("", "-slim",
-              "-slim-bookworm", "-bookworm", "-slim-bullseye", "-bullseye")),
-            "ghcr.io/laude-institute/t-bench/python-3-13",
-        )
-    },
-    **{
-        name: "palaestra/ubuntu:latest"
-        for name in (
-            "ubuntu", "ubuntu:latest", "ubuntu:20.04", "ubuntu:22.04", "ubuntu:24.04",
-            "debian", "debian:bookworm", "debian:bookworm-slim", "debian:12", "debian:12-slim",
-            "debian:stable-slim", "buildpack-deps", "buildpack-deps:jammy",
-            "buildpack-deps:bookworm", "ghcr.io/laude-institute/t-bench/ubuntu-24-04",
-            "ghcr.io/laude-institute/t-bench/base",
-        )
-    },
-}  # fmt: skip
 
 
 def _host_ca() -> Path | None:
@@ -134,7 +111,15 @@ class ImageSettings(BaseModel):
         default_factory=lambda: dict(DEFAULT_IMAGE_ALIASES),
         description=(
             "task environment builds: base image -> local image, for FROM lines (a key "
-            "without a tag matches every tag); toml table [image_aliases]"
+            "without a tag matches every tag); toml table [image_aliases]; default: the "
+            "stand-ins under images/ (docs/sandbox-images.md)"
+        ),
+    )
+    image_registry_mirror: str | None = Field(
+        default=None,
+        description=(
+            "an internal registry mirror serving the public base images (host[:port][/path]): "
+            "FROM golang:1.22 is pulled as <mirror>/library/golang:1.22 instead of a stand-in"
         ),
     )
     env_build_timeout_s: float = Field(
