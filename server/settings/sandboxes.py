@@ -3,6 +3,7 @@ where a sandbox with internet access may go."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import (
@@ -35,6 +36,9 @@ def default_images() -> list[str]:
         for d in REPO_IMAGES.iterdir()
         if (d / "Dockerfile").is_file() or (d / "build.sh").is_file()
     )
+
+
+_MIRROR = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::\d{1,5})?(?:/[a-z0-9._/-]+)?")
 
 
 def _host_ca() -> Path | None:
@@ -139,6 +143,16 @@ class ImageSettings(BaseModel):
         default_factory=lambda: ["trimesh", "blender"],
         description="toolchain names a task's `toolchain` may use",
     )
+
+    @field_validator("image_registry_mirror")
+    @classmethod
+    def _mirror_ref(cls, value: str | None) -> str | None:
+        if value is not None and not _MIRROR.fullmatch(value):
+            raise ValueError(
+                f"image_registry_mirror {value!r} is not host[:port][/path] "
+                "(no scheme, e.g. registry.internal:5000 or mirror.example/hub)"
+            )
+        return value
 
 
 class EgressSettings(BaseModel):

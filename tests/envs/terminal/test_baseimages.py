@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from palaestra.cli.envimages import Environment, stand_ins
@@ -103,6 +105,9 @@ def test_a_registry_mirror_serves_every_public_image() -> None:
     ]  # fmt: skip
     assert mapped == ["golang:1.22 -> mirror.internal:5000/library/golang:1.22"]
     assert Settings(image_registry_mirror="mirror.internal:5000").image_registry_mirror
+    for bad in ("https://m.example", "m.example/hub\nRUN id", "m example", "-m", "m:port"):
+        with pytest.raises(ValidationError, match="host\\[:port\\]"):
+            Settings(image_registry_mirror=bad)
 
 
 def test_only_the_stand_ins_a_pack_uses_are_built() -> None:
