@@ -89,6 +89,8 @@ MAX_CHANNEL = 1024 * 1024
 MAX_NOTES = 100  # notes on members not copied, then one line that counts the rest
 VERIFIER_DIR = "/tmp/verifier"
 VERIFIER_LOGS = "/tmp/verifier-logs"
+# The folder of VERIFIER_DIR a task's test-time installs come in (envs/terminal/testinstall.py)
+VERIFIER_SITE = ".palaestra-site"
 # Where the verification sandbox keeps what the agent must not reach (VERIFIER_DIR, the
 # logs, the runner's wrappers and HOME) and the kernel's views of processes.
 VERIFIER_SPACE = ("/tmp", "/var/tmp", "/dev/shm", "/proc")
@@ -301,6 +303,7 @@ async def verify_workspace(
     reward_file: bool = False,
     spool: Path | None = None,
     verifier_blobs: Mapping[str, Path] | None = None,
+    site: bytes = b"",
 ) -> TerminalRun:
     """Run the task's tests against `workspace` (a tar of the final workdir: bytes, or a
     seekable file such as `Sandbox.download_tar_to` fills) in `box`, a fresh sandbox;
@@ -308,7 +311,8 @@ async def verify_workspace(
     the workspace waits in an anonymous file in `spool` (the server's tmp dir; None: in
     memory, for a small tar), so a big workspace never sits whole in server memory.
     `verifier_blobs`: the verifier's binary files (path -> the file with their bytes),
-    staged with its text files for test.sh."""
+    staged with its text files for test.sh; `site`: a tar of its test-time installs, staged
+    after them (the runner reads both)."""
     run = TerminalRun()
     src = io.BytesIO(workspace) if isinstance(workspace, bytes) else workspace
     with spool_file(spool) if spool is not None else io.BytesIO() as clean:
@@ -331,7 +335,7 @@ async def verify_workspace(
     if sets:
         await _run_sets(box, run, workdir, verifier, environment, sets, timeout_s, path)
     if TEST_SH in verifier:
-        staged = await asyncio.to_thread(files_tar, verifier, False, verifier_blobs)
+        staged = await asyncio.to_thread(files_tar, verifier, False, verifier_blobs) + site
         await _run_test_sh(box, run, workdir, staged, timeout_s, path, reward_file)
     if not sets and TEST_SH not in verifier:
         raise ValueError(
@@ -560,6 +564,7 @@ async def _run_test_sh(
         "logs": VERIFIER_LOGS,
         "reward_file": reward_file,
         "call_timeout_s": timeout_s,  # one call of the agent's code a test makes (worker)
+        "site": posixpath.join(VERIFIER_DIR, VERIFIER_SITE),  # the test-time installs, if any
         "programs": {name: programs.text(name, package=PROGRAMS) for name in BOOT_PROGRAMS},
     }
     result = await box.exec(

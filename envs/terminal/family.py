@@ -52,7 +52,7 @@ from palaestra.envs import (
     tool,
     workspace_abspath,
 )
-from palaestra.envs.terminal import cheats, envimage
+from palaestra.envs.terminal import cheats, envimage, testinstall
 from palaestra.envs.terminal.fields import SETUP_TIMEOUT_S, TerminalPrivate, TerminalPublic
 from palaestra.verifiers import terminal as verifier
 
@@ -568,6 +568,10 @@ class TerminalFamily(Family[TerminalState]):
                 # Every process the agent started dies with its sandbox, before any test runs.
                 await ctx.sandboxes.retire_episode()
             fresh = await self._verifier_sandbox(ctx, private.verifier_image)
+            site = b""  # the test-time installs, from a sandbox of their own (no agent file)
+            if private.verifier_installs:
+                wants = private.verifier_installs, private.verifier_hosts
+                site = await testinstall.install_for(ctx.sandboxes, fresh, *wants)
             run = await verifier.verify_workspace(
                 fresh,
                 workspace,
@@ -581,6 +585,7 @@ class TerminalFamily(Family[TerminalState]):
                 reward_file=private.reward_file,
                 spool=ctx.sandboxes.spool_dir,
                 verifier_blobs=task.blobs_of("verifier"),
+                site=site,
             )
         reward = run.reward
         return Assessment(

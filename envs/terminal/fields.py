@@ -9,6 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from palaestra.envs import PrivateFields, PublicFields
 from palaestra.envs.paths import DEFAULT_WORKDIR
+from palaestra.envs.terminal.installs import REQUIREMENT
 from palaestra.sandbox.egress import AllowList
 
 SETUP_TIMEOUT_S = 120.0
@@ -71,6 +72,11 @@ class TerminalPrivate(PrivateFields):
     # writes its digest tag); envs/terminal/verifierimage.py builds both.
     verifier_image: str | None = None
     solution: dict[str, str] = Field(default_factory=dict)  # solution/solve.sh
+    # Test-time installs (envs/terminal/installs.py): pip requirements by name installed for
+    # the verifier, before its tests, in a sandbox of their own that reaches only
+    # `verifier_hosts` through the egress proxy (each also on the operator's egress_allow).
+    verifier_installs: list[str] = Field(default_factory=list)
+    verifier_hosts: list[str] = Field(default_factory=list)
     # The fields of an imported Harbor task.toml that no field above holds, as given (for
     # `palaestra pack export harbor`; envs/terminal/harbor/).
     harbor: dict[str, Any] = Field(default_factory=dict)
@@ -88,8 +94,19 @@ class TerminalPrivate(PrivateFields):
             return [] if info.field_name in ("fail_to_pass", "pass_to_pass") else {}
         return value
 
+    @field_validator("verifier_installs")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        bad = [r for r in value if not REQUIREMENT.match(r)]
+        if bad:
+            raise ValueError(f"verifier_installs {bad[0]!r} is not a requirement by name")
+        return value
+
     @model_validator(mode="after")
     def _verifiable(self) -> Self:
+        if self.verifier_installs and not self.verifier_hosts:
+            raise ValueError("verifier_installs without verifier_hosts: nothing to install from")
+        AllowList.parse(self.verifier_hosts)  # ValueError naming a bad entry
         if "test.sh" not in self.verifier and not (self.fail_to_pass or self.pass_to_pass):
             raise ValueError(
                 "neither verifier/test.sh nor [private] fail_to_pass / pass_to_pass: "

@@ -16,9 +16,11 @@ original script with its paths moved (``/tests`` → the verifier directory,
 the workdir dropped and the rest unchanged: a script that calls uv/uvx (the standard
 ``uvx -p 3.13 -w pytest==… pytest`` line) is verified on the verifier image, which runs it
 offline; a task with ``tests/Dockerfile`` on its own verifier image
-(envs/terminal/verifierimage.py).
+(envs/terminal/verifierimage.py). The script's pip installs are taken out and run for the
+verifier through the egress proxy where the operator's egress_allow has the registries, else
+the task is refused naming the hosts (envs/terminal/installs.py).
 
-A task that needs what the sandbox cannot give -- the network (pip/uv/npm installs, curl,
+A task that needs what the sandbox cannot give -- the network (npm/cargo installs, curl,
 git clone), a base image with no local stand-in and no registry mirror, or asking for a newer
 toolchain than its stand-in has (envs/terminal/baseimages.py), services (docker-compose with
 more than one service, a daemon as CMD/ENTRYPOINT), GPUs, files outside the workdir, keystroke
@@ -31,10 +33,11 @@ what was imported.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,7 @@ from palaestra.envs.terminal.dockerfile import (
 )
 from palaestra.envs.terminal.envimage import DOCKERFILE, collect_context
 from palaestra.envs.terminal.harbor.config import Ceilings
+from palaestra.envs.terminal.installs import verifier_installs
 from palaestra.envs.terminal.verifierimage import (
     TOOLS_IMAGE,
     missing_wheels,
@@ -135,10 +139,8 @@ _PREAMBLE = [
 def clean_test_script(text: str, *, tests_dir: str, logs_dir: str | None) -> tuple[str, list[str]]:
     """The script with the workdir-venv preamble dropped and paths moved; plus problems."""
     lines = []
-    dropped = 0
     for line in text.splitlines():
         if any(p.match(line) for p in _PREAMBLE):
-            dropped += 1
             continue
         line = re.sub(r"\buv\s+run\s+(--\S+\s+)*pytest\b", "python3 -m pytest", line)
         line = re.sub(r"(?<![\w/$])/tests(?=/|\b)", tests_dir, line)
@@ -146,16 +148,18 @@ def clean_test_script(text: str, *, tests_dir: str, logs_dir: str | None) -> tup
             line = re.sub(r"/logs/verifier", logs_dir, line)
         lines.append(line)
     script = "\n".join(lines) + "\n"
-    problems = []
+    return script, network_problems(script)
+
+
+def network_problems(script: str) -> list[str]:
+    """The test script's first use of the network, if any (no-ops offline aside)."""
     body = "\n".join(
         ln
-        for ln in lines
+        for ln in script.splitlines()
         if not ln.lstrip().startswith("#") and not any(p.match(ln) for p in _OFFLINE_NOOPS)
     )
     found = NETWORK.search(body)
-    if found:
-        problems.append(f"the tests need the network (`{found.group(0)}` in the test script)")
-    return script, problems
+    return [f"the tests need the network (`{found.group(0)}` in the test script)"] if found else []
 
 
 USES_UV = re.compile(r"(^|[\s;&|(])(uvx|uv)\s", re.M)
@@ -350,8 +354,11 @@ TB_META = {
 TB_CONTEXT_EXCLUDE = {"task.yaml", "solution.yaml", "docker-compose.yaml", "docker-compose.yml"}
 
 
-def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut:
-    """One Terminal-Bench task folder as a terminal task; raises Unsupported."""
+def convert_terminal_bench(
+    folder: Path, split: str, pack_short: str, egress_allow: tuple[str, ...] | None = None
+) -> TaskOut:
+    """One Terminal-Bench task folder as a terminal task; raises Unsupported. `egress_allow`:
+    the operator's (None: not known here), which test-time installs need."""
     problems: list[str] = []
     notes: list[str] = []
     try:
@@ -399,7 +406,9 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
         else "#!/bin/bash\npython3 -m pytest $TEST_DIR/test_outputs.py -rA\n"
     )
     script, bad = clean_test_script(original, tests_dir="$VERIFIER_DIR/tests", logs_dir=None)
+    script, bad, installs, more = verifier_installs(script, bad, egress_allow, network_problems)
     problems += bad
+    notes += more
     if problems:
         raise Unsupported(problems)
     verifier = {f"tests/{k}": v for k, v in tests.items()}
@@ -423,7 +432,7 @@ def convert_terminal_bench(folder: Path, split: str, pack_short: str) -> TaskOut
         verifier=verifier,
         solve=solve,
         notes=notes,
-        private={"verifier_image": image} if image is not None else None,
+        private={**installs, **({"verifier_image": image} if image is not None else {})},
         blobs={f"verifier/tests/{k}": v for k, v in binaries.items()},
     )
 
@@ -538,7 +547,11 @@ def import_tasks(
     from palaestra.envs.terminal.harbor.reader import HarborReader  # it builds on this module
 
     harbor = HarborReader(src, ceilings)
-    converters = {"terminal-bench": (convert_terminal_bench, "task.yaml"),
+    egress = ceilings.egress_allow if ceilings else None
+    tb: Callable[[Path, str, str], TaskOut] = functools.partial(
+        convert_terminal_bench, egress_allow=egress
+    )
+    converters = {"terminal-bench": (tb, "task.yaml"),
                   "harbor": (harbor.convert, "task.toml")}  # fmt: skip
     convert, marker = converters[fmt]
     if not src.is_dir():

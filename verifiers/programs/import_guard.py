@@ -97,4 +97,15 @@ def append_workspace(folder: str) -> None:
     sys.path.append(folder)
 
 
+def add_site() -> None:
+    """The verifier's test-time installs (PALAESTRA_SITE: a folder of its own that no agent
+    process could write) ahead of the interpreter's own packages, as PYTHONPATH would be."""
+    site = os.environ.get("PALAESTRA_SITE")
+    if site and os.path.isdir(site) and not in_workspace(site):
+        packages = ("site-packages", "dist-packages")
+        at = next((i for i, p in enumerate(sys.path) if p.endswith(packages)), len(sys.path))
+        sys.path.insert(at, site)
+
+
+add_site()
 install_guard()

@@ -389,7 +389,8 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
         for d in (vdir, logs):
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(d)
-        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tf:
+        # the verifier's files, then (a second archive) the task's test-time installs
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|", ignore_zeros=True) as tf:
             tf.extractall(vdir)
     except (OSError, tarfile.TarError) as exc:
         chan.emit("INFRA", f"the verifier files could not be unpacked: {exc}")
@@ -421,6 +422,12 @@ def run_test_sh(chan: Channel, cfg: dict[str, object]) -> None:
     bash = shutil.which("bash", path=path) or "/bin/bash"
     argv = [bash, os.path.join(vdir, "test.sh")]
     hidden = [vdir, logs, bindir, home]
+    site = str(cfg.get("site") or "")  # the test-time installs the server put there, if any
+    outside = not os.path.realpath(site).startswith(workdir.rstrip("/") + "/")
+    if site and outside and os.path.isdir(site):
+        env["PALAESTRA_SITE"] = site
+        env["PALAESTRA_HIDDEN"] += ":" + site
+        hidden.append(site)
     guard = exec_guard(cfg["programs"], real, hidden, workdir, agent_tmp)  # type: ignore[arg-type]
     if isinstance(guard, str):
         sys.stderr.write(f"palaestra: {guard}; only the wrappers confine the agent's programs\n")

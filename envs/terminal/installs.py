@@ -1,0 +1,154 @@
+"""Test-time package installs of an imported task: which hosts they need, and whether the
+operator's egress allow-list (the `egress_allow` setting) lets the verifier reach them.
+
+Terminal-Bench test scripts often install what their tests import (``pip install
+requests==2.32.3``) before running pytest. Run as written, in the verifier sandbox, that
+install would get the network in the sandbox where the agent's files are: a planted
+``sitecustomize.py`` or ``pip/`` package in the workdir could then phone home or fetch a
+forged test plugin. So an install line is taken *out* of the test script and its packages
+recorded on the task (``[private] verifier_installs``, ``verifier_hosts``: the verifier
+phase's network policy); at verification a separate sandbox that never held an agent file
+installs them through the egress proxy, narrowed to exactly those hosts, into a folder the
+verifier then copies into its own (networkless) sandbox (envs/terminal/testinstall.py).
+
+Only pip requirements by name (``uv pip install``, ``pip3 install``, ``python -m pip
+install`` alike) are run that way; npm and cargo installs are named with the hosts they need
+and refused (nothing installs them outside the agent's sandbox yet)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.sandbox.egress import AllowList
+
+PYPI_HOSTS = ("pypi.org", "files.pythonhosted.org")
+NPM_HOSTS = ("registry.npmjs.org",)
+CRATES_HOSTS = ("crates.io", "static.crates.io", "index.crates.io")
+
+PIP_LINE = re.compile(
+    r"^\s*(?:sudo\s+)?(?:(?:uv\s+pip|pip3?|python3?\s+-m\s+pip)\s+install|uv\s+add)\s+(?P<args>.*?)\s*$"
+)
+NPM_LINE = re.compile(r"^\s*(?:npm\s+(?:install|i|ci)|yarn\s+add)\b.*$")
+CARGO_LINE = re.compile(r"^\s*cargo\s+(?:install|add)\b.*$")
+# A requirement by name (and version), nothing pip would read as a path, URL or option.
+REQUIREMENT = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?"
+    r"((==|>=|<=|~=|!=|>|<)[A-Za-z0-9.*+!-]+(,(==|>=|<=|~=|!=|>|<)[A-Za-z0-9.*+!-]+)*)?$"
+)
+# Options of an install line that change nothing about what is installed where it goes.
+HARMLESS = {
+    "-q", "--quiet", "-qq", "-U", "--upgrade", "--no-cache-dir", "--break-system-packages",
+    "--user", "--system", "--root-user-action=ignore", "--disable-pip-version-check",
+    "--no-input", "--progress-bar=off", "--dev",
+}  # fmt: skip
+MAX_REQUIREMENTS = 50
+SETTING = "egress_allow"
+
+
+@dataclass
+class Installs:
+    """What a test script's install lines ask for: the script without them, the pip
+    requirements, the hosts they need, and why any line cannot be run here."""
+
+    script: str
+    requirements: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def take_installs(script: str) -> Installs:
+    """`script` with its package-install lines taken out (see the module doc)."""
+    kept: list[str] = []
+    out = Installs(script="")
+    hosts: set[str] = set()
+    for line in script.splitlines():
+        code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
+        pip = PIP_LINE.match(code)
+        if pip:
+            hosts.update(PYPI_HOSTS)
+            _pip_requirements(pip.group("args"), line.strip(), out)
+            continue
+        for pattern, registry in ((NPM_LINE, NPM_HOSTS), (CARGO_LINE, CRATES_HOSTS)):
+            if pattern.match(code):
+                hosts.update(registry)
+                out.problems.append(
+                    f"the tests install packages at test time (`{line.strip()[:80]}`, needs "
+                    f"{', '.join(registry)}); only pip installs run outside the agent's "
+                    "sandbox here"
+                )
+                break
+        else:
+            kept.append(line)
+    out.script = "\n".join(kept) + "\n"
+    out.hosts = sorted(hosts)
+    if len(out.requirements) > MAX_REQUIREMENTS:
+        out.problems.append(f"the tests install over {MAX_REQUIREMENTS} packages")
+    return out
+
+
+def _pip_requirements(args: str, shown: str, out: Installs) -> None:
+    try:
+        words = shlex.split(args)
+    except ValueError:
+        words = [args]
+    for word in words:
+        if word in HARMLESS:
+            continue
+        if word.startswith("-") or not REQUIREMENT.match(word):
+            out.problems.append(
+                f"the tests' install `{shown[:80]}` asks for {word!r}: only requirements by "
+                "name (and version) are installed for the verifier"
+            )
+            return  # the rest may be that option's value
+        if word not in out.requirements:
+            out.requirements.append(word)
+
+
+def not_allowed(hosts: list[str], operator: tuple[str, ...] | None) -> list[str]:
+    """The `hosts` the operator's egress allow-list does not let through (all of them when
+    the list is not known here)."""
+    if operator is None:
+        return list(hosts)
+    allow = AllowList.parse(operator)
+    return [h for h in hosts if not allow.allows(h, 443)]
+
+
+def refusal(hosts: list[str], missing: list[str]) -> str:
+    """The reason a task with test-time installs is refused: the hosts and the setting."""
+    return (
+        f"the tests install packages at test time and need {', '.join(hosts)}; "
+        f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on the operator's "
+        f"egress allow-list: add {'it' if len(missing) == 1 else 'them'} to {SETTING} "
+        "(Settings, palaestra.toml) to import this task"
+    )
+
+
+def verifier_installs(
+    script: str,
+    problems: list[str],
+    operator: tuple[str, ...] | None,
+    network: Callable[[str], list[str]],
+) -> tuple[str, list[str], dict[str, Any], list[str]]:
+    """A cleaned test script with its package installs taken out: (the script, its problems,
+    the private fields of the verifier's installs, notes). `network` names a script's other
+    network use (the importer's). Refused, naming the hosts and the setting, unless the
+    `operator`'s egress_allow (None: not known here) has them all."""
+    found = take_installs(script)
+    if not found.hosts:
+        return script, problems, {}, []
+    problems = [p for p in problems if not p.startswith("the tests need the network")]
+    problems += network(found.script) + found.problems
+    missing = not_allowed(found.hosts, operator)
+    if missing and not found.problems:
+        problems.append(refusal(found.hosts, missing))
+    private = {"verifier_installs": found.requirements, "verifier_hosts": found.hosts}
+    note = (
+        f"the tests' installs ({' '.join(found.requirements)}) run before them in a sandbox "
+        f"of their own that never holds the agent's files, through the egress proxy to "
+        f"{', '.join(found.hosts)} only; the tests run without the network"
+    )
+    return found.script, problems, private, [note]

