@@ -46,6 +46,11 @@ HARMLESS = {
     "--no-input", "--progress-bar=off", "--dev",
 }  # fmt: skip
 MAX_REQUIREMENTS = 50
+SEPARATORS = re.compile(r"\s*(?:\|\||&&|;)\s*")
+REDIRECT = re.compile(r"^(\d|&)?>>?(&\d|/dev/null)?$|^(\d|&)?>>?/dev/null$")
+# What the verifier has itself (the importer drops a line that installs only these).
+TOOLING = frozenset({"pytest", "pytest-timeout"})
+TOOLING_NOTE = "the test script's pytest install is dropped: the verifier has pytest"
 SETTING = "egress_allow"
 
 
@@ -61,16 +66,20 @@ class Installs:
 
 
 def take_installs(script: str) -> Installs:
-    """`script` with its package-install lines taken out (see the module doc)."""
+    """`script` with its package-install lines taken out (see the module doc). A line of pip
+    installs alone (``pip3 install x 2>/dev/null || pip install x`` too) is taken out; one
+    asking only for the test tooling the verifier has (pytest, pytest-timeout) needs no
+    host."""
     kept: list[str] = []
     out = Installs(script="")
     hosts: set[str] = set()
     for line in script.splitlines():
         code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
-        pip = PIP_LINE.match(code)
-        if pip:
-            hosts.update(PYPI_HOSTS)
-            _pip_requirements(pip.group("args"), line.strip(), out)
+        parts = [p for p in SEPARATORS.split(code) if p.strip()]
+        pips = [m for m in map(PIP_LINE.match, parts) if m]
+        if parts and len(pips) == len(parts):
+            if any([_pip_requirements(m.group("args"), line.strip(), out) for m in pips]):
+                hosts.update(PYPI_HOSTS)
             continue
         for pattern, registry in ((NPM_LINE, NPM_HOSTS), (CARGO_LINE, CRATES_HOSTS)):
             if pattern.match(code):
@@ -90,22 +99,29 @@ def take_installs(script: str) -> Installs:
     return out
 
 
-def _pip_requirements(args: str, shown: str, out: Installs) -> None:
+def _pip_requirements(args: str, shown: str, out: Installs) -> bool:
+    """Add one install's requirements to `out`; whether it needs the registry (a package
+    beyond the verifier's tooling, or one it cannot install: the reason is in `out`)."""
     try:
         words = shlex.split(args)
     except ValueError:
         words = [args]
+    needs = False
     for word in words:
-        if word in HARMLESS:
+        if word in HARMLESS or REDIRECT.match(word):
             continue
         if word.startswith("-") or not REQUIREMENT.match(word):
             out.problems.append(
                 f"the tests' install `{shown[:80]}` asks for {word!r}: only requirements by "
                 "name (and version) are installed for the verifier"
             )
-            return  # the rest may be that option's value
+            return True  # the rest may be that option's value
+        if re.split(r"[\[=<>~!]", word, maxsplit=1)[0].lower() in TOOLING:
+            continue
+        needs = True
         if word not in out.requirements:
             out.requirements.append(word)
+    return needs
 
 
 def not_allowed(hosts: list[str], operator: tuple[str, ...] | None) -> list[str]:
@@ -138,10 +154,12 @@ def verifier_installs(
     network use (the importer's). Refused, naming the hosts and the setting, unless the
     `operator`'s egress_allow (None: not known here) has them all."""
     found = take_installs(script)
-    if not found.hosts:
-        return script, problems, {}, []
+    if found.script.splitlines() == script.splitlines():
+        return script, problems, {}, []  # no install line
     problems = [p for p in problems if not p.startswith("the tests need the network")]
     problems += network(found.script) + found.problems
+    if not found.hosts:  # only the tooling the verifier has
+        return found.script, problems, {}, [TOOLING_NOTE]
     missing = not_allowed(found.hosts, operator)
     if missing and not found.problems:
         problems.append(refusal(found.hosts, missing))
