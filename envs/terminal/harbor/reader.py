@@ -37,6 +37,7 @@ from palaestra.envs.terminal.importer import (
     clean_test_script,
     compose_problems,
     difficulty_of,
+    network_problems,
     solution_problems,
     task_out,
     tests_network_problems,
@@ -45,6 +46,7 @@ from palaestra.envs.terminal.importer import (
     verifier_wrapper,
     wheel_notes,
 )
+from palaestra.envs.terminal.installs import verifier_installs
 
 EXPORT_KEY = "palaestra"  # [metadata.palaestra]: written by writer.py
 NETWORK_FIELDS = ("allow_internet", "allowed_hosts")  # its `network`: the task's own
@@ -112,7 +114,8 @@ class HarborReader:
         if isinstance(export, dict):
             parts = _exported(folder, export, mapped, plan, problems)
         else:
-            parts = _native(folder, meta, workdir or plan.workdir, problems, notes)
+            egress = self.ceilings.egress_allow if self.ceilings else None
+            parts = _native(folder, meta, workdir or plan.workdir, problems, notes, egress)
             staged = testpaths.harbor(folder, meta, parts[0], parts[1], plan, build)
             problems += staged.problems
             notes += staged.notes
@@ -201,10 +204,16 @@ Parts = tuple[dict[str, str], dict[str, str], dict[str, Any], dict[str, Path]]
 
 
 def _native(
-    folder: Path, meta: dict[str, Any], workdir: str, problems: list[str], notes: list[str]
+    folder: Path,
+    meta: dict[str, Any],
+    workdir: str,
+    problems: list[str],
+    notes: list[str],
+    egress_allow: tuple[str, ...] | None = None,
 ) -> Parts:
     """A Harbor task as Harbor writes it (see the module docstring); its separate verifier
-    and artifacts as phases.py reads them."""
+    and artifacts as phases.py reads them; its test-time pip installs for the verifier where
+    the operator's `egress_allow` has their hosts (envs/terminal/installs.py)."""
     solution_bin: dict[str, Path] = {}
     solution, bad = text_files(folder / "solution", binaries=solution_bin)
     problems += bad
@@ -240,13 +249,15 @@ def _native(
     script, bad = clean_test_script(
         test_sh, tests_dir="$VERIFIER_DIR/tests", logs_dir="$VERIFIER_LOGS"
     )
+    script, bad, installs, more = verifier_installs(script, bad, egress_allow, network_problems)
     problems += bad
+    notes += more
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["harbor-test.sh"] = script
     verifier["test.sh"] = verifier_wrapper("harbor", "harbor-test.sh")
     # Harbor's tests/test.sh decides through $VERIFIER_LOGS/reward.txt (or reward.json): the
     # task says so, and only a task that says so has its reward file read (docs/terminal.md).
-    private: dict[str, Any] = {"reward_file": True}
+    private: dict[str, Any] = {"reward_file": True, **installs}
     image = verifier_image_for(verifier, script)
     if image is not None:  # its own tests/Dockerfile, or uv/uvx in its tests
         private["verifier_image"] = image

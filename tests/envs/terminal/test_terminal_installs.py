@@ -5,6 +5,7 @@ allow-list (the run through the proxy: tests/adversarial/test_test_installs.py).
 from __future__ import annotations
 
 import json
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from typer.testing import CliRunner
 
 from palaestra.cli.main import app
 from palaestra.envs.terminal.fields import TerminalPrivate
+from palaestra.envs.terminal.harbor.config import Ceilings
+from palaestra.envs.terminal.importer import import_tasks
 from palaestra.envs.terminal.installs import CRATES_HOSTS, NPM_HOSTS, PYPI_HOSTS, take_installs
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "terminal-bench-installs"
@@ -107,3 +110,23 @@ def test_imported_with_them_and_its_verifier_policy_recorded(tmp_path: Path) -> 
 def test_a_packs_install_fields_are_checked(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         TerminalPrivate.model_validate({"verifier": {"test.sh": "true\n"}, **fields})
+
+
+def test_a_harbor_tasks_installs_too(tmp_path: Path) -> None:
+    """Harbor's tests/test.sh: the same taking out, the same answer to the operator's list."""
+    src = tmp_path / "src" / "sum-column"
+    shutil.copytree(FIXTURE.parent / "harbor" / "sum-column", src)
+    test_sh = src / "tests" / "test.sh"
+    install = "\npip install six==1.17.0\npytest "
+    test_sh.write_text(test_sh.read_text().replace("\npytest ", install))
+    for allow, imported in ((PYPI_HOSTS, True), ((), False)):
+        ceilings = Ceilings(4096, 4, 4096, 600, 3600, egress_allow=allow)
+        out = tmp_path / f"out-{imported}"
+        report = import_tasks("harbor", src.parent, out, ceilings=ceilings)
+        if imported:
+            meta = tomllib.loads((out / "tasks" / "sum-column" / "task.toml").read_text())
+            assert meta["private"]["verifier_installs"] == ["six==1.17.0"], report.imported
+            script = (out / "tasks" / "sum-column" / "verifier" / "harbor-test.sh").read_text()
+            assert "six" not in script and "reward.txt" in script
+        else:
+            assert "pypi.org" in " ".join(report.skipped["sum-column"]), report.skipped
