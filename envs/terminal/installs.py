@@ -170,3 +170,11 @@ def verifier_installs(
         f"{', '.join(found.hosts)} only; the tests run without the network"
     )
     return found.script, problems, private, [note]
+
+
+def installs_problems(private: dict[str, Any], operator: tuple[str, ...] | None) -> list[str]:
+    """Why an exported task's recorded installs (`verifier_hosts`) cannot run on this
+    server: the hosts the `operator`'s egress_allow (None: not known here) lacks."""
+    hosts = [str(h) for h in private.get("verifier_hosts") or []]
+    missing = not_allowed(hosts, operator) if hosts else []
+    return [refusal(hosts, missing)] if missing else []

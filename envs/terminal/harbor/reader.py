@@ -46,7 +46,7 @@ from palaestra.envs.terminal.importer import (
     verifier_wrapper,
     wheel_notes,
 )
-from palaestra.envs.terminal.installs import verifier_installs
+from palaestra.envs.terminal.installs import installs_problems, verifier_installs
 
 EXPORT_KEY = "palaestra"  # [metadata.palaestra]: written by writer.py
 NETWORK_FIELDS = ("allow_internet", "allowed_hosts")  # its `network`: the task's own
@@ -111,10 +111,11 @@ class HarborReader:
         seeded = phases.Run()
         phases.trajectory(folder, seeded)
         problems += seeded.problems
+        egress = self.ceilings.egress_allow if self.ceilings else None
         if isinstance(export, dict):
             parts = _exported(folder, export, mapped, plan, problems)
+            problems += installs_problems(parts[2], egress)
         else:
-            egress = self.ceilings.egress_allow if self.ceilings else None
             parts = _native(folder, meta, workdir or plan.workdir, problems, notes, egress)
             staged = testpaths.harbor(folder, meta, parts[0], parts[1], plan, build)
             problems += staged.problems
@@ -286,6 +287,9 @@ def _exported(
     if "solve.sh" not in solution:
         problems.append("no solution/solve.sh")
     private: dict[str, Any] = {"reward_file": bool(export.get("reward_file", False))}
+    for key in ("verifier_installs", "verifier_hosts"):
+        if isinstance(export.get(key), list):
+            private[key] = [str(v) for v in export[key]]
     image = export.get("verifier_image")
     if isinstance(image, str) and image:
         private["verifier_image"] = image

@@ -155,6 +155,9 @@ def task_config(task: Task, org: str) -> dict[str, Any]:
     }
     if private.verifier_image is not None:
         export["verifier_image"] = private.verifier_image
+    if private.verifier_installs:  # tests/test.sh runs them in Harbor
+        export["verifier_installs"] = list(private.verifier_installs)
+        export["verifier_hosts"] = list(private.verifier_hosts)
     # The network fields the task gave: `network_mode` above is generated from them (an
     # import drops it), so the reader takes them from here.
     network = {k: task.public[k] for k in NETWORK_FIELDS if k in task.public}
@@ -213,6 +216,7 @@ def task_files(task: Task, org: str) -> dict[str, str]:
     if "setup.sh" in public.environment:
         lines.append("RUN bash ./setup.sh && rm -f ./setup.sh")
     config = task_config(task, org)
+    reqs = private.verifier_installs
     dockerfile = verifier_dockerfile(task) if _separate(config) else None
     files = {
         "task.toml": toml_text(config),
@@ -223,6 +227,7 @@ def task_files(task: Task, org: str) -> dict[str, str]:
             reward_file=int(private.reward_file),
             verifier_dir=verifier_run.VERIFIER_DIR,  # where imported helpers look
             verifier_logs=verifier_run.VERIFIER_LOGS,
+            installs=shlex.join(["pip", "install", *reqs]) + "\n" if reqs else "",
         ),
     }
     if dockerfile is not None:

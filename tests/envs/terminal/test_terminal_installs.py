@@ -4,6 +4,7 @@ allow-list (the run through the proxy: tests/adversarial/test_test_installs.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tomllib
@@ -16,8 +17,11 @@ from typer.testing import CliRunner
 from palaestra.cli.main import app
 from palaestra.envs.terminal.fields import TerminalPrivate
 from palaestra.envs.terminal.harbor.config import Ceilings
+from palaestra.envs.terminal.harbor.writer import export_tasks
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.envs.terminal.installs import CRATES_HOSTS, NPM_HOSTS, PYPI_HOSTS, take_installs
+from palaestra.server.families import FamilyRegistry
+from palaestra.server.packs.loader import inspect_pack
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "terminal-bench-installs"
 runner = CliRunner()
@@ -130,3 +134,21 @@ def test_a_harbor_tasks_installs_too(tmp_path: Path) -> None:
             assert "six" not in script and "reward.txt" in script
         else:
             assert "pypi.org" in " ".join(report.skipped["sum-column"]), report.skipped
+
+
+def test_export_to_harbor_and_back_keeps_the_installs(tmp_path: Path) -> None:
+    """`pack export harbor`: Harbor's tests/test.sh runs the install first, and the task's
+    metadata carries them back (checked again against this server's list)."""
+    allow = Ceilings(4096, 4, 4096, 600, 3600, egress_allow=PYPI_HOSTS)
+    import_tasks("terminal-bench", FIXTURE, tmp_path / "pack", name="t/i", ceilings=allow)
+    pack, problems = inspect_pack(tmp_path / "pack", FamilyRegistry.discover().all())
+    assert pack is not None and problems == [], problems
+    export_tasks(list(pack.tasks.values()), tmp_path / "h", pack="t/i", version="1")
+    test_sh = (tmp_path / "h" / "pip-six" / "tests" / "test.sh").read_text()
+    assert 'pip install six==1.17.0\nbash "$VERIFIER_DIR/test.sh"' in test_sh
+    back = import_tasks("harbor", tmp_path / "h", tmp_path / "back", ceilings=allow)
+    meta = tomllib.loads((tmp_path / "back" / "tasks" / "pip-six" / "task.toml").read_text())
+    assert meta["private"]["verifier_installs"] == ["six==1.17.0"], back.skipped
+    closed = dataclasses.replace(allow, egress_allow=())
+    refused = import_tasks("harbor", tmp_path / "h", tmp_path / "no", ceilings=closed)
+    assert "egress_allow" in " ".join(refused.skipped["pip-six"])
