@@ -18,11 +18,13 @@ import posixpath
 from collections.abc import Sequence
 
 from palaestra.envs.sandboxes import Sandboxes
-from palaestra.sandbox import Sandbox, SandboxError
+from palaestra.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec
 from palaestra.sandbox.base import SandboxPathError
+from palaestra.sandbox.docker.standins import PYTHON
 from palaestra.verifiers.terminal import VERIFIER_SITE
 
 INSTALL_TIMEOUT_S = 300.0
+NO_PIP = "No module named pip"
 MAX_SITE_BYTES = 128 * 1024 * 1024  # what one task's installs may take (held in memory)
 PIP = ("python3", "-I", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
        "--no-warn-script-location", "--no-compile", "--target")  # fmt: skip
@@ -38,9 +40,13 @@ async def install_for(
     spec = dataclasses.replace(
         verifier.spec, network=True, egress_hosts=tuple(hosts), traces_execs=False
     )
-    box = await sandboxes.verifier(spec)
     target = posixpath.join(spec.workdir, VERIFIER_SITE)
-    result = await box.exec([*PIP, target, *requirements], cwd="/tmp", timeout=INSTALL_TIMEOUT_S)
+    argv = [*PIP, target, *requirements]
+    box, result = await _pip(sandboxes, spec, argv)
+    if not result.ok and NO_PIP in result.stderr and spec.image != PYTHON:
+        # an image without pip (the terminal image): the Python stand-in's pip, the same
+        # Debian python3 (docs/terminal.md, "Test-time installs")
+        box, result = await _pip(sandboxes, dataclasses.replace(spec, image=PYTHON), argv)
     if not result.ok:
         tail = (result.stdout + result.stderr)[-1500:]
         raise SandboxError(
@@ -54,3 +60,10 @@ async def install_for(
             raise SandboxError(f"the tests' installs cannot be copied: {exc}") from None
         tar.seek(0)
         return await asyncio.to_thread(tar.read)
+
+
+async def _pip(
+    sandboxes: Sandboxes, spec: SandboxSpec, argv: list[str]
+) -> tuple[Sandbox, ExecResult]:
+    box = await sandboxes.verifier(spec)
+    return box, await box.exec(argv, cwd="/tmp", timeout=INSTALL_TIMEOUT_S)

@@ -1,5 +1,6 @@
 """A Terminal-Bench task whose test script installs a package at test time, imported with the
-package registries on the operator's allow-list, through real episodes on bwrap: the install
+package registries on the operator's allow-list, through real episodes on bwrap and docker
+(its terminal image has no pip: the Python stand-in's installs there): the install
 goes through the egress proxy from a sandbox of its own, the tests run without the network.
 
 The fixture (tests/fixtures/terminal-bench-installs/pip-six) pins six 1.17.0, another version
@@ -21,7 +22,7 @@ from palaestra.server.config import Settings
 from palaestra.server.inprocess import AsyncInProcessClient
 from palaestra.server.runtime import build_manager
 
-from .harness import backend_unavailable
+from .harness import BACKENDS, backend_unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -59,9 +60,13 @@ async def _episode(client: AsyncInProcessClient, command: str) -> tuple[float | 
     return reply.reward, str(reply.info)
 
 
-@pytest.mark.skipif(backend_unavailable("bwrap") is not None, reason="bwrap unavailable")
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.skipif(not _pypi_reachable(), reason="pypi.org is not reachable from here")
-async def test_imported_test_time_install_runs_through_the_proxy(tmp_path: Path) -> None:
+async def test_imported_test_time_install_runs_through_the_proxy(
+    backend: str, tmp_path: Path
+) -> None:
+    if (why := backend_unavailable(backend)) is not None:
+        pytest.skip(why)
     ceilings = Ceilings(4096, 4, 4096, 600, 3600, egress_allow=PYPI_HOSTS)
     pack = tmp_path / "packs" / "installs"
     report = import_tasks("terminal-bench", FIXTURE, pack, name="test/installs", ceilings=ceilings)
@@ -70,6 +75,7 @@ async def test_imported_test_time_install_runs_through_the_proxy(tmp_path: Path)
         data_dir=tmp_path / "data",
         packs_dirs=[tmp_path / "packs"],
         pool_size=0,
+        sandbox=backend,
         egress_allow=list(PYPI_HOSTS),
     )
     manager = build_manager(settings)
