@@ -11,7 +11,8 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, model_validator
 
@@ -122,10 +123,10 @@ class Settings(
 
 
 def _coerce(name: str, raw: str) -> Any:
+    """An environment variable's text as setting `name` takes it: a list as JSON or comma
+    separated (packs_dirs: os.pathsep), a mapping as JSON or `key=value,…`."""
     if name == "packs_dirs":
         return [p for p in raw.split(os.pathsep) if p]
-    if name in ("images", "toolchains", "builtin_orgs", "harness_endpoints"):
-        return [p.strip() for p in raw.split(",") if p.strip()]
     if name == "families":
         return family_slices.from_json(raw)
     if name == "judges":
@@ -136,12 +137,37 @@ def _coerce(name: str, raw: str) -> Any:
                 f"PALAESTRA_JUDGES is not JSON ({exc}): write "
                 '{"NAME": {"url": "http://HOST:PORT/v1", "model": "MODEL"}}'
             ) from None
-    if name in ("sampler_weights", "image_aliases"):
+    shape = _container(Settings.model_fields[name].annotation)
+    if shape is list:
+        if raw.lstrip().startswith("["):
+            return _json(name, raw)
+        return [p.strip() for p in raw.split(",") if p.strip()]
+    if shape is dict:
         if raw.lstrip().startswith("{"):
-            return json.loads(raw)
+            return _json(name, raw)
         pairs = (item.rsplit("=", 1) for item in raw.split(",") if item.strip())
         return {key.strip(): value.strip() for key, value in pairs}
     return raw
+
+
+def _container(annotation: Any) -> type | None:
+    """list or dict where a setting's type is one (also inside `X | None`), else None."""
+    origin = get_origin(annotation)
+    if origin in (list, tuple, set, frozenset):
+        return list
+    if origin is dict:
+        return dict
+    if origin in (Union, UnionType):
+        shapes = {_container(arg) for arg in get_args(annotation)} - {None}
+        return shapes.pop() if len(shapes) == 1 else None
+    return None
+
+
+def _json(name: str, raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"PALAESTRA_{name.upper()} is not JSON ({exc})") from None
 
 
 # Environment variables read beside PALAESTRA_<NAME> (the name a third party documents).
