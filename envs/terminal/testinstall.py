@@ -17,9 +17,14 @@ import dataclasses
 import posixpath
 from collections.abc import Sequence
 
-from palaestra.envs.sandboxes import Sandboxes
-from palaestra.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec
-from palaestra.sandbox.base import SandboxPathError
+from palaestra.envs import (
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    Sandboxes,
+    SandboxPathError,
+    SandboxSpec,
+)
 from palaestra.sandbox.docker.standins import PYTHON
 from palaestra.verifiers.terminal import VERIFIER_SITE
 
