@@ -56,7 +56,7 @@ from palaestra.envs.terminal.dockerfile import (
 )
 from palaestra.envs.terminal.envimage import DOCKERFILE, collect_context
 from palaestra.envs.terminal.harbor.config import Ceilings
-from palaestra.envs.terminal.installs import verifier_installs
+from palaestra.envs.terminal.installs import ignored_install, verifier_installs
 from palaestra.envs.terminal.verifierimage import (
     TOOLS_IMAGE,
     missing_wheels,
@@ -156,7 +156,9 @@ def network_problems(script: str) -> list[str]:
     body = "\n".join(
         ln
         for ln in script.splitlines()
-        if not ln.lstrip().startswith("#") and not any(p.match(ln) for p in _OFFLINE_NOOPS)
+        if not ln.lstrip().startswith("#")
+        and not ignored_install(ln)
+        and not any(p.match(ln) for p in _OFFLINE_NOOPS)
     )
     found = NETWORK.search(body)
     return [f"the tests need the network (`{found.group(0)}` in the test script)"] if found else []

@@ -13,7 +13,10 @@ verifier then copies into its own (networkless) sandbox (envs/terminal/testinsta
 
 Only pip requirements by name (``uv pip install``, ``pip3 install``, ``python -m pip
 install`` alike) are run that way; npm and cargo installs are named with the hosts they need
-and refused (nothing installs them outside the agent's sandbox yet)."""
+and refused (nothing installs them outside the agent's sandbox yet), except a line whose
+failure the script itself ignores (``cargo add regex 2>/dev/null || true``, as Terminal-Bench's
+aider_polyglot Rust tests do): it is kept, fails in the networkless test sandbox as the
+benchmark allows, and the import report notes it."""
 
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ PIP_LINE = re.compile(
 )
 NPM_LINE = re.compile(r"^\s*(?:npm\s+(?:install|i|ci)|yarn\s+add)\b.*$")
 CARGO_LINE = re.compile(r"^\s*cargo\s+(?:install|add)\b.*$")
+# The end of a line whose failure the script ignores: `|| true`, `|| :`, `|| echo ...`.
+IGNORED_FAILURE = re.compile(r"\|\|\s*(?:true|:|echo\b[^|;&]*)\s*$")
 # A requirement by name (and version), nothing pip would read as a path, URL or option.
 REQUIREMENT = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?"
@@ -63,6 +68,15 @@ class Installs:
     requirements: list[str] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def ignored_install(line: str) -> bool:
+    """An npm or cargo install whose failure the script ignores (kept; see the module doc)."""
+    code = line.split("#", 1)[0]
+    return bool(
+        (NPM_LINE.match(code) or CARGO_LINE.match(code)) and IGNORED_FAILURE.search(code.rstrip())
+    )
 
 
 def take_installs(script: str) -> Installs:
@@ -82,6 +96,13 @@ def take_installs(script: str) -> Installs:
                 hosts.update(PYPI_HOSTS)
             continue
         for pattern, registry in ((NPM_LINE, NPM_HOSTS), (CARGO_LINE, CRATES_HOSTS)):
+            if pattern.match(code) and ignored_install(code):
+                kept.append(line)
+                out.notes.append(
+                    f"the tests' `{line.strip()[:80]}` is kept: it fails without the network "
+                    f"({', '.join(registry)}), which the script ignores"
+                )
+                break
             if pattern.match(code):
                 hosts.update(registry)
                 out.problems.append(
@@ -155,11 +176,11 @@ def verifier_installs(
     `operator`'s egress_allow (None: not known here) has them all."""
     found = take_installs(script)
     if found.script.splitlines() == script.splitlines():
-        return script, problems, {}, []  # no install line
+        return script, problems, {}, found.notes  # no install line taken out
     problems = [p for p in problems if not p.startswith("the tests need the network")]
     problems += network(found.script) + found.problems
     if not found.hosts:  # only the tooling the verifier has
-        return found.script, problems, {}, [TOOLING_NOTE]
+        return found.script, problems, {}, [TOOLING_NOTE, *found.notes]
     missing = not_allowed(found.hosts, operator)
     if missing and not found.problems:
         problems.append(refusal(found.hosts, missing))
@@ -169,7 +190,7 @@ def verifier_installs(
         f"of their own that never holds the agent's files, through the egress proxy to "
         f"{', '.join(found.hosts)} only; the tests run without the network"
     )
-    return found.script, problems, private, [note]
+    return found.script, problems, private, [note, *found.notes]
 
 
 def installs_problems(private: dict[str, Any], operator: tuple[str, ...] | None) -> list[str]:

@@ -44,6 +44,10 @@ runner = CliRunner()
         ("npm install lodash", [], NPM_HOSTS, "registry.npmjs.org"),
         ("cargo add serde", [], CRATES_HOSTS, "static.crates.io"),
         ("pip install six >/dev/null 2>&1 || pip3 install six", ["six"], PYPI_HOSTS, None),
+        # kept: its failure (no network in the test sandbox) is ignored by the script
+        ("cargo add regex 2>/dev/null || true", [], (), None),
+        ("npm install left-pad || echo no npm", [], (), None),
+        ("cargo add regex || exit 1", [], CRATES_HOSTS, "static.crates.io"),
         # the verifier's own test tooling: taken out, no host needed
         ("pip3 install --no-cache-dir pytest 2>/dev/null || pip install pytest", [], (), None),
         ("pip install six && rm -rf /", [], (), None),  # kept: the importer's network check
@@ -63,6 +67,24 @@ def test_install_lines_and_the_hosts_they_need(
         assert found.problems == []
     else:
         assert problem in " ".join(found.problems), found.problems
+
+
+def test_a_kept_install_is_noted_and_is_no_network_problem(tmp_path: Path) -> None:
+    """aider_polyglot's Rust tests (`cargo add regex 2>/dev/null || true`): imported, the line
+    kept and noted, no host asked of the operator."""
+    task = tmp_path / "src" / "rust-task"
+    shutil.copytree(FIXTURE / "pip-six", task)
+    (task / "run-tests.sh").write_text(
+        "#!/bin/bash\ncargo add regex 2>/dev/null || true\npython3 -m pytest $TEST_DIR -rA\n"
+    )
+    report = import_tasks("terminal-bench", tmp_path / "src", tmp_path / "pack")
+    assert report.skipped == {}
+    (notes,) = report.imported.values()
+    assert any("cargo add regex" in n and "ignores" in n for n in notes), notes
+    meta = tomllib.loads((tmp_path / "pack/tasks/rust-task/task.toml").read_text())
+    assert "verifier_hosts" not in meta.get("private", {})
+    script = tmp_path / "pack/tasks/rust-task/verifier/run-tests.sh"
+    assert "cargo add regex" in script.read_text()
 
 
 def _import(tmp_path: Path, allow: list[str]) -> dict[str, object]:
