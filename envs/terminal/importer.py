@@ -57,6 +57,7 @@ from palaestra.envs.terminal.dockerfile import (
 from palaestra.envs.terminal.envimage import DOCKERFILE, collect_context
 from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.installs import ignored_install, verifier_installs
+from palaestra.envs.terminal.solvefiles import take_oracle_payload
 from palaestra.envs.terminal.verifierimage import (
     TOOLS_IMAGE,
     missing_wheels,
@@ -352,8 +353,10 @@ TB_META = {
     "tests",
     "solution",
 }
-# What of a Terminal-Bench folder is not its build context (the task's own metadata).
-TB_CONTEXT_EXCLUDE = {"task.yaml", "solution.yaml", "docker-compose.yaml", "docker-compose.yml"}
+# What of a Terminal-Bench folder is not its build context: the task's own metadata, and its
+# solution (no Dockerfile needs the answer in the agent's image).
+TB_CONTEXT_EXCLUDE = {"task.yaml", "solution.sh", "solution.yaml", "docker-compose.yaml",
+                      "docker-compose.yml"}  # fmt: skip
 
 
 def convert_terminal_bench(
@@ -386,9 +389,6 @@ def convert_terminal_bench(
         dockerfile.read_text(encoding="utf-8"), folder, exclude=TB_META | {"Dockerfile"}
     )
     notes += plan.notes
-    build, bad, more = build_context(plan, folder, TB_CONTEXT_EXCLUDE)
-    problems += bad
-    notes += more
     if (folder / "solution.sh").exists():
         solve = (folder / "solution.sh").read_text(encoding="utf-8")
         problems += solution_problems(solve)
@@ -398,6 +398,11 @@ def convert_terminal_bench(
     else:
         problems.append("no solution.sh")
         solve = ""
+    solve, more = take_oracle_payload(plan, solve)
+    notes += more
+    build, bad, more = build_context(plan, folder, TB_CONTEXT_EXCLUDE)
+    problems += bad
+    notes += more
     binaries: dict[str, Path] = {}
     tests, bad = text_files(folder / "tests", binaries=binaries)
     problems += bad + tests_network_problems(tests)
@@ -546,6 +551,7 @@ def import_tasks(
     one whose environment's base image `bases` cannot serve (Settings' image_aliases and
     image_registry_mirror; default: the stand-ins, no mirror)."""
     bases = bases or BaseImages(DEFAULT_IMAGE_ALIASES)
+    from palaestra.envs.terminal.downloads import serve_downloads  # (importer.py is at its size)
     from palaestra.envs.terminal.harbor.reader import HarborReader  # it builds on this module
 
     harbor = HarborReader(src, ceilings)
@@ -583,7 +589,9 @@ def import_tasks(
         if task.id in seen:
             report.skipped[tid] = [f"duplicate task id {task.id!r} (folder {folder.name})"]
             continue
-        base_bad, base_notes = base_problems(task.build.get(DOCKERFILE, ""), bases)
+        base_bad, base_notes = serve_downloads(task.build, bases)
+        bad, said = base_problems(task.build.get(DOCKERFILE, ""), bases)
+        base_bad, base_notes = base_bad + bad, base_notes + said
         if base_bad:
             report.skipped[tid] = base_bad
             continue

@@ -16,7 +16,6 @@ maps, so import(export(pack)) gives the same tasks.
 
 from __future__ import annotations
 
-import base64
 import copy
 import re
 import shlex
@@ -47,6 +46,7 @@ from palaestra.envs.terminal.importer import (
     wheel_notes,
 )
 from palaestra.envs.terminal.installs import installs_problems, verifier_installs
+from palaestra.envs.terminal.solvefiles import file_writes
 
 EXPORT_KEY = "palaestra"  # [metadata.palaestra]: written by writer.py
 NETWORK_FIELDS = ("allow_internet", "allowed_hosts")  # its `network`: the task's own
@@ -317,19 +317,7 @@ def _embed_solution_files(solve: str, files: dict[str, str], binaries: dict[str,
     """solve.sh that first writes Harbor's other solution files (its /solution) to a temp dir
     (binary ones in base64: the oracle's one command carries them)."""
     lines = ["#!/bin/bash", "export SOLUTION_DIR=$(mktemp -d)"]  # the inner bash reads it
-    for rel, path in sorted(binaries.items()):
-        target = f'"$SOLUTION_DIR"/{shlex.quote(rel)}'
-        lines.append(f'mkdir -p "$(dirname {target})"')
-        data = base64.encodebytes(path.read_bytes()).decode()
-        lines.append(f"base64 -d > {target} <<'PALAESTRA_EOF'\n{data}PALAESTRA_EOF")
-    for rel, text in sorted(files.items()):
-        tag = "PALAESTRA_EOF"
-        while tag in text:
-            tag += "_"
-        target = f'"$SOLUTION_DIR"/{shlex.quote(rel)}'
-        lines.append(f'mkdir -p "$(dirname {target})"')
-        newline = "" if text.endswith("\n") else "\n"
-        lines.append(f"cat > {target} <<'{tag}'\n{text}{newline}{tag}")
+    lines += file_writes(files, binaries, lambda rel: f'"$SOLUTION_DIR"/{shlex.quote(rel)}')
     body = re.sub(r"(?<![\w/$])/solution(?=/|\b)", '"$SOLUTION_DIR"', solve)
     lines.append(f"bash -c {shlex.quote(body)}")
     return "\n".join(lines) + "\n"

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from palaestra.envs.terminal.envimage import (
     build_cause,
@@ -18,6 +22,7 @@ from palaestra.envs.terminal.envimage import (
     rewrite_from,
 )
 from palaestra.envs.terminal.importer import import_tasks
+from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.server.config import Settings
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
@@ -112,3 +117,29 @@ def test_real_tasks_keep_their_build_context(tmp_path: Path) -> None:
     task = tmp_path / "tb2" / "tasks" / "skills"
     assert (task / "build" / "Dockerfile").is_file() and (task / "build" / "skills").is_dir()
     assert not (task / "environment").exists()  # the image holds the workdir
+
+
+@pytest.mark.skipif(not bwrap_available()[0], reason=f"bwrap unavailable: {bwrap_available()[1]}")
+def test_the_oracles_payload_goes_with_the_solution_not_the_workspace(tmp_path: Path) -> None:
+    """aider_polyglot keeps its reference solution in the workspace (`.oracle/solution.enc`,
+    whose password is in solution.sh): the agent's image must not hold it, nor solution.sh;
+    the solve script carries it and still applies it (real openssl, in a bwrap sandbox
+    whose /app is the task's workspace)."""
+    task = "aider_polyglot-polyglot_python_robot-name"
+    source = FIXTURES / "tb-adapters" / task
+    report = import_tasks("terminal-bench", FIXTURES / "tb-adapters", tmp_path / "pack")
+    assert any("oracle's payload" in n for n in report.imported[task])
+    out = tmp_path / "pack" / "tasks" / task
+    held = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert not [p for p in held if ".oracle" in p or p.endswith("solution.sh")]
+    app = tmp_path / "app"
+    shutil.copytree(source / "workspace", app, ignore=shutil.ignore_patterns(".oracle"))
+    stub = (app / "robot_name.py").read_text()
+    run = subprocess.run(
+        ["bwrap", "--dev-bind", "/", "/", "--bind", str(app), "/app", "--unshare-net",
+         "bash", str(out / "solution" / "solve.sh")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    solved = (app / "robot_name.py").read_text()
+    assert solved != stub and "class Robot" in solved
