@@ -29,7 +29,14 @@ from palaestra.envs.finance.questions import (
     numbers_of,
     numbers_program,
 )
-from palaestra.verifiers.finance import Gold, Numbers, rerun, run_keys, to_unit
+from palaestra.verifiers.finance import (
+    VALUE_ONLY_REWARD,
+    Gold,
+    Numbers,
+    rerun,
+    run_keys,
+    to_unit,
+)
 from palaestra.verifiers.finance_program import ProgramError
 
 MAX_TRIES = 40
@@ -42,8 +49,9 @@ ANSWER_HELP = (
     "add, subtract, multiply, divide, exp, greater, table_sum, table_average, table_max, "
     "table_min; #k is the result of step k; constants are const_1, const_2, const_100, "
     "const_1000, const_m1 and so on. Write numbers without thousands separators, as printed "
-    "(a figure printed in thousands is used in thousands). A correct value earns 0.8; a "
-    "program whose every operand traces to a cell of the report earns the last 0.2."
+    "(a figure printed in thousands is used in thousands). The reward is 1 for the right value "
+    "with a program that computes it from the question's figures in the report (it is re-run "
+    f"on other numbers), {VALUE_ONLY_REWARD} for the right value alone, else 0."
 )
 
 

@@ -202,6 +202,9 @@ def test_allowed_constants_alone_do_not_make_a_program() -> None:
     graded = vf.grade(vf.Answer(value=0.5, unit="ratio", program=program), gold, numbers)
     assert graded.components["program"] == 0.0
     assert graded.reward == vf.VALUE_ONLY_REWARD <= FLOOR
+    # ... and the instruction of every generated task says what a value alone earns.
+    task = first_per_domain("finance", 1)[0]
+    assert f"{vf.VALUE_ONLY_REWARD} for the right value alone" in task.public["instruction"]
     # The right cells in another but equivalent form are a program.
     other = "divide(5000, 2500), divide(const_1, #0)"
     assert vf.grade(vf.Answer(value=0.5, unit="ratio", program=other), gold, numbers).reward == 1
