@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from palaestra.envs.terminal.dockerfile import dockerfile_instructions
-from palaestra.sandbox.docker.standins import TOOLCHAINS
+from palaestra.sandbox.docker.standins import DEFAULT_BUILD_HOSTS, TOOLCHAINS, StandIn
 
 _VERSION = re.compile(r"^(\d+)(?:\.(\d+))?")
 
@@ -61,12 +61,20 @@ def _tag_version(tag: str) -> tuple[int, ...] | None:
     return tuple(int(g) for g in found.groups() if g is not None)
 
 
+def fits(wanted: tuple[int, ...], stand_in: StandIn) -> bool:
+    """Whether the stand-in gives `wanted`, compared on the parts both name (`1.19` fits Go
+    1.19.8, `18` fits Node 18.20)."""
+    return wanted[: len(stand_in.version)] <= stand_in.version[: len(wanted)]
+
+
 @dataclass
 class BaseImages:
-    """How FROM lines are served here: the alias map, and the operator's mirror (or None)."""
+    """How FROM lines are served here: the alias map, the operator's mirror (or None), and
+    the hosts a build reaches (Settings.build_hosts; envs/terminal/downloads.py)."""
 
     aliases: Mapping[str, str]
     mirror: str | None = None
+    build_hosts: tuple[str, ...] = DEFAULT_BUILD_HOSTS
 
     def resolve(self, ref: str) -> str | None:
         """The image a build uses for `ref`: the mirror's copy where a mirror is set (local
@@ -95,7 +103,7 @@ class BaseImages:
         wanted = _tag_version(tag)
         if wanted is None:
             return [], [f"base image {ref}: runs on {stand_in.toolchain} {stand_in.shown}"]
-        if wanted[: len(stand_in.version)] <= stand_in.version[: len(wanted)]:
+        if fits(wanted, stand_in):
             return [], []
         shown = ".".join(map(str, wanted))
         if stand_in.strict:

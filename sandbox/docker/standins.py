@@ -30,6 +30,12 @@ NODE = StandIn("palaestra/node:latest", "Node.js", (18,))
 JAVA = StandIn("palaestra/java:latest", "Java (OpenJDK)", (17,))
 GCC = StandIn("palaestra/gcc:latest", "GCC", (12,), strict=False)
 MAVEN = StandIn(JAVA.image, "Maven", (3, 8), strict=False)  # its tag names Maven's version
+# The hosts a `docker build` of a task's environment reaches here: the package registries
+# (the Debian mirror apt uses, PyPI, npm); the default of `Settings.build_hosts`.
+DEFAULT_BUILD_HOSTS = (
+    "deb.debian.org", "security.debian.org", "pypi.org", "files.pythonhosted.org",
+    "registry.npmjs.org",
+)  # fmt: skip
 # Repository (no tag: every tag) -> the toolchain stand-in it maps to.
 TOOLCHAINS: dict[str, StandIn] = {
     "golang": GO,
