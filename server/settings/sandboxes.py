@@ -18,7 +18,7 @@ from pydantic import (
 
 from palaestra.sandbox.base import default_cache
 from palaestra.sandbox.docker.engine import BASE_IMAGE
-from palaestra.sandbox.docker.standins import DEFAULT_IMAGE_ALIASES
+from palaestra.sandbox.docker.standins import DEFAULT_BUILD_HOSTS, DEFAULT_IMAGE_ALIASES
 from palaestra.sandbox.egress import DEFAULT_ALLOW, AllowList, parse_reachable
 from palaestra.server.settings.shown import secret_shown
 from palaestra.shipped import shipped_dir
@@ -124,6 +124,14 @@ class ImageSettings(BaseModel):
         description=(
             "an internal registry mirror serving the public base images (host[:port][/path]): "
             "FROM golang:1.22 is pulled as <mirror>/library/golang:1.22 instead of a stand-in"
+        ),
+    )
+    build_hosts: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_BUILD_HOSTS),
+        description=(
+            "hosts a task environment's `docker build` reaches (host, *.domain, or '*' for "
+            "any): a Dockerfile that downloads from another is refused at import naming it; "
+            "default the package registries (docs/sandbox-images.md)"
         ),
     )
     env_build_timeout_s: float = Field(
