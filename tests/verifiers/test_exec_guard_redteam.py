@@ -348,3 +348,12 @@ def test_an_honest_program_writes_its_temporary_files_in_tmpdir(box: Box) -> Non
     box.agent("w", '#!/bin/sh\necho x > "$TMPDIR/t-$$.txt" && echo "got: WROTE"\n')
     out, _ = box.run("./w")
     assert "got: WROTE" in out, out
+
+
+def test_an_honest_build_tool_caches_in_its_own_tmpdir(box: Box) -> None:
+    # the runner's XDG_CACHE_HOME lies in its HOME, hidden: `go test` in the workspace (its
+    # build cache is $XDG_CACHE_HOME/go-build) failed with "permission denied"
+    box.agent("c", '#!/bin/sh\nmkdir -p "$XDG_CACHE_HOME/tool" && echo "got: $XDG_CACHE_HOME"\n')
+    out, _ = box.run(f"XDG_CACHE_HOME={box.home}/.cache ./c")
+    assert f"got: {box.agent_tmp}/.cache" in out, out
+    assert (box.agent_tmp / ".cache" / "tool").is_dir()

@@ -143,7 +143,9 @@ def confine(hidden: list[str], named: list[tuple[str, int]], listable: tuple[str
 
 def agent_env(environ: dict[str, str], bindir: str = "", tmp: str = "") -> dict[str, str]:
     """The environment of a program of the agent's: no verifier or runner variable, no
-    wrapper folder on PATH, a TMPDIR of its own."""
+    wrapper folder on PATH, a TMPDIR of its own and its caches there (XDG_CACHE_HOME: the
+    runner's HOME is hidden, and a build tool the checker runs on the agent's code caches
+    under it, `go test`'s build cache for one)."""
     env = {k: v for k, v in environ.items() if k not in HIDDEN_VARS}
     env = {k: v for k, v in env.items() if not k.startswith("PALAESTRA_")}
     bindir = bindir or environ.get("PALAESTRA_BIN", "")
@@ -151,6 +153,7 @@ def agent_env(environ: dict[str, str], bindir: str = "", tmp: str = "") -> dict[
     tmp = tmp or environ.get("PALAESTRA_AGENT_TMP", "")
     if tmp:
         env["TMPDIR"] = tmp
+        env["XDG_CACHE_HOME"] = os.path.join(tmp, ".cache")
     return env
 
 
