@@ -35,6 +35,8 @@ import_app = typer.Typer(
 
 # Skip reasons by class (the first that matches), for the summary line.
 REASON_CLASSES = (
+    ("toolchain download newer than its stand-in", r"downloads .* newer than its local stand-in"),
+    ("build-time download (build_hosts)", r"build_hosts"),
     ("missing test file", r"names the test file"),
     ("another Python minor", r"names python \d+\.\d+, which no local stand-in"),
     ("agent files through /shared", r"through /shared"),
@@ -187,6 +189,13 @@ def ceilings() -> Ceilings:
     )
 
 
+def base_images() -> BaseImages:
+    """How this machine's builds get base images and downloads (image_aliases,
+    image_registry_mirror, build_hosts), which imports judge each task's Dockerfile by."""
+    s = load_settings()
+    return BaseImages(s.image_aliases, s.image_registry_mirror, tuple(s.build_hosts))
+
+
 def _run(
     fmt: str, src: Path, out: Path, name: str | None, version: str, split: str | None,
     force: bool, strict: bool, verbose: bool = False, build: bool = False, check: int = 0,
@@ -197,7 +206,7 @@ def _run(
             fmt, src, out, name=name, version=version, split=split, force=force,
             ceilings=ceilings(), max_blob_bytes=settings.max_pack_blob_bytes,
             max_blobs_bytes=settings.max_pack_blobs_bytes,
-            bases=BaseImages(settings.image_aliases, settings.image_registry_mirror),
+            bases=base_images(),
         )  # fmt: skip
     except ValueError as exc:
         error(str(exc))

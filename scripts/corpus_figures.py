@@ -24,8 +24,7 @@ from typing import Any
 
 from palaestra.cli import envimages
 from palaestra.cli.images import docker_client, ensure_image
-from palaestra.cli.pack_import import ceilings
-from palaestra.envs.terminal.baseimages import BaseImages
+from palaestra.cli.pack_import import base_images, ceilings
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.server.config import load_settings
 from palaestra.server.packcheck import check_pack
@@ -46,8 +45,7 @@ def _error_line(log: str) -> str:
 
 def figures(fmt: str, src: Path, out: Path, sandbox: str) -> dict[str, Any]:
     settings = load_settings()
-    bases = BaseImages(settings.image_aliases, settings.image_registry_mirror)  # as `pack import`
-    report = import_tasks(fmt, src, out, force=True, ceilings=ceilings(), bases=bases)
+    report = import_tasks(fmt, src, out, force=True, ceilings=ceilings(), bases=base_images())
     client = docker_client()
     builds = envimages.build_pack(out, settings, lambda name: ensure_image(client, name))
     failed_env = {t: r.cause for r in builds if r.status == "failed" for t in r.tasks}
