@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from palaestra.cli.unbuilt import cause_line
 from palaestra.envs.terminal.envimage import (
     build_cause,
     collect_context,
@@ -143,3 +144,15 @@ def test_the_oracles_payload_goes_with_the_solution_not_the_workspace(tmp_path: 
     assert run.returncode == 0, run.stderr
     solved = (app / "robot_name.py").read_text()
     assert solved != stub and "class Robot" in solved
+
+
+def test_a_build_cause_gives_its_line_and_step() -> None:
+    cause = (
+        "Step 5/6 : RUN apt-get install -y openjdk-21-jdk\n ---> Running in 3f2a\n"
+        "Reading package lists...\nE: Unable to locate package openjdk-21-jdk\n"
+        "The command '/bin/sh -c apt-get install -y openjdk-21-jdk' returned a non-zero code: 100"
+    )
+    assert cause_line(cause) == (
+        "E: Unable to locate package openjdk-21-jdk (at RUN apt-get install -y openjdk-21-jdk)"
+    )
+    assert cause_line("") == "no build log"
