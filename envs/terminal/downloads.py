@@ -18,6 +18,11 @@ https://deb.nodesource.com/setup_20.x | bash -`), which would import and then fa
   `image_aliases` key for that image (`"golang:1.21.5"`) is the operator's own and serves it.
 * A toolchain tag the stand-in is too old for (`FROM golang:1.22`) runs on the stand-in where
   the task's files declare a minimum it meets (go.mod `go 1.18`), noted.
+* A Launchpad PPA (`add-apt-repository ppa:deadsnakes/ppa`, Ubuntu's way to a Python its
+  release lacks) cannot serve a stand-in, which is Debian bookworm: on a generic base the
+  command is taken out (`true` in its place), noted, and apt installs the packages from
+  bookworm, which has python3.11; one it lacks fails the build, which `pack import --build`
+  turns into a refusal naming it (cli/unbuilt.py).
 * Any other URL a RUN fetches (curl, wget, git, pip, ...) or an ADD names, from a host
   not in `build_hosts`, refuses the task naming the host, the URL and the setting.
 """
@@ -39,6 +44,10 @@ Version = tuple[int, ...]
 GENERIC = (PYTHON, UBUNTU)  # stand-ins with no toolchain of their own to keep
 _NUMBER = re.compile(r"\d+(?:\.\d+)*")
 _URL = re.compile(r"https?://[^\s\"'`<>|;)]+")
+_PPA = re.compile(
+    r"\b(?:sudo\s+)?(?:add-apt-repository|apt-add-repository)\s+(?:-y\s+)?"
+    r"[\"']?ppa:([\w.+-]+/[\w.+-]+)[\"']?(?:\s+-y)?"
+)
 _LOCAL = {"localhost", "127.0.0.1", "0.0.0.0", "::1"}
 # Commands whose URLs are text, not fetches (unless they write an apt source).
 _QUIET = {"echo", "printf", "sed", "grep", "test", "[", "export", "env", "true", ":"}
@@ -272,6 +281,11 @@ def _tag(ref: str, build: Mapping[str, str], bases: BaseImages) -> Judged:
     ], stand_in.image)  # fmt: skip
 
 
+def _generic(base: str, bases: BaseImages) -> bool:
+    """`base` is (or maps to) a stand-in with no toolchain of its own."""
+    return base in GENERIC or alias_of(base, bases.aliases) in GENERIC
+
+
 def reaches(host: str, hosts: tuple[str, ...]) -> bool:
     """Whether a build reaches `host`: listed, under a listed `*.domain`, or '*' listed."""
     host = host.lower().rstrip(".")
@@ -326,6 +340,7 @@ def serve_downloads(
     notes: list[str] = []
     stage: Step | None = None  # the FROM of the stage at hand
     served: dict[int, str] = {}  # a stage's FROM line -> the image it starts with instead
+    rewritten = False  # a RUN changed in place (a PPA taken out)
     for step in steps(text):
         ref = _from_ref(step) if step.instr == "FROM" else None
         if ref is not None:
@@ -339,7 +354,7 @@ def serve_downloads(
         installer = next((i for i in INSTALLERS if i.download.search(step.args)), None)
         if (
             step.instr == "RUN" and installer and stage and base and stage.start not in served
-            and (base in GENERIC or alias_of(base, bases.aliases) in GENERIC)
+            and _generic(base, bases)
         ):  # fmt: skip
             judged = _serve(installer, step.args, base, build, bases)
             problems += judged.problems
@@ -350,10 +365,22 @@ def serve_downloads(
                     f"# (taken out at import: {judged.image} serves it)"
                 ] + [""] * (step.end - step.start - 1)
             continue
+        if step.instr == "RUN" and base and _generic(base, bases) and _PPA.search(step.args):
+            ppas = ", ".join(f"ppa:{m}" for m in _PPA.findall(step.args))
+            lines[step.start : step.end] = [f"RUN {_PPA.sub('true', step.args)}"] + [""] * (
+                step.end - step.start - 1
+            )
+            rewritten = True
+            notes.append(
+                f"the Dockerfile adds a Launchpad PPA ({ppas}), which is for Ubuntu: taken out "
+                f"on the Debian bookworm stand-in of {base}, whose own packages serve the "
+                "apt installs that follow (a package bookworm lacks fails the build)"
+            )
+            continue
         problems += download_problems(step, bases.build_hosts)
     froms = {s.start: _from_ref(s) or "" for s in steps(text) if s.instr == "FROM"}
     for at, image in served.items():
         lines[at] = lines[at].replace(froms[at], image, 1)
-    if served:
+    if served or rewritten:
         build[DOCKERFILE] = "\n".join(lines) + "\n"
     return problems, notes

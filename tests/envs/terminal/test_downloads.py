@@ -191,3 +191,18 @@ def test_a_version_the_stand_in_has_is_served_and_only_on_a_generic_base() -> No
     other = {DOCKERFILE: "FROM node:18\nRUN curl https://sh.rustup.rs | sh -s -- -y\n"}
     (problem,) = serve_downloads(other, BASES)[0]
     assert "downloads from sh.rustup.rs" in problem
+
+
+def test_a_launchpad_ppa_is_taken_out_on_the_debian_stand_in() -> None:
+    """aider_polyglot's Python tasks add ppa:deadsnakes/ppa for python3.11 on Ubuntu jammy; the
+    stand-in is Debian bookworm, whose own python3.11 serves the apt install that follows."""
+    build = _context(FIXTURES / "tb-adapters" / "aider_polyglot-polyglot_python_robot-name")
+    problems, notes = _judge(build)
+    assert problems == ""
+    assert "Launchpad PPA (ppa:deadsnakes/ppa)" in notes
+    dockerfile = build[DOCKERFILE]
+    assert "add-apt-repository" not in dockerfile and "ppa:" not in dockerfile
+    assert "&& true" in dockerfile and "python3.11-venv" in dockerfile
+    # on a base that is not a stand-in of ours, the Dockerfile is left as it is
+    own = {DOCKERFILE: "FROM registry.example/ubuntu:22.04\nRUN add-apt-repository -y ppa:a/b\n"}
+    assert _judge(own) == ("", "") and "ppa:a/b" in own[DOCKERFILE]
