@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Annotated
@@ -20,8 +21,10 @@ from palaestra.cli.console import console, error, styled
 from palaestra.cli.images import build_pack_environments
 from palaestra.cli.progress import LiveProgress
 from palaestra.cli.stopping import Stop
+from palaestra.cli.unbuilt import CLASS_PATTERN, refuse_unbuilt
 from palaestra.envs.finance.importer import ImportProblem, import_file
 from palaestra.envs.terminal.baseimages import BaseImages
+from palaestra.envs.terminal.envimage import BuildResult
 from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.sdk.packwriter import REPORT_FILE, ImportReport
@@ -35,6 +38,7 @@ import_app = typer.Typer(
 
 # Skip reasons by class (the first that matches), for the summary line.
 REASON_CLASSES = (
+    ("environment does not build", CLASS_PATTERN),
     ("toolchain download newer than its stand-in", r"downloads .* newer than its local stand-in"),
     ("build-time download (build_hosts)", r"build_hosts"),
     ("missing test file", r"names the test file"),
@@ -131,7 +135,8 @@ Build = Annotated[
     bool,
     typer.Option(
         help="then build the imported tasks' environment images (docker), as "
-        "`palaestra images build --pack OUT` does; exit 1 if one fails"
+        "`palaestra images build --pack OUT` does; a task whose environment does not build "
+        "is refused (exit 1 with --strict, or when no task is left)"
     ),
 ]
 
@@ -196,6 +201,20 @@ def base_images() -> BaseImages:
     return BaseImages(s.image_aliases, s.image_registry_mirror, tuple(s.build_hosts))
 
 
+def _build(out: Path) -> list[BuildResult]:
+    """Build the imported tasks' environments (`images build --pack`); each one's result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "build.json"
+        build_pack_environments(out, command="pack import --build", report=report)
+        if not report.exists():
+            return []
+        body = json.loads(report.read_text(encoding="utf-8"))
+    return [
+        BuildResult(e["image"], e["status"], e["cause"], tasks=e["tasks"])
+        for e in body["environments"]
+    ]
+
+
 def _run(
     fmt: str, src: Path, out: Path, name: str | None, version: str, split: str | None,
     force: bool, strict: bool, verbose: bool = False, build: bool = False, check: int = 0,
@@ -214,8 +233,15 @@ def _run(
     render_import(report, console, verbose=verbose)
     if not report.imported or (strict and report.skipped):
         raise typer.Exit(1)
-    if build and not build_pack_environments(out, command="pack import --build"):
-        raise typer.Exit(1)
+    if build:
+        results = _build(out)
+        if refuse_unbuilt(report, results, out):
+            record_summary(report)  # the refusals, in the report file and its summary line
+            console.print(f"after --build: {import_summary(report)}")
+            if not report.imported or strict:
+                raise typer.Exit(1)
+        if any(r.status == "failed" and not r.tasks for r in results):
+            raise typer.Exit(1)  # the pack's environments could not be listed (said above)
     if check and not audit_import(out, check):
         raise typer.Exit(1)
 

@@ -166,3 +166,37 @@ async def test_missing_environment_image_says_how_to_build_it() -> None:
             await backend.create(spec)
     finally:
         await backend.aclose()
+
+
+def test_a_task_whose_environment_does_not_build_is_refused_at_import(tmp_path: Path) -> None:
+    """`pack import --build`: a real apt failure (a package Debian bookworm lacks, as
+    aider_polyglot's `openjdk-21-jdk` on the stand-in) refuses that task, in the report and
+    its summary, with the failing line and step; the task that builds stays imported."""
+    src = tmp_path / "src"
+    good = FIXTURES / "terminal-bench" / "grep-errors"
+    plain = "FROM python:3.11-slim\nWORKDIR /app\nCOPY logs/server.log /app/logs/server.log\n"
+    for name, extra in (
+        ("grep-errors", ""),  # converts without an image of its own
+        ("needs-jdk21", "RUN apt-get install -y --no-install-recommends openjdk-21-jdk\n"),
+    ):
+        shutil.copytree(good, src / name)
+        (src / name / "Dockerfile").write_text(plain + extra)
+    out = tmp_path / "pack"
+    result = CliRunner().invoke(
+        app, ["pack", "import", "terminal-bench", str(src), str(out), "--build"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "1 imported, 1 skipped (1 × environment does not build)" in result.output
+    report = json.loads((out / "import-report.json").read_text())
+    assert [i["id"] for i in report["imported"]] == ["grep-errors"]
+    (refused,) = report["skipped"]
+    reason = " ".join(refused["reasons"])
+    assert "Unable to locate package openjdk-21-jdk" in reason, reason
+    assert "apt-get install -y --no-install-recommends openjdk-21-jdk" in reason, reason
+    assert report["skipped_by_reason"] == {"environment does not build": 1}
+    assert not (out / "tasks" / "needs-jdk21").exists()
+    strict = CliRunner().invoke(
+        app, ["pack", "import", "terminal-bench", str(src), str(out), "--build", "--force",
+              "--strict"],
+    )  # fmt: skip
+    assert strict.exit_code == 1
