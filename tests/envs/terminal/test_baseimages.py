@@ -125,7 +125,7 @@ def test_import_names_each_unserved_base_counted_by_reason(tmp_path: Path) -> No
     result = CliRunner().invoke(app, ["pack", "import", "harbor", str(src), str(out)])
     assert result.exit_code == 0, result.output
     assert (
-        "1 imported, 2 skipped (1 × newer toolchain than its stand-in; "
+        "5 imported, 2 skipped (1 × newer toolchain than its stand-in; "
         "1 × no stand-in for the base image)"
     ) in " ".join(result.output.split())
     report = json.loads((out / "import-report.json").read_text())
