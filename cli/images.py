@@ -4,7 +4,9 @@ No registry is reachable, so every image is built locally: `base` by images/base
 (debootstrap bookworm -> a rootfs kept in the cache for bwrap -> `docker import` as
 palaestra/base:bookworm), every other folder of images/ holding a Dockerfile by
 `docker build` as palaestra/<name>:latest (FROM the base); the toolchain stand-ins (golang,
-rust, node, java, gcc) only by name or when a pack's environment needs one. Builds are
+rust, node, java, gcc) and python3.13 only by name or when a pack's environment needs one.
+A recipe FROM palaestra/base:<suite> other than bookworm (python3.13: trixie) has that
+suite's base made first by the same script (PALAESTRA_BASE_SUITE). Builds are
 cached: the base's rootfs tarball under $PALAESTRA_CACHE (default ~/.cache/palaestra), the
 images in the engine.
 """
@@ -40,7 +42,10 @@ from palaestra.sandbox.docker.standins import ON_DEMAND
 from palaestra.server.config import REPO_IMAGES, load_settings
 from palaestra.server.packs.loader import inspect_pack
 
-BASE_TAG = "palaestra/base:bookworm"
+BASE_SUITE = "bookworm"
+BASE_TAG = f"palaestra/base:{BASE_SUITE}"
+_FROM_BASE = re.compile(r"^FROM\s+palaestra/base:([a-z]+)\s*$", re.M)
+_FROM_IMAGE = re.compile(r"^FROM\s+palaestra/([a-z0-9._-]+):latest", re.M)
 SITE_CA = "site-ca.crt"
 
 images_app = typer.Typer(help="Build and list the sandbox images (images/).", no_args_is_help=True)
@@ -93,12 +98,27 @@ def docker_client() -> Any:
     return client
 
 
-def build_base(*, force: bool = False) -> None:
+def build_base(*, force: bool = False, suite: str = BASE_SUITE) -> None:
+    """images/base/build.sh for `suite` (palaestra/base:<suite>; bookworm's also for bwrap)."""
     script = recipes().get("base")
     if script is None:
         raise RuntimeError(f"no images/base/build.sh under {images_dir()}")
     env = dict(os.environ, PALAESTRA_CACHE=str(cache_dir()), FORCE="1" if force else "0")
+    env["PALAESTRA_BASE_SUITE"] = suite
+    env.pop("PALAESTRA_BASE_TAG", None)  # the suite names the tag
     subprocess.run(["bash", str(script)], check=True, env=env)
+
+
+def base_suite(name: str) -> str | None:
+    """The Debian suite of the base image recipe NAME is FROM (None: FROM another recipe)."""
+    found = _FROM_BASE.search(recipes()[name].read_text())
+    return found.group(1) if found else None
+
+
+def ensure_base(client: Any, suite: str = BASE_SUITE) -> None:
+    """palaestra/base:<suite> in the engine (built by images/base/build.sh unless it is)."""
+    if not has_image(client, f"palaestra/base:{suite}"):
+        build_base(suite=suite)
 
 
 def build_family(client: Any, name: str, *, force: bool = False) -> None:
@@ -131,17 +151,18 @@ def build_family(client: Any, name: str, *, force: bool = False) -> None:
 
 
 def ensure_image(client: Any, name: str) -> None:
-    """images/NAME built (with the images/ recipe it is FROM, and the base) unless the engine
-    has it."""
-    if not has_image(client, BASE_TAG):
-        build_base()
-    if name == "base" or has_image(client, tag_of(name)):
+    """images/NAME built (with the images/ recipe it is FROM, or the base of its suite) unless
+    the engine has it."""
+    if name == "base":
+        ensure_base(client)
         return
-    parent = re.search(
-        r"^FROM\s+palaestra/([a-z0-9._-]+):latest", recipes()[name].read_text(), re.M
-    )
+    if has_image(client, tag_of(name)):
+        return
+    parent = _FROM_IMAGE.search(recipes()[name].read_text())
     if parent and parent.group(1) in recipes():
         ensure_image(client, parent.group(1))
+    else:
+        ensure_base(client, base_suite(name) or BASE_SUITE)
     build_family(client, name)
 
 
@@ -220,8 +241,7 @@ def _build_one(client: Any, image: str, force: bool) -> None:
             images = settings.images_dir or settings.cache / "images"
             export_rootfs(client, DEFAULT_TAG, images, TOOLS_IMAGE)
         else:
-            if not has_image(client, BASE_TAG):
-                build_base()
+            ensure_base(client, base_suite(image) or BASE_SUITE)
             if not force and has_image(client, tag_of(image)):
                 err.print(f"images/{image}: {tag_of(image)} already built")
                 return

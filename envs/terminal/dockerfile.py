@@ -48,6 +48,7 @@ NETWORK = re.compile(
     r"|\bcargo\s+(install|add)\b|\bgo\s+(get|install)\b|\bapt(-get)?\s+install\b"
     r"|https?://"
 )
+NAMES_MINOR = re.compile(r"python[:-]?3[.-]\d+")  # python:3.13-slim, t-bench's python-3-13
 SHELLS = {"bash", "sh", "/bin/bash", "/bin/sh", "zsh", "sleep", "tail"}
 WRITE_CMDS = {"mkdir", "touch", "cp", "mv", "ln", "chmod", "chown", "tee", "install", "rm"}
 
@@ -258,7 +259,9 @@ def convert_dockerfile(text: str, context: Path, exclude: set[str]) -> EnvPlan:
                     f"base image {image} brings a userland the sandbox does not have "
                     "(the terminal image is Debian bookworm with python3)"
                 )
-            elif not image.startswith(("python:3.11", "palaestra/")) and "python" in image:
+            elif "python" in image and not (  # one naming a minor: pyminor.py's to note
+                image.startswith("palaestra/") or NAMES_MINOR.search(image)
+            ):
                 plan.notes.append(f"base image {image}: runs on Debian bookworm's python3.11")
         elif instr == "WORKDIR":
             path = _words(args)[0] if _words(args) else DEFAULT_WORKDIR

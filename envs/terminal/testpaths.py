@@ -19,7 +19,9 @@ Refused, naming why:
 * a test script (or a shell helper of `tests/`) runs or reads a file under `/tests` that
   the task does not ship: it would fail at the task's first episode;
 * the base image names a Python minor no local stand-in runs (pyminor.py) and a Python
-  file of the task does not compile on the stand-in's.
+  file of the task does not compile on the stand-in's; where the base maps to the Python
+  3.13 stand-in, `Checked.own_image` asks for the task to run in its own image there
+  instead (the converter builds its context: `build_context`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class Checked:
 
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    own_image: str | None = None  # why the task runs in the image built from its Dockerfile
+    tests_elsewhere: str = ""  # the problem instead, where its tests run on a verifier image
 
 
 def _code(text: str) -> str:
@@ -168,19 +172,28 @@ def check_task(
     tests_dir: Path,
     agent_files: Mapping[str, str],
     dockerfile: str | None,
+    built: bool,
 ) -> Checked:
     """Every check of this module (and pyminor's) on one converted task: `verifier` is
     staged in place (`stage_tests`); `agent_files` are the environment's files and the
-    solution's by the name the report gives them; `dockerfile` the environment's."""
+    solution's by the name the report gives them; `dockerfile` the environment's, `built`
+    whether the task runs in the image built from it."""
     out = stage_tests(verifier, script_name, scripts, tests_dir)
     out.problems += agent_shared(agent_files)
     image = pyminor.base_image(dockerfile) if dockerfile else None
     if image is not None:
         sources = {**agent_files, **{k: v for k, v in verifier.items() if k.startswith("tests/")}}
-        problems, notes = pyminor.check(image, sources)
-        out.problems += problems
-        out.notes += notes
+        judged = pyminor.check(image, sources, built=built)
+        out.problems += judged.problems
+        out.notes += judged.notes
+        out.own_image, out.tests_elsewhere = judged.own_image, judged.tests_elsewhere
     return out
+
+
+def on_verifier_image(checked: Checked, verifier_image: str | None) -> list[str]:
+    """The problem of a task that would run in its own image on Python 3.13
+    (`checked.own_image`) while its tests run on a verifier image (none: it can)."""
+    return [checked.tests_elsewhere] if verifier_image is not None else []
 
 
 def _agent_files(plan: EnvPlan, build: Mapping[str, str], solve: str) -> dict[str, str]:
@@ -212,7 +225,8 @@ def harbor(
     script = verifier.get("harbor-test.sh", "")
     agent = _agent_files(plan, build, solution.get("solve.sh", ""))
     scripts = {"tests/test.sh": script}
-    return check_task(verifier, "harbor-test.sh", scripts, folder / "tests", agent, dockerfile)
+    tests = folder / "tests"
+    return check_task(verifier, "harbor-test.sh", scripts, tests, agent, dockerfile, bool(build))
 
 
 def terminal_bench(
@@ -223,4 +237,5 @@ def terminal_bench(
     dockerfile = path.read_text(encoding="utf-8") if path.is_file() else None
     scripts = {"run-tests.sh": verifier.get("run-tests.sh", "")}
     agent = _agent_files(plan, build, solve)
-    return check_task(verifier, "run-tests.sh", scripts, folder / "tests", agent, dockerfile)
+    tests = folder / "tests"
+    return check_task(verifier, "run-tests.sh", scripts, tests, agent, dockerfile, bool(build))

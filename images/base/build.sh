@@ -2,18 +2,23 @@
 # The base sandbox image: a minimal Debian bookworm rootfs (debootstrap, python3 included),
 # kept as a directory bwrap can use as an image rootfs and imported into the local docker
 # engine as palaestra/base:bookworm (no registry is reachable, so nothing is pulled).
+# PALAESTRA_BASE_SUITE=trixie makes another suite's the same way, as palaestra/base:trixie
+# (Debian 13, python3 = 3.13: the images/python3.13 stand-in is FROM it), cached apart.
 #
-# Cached under $PALAESTRA_CACHE (default ~/.cache/palaestra)/images/base/:
+# Cached under $PALAESTRA_CACHE (default ~/.cache/palaestra)/images/base/ (another suite:
+# images/base-<suite>/):
 #   rootfs.tar  the debootstrap output (skips debootstrap when present)
 #   rootfs/     the same tree unpacked (for bwrap)
 # The docker import is skipped when the image already exists. FORCE=1 rebuilds everything.
 # Usage: images/base/build.sh [--no-docker]
 set -euo pipefail
 
-TAG="${PALAESTRA_BASE_TAG:-palaestra/base:bookworm}"
-SUITE=bookworm
+SUITE="${PALAESTRA_BASE_SUITE:-bookworm}"
+case "$SUITE" in *[!a-z]* | "") echo "images/base: suite '$SUITE' is not a Debian codename" >&2; exit 2 ;; esac
+TAG="${PALAESTRA_BASE_TAG:-palaestra/base:$SUITE}"
 CACHE="${PALAESTRA_CACHE:-$HOME/.cache/palaestra}"
 DIR="$CACHE/images/base"
+[ "$SUITE" = bookworm ] || DIR="$CACHE/images/base-$SUITE"
 TAR="$DIR/rootfs.tar"
 ROOTFS="$DIR/rootfs"
 DOCKER=1

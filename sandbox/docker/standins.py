@@ -1,7 +1,8 @@
 """The local stand-ins for public base images (images/<name>/Dockerfile, Debian bookworm's
-packages), for sites with no registry: the default of `Settings.image_aliases` and what each
-toolchain stand-in gives (envs/terminal/baseimages.py judges a task's tag against it;
-docs/sandbox-images.md, "Base images"). Data only, so Settings can name it."""
+packages; python3.13's Debian trixie's), for sites with no registry: the default of
+`Settings.image_aliases` and what each toolchain stand-in gives (envs/terminal/baseimages.py
+judges a task's tag against it; docs/sandbox-images.md, "Base images"). Data only, so
+Settings can name it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ class StandIn:
 
 
 PYTHON = "palaestra/python:latest"
+PYTHON313 = "palaestra/python3.13:latest"  # Debian trixie's python3 (images/python3.13)
+# The Python minor each stand-in that runs Python has (envs/terminal/pyminor.py).
+PYTHON_MINORS: dict[str, tuple[int, int]] = {PYTHON: (3, 11), PYTHON313: (3, 13)}
 UBUNTU = "palaestra/ubuntu:latest"
 GO = StandIn("palaestra/golang:latest", "Go", (1, 19))
 RUST = StandIn("palaestra/rust:latest", "Rust", (1, 63))
@@ -47,19 +51,29 @@ TOOLCHAINS: dict[str, StandIn] = {
     "maven": MAVEN,
     "gcc": GCC,
 }
+TOOLCHAIN_IMAGES = tuple(t.image for t in TOOLCHAINS.values())
 # The images/ recipes built only when a pack's environment needs them (`images build --pack`,
 # or by name), not by a plain `palaestra images build`.
-ON_DEMAND = tuple(sorted({s.image.split("/")[1].split(":")[0] for s in TOOLCHAINS.values()}))
+ON_DEMAND = tuple(sorted({i.split("/")[1].split(":")[0] for i in (PYTHON313, *TOOLCHAIN_IMAGES)}))
 
 # Base images real Terminal-Bench / Harbor tasks use -> the stand-ins under images/ (the
-# default of Settings.image_aliases; a key without a tag matches every tag).
+# default of Settings.image_aliases; a key without a tag matches every tag). Python 3.12 to
+# 3.14 run on trixie's 3.13: no 3.12 is to be had, and 3.13 runs all of its syntax
+# (docs/decisions.md, "Python 3.12 runs on 3.13").
+_PY_TAGS = ("", "-slim", "-slim-bookworm", "-bookworm", "-slim-bullseye", "-bullseye",
+            "-slim-trixie", "-trixie")  # fmt: skip
 DEFAULT_IMAGE_ALIASES: dict[str, str] = {
     **{
         name: PYTHON
         for name in (
             "python", "python:3", "python:3-slim", "python:latest", "python:slim",
-            *(f"python:3.{minor}{v}" for minor in range(8, 15) for v in ("", "-slim",
-              "-slim-bookworm", "-bookworm", "-slim-bullseye", "-bullseye")),
+            *(f"python:3.{minor}{v}" for minor in range(8, 12) for v in _PY_TAGS),
+        )
+    },
+    **{
+        name: PYTHON313
+        for name in (
+            *(f"python:3.{minor}{v}" for minor in range(12, 15) for v in _PY_TAGS),
             "ghcr.io/laude-institute/t-bench/python-3-13",
         )
     },

@@ -118,6 +118,8 @@ class HarborReader:
         else:
             parts = _native(folder, meta, workdir or plan.workdir, problems, notes, egress)
             staged = testpaths.harbor(folder, meta, parts[0], parts[1], plan, build)
+            if staged.own_image is not None:  # newer Python than 3.11's (pyminor.py)
+                build = _own_image(folder, meta, plan, staged, parts[2], notes)
             problems += staged.problems
             notes += staged.notes
         if problems:
@@ -174,16 +176,13 @@ def _environment(
     the task's own image where the terminal image cannot stand in for it (`build_context`);
     an export's own files are read as they are (`_exported`), not through its COPY."""
     env_dir = folder / "environment"
-    env = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
-    assert isinstance(env, dict)
     problems.extend(compose_problems(env_dir, "environment/"))
     dockerfile = env_dir / "Dockerfile"
-    synthetic: str | None = None
+    synthetic = _synthetic(folder, meta)
     if dockerfile.exists():
         exclude = COMPOSE | ({ENV_FILES} if exported else set())
         plan = convert_dockerfile(dockerfile.read_text(encoding="utf-8"), env_dir, exclude)
-    elif isinstance(env.get("docker_image"), str):
-        synthetic = f"FROM {env['docker_image']}\n"
+    elif synthetic is not None:
         plan = convert_dockerfile(synthetic, env_dir, exclude=set())
     else:
         plan = EnvPlan()
@@ -196,6 +195,35 @@ def _environment(
         notes += more
     problems += plan.problems
     return plan, build
+
+
+def _synthetic(folder: Path, meta: dict[str, Any]) -> str | None:
+    """The Dockerfile `[environment] docker_image` stands for, where the task has none."""
+    env = meta.get("environment")
+    image = env.get("docker_image") if isinstance(env, dict) else None
+    if (folder / "environment" / "Dockerfile").exists() or not isinstance(image, str):
+        return None
+    return f"FROM {image}\n"
+
+
+def _own_image(
+    folder: Path,
+    meta: dict[str, Any],
+    plan: EnvPlan,
+    staged: testpaths.Checked,
+    private: dict[str, Any],
+    notes: list[str],
+) -> dict[str, str]:
+    """The build context of a task whose Python needs its own image on the 3.13 stand-in
+    (`staged.own_image` says why), as `_environment` makes one for other needs."""
+    assert staged.own_image is not None
+    env_dir, synthetic = folder / "environment", _synthetic(folder, meta)
+    plan.problems.append(staged.own_image)
+    build, bad, more = build_context(plan, env_dir, COMPOSE - {"Dockerfile"}, synthetic)
+    verifier_image = private.get("verifier_image")
+    staged.problems += bad + testpaths.on_verifier_image(staged, verifier_image)
+    notes += more
+    return build
 
 
 # The longest solve.sh (quoted) the oracle's bash command takes (its 200,000 characters).

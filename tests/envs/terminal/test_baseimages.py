@@ -47,7 +47,7 @@ def test_each_toolchain_has_a_stand_in_built_from_debian() -> None:
         assert BASES.resolve(ref) == f"palaestra/{name}:latest", ref
         recipe = (IMAGES / name / "Dockerfile").read_text()
         assert "FROM palaestra/" in recipe and "apt-get install" in recipe
-    assert set(ON_DEMAND) == {"gcc", "golang", "java", "node", "rust"}
+    assert set(ON_DEMAND) == {"gcc", "golang", "java", "node", "rust", "python3.13"}
     assert Settings().image_aliases == DEFAULT_IMAGE_ALIASES
     assert BASES.resolve("ziglang/zig:0.11") is None
     assert BASES.resolve("palaestra/base:bookworm") == "palaestra/base:bookworm"

@@ -44,7 +44,7 @@ def test_aliases_rewrite_from() -> None:
     )
     out, mapped = rewrite_from(text, aliases)
     lines = out.splitlines()
-    assert lines[0] == "FROM palaestra/python:latest AS b"  # any tag; --platform dropped
+    assert lines[0] == "FROM palaestra/python3.13:latest AS b"  # any tag; --platform dropped
     assert lines[2] == "FROM b"  # an earlier stage is not an image
     assert lines[3] == "FROM palaestra/ubuntu:latest"
     assert lines[4] == "FROM ziglang/zig:0.11"  # no alias (the import refuses it first)
