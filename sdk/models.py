@@ -6,8 +6,8 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from pydantic_core import to_json
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+from typing_extensions import TypedDict
 
 from palaestra.sdk.failures import Failure, FailureKind
 from palaestra.sdk.harness import HarnessStatus
@@ -228,6 +228,26 @@ class StepRecord(WireModel):
     at: float = 0.0
 
 
+class _StepRecordFields(TypedDict):
+    """StepRecord's fields, typed, so that its JSON is written by one typed serializer (no
+    per-value type inference, no model); tests/server/test_step_storage.py keeps the text
+    the same as `StepRecord.model_dump_json`."""
+
+    index: int
+    request_id: str | None
+    action: Action
+    observation: Observation
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    duration_s: float
+    at: float
+
+
+_STEP_RECORD = TypeAdapter(_StepRecordFields).serializer
+
+
 def step_record_json(
     *,
     index: int,
@@ -243,7 +263,7 @@ def step_record_json(
 ) -> str:
     """`StepRecord(...).model_dump_json()`, the same text, without building the model:
     every step of every episode is stored, and the model costs more than the step."""
-    return to_json(
+    return _STEP_RECORD.to_json(
         {
             "index": index,
             "request_id": request_id,
@@ -253,8 +273,8 @@ def step_record_json(
             "terminated": terminated,
             "truncated": truncated,
             "info": info,
-            "duration_s": duration_s,
-            "at": at,
+            "duration_s": float(duration_s),
+            "at": float(at),
         }
     ).decode()
 

@@ -191,14 +191,16 @@ async def step_outcomes(
     except PalaestraError as exc:
         refused = item_error(exc)
         return [(_episode_of(item), refused) for item in items]
-    problems = problems or [None] * len(items)
     results: list[Outcome | None] = [None] * len(items)
+    ids: list[str] = []
     by_episode: dict[str, list[int]] = {}
     for index, item in enumerate(items):
-        problem = problems[index]
+        problem = problems[index] if problems else None
         if problem is not None or item is None:
             results[index] = item_error(InvalidActionError(problem or "no item"))
+            ids.append(_episode_of(item))
         else:
+            ids.append(item.episode_id)
             by_episode.setdefault(item.episode_id, []).append(index)
 
     step = manager.host.step  # what `manager.step` calls, without its coroutine an item
@@ -229,8 +231,8 @@ async def step_outcomes(
             held = size * started[task] // max(1, len(items))  # its items' share of the body
             manager.detach(task, principal.token_id, held)
     return [
-        (_episode_of(item), _still_running() if outcome is None else outcome)
-        for item, outcome in zip(items, results, strict=True)
+        (episode_id, _still_running() if outcome is None else outcome)
+        for episode_id, outcome in zip(ids, results, strict=True)
     ]
 
 

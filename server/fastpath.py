@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import to_json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from palaestra.sdk.errors import PalaestraError
@@ -88,7 +89,7 @@ async def step_reply(
     try:
         request = StepRequest.model_validate_json(raw)
         reply = await manager.step(episode_id, request, principal)
-        return 200, reply.model_dump_json().encode(), []
+        return 200, to_json(reply), []  # its model_dump_json, without the Python around it
     except ValidationError as exc:
         return 422, error_body("invalid_request", validation_message(exc.errors())), []
     except PalaestraError as exc:

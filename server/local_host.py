@@ -263,7 +263,8 @@ class LocalHost:
             if episode.state.status is not EpisodeStatus.ACTIVE:
                 status = episode.state.status.value
                 raise ConflictError(f"episode {episode_id} has ended ({status}); start a new one")
-            self.harness.refuse_step(episode.harness, episode_id)  # 409: it owns the loop
+            if episode.harness is not None:  # 409: it owns the loop
+                self.harness.refuse_step(episode.harness, episode_id)
             self.accounting.before_step(principal)  # 429 while over its CPU-seconds per hour
             started = time.perf_counter()
             episode.last_active = time.monotonic()
