@@ -421,12 +421,12 @@ def convert_terminal_bench(
     verifier = {f"tests/{k}": v for k, v in tests.items()}
     verifier["run-tests.sh"] = script
     verifier["test.sh"] = verifier_wrapper("terminal-bench", "run-tests.sh")
-    staged = testpaths.terminal_bench(folder, verifier, plan, build, solve)
     image = verifier_image_for(verifier, script)
+    staged = testpaths.terminal_bench(folder, verifier, plan, build, solve, image)
     if staged.own_image is not None:  # newer Python than 3.11's: its own image (pyminor.py)
         plan.problems.append(staged.own_image)
         build, bad, more = build_context(plan, folder, TB_CONTEXT_EXCLUDE)
-        staged.problems += bad + testpaths.on_verifier_image(staged, image)
+        staged.problems += bad
         notes += more
     if staged.problems:
         raise Unsupported(staged.problems)

@@ -92,6 +92,11 @@ def stand_in_minor(image: str) -> tuple[int, int] | None:
     return PYTHON_MINORS.get(alias_of(image, DEFAULT_IMAGE_ALIASES) or "")
 
 
+def runs_newer(image: str) -> bool:
+    """Whether a task built from `image` runs on the 3.13 stand-in."""
+    return stand_in_minor(image) == NEWER
+
+
 def compile_error(name: str, text: str) -> str | None:
     """Why `text` does not compile on Python 3.11 (None: it does)."""
     try:
@@ -126,7 +131,7 @@ def check(image: str, sources: Mapping[str, str], *, built: bool = False) -> Jud
     """The judgement for a task on `image` whose files are `sources` (name -> text); `built`:
     it runs in the image built from its Dockerfile (else on the terminal image)."""
     named = named_minor(image)
-    newer = stand_in_minor(image) == NEWER
+    newer = runs_newer(image)
     if named is None:
         return Judged()
     if built and newer:

@@ -34,6 +34,7 @@ from typing import Any
 
 from palaestra.envs.terminal import pyminor
 from palaestra.envs.terminal.dockerfile import EnvPlan
+from palaestra.envs.terminal.verifierimage import TOOLS_IMAGE
 from palaestra.verifiers.terminal import VERIFIER_DIR, VERIFIER_LOGS
 
 SHARED_DIR = f"{VERIFIER_DIR}/shared"
@@ -70,7 +71,6 @@ class Checked:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     own_image: str | None = None  # why the task runs in the image built from its Dockerfile
-    tests_elsewhere: str = ""  # the problem instead, where its tests run on a verifier image
 
 
 def _code(text: str) -> str:
@@ -173,11 +173,13 @@ def check_task(
     agent_files: Mapping[str, str],
     dockerfile: str | None,
     built: bool,
+    verifier_image: str | None,
 ) -> Checked:
     """Every check of this module (and pyminor's) on one converted task: `verifier` is
     staged in place (`stage_tests`); `agent_files` are the environment's files and the
     solution's by the name the report gives them; `dockerfile` the environment's, `built`
-    whether the task runs in the image built from it."""
+    whether the task runs in the image built from it, `verifier_image` where its tests run
+    (None: the agent's image)."""
     out = stage_tests(verifier, script_name, scripts, tests_dir)
     out.problems += agent_shared(agent_files)
     image = pyminor.base_image(dockerfile) if dockerfile else None
@@ -186,14 +188,17 @@ def check_task(
         judged = pyminor.check(image, sources, built=built)
         out.problems += judged.problems
         out.notes += judged.notes
-        out.own_image, out.tests_elsewhere = judged.own_image, judged.tests_elsewhere
+        if judged.own_image is not None and verifier_image is not None:
+            out.problems.append(judged.tests_elsewhere)  # its tests would still run on 3.11
+        else:
+            out.own_image = judged.own_image
+        if built and verifier_image == TOOLS_IMAGE and pyminor.runs_newer(image):
+            out.notes.append(
+                f"its environment runs on Python 3.13 ({image}'s stand-in), its tests on the "
+                "verifier image (uv/uvx: the terminal image's Python 3.11, where `-p 3.13` "
+                "runs on 3.11)"
+            )
     return out
-
-
-def on_verifier_image(checked: Checked, verifier_image: str | None) -> list[str]:
-    """The problem of a task that would run in its own image on Python 3.13
-    (`checked.own_image`) while its tests run on a verifier image (none: it can)."""
-    return [checked.tests_elsewhere] if verifier_image is not None else []
 
 
 def _agent_files(plan: EnvPlan, build: Mapping[str, str], solve: str) -> dict[str, str]:
@@ -210,6 +215,7 @@ def harbor(
     solution: Mapping[str, str],
     plan: EnvPlan,
     build: Mapping[str, str],
+    verifier_image: str | None,
 ) -> Checked:
     """`check_task` for a Harbor task as reader.py converts it (`harbor-test.sh`)."""
     path = folder / "environment" / "Dockerfile"
@@ -226,11 +232,17 @@ def harbor(
     agent = _agent_files(plan, build, solution.get("solve.sh", ""))
     scripts = {"tests/test.sh": script}
     tests = folder / "tests"
-    return check_task(verifier, "harbor-test.sh", scripts, tests, agent, dockerfile, bool(build))
+    built, image = bool(build), verifier_image
+    return check_task(verifier, "harbor-test.sh", scripts, tests, agent, dockerfile, built, image)
 
 
 def terminal_bench(
-    folder: Path, verifier: dict[str, str], plan: EnvPlan, build: Mapping[str, str], solve: str
+    folder: Path,
+    verifier: dict[str, str],
+    plan: EnvPlan,
+    build: Mapping[str, str],
+    solve: str,
+    verifier_image: str | None,
 ) -> Checked:
     """`check_task` for a Terminal-Bench task as importer.py converts it (`run-tests.sh`)."""
     path = folder / "Dockerfile"
@@ -238,4 +250,5 @@ def terminal_bench(
     scripts = {"run-tests.sh": verifier.get("run-tests.sh", "")}
     agent = _agent_files(plan, build, solve)
     tests = folder / "tests"
-    return check_task(verifier, "run-tests.sh", scripts, tests, agent, dockerfile, bool(build))
+    built, image = bool(build), verifier_image
+    return check_task(verifier, "run-tests.sh", scripts, tests, agent, dockerfile, built, image)

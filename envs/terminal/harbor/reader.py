@@ -117,9 +117,10 @@ class HarborReader:
             problems += installs_problems(parts[2], egress)
         else:
             parts = _native(folder, meta, workdir or plan.workdir, problems, notes, egress)
-            staged = testpaths.harbor(folder, meta, parts[0], parts[1], plan, build)
+            image = parts[2].get("verifier_image")
+            staged = testpaths.harbor(folder, meta, parts[0], parts[1], plan, build, image)
             if staged.own_image is not None:  # newer Python than 3.11's (pyminor.py)
-                build = _own_image(folder, meta, plan, staged, parts[2], notes)
+                build = _own_image(folder, meta, plan, staged, notes)
             problems += staged.problems
             notes += staged.notes
         if problems:
@@ -211,7 +212,6 @@ def _own_image(
     meta: dict[str, Any],
     plan: EnvPlan,
     staged: testpaths.Checked,
-    private: dict[str, Any],
     notes: list[str],
 ) -> dict[str, str]:
     """The build context of a task whose Python needs its own image on the 3.13 stand-in
@@ -220,8 +220,7 @@ def _own_image(
     env_dir, synthetic = folder / "environment", _synthetic(folder, meta)
     plan.problems.append(staged.own_image)
     build, bad, more = build_context(plan, env_dir, COMPOSE - {"Dockerfile"}, synthetic)
-    verifier_image = private.get("verifier_image")
-    staged.problems += bad + testpaths.on_verifier_image(staged, verifier_image)
+    staged.problems += bad
     notes += more
     return build
 

@@ -133,6 +133,21 @@ def test_a_terminal_bench_task_in_3_12_syntax_imports_into_its_own_image(
     assert "for its tests: they run on a verifier image" in reason
 
 
+def test_a_built_3_13_task_whose_tests_use_uvx_says_where_they_run(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "grep-errors"
+    shutil.copytree(FIXTURES / "terminal-bench" / "grep-errors", src)
+    with (src / "Dockerfile").open("a") as f:
+        f.write("USER root\nRUN useradd -m builder\n")  # needs root: its own image
+    (src / "run-tests.sh").write_text("uvx -p 3.13 -w pytest==8.4.1 pytest $TEST_DIR -rA\n")
+    report = import_tasks("terminal-bench", src.parent, tmp_path / "pack")
+    [notes] = report.imported.values()
+    assert any("runs in the image built from its Dockerfile" in n for n in notes)
+    assert any(
+        "its environment runs on Python 3.13" in n and "its tests on the verifier image" in n
+        for n in notes
+    )
+
+
 def test_the_harbor_fixture_on_python_3_13_imports_into_its_own_image(tmp_path: Path) -> None:
     report = import_tasks("harbor", FIXTURES / "harbor-python313", tmp_path / "pack")
     assert list(report.imported) == ["spread"] and report.skipped == {}
