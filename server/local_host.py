@@ -324,8 +324,9 @@ class LocalHost:
             at=now,
         )
         self.store.add_step(episode.number, index, request_id, record, episode.owner)
-        state.step_count = index + 1
-        state.updated_at = now
+        # Both are required fields (always among the set ones) of a model that validates no
+        # assignment: written as its __setattr__ would, without its two calls a step.
+        state.__dict__.update(step_count=index + 1, updated_at=now)
         self.checkpoints.auto(episode)  # every checkpoint_every_steps, in the background
 
     async def _run_step(
@@ -362,7 +363,7 @@ class LocalHost:
             obs.text += f"\n[step limit of {episode.limits.max_steps} reached]"
             reply = await self._finish(episode, obs, truncated=True, info=outcome.info)
             return reply, outcome
-        return StepResponse(observation=outcome.observation, info=dict(outcome.info)), outcome
+        return StepResponse(observation=outcome.observation, info=outcome.info), outcome  # copied
 
     async def _finish(
         self,
