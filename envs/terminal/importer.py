@@ -413,7 +413,9 @@ def convert_terminal_bench(
         else "#!/bin/bash\npython3 -m pytest $TEST_DIR/test_outputs.py -rA\n"
     )
     script, bad = clean_test_script(original, tests_dir="$VERIFIER_DIR/tests", logs_dir=None)
-    script, bad, installs, more = verifier_installs(script, bad, egress_allow, network_problems)
+    script, bad, installs, more = verifier_installs(
+        script, bad, egress_allow, network_problems, own_image=bool(build)
+    )
     problems += bad
     notes += more
     if problems:

@@ -79,11 +79,12 @@ def ignored_install(line: str) -> bool:
     )
 
 
-def take_installs(script: str) -> Installs:
+def take_installs(script: str, keep_tooling: bool = False) -> Installs:
     """`script` with its package-install lines taken out (see the module doc). A line of pip
     installs alone (``pip3 install x 2>/dev/null || pip install x`` too) is taken out; one
     asking only for the test tooling the verifier has (pytest, pytest-timeout) needs no
-    host."""
+    host, unless `keep_tooling` (a task on an image of its own, which may not have pytest:
+    then pytest is installed for the verifier like any other requirement)."""
     kept: list[str] = []
     out = Installs(script="")
     hosts: set[str] = set()
@@ -92,7 +93,9 @@ def take_installs(script: str) -> Installs:
         parts = [p for p in SEPARATORS.split(code) if p.strip()]
         pips = [m for m in map(PIP_LINE.match, parts) if m]
         if parts and len(pips) == len(parts):
-            if any([_pip_requirements(m.group("args"), line.strip(), out) for m in pips]):
+            asked = [_pip_requirements(m.group("args"), line.strip(), out, keep_tooling)
+                     for m in pips]  # fmt: skip
+            if any(asked):
                 hosts.update(PYPI_HOSTS)
             continue
         for pattern, registry in ((NPM_LINE, NPM_HOSTS), (CARGO_LINE, CRATES_HOSTS)):
@@ -120,7 +123,7 @@ def take_installs(script: str) -> Installs:
     return out
 
 
-def _pip_requirements(args: str, shown: str, out: Installs) -> bool:
+def _pip_requirements(args: str, shown: str, out: Installs, keep_tooling: bool) -> bool:
     """Add one install's requirements to `out`; whether it needs the registry (a package
     beyond the verifier's tooling, or one it cannot install: the reason is in `out`)."""
     try:
@@ -137,7 +140,7 @@ def _pip_requirements(args: str, shown: str, out: Installs) -> bool:
                 "name (and version) are installed for the verifier"
             )
             return True  # the rest may be that option's value
-        if re.split(r"[\[=<>~!]", word, maxsplit=1)[0].lower() in TOOLING:
+        if re.split(r"[\[=<>~!]", word, maxsplit=1)[0].lower() in TOOLING and not keep_tooling:
             continue
         needs = True
         if word not in out.requirements:
@@ -169,12 +172,13 @@ def verifier_installs(
     problems: list[str],
     operator: tuple[str, ...] | None,
     network: Callable[[str], list[str]],
+    own_image: bool = False,
 ) -> tuple[str, list[str], dict[str, Any], list[str]]:
     """A cleaned test script with its package installs taken out: (the script, its problems,
     the private fields of the verifier's installs, notes). `network` names a script's other
     network use (the importer's). Refused, naming the hosts and the setting, unless the
     `operator`'s egress_allow (None: not known here) has them all."""
-    found = take_installs(script)
+    found = take_installs(script, keep_tooling=own_image)
     if found.script.splitlines() == script.splitlines():
         return script, problems, {}, found.notes  # no install line taken out
     problems = [p for p in problems if not p.startswith("the tests need the network")]

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,13 @@ from palaestra.envs.terminal.envimage import (
     image_name,
     rewrite_from,
 )
+from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.sandbox.bwrap import bwrap_available
 from palaestra.server.config import Settings
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
+PYPI = Ceilings(4096, 4.0, 2048, 600.0, 3600.0, egress_allow=("pypi.org", "files.pythonhosted.org"))
 
 
 def test_digest_names_the_image() -> None:
@@ -101,14 +104,20 @@ def test_build_cause_keeps_the_failing_step() -> None:
 
 def test_real_tasks_keep_their_build_context(tmp_path: Path) -> None:
     out = tmp_path / "tba"
-    report = import_tasks("terminal-bench", FIXTURES / "tb-adapters", out)
+    report = import_tasks("terminal-bench", FIXTURES / "tb-adapters", out, ceilings=PYPI)
     imported, skipped = report.imported, report.skipped
     # a plain task converts as before (no build context)
     assert "evoeval-10" in imported and not (out / "tasks" / "evoeval-10" / "build").exists()
-    # a test script's pytest install (`pip3 install pytest || pip install pytest`) is the
-    # verifier's own (envs/terminal/installs.py); what no image fixes is still named: the
-    # tests need the network (an external judge over HTTP)
-    assert "pytest install" in " ".join(imported["aider_polyglot-polyglot_python_robot-name"])
+    # a test script's pytest install (`pip3 install pytest || pip install pytest`) on a task
+    # that runs in an image of its own (which has no pytest) is the verifier's, through the
+    # proxy (envs/terminal/installs.py); without the registries allowed it is refused
+    aider = "aider_polyglot-polyglot_python_robot-name"
+    assert "installs (pytest) run before them" in " ".join(imported[aider])
+    meta = tomllib.loads((out / "tasks" / aider / "task.toml").read_text())
+    assert meta["private"]["verifier_installs"] == ["pytest"]
+    closed = import_tasks("terminal-bench", FIXTURES / "tb-adapters", tmp_path / "closed")
+    assert "egress_allow" in " ".join(closed.skipped[aider])
+    # what no image fixes is still named: the tests need the network (an external judge)
     assert "over the network" in " ".join(skipped["livecodebenchpro-lcbpro-1988c"])
     on_disk = json.loads((out / "import-report.json").read_text())
     assert {i["id"] for i in on_disk["imported"]} == set(imported)
@@ -128,7 +137,9 @@ def test_the_oracles_payload_goes_with_the_solution_not_the_workspace(tmp_path: 
     whose /app is the task's workspace)."""
     task = "aider_polyglot-polyglot_python_robot-name"
     source = FIXTURES / "tb-adapters" / task
-    report = import_tasks("terminal-bench", FIXTURES / "tb-adapters", tmp_path / "pack")
+    report = import_tasks(
+        "terminal-bench", FIXTURES / "tb-adapters", tmp_path / "pack", ceilings=PYPI
+    )
     assert any("oracle's payload" in n for n in report.imported[task])
     out = tmp_path / "pack" / "tasks" / task
     held = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
