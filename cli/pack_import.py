@@ -50,6 +50,7 @@ REASON_CLASSES = (
     ("another reward format", r"reward\.json"),
     ("host variables", r"from the host"),
     ("test-time installs (egress_allow)", r"install packages at test time"),
+    ("crate or module dependencies", r"depends on crates|requires modules"),
     ("needs the network", r"network|downloads|https?://"),
     ("no stand-in for the base image", r"no local stand-in"),
     ("newer toolchain than its stand-in", r"its local stand-in has"),

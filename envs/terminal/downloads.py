@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 from palaestra.envs.terminal.baseimages import BaseImages, alias_of, fits, split_ref
 from palaestra.envs.terminal.envimage import DOCKERFILE
+from palaestra.envs.terminal.installs import dependency_problems
 from palaestra.sandbox.docker.standins import GO, NODE, PYTHON, RUST, UBUNTU, StandIn
 
 Version = tuple[int, ...]
@@ -383,4 +384,5 @@ def serve_downloads(
         lines[at] = lines[at].replace(froms[at], image, 1)
     if served or rewritten:
         build[DOCKERFILE] = "\n".join(lines) + "\n"
-    return problems, notes
+    # and what its tests would download when they build (a crate's or a module's packages)
+    return problems + dependency_problems(build, text), notes

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable
+import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,3 +204,52 @@ def installs_problems(private: dict[str, Any], operator: tuple[str, ...] | None)
     hosts = [str(h) for h in private.get("verifier_hosts") or []]
     missing = not_allowed(hosts, operator) if hosts else []
     return [refusal(hosts, missing)] if missing else []
+
+
+# A Dockerfile step that fetches a project's dependencies into the image at build time.
+FETCHED_AT_BUILD = re.compile(
+    r"\bcargo\s+(?:fetch|build|vendor|test)\b|\bgo\s+mod\s+(?:download|vendor)\b"
+)
+# go.mod's requirements: `require m v1.2.3`, or a `require ( ... )` block's lines.
+_GO_REQUIRE = re.compile(r"^require\s+(?:\(([^)]*)\)|(\S+)\s+v\S+)", re.M)
+
+
+def dependency_problems(build: Mapping[str, str], dockerfile: str) -> list[str]:
+    """Why a task whose Rust crate or Go module depends on registry packages cannot run:
+    `cargo test` / `go test` would fetch them (crates.io, proxy.golang.org) when the tests
+    build, in a sandbox with no network, and nothing installs them for the verifier; none
+    where the Dockerfile fetches them into the image (`cargo fetch`, `go mod download`)."""
+    if FETCHED_AT_BUILD.search(dockerfile):
+        return []
+    problems = []
+    for path, text in sorted(build.items()):
+        name = path.rsplit("/", 1)[-1]
+        if name == "Cargo.toml":
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError:
+                continue
+            crates = sorted(
+                crate
+                for table in ("dependencies", "dev-dependencies", "build-dependencies")
+                for crate, spec in (data.get(table) or {}).items()
+                if not (isinstance(spec, dict) and "path" in spec)
+            )
+            if crates:
+                problems.append(
+                    f"{path} depends on crates ({', '.join(crates)}) that cargo fetches from "
+                    f"{', '.join(CRATES_HOSTS)} when the tests build, with no network there; "
+                    "nothing installs crates for the verifier"
+                )
+        elif name == "go.mod":
+            modules = sorted(
+                {line.split()[0] for block, one in _GO_REQUIRE.findall(text)
+                 for line in (block.splitlines() if block else [one])
+                 if line.strip() and not line.strip().startswith("//")}
+            )  # fmt: skip
+            if modules:
+                problems.append(
+                    f"{path} requires modules ({', '.join(modules[:5])}) that go fetches from "
+                    "proxy.golang.org when the tests build, with no network there"
+                )
+    return problems

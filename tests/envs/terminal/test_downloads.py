@@ -206,3 +206,22 @@ def test_a_launchpad_ppa_is_taken_out_on_the_debian_stand_in() -> None:
     # on a base that is not a stand-in of ours, the Dockerfile is left as it is
     own = {DOCKERFILE: "FROM registry.example/ubuntu:22.04\nRUN add-apt-repository -y ppa:a/b\n"}
     assert _judge(own) == ("", "") and "ppa:a/b" in own[DOCKERFILE]
+
+
+def test_a_crate_or_module_with_registry_dependencies_is_refused() -> None:
+    """aider_polyglot's Rust `gigasecond` depends on the `time` crate, which `cargo test`
+    would fetch from crates.io with no network: refused at import, not an oracle 0."""
+    cargo = '[package]\nedition = "2021"\nname = "gigasecond"\n\n[dependencies]\ntime = "0.3"\n'
+    go_mod = "module m\n\ngo 1.18\n\nrequire (\n\tgithub.com/a/b v1.2.3 // indirect\n)\n"
+    for name, text, said in (
+        ("workspace/Cargo.toml", cargo, "depends on crates (time)"),
+        ("workspace/go.mod", go_mod, "requires modules (github.com/a/b)"),
+    ):
+        build = {DOCKERFILE: "FROM rust:1.63\nCOPY workspace/ /app/\n", name: text}
+        problems, _ = _judge(build)
+        assert said in problems and reason_class(problems) == "crate or module dependencies"
+        # fetched into the image by the Dockerfile (its build then needs the registry)
+        build[DOCKERFILE] += "RUN cd /app && cargo fetch && go mod download\n"
+        assert _judge(build)[0] == ""
+    local = cargo.replace('time = "0.3"', 'helper = { path = "../helper" }')
+    assert _judge({DOCKERFILE: "FROM rust:1.63\n", "Cargo.toml": local}) == ("", "")
