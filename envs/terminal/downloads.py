@@ -39,10 +39,10 @@ from urllib.parse import urlsplit
 from palaestra.envs.terminal.baseimages import BaseImages, alias_of, fits, split_ref
 from palaestra.envs.terminal.envimage import DOCKERFILE
 from palaestra.envs.terminal.installs import dependency_problems
-from palaestra.sandbox.docker.standins import GO, NODE, PYTHON, RUST, UBUNTU, StandIn
+from palaestra.sandbox.docker.standins import GO, NODE, PYTHON, PYTHON313, RUST, UBUNTU, StandIn
 
 Version = tuple[int, ...]
-GENERIC = (PYTHON, UBUNTU)  # stand-ins with no toolchain of their own to keep
+GENERIC = (PYTHON, PYTHON313, UBUNTU)  # stand-ins with no toolchain of their own to keep
 _NUMBER = re.compile(r"\d+(?:\.\d+)*")
 _URL = re.compile(r"https?://[^\s\"'`<>|;)]+")
 _PPA = re.compile(
