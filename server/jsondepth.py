@@ -16,6 +16,7 @@ _OPEN, _CLOSE = (ord("["), ord("{")), (ord("]"), ord("}"))
 _QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
 _MATTERS = np.zeros(256, dtype=bool)
 _MATTERS[[*_OPEN, *_CLOSE, _QUOTE, _BACKSLASH, _COMMA]] = True
+_NOISE = bytes(b for b in range(256) if not _MATTERS[b])  # what bytes.translate drops
 _DELTA = np.zeros(256, dtype=np.int64)
 _DELTA[list(_OPEN)] = 1
 _DELTA[list(_CLOSE)] = -1
@@ -36,14 +37,19 @@ def json_shape(raw: bytes) -> tuple[int, int]:
     brackets and commas between an opening and a closing quote are text."""
     if raw.count(b"[") + raw.count(b"{") == 0:
         return 0, 1
-    data = np.frombuffer(raw, dtype=np.uint8)
-    at = np.flatnonzero(_MATTERS[data])  # where the bytes that matter are
-    chars = data[at]
+    at = None
+    if b"\\" in raw:
+        data = np.frombuffer(raw, dtype=np.uint8)
+        at = np.flatnonzero(_MATTERS[data])  # where the bytes that matter are
+        chars = data[at]
+    else:  # no escapes (most bodies): only the order of the bytes that matter counts,
+        # not where they are, and one C pass (bytes.translate) keeps them
+        chars = np.frombuffer(raw.translate(None, _NOISE), dtype=np.uint8)
     delta = _DELTA[chars]
     quotes = chars == _QUOTE
     if quotes.any():
         slashes = chars == _BACKSLASH
-        if slashes.any():
+        if at is not None and slashes.any():
             # A backslash continues a run when the byte right before it is one too.
             follows = np.zeros(len(at), dtype=bool)
             follows[1:] = (at[1:] - at[:-1]) == 1
