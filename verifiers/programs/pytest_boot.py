@@ -27,15 +27,22 @@
   timeout (PALAESTRA_CALL_TIMEOUT) or broke the protocol fails (said on stderr); a test
   that needs the code in its own memory (``isinstance`` with the code's classes, a
   callback of its own) fails with a TypeError or assertion saying so, never voids.
+- A test module pytest collects from the workspace (a test.sh that copies the tests into
+  /app and runs ``pytest .`` there) runs in the session only where its bytes were exactly a
+  ``.py`` file of the verifier's folder before any code of the agent's ran, and from those
+  bytes (CopiedTests): any other is the agent's (a proxy; its tests are not collected).
+  unittest's ``assertEqual`` and kin compare strictly, as asserts do.
 """
 
 import ast
+import importlib.abc
 import importlib.machinery
 import json
 import os
 import secrets
 import sys
 import types
+from typing import Any
 
 BOOT_VDIR = os.path.realpath(os.environ["VERIFIER_DIR"])
 BOOT_INI = os.environ["PALAESTRA_PYTEST_INI"]
@@ -47,6 +54,10 @@ VALUE_OPTIONS = frozenset(
      "--cov-report", "--json-report-file", "--import-mode", "--capture", "--color",
      "--log-level", "--junit-prefix", "--pyargs"}
 )  # fmt: skip
+# pytest's default norecursedirs (but ".*" and "*.egg"), and how many files the search for
+# copies of the verifier's tests looks at.
+NORECURSE = frozenset({"_darcs", "build", "CVS", "dist", "node_modules", "venv", "{arch}"})
+MAX_WALK = 200_000
 SELECTING = ("-k", "-m", "--deselect", "--lf", "--last-failed", "--sw", "--stepwise", "--pyargs")
 
 
@@ -82,20 +93,26 @@ def defined_tests(path: str) -> set[str]:
     return names
 
 
+def positional(args: list[str]) -> list[str]:
+    """The command's test paths and node ids (not options, nor their values)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in VALUE_OPTIONS
+        else:
+            out.append(arg)
+    return out
+
+
 def expected_tests(args: list[str]) -> set[tuple[str, str]]:
     """(absolute file, test name) of every test the named ``.py`` files (or node ids) define;
     none where the command selects among them (-k, -m, --deselect…)."""
     if any(a in SELECTING or a.split("=", 1)[0] in SELECTING for a in args):
         return set()
     out: set[tuple[str, str]] = set()
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg.startswith("-"):
-            skip = arg in VALUE_OPTIONS
-            continue
+    for arg in positional(args):
         file, _, node = arg.partition("::")
         if not file.endswith(".py") or not os.path.isfile(file):
             continue
@@ -108,13 +125,103 @@ def expected_tests(args: list[str]) -> set[tuple[str, str]]:
     return out
 
 
-def trusted_conftests() -> set[bytes]:
+def verifier_files(match: str) -> set[bytes]:
+    """The bytes of every file under the verifier's folder whose name is (or, for a name
+    starting with ``.``, ends with) `match`."""
     found = set()
     for base, _dirs, files in os.walk(BOOT_VDIR):
-        if "conftest.py" in files:
-            with open(os.path.join(base, "conftest.py"), "rb") as f:
-                found.add(f.read())
+        for name in files:
+            if name == match or (match.startswith(".") and name.endswith(match)):
+                with open(os.path.join(base, name), "rb") as f:
+                    found.add(f.read())
     return found
+
+
+def trusted_conftests() -> set[bytes]:
+    return verifier_files("conftest.py")
+
+
+def copied_tests(args: list[str]) -> dict[str, bytes]:
+    """Workspace ``.py`` files whose bytes are exactly one of the verifier's own (a test
+    script copies its tests in: ``cp $TEST_DIR/*_test.py /app``), under the command's test
+    paths (the cwd where it names none): real path -> the bytes, read once, before any code
+    of the agent's runs in this session. pytest's default ``norecursedirs`` are skipped."""
+    sources = verifier_files(".py")
+    sizes = {len(s) for s in sources}
+    inside = in_workspace  # type: ignore[name-defined]  # noqa: F821 (import_guard.py)
+    roots = [p for p in (a.partition("::")[0] for a in positional(args)) if inside(p)]
+    roots = roots or ([os.getcwd()] if inside(os.getcwd()) else [])
+    found: dict[str, bytes] = {}
+
+    def check(path: str) -> None:
+        real = os.path.realpath(path)
+        try:
+            if real in found or os.stat(real).st_size not in sizes:
+                return
+            with open(real, "rb") as f:
+                data = f.read(max(sizes) + 1)
+        except OSError:
+            return
+        if data in sources:
+            found[real] = data
+
+    seen = 0
+    for root in roots if sources else []:
+        if os.path.isfile(root):
+            check(root)
+        for base, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if not skipped_dir(base, d)]
+            seen += len(files)
+            if seen > MAX_WALK:
+                say(f"over {MAX_WALK} files under {root}: copies of the verifier's tests "
+                    "further on run as the agent's code")  # fmt: skip
+                return found
+            for name in files:
+                if name.endswith(".py"):
+                    check(os.path.join(base, name))
+    return found
+
+
+def skipped_dir(base: str, name: str) -> bool:
+    """A folder pytest does not collect from by default (``norecursedirs``, a virtualenv)."""
+    if name.startswith(".") or name.endswith(".egg") or name in NORECURSE:
+        return True
+    return os.path.isfile(os.path.join(base, name, "pyvenv.cfg"))
+
+
+class CopiedTests(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Ahead of the proxies' finder: a test module pytest collects from the workspace that
+    was a copy of one of the verifier's tests is imported in the session from the bytes
+    read then (never read again: code of the agent's, running in the worker, may rewrite
+    the file meanwhile), through pytest's assertion rewriting (strict asserts) where on."""
+
+    def __init__(self, copies: dict[str, bytes], collected: set[str]) -> None:
+        self.copies, self.collected = copies, collected
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        origin = spec.origin if spec is not None else None
+        real = os.path.realpath(origin) if origin else ""
+        if real not in self.collected or real not in self.copies:
+            return None
+        copy = importlib.machinery.ModuleSpec(name, self, origin=origin)
+        copy.has_location = True
+        return copy
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        from _pytest.assertion import rewrite
+
+        origin = str(module.__file__)
+        source = self.copies[os.path.realpath(origin)]
+        tree = ast.parse(source, filename=origin)
+        hooks = (f for f in sys.meta_path if isinstance(f, rewrite.AssertionRewritingHook))
+        hook = next(hooks, None)
+        if hook is not None:
+            rewrite.rewrite_asserts(tree, source, origin, hook.config)
+        exec(compile(tree, origin, "exec", dont_inherit=True), vars(module))
 
 
 def wrappers_first() -> None:
@@ -174,14 +281,17 @@ def proxies_first(proxies: types.SimpleNamespace | None) -> None:
     guard = WorkspaceGuard  # type: ignore[name-defined]  # noqa: F821 (import_guard.py)
     head = [importlib.machinery.BuiltinImporter, importlib.machinery.FrozenImporter, guard]
     if proxies is not None:
-        head.append(proxies.finder)
+        head += [proxies.copied, proxies.finder]
     sys.meta_path[:] = [*head, *(f for f in sys.meta_path if f not in head)]
 
 
 def session(write_fd: int, nonce: str, args: list[str]) -> None:
     """The child: pytest on `args`, reporting to the monitor through `write_fd`."""
     trusted_paths: set[str] = set()
+    collected: set[str] = set()  # workspace test modules pytest collects (not trusted)
     proxies = start_proxies(args, trusted_paths)
+    if proxies is not None:  # before anything of the agent's runs (the worker starts later)
+        proxies.copied = CopiedTests(copied_tests(args), collected)
     import pytest
     from _pytest.config import Config, PytestPluginManager
 
@@ -190,7 +300,8 @@ def session(write_fd: int, nonce: str, args: list[str]) -> None:
         # the tests' asserts compare strictly: an object of the agent's code (a proxy, so
         # its own __eq__ answers in the worker) never equals a value of the test's
         code_object = proxies.module.RemoteObject
-        proxies.strict.install_strict([], lambda x: isinstance(x, code_object))
+        strict = proxies.strict.install_strict([], lambda x: isinstance(x, code_object))
+        proxies.strict.strict_unittest(strict)  # self.assertEqual(got, want) too
     wrappers_first()
     trusted = trusted_conftests()
     original = PytestPluginManager._importconftest
@@ -233,8 +344,17 @@ def session(write_fd: int, nonce: str, args: list[str]) -> None:
 
         @pytest.hookimpl(tryfirst=True)
         def pytest_pycollect_makemodule(self, module_path: object, parent: object) -> None:
-            """A test module pytest collects is imported here, never a proxy."""
-            trusted_paths.add(os.path.realpath(str(module_path)))
+            """A test module pytest collects is imported here, never a proxy; one of the
+            workspace's only where it is a copy of the verifier's (CopiedTests): any other
+            is the agent's code (a proxy, its tests not collected)."""
+            path = os.path.realpath(str(module_path))
+            inside = in_workspace  # type: ignore[name-defined]  # noqa: F821 (import_guard.py)
+            if proxies is None or path in trusted_paths or not inside(path):
+                trusted_paths.add(path)
+            elif path in proxies.copied.copies:
+                collected.add(path)
+            else:
+                say(f"{path} is no copy of the verifier's tests: the agent's code, run as such")
 
         def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
             self.faults = len(remote.faults) if remote is not None else 0

@@ -7,6 +7,8 @@ operand and ``in`` left operand of an assert goes through `operand()`, which tur
 object claiming equality with a fresh sentinel into one that equals nothing
 (``unittest.mock.ANY`` excepted); an ``in`` container claiming to hold a sentinel becomes
 empty. The rewritten code objects are remembered (a test must run one of them).
+`strict_unittest` does the same for unittest.TestCase's comparing methods
+(``self.assertEqual(got, want)`` compares in unittest's code, which no rewriting reaches).
 """
 
 from __future__ import annotations
@@ -59,6 +61,13 @@ class CodeValue:
 
     def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
+
+    def __sub__(self, other: object) -> object:
+        """assertAlmostEqual's difference, after its ``==`` shortcut: the code's own."""
+        return self.value - (other.value if isinstance(other, CodeValue) else other)  # type: ignore[operator]
+
+    def __rsub__(self, other: object) -> object:
+        return other - self.value  # type: ignore[operator]
 
     def __repr__(self) -> str:
         return repr(self.value)
@@ -165,6 +174,52 @@ def strict_tree(tree: ast.Module) -> None:
     imp = ast.Import(names=[ast.alias(name="_palaestra_strict", asname=STRICT)])
     tree.body.insert(pos, imp)
     ast.fix_missing_locations(tree)
+
+
+# unittest.TestCase's methods whose first two arguments are compared with == / != (and
+# the deprecated aliases, which call the original function, not the attribute).
+UNITTEST_PAIRS = ("assertEqual", "assertNotEqual", "assertAlmostEqual", "assertNotAlmostEqual",
+                  "assertSequenceEqual", "assertListEqual", "assertTupleEqual", "assertSetEqual",
+                  "assertDictEqual", "assertMultiLineEqual")  # fmt: skip
+UNITTEST_ALIASES = {"failUnlessEqual": "assertEqual", "assertEquals": "assertEqual",
+                    "failIfEqual": "assertNotEqual", "assertNotEquals": "assertNotEqual",
+                    "failUnlessAlmostEqual": "assertAlmostEqual",
+                    "assertAlmostEquals": "assertAlmostEqual",
+                    "failIfAlmostEqual": "assertNotAlmostEqual",
+                    "assertNotAlmostEquals": "assertNotAlmostEqual"}  # fmt: skip
+
+
+def strict_unittest(mod: types.ModuleType) -> None:
+    """unittest.TestCase's comparing methods with `mod`'s strict operands (strict_module):
+    ``assertEqual(got, want)`` as ``assert got == want`` compares, ``assertIn(x, c)`` as
+    ``assert x in c``. An object of the code under test equals nothing of the test's there
+    either; plain values compare as before."""
+    import unittest
+
+    case = unittest.TestCase
+    space = vars(case)
+
+    def pair(original: Callable[..., Any]) -> Callable[..., Any]:
+        def method(self: Any, first: object, second: object, *args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            return original(self, mod.operand(first), mod.operand(second), *args, **kwargs)
+
+        method.__name__ = method.__qualname__ = original.__name__
+        return method
+
+    def member(original: Callable[..., Any]) -> Callable[..., Any]:
+        def method(self: Any, item: object, container: object, *args: Any, **kw: Any) -> Any:
+            __tracebackhide__ = True
+            return original(self, mod.operand(item), mod.container(container), *args, **kw)
+
+        method.__name__ = method.__qualname__ = original.__name__
+        return method
+
+    patched = {name: pair(space[name]) for name in UNITTEST_PAIRS if name in space}
+    patched |= {name: member(space[name]) for name in ("assertIn", "assertNotIn")}
+    patched |= {alias: patched[name] for alias, name in UNITTEST_ALIASES.items() if alias in space}
+    for name, method in patched.items():
+        setattr(case, name, method)
 
 
 def install_strict(
