@@ -87,7 +87,7 @@ with open("/work/mul_test.py", "w") as _f:
 )
 
 
-async def _verify(files: dict[str, str]) -> TerminalRun:
+async def _verify(files: dict[str, str], verifier: dict[str, str] = VERIFIER) -> TerminalRun:
     backend = BwrapBackend()
     try:
         async with await backend.create(SandboxSpec(workspace_mb=16)) as box:
@@ -95,7 +95,7 @@ async def _verify(files: dict[str, str]) -> TerminalRun:
                 box,
                 files_tar(files),
                 workdir="/work",
-                verifier=VERIFIER,
+                verifier=verifier,
                 environment={},
                 timeout_s=60.0,
             )
@@ -134,3 +134,44 @@ async def test_rewriting_a_copied_test_during_collection_gains_nothing() -> None
     raced = await _verify({"calc.py": RACER})
     assert raced.reward == 0.0, raced.feedback()
     assert "0 != 6" in raced.feedback(), raced.feedback()
+
+
+# a list of always-equal objects crosses from the worker as a plain list of proxies: each
+# element's own __eq__ answered `got == want` in the worker, in an assert or assertEqual
+LINES_TEST = """import unittest
+
+from calc import lines
+
+
+class LinesTest(unittest.TestCase):
+    def test_lines(self):
+        self.assertEqual(lines(2), ["a", "b"])
+
+
+def test_lines_assert():
+    assert lines(2) == ["a", "b"]
+    assert {"all": (lines(1),)} == {"all": (["a"],)}
+"""
+YES_LIST = """class _Yes:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+
+def lines(n):
+    return [_Yes() for _ in range(n)]
+"""
+
+
+async def test_always_equal_objects_inside_a_plain_list_score_zero() -> None:
+    verifier = {"test.sh": TEST_SH, "tests/lines_test.py": LINES_TEST}
+    honest = 'def lines(n):\n    return ["a", "b"][:n]\n'
+    solved = await _verify({"calc.py": honest}, verifier)
+    cheat = await _verify({"calc.py": YES_LIST}, verifier)
+    assert solved.reward == 1.0, solved.feedback()
+    assert cheat.reward == 0.0, cheat.feedback()
+    assert "2 failed" in cheat.feedback(), cheat.feedback()

@@ -6,7 +6,9 @@ Why: an object that claims to equal anything (``__eq__`` always True) passes any
 operand and ``in`` left operand of an assert goes through `operand()`, which turns an
 object claiming equality with a fresh sentinel into one that equals nothing
 (``unittest.mock.ANY`` excepted); an ``in`` container claiming to hold a sentinel becomes
-empty. The rewritten code objects are remembered (a test must run one of them).
+empty; an object of the code under test (a proxy), also inside a plain list, tuple or
+dict, becomes a `CodeValue`. The rewritten code objects are remembered (a test must run
+one of them).
 `strict_unittest` does the same for unittest.TestCase's comparing methods
 (``self.assertEqual(got, want)`` compares in unittest's code, which no rewriting reaches).
 """
@@ -88,6 +90,7 @@ class CodeContainer:
         return repr(self.value)
 
 
+MAX_DEPTH = 50  # how deep operand() looks into plain containers for the code's objects
 HONEST_CONTAINERS = (list, tuple, set, frozenset, dict, str, bytes, bytearray, range)
 
 
@@ -103,6 +106,8 @@ def strict_module(is_code: Callable[[object], bool] = lambda x: False) -> types.
             return x
         if is_code(x):
             return CodeValue(x, is_code)
+        if type(x) in (list, tuple, dict):
+            return held(x, 0)
         s = object()
         try:
             claims = bool(x == s) or not bool(x != s)
@@ -112,6 +117,20 @@ def strict_module(is_code: Callable[[object], bool] = lambda x: False) -> types.
             state["claims"] += 1
             return Claimed(type(x).__name__)
         return x
+
+    def held(x: Any, depth: int) -> Any:
+        """A plain list, tuple or dict (nested) with the code's objects in it as CodeValues
+        (a list of always-equal objects crosses as a list of proxies); itself if none."""
+        if is_code(x):
+            return CodeValue(x, is_code)
+        kind = type(x)
+        if kind not in (list, tuple, dict) or depth > MAX_DEPTH:
+            return x
+        values = list(x.values()) if kind is dict else x
+        inner = [held(v, depth + 1) for v in values]
+        if all(a is b for a, b in zip(inner, values, strict=True)):
+            return x
+        return dict(zip(x, inner, strict=True)) if kind is dict else kind(inner)
 
     def container(x: object) -> object:
         if type(x) in HONEST_CONTAINERS or not hasattr(type(x), "__contains__"):
