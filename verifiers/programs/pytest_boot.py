@@ -199,6 +199,8 @@ class CopiedTests(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.copies, self.collected = copies, collected
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if not self.collected:
+            return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         origin = spec.origin if spec is not None else None
         real = os.path.realpath(origin) if origin else ""
