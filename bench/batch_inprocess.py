@@ -72,7 +72,7 @@ async def rounds(args: argparse.Namespace, data_dir: Path) -> list[tuple[float, 
                 await asyncio.gather(*(one_call(body) for body in bodies))
                 calls += len(bodies)
             await manager.services.store.commit()  # the writer's share lands in this round
-            return calls * args.per_call
+            return calls * int(args.per_call)
 
         await for_a_while(args.warmup)
         figures = []
