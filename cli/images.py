@@ -29,6 +29,7 @@ from palaestra.cli import envimages
 from palaestra.cli.console import console, err, error
 from palaestra.cli.progress import LiveProgress
 from palaestra.cli.stopping import Stop
+from palaestra.envs.terminal.envimage import BuildResult
 from palaestra.envs.terminal.verifierimage import (
     DEFAULT_TAG,
     TOOLS_IMAGE,
@@ -173,9 +174,9 @@ def build_pack_environments(
     report: Path | None = None,
     rootfs: bool = False,
     command: str = "images build --pack",
-) -> bool:
+) -> list[BuildResult]:
     """Build (or find cached) the environment image of every task of `pack` that has one,
-    print a line per environment, and say whether all of them built."""
+    print a line per environment; each one's result (status "failed" with its cause)."""
     client = docker_client()
     settings = load_settings()
     with Stop(command), LiveProgress(f"environments of {pack}", unit="images") as progress:
@@ -191,7 +192,7 @@ def build_pack_environments(
     envimages.render(results, err)
     if report is not None:
         envimages.write_report(report, pack, results)
-    return not any(r.status == "failed" for r in results)
+    return results
 
 
 @images_app.command("build")
@@ -212,8 +213,8 @@ def build(
     """Build the base image, then each family's (or only NAME, with the base it needs); with
     --pack, the environment image of every task of the pack that has one."""
     if pack is not None:
-        built = build_pack_environments(pack, force=force, report=report, rootfs=rootfs)
-        raise typer.Exit(0 if built else 1)
+        results = build_pack_environments(pack, force=force, report=report, rootfs=rootfs)
+        raise typer.Exit(1 if any(r.status == "failed" for r in results) else 0)
     known = recipes()
     if name is not None and name not in known:
         error(f"no recipe {name!r}; images/ has: {', '.join(known)}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Annotated
@@ -24,7 +23,6 @@ from palaestra.cli.stopping import Stop
 from palaestra.cli.unbuilt import CLASS_PATTERN, refuse_unbuilt
 from palaestra.envs.finance.importer import ImportProblem, import_file
 from palaestra.envs.terminal.baseimages import BaseImages
-from palaestra.envs.terminal.envimage import BuildResult
 from palaestra.envs.terminal.harbor.config import Ceilings
 from palaestra.envs.terminal.importer import import_tasks
 from palaestra.sdk.packwriter import REPORT_FILE, ImportReport
@@ -202,20 +200,6 @@ def base_images() -> BaseImages:
     return BaseImages(s.image_aliases, s.image_registry_mirror, tuple(s.build_hosts))
 
 
-def _build(out: Path) -> list[BuildResult]:
-    """Build the imported tasks' environments (`images build --pack`); each one's result."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "build.json"
-        build_pack_environments(out, command="pack import --build", report=report)
-        if not report.exists():
-            return []
-        body = json.loads(report.read_text(encoding="utf-8"))
-    return [
-        BuildResult(e["image"], e["status"], e["cause"], tasks=e["tasks"])
-        for e in body["environments"]
-    ]
-
-
 def _run(
     fmt: str, src: Path, out: Path, name: str | None, version: str, split: str | None,
     force: bool, strict: bool, verbose: bool = False, build: bool = False, check: int = 0,
@@ -235,7 +219,7 @@ def _run(
     if not report.imported or (strict and report.skipped):
         raise typer.Exit(1)
     if build:
-        results = _build(out)
+        results = build_pack_environments(out, command="pack import --build")
         if refuse_unbuilt(report, results, out):
             record_summary(report)  # the refusals, in the report file and its summary line
             console.print(f"after --build: {import_summary(report)}")
