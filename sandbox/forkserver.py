@@ -80,7 +80,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +96,7 @@ from palaestra.sandbox.bwrap.jail import KILL_GRACE_S
 from palaestra.sandbox.bwrap.launch import CgroupMode, resolve_cgroups
 from palaestra.sandbox.bwrap.mounts import etc_args, usr_symlinks, write_etc_files
 from palaestra.sandbox.cgroups import CgroupManager
+from palaestra.sandbox.fdpipes import PipeReader
 from palaestra.sandbox.forkrun import (
     PYTHON,
     WORKDIR,
@@ -129,10 +129,6 @@ REPORT_SLACK_S = 5.0
 # fd> <seccomp hex>`. It never reads task data: it forks on control messages and closes the
 # descriptors it was handed.
 ZYGOTE = programs.text("zygote.py")
-
-
-def _protocol_factory(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
-    return lambda: asyncio.StreamReaderProtocol(reader)
 
 
 def _seccomp_hex() -> str:
@@ -434,8 +430,7 @@ class PythonForkServer:
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[run_id] = fut
         start = time.monotonic()
-        out_reader, err_reader = asyncio.StreamReader(), asyncio.StreamReader()
-        transports: list[asyncio.BaseTransport] = []
+        pipes: list[PipeReader] = []
         placing: asyncio.Future[None] | None = None
         killer: asyncio.Future[None] | None = None
         try:
@@ -452,14 +447,10 @@ class PythonForkServer:
             if rc is not None and sync_ours is not None:
                 placing = asyncio.ensure_future(rc.place(sync_ours))
                 killer = asyncio.ensure_future(rc.kill_at(float(timeout)))
-            for fd, reader in ((out_r, out_reader), (err_r, err_reader)):
-                pipe = os.fdopen(fd, "rb", buffering=0)
-                if fd == out_r:
-                    out_r = -1
-                else:
-                    err_r = -1
-                transport, _ = await loop.connect_read_pipe(_protocol_factory(reader), pipe)
-                transports.append(transport)
+            out_pipe, out_reader = PipeReader.open(out_r)
+            pipes.append(out_pipe)
+            err_pipe, err_reader = PipeReader.open(err_r)
+            pipes.append(err_pipe)
             out, err = bytearray(), bytearray()
             drains = [
                 asyncio.ensure_future(drain_capped(out_reader, out, max_output)),
@@ -489,11 +480,10 @@ class PythonForkServer:
             if sync_ours is not None:
                 sync_ours.close()
             self._pending.pop(run_id, None)
-            for tr in transports:
-                tr.close()
-            for fd in (out_r, err_r):
-                if fd >= 0:
-                    os.close(fd)
+            for pipe in pipes:
+                pipe.close()
+            for fd in (out_r, err_r)[len(pipes) :]:  # not yet handed to a PipeReader
+                os.close(fd)
         duration = time.monotonic() - start
         stdout = out.decode("utf-8", errors="replace")
         stderr = err.decode("utf-8", errors="replace")

@@ -88,6 +88,7 @@ from typing import Any
 
 from palaestra.sandbox import programs
 from palaestra.sandbox.base import SandboxError
+from palaestra.sandbox.fdpipes import PipeReader, PipeWriter
 from palaestra.sandbox.spawn import spawn
 
 # Where the bootstrap keeps the control, status and output streams (in the script itself).
@@ -154,7 +155,7 @@ class LocalShellProcess(ShellProcess):
     def __init__(
         self,
         proc: asyncio.subprocess.Process,
-        control: asyncio.StreamWriter,
+        control: PipeWriter,
         status: asyncio.StreamReader,
         on_exit: Callable[[asyncio.subprocess.Process], None] | None = None,
     ) -> None:
@@ -179,7 +180,6 @@ class LocalShellProcess(ShellProcess):
     ) -> LocalShellProcess:
         """Start the shell: `argv_for(bootstrap)` gives the argv (and spawn kwargs) that
         runs ``bash --noprofile --norc -c bootstrap`` with the fds it is told about."""
-        loop = asyncio.get_running_loop()
         fds: list[int] = []
         try:
             ctl_r0, ctl_w = os.pipe()
@@ -209,28 +209,12 @@ class LocalShellProcess(ShellProcess):
             for fd in (ctl_r0, st_w0, ctl_r, st_w):
                 os.close(fd)
                 fds.remove(fd)
-            # From here the file objects own the two descriptors: closed through them only,
-            # never by number as well (a second close by number can hit a reused number).
-            status_pipe = os.fdopen(st_r, "rb", buffering=0)
+            # From here the pipe objects own the two descriptors (sandbox/fdpipes.py: never
+            # a loop's pipe transport, whose close can hit a number reused meanwhile).
+            _, status = PipeReader.open(st_r, limit=2**20)
             fds.remove(st_r)
-            control_pipe = os.fdopen(ctl_w, "wb", buffering=0)
+            control = PipeWriter(ctl_w)
             fds.remove(ctl_w)
-            try:
-                status = asyncio.StreamReader(limit=2**20, loop=loop)
-                await loop.connect_read_pipe(
-                    lambda: asyncio.StreamReaderProtocol(status, loop=loop), status_pipe
-                )
-                transport, protocol = await loop.connect_write_pipe(
-                    lambda: asyncio.StreamReaderProtocol(
-                        asyncio.StreamReader(loop=loop), loop=loop
-                    ),
-                    control_pipe,
-                )
-            except BaseException:
-                status_pipe.close()
-                control_pipe.close()
-                raise
-            control = asyncio.StreamWriter(transport, protocol, None, loop)
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -252,8 +236,7 @@ class LocalShellProcess(ShellProcess):
         return self.proc.returncode is not None
 
     async def send(self, data: bytes) -> None:
-        self._control.write(data)
-        await self._control.drain()
+        await self._control.write(data)
 
     async def wait(self) -> int:
         rc = await asyncio.shield(self._waiter)
