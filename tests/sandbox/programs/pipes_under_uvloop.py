@@ -5,7 +5,6 @@ shows as a close() that fails with EBADF (tests/sandbox/test_fdpipes.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import tempfile
 from pathlib import Path
