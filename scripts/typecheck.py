@@ -7,6 +7,8 @@ by its dotted name. Paths in the output are rewritten to the real files.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import sys
 import tomllib
@@ -14,6 +16,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = {"palaestra.packs", "palaestra.images"}  # folders shipped as data, not code
+
+
+def cache_dir() -> Path:
+    """mypy's cache, kept where the sandbox caches are (it survives a fresh clone: mypy
+    rechecks a file whose hash changed, so a stale or missing cache only costs time), one
+    per checkout path (the cache records paths)."""
+    base = Path(os.environ.get("PALAESTRA_CACHE") or Path.home() / ".cache" / "palaestra")
+    return base / "mypy" / hashlib.sha256(str(ROOT).encode()).hexdigest()[:16]
 
 
 def main() -> int:
@@ -42,7 +52,7 @@ def main() -> int:
         if own.stem != "__init__":
             modules.append(f"palaestra.{own.stem}")
     targets = [a for m in [*modules, "palaestra"] for a in ("-m", m)]
-    args = [sys.executable, "-m", "mypy", *targets]
+    args = [sys.executable, "-m", "mypy", "--cache-dir", str(cache_dir()), *targets]
     env = {"MYPYPATH": str(tree), "PATH": "/usr/bin:/bin"}
     run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
     out = run.stdout + run.stderr
