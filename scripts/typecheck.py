@@ -8,7 +8,6 @@ by its dotted name. Paths in the output are rewritten to the real files.
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 import tomllib
@@ -19,11 +18,11 @@ DATA = {"palaestra.packs", "palaestra.images"}  # folders shipped as data, not c
 
 
 def cache_dir() -> Path:
-    """mypy's cache, kept where the sandbox caches are (it survives a fresh clone: mypy
-    rechecks a file whose hash changed, so a stale or missing cache only costs time), one
-    per checkout path (the cache records paths)."""
-    base = Path(os.environ.get("PALAESTRA_CACHE") or Path.home() / ".cache" / "palaestra")
-    return base / "mypy" / hashlib.sha256(str(ROOT).encode()).hexdigest()[:16]
+    """mypy's cache, kept beside the sandbox caches (`default_cache()`): it survives a fresh
+    clone, and mypy rechecks a file whose hash changed, so a stale or missing cache only
+    costs time. One per checkout path (the cache records paths)."""
+    base = Path.home() / ".cache" / "palaestra" / "mypy"
+    return base / hashlib.sha256(str(ROOT).encode()).hexdigest()[:16]
 
 
 def main() -> int:
