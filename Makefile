@@ -24,9 +24,10 @@ lint:
 typecheck:
 	$(PY) scripts/typecheck.py
 
-# Two workers, a test module each at a time (module fixtures stay whole): most tests wait on
-# sandboxes, servers and subprocesses, so two keep a 2-core machine busy (docs/reference/testing.md).
-PYTEST_WORKERS ?= 2
+# Three workers, a test module each at a time (module fixtures stay whole): most tests wait on
+# sandboxes, servers and subprocesses; a third keeps a 2-core machine's cores busy through the
+# waits (docs/reference/testing.md).
+PYTEST_WORKERS ?= 3
 
 pytest:
 	$(PY) -m pytest -q -rs --durations=40 -n $(PYTEST_WORKERS) --dist loadfile
