@@ -21,6 +21,7 @@ import pydantic_core
 from starlette.types import Receive, Scope
 
 from palaestra.sdk.errors import InvalidActionError, TooLargeError
+from palaestra.server.coalesce import CoalescingTransport
 from palaestra.server.config import Settings
 from palaestra.server.jsondepth import json_shape
 
@@ -243,7 +244,7 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
             self.app_state = {**self.app_state, CONNECTION_KEY: self}
 
         def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
+            super().connection_made(CoalescingTransport(transport))
             self._host = self.client[0] if self.client else ""
             if self.strangers.count(self._host) >= per_client:
                 victim = self.strangers.oldest_idle(self._host)

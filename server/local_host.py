@@ -286,7 +286,7 @@ class LocalHost:
             episode.step_timer.observe(duration)
             self.record(episode, recorded, reply, duration, request.request_id)
             if self.store.behind(episode.owner):  # its records lag on disk: wait for them
-                await self.store.commit()
+                await self.store.catch_up(episode.owner)
             if request.request_id:
                 episode.remember(request.request_id, reply)
             if reply.terminated or reply.truncated:
