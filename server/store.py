@@ -426,7 +426,7 @@ class Store:
         """One step of the episode numbered `episode` (`create_episode`), whose token is
         `owner`; `record` is a StepRecord's JSON (`models.step_record_json`: a NUL in it is
         escaped, so only the request id is scanned, not every value: the hot path). A
-        caller that may queue steps faster than the disk takes them waits on `commit()`
+        caller that may queue steps faster than the disk takes them waits on `catch_up`
         while the store is `behind` for its owner."""
         if request_id is not None and "\x00" in request_id:
             self._put(ADD_STEP, (episode, index, request_id, record))  # refused there

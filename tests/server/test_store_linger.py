@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,40 @@ async def test_writes_queued_after_the_stop_are_written(tmp_path: Path) -> None:
     store.add_step(e1, 0, None, record(0))
     await store.aclose()
     assert stored_steps(path) == [("e1", 0)]
+
+
+async def test_steps_behind_the_writer_share_one_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token past its backlog waits for the writer. Its steps, each queuing a row and
+    then waiting, share one commit marker at a time: a marker each ended a transaction
+    after every row (64 transactions here) just when the writer was behind."""
+    store = Store(Database.open(tmp_path / "store.sqlite3"), token_backlog_bytes=1024)
+    slow = threading.Event()
+    commits: list[int] = []
+    commit = store._commit
+
+    def slow_commit(conn: object, batch: list[tuple[object, object, object, object]]) -> None:
+        slow.wait(30)  # the disk is slow until the test lets it go
+        commits.append(len(batch))
+        commit(conn, batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_commit", slow_commit)
+    try:
+        numbers = [started(store, f"e{i}") for i in range(64)]
+        await asyncio.sleep(0.1)  # the writer took the episodes' rows and waits on the disk
+        waiting = []
+        for number in numbers:  # as 64 steps of a batch: a row queued, then the wait
+            store.add_step(number, 0, None, record(0), owner="trainer")
+            if store.behind("trainer"):
+                waiting.append(asyncio.ensure_future(store.catch_up("trainer")))
+                await asyncio.sleep(0)
+        assert len(waiting) > 50 and not any(w.done() for w in waiting)
+        waiting[0].cancel()  # one step cancelled: the others' wait goes on
+        slow.set()
+        await asyncio.wait_for(asyncio.gather(*waiting[1:]), 30)
+        assert not store.behind("trainer")
+        assert len(commits) <= 5, commits  # the episodes', then the steps' in one or two
+    finally:
+        slow.set()
+        await store.aclose()
