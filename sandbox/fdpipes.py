@@ -70,51 +70,83 @@ class PipeReader:
 
 
 class PipeWriter:
-    """Writes to the write end `fd` (owned from here on), waiting while the pipe is full.
+    """Writes to the write end `fd` (owned from here on) as a transport does: `write` takes
+    the whole message at once (what the pipe does not take now is buffered and written as
+    it drains), and `drain` waits while more than HIGH_WATER bytes are buffered. So a
+    cancelled `drain` never leaves half a message in the pipe: the rest still follows.
+    Once the reader is gone `drain` raises BrokenPipeError; after `close`,
+    ConnectionResetError."""
 
-    Writes are serialised: two callers never interleave their bytes.  Once the reader is
-    gone a write raises BrokenPipeError; after `close`, ConnectionResetError."""
+    HIGH_WATER = 1 << 16
 
     def __init__(self, fd: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._fd = fd
-        self._lock = asyncio.Lock()
-        self._writable: asyncio.Future[None] | None = None
+        self._buffer = bytearray()
+        self._error: OSError | None = None
+        self._waiters: list[asyncio.Future[None]] = []
         os.set_blocking(fd, False)
 
-    async def write(self, data: bytes) -> None:
-        async with self._lock:
-            view = memoryview(data)
-            while view:
-                if self._fd < 0:
-                    raise ConnectionResetError("the pipe was closed")
-                try:
-                    view = view[os.write(self._fd, view) :]
-                except (BlockingIOError, InterruptedError):
-                    await self._wait_writable()
+    def write(self, data: bytes) -> None:
+        if self._fd < 0 or self._error is not None:
+            return  # `drain` says why
+        if not self._buffer:
+            try:
+                data = data[os.write(self._fd, data) :]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                self._fail(exc)
+                return
+            if not data:
+                return
+            self._loop.add_writer(self._fd, self._on_writable)
+        self._buffer += data
 
-    async def _wait_writable(self) -> None:
-        waiter = self._writable = self._loop.create_future()
-        self._loop.add_writer(self._fd, self._wake)
+    def _on_writable(self) -> None:
         try:
-            await waiter
-        finally:
-            self._writable = None
-            if self._fd >= 0:
-                self._loop.remove_writer(self._fd)
+            del self._buffer[: os.write(self._fd, self._buffer)]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(exc)
+            return
+        if not self._buffer:
+            self._loop.remove_writer(self._fd)
+        if len(self._buffer) <= self.HIGH_WATER:
+            self._wake()
+
+    def _fail(self, exc: OSError) -> None:
+        if self._buffer:
+            self._loop.remove_writer(self._fd)
+            self._buffer.clear()
+        self._error = exc
+        self._wake()
 
     def _wake(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def drain(self) -> None:
+        while len(self._buffer) > self.HIGH_WATER and self._fd >= 0 and self._error is None:
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+            await waiter
+        if self._error is not None:
+            raise self._error
+        if self._fd < 0:
+            raise ConnectionResetError("the pipe was closed")
 
     def close(self) -> None:
-        """Close the descriptor (a write waiting for room ends with ConnectionResetError);
-        idempotent."""
+        """Close the descriptor, dropping what is still buffered (a waiting `drain` ends
+        with ConnectionResetError); idempotent."""
         fd, self._fd = self._fd, -1
         if fd < 0:
             return
-        if self._writable is not None:
+        if self._buffer:
             self._loop.remove_writer(fd)
-            if not self._writable.done():
-                self._writable.set_result(None)  # its loop sees the closed pipe
+            self._buffer.clear()
         os.close(fd)
+        self._wake()

@@ -236,7 +236,8 @@ class LocalShellProcess(ShellProcess):
         return self.proc.returncode is not None
 
     async def send(self, data: bytes) -> None:
-        await self._control.write(data)
+        self._control.write(data)
+        await self._control.drain()
 
     async def wait(self) -> int:
         rc = await asyncio.shield(self._waiter)

@@ -12,12 +12,14 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from server.test_store_engines import state
+from server.test_store_linger import record
 
-from palaestra.server.db import Database
+from palaestra.server.db import Connection, Database
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.store import Store, StoreWriteError
 
@@ -206,3 +208,61 @@ async def test_steps_faster_than_the_disk_wait_for_it(tmp_path: Path) -> None:
         assert saved is not None and len(saved.trajectory) == 240
     finally:
         await manager.shutdown()
+
+
+def test_a_failing_write_in_a_large_batch_is_found_in_few_transactions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay of a failed batch halves it (about 2·log2(n) transactions), not one
+    transaction a write: a transaction holds up to BATCH_ROWS writes, and on PostgreSQL
+    each of those would be a durable commit while every waiter waits."""
+    store = Store(Database.open(tmp_path / "s.sqlite3"))
+    transactions = 0
+    begin = Connection.transaction
+
+    def counted(self: Connection) -> Any:
+        nonlocal transactions
+        transactions += 1
+        return begin(self)
+
+    try:
+        number = store.create_episode(state("many"), "sha256:x", False).number
+        assert flushes(store)
+        monkeypatch.setattr(Connection, "transaction", counted)
+        for index in range(2000):  # one batch: its poison in the middle
+            store.add_step(number, 2**70 if index == 1234 else index, None, record(index))
+        assert flushes(store)
+        assert store.write_errors == 1 and store.writer_alive
+        assert transactions <= 2 + 2 * 11, transactions
+        loaded = store.reads.load_episode("many")
+        assert loaded is not None
+        assert [s.index for s in loaded.trajectory] == [i for i in range(2000) if i != 1234]
+    finally:
+        store.close()
+
+
+async def test_waiters_on_a_writer_that_dies_are_released(tmp_path: Path) -> None:
+    """A writer that dies mid-commit (its database gone for good) releases whoever waits on
+    that commit: a step behind the writer (`catch_up`) and a durable `commit()` alike."""
+    store = Store(Database.open(tmp_path / "s.sqlite3"), token_backlog_bytes=100)
+    go = threading.Event()
+
+    def lost(conn: object, batch: object) -> object:
+        go.wait(10)
+        raise RuntimeError("the database is gone")
+
+    try:
+        number = store.create_episode(state("e"), "sha256:x", False).number
+        await store.commit()
+        store._commit_or_reconnect = lost  # type: ignore[method-assign,assignment]
+        store.add_step(number, 0, None, "x" * 1000, owner="t")
+        assert store.behind("t")
+        waiting = [asyncio.ensure_future(store.catch_up("t")) for _ in range(3)]
+        waiting.append(asyncio.ensure_future(store.commit()))
+        await asyncio.sleep(0.1)
+        go.set()
+        await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        assert not store.writer_alive and store.writer_error
+    finally:
+        go.set()
+        store.close()

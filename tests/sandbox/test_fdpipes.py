@@ -26,9 +26,10 @@ async def test_reader_pauses_over_its_limit_and_reads_to_the_end() -> None:
     pipe, stream = PipeReader.open(r, limit=1024)
     writer = PipeWriter(w)
     data = os.urandom(1 << 20)
-    sent = asyncio.ensure_future(writer.write(data))
+    writer.write(data)
+    sent = asyncio.ensure_future(writer.drain())
     await asyncio.sleep(0.05)
-    assert not sent.done()  # the stream holds at most ~2 KiB; the pipe filled, the write waits
+    assert not sent.done()  # the stream holds at most ~2 KiB; the pipe filled, the drain waits
     got = bytearray()
     while len(got) < len(data):
         got += await stream.read(4096)
@@ -43,7 +44,8 @@ async def test_reader_pauses_over_its_limit_and_reads_to_the_end() -> None:
 async def test_writer_close_ends_a_waiting_write_and_a_gone_reader_breaks_the_pipe() -> None:
     r, w = os.pipe()
     writer = PipeWriter(w)
-    waiting = asyncio.ensure_future(writer.write(b"x" * (1 << 20)))  # over a pipe's buffer
+    writer.write(b"x" * (1 << 20))  # over a pipe's buffer and the high-water mark
+    waiting = asyncio.ensure_future(writer.drain())
     await asyncio.sleep(0.05)
     writer.close()
     writer.close()
@@ -53,9 +55,32 @@ async def test_writer_close_ends_a_waiting_write_and_a_gone_reader_breaks_the_pi
     r2, w2 = os.pipe()
     os.close(r2)
     gone = PipeWriter(w2)
+    gone.write(b"x")
     with pytest.raises(BrokenPipeError):
-        await gone.write(b"x")
+        await gone.drain()
     gone.close()
+
+
+async def test_a_cancelled_drain_never_cuts_a_message() -> None:
+    """A shell's command is one control message: cancelling the wait for room (the command
+    was cancelled) must not leave half of it in the pipe for the next one to follow."""
+    r, w = os.pipe()
+    pipe, stream = PipeReader.open(r, limit=1 << 20)
+    pipe.pause_reading()  # a shell busy with something else: nothing is read yet
+    writer = PipeWriter(w)
+    message = b"m" * (300 << 10) + b"\0"
+    writer.write(message)
+    drained = asyncio.ensure_future(writer.drain())
+    await asyncio.sleep(0.05)
+    drained.cancel()
+    writer.write(b"next\0")
+    pipe.resume_reading()
+    got = bytearray()
+    while not got.endswith(b"next\0"):
+        got += await stream.read(1 << 16)
+    assert bytes(got) == message + b"next\0"
+    writer.close()
+    pipe.close()
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
