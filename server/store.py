@@ -35,13 +35,11 @@ from palaestra.sdk.models import (
 from palaestra.server.db import Connection, Database
 from palaestra.server.schema import BLOCK_BITS, reserve_block
 from palaestra.server.store_reads import StoreReads
+from palaestra.server.store_rows import ADD_STEP, Write, runs, statements
 
 _T = TypeVar("_T")
 
-# A queued write: statement, parameters, and the future its caller may wait on (or None).
-# (statement, parameters, the future its caller may wait on or None, and for a step record
-# who owns its episode and its size: what the writer's backlog holds of each token's)
-_Write = tuple[str, tuple[Any, ...], "Future[None] | None", "tuple[str, int] | None"]
+_Write = Write  # a queued write (server/store_rows.py)
 # A marker the writer sets once everything queued before it is committed: an Event for a
 # thread that waits, a Future for a coroutine (`commit`).
 _Marker = threading.Event | Future[None]
@@ -90,19 +88,6 @@ def _writer_down(reason: str | None) -> UnavailableError:
     )
 
 
-_STEP_UPSERT = (
-    " ON CONFLICT (episode, idx) DO UPDATE"
-    " SET request_id=excluded.request_id, record=excluded.record"
-)
-_STEP_INSERT = "INSERT INTO step_records (episode, idx, request_id, record) VALUES "
-ADD_STEP = _STEP_INSERT + "(?,?,?,?)" + _STEP_UPSERT
-# Step records go in STEP_ROWS to a statement: the driver gives the GIL back while the
-# database works, once a statement; one a row made the writer queue behind a busy event loop
-# for the GIL on every row (it fell minutes behind a batch-stepping trainer).
-STEP_ROWS = 128
-STEP_BYTES = 1 << 20  # what one statement's records bind at most
-ADD_STEPS = _STEP_INSERT + ",".join(["(?,?,?,?)"] * STEP_ROWS) + _STEP_UPSERT
-CHUNK_BYTES = STEP_BYTES // STEP_ROWS  # one row's records at most (and records chunked)
 # Writes in one transaction at most. A commit writes every page the transaction touched, and
 # the steps' primary key puts each live episode's next row on a page of its own: with 256
 # episodes stepping, a 2,000-row cap made every row pay for ~1/8 of a page (the writer's
@@ -110,85 +95,6 @@ CHUNK_BYTES = STEP_BYTES // STEP_ROWS  # one row's records at most (and records 
 # the backlog caps (`Store.behind`).
 BATCH_ROWS = 20_000
 LINGER_S = 0.02  # how long a batch waits for more writes when nobody waits on it
-
-
-def _runs(batch: list[_Write]) -> list[tuple[str, list[tuple[Any, ...]]]]:
-    """Consecutive writes of one statement grouped for `executemany` (order kept)."""
-    runs: list[tuple[str, list[tuple[Any, ...]]]] = []
-    for sql, params, _, _ in batch:
-        if runs and runs[-1][0] == sql:
-            runs[-1][1].append(params)
-        else:
-            runs.append((sql, [params]))
-    return runs
-
-
-def _chunked(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Step rows with one row per run of an episode's consecutive steps (a chunk): a JSON
-    array of their records at the first's index, their request ids joined by newlines
-    (`store_reads.expand`). A row costs the database about as much as 300 bytes of record,
-    so a trainer's batch of many episodes stepped a few times a commit costs a third.
-    Records over CHUNK_BYTES stay alone; an index seen before in the run ends the chunk."""
-    chains: dict[int, list[Any]] = {}  # episode -> its open chunk: [bytes, rows...]
-    out: list[tuple[Any, ...] | list[Any]] = []
-    for row in rows:
-        episode, index, _, record = row
-        size = len(record)
-        chain = chains.get(episode)
-        if chain is not None and chain[-1][1] + 1 == index and chain[0] + size <= CHUNK_BYTES:
-            chain.append(row)
-            chain[0] += size
-        elif size > CHUNK_BYTES:
-            chains.pop(episode, None)
-            out.append(row)
-        else:
-            chain = chains[episode] = [size, row]
-            out.append(chain)
-    return [_chunk_row(one[1:]) if isinstance(one, list) else one for one in out]
-
-
-def _chunk_row(chain: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-    if len(chain) == 1:
-        return chain[0]
-    ids = [row[2] for row in chain]
-    joined = None if all(i is None for i in ids) else "\n".join(i or "" for i in ids)
-    return (chain[0][0], chain[0][1], joined, "[" + ",".join(row[3] for row in chain) + "]")
-
-
-def _statements(sql: str, rows: list[tuple[Any, ...]]) -> list[tuple[str, list[tuple[Any, ...]]]]:
-    """A run of one statement's rows as (statement, its parameters) to execute in order: step
-    records STEP_ROWS to an ADD_STEPS statement, while they are small; a record over
-    STEP_BYTES / STEP_ROWS, and what is left over, one to a row (binding is done holding the
-    GIL: a statement of large ones would hold the event loop while it is bound). Order is
-    kept: a step index written twice ends as its last write."""
-    if sql is not ADD_STEP:
-        return [(sql, rows)]
-    rows = _chunked(rows)
-    out: list[tuple[str, list[tuple[Any, ...]]]] = []
-    small: list[tuple[Any, ...]] = []
-
-    def single(some: list[tuple[Any, ...]]) -> None:
-        if out and out[-1][0] is ADD_STEP:
-            out[-1][1].extend(some)
-        else:
-            out.append((ADD_STEP, list(some)))
-
-    for row in rows:
-        if len(row[3]) > STEP_BYTES // STEP_ROWS:
-            single([*small, row])
-            small = []
-            continue
-        small.append(row)
-        if len(small) == STEP_ROWS:
-            statement = tuple(value for one in small for value in one)
-            if out and out[-1][0] is ADD_STEPS:
-                out[-1][1].append(statement)
-            else:
-                out.append((ADD_STEPS, [statement]))
-            small = []
-    if small:
-        single(small)
-    return out
 
 
 class Store:
@@ -224,7 +130,7 @@ class Store:
     @property
     def writer_alive(self) -> bool:
         """Whether queued writes are still committed (readiness, /readyz)."""
-        return self._writer.is_alive() and not self._closed
+        return self._writing and self._writer.is_alive() and not self._closed
 
     def _write_loop(self) -> None:
         try:
@@ -238,11 +144,12 @@ class Store:
         except Exception as exc:
             self._die(exc)
             return
+        events: list[_Marker] = []  # the markers taken off the queue, not yet set
         try:
             while True:
                 item = self._queue.get()
                 batch: list[_Write] = []
-                events: list[_Marker] = []
+                events = []
                 stop = False
                 linger_until = time.monotonic() + LINGER_S
                 while True:
@@ -266,22 +173,21 @@ class Store:
                             item = self._queue.get(timeout=left)
                         except queue.Empty:
                             break
-                try:
-                    if batch:
-                        try:
-                            conn = self._commit_or_reconnect(conn, batch)
-                        finally:
-                            self._handled(batch)
-                finally:  # a writer that dies here still releases who waits on the batch
-                    for event in events:
-                        _set(event)
+                if batch:
+                    try:
+                        conn = self._commit_or_reconnect(conn, batch)
+                    finally:
+                        self._handled(batch)
+                for event in events:
+                    _set(event)
+                events = []
                 if stop:
                     if self._queue.empty():
                         return
                     self._queue.put(None)  # what was queued after the stop is written first
         except Exception as exc:  # a bug here, or a database gone: readiness must show it
             log.exception("the store writer failed")
-            self._die(exc)
+            self._die(exc, events)  # who waits on the batch it failed on is released too
         finally:
             conn.close()
 
@@ -327,8 +233,8 @@ class Store:
         else:
             try:
                 with conn.transaction():
-                    for sql, rows in _runs(batch):
-                        for statement, bound in _statements(sql, rows):
+                    for sql, rows in runs(batch):
+                        for statement, bound in statements(sql, rows):
                             conn.executemany(statement, bound)
             except Exception as exc:
                 if conn.broken:
@@ -341,11 +247,14 @@ class Store:
             if done is not None and not done.done():
                 done.set_result(None)
 
-    def _die(self, exc: BaseException) -> None:
+    def _die(self, exc: BaseException, taken: list[_Marker] | None = None) -> None:
         self._writing = False  # before the waiters are released: no write is queued after
         self.writer_error = f"{type(exc).__name__}: {exc}"
         log.critical("the store writer stopped: %s", self.writer_error)
-        # Nobody may wait forever on a writer that is gone: release every waiter.
+        # Nobody may wait forever on a writer that is gone: release every waiter, those of
+        # the batch it failed on (`taken` off the queue already) first.
+        for marker in taken or ():
+            _set(marker)
         while True:
             try:
                 item = self._queue.get_nowait()

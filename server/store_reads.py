@@ -30,7 +30,7 @@ _CHUNK = TypeAdapter(list[StepRecord])
 def expand(rows: list[Any]) -> list[tuple[int, str | None, StepRecord]]:
     """(index, request id, record) of each step in `rows` of (idx, request_id, record), in
     index order: a row is one step, or a chunk (a JSON array of consecutive steps from its
-    index, their request ids joined by newlines: the writer's `_chunked`). An index held
+    index, their request ids joined by newlines: server/store_rows.py's `_chunked`). An index held
     twice is its later row's (a rewrite)."""
     steps: dict[int, tuple[str | None, StepRecord]] = {}
     for start, request_id, record in rows:

@@ -27,6 +27,7 @@ from palaestra.sandbox import seccomp
 from palaestra.sandbox.base import Backend, ExecResult, Sandbox
 from palaestra.sandbox.forkrun import PythonRun
 from palaestra.sandbox.forkserver import ForkServerUnavailable, PythonForkServer
+from tests.servers import scaled
 
 from .harness import ATTACK_SPEC, Guard, bwrap_cgroups, on_backends
 
@@ -84,6 +85,15 @@ def run_cgroups(forks: PythonForkServer) -> list[Path]:
     return [p for d in forks.cgroups.server_dirs() if d.is_dir() for p in d.glob("fork-*")]
 
 
+async def cgroups_left(forks: PythonForkServer, within_s: float = 10.0) -> list[Path]:
+    """The run cgroups still there after their removal had its time: it runs beside the
+    result, not before it (a fork bomb's hundreds of processes take a while to go)."""
+    deadline = time.monotonic() + scaled(within_s)
+    while (left := run_cgroups(forks)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return left
+
+
 @pytest.mark.parametrize("backend_name", ["bwrap"])
 async def test_forkserver_fork_bomb_is_held_to_its_run(
     forks: PythonForkServer, neighbour: Sandbox
@@ -100,7 +110,7 @@ async def test_forkserver_fork_bomb_is_held_to_its_run(
     r = await bomb
     assert r.timed_out, r
     await neighbours_fine(forks, neighbour)
-    assert run_cgroups(forks) == [], "a run's cgroup outlived it"
+    assert await cgroups_left(forks) == [], "a run's cgroup outlived it"
 
 
 @pytest.mark.parametrize("backend_name", ["bwrap"])
@@ -116,7 +126,7 @@ async def test_forkserver_memory_hog_is_held_to_its_run(
         held = json.loads(r.stdout.splitlines()[-1])
         assert held["holding"] * 200 <= MEM + 64, f"the run held {held} x 200 MiB"
     await neighbours_fine(forks, neighbour)
-    assert run_cgroups(forks) == []
+    assert await cgroups_left(forks) == []
 
 
 async def test_forkserver_run_is_in_its_own_cgroup(forks: PythonForkServer) -> None:
