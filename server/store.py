@@ -39,11 +39,10 @@ from palaestra.server.store_rows import ADD_STEP, Write, runs, statements
 
 _T = TypeVar("_T")
 
-_Write = Write  # a queued write (server/store_rows.py)
 # A marker the writer sets once everything queued before it is committed: an Event for a
 # thread that waits, a Future for a coroutine (`commit`).
 _Marker = threading.Event | Future[None]
-_Item = _Write | _Marker | None
+_Item = Write | _Marker | None
 
 log = logging.getLogger("palaestra.store")
 
@@ -148,7 +147,7 @@ class Store:
         try:
             while True:
                 item = self._queue.get()
-                batch: list[_Write] = []
+                batch: list[Write] = []
                 events = []
                 stop = False
                 linger_until = time.monotonic() + LINGER_S
@@ -180,7 +179,6 @@ class Store:
                         self._handled(batch)
                 for event in events:
                     _set(event)
-                events = []
                 if stop:
                     if self._queue.empty():
                         return
@@ -191,7 +189,7 @@ class Store:
         finally:
             conn.close()
 
-    def _commit_or_reconnect(self, conn: Connection, batch: list[_Write]) -> Connection:
+    def _commit_or_reconnect(self, conn: Connection, batch: list[Write]) -> Connection:
         """Commit the batch; on a lost connection (PostgreSQL restarted), once more on a new
         one. A database that stays unreachable stops the writer: every caller of the batch
         is told `store_unavailable` and readiness fails."""
@@ -211,7 +209,7 @@ class Store:
                     done.set_exception(_writer_down(reason))
             raise
 
-    def _commit(self, conn: Connection, batch: list[_Write]) -> None:
+    def _commit(self, conn: Connection, batch: list[Write]) -> None:
         """One transaction for the batch. When a statement fails, the batch is replayed in
         halves, each half that fails halved again, so that only the failing writes are
         dropped (their callers' futures get the error) and everyone else's are committed:
@@ -394,7 +392,7 @@ class Store:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(marker)), 1.0)
 
-    def _handled(self, batch: list[_Write]) -> None:
+    def _handled(self, batch: list[Write]) -> None:
         """On the writer's thread: the step records of `batch` left the backlog."""
         for _, _, _, cost in batch:
             if cost is not None:
