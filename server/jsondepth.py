@@ -22,6 +22,14 @@ _DELTA[list(_OPEN)] = 1
 _DELTA[list(_CLOSE)] = -1
 
 
+# The plain path (bodies of few brackets: a batch of actions) works on the text outside
+# strings with bytes operations, in C: at most PLAIN_PASSES nesting levels of at most
+# PLAIN_BYTES brackets, else (deep, large or unbalanced) the vectorized scan answers.
+_PARENS = bytes.maketrans(b"[{]}", b"(())")
+PLAIN_BYTES = 8192
+PLAIN_PASSES = 16
+
+
 def json_depth(raw: bytes) -> int:
     """The deepest nesting of the JSON text `raw` (brackets inside strings do not count)."""
     return json_shape(raw)[0]
@@ -35,8 +43,18 @@ def json_shape(raw: bytes) -> tuple[int, int]:
 
     A quote opens or closes a string unless an odd run of backslashes ends right before it;
     brackets and commas between an opening and a closing quote are text."""
-    if raw.count(b"[") + raw.count(b"{") == 0:
+    opens = raw.count(b"[") + raw.count(b"{")
+    if opens == 0:
         return 0, 1
+    if 2 * opens <= PLAIN_BYTES:
+        plain = shape_by_passes(raw)
+        if plain is not None:
+            return plain
+    return shape_by_scan(raw)
+
+
+def shape_by_scan(raw: bytes) -> tuple[int, int]:
+    """`json_shape` by one vectorized pass over the bytes that matter (any text)."""
     at = None
     if b"\\" in raw:
         data = np.frombuffer(raw, dtype=np.uint8)
@@ -69,3 +87,35 @@ def json_shape(raw: bytes) -> tuple[int, int]:
     depth = int(np.cumsum(delta, dtype=np.int64).max(initial=0))
     opened = int(np.count_nonzero(delta > 0))
     return depth, 2 * opened + int(np.count_nonzero(separators))
+
+
+def shape_by_passes(raw: bytes) -> tuple[int, int] | None:
+    """`json_shape` of a text of few brackets, or None where the vectorized scan must answer.
+
+    Escapes first: in a run of backslashes each pair is one escaped backslash (dropped), and
+    a backslash left before a quote escapes it (dropped with it), so every quote left opens
+    or closes a string and the text outside strings is every other piece between quotes.
+    Its brackets, all read as one kind (as the scan counts them), nest as deep as the passes
+    that strip adjacent `()` pairs until none are left: each pass takes every innermost
+    pair, one level."""
+    if b"\\" in raw:
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    # A pair of adjacent quotes has nothing between them: dropping it leaves every other
+    # byte inside or outside a string as it was (and most strings hold no bracket).
+    kept = raw.translate(None, _NOISE).replace(b'""', b"")
+    outside = b"".join(kept.split(b'"')[::2]) if b'"' in kept else kept
+    separators = outside.count(b",")
+    parens = outside.translate(_PARENS, b",\\")
+    if len(parens) > PLAIN_BYTES:
+        return None
+    opened = parens.count(b"(")
+    depth = 0
+    while parens:
+        if depth == PLAIN_PASSES:
+            return None
+        stripped = parens.replace(b"()", b"")
+        if len(stripped) == len(parens):
+            return None  # unbalanced: the scan finds how deep its prefix reaches
+        parens = stripped
+        depth += 1
+    return depth, 2 * opened + separators

@@ -11,7 +11,7 @@ import pytest
 
 from palaestra.sdk.errors import InvalidActionError, TooLargeError
 from palaestra.server.guards import check_json_depth
-from palaestra.server.jsondepth import json_depth, json_shape
+from palaestra.server.jsondepth import json_depth, json_shape, shape_by_passes, shape_by_scan
 
 TEXT = ["a", "[", "]", "{", "}", '"', "\\", "\n", "\\\\", '\\"', "]]}}", "é"]
 
@@ -59,3 +59,22 @@ def test_values_are_counted_outside_strings() -> None:
     check_json_depth(b"[" + b"0," * 2000 + b"0]", 64, 5000)
     with pytest.raises(TooLargeError, match="max_json_values"):
         check_json_depth(b"[" + b"0," * 6000 + b"0]", 64, 5000)
+
+
+def test_the_bytes_path_agrees_with_the_scan_on_any_text() -> None:
+    """The path of few brackets (`shape_by_passes`) answers exactly what the vectorized scan
+    does, or leaves it to the scan: on documents, and on random runs of the bytes that
+    matter (escapes, unbalanced and mismatched brackets, unterminated strings)."""
+    rng = random.Random(34)
+    alphabet = ["[", "]", "{", "}", '"', "\\", ",", "a", "\\\\", '\\"', "[[", "]]"]
+    texts = [json.dumps(document(rng)).encode() for _ in range(2000)]
+    texts += ["".join(rng.choices(alphabet, k=rng.randint(0, 40))).encode() for _ in range(5000)]
+    answered = 0
+    for raw in texts:
+        quick = shape_by_passes(raw)
+        if quick is not None:
+            answered += 1
+            assert quick == shape_by_scan(raw), raw
+    assert answered > 2500  # it answers the common case itself
+    deep = b"[" * 40 + b"]" * 40
+    assert shape_by_passes(deep) is None and json_shape(deep) == (40, 80)
