@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from palaestra.sdk.errors import ConflictError
-from palaestra.sdk.models import EpisodeState, StepResponse, Verdict
+from palaestra.sdk.errors import ConflictError, UnavailableError
+from palaestra.sdk.models import EpisodeState, EpisodeStatus, StepResponse, Verdict
 from palaestra.server.auth import Principal
 from palaestra.server.episode import unknown_episode
 from palaestra.server.store import Store
@@ -48,6 +48,17 @@ class StoredEpisodes:
             if stored is not None:
                 return stored
         state = await self.load(key, episode_id)
+        if state.status is EpisodeStatus.ACTIVE:
+            # Stored as running but live on no host that was asked: in transit (a cluster
+            # worker was lost and its checkpointed episode is being resumed elsewhere, or
+            # its new placement is not on disk yet). Retryable, never "ended".
+            raise UnavailableError(
+                f"episode {episode_id} is not live here yet (being resumed or placed); "
+                "retry the request",
+                code="episode_in_transit",
+                retryable=True,
+                retry_after=1.0,
+            )
         raise ConflictError(
             f"episode {episode_id} has ended ({state.status.value}); start a new one"
         )
