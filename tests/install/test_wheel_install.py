@@ -285,9 +285,12 @@ def test_a_wheel_installed_by_a_normal_user_serves_from_its_home(wheel: Path) ->
         shutil.copy(wheel, home / wheel.name)  # the build folder is private to root
         shutil.copy(HELDOUT_SECRET, home / "heldout.secret")
         (home / "data").mkdir()
-        shared = Path(os.environ.get("PALAESTRA_CACHE") or default_cache()) / "generated"
-        if shared.is_dir():  # this secret's generated tasks: a warm start, not ~80 s of warming
-            shutil.copytree(shared, home / "cache" / "generated")
+        shared = Path(os.environ.get("PALAESTRA_CACHE") or default_cache())
+        # This secret's generated tasks (`generated/`) and reasoning/gym's (`packs/`, its
+        # source's own cache): a warm start, not minutes of warming on a loaded machine.
+        for part in ("generated", "packs"):
+            if (shared / part).is_dir():
+                shutil.copytree(shared / part, home / "cache" / part)
         owned_by(user, home, *home.rglob("*"))
         python = install(home / wheel.name, home / "venv", prefix=as_user(user), base=base)
         env = {
