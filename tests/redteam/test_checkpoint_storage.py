@@ -34,6 +34,14 @@ def snapshots(servers: Servers) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
 
 
+# What makes two workspaces written a second apart the same bytes: a tar keeps each entry's
+# mtime (to the second), the folder's too, which a new file changes.
+EPOCH_MTIMES = {
+    "tool": "run_python",
+    "arguments": {"code": "import os\nfor p in ('same.txt', '.'):\n    os.utime(p, (0, 0))"},
+}
+
+
 def fresh(i: int) -> dict[str, Any]:
     code = f"import os\nopen('blob', 'wb').write(b'{i}' + os.urandom(200_000))"
     return {"tool": "run_python", "arguments": {"code": code}}
@@ -56,6 +64,7 @@ async def test_a_shared_snapshot_stays_for_the_other_episode(servers: Servers) -
     one, two = await me.start(task=HE), await me.start(task=HE)
     for eid in (one, two):  # the same workspace: one archive, two rows
         await step(me, eid, write("same.txt", "same"))
+        await step(me, eid, EPOCH_MTIMES)  # the writes may fall in two seconds: tar keeps mtimes
         assert (await post(me, eid, "checkpoint")).status_code == 200
     assert len(snapshots(servers)) == 1
     await step(me, one, write("other.txt", "changed"))
