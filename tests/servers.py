@@ -162,7 +162,11 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_until(lambda: self._ready(ready, warm), what=self.logs)
+        try:
+            wait_until(lambda: self._ready(ready, warm), what=self.logs)
+        except BaseException:  # a server that never got ready is not left running
+            self.stop()
+            raise
         token_file = self.data_dir / "admin.token"
         if token_file.exists():
             self.token = token_file.read_text().strip()
