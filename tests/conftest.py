@@ -18,7 +18,10 @@ from palaestra.server.config import Settings
 from palaestra.server.inprocess import InProcessClient
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
+from tests import speedups
 from tests.servers import BIN, ServerProcess, free_port, server_fixture
+
+speedups.install()  # built-in packs loaded once a worker, one default TLS context
 
 __all__ = ["BIN", "ServerProcess", "free_port"]  # where the tests import them from
 
