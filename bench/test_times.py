@@ -4,10 +4,6 @@ as `make test` runs), in collection order and longest module first.
 
     .venv/bin/python -m pytest -q -p no:cacheprovider --junitxml=/tmp/t.xml tests/...
     .venv/bin/python bench/test_times.py /tmp/t.xml [more.xml ...] [--workers 2] [--top 30]
-    .venv/bin/python bench/test_times.py /tmp/t.xml --save tests/module_seconds.json
-
-`--save` writes the seconds per module that tests/conftest.py orders the suite by (longest
-module first; refresh it from a full `make test` run's XML when modules grow or move).
 
 Several XML files (chunks of the suite run one after another) add up. A chunk run on a
 loaded machine reads slow: note the load (`uptime`) beside each chunk.
@@ -17,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
@@ -46,12 +41,8 @@ def main() -> None:
     parser.add_argument("xml", nargs="+", type=Path)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--save", type=Path, help="write {module: seconds} as JSON here")
     args = parser.parse_args()
     seconds = module_seconds(args.xml)
-    if args.save is not None:
-        rounded = {module: round(s, 1) for module, s in sorted(seconds.items())}
-        args.save.write_text(json.dumps(rounded, indent=0) + "\n")
     total = sum(seconds.values())
     print(f"{'seconds':>8}  {'share':>6}  module")
     for module, s in sorted(seconds.items(), key=lambda kv: -kv[1])[: args.top]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -228,28 +227,19 @@ def _warm_reasoning_gym(secret: bytes) -> None:
         pass
 
 
-MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the longest modules first: `--dist loadfile` hands modules out in this order, so
-    the suite ends on short modules instead of one worker playing a long one while the
-    others idle. A module's length is what tests/module_seconds.json measured (a full run's
-    JUnit XML, `bench/test_times.py --save`); a module it does not name yet counts 10 s for
-    each of its `slow` tests. Every worker sorts the same collection the same way. A test
-    with a `docker` parameter is marked slow here (the fast tier never waits on a
-    container)."""
+    """Run the modules holding `slow` tests first, the most slow tests first; the others
+    keep their order. `--dist loadfile` hands modules out in this order, so the suite ends
+    on short modules instead of one worker idling while the other plays a long one (longest
+    work first). Every worker sorts the same collection the same way. A test with a
+    `docker` parameter is marked slow here (the fast tier never waits on a container)."""
     for item in items:
         # a `docker` parameter is the slow tier's, whichever module forgot to mark it
         callspec = getattr(item, "callspec", None)  # set on parametrized tests only
         if callspec is not None and "docker" in callspec.params.values():
             item.add_marker(pytest.mark.slow)
-    measured: dict[str, float] = {}
-    if MODULE_SECONDS.is_file():
-        measured = json.loads(MODULE_SECONDS.read_text())
     slow: dict[str, int] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
-    length = {module: measured.get(module, 10.0 * count) for module, count in slow.items()}
-    items.sort(key=lambda item: -length[item.nodeid.split("::", 1)[0]])  # stable
+    items.sort(key=lambda item: -slow[item.nodeid.split("::", 1)[0]])  # stable
