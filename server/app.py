@@ -1,5 +1,6 @@
 """The FastAPI app over the episode manager (DESIGN §3): start-up and shutdown, the front
-door (StepFastPath), JSON errors, the routers and the OpenAPI completion.
+door (StepFastPath, ahead of FastAPI's own stack), JSON errors, the routers and the
+OpenAPI completion.
 
 The routes are `APIRouter`s per concern (server/routes/: episodes, catalog, publishing,
 tokens, operations; the groups route, the harness's `/llm/` and the doors beside them);
@@ -21,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 import palaestra
 from palaestra.sdk.errors import PalaestraError
@@ -82,6 +84,25 @@ def _validation_message(exc: RequestValidationError) -> str:
     return validation_message(list(exc.errors()))
 
 
+class PalaestraAPI(FastAPI):
+    """FastAPI with the front door (server/fastpath.py) ahead of its whole stack, not inside
+    it: a step or batch call skips FastAPI's telemetry check, Starlette's error middleware
+    and their `send` wrappers (a tenth of a step's CPU, bench/api.py), and every other
+    request goes on through all of them. Errors of the front door itself are answered in
+    the contract's shape there."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._front = StepFastPath(super().__call__)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self  # as Starlette sets it: the front door reads the manager there
+        await self._front(scope, receive, send)
+
+
 def create_app(
     settings: Settings | None = None,
     manager: EpisodeManager | None = None,
@@ -122,14 +143,12 @@ def create_app(
                 frozen.cancel()
             await owned.shutdown()
 
-    app = FastAPI(
+    app = PalaestraAPI(
         title="palaestra",
         version=palaestra.__version__,
         lifespan=lifespan,
         description="Reset, step and verify over sandboxed task environments.",
     )
-
-    app.add_middleware(StepFastPath)
 
     @app.exception_handler(PalaestraError)
     async def palaestra_error(request: Request, exc: PalaestraError) -> JSONResponse:

@@ -7,7 +7,7 @@ from starlette.requests import HTTPConnection
 
 from palaestra.server import guards, ws_auth
 from palaestra.server.auth import Principal
-from palaestra.server.fastpath import PRINCIPAL_KEY, authenticator
+from palaestra.server.fastpath import PRINCIPAL_KEY
 from palaestra.server.manager import EpisodeManager
 from palaestra.server.services import Services
 
@@ -29,7 +29,7 @@ def principal_of(request: HTTPConnection, header: str | None = None) -> Principa
     from `header`, a credential a door's protocol carries elsewhere)."""
     principal: Principal | None = request.scope.get(PRINCIPAL_KEY)
     if principal is None:
-        auth = authenticator(request.app)
+        auth = services_of(request).auth
         principal = auth.from_value(header or request.headers.get("authorization"))
         request.scope[PRINCIPAL_KEY] = principal
         guards.trust(request.scope)  # a door's own auth: the connection is a tenant's

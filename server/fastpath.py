@@ -28,9 +28,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from palaestra.sdk.errors import PalaestraError
 from palaestra.sdk.models import StepRequest
 from palaestra.server import batch, guards, ws_auth
-from palaestra.server.auth import Authenticator, Principal
+from palaestra.server.auth import Principal
+from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
-from palaestra.server.services import Services
 
 log = logging.getLogger("palaestra.server")
 
@@ -43,16 +43,6 @@ CHALLENGE = [(b"www-authenticate", b'Bearer realm="palaestra"')]
 # Doors under /v1 whose protocol shapes its own 401 (server/doors/mcp_http.py): their
 # routes authenticate first thing, through server/caller.py.
 OWN_AUTH_PATH = re.compile(r"^/v1/episodes/[^/]+/mcp$")
-
-
-def authenticator(app: Any) -> Authenticator:
-    """The app's authenticator (made from its manager's settings the first time it is asked)."""
-    auth: Authenticator | None = getattr(app.state, "auth", None)
-    if auth is None:
-        services: Services = app.state.manager.services
-        auth = Authenticator(services.store.db, services.settings.auth)
-        app.state.auth = auth
-    return auth
 
 
 def error_body(code: str, message: str, retryable: bool = False) -> bytes:
@@ -111,7 +101,21 @@ class StepFastPath:
             ws_auth.lift(scope)  # a WebSocket's query token, out of the scope uvicorn logs
             await self.app(scope, receive, send)
             return
-        settings = scope["app"].state.manager.services.settings
+        try:
+            onward = await self._front(scope, receive, send)
+        except Exception as exc:  # a bug (or the token table gone): the contract's 500
+            log.exception("unhandled error in front of %s", scope["path"])
+            body = error_body("internal", f"internal error ({type(exc).__name__}); a bug")
+            await _respond(send, 500, body, [])
+            return
+        if onward is not None:
+            await self.app(scope, onward, send)
+
+    async def _front(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Answer the request here (None), or the `receive` to hand it on with."""
+        manager: EpisodeManager = scope["app"].state.manager
+        services = manager.services
+        settings = services.settings
         publish = scope["method"] == "POST" and scope["path"] == PUBLISH_PATH
         limit = settings.max_pack_bytes if publish else settings.max_body_bytes
         declared = guards.declared_length(scope["headers"])
@@ -122,65 +126,68 @@ class StepFastPath:
                 else guards.too_large(limit)
             )
             await _respond(send, 413, error_body("too_large", message), [])
-            return
+            return None
         if scope["path"].startswith("/v1/") and not OWN_AUTH_PATH.match(scope["path"]):
             try:
-                principal = authenticator(scope["app"]).from_headers(scope["headers"])
+                principal = services.auth.from_headers(scope["headers"])
             except PalaestraError as exc:
                 body = error_body(exc.code, exc.message, exc.retryable)
                 await _respond(send, exc.status, body, CHALLENGE)
-                return
+                return None
             guards.trust(scope)  # the connection is a tenant's now, not a stranger's
             if scope["method"] == "POST":
                 match = STEP_PATH.match(scope["path"])
                 if match is not None:
-                    await self._step(match[1], principal, scope, receive, send)
-                    return
+                    await self._step(manager, match[1], principal, receive, send)
+                    return None
                 if scope["path"] in batch.ROUTES:
-                    await self._batch(scope["path"], principal, scope, receive, send)
-                    return
+                    await self._batch(manager, scope["path"], principal, receive, send)
+                    return None
             scope[PRINCIPAL_KEY] = principal
         if not publish and scope["method"] in BODY_METHODS:
             # Read (bounded) and vetted here, then handed to the app as if unread: FastAPI's
             # own `json.loads` would raise RecursionError (a 500) on a deep enough body.
-            raw = await self._vetted(scope, receive, send)
+            raw = await _vetted(settings, receive, send)
             if raw is None:
-                return
-            receive = guards.replay(raw, receive)
-        await self.app(scope, receive, send)
-
-    async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The body, at most max_body_bytes, max_json_depth deep and max_json_values
-        values; None: answered."""
-        settings = scope["app"].state.manager.services.settings
-        try:
-            raw = await guards.read_body(receive, settings.max_body_bytes)
-            if raw is not None:
-                await guards.vet_json(raw, settings)
-            return raw
-        except PalaestraError as exc:
-            await _respond(send, exc.status, error_body(exc.code, exc.message), [])
-            return None
+                return None
+            return guards.replay(raw, receive)
+        return receive
 
     async def _step(
-        self, episode_id: str, principal: Principal, scope: Scope, receive: Receive, send: Send
+        self,
+        manager: EpisodeManager,
+        episode_id: str,
+        principal: Principal,
+        receive: Receive,
+        send: Send,
     ) -> None:
-        raw = await self._vetted(scope, receive, send)
+        raw = await _vetted(manager.services.settings, receive, send)
         if raw is None:
             return
-        manager: EpisodeManager = scope["app"].state.manager
         status, body, headers = await step_reply(manager, episode_id, raw, principal)
         await _respond(send, status, body, headers)
 
     async def _batch(
-        self, path: str, principal: Principal, scope: Scope, receive: Receive, send: Send
+        self, manager: EpisodeManager, path: str, principal: Principal, receive: Receive, send: Send
     ) -> None:
-        raw = await self._vetted(scope, receive, send)
+        raw = await _vetted(manager.services.settings, receive, send)
         if raw is None:
             return
-        manager: EpisodeManager = scope["app"].state.manager
         status, body, headers = await batch_reply(path, manager, raw, principal)
         await _respond(send, status, body, headers)
+
+
+async def _vetted(settings: Settings, receive: Receive, send: Send) -> bytes | None:
+    """The body, at most max_body_bytes, max_json_depth deep and max_json_values values;
+    None: answered."""
+    try:
+        raw = await guards.read_body(receive, settings.max_body_bytes)
+        if raw is not None:
+            await guards.vet_json(raw, settings)
+        return raw
+    except PalaestraError as exc:
+        await _respond(send, exc.status, error_body(exc.code, exc.message), [])
+        return None
 
 
 async def _respond(

@@ -232,6 +232,7 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
         strangers = Strangers()  # this server's (one class per guarded_protocol call)
         app_state: dict[str, Any]  # uvicorn's (the lifespan state each scope copies)
         _guard: asyncio.TimerHandle | None = None
+        _deadline = 0.0  # the loop's time by which a request head must have come
         _waiting: object = None
         _head_bytes = 0
         _host = ""
@@ -324,15 +325,22 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
                 self.strangers.discard(self, self._host)
 
         def _arm(self) -> None:
-            if self._guard is not None:
-                self._guard.cancel()
+            """Start the wait for the next request head. A timer still pending is kept
+            and moves on to the new deadline when it fires: a keep-alive client's every
+            response would otherwise cancel one timer and schedule another."""
             self._waiting = self.cycle
             self._head_bytes = 0
-            self._guard = asyncio.get_running_loop().call_later(timeout, self._expire)
+            self._deadline = self.loop.time() + timeout
+            if self._guard is None:
+                self._guard = self.loop.call_at(self._deadline, self._expire)
 
         def _expire(self) -> None:
             self._guard = None
-            if self.cycle is self._waiting and not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if self._deadline > self.loop.time():  # armed again since: wait for the rest
+                self._guard = self.loop.call_at(self._deadline, self._expire)
+            elif self.cycle is self._waiting:
                 self.transport.close()  # no request head in time (slowloris)
 
     Guarded.__name__ = f"Guarded{base.__name__}"

@@ -12,7 +12,7 @@ from palaestra.sandbox.egress import EgressProxy
 from palaestra.sandbox.forkserver import PythonForkServer
 from palaestra.sandbox.pool import WarmPool
 from palaestra.server import heldout, served
-from palaestra.server.auth import ensure_admin_token
+from palaestra.server.auth import Authenticator, ensure_admin_token
 from palaestra.server.catalog import Catalog
 from palaestra.server.cluster import depot
 from palaestra.server.config import Settings
@@ -178,6 +178,7 @@ def build_parts(
         metrics=metrics,
         judges=ServerJudges.from_settings(settings, metrics.judges),  # shared by all episodes
         tenancy=Tenancy(settings),
+        auth=Authenticator(store.db, settings.auth),
         sessions=proxy,
     )
     shared = None  # a cluster node shares a rotated generator pack's tasks through the store

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from palaestra.server.auth import Authenticator
 from palaestra.server.catalog import Catalog
 from palaestra.server.config import Settings
 from palaestra.server.draws import DrawKeeper
@@ -31,5 +32,6 @@ class Services:
     metrics: Metrics
     judges: ServerJudges  # shared by every episode's verifier and by group judging
     tenancy: Tenancy  # per-token counters of this front
+    auth: Authenticator  # bearer token -> principal (cached; a revoke `forget`s)
     sessions: SessionProxy | None = None  # harness episodes' model sessions (None: no harness)
     draws: DrawKeeper | None = None  # held-out draws: rotation and its schedule

@@ -120,6 +120,7 @@ class Store:
         self._written_by: dict[str, int] = {}  # owner -> bytes handled (the writer's)
         self.reads = StoreReads(db)  # blocking, for code on a thread of its own
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._urgent = threading.Event()  # set with every marker and stop (`_mark`)
         self.write_errors = 0  # writes dropped because their statement failed
         self.writer_error: str | None = None  # why the writer thread stopped, if it did
         # False once the writer stops (a flag: `Thread.is_alive` costs a lock on every write)
@@ -170,12 +171,17 @@ class Store:
                         item = self._queue.get_nowait()
                     except queue.Empty:
                         # A busy server's next writes are on their way: one transaction for
-                        # them too (an episode's rows share their index pages then).
+                        # them too (an episode's rows share their index pages then). The
+                        # writer sleeps through the wait, woken early only by a marker or a
+                        # stop: waking at every queued step would cost the event loop a
+                        # thread switch and the GIL's hand-over a step.
                         left = linger_until - time.monotonic()
                         if stop or left <= 0:
                             break
+                        self._urgent.wait(left)
+                        self._urgent.clear()
                         try:
-                            item = self._queue.get(timeout=left)
+                            item = self._queue.get_nowait()
                         except queue.Empty:
                             break
                 if batch:
@@ -188,7 +194,7 @@ class Store:
                 if stop:
                     if self._queue.empty():
                         return
-                    self._queue.put(None)  # what was queued after the stop is written first
+                    self._mark(None)  # what was queued after the stop is written first
         except Exception as exc:  # a bug here, or a database gone: readiness must show it
             log.exception("the store writer failed")
             self._die(exc, events)  # who waits on the batch it failed on is released too
@@ -268,6 +274,12 @@ class Store:
                 _set(item)
             elif item is not None and item[2] is not None and not item[2].done():
                 item[2].set_exception(_writer_down(self.writer_error))
+
+    def _mark(self, item: _Marker | None) -> None:
+        """Queue a marker (someone waits for the writes before it) or the stop, and wake a
+        writer that lingers for more writes: it commits now."""
+        self._queue.put(item)
+        self._urgent.set()
 
     def _put(
         self,
@@ -390,7 +402,7 @@ class Store:
             marker = self._catch_up
             if marker is None or marker.done():
                 marker = self._catch_up = Future()
-                self._queue.put(marker)
+                self._mark(marker)
                 if not self._writing:  # `_die` clears it before it releases the queue
                     _set(marker)
             # Shielded: a cancelled step leaves the shared marker to the others. Bounded: a
@@ -490,7 +502,7 @@ class Store:
         if not self._writer.is_alive():
             return
         event = threading.Event()
-        self._queue.put(event)
+        self._mark(event)
         while not event.wait(1.0):
             if not self._writer.is_alive():  # died between the check and the put
                 return
@@ -501,7 +513,7 @@ class Store:
         if not self._writer.is_alive():
             return
         marker: Future[None] = Future()
-        self._queue.put(marker)
+        self._mark(marker)
         if not self._writer.is_alive():  # died between the check and the put
             _set(marker)
         await asyncio.wrap_future(marker)
@@ -569,6 +581,6 @@ class Store:
         """Commit what is queued, stop the writer and close the database."""
         if not self._closed:
             self._closed = True
-            self._queue.put(None)
+            self._mark(None)
             self._writer.join()
             self.db.close()

@@ -12,7 +12,6 @@ from fastapi.responses import Response
 from palaestra.sdk.models import TokenCreated, TokenRecord, TokenRequest
 from palaestra.server import auth as scopes
 from palaestra.server.caller import principal_of, services_of
-from palaestra.server.fastpath import authenticator
 from palaestra.server.routes.common import ERRORS, error_reply, json_reply
 
 router = APIRouter(tags=["tokens"])
@@ -49,5 +48,5 @@ async def tokens_revoke(name: str, request: Request) -> Response:
     hashes = await asyncio.to_thread(scopes.revoke_token, services_of(request).store.db, name)
     if not hashes:
         return error_reply(404, "not_found", f"no live token named (or with id) {name!r}")
-    authenticator(request.app).forget(hashes)
+    services_of(request).auth.forget(hashes)
     return Response(status_code=204)

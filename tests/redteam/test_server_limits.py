@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from conftest import ServerProcess, make_settings
 
+from palaestra.server.manager import EpisodeManager
 from palaestra.server.runtime import build_manager
 from tests.servers import server_fixture
 
@@ -81,6 +82,25 @@ async def test_framework_errors_use_the_contract_shape(api: httpx.AsyncClient) -
         error = assert_contract(await api.request(method, path), status)
         assert path in error["message"]
     assert "allow" in (await api.put("/v1/episodes")).headers
+
+
+async def test_a_crash_in_the_front_door_is_a_500_in_the_contract_shape(
+    manager: EpisodeManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The front door runs ahead of FastAPI's error middleware (server/app.py): its own
+    failure is answered there, as the contract's 500, on the hot path and off it."""
+
+    def broken(headers: Any) -> Any:
+        raise RuntimeError("the token table is gone")
+
+    monkeypatch.setattr(manager.services.auth, "from_headers", broken)
+    async with app_client(manager) as client:
+        step = {"action": {"tool": "echo", "arguments": {"text": "hi"}}}
+        error = assert_contract(await client.post("/v1/episodes/x/step", json=step), 500)
+        assert error["code"] == "internal" and "RuntimeError" in error["message"]
+        assert_contract(await client.get("/v1/tasks"), 500, "internal")
+        monkeypatch.undo()
+        assert (await client.get("/v1/tasks")).status_code == 200  # nothing else broke
 
 
 @module_loop
@@ -223,6 +243,25 @@ def test_a_trickled_request_head_is_closed(guarded: ServerProcess) -> None:
         if not closed:
             closed, _ = _closed_within(sock, 3)
         assert closed and time.monotonic() - start < 6, "slowloris kept its connection"
+
+
+def test_a_kept_alive_connection_has_the_timeout_after_each_answer(
+    guarded: ServerProcess,
+) -> None:
+    """The head timer runs again from each answer (not from the connect): requests every
+    0.6 s keep a connection for 3 s of a 1 s timeout, and silence after the last answer
+    closes it about a second later (before uvicorn's own keep-alive of 5 s)."""
+    request = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", guarded.port)) as sock:
+        sock.settimeout(5)
+        for _ in range(5):
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200"), "an answer on a live connection"
+            time.sleep(0.6)
+        answered = time.monotonic()
+        closed, _ = _closed_within(sock, 4)
+        assert closed, "a connection silent after its answer stayed open"
+        assert time.monotonic() - answered < 2.5
 
 
 def test_an_oversized_request_head_is_431(guarded: ServerProcess) -> None:
