@@ -299,8 +299,10 @@ class Authenticator:
         self.off = mode == "off"
         self._cache: dict[str, tuple[Principal, float]] = {}
         # An Authorization header's bytes -> its token's hash, for headers that named a valid
-        # token: the step fast path skips parsing and hashing (SHA-256 a request). A revoked
-        # token's hash leaves `_cache` (`forget`), so its header is looked up again.
+        # token in the canonical form (`Bearer <token>`: one entry a token, however a client
+        # pads or cases the header): the step fast path skips parsing and hashing (SHA-256 a
+        # request). A revoked token's hash leaves `_cache` (`forget`), so its header is looked
+        # up again.
         self._hashes: dict[bytes, str] = {}
 
     def from_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> Principal:
@@ -314,11 +316,14 @@ class Authenticator:
                     hit = self._cache.get(known)
                     if hit is not None and hit[1] > time.monotonic():
                         return hit[0]
-                known = hash_token(self._token(value.decode("latin-1")))
+                    return self._by_hash(known)  # looked up again: revoked, or 5 s old
+                token = self._token(value.decode("latin-1"))
+                known = hash_token(token)
                 principal = self._by_hash(known)
-                if len(self._hashes) >= CACHE_MAX:
-                    self._hashes.clear()
-                self._hashes[value] = known
+                if value == b"Bearer " + token.encode("latin-1"):
+                    if len(self._hashes) >= CACHE_MAX:
+                        self._hashes.clear()
+                    self._hashes[value] = known
                 return principal
         raise AuthenticationError("no bearer token: " + HOW_TO_GET_ONE, code="unauthenticated")
 

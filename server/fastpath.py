@@ -16,6 +16,7 @@ bearer token → principal lookup is cached in memory, so a step pays a dict loo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -106,7 +107,8 @@ class StepFastPath:
         except Exception as exc:  # a bug (or the token table gone): the contract's 500
             log.exception("unhandled error in front of %s", scope["path"])
             body = error_body("internal", f"internal error ({type(exc).__name__}); a bug")
-            await _respond(send, 500, body, [])
+            with contextlib.suppress(Exception):  # an answer already begun: it stays cut
+                await _respond(send, 500, body, [])
             return
         if onward is not None:
             await self.app(scope, onward, send)

@@ -154,6 +154,7 @@ class Store:
         try:
             while True:
                 item = self._queue.get()
+                self._urgent.clear()  # a marker already taken (or drained below) woke nobody
                 batch: list[Write] = []
                 events = []
                 stop = False

@@ -138,3 +138,19 @@ async def test_revoked_token_stops_on_every_route(manager: EpisodeManager) -> No
         for reply in await asyncio.gather(*calls):
             assert reply.status_code == 401, reply.text
             assert reply.json()["error"]["code"] == "invalid_token"
+
+
+def test_padded_headers_of_one_token_hold_no_memory(manager: EpisodeManager) -> None:
+    """The step path remembers an Authorization header's token hash (server/auth.py). A
+    tenant varying its header's padding and case (each still its valid token, each up to
+    max_header_bytes long) would have filled that memo with ~64 KB keys; only the canonical
+    `Bearer <token>` is remembered, and every variant still authenticates."""
+    token, _ = create_token(manager.store.db, ["train"], name="padder", quota=Quota())
+    auth = manager.services.auth
+    variants = [f"Bearer{' ' * n}{token}{' ' * n}" for n in range(1, 300)]
+    variants += ["bEaReR " + token, "BEARER " + token, f"Bearer {token}"]
+    for value in variants:
+        principal = auth.from_headers([(b"authorization", value.encode())])
+        assert principal.name == "padder"
+    remembered = auth._hashes  # the memo itself: nothing else shows its size
+    assert list(remembered) == [f"Bearer {token}".encode()]
