@@ -78,11 +78,18 @@ splits.train = { seeds = [0, 1000], count = 2 }
 """
 
 
+def _not_sources(folder: str, names: list[str]) -> set[str]:
+    """What a fresh clone does not hold: the top level's caches and outputs, and the
+    byte-compiled modules a run of the suite writes everywhere."""
+    skipped = {name for name in names if name == "__pycache__"}
+    return skipped | (NOT_SOURCES if folder == str(ROOT) else set())
+
+
 def build_wheel(out: Path) -> Path:
     """`pip wheel --no-deps` of a copy of the tree (a build/ left in the checkout would
     leak stale files into the wheel)."""
     src = out / "src"
-    shutil.copytree(ROOT, src, ignore=lambda d, names: NOT_SOURCES if d == str(ROOT) else set())
+    shutil.copytree(ROOT, src, ignore=_not_sources)
     pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
     subprocess.run([*pip, "-w", str(out), str(src)], check=True, capture_output=True)
     shutil.rmtree(src)
