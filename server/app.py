@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
@@ -84,6 +85,26 @@ def _validation_message(exc: RequestValidationError) -> str:
     return validation_message(list(exc.errors()))
 
 
+class AppState(State):
+    """`app.state`, whose values are plain instance attributes as well: the front door reads
+    `app.state.manager` on every request, and Starlette's `State` answers an attribute only
+    after the normal lookup has raised (and caught) an AttributeError, ≈ 2 µs a step."""
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        super().__setattr__(key, value)
+        object.__setattr__(self, key, value)
+
+    def __delattr__(self, key: str) -> None:
+        super().__delattr__(key)
+        object.__delattr__(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.__setattr__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.__delattr__(key)
+
+
 class PalaestraAPI(FastAPI):
     """FastAPI with the front door (server/fastpath.py) ahead of its whole stack, not inside
     it: a step or batch call skips FastAPI's telemetry check, Starlette's error middleware
@@ -93,6 +114,7 @@ class PalaestraAPI(FastAPI):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.state = AppState()
         self._front = StepFastPath(super().__call__)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

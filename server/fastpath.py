@@ -129,7 +129,8 @@ class StepFastPath:
             )
             await _respond(send, 413, error_body("too_large", message), [])
             return None
-        if scope["path"].startswith("/v1/") and not OWN_AUTH_PATH.match(scope["path"]):
+        path = scope["path"]
+        if path.startswith("/v1/") and not (path.endswith("/mcp") and OWN_AUTH_PATH.match(path)):
             try:
                 principal = services.auth.from_headers(scope["headers"])
             except PalaestraError as exc:
@@ -138,12 +139,12 @@ class StepFastPath:
                 return None
             guards.trust(scope)  # the connection is a tenant's now, not a stranger's
             if scope["method"] == "POST":
-                match = STEP_PATH.match(scope["path"])
+                match = STEP_PATH.match(path)
                 if match is not None:
                     await self._step(manager, match[1], principal, receive, send)
                     return None
-                if scope["path"] in batch.ROUTES:
-                    await self._batch(manager, scope["path"], principal, receive, send)
+                if path in batch.ROUTES:
+                    await self._batch(manager, path, principal, receive, send)
                     return None
             scope[PRINCIPAL_KEY] = principal
         if not publish and scope["method"] in BODY_METHODS:

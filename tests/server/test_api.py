@@ -617,3 +617,22 @@ def test_oracle_only_when_asked(client: Client) -> None:
     final = client.step(episode, {"tool": "oracle"})
     assert final.terminated and final.reward == 1.0
     client.close(plain)
+
+
+def test_the_app_state_reads_what_was_last_set_however_it_was_set() -> None:
+    """`AppState` keeps each value as a plain attribute too (the front door reads
+    `app.state.manager` a request); every way of setting and removing stays in step."""
+    from palaestra.server.app import AppState
+
+    state = AppState()
+    state.manager = "first"
+    state["manager"] = "second"
+    assert state.manager == "second" and state["manager"] == "second"
+    del state["manager"]
+    with pytest.raises(AttributeError):
+        _ = state.manager
+    state.manager = "third"
+    del state.manager
+    with pytest.raises((AttributeError, KeyError)):
+        _ = state["manager"]
+    assert list(state) == []
