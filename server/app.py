@@ -88,7 +88,7 @@ def _validation_message(exc: RequestValidationError) -> str:
 class AppState(State):
     """`app.state`, whose values are plain instance attributes as well: the front door reads
     `app.state.manager` on every request, and Starlette's `State` answers an attribute only
-    after the normal lookup has raised (and caught) an AttributeError, ≈ 2 µs a step."""
+    after the normal lookup has raised (and caught) an AttributeError (675 against 43 ns)."""
 
     def __setattr__(self, key: str, value: Any) -> None:
         super().__setattr__(key, value)
