@@ -7,7 +7,8 @@ solving than in the episode manager. This middleware answers that one route itse
 (body bytes → pydantic-core → manager → pre-serialized JSON) and hands every other
 request to the app. server/app.py's `PalaestraAPI` runs it ahead of FastAPI's whole
 stack (its middleware and telemetry check), not inside it. The FastAPI route of the same
-path stays, for OpenAPI, and both call `step_reply`, so they cannot drift.
+path stays, for OpenAPI and for callers that mount its routers bare, and both call
+`step_reply`, so they cannot drift.
 
 It is also the front door of authentication: every `/v1` request is checked here (the
 bearer token → principal lookup is cached in memory, so a step pays a dict lookup), a
