@@ -96,6 +96,7 @@ def serve(
 
     from palaestra.server.app import create_app
     from palaestra.server.guards import uvicorn_options
+    from palaestra.server.hotconn import hot_protocol
     from palaestra.server.logs import configure_logging
 
     settings = load_settings(
@@ -136,13 +137,16 @@ def serve(
         except ClusterError as exc:
             error(str(exc), exc.code)
             raise typer.Exit(2) from None
+    api = create_app(settings, freeze_gc=True)
+    options = uvicorn_options(settings)  # connection, header and shutdown bounds (Settings)
+    options["http"] = hot_protocol(options["http"], api)  # steps answered by the connection
     uvicorn.run(
-        create_app(settings, freeze_gc=True),
+        api,
         host=settings.host,
         port=settings.port,
         log_level="warning",
         access_log=False,
-        **uvicorn_options(settings),  # connection, header and shutdown bounds (Settings)
+        **options,
     )
 
 

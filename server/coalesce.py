@@ -58,6 +58,17 @@ class CoalescingTransport:
         self.flush()
         self._transport.write_eof()
 
+    # What the connection asks on every request, forwarded by name: `__getattr__` is only
+    # reached after a failed lookup (an AttributeError raised and caught each time).
+    def is_closing(self) -> bool:
+        return bool(self._transport.is_closing())
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
     def get_write_buffer_size(self) -> int:
         return int(self._transport.get_write_buffer_size()) + len(self._held or b"")
 

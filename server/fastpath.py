@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from pydantic_core import to_json
@@ -34,6 +34,7 @@ from palaestra.server import batch, guards, ws_auth
 from palaestra.server.auth import Principal
 from palaestra.server.config import Settings
 from palaestra.server.manager import EpisodeManager
+from palaestra.server.services import Services
 
 log = logging.getLogger("palaestra.server")
 
@@ -61,9 +62,50 @@ def validation_message(errors: list[Any]) -> str:
     return "malformed request: " + "; ".join(parts)
 
 
+Reply = tuple[int, bytes, list[tuple[bytes, bytes]]]  # status, body, extra headers
+
+
+class HotRoute(NamedTuple):
+    """A request of the trainer's hot path: a step (`episode_id`) or a batch call (`path`)."""
+
+    path: str
+    episode_id: str | None
+
+
+def hot_route(method: str, path: str) -> HotRoute | None:
+    """The hot route `method path` names, if any (both front doors decide with this)."""
+    if method != "POST":
+        return None
+    match = STEP_PATH.match(path)
+    if match is not None:
+        return HotRoute(path, match[1])
+    return HotRoute(path, None) if path in batch.ROUTES else None
+
+
+def authenticate(services: Services, headers: list[tuple[bytes, bytes]]) -> Principal | Reply:
+    """The caller's principal, or the 401 to answer."""
+    try:
+        return services.auth.from_headers(headers)
+    except PalaestraError as exc:
+        return exc.status, error_body(exc.code, exc.message, exc.retryable), CHALLENGE
+
+
+async def hot_reply(
+    manager: EpisodeManager, route: HotRoute, principal: Principal, raw: bytes
+) -> Reply:
+    """The answer to a hot request whose body is `raw`, errors included."""
+    try:
+        await guards.vet_json(raw, manager.services.settings)
+    except PalaestraError as exc:
+        return exc.status, error_body(exc.code, exc.message), []
+    if route.episode_id is not None:
+        return await step_reply(manager, route.episode_id, raw, principal)
+    return await batch_reply(route.path, manager, raw, principal)
+
+
 async def batch_reply(
     path: str, manager: EpisodeManager, raw: bytes, principal: Principal
-) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+) -> Reply:
     """Status, body and headers of a batch route: 200 with per-item results and errors,
     or one error when the envelope itself is malformed."""
     try:
@@ -77,7 +119,7 @@ async def batch_reply(
 
 async def step_reply(
     manager: EpisodeManager, episode_id: str, raw: bytes, principal: Principal
-) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+) -> Reply:
     """Status, body and extra headers of a step request, errors included."""
     try:
         request = StepRequest.model_validate_json(raw)
@@ -133,21 +175,15 @@ class StepFastPath:
             return None
         path = scope["path"]
         if path.startswith("/v1/") and not (path.endswith("/mcp") and OWN_AUTH_PATH.match(path)):
-            try:
-                principal = services.auth.from_headers(scope["headers"])
-            except PalaestraError as exc:
-                body = error_body(exc.code, exc.message, exc.retryable)
-                await _respond(send, exc.status, body, CHALLENGE)
+            principal = authenticate(services, scope["headers"])
+            if not isinstance(principal, Principal):
+                await _respond(send, *principal)
                 return None
             guards.trust(scope)  # the connection is a tenant's now, not a stranger's
-            if scope["method"] == "POST":
-                match = STEP_PATH.match(path)
-                if match is not None:
-                    await self._step(manager, match[1], principal, receive, send)
-                    return None
-                if path in batch.ROUTES:
-                    await self._batch(manager, path, principal, receive, send)
-                    return None
+            route = hot_route(scope["method"], path)
+            if route is not None:
+                await self._hot(manager, route, principal, receive, send)
+                return None
             scope[PRINCIPAL_KEY] = principal
         if not publish and scope["method"] in BODY_METHODS:
             # Read (bounded) and vetted here, then handed to the app as if unread: FastAPI's
@@ -158,28 +194,21 @@ class StepFastPath:
             return guards.replay(raw, receive)
         return receive
 
-    async def _step(
+    async def _hot(
         self,
         manager: EpisodeManager,
-        episode_id: str,
+        route: HotRoute,
         principal: Principal,
         receive: Receive,
         send: Send,
     ) -> None:
-        raw = await _vetted(manager.services.settings, receive, send)
-        if raw is None:
+        try:
+            raw = await guards.read_body(receive, manager.services.settings.max_body_bytes)
+        except PalaestraError as exc:
+            await _respond(send, exc.status, error_body(exc.code, exc.message), [])
             return
-        status, body, headers = await step_reply(manager, episode_id, raw, principal)
-        await _respond(send, status, body, headers)
-
-    async def _batch(
-        self, manager: EpisodeManager, path: str, principal: Principal, receive: Receive, send: Send
-    ) -> None:
-        raw = await _vetted(manager.services.settings, receive, send)
-        if raw is None:
-            return
-        status, body, headers = await batch_reply(path, manager, raw, principal)
-        await _respond(send, status, body, headers)
+        if raw is not None:
+            await _respond(send, *await hot_reply(manager, route, principal, raw))
 
 
 async def _vetted(settings: Settings, receive: Receive, send: Send) -> bytes | None:

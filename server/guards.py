@@ -222,8 +222,19 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
     (`max_unauthenticated_per_client`): past it, that address's oldest idle stranger is
     closed. At `max_connections` the oldest idle stranger of anyone makes room; only when
     none is idle is the new connection refused (429). A WebSocket leaves the guard at its
-    upgrade: its life is the door's (idle_ttl_s), not a request-head timer."""
+    upgrade: its life is the door's (idle_ttl_s), not a request-head timer.
+
+    On uvicorn's httptools protocol the same timer also closes a connection idle for
+    `keep_alive_s` after an answer (uvicorn's keep-alive wait, which scheduled and
+    cancelled a timer of its own on every request)."""
     timeout = settings.header_timeout_s
+    keep_alive = settings.keep_alive_s
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        owns_keep_alive = issubclass(base, HttpToolsProtocol)
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
+        owns_keep_alive = False
     limit = settings.max_header_bytes
     most = settings.max_connections
     per_client = settings.max_unauthenticated_per_client
@@ -232,7 +243,10 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
         strangers = Strangers()  # this server's (one class per guarded_protocol call)
         app_state: dict[str, Any]  # uvicorn's (the lifespan state each scope copies)
         _guard: asyncio.TimerHandle | None = None
+        _guard_at = 0.0  # when _guard fires
         _deadline = 0.0  # the loop's time by which a request head must have come
+        _idle_until = 0.0  # the loop's time by which some byte must have come (keep-alive)
+        _quiet = False  # no byte since the last answer (so _idle_until holds)
         _waiting: object = None
         _head_bytes = 0
         _host = ""
@@ -272,10 +286,19 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
             super().handle_websocket_upgrade(*args)
 
         def on_response_complete(self) -> None:
+            if owns_keep_alive and not self.pipeline:
+                # uvicorn's own, less its keep-alive timer: the guard's waits for both
+                self.server_state.total_requests += 1
+                if self.transport.is_closing():
+                    return
+                self.flow.resume_reading()
+                self._arm(idle=True)
+                return
             super().on_response_complete()
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            self._quiet = False
             waiting = self.cycle is self._waiting
             super().data_received(data)
             if waiting and self.cycle is self._waiting:  # the head is still incomplete
@@ -324,24 +347,40 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
                 self._stranger = False
                 self.strangers.discard(self, self._host)
 
-        def _arm(self) -> None:
-            """Start the wait for the next request head. A timer still pending is kept
-            and moves on to the new deadline when it fires: a keep-alive client's every
-            response would otherwise cancel one timer and schedule another."""
+        def _arm(self, idle: bool = False) -> None:
+            """Start the wait for the next request head (and, `idle`, for any byte within
+            keep_alive_s). A timer still pending is kept and moves on to the new deadline
+            when it fires: a keep-alive client's every response would otherwise cancel one
+            timer and schedule another."""
             self._waiting = self.cycle
             self._head_bytes = 0
-            self._deadline = self.loop.time() + timeout
-            if self._guard is None:
-                self._guard = self.loop.call_at(self._deadline, self._expire)
+            now = self.loop.time()
+            self._deadline = now + timeout
+            self._quiet = idle
+            self._idle_until = now + keep_alive
+            self._wake_by(self._next_deadline())
+
+        def _wake_by(self, when: float) -> None:
+            """The timer set to fire by `when`: kept if it fires sooner, else set anew."""
+            if self._guard is not None:
+                if self._guard_at <= when:
+                    return
+                self._guard.cancel()
+            self._guard = self.loop.call_at(when, self._expire)
+            self._guard_at = when
+
+        def _next_deadline(self) -> float:
+            return min(self._deadline, self._idle_until) if self._quiet else self._deadline
 
         def _expire(self) -> None:
             self._guard = None
-            if self.transport.is_closing():
-                return
-            if self._deadline > self.loop.time():  # armed again since: wait for the rest
-                self._guard = self.loop.call_at(self._deadline, self._expire)
-            elif self.cycle is self._waiting:
-                self.transport.close()  # no request head in time (slowloris)
+            if self.transport.is_closing() or self.cycle is not self._waiting:
+                return  # a request head came since: its answer arms the wait again
+            now = self.loop.time()
+            if now >= self._deadline or (self._quiet and now >= self._idle_until):
+                self.transport.close()  # no request head in time (slowloris), or idle
+            else:  # armed again since: wait for the rest
+                self._wake_by(self._next_deadline())
 
     Guarded.__name__ = f"Guarded{base.__name__}"
     return Guarded
