@@ -6,11 +6,13 @@ messages each checked header by header), its proxy-headers middleware, and the a
 call chain down to the front door (server/fastpath.py). `hot_protocol` gives `palaestra
 serve`'s connection protocol a shorter way for `POST /v1/episodes/{id}/step` and the batch
 routes: the parsed request goes straight to the front door's own functions (`authenticate`,
-`hot_reply`, the same ones `StepFastPath` calls), run at once when the body is in
-(`batch.eager`: a no-op step never waits, so most need no task), and the answer leaves in
-one write. Every other request, and any hot one this path does not take (a chunked or
-`Expect: 100-continue` body, HTTP/1.0, a query string or an escaped path, uvicorn's
-concurrency limit reached), goes through uvicorn and the app as before.
+`hot_reply`, the same ones `StepFastPath` calls) and the answer leaves in one write. The
+requests whose bodies came in one turn of the event loop are answered together at its end
+(`Answering`), each at once (`batch.eager`: a no-op step never waits, so most need no task).
+Every other request, and any hot one this path does not take (a chunked or
+`Expect: 100-continue` body, HTTP/1.0, a query string or an escaped path, a bad token or a
+body declared too large: answered before their bodies are read, uvicorn's concurrency limit
+reached), goes through uvicorn and the app as before.
 
 What stays the protocol's: keep-alive and pipelining (a request behind an unanswered one
 waits in uvicorn's pipeline, and this cycle's `run_asgi` runs it from there), the
@@ -20,6 +22,7 @@ graceful shutdown (the tasks it waits on).
 
 from __future__ import annotations
 
+import asyncio
 import http
 import logging
 from typing import Any
@@ -59,6 +62,26 @@ def response(status: int, body: bytes, headers: list[tuple[bytes, bytes]], close
     return b"".join(parts)
 
 
+class Answering:
+    """The hot requests whose bodies came in during one turn of the event loop, answered
+    together once the turn's reads are done: their steps run one after another, with the
+    episode code warm in the CPU's caches, not each between a parse and a socket write of
+    its own (bench/api.py: 147 → 113 µs of server CPU a served step)."""
+
+    def __init__(self) -> None:
+        self._ready: list[HotCycle] = []
+
+    def add(self, cycle: HotCycle, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._ready:
+            loop.call_soon(self._answer)
+        self._ready.append(cycle)
+
+    def _answer(self) -> None:
+        ready, self._ready = self._ready, []
+        for cycle in ready:
+            cycle.start()
+
+
 class HotCycle:
     """One hot request on a connection: what uvicorn's protocol reads and writes on its
     `cycle` (body, more_body, message_event, keep_alive, response_complete, …), and an
@@ -96,10 +119,15 @@ class HotCycle:
             if not self._body_in.done():
                 self._body_in.set_result(None)
         elif self._current and not self._started:
-            task = batch.eager(self.run_asgi(None))
-            if task is not None:
-                self.conn.tasks.add(task)
-                task.add_done_callback(self.conn.tasks.discard)
+            self._started = True
+            self.conn.answering.add(self, self.conn.loop)
+
+    def start(self) -> None:
+        """Answer now, in a task only if the answer waits on something."""
+        task = batch.eager(self.run_asgi(None))
+        if task is not None:
+            self.conn.tasks.add(task)
+            task.add_done_callback(self.conn.tasks.discard)
 
     async def run_asgi(self, app: Any) -> None:
         """Answer the request (the name is the one uvicorn starts a pipelined cycle by)."""
@@ -148,6 +176,7 @@ def hot_protocol(base: type[Any], app: Any) -> type[Any]:
 
     class HotConnection(base):  # type: ignore[misc]
         cycle: Any  # uvicorn's: its RequestResponseCycle, or a HotCycle
+        answering = Answering()  # this server's (one class per hot_protocol call)
 
         def on_headers_complete(self) -> None:
             manager: EpisodeManager = app.state.manager
