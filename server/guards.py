@@ -295,7 +295,10 @@ def guarded_protocol(base: type[Any], settings: Settings) -> type[Any]:
                 self._arm(idle=True)
                 return
             super().on_response_complete()
-            self._arm()
+            if self.cycle is None or self.cycle.response_complete:
+                self._arm()
+            # else a request already in (queued, now started) is the server's to answer: no
+            # head is awaited, and its time is not the client's (the next answer arms)
 
         def data_received(self, data: bytes) -> None:
             self._quiet = False

@@ -35,6 +35,7 @@ from palaestra.server.auth import Principal
 from palaestra.server.fastpath import (
     JSON_HEADERS,
     HotRoute,
+    Reply,
     authenticate,
     error_body,
     hot_reply,
@@ -54,7 +55,8 @@ JSON_HEAD = b"".join(name + b": " + value + b"\r\n" for name, value in JSON_HEAD
 
 def response(status: int, body: bytes, headers: list[tuple[bytes, bytes]], close: bool) -> bytes:
     """A whole JSON response: status line, `headers` (the server's default ones first), body."""
-    parts = [STATUS_LINES[status], JSON_HEAD, b"content-length: %d\r\n" % len(body)]
+    line = STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
+    parts = [line, JSON_HEAD, b"content-length: %d\r\n" % len(body)]
     parts.extend(name + b": " + value + b"\r\n" for name, value in headers)
     if close:
         parts.append(b"connection: close\r\n")
@@ -94,6 +96,7 @@ class HotCycle:
         self.conn = conn  # the protocol (a Guarded HttpToolsProtocol, hot_protocol's)
         self.manager = manager
         self.route, self.principal = hot
+        self.headers: list[tuple[bytes, bytes]] = conn.headers
         self.transport = conn.transport
         self.flow = conn.flow
         self.keep_alive = keep_alive
@@ -112,7 +115,10 @@ class HotCycle:
         """More body, its end, or the client gone (uvicorn's on_body, on_message_complete,
         connection_lost)."""
         if self.more_body and not self.disconnected:
-            if len(self.body) > HIGH_WATER_LIMIT:  # on_body paused reading past it
+            if len(self.body) > HIGH_WATER_LIMIT and (self._current or self._started):
+                # on_body paused reading past it: the request being answered reads on (its
+                # body is bounded by its Content-Length); one queued behind another does not,
+                # as uvicorn's own pipeline (one such body at a time on a connection)
                 self.flow.resume_reading()
             return
         if self._body_in is not None:
@@ -138,8 +144,14 @@ class HotCycle:
                 await self._body_in
             if self.disconnected:
                 return
+            principal: Principal | Reply = self.principal
+            if not self._current:  # queued: its token is looked up again now (revoked since?)
+                principal = authenticate(self.manager.services, self.headers)
+            if not isinstance(principal, Principal):
+                await self._answer(*principal)
+                return
             raw = bytes(self.body)
-            await self._answer(*await hot_reply(self.manager, self.route, self.principal, raw))
+            await self._answer(*await hot_reply(self.manager, self.route, principal, raw))
         except Exception as exc:  # a bug: the contract's 500, or a cut answer
             log.exception("unhandled error on %s", self.route.path)
             if self.response_started:
@@ -155,9 +167,10 @@ class HotCycle:
             await self.flow.drain()  # the client reads no answers: wait until it does
         if self.disconnected:
             return
-        self.response_started = True
         defaults = self.conn.server_state.default_headers
-        self.transport.write(response(status, body, defaults + headers, not self.keep_alive))
+        data = response(status, body, defaults + headers, not self.keep_alive)
+        self.response_started = True
+        self.transport.write(data)
         self.response_complete = True
         if not self.keep_alive:
             self.transport.close()
@@ -196,6 +209,10 @@ def hot_protocol(base: type[Any], app: Any) -> type[Any]:
             if not current:  # pipelined behind an answer still going: uvicorn starts it then
                 self.flow.pause_reading()
                 self.pipeline.appendleft((cycle, self.app))
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            self.pipeline.clear()  # queued requests never run now: their bodies go at once
 
         def _hot(self, manager: EpisodeManager) -> Hot | None:
             """The hot route of the request whose head just came and its caller, if this
