@@ -215,7 +215,9 @@ class FakeAsyncSandbox:
         return self._running
 
     def processes(self) -> list[int]:
-        """Host pids of the processes in the fake VM besides its init and `sleep` (a probe)."""
+        """Host pids of the live processes in the fake VM besides its init and `sleep` (a
+        probe). A killed process the VM's init has not reaped yet (a zombie, for a moment
+        on a loaded machine) is not live: it runs nothing."""
         try:
             ns = os.readlink(f"/proc/{self._init_pid}/ns/pid")
         except OSError:
@@ -225,9 +227,15 @@ class FakeAsyncSandbox:
         for d in Path("/proc").iterdir():
             if d.name.isdigit() and int(d.name) not in keep:
                 with contextlib.suppress(OSError):
-                    if os.readlink(d / "ns/pid") == ns:
+                    if os.readlink(d / "ns/pid") == ns and not _dead(d):
                         out.append(int(d.name))
         return out
+
+
+def _dead(proc: Path) -> bool:
+    """Whether /proc/<pid> is a zombie (killed, not yet reaped) or gone."""
+    state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state in ("Z", "X")
 
 
 def _read_all(fd: int) -> bytes:
