@@ -9,10 +9,10 @@ routes: the parsed request goes straight to the front door's own functions (`aut
 `hot_reply`, the same ones `StepFastPath` calls) and the answer leaves in one write. The
 requests whose bodies came in one turn of the event loop are answered together at its end
 (`Answering`), each at once (`batch.eager`: a no-op step never waits, so most need no task).
-Every other request, and any hot one this path does not take (a chunked or
-`Expect: 100-continue` body, HTTP/1.0, a query string or an escaped path, a bad token or a
-body declared too large: answered before their bodies are read, uvicorn's concurrency limit
-reached), goes through uvicorn and the app as before.
+Every other request, and any hot one this path does not take, goes through uvicorn and the
+app as before: a chunked or `Expect: 100-continue` body, HTTP/1.0, a query string or an
+escaped path, uvicorn's concurrency limit reached, and what the front door refuses at the
+head (a bad token, a body declared too large), answered there before a byte of body is read.
 
 What stays the protocol's: keep-alive and pipelining (a request behind an unanswered one
 waits in uvicorn's pipeline, and this cycle's `run_asgi` runs it from there), the
@@ -23,12 +23,11 @@ graceful shutdown (the tasks it waits on).
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
 from typing import Any
 
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from palaestra.server import batch, guards
 from palaestra.server.auth import Principal
@@ -46,16 +45,12 @@ from palaestra.server.manager import EpisodeManager
 log = logging.getLogger("palaestra.server")
 
 Hot = tuple[HotRoute, Principal]  # a hot request's route and its authenticated caller
-STATUS_LINES = {
-    status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode())
-    for status in http.HTTPStatus
-}
 JSON_HEAD = b"".join(name + b": " + value + b"\r\n" for name, value in JSON_HEADERS)
 
 
 def response(status: int, body: bytes, headers: list[tuple[bytes, bytes]], close: bool) -> bytes:
     """A whole JSON response: status line, `headers` (the server's default ones first), body."""
-    line = STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
+    line = STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status  # uvicorn's, 100-599
     parts = [line, JSON_HEAD, b"content-length: %d\r\n" % len(body)]
     parts.extend(name + b": " + value + b"\r\n" for name, value in headers)
     if close:
@@ -109,7 +104,7 @@ class HotCycle:
         self.on_response = conn.on_response_complete
         self._current = current  # not queued behind another request: start when the body is in
         self._started = False
-        self._body_in: Any = None  # the future run_asgi waits on, when the body is not in yet
+        self._body_in: asyncio.Future[None] | None = None  # run_asgi's wait for the body
 
     def set(self) -> None:
         """More body, its end, or the client gone (uvicorn's on_body, on_message_complete,
